@@ -1,0 +1,558 @@
+/*
+ * config.c: INI parsing with inih, checked against key tables.
+ *
+ * inih is built by Debian without line numbers in its callback, so the
+ * reader passed to ini_parse_stream() counts lines itself: the handler is
+ * always called for the line the reader returned last.
+ */
+#include "config.h"
+
+#include <errno.h>
+#include <ini.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "log.h"
+
+/* Every key with its default; dispatcher.ini.example documents the same. */
+const struct outbox_conf_key core_keys_database[] = {
+	{ "conninfo", CONF_SECRET, "", 0, 0, "libpq conninfo or URL; empty: libpq's environment" },
+	{ "poll_only", CONF_BOOL, "false", 0, 0, "no LISTEN (PgBouncer transaction pooling)" },
+	{ "reconnect_min_ms", CONF_INT, "100", 1, 600000, "first reconnect delay" },
+	{ "reconnect_max_ms", CONF_INT, "10000", 1, 3600000, "reconnect delay cap" },
+	{ NULL, CONF_STR, NULL, 0, 0, NULL },
+};
+
+const struct outbox_conf_key core_keys_dispatcher[] = {
+	{ "worker_name", CONF_STR, "", 0, 0, "name in logs and the database; empty: host-pid" },
+	{ "provider_dir", CONF_STR, "", 0, 0, "where outbox_NAME.so plugins are" },
+	{ "providers", CONF_STR, "", 0, 0, "plugins to load; empty: the [provider.*] sections, else http" },
+	{ "lease_seconds", CONF_INT, "30", 2, 3600, "lease length, renewed while sending" },
+	{ "max_lease_seconds", CONF_INT, "600", 2, 86400, "cap on the total lease of one send" },
+	{ "batch_size", CONF_INT, "64", 1, 1000, "rows leased per round trip" },
+	{ "max_in_flight", CONF_INT, "256", 1, 100000, "sends in flight per worker" },
+	{ "complete_batch", CONF_INT, "256", 1, 5000, "outcomes recorded per round trip" },
+	{ "poll_interval_ms", CONF_INT, "1000", 10, 600000, "poll when no NOTIFY arrives" },
+	{ "maintenance_interval_ms", CONF_INT, "2000", 100, 600000, "reaper and housekeeping period" },
+	{ "shutdown_grace_ms", CONF_INT, "10000", 0, 600000, "SIGTERM: wait this long for sends" },
+	{ "max_payload_bytes", CONF_INT, "262144", 64, 67108864, "larger payloads fail as invalid" },
+	{ "unknown_type_grace_seconds", CONF_INT, "60", 0, 86400, "fail rows of a type nobody serves after this" },
+	{ "kill_switch_recheck_ms", CONF_INT, "1000", 50, 60000, "recheck period while the switch is off" },
+	{ NULL, CONF_STR, NULL, 0, 0, NULL },
+};
+
+const struct outbox_conf_key core_keys_metrics[] = {
+	{ "listen", CONF_STR, "127.0.0.1:9464", 0, 0, "host:port for /metrics and /healthz; empty: off" },
+	{ NULL, CONF_STR, NULL, 0, 0, NULL },
+};
+
+const struct outbox_conf_key core_keys_log[] = {
+	{ "level", CONF_STR, "info", 0, 0, "debug, info, warn or error" },
+	{ NULL, CONF_STR, NULL, 0, 0, NULL },
+};
+
+const struct outbox_conf_key provider_common_keys[] = {
+	{ "timeout_ms", CONF_INT, "10000", 10, 3600000, "whole-call timeout" },
+	{ "connect_timeout_ms", CONF_INT, "3000", 10, 600000, "connect timeout" },
+	{ "max_attempts", CONF_INT, "5", 1, 1000, "attempts before failed (retries exhausted)" },
+	{ "backoff_base_ms", CONF_INT, "500", 1, 3600000, "first backoff ceiling" },
+	{ "backoff_cap_ms", CONF_INT, "60000", 1, 86400000, "largest backoff ceiling" },
+	{ "retry_after_max_ms", CONF_INT, "300000", 0, 86400000, "Retry-After is honoured up to this" },
+	{ "honours_idempotency_keys", CONF_STR, "", 0, 0, "true/false; empty: the provider's default" },
+	{ "max_in_flight", CONF_INT, "128", 1, 100000, "sends in flight for this provider" },
+	{ "max_per_host", CONF_INT, "16", 1, 100000, "sends in flight per target host" },
+	{ "breaker_failures", CONF_INT, "5", 1, 100000, "consecutive failures that open a host's breaker" },
+	{ "breaker_open_ms", CONF_INT, "30000", 10, 3600000, "how long an open breaker waits" },
+	{ NULL, CONF_STR, NULL, 0, 0, NULL },
+};
+
+struct parse_ctx {
+	struct config *cfg;
+	FILE *fp;
+	const char *text;     /* string input */
+	size_t pos;
+	int line;
+	char *err;
+	size_t errlen;
+	bool failed;
+};
+
+static void entry_free(struct conf_entry *e)
+{
+	free(e->section);
+	free(e->key);
+	free(e->value);
+	if (e->resolved) {
+		/* Secrets do not linger in freed memory. */
+		memset(e->resolved, 0, strlen(e->resolved));
+		free(e->resolved);
+	}
+}
+
+void config_free(struct config *cfg)
+{
+	if (cfg == NULL)
+		return;
+	for (size_t i = 0; i < cfg->n; i++)
+		entry_free(&cfg->entries[i]);
+	free(cfg->entries);
+	free(cfg->path);
+	free(cfg);
+}
+
+const struct conf_entry *config_find(const struct config *cfg, const char *section,
+                                     const char *key)
+{
+	for (size_t i = 0; i < cfg->n; i++)
+		if (strcmp(cfg->entries[i].section, section) == 0 &&
+		    strcmp(cfg->entries[i].key, key) == 0)
+			return &cfg->entries[i];
+	return NULL;
+}
+
+static int on_entry(void *user, const char *section, const char *name, const char *value)
+{
+	struct parse_ctx *ctx = user;
+	struct config *cfg = ctx->cfg;
+	const struct conf_entry *dup;
+
+	if (ctx->failed)
+		return 0;
+	if (section[0] == '\0') {
+		snprintf(ctx->err, ctx->errlen, "%s:%d: %s: key outside of any [section]",
+		         cfg->path, ctx->line, name);
+		ctx->failed = true;
+		return 0;
+	}
+	dup = config_find(cfg, section, name);
+	if (dup) {
+		snprintf(ctx->err, ctx->errlen, "%s:%d: [%s] %s: set twice (first on line %d)",
+		         cfg->path, ctx->line, section, name, dup->line);
+		ctx->failed = true;
+		return 0;
+	}
+	if (cfg->n == cfg->cap) {
+		cfg->cap = cfg->cap ? cfg->cap * 2 : 32;
+		struct conf_entry *grown = realloc(cfg->entries, cfg->cap * sizeof(*grown));
+		if (grown == NULL)
+			abort();
+		cfg->entries = grown;
+	}
+	cfg->entries[cfg->n++] = (struct conf_entry){
+		.section = xstrdup(section), .key = xstrdup(name), .value = xstrdup(value),
+		.line = ctx->line,
+	};
+	return 1;
+}
+
+/* fgets() for inih that counts lines and refuses lines inih would split. */
+static char *reader(char *str, int num, void *stream)
+{
+	struct parse_ctx *ctx = stream;
+	size_t n = 0;
+
+	if (ctx->failed)
+		return NULL;
+	if (ctx->fp) {
+		if (fgets(str, num, ctx->fp) == NULL)
+			return NULL;
+		n = strlen(str);
+		if (n == (size_t)num - 1 && str[n - 1] != '\n' && !feof(ctx->fp))
+			goto too_long;
+	} else {
+		const char *s = ctx->text + ctx->pos;
+		if (*s == '\0')
+			return NULL;
+		while (s[n] && s[n] != '\n' && n < (size_t)num - 2)
+			n++;
+		if (s[n] && s[n] != '\n')
+			goto too_long;
+		if (s[n] == '\n')
+			n++;
+		memcpy(str, s, n);
+		str[n] = '\0';
+		ctx->pos += n;
+	}
+	ctx->line++;
+	return str;
+too_long:
+	ctx->line++;
+	snprintf(ctx->err, ctx->errlen, "%s:%d: line longer than %d characters",
+	         ctx->cfg->path, ctx->line, num - 2);
+	ctx->failed = true;
+	return NULL;
+}
+
+static struct config *parse(struct parse_ctx *ctx)
+{
+	int rc = ini_parse_stream(reader, ctx, on_entry, ctx);
+
+	if (!ctx->failed && rc != 0) {
+		if (rc > 0)
+			snprintf(ctx->err, ctx->errlen, "%s:%d: syntax error (expected [section] or key = value)",
+			         ctx->cfg->path, rc);
+		else
+			snprintf(ctx->err, ctx->errlen, "%s: cannot parse", ctx->cfg->path);
+		ctx->failed = true;
+	}
+	if (ctx->failed) {
+		config_free(ctx->cfg);
+		return NULL;
+	}
+	return ctx->cfg;
+}
+
+struct config *config_load(const char *path, char *err, size_t errlen)
+{
+	struct parse_ctx ctx = { .err = err, .errlen = errlen };
+	struct config *cfg;
+
+	ctx.fp = fopen(path, "r");
+	if (ctx.fp == NULL) {
+		snprintf(err, errlen, "%s: cannot open: %s", path, strerror(errno));
+		return NULL;
+	}
+	ctx.cfg = xcalloc(1, sizeof(*ctx.cfg));
+	ctx.cfg->path = xstrdup(path);
+	cfg = parse(&ctx);
+	fclose(ctx.fp);
+	return cfg;
+}
+
+struct config *config_load_string(const char *name, const char *text, char *err, size_t errlen)
+{
+	struct parse_ctx ctx = { .err = err, .errlen = errlen, .text = text };
+
+	ctx.cfg = xcalloc(1, sizeof(*ctx.cfg));
+	ctx.cfg->path = xstrdup(name);
+	return parse(&ctx);
+}
+
+static const struct outbox_conf_key *key_lookup(const struct outbox_conf_key *table,
+                                                const char *name)
+{
+	for (; table && table->name; table++)
+		if (strcmp(table->name, name) == 0)
+			return table;
+	return NULL;
+}
+
+static bool parse_bool(const char *v, bool *out)
+{
+	if (!strcmp(v, "true") || !strcmp(v, "yes") || !strcmp(v, "on") || !strcmp(v, "1")) {
+		*out = true;
+		return true;
+	}
+	if (!strcmp(v, "false") || !strcmp(v, "no") || !strcmp(v, "off") || !strcmp(v, "0")) {
+		*out = false;
+		return true;
+	}
+	return false;
+}
+
+static bool parse_long(const char *v, long *out)
+{
+	char *end;
+	long n;
+
+	errno = 0;
+	n = strtol(v, &end, 10);
+	if (errno != 0 || end == v || *end != '\0')
+		return false;
+	*out = n;
+	return true;
+}
+
+/* A secret is "file:/path" (first line of the file), "env:NAME", or the
+ * value itself. */
+static bool resolve_secret(struct conf_entry *e, const char *path, char *err, size_t errlen)
+{
+	const char *v = e->value;
+
+	if (strncmp(v, "file:", 5) == 0) {
+		FILE *fp = fopen(v + 5, "r");
+		char buf[4096];
+		size_t n;
+
+		if (fp == NULL) {
+			snprintf(err, errlen, "%s:%d: [%s] %s: cannot read secret file %s: %s", path,
+			         e->line, e->section, e->key, v + 5, strerror(errno));
+			return false;
+		}
+		n = fread(buf, 1, sizeof(buf) - 1, fp);
+		fclose(fp);
+		buf[n] = '\0';
+		buf[strcspn(buf, "\r\n")] = '\0';
+		e->resolved = xstrdup(buf);
+		memset(buf, 0, sizeof(buf));
+	} else if (strncmp(v, "env:", 4) == 0) {
+		const char *s = getenv(v + 4);
+		if (s == NULL) {
+			snprintf(err, errlen, "%s:%d: [%s] %s: environment variable %s is not set", path,
+			         e->line, e->section, e->key, v + 4);
+			return false;
+		}
+		e->resolved = xstrdup(s);
+	} else {
+		e->resolved = xstrdup(v);
+	}
+	return true;
+}
+
+static bool check_entry(struct config *cfg, struct conf_entry *e,
+                        const struct outbox_conf_key *k, char *err, size_t errlen)
+{
+	long n;
+	bool b;
+
+	e->known = true;
+	switch (k->type) {
+	case CONF_INT:
+		if (!parse_long(e->value, &n) || n < k->min || n > k->max) {
+			snprintf(err, errlen, "%s:%d: [%s] %s: must be an integer from %ld to %ld (got \"%.64s\")",
+			         cfg->path, e->line, e->section, e->key, k->min, k->max, e->value);
+			return false;
+		}
+		return true;
+	case CONF_BOOL:
+		if (!parse_bool(e->value, &b)) {
+			snprintf(err, errlen, "%s:%d: [%s] %s: must be true or false (got \"%.64s\")",
+			         cfg->path, e->line, e->section, e->key, e->value);
+			return false;
+		}
+		return true;
+	case CONF_SECRET:
+		free(e->resolved);
+		e->resolved = NULL;
+		return resolve_secret(e, cfg->path, err, errlen);
+	case CONF_STR:
+		return true;
+	}
+	return true;
+}
+
+/* Check every entry of one section against up to two tables. */
+static bool check_section(struct config *cfg, const char *section,
+                          const struct outbox_conf_key *t1, const struct outbox_conf_key *t2,
+                          char *err, size_t errlen)
+{
+	for (size_t i = 0; i < cfg->n; i++) {
+		struct conf_entry *e = &cfg->entries[i];
+		const struct outbox_conf_key *k;
+
+		if (strcmp(e->section, section) != 0)
+			continue;
+		k = key_lookup(t1, e->key);
+		if (k == NULL)
+			k = key_lookup(t2, e->key);
+		if (k == NULL) {
+			snprintf(err, errlen, "%s:%d: [%s] %s: unknown key", cfg->path, e->line,
+			         e->section, e->key);
+			return false;
+		}
+		if (!check_entry(cfg, e, k, err, errlen))
+			return false;
+	}
+	return true;
+}
+
+static const char *value_or_default(const struct config *cfg, const char *section,
+                                    const struct outbox_conf_key *table, const char *key)
+{
+	const struct conf_entry *e = config_find(cfg, section, key);
+	const struct outbox_conf_key *k = key_lookup(table, key);
+
+	if (e)
+		return e->resolved ? e->resolved : e->value;
+	return k && k->def ? k->def : "";
+}
+
+static long int_of(const struct config *cfg, const char *section,
+                   const struct outbox_conf_key *table, const char *key)
+{
+	long n = 0;
+
+	if (!parse_long(value_or_default(cfg, section, table, key), &n))
+		n = 0;
+	return n;
+}
+
+static bool bool_of(const struct config *cfg, const char *section,
+                    const struct outbox_conf_key *table, const char *key)
+{
+	bool b = false;
+
+	if (!parse_bool(value_or_default(cfg, section, table, key), &b))
+		b = false;
+	return b;
+}
+
+bool config_core(struct config *cfg, struct core_settings *s, char *err, size_t errlen)
+{
+	static const struct {
+		const char *name;
+		const struct outbox_conf_key *keys;
+	} sections[] = {
+		{ "database", core_keys_database },
+		{ "dispatcher", core_keys_dispatcher },
+		{ "metrics", core_keys_metrics },
+		{ "log", core_keys_log },
+	};
+
+	for (size_t i = 0; i < cfg->n; i++) {
+		const char *sec = cfg->entries[i].section;
+		bool ok = strncmp(sec, "provider.", 9) == 0 && sec[9] != '\0';
+
+		for (size_t j = 0; !ok && j < sizeof(sections) / sizeof(sections[0]); j++)
+			ok = strcmp(sec, sections[j].name) == 0;
+		if (!ok) {
+			snprintf(err, errlen, "%s:%d: [%s] %s: unknown section [%s]", cfg->path,
+			         cfg->entries[i].line, sec, cfg->entries[i].key, sec);
+			return false;
+		}
+	}
+	for (size_t j = 0; j < sizeof(sections) / sizeof(sections[0]); j++)
+		if (!check_section(cfg, sections[j].name, sections[j].keys, NULL, err, errlen))
+			return false;
+
+#define S(sec, tbl, k) value_or_default(cfg, sec, tbl, k)
+#define I(sec, tbl, k) int_of(cfg, sec, tbl, k)
+	s->conninfo = S("database", core_keys_database, "conninfo");
+	s->poll_only = bool_of(cfg, "database", core_keys_database, "poll_only");
+	s->reconnect_min_ms = I("database", core_keys_database, "reconnect_min_ms");
+	s->reconnect_max_ms = I("database", core_keys_database, "reconnect_max_ms");
+	s->worker_name = S("dispatcher", core_keys_dispatcher, "worker_name");
+	s->provider_dir = S("dispatcher", core_keys_dispatcher, "provider_dir");
+	s->providers = S("dispatcher", core_keys_dispatcher, "providers");
+	s->lease_seconds = I("dispatcher", core_keys_dispatcher, "lease_seconds");
+	s->max_lease_seconds = I("dispatcher", core_keys_dispatcher, "max_lease_seconds");
+	s->batch_size = I("dispatcher", core_keys_dispatcher, "batch_size");
+	s->max_in_flight = I("dispatcher", core_keys_dispatcher, "max_in_flight");
+	s->complete_batch = I("dispatcher", core_keys_dispatcher, "complete_batch");
+	s->poll_interval_ms = I("dispatcher", core_keys_dispatcher, "poll_interval_ms");
+	s->maintenance_interval_ms = I("dispatcher", core_keys_dispatcher, "maintenance_interval_ms");
+	s->shutdown_grace_ms = I("dispatcher", core_keys_dispatcher, "shutdown_grace_ms");
+	s->max_payload_bytes = I("dispatcher", core_keys_dispatcher, "max_payload_bytes");
+	s->unknown_type_grace_seconds = I("dispatcher", core_keys_dispatcher, "unknown_type_grace_seconds");
+	s->kill_switch_recheck_ms = I("dispatcher", core_keys_dispatcher, "kill_switch_recheck_ms");
+	s->metrics_listen = S("metrics", core_keys_metrics, "listen");
+	s->log_level = S("log", core_keys_log, "level");
+#undef S
+#undef I
+
+	if (s->max_lease_seconds < s->lease_seconds) {
+		const struct conf_entry *e = config_find(cfg, "dispatcher", "max_lease_seconds");
+		snprintf(err, errlen, "%s:%d: [dispatcher] max_lease_seconds: must be >= lease_seconds (%ld)",
+		         cfg->path, e ? e->line : 0, s->lease_seconds);
+		return false;
+	}
+	if (strcmp(s->log_level, "debug") && strcmp(s->log_level, "info") &&
+	    strcmp(s->log_level, "warn") && strcmp(s->log_level, "error")) {
+		const struct conf_entry *e = config_find(cfg, "log", "level");
+		snprintf(err, errlen, "%s:%d: [log] level: must be debug, info, warn or error (got \"%.32s\")",
+		         cfg->path, e ? e->line : 0, s->log_level);
+		return false;
+	}
+	return true;
+}
+
+bool config_provider(struct config *cfg, const char *name, const struct outbox_conf_key *own,
+                     struct provider_policy *p, char *err, size_t errlen)
+{
+	char section[128];
+	const char *hk;
+	const struct conf_entry *e;
+
+	snprintf(section, sizeof(section), "provider.%s", name);
+	if (!check_section(cfg, section, provider_common_keys, own, err, errlen))
+		return false;
+#define I(k) int_of(cfg, section, provider_common_keys, k)
+	p->timeout_ms = I("timeout_ms");
+	p->connect_timeout_ms = I("connect_timeout_ms");
+	p->max_attempts = I("max_attempts");
+	p->backoff_base_ms = I("backoff_base_ms");
+	p->backoff_cap_ms = I("backoff_cap_ms");
+	p->retry_after_max_ms = I("retry_after_max_ms");
+	p->max_in_flight = I("max_in_flight");
+	p->max_per_host = I("max_per_host");
+	p->breaker_failures = I("breaker_failures");
+	p->breaker_open_ms = I("breaker_open_ms");
+#undef I
+	hk = value_or_default(cfg, section, provider_common_keys, "honours_idempotency_keys");
+	p->honours_keys = -1;
+	if (hk[0] != '\0') {
+		bool b;
+		if (!parse_bool(hk, &b)) {
+			e = config_find(cfg, section, "honours_idempotency_keys");
+			snprintf(err, errlen, "%s:%d: [%s] honours_idempotency_keys: must be true or false (got \"%.32s\")",
+			         cfg->path, e ? e->line : 0, section, hk);
+			return false;
+		}
+		p->honours_keys = b;
+	}
+	if (p->backoff_cap_ms < p->backoff_base_ms) {
+		e = config_find(cfg, section, "backoff_cap_ms");
+		snprintf(err, errlen, "%s:%d: [%s] backoff_cap_ms: must be >= backoff_base_ms (%ld)",
+		         cfg->path, e ? e->line : 0, section, p->backoff_base_ms);
+		return false;
+	}
+	return true;
+}
+
+void config_provider_sections(const struct config *cfg, char *buf, size_t len)
+{
+	size_t used = 0;
+
+	buf[0] = '\0';
+	for (size_t i = 0; i < cfg->n; i++) {
+		const char *sec = cfg->entries[i].section;
+		bool seen = false;
+
+		if (strncmp(sec, "provider.", 9) != 0)
+			continue;
+		for (size_t j = 0; j < i && !seen; j++)
+			seen = strcmp(cfg->entries[j].section, sec) == 0;
+		if (seen)
+			continue;
+		used += (size_t)snprintf(buf + used, used < len ? len - used : 0, "%s%s",
+		                         used ? "," : "", sec + 9);
+		if (used >= len) {
+			buf[len - 1] = '\0';
+			return;
+		}
+	}
+}
+
+/* The provider's view. */
+static const struct outbox_conf_key *conf_table_for(const struct outbox_conf *c, const char *key)
+{
+	return key_lookup(c->own, key) ? c->own : provider_common_keys;
+}
+
+const char *conf_str(const struct outbox_conf *c, const char *key)
+{
+	return value_or_default(c->cfg, c->section, conf_table_for(c, key), key);
+}
+
+long conf_int(const struct outbox_conf *c, const char *key)
+{
+	return int_of(c->cfg, c->section, conf_table_for(c, key), key);
+}
+
+bool conf_bool(const struct outbox_conf *c, const char *key)
+{
+	return bool_of(c->cfg, c->section, conf_table_for(c, key), key);
+}
+
+const char *conf_where(const struct outbox_conf *c, const char *key)
+{
+	static char buf[512];
+	const struct conf_entry *e = config_find(c->cfg, c->section, key);
+
+	if (e)
+		snprintf(buf, sizeof(buf), "%s:%d: [%s] %s", c->cfg->path, e->line, c->section, key);
+	else
+		snprintf(buf, sizeof(buf), "%s: [%s] %s (not set)", c->cfg->path, c->section, key);
+	return buf;
+}

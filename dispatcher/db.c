@@ -1,0 +1,446 @@
+/*
+ * db.c: the asynchronous libpq connection (see db.h).
+ *
+ * Connection states:
+ *   DB_WAIT        waiting for the reconnect timer
+ *   DB_CONNECTING  PQconnectPoll() in progress
+ *   DB_UP          connected; one query at most on the wire
+ * The socket changes on every connect, so the event is re-created from
+ * PQsocket() each time.
+ */
+#include "db.h"
+
+#include <event2/event.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/queue.h>
+
+#include "log.h"
+#include "util.h"
+
+enum db_state { DB_WAIT, DB_CONNECTING, DB_UP };
+
+struct db_query {
+	TAILQ_ENTRY(db_query) link;
+	char *sql;
+	int nparams;
+	char **params;
+	db_result_fn cb;
+	void *arg;
+	unsigned flags;
+};
+TAILQ_HEAD(db_query_list, db_query);
+
+struct db {
+	struct event_base *base;
+	char *conninfo;
+	char *listen_channel;
+	PGconn *conn;
+	enum db_state state;
+	struct event *sock_ev;        /* connecting: one-shot; up: EV_READ|EV_PERSIST */
+	struct event *write_ev;       /* up: added while PQflush() has output left */
+	struct event *timer_ev;
+	long backoff_min, backoff_max, backoff_cur;
+	struct db_query_list queue;   /* head is on the wire when sent */
+	bool head_sent;
+	PGresult *last_result;
+	db_state_fn on_state;
+	db_notify_fn on_notify;
+	void *cb_arg;
+	unsigned long reconnects;
+	bool ever_up;
+	char last_error[256];
+};
+
+static void db_connect_step(struct db *db);
+static void db_send_next(struct db *db);
+static void db_lost(struct db *db, const char *why);
+
+static void query_free(struct db_query *q)
+{
+	for (int i = 0; i < q->nparams; i++)
+		free(q->params[i]);
+	free(q->params);
+	free(q->sql);
+	free(q);
+}
+
+void db_redact_conninfo(const char *conninfo, char *out, size_t len)
+{
+	const char *p = strstr(conninfo, "password=");
+	const char *at;
+
+	if (p) {
+		size_t pre = (size_t)(p - conninfo) + 9;
+		const char *end = p + 9;
+		while (*end && *end != ' ')
+			end++;
+		snprintf(out, len, "%.*s********%s", (int)pre, conninfo, end);
+		return;
+	}
+	/* postgresql://user:secret@host/... */
+	if (strstr(conninfo, "://") && (at = strchr(conninfo, '@')) != NULL) {
+		const char *colon = strchr(strstr(conninfo, "://") + 3, ':');
+		if (colon && colon < at) {
+			snprintf(out, len, "%.*s:********%s", (int)(colon - conninfo), conninfo, at);
+			return;
+		}
+	}
+	str_copy(out, conninfo[0] ? conninfo : "(libpq environment)", len);
+}
+
+struct db *db_new(struct event_base *base, const char *conninfo, long backoff_min_ms,
+                  long backoff_max_ms, const char *listen_channel)
+{
+	struct db *db = xcalloc(1, sizeof(*db));
+
+	db->base = base;
+	db->conninfo = xstrdup(conninfo ? conninfo : "");
+	db->listen_channel = listen_channel ? xstrdup(listen_channel) : NULL;
+	db->backoff_min = backoff_min_ms;
+	db->backoff_max = backoff_max_ms;
+	db->backoff_cur = backoff_min_ms;
+	db->state = DB_WAIT;
+	TAILQ_INIT(&db->queue);
+	return db;
+}
+
+void db_set_callbacks(struct db *db, db_state_fn on_state, db_notify_fn on_notify, void *arg)
+{
+	db->on_state = on_state;
+	db->on_notify = on_notify;
+	db->cb_arg = arg;
+}
+
+bool db_is_up(const struct db *db)
+{
+	return db->state == DB_UP;
+}
+
+size_t db_queue_len(const struct db *db)
+{
+	size_t n = 0;
+	const struct db_query *q;
+
+	TAILQ_FOREACH(q, &db->queue, link)
+		n++;
+	return n;
+}
+
+unsigned long db_reconnects(const struct db *db)
+{
+	return db->reconnects;
+}
+
+const char *db_last_error(const struct db *db)
+{
+	return db->last_error;
+}
+
+static void set_error_from_conn(struct db *db)
+{
+	const char *m = db->conn ? PQerrorMessage(db->conn) : "no connection";
+
+	str_copy(db->last_error, m, sizeof(db->last_error));
+	db->last_error[strcspn(db->last_error, "\n")] = '\0';
+}
+
+static void on_timer(evutil_socket_t fd, short what, void *arg)
+{
+	struct db *db = arg;
+
+	(void)fd;
+	(void)what;
+	if (db->state == DB_WAIT) {
+		db->state = DB_CONNECTING;
+		db->conn = PQconnectStart(db->conninfo);
+		if (db->conn == NULL) {
+			db_lost(db, "out of memory");
+			return;
+		}
+		db_connect_step(db);
+	}
+}
+
+static void schedule_reconnect(struct db *db)
+{
+	struct timeval tv;
+	/* Full jitter above a floor, so a fleet that lost its database does
+	 * not reconnect in lockstep. */
+	int64_t delay = db->backoff_min + (int64_t)random_below((uint64_t)db->backoff_cur + 1);
+
+	if (!db->ever_up && db->reconnects == 0)
+		delay = 0;
+	db->backoff_cur = db->backoff_cur * 2 > db->backoff_max ? db->backoff_max : db->backoff_cur * 2;
+	if (db->timer_ev == NULL)
+		db->timer_ev = evtimer_new(db->base, on_timer, db);
+	tv.tv_sec = delay / 1000;
+	tv.tv_usec = (delay % 1000) * 1000;
+	evtimer_add(db->timer_ev, &tv);
+}
+
+void db_start(struct db *db)
+{
+	db->state = DB_WAIT;
+	schedule_reconnect(db);
+}
+
+static void drop_socket_event(struct db *db)
+{
+	if (db->sock_ev) {
+		event_free(db->sock_ev);
+		db->sock_ev = NULL;
+	}
+	if (db->write_ev) {
+		event_free(db->write_ev);
+		db->write_ev = NULL;
+	}
+}
+
+static void on_socket(evutil_socket_t fd, short what, void *arg);
+static void db_flush(struct db *db);
+
+static void watch_socket(struct db *db, short what)
+{
+	drop_socket_event(db);
+	db->sock_ev = event_new(db->base, PQsocket(db->conn), what, on_socket, db);
+	event_add(db->sock_ev, NULL);
+}
+
+/* The connection broke (or never came up): fail or requeue the query on
+ * the wire, close, and schedule a reconnect. */
+static void db_lost(struct db *db, const char *why)
+{
+	bool was_up = db->state == DB_UP;
+	struct db_query *head = TAILQ_FIRST(&db->queue);
+
+	log_msg(OLOG_WARN, "db_disconnected", "database connection lost: %s", why);
+	drop_socket_event(db);
+	if (db->last_result) {
+		PQclear(db->last_result);
+		db->last_result = NULL;
+	}
+	if (db->conn) {
+		PQfinish(db->conn);
+		db->conn = NULL;
+	}
+	db->state = DB_WAIT;
+	if (head && db->head_sent) {
+		db->head_sent = false;
+		if (!(head->flags & DBQ_RETRY)) {
+			TAILQ_REMOVE(&db->queue, head, link);
+			head->cb(db, NULL, head->arg);
+			query_free(head);
+		}
+	}
+	if (db->ever_up)
+		db->reconnects++;
+	schedule_reconnect(db);
+	if (was_up && db->on_state)
+		db->on_state(db, false, db->cb_arg);
+}
+
+static void on_connected(struct db *db)
+{
+	PQsetnonblocking(db->conn, 1);
+	db->state = DB_UP;
+	db->backoff_cur = db->backoff_min;
+	db->ever_up = true;
+	log_msg(OLOG_INFO, "db_connected", "connected to PostgreSQL (server %d)",
+	        PQserverVersion(db->conn));
+	watch_socket(db, EV_READ | EV_PERSIST);
+	if (db->listen_channel) {
+		/* LISTEN goes first so no NOTIFY is missed after the reconnect. */
+		char sql[128];
+		struct db_query *q = xcalloc(1, sizeof(*q));
+		snprintf(sql, sizeof(sql), "LISTEN %s", db->listen_channel);
+		q->sql = xstrdup(sql);
+		q->cb = NULL;
+		q->flags = DBQ_RETRY;
+		TAILQ_INSERT_HEAD(&db->queue, q, link);
+	}
+	if (db->on_state)
+		db->on_state(db, true, db->cb_arg);
+	db_send_next(db);
+}
+
+static void db_connect_step(struct db *db)
+{
+	switch (PQconnectPoll(db->conn)) {
+	case PGRES_POLLING_READING:
+		watch_socket(db, EV_READ);
+		return;
+	case PGRES_POLLING_WRITING:
+		watch_socket(db, EV_WRITE);
+		return;
+	case PGRES_POLLING_OK:
+		on_connected(db);
+		return;
+	case PGRES_POLLING_FAILED:
+	default:
+		set_error_from_conn(db);
+		db_lost(db, db->last_error);
+		return;
+	}
+}
+
+static void deliver_notifies(struct db *db)
+{
+	PGnotify *n;
+
+	while ((n = PQnotifies(db->conn)) != NULL) {
+		if (db->on_notify)
+			db->on_notify(db, n->relname, n->extra, db->cb_arg);
+		PQfreemem(n);
+	}
+}
+
+/* Read what the server sent; finish the head query when its results end. */
+static void db_read(struct db *db)
+{
+	if (!PQconsumeInput(db->conn)) {
+		set_error_from_conn(db);
+		db_lost(db, db->last_error);
+		return;
+	}
+	deliver_notifies(db);
+	while (db->head_sent && !PQisBusy(db->conn)) {
+		PGresult *r = PQgetResult(db->conn);
+		struct db_query *head;
+
+		if (r != NULL) {
+			if (db->last_result)
+				PQclear(db->last_result);
+			db->last_result = r;
+			continue;
+		}
+		/* End of this query's results. */
+		head = TAILQ_FIRST(&db->queue);
+		if (PQstatus(db->conn) == CONNECTION_BAD) {
+			set_error_from_conn(db);
+			db_lost(db, db->last_error);
+			return;
+		}
+		TAILQ_REMOVE(&db->queue, head, link);
+		db->head_sent = false;
+		r = db->last_result;
+		db->last_result = NULL;
+		if (head->cb)
+			head->cb(db, r, head->arg);
+		else if (r && PQresultStatus(r) != PGRES_COMMAND_OK)
+			log_msg(OLOG_WARN, "db_error", "%s: %s", head->sql, PQresultErrorMessage(r));
+		PQclear(r);
+		query_free(head);
+		if (db->state != DB_UP)
+			return;   /* a callback freed or reset us */
+		deliver_notifies(db);
+	}
+	db_send_next(db);
+}
+
+static void db_flush(struct db *db)
+{
+	int rc = PQflush(db->conn);
+
+	if (rc < 0) {
+		set_error_from_conn(db);
+		db_lost(db, db->last_error);
+	} else if (rc > 0) {
+		if (db->write_ev == NULL)
+			db->write_ev = event_new(db->base, PQsocket(db->conn), EV_WRITE, on_socket, db);
+		event_add(db->write_ev, NULL);
+	}
+}
+
+static void on_socket(evutil_socket_t fd, short what, void *arg)
+{
+	struct db *db = arg;
+
+	(void)fd;
+	switch (db->state) {
+	case DB_CONNECTING:
+		db_connect_step(db);
+		return;
+	case DB_UP:
+		if (what & EV_WRITE) {
+			db_flush(db);
+			if (db->state != DB_UP)
+				return;
+		}
+		if (what & EV_READ)
+			db_read(db);
+		return;
+	case DB_WAIT:
+		return;
+	}
+}
+
+static void db_send_next(struct db *db)
+{
+	struct db_query *q = TAILQ_FIRST(&db->queue);
+
+	if (db->state != DB_UP || db->head_sent || q == NULL)
+		return;
+	if (!PQsendQueryParams(db->conn, q->sql, q->nparams, NULL,
+	                       (const char *const *)q->params, NULL, NULL, 0)) {
+		set_error_from_conn(db);
+		db_lost(db, db->last_error);
+		return;
+	}
+	db->head_sent = true;
+	db_flush(db);
+}
+
+void db_query(struct db *db, const char *sql, int nparams, const char *const *params,
+              db_result_fn cb, void *arg, unsigned flags)
+{
+	struct db_query *q = xcalloc(1, sizeof(*q));
+
+	q->sql = xstrdup(sql);
+	q->nparams = nparams;
+	q->params = xcalloc((size_t)(nparams > 0 ? nparams : 1), sizeof(char *));
+	for (int i = 0; i < nparams; i++)
+		q->params[i] = params[i] ? xstrdup(params[i]) : NULL;
+	q->cb = cb;
+	q->arg = arg;
+	q->flags = flags;
+	TAILQ_INSERT_TAIL(&db->queue, q, link);
+	db_send_next(db);
+}
+
+void db_cancel_queued(struct db *db)
+{
+	struct db_query *q, *next;
+
+	for (q = TAILQ_FIRST(&db->queue); q; q = next) {
+		next = TAILQ_NEXT(q, link);
+		if (q == TAILQ_FIRST(&db->queue) && db->head_sent)
+			continue;
+		TAILQ_REMOVE(&db->queue, q, link);
+		if (q->cb)
+			q->cb(db, NULL, q->arg);
+		query_free(q);
+	}
+}
+
+void db_free(struct db *db)
+{
+	struct db_query *q;
+
+	if (db == NULL)
+		return;
+	while ((q = TAILQ_FIRST(&db->queue)) != NULL) {
+		TAILQ_REMOVE(&db->queue, q, link);
+		query_free(q);
+	}
+	drop_socket_event(db);
+	if (db->timer_ev)
+		event_free(db->timer_ev);
+	if (db->last_result)
+		PQclear(db->last_result);
+	if (db->conn)
+		PQfinish(db->conn);
+	free(db->conninfo);
+	free(db->listen_channel);
+	free(db);
+}

@@ -1,0 +1,49 @@
+/*
+ * db.h: one asynchronous PostgreSQL connection on the event loop.
+ *
+ * Queries queue in order and run one at a time (PQsendQueryParams).  When
+ * the connection is lost it is re-established with exponential backoff and
+ * full jitter; a query that was on the wire when it broke is either failed
+ * back to its caller (res == NULL) or, with DBQ_RETRY, sent again after
+ * the reconnect.  Only statements that are safe to repeat get DBQ_RETRY
+ * (the dispatcher's functions are written so that all of them are).
+ */
+#ifndef OUTBOX_DB_H
+#define OUTBOX_DB_H
+
+#include <libpq-fe.h>
+#include <stdbool.h>
+#include <stddef.h>
+
+struct event_base;
+struct db;
+
+/* res is NULL when the connection broke with the query in flight.  The
+ * callee does not PQclear(): db does after the callback returns. */
+typedef void (*db_result_fn)(struct db *db, PGresult *res, void *arg);
+typedef void (*db_notify_fn)(struct db *db, const char *channel, const char *payload, void *arg);
+typedef void (*db_state_fn)(struct db *db, bool up, void *arg);
+
+#define DBQ_RETRY 0x1u
+
+struct db *db_new(struct event_base *base, const char *conninfo, long backoff_min_ms,
+                  long backoff_max_ms, const char *listen_channel);
+void db_set_callbacks(struct db *db, db_state_fn on_state, db_notify_fn on_notify, void *arg);
+void db_start(struct db *db);
+bool db_is_up(const struct db *db);
+/* Queries queued or on the wire. */
+size_t db_queue_len(const struct db *db);
+/* Number of reconnects since start (a metric). */
+unsigned long db_reconnects(const struct db *db);
+const char *db_last_error(const struct db *db);
+
+void db_query(struct db *db, const char *sql, int nparams, const char *const *params,
+              db_result_fn cb, void *arg, unsigned flags);
+/* Drop queued queries (not the one on the wire); their callbacks get NULL. */
+void db_cancel_queued(struct db *db);
+void db_free(struct db *db);
+
+/* conninfo with any password replaced by ********, for logs. */
+void db_redact_conninfo(const char *conninfo, char *out, size_t len);
+
+#endif

@@ -1,0 +1,193 @@
+/*
+ * outboxctl.c: the operator's command line.  Global options, the command
+ * table, the connection and shared helpers; the commands live in
+ * outboxctl_*.c.
+ *
+ *   outboxctl [--db CONNINFO | --config FILE] COMMAND [ARGS] [--help]
+ */
+#include "outboxctl.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "config.h"
+#include "db.h"
+#include "migrate.h"
+
+static const struct ctl_command commands[] = {
+	{ "migrate", cmd_migrate, "migrate",
+	  "Bring the database to this build's schema. Idempotent; safe from many hosts at once." },
+	{ "kill-switch", cmd_kill_switch,
+	  "kill-switch off|on --operator NAME --reason TEXT | kill-switch status [--json]",
+	  "Stop or allow every send in the fleet. 'off' returns once no send can start anywhere\n"
+	  "and lists the sends already in flight." },
+	{ "status", cmd_status, "status [--json]",
+	  "Counts per state, oldest pending age, in flight, unknown, failed in the last hour,\n"
+	  "and the kill switch." },
+};
+#define N_COMMANDS (sizeof(commands) / sizeof(commands[0]))
+
+static void usage(FILE *out)
+{
+	fprintf(out,
+	        "usage: outboxctl [--db CONNINFO | --config FILE] COMMAND [ARGS]\n"
+	        "\n"
+	        "  --db CONNINFO   libpq conninfo string or URL (default: libpq's PG* environment)\n"
+	        "  --config FILE   take [database] conninfo from a dispatcher config\n"
+	        "\ncommands:\n");
+	for (size_t i = 0; i < N_COMMANDS; i++)
+		fprintf(out, "  %s\n", commands[i].usage);
+	fprintf(out,
+	        "\n'outboxctl COMMAND --help' describes one command.\n"
+	        "exit codes: 0 done, 1 refused or not found, 2 usage, 3 database error\n");
+}
+
+PGconn *ctl_connect(struct ctl *ctl)
+{
+	const char *conninfo = "";
+	struct config *cfg = NULL;
+	char err[1024], shown[512];
+
+	if (ctl->conn)
+		return ctl->conn;
+	if (ctl->db) {
+		conninfo = ctl->db;
+	} else if (ctl->config) {
+		struct core_settings s;
+		cfg = config_load(ctl->config, err, sizeof(err));
+		if (cfg == NULL || !config_core(cfg, &s, err, sizeof(err))) {
+			fprintf(stderr, "outboxctl: %s\n", err);
+			config_free(cfg);
+			return NULL;
+		}
+		conninfo = s.conninfo;
+	}
+	ctl->conn = PQconnectdb(conninfo);
+	if (PQstatus(ctl->conn) != CONNECTION_OK) {
+		db_redact_conninfo(conninfo, shown, sizeof(shown));
+		fprintf(stderr, "outboxctl: cannot connect to the database (%s): %s", shown,
+		        PQerrorMessage(ctl->conn));
+		PQfinish(ctl->conn);
+		ctl->conn = NULL;
+	}
+	config_free(cfg);
+	return ctl->conn;
+}
+
+PGresult *ctl_exec(struct ctl *ctl, const char *what, const char *sql, int n,
+                   const char *const *params)
+{
+	PGresult *r;
+	ExecStatusType st;
+
+	if (ctl_connect(ctl) == NULL)
+		return NULL;
+	r = PQexecParams(ctl->conn, sql, n, NULL, params, NULL, NULL, 0);
+	st = PQresultStatus(r);
+	if (st != PGRES_TUPLES_OK && st != PGRES_COMMAND_OK) {
+		fprintf(stderr, "outboxctl: %s: %s", what, PQresultErrorMessage(r));
+		PQclear(r);
+		return NULL;
+	}
+	return r;
+}
+
+const char *ctl_opt(int argc, char **argv, const char *name)
+{
+	for (int i = 0; i + 1 < argc; i++)
+		if (strcmp(argv[i], name) == 0)
+			return argv[i + 1];
+	return NULL;
+}
+
+bool ctl_flag(int argc, char **argv, const char *name)
+{
+	for (int i = 0; i < argc; i++)
+		if (strcmp(argv[i], name) == 0)
+			return true;
+	return false;
+}
+
+bool ctl_check_opts(int argc, char **argv, const char *const *allowed)
+{
+	for (int i = 0; i < argc; i++) {
+		bool ok = false;
+		for (const char *const *a = allowed; *a && !ok; a++) {
+			size_t n = strlen(*a);
+			if ((*a)[n - 1] == '=') {
+				if (strncmp(argv[i], *a, n - 1) == 0 && argv[i][n - 1] == '\0') {
+					if (i + 1 >= argc) {
+						fprintf(stderr, "outboxctl: %s needs a value\n", argv[i]);
+						return false;
+					}
+					i++;
+					ok = true;
+				}
+			} else if (strcmp(argv[i], *a) == 0) {
+				ok = true;
+			}
+		}
+		if (!ok) {
+			fprintf(stderr, "outboxctl: unexpected argument '%s'\n", argv[i]);
+			return false;
+		}
+	}
+	return true;
+}
+
+bool ctl_is_uuid(const char *s)
+{
+	static const char shape[] = "xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx";
+
+	if (strlen(s) != sizeof(shape) - 1)
+		return false;
+	for (size_t i = 0; shape[i]; i++) {
+		if (shape[i] == '-' ? s[i] != '-' : !strchr("0123456789abcdefABCDEF", s[i]))
+			return false;
+	}
+	return true;
+}
+
+int main(int argc, char **argv)
+{
+	struct ctl ctl = { 0 };
+	int i = 1, rc;
+
+	while (i < argc && argv[i][0] == '-') {
+		if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+			usage(stdout);
+			return CTL_OK;
+		} else if (strcmp(argv[i], "--db") == 0 && i + 1 < argc) {
+			ctl.db = argv[i + 1];
+			i += 2;
+		} else if (strcmp(argv[i], "--config") == 0 && i + 1 < argc) {
+			ctl.config = argv[i + 1];
+			i += 2;
+		} else {
+			fprintf(stderr, "outboxctl: unknown or incomplete option '%s'\n", argv[i]);
+			usage(stderr);
+			return CTL_USAGE;
+		}
+	}
+	if (i >= argc) {
+		usage(stderr);
+		return CTL_USAGE;
+	}
+	for (size_t c = 0; c < N_COMMANDS; c++) {
+		if (strcmp(commands[c].name, argv[i]) != 0)
+			continue;
+		if (ctl_flag(argc - i - 1, argv + i + 1, "--help")) {
+			printf("usage: outboxctl [--db CONNINFO | --config FILE] %s\n\n%s\n",
+			       commands[c].usage, commands[c].help);
+			return CTL_OK;
+		}
+		rc = commands[c].run(&ctl, argc - i - 1, argv + i + 1);
+		if (ctl.conn)
+			PQfinish(ctl.conn);
+		return rc;
+	}
+	fprintf(stderr, "outboxctl: unknown command '%s'\n", argv[i]);
+	usage(stderr);
+	return CTL_USAGE;
+}

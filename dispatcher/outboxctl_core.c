@@ -1,0 +1,172 @@
+/*
+ * outboxctl_core.c: migrate, kill-switch and status.
+ */
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "migrate.h"
+#include "outboxctl.h"
+
+int cmd_migrate(struct ctl *ctl, int argc, char **argv)
+{
+	static const char *const allowed[] = { NULL };
+	char err[1024];
+	int n;
+
+	if (!ctl_check_opts(argc, argv, allowed))
+		return CTL_USAGE;
+	if (ctl_connect(ctl) == NULL)
+		return CTL_DB;
+	n = migrate_apply(ctl->conn, stdout, err, sizeof(err));
+	if (n < 0) {
+		fprintf(stderr, "outboxctl: migrate: %s\n", err);
+		return CTL_DB;
+	}
+	printf("schema at version %d (%d migration%s applied)\n", migrate_latest_version(), n,
+	       n == 1 ? "" : "s");
+	return CTL_OK;
+}
+
+static int kill_switch_status(struct ctl *ctl, bool json)
+{
+	PGresult *r = ctl_exec(ctl, "kill-switch status",
+	                       "SELECT enabled, changed_by, reason, "
+	                       "to_char(changed_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"') "
+	                       "FROM outbox_control WHERE id = 1",
+	                       0, NULL);
+	bool on;
+
+	if (r == NULL)
+		return CTL_DB;
+	on = PQgetvalue(r, 0, 0)[0] == 't';
+	if (json) {
+		json_t *o = json_pack("{s:s,s:s,s:s,s:s}", "state", on ? "on" : "off",
+		                      "changed_by", PQgetvalue(r, 0, 1), "reason", PQgetvalue(r, 0, 2),
+		                      "changed_at", PQgetvalue(r, 0, 3));
+		char *s = json_dumps(o, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
+		puts(s);
+		free(s);
+		json_decref(o);
+	} else {
+		printf("kill switch: %s (sends %s)\nset by %s at %s: %s\n", on ? "on" : "off",
+		       on ? "allowed where AI_ACTIONS_ENABLED=true" : "stopped fleet-wide",
+		       PQgetvalue(r, 0, 1), PQgetvalue(r, 0, 3), PQgetvalue(r, 0, 2));
+	}
+	PQclear(r);
+	return CTL_OK;
+}
+
+int cmd_kill_switch(struct ctl *ctl, int argc, char **argv)
+{
+	static const char *const allowed[] = { "--operator=", "--reason=", "--json", NULL };
+	const char *op, *reason, *params[3];
+	bool on;
+	PGresult *r;
+
+	if (argc < 1) {
+		fprintf(stderr, "outboxctl: kill-switch needs off, on or status\n");
+		return CTL_USAGE;
+	}
+	if (!ctl_check_opts(argc - 1, argv + 1, allowed))
+		return CTL_USAGE;
+	if (strcmp(argv[0], "status") == 0)
+		return kill_switch_status(ctl, ctl_flag(argc - 1, argv + 1, "--json"));
+	if (strcmp(argv[0], "on") != 0 && strcmp(argv[0], "off") != 0) {
+		fprintf(stderr, "outboxctl: kill-switch: expected off, on or status, not '%s'\n", argv[0]);
+		return CTL_USAGE;
+	}
+	on = strcmp(argv[0], "on") == 0;
+	op = ctl_opt(argc - 1, argv + 1, "--operator");
+	reason = ctl_opt(argc - 1, argv + 1, "--reason");
+	if (op == NULL || !op[0] || reason == NULL || !reason[0]) {
+		fprintf(stderr, "outboxctl: kill-switch %s needs --operator NAME and --reason TEXT "
+		                "(they are kept in the control history)\n", argv[0]);
+		return CTL_USAGE;
+	}
+	params[0] = on ? "true" : "false";
+	params[1] = op;
+	params[2] = reason;
+	/* One statement: the function takes the kill-switch lock, so when it
+	 * returns (committed) no send can start, and the list is complete. */
+	r = ctl_exec(ctl, "kill-switch",
+	             "SELECT effect_id, effect_key, effect_type, target, coalesce(worker, ''), "
+	             "to_char(sending_since AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"') "
+	             "FROM outbox_kill_switch_set($1, $2, $3)",
+	             3, params);
+	if (r == NULL)
+		return CTL_DB;
+	if (on) {
+		printf("kill switch on: sends allowed (by %s: %s)\n", op, reason);
+	} else {
+		printf("kill switch off: no send can start anywhere in the fleet (by %s: %s)\n", op, reason);
+		printf("%d effect%s already in flight%s\n", PQntuples(r), PQntuples(r) == 1 ? " was" : "s were",
+		       PQntuples(r) ? " (their outcome will still be recorded):" : ".");
+		for (int i = 0; i < PQntuples(r); i++)
+			printf("  %s key=%s type=%s target=%s worker=%s started=%s\n", PQgetvalue(r, i, 0),
+			       PQgetvalue(r, i, 1), PQgetvalue(r, i, 2), PQgetvalue(r, i, 3),
+			       PQgetvalue(r, i, 4), PQgetvalue(r, i, 5));
+	}
+	PQclear(r);
+	return CTL_OK;
+}
+
+int cmd_status(struct ctl *ctl, int argc, char **argv)
+{
+	static const char *const allowed[] = { "--json", NULL };
+	static const char *const state_names[] = { "pending", "sending", "completed", "unknown", "failed" };
+	PGresult *r;
+	bool json;
+
+	if (!ctl_check_opts(argc, argv, allowed))
+		return CTL_USAGE;
+	json = ctl_flag(argc, argv, "--json");
+	r = ctl_exec(ctl, "status",
+	             "SELECT"
+	             " (SELECT count(*) FROM effect_outbox WHERE state = 'pending'),"
+	             " (SELECT count(*) FROM effect_outbox WHERE state = 'sending'),"
+	             " (SELECT count(*) FROM effect_outbox WHERE state = 'completed'),"
+	             " (SELECT count(*) FROM effect_outbox WHERE state = 'unknown'),"
+	             " (SELECT count(*) FROM effect_outbox WHERE state = 'failed'),"
+	             " coalesce((SELECT extract(epoch FROM now() - min(available_at))::numeric(12,3)"
+	             "    FROM effect_outbox WHERE state = 'pending' AND available_at <= now()), 0),"
+	             " (SELECT count(*) FROM effect_outbox WHERE state = 'failed'"
+	             "    AND completed_at > now() - interval '1 hour'),"
+	             " c.enabled, c.changed_by, c.reason,"
+	             " to_char(c.changed_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"')"
+	             " FROM outbox_control c WHERE c.id = 1",
+	             0, NULL);
+	if (r == NULL)
+		return CTL_DB;
+	if (json) {
+		json_t *o = json_object(), *counts = json_object(), *ks;
+		char *s;
+		for (int i = 0; i < 5; i++)
+			json_object_set_new(counts, state_names[i],
+			                    json_integer(strtoll(PQgetvalue(r, 0, i), NULL, 10)));
+		json_object_set_new(o, "counts", counts);
+		json_object_set_new(o, "oldest_pending_age_seconds", json_real(strtod(PQgetvalue(r, 0, 5), NULL)));
+		json_object_set_new(o, "in_flight", json_integer(strtoll(PQgetvalue(r, 0, 1), NULL, 10)));
+		json_object_set_new(o, "unknown", json_integer(strtoll(PQgetvalue(r, 0, 3), NULL, 10)));
+		json_object_set_new(o, "failed_last_hour", json_integer(strtoll(PQgetvalue(r, 0, 6), NULL, 10)));
+		ks = json_pack("{s:s,s:s,s:s,s:s}", "state", PQgetvalue(r, 0, 7)[0] == 't' ? "on" : "off",
+		               "changed_by", PQgetvalue(r, 0, 8), "reason", PQgetvalue(r, 0, 9),
+		               "changed_at", PQgetvalue(r, 0, 10));
+		json_object_set_new(o, "kill_switch", ks);
+		s = json_dumps(o, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
+		puts(s);
+		free(s);
+		json_decref(o);
+	} else {
+		for (int i = 0; i < 5; i++)
+			printf("%-10s %s\n", state_names[i], PQgetvalue(r, 0, i));
+		printf("oldest pending age: %ss\n", PQgetvalue(r, 0, 5));
+		printf("in flight: %s   unknown: %s   failed in the last hour: %s\n", PQgetvalue(r, 0, 1),
+		       PQgetvalue(r, 0, 3), PQgetvalue(r, 0, 6));
+		printf("kill switch: %s (set by %s at %s: %s)\n", PQgetvalue(r, 0, 7)[0] == 't' ? "on" : "off",
+		       PQgetvalue(r, 0, 8), PQgetvalue(r, 0, 10), PQgetvalue(r, 0, 9));
+	}
+	PQclear(r);
+	return CTL_OK;
+}

@@ -1,0 +1,226 @@
+/*
+ * util.c: clocks, randomness, UUIDs, digests, string copies, backoff.
+ */
+#include "util.h"
+
+#include <errno.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+#include <openssl/sha.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <time.h>
+
+int64_t now_mono_ms(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+int64_t now_wall_ms(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_REALTIME, &ts);
+	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+void format_iso8601(int64_t wall_ms, char *buf, size_t len)
+{
+	time_t secs = (time_t)(wall_ms / 1000);
+	struct tm tm;
+	char base[32];
+
+	gmtime_r(&secs, &tm);
+	strftime(base, sizeof(base), "%Y-%m-%dT%H:%M:%S", &tm);
+	snprintf(buf, len, "%s.%03dZ", base, (int)(wall_ms % 1000));
+}
+
+void random_bytes(void *buf, size_t len)
+{
+	unsigned char *p = buf;
+
+	while (len > 0) {
+		ssize_t n = getrandom(p, len, 0);
+		if (n < 0) {
+			if (errno == EINTR)
+				continue;
+			abort();
+		}
+		p += n;
+		len -= (size_t)n;
+	}
+}
+
+uint64_t random_below(uint64_t bound)
+{
+	uint64_t r, limit;
+
+	if (bound <= 1)
+		return 0;
+	limit = UINT64_MAX - (UINT64_MAX % bound);
+	do {
+		random_bytes(&r, sizeof(r));
+	} while (r >= limit);
+	return r % bound;
+}
+
+void uuid_v4(char out[37])
+{
+	unsigned char b[16];
+
+	random_bytes(b, sizeof(b));
+	b[6] = (unsigned char)((b[6] & 0x0f) | 0x40);
+	b[8] = (unsigned char)((b[8] & 0x3f) | 0x80);
+	snprintf(out, 37,
+	         "%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x",
+	         b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11],
+	         b[12], b[13], b[14], b[15]);
+}
+
+void sha256_hex(const void *data, size_t len, char out[65])
+{
+	unsigned char md[SHA256_DIGEST_LENGTH];
+	unsigned int mdlen = 0;
+	static const char hex[] = "0123456789abcdef";
+
+	EVP_Digest(data, len, md, &mdlen, EVP_sha256(), NULL);
+	for (unsigned int i = 0; i < SHA256_DIGEST_LENGTH; i++) {
+		out[2 * i] = hex[md[i] >> 4];
+		out[2 * i + 1] = hex[md[i] & 0xf];
+	}
+	out[64] = '\0';
+}
+
+void hmac_sha256(const void *key, size_t keylen, const void *data, size_t len,
+                 unsigned char out[32])
+{
+	unsigned int outlen = 32;
+
+	HMAC(EVP_sha256(), key, (int)keylen, data, len, out, &outlen);
+}
+
+size_t base64_encode(const unsigned char *data, size_t len, char *out, size_t outlen)
+{
+	size_t need = 4 * ((len + 2) / 3);
+
+	if (outlen < need + 1)
+		return 0;
+	return (size_t)EVP_EncodeBlock((unsigned char *)out, data, (int)len);
+}
+
+long base64_decode(const char *in, unsigned char *out, size_t outlen)
+{
+	size_t inlen = strlen(in);
+	size_t pad = 0;
+	int n;
+
+	if (inlen % 4 != 0 || outlen < inlen / 4 * 3)
+		return -1;
+	if (inlen >= 1 && in[inlen - 1] == '=')
+		pad++;
+	if (inlen >= 2 && in[inlen - 2] == '=')
+		pad++;
+	n = EVP_DecodeBlock(out, (const unsigned char *)in, (int)inlen);
+	if (n < 0)
+		return -1;
+	return (long)n - (long)pad;
+}
+
+size_t str_copy(char *dst, const char *src, size_t size)
+{
+	size_t n = strlen(src);
+
+	if (size > 0) {
+		size_t c = n < size - 1 ? n : size - 1;
+		memcpy(dst, src, c);
+		dst[c] = '\0';
+	}
+	return n;
+}
+
+void *xmalloc(size_t n)
+{
+	void *p = malloc(n ? n : 1);
+
+	if (p == NULL) {
+		fputs("outbox: out of memory\n", stderr);
+		abort();
+	}
+	return p;
+}
+
+void *xcalloc(size_t n, size_t size)
+{
+	void *p = calloc(n ? n : 1, size ? size : 1);
+
+	if (p == NULL) {
+		fputs("outbox: out of memory\n", stderr);
+		abort();
+	}
+	return p;
+}
+
+char *xstrdup(const char *s)
+{
+	size_t n = strlen(s) + 1;
+	char *p = xmalloc(n);
+
+	memcpy(p, s, n);
+	return p;
+}
+
+int64_t backoff_full_jitter_ms(int64_t base_ms, int64_t cap_ms, int attempt)
+{
+	int64_t ceiling = base_ms;
+
+	if (base_ms <= 0)
+		return 0;
+	for (int i = 1; i < attempt && ceiling < cap_ms; i++)
+		ceiling *= 2;
+	if (ceiling > cap_ms)
+		ceiling = cap_ms;
+	return (int64_t)random_below((uint64_t)ceiling + 1);
+}
+
+bool utf8_valid(const char *s, size_t len)
+{
+	const unsigned char *p = (const unsigned char *)s;
+	size_t i = 0;
+
+	while (i < len) {
+		unsigned char c = p[i];
+		size_t n;
+		uint32_t cp;
+
+		if (c < 0x80) {
+			i++;
+			continue;
+		} else if ((c & 0xe0) == 0xc0) {
+			n = 1;
+			cp = c & 0x1f;
+		} else if ((c & 0xf0) == 0xe0) {
+			n = 2;
+			cp = c & 0x0f;
+		} else if ((c & 0xf8) == 0xf0) {
+			n = 3;
+			cp = c & 0x07;
+		} else {
+			return false;
+		}
+		if (i + n >= len)
+			return false;
+		for (size_t k = 1; k <= n; k++) {
+			if ((p[i + k] & 0xc0) != 0x80)
+				return false;
+			cp = (cp << 6) | (p[i + k] & 0x3f);
+		}
+		if ((n == 1 && cp < 0x80) || (n == 2 && cp < 0x800) || (n == 3 && cp < 0x10000) ||
+		    cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff))
+			return false;
+		i += n + 1;
+	}
+	return true;
+}

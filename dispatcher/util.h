@@ -1,0 +1,53 @@
+/*
+ * util.h: small helpers every part uses: clocks, randomness, UUIDs,
+ * SHA-256/HMAC, bounded string copies and jittered backoff.
+ */
+#ifndef OUTBOX_UTIL_H
+#define OUTBOX_UTIL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define WARN_UNUSED __attribute__((warn_unused_result))
+
+/* Milliseconds on the monotonic clock (intervals, deadlines). */
+int64_t now_mono_ms(void);
+/* Milliseconds since the epoch (timestamps written to the database). */
+int64_t now_wall_ms(void);
+/* ISO 8601 UTC with milliseconds, e.g. 2026-11-30T01:02:03.456Z. */
+void format_iso8601(int64_t wall_ms, char *buf, size_t len);
+
+/* Cryptographic randomness (getrandom); aborts if the kernel cannot give it. */
+void random_bytes(void *buf, size_t len);
+/* Uniform in [0, bound) without modulo bias; bound > 0. */
+uint64_t random_below(uint64_t bound);
+/* A random (version 4) UUID in text form: 36 characters + NUL. */
+void uuid_v4(char out[37]);
+
+/* Lower-case hex SHA-256 of data: 64 characters + NUL. */
+void sha256_hex(const void *data, size_t len, char out[65]);
+/* HMAC-SHA256 of data under key; out receives 32 bytes. */
+void hmac_sha256(const void *key, size_t keylen, const void *data, size_t len,
+                 unsigned char out[32]);
+/* Standard base64 (with padding) of data; returns bytes written (no NUL
+ * counted), or 0 if out is too small. */
+size_t base64_encode(const unsigned char *data, size_t len, char *out, size_t outlen);
+/* Decodes standard base64; returns bytes written or -1 on bad input. */
+long base64_decode(const char *in, unsigned char *out, size_t outlen);
+
+/* Copy at most size-1 bytes and always terminate; returns strlen(src). */
+size_t str_copy(char *dst, const char *src, size_t size);
+/* strdup that aborts on out-of-memory (the only sane answer in a daemon
+ * whose every allocation is small). */
+char *xstrdup(const char *s);
+void *xmalloc(size_t n);
+void *xcalloc(size_t n, size_t size);
+
+/* Exponential backoff with full jitter: uniform in [0, min(cap, base*2^(attempt-1))]. */
+int64_t backoff_full_jitter_ms(int64_t base_ms, int64_t cap_ms, int attempt);
+
+/* True when s is valid UTF-8 (no overlongs, no surrogates). */
+bool utf8_valid(const char *s, size_t len);
+
+#endif

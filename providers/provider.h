@@ -1,0 +1,167 @@
+/*
+ * provider.h: the one interface between the dispatcher and a provider
+ * plugin (http, email, crm, and anyone's fourth).
+ *
+ * A provider is a shared object `outbox_NAME.so` exporting
+ *
+ *     const struct outbox_provider *outbox_provider_entry(void);
+ *
+ * The dispatcher dlopen()s it from `[dispatcher] provider_dir`, refuses it
+ * unless `abi == OUTBOX_PROVIDER_ABI`, validates the `[provider.NAME]`
+ * config section against the provider's key table, then calls init().
+ *
+ * Threading: every callback below is called on the worker's event loop
+ * thread, and a provider must call `done` on that thread too (a provider
+ * that blocks, like email, runs its work on threads of its own and hands
+ * results back through the loop).  `done` is never called from inside
+ * send() or reconcile(): always from a later loop pass.
+ *
+ * Ownership: the effect passed to send()/reconcile() and everything it
+ * points to stay valid until `done` has returned; a provider copies what it
+ * needs beyond that.
+ */
+#ifndef OUTBOX_PROVIDER_H
+#define OUTBOX_PROVIDER_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <jansson.h>
+
+struct event_base;
+
+/* Bump when anything below changes layout or meaning. */
+#define OUTBOX_PROVIDER_ABI 1
+
+/* The failure classes of SPEC.md.  The dispatcher, not the provider, maps a
+ * class to the next state (it knows attempts, max_attempts and whether
+ * keys are honoured). */
+enum outbox_outcome {
+	OUTCOME_ACCEPTED,   /* 2xx, SMTP 250 after DATA: completed */
+	OUTCOME_NOT_SENT,   /* no request byte left the host: retry */
+	OUTCOME_RETRY,      /* 429/503/409, SMTP 4xx before DATA: retry */
+	OUTCOME_TERMINAL,   /* other 4xx, 422, SMTP 5xx, invalid: failed */
+	OUTCOME_AMBIGUOUS,  /* sent, no trustworthy answer: unknown or retry */
+};
+
+/* Reconciliation answers. */
+enum outbox_recon {
+	RECON_SENT,         /* the provider has it: completed, with provider_id */
+	RECON_NOT_SENT,     /* the provider has no trace: pending, same key */
+	RECON_CANNOT_TELL,  /* stays unknown for an operator */
+};
+
+/* Capabilities: what the provider can do by nature.  Whether a deployment
+ * trusts the endpoint to honour keys is the config's
+ * `honours_idempotency_keys`, which defaults to the capability bit. */
+#define OUTBOX_CAP_HONOURS_KEYS  0x1u
+#define OUTBOX_CAP_RECONCILE     0x2u
+
+/* One effect, as leased.  Read-only for the provider. */
+struct outbox_effect {
+	const char *effect_id;     /* uuid text */
+	const char *run_key;       /* workflow_runs.idempotency_key */
+	const char *effect_key;    /* the key the provider sees (hex, 64 chars) */
+	const char *effect_type;
+	const char *target;
+	const json_t *payload;     /* parsed payload (always a JSON object) */
+	const char *payload_hash;  /* sha256 hex of the payload text */
+	int attempt;               /* 1-based: the attempt being made */
+};
+
+#define OUTBOX_PROVIDER_ID_MAX 256
+#define OUTBOX_ERROR_MAX       512
+
+struct outbox_result {
+	enum outbox_outcome outcome;
+	int status;                 /* HTTP status, SMTP reply code; 0 if none */
+	long retry_after_ms;        /* from Retry-After; -1 when absent */
+	bool key_conflict;          /* 422 "same key, different payload": alert */
+	char provider_id[OUTBOX_PROVIDER_ID_MAX];
+	char error[OUTBOX_ERROR_MAX];
+};
+
+struct outbox_recon_result {
+	enum outbox_recon verdict;
+	int status;
+	char provider_id[OUTBOX_PROVIDER_ID_MAX];
+	char error[OUTBOX_ERROR_MAX];
+};
+
+typedef void (*outbox_done_fn)(void *token, const struct outbox_result *res);
+typedef void (*outbox_recon_fn)(void *token, const struct outbox_recon_result *res);
+
+/* Config: a provider declares its keys; the dispatcher checks types and
+ * bounds and names file, line and key on error before init() runs. */
+enum outbox_conf_type { CONF_STR, CONF_INT, CONF_BOOL, CONF_SECRET };
+
+struct outbox_conf_key {
+	const char *name;
+	enum outbox_conf_type type;
+	const char *def;           /* default, as text; NULL: empty */
+	long min, max;             /* CONF_INT bounds */
+	const char *help;
+};
+
+struct outbox_conf;            /* opaque: one validated section */
+
+/* Levels for host->log. */
+enum outbox_log_level { OLOG_DEBUG, OLOG_INFO, OLOG_WARN, OLOG_ERROR };
+
+/* What the dispatcher lends a provider. */
+struct outbox_host {
+	unsigned abi;
+	struct event_base *base;   /* the worker's libevent loop */
+	const char *worker;        /* this worker's name, for logs */
+	/* One JSON log line {"level","provider","msg"}; never pass secrets. */
+	void (*log)(enum outbox_log_level level, const char *provider,
+	            const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+	/* Validated config values.  conf_str never returns NULL ("" if unset);
+	 * a CONF_SECRET value is resolved from "file:/path" or "env:NAME". */
+	const char *(*conf_str)(const struct outbox_conf *c, const char *key);
+	long (*conf_int)(const struct outbox_conf *c, const char *key);
+	bool (*conf_bool)(const struct outbox_conf *c, const char *key);
+	/* "file:line" of a key (or of the section when the key is unset), for
+	 * errors a provider finds in init(). */
+	const char *(*conf_where)(const struct outbox_conf *c, const char *key);
+};
+
+struct outbox_provider {
+	unsigned abi;              /* OUTBOX_PROVIDER_ABI */
+	const char *name;          /* effect_type it serves */
+	unsigned caps;             /* OUTBOX_CAP_* */
+	const struct outbox_conf_key *keys; /* terminated by {NULL} */
+
+	/* Build the provider's state from its section.  On failure return
+	 * NULL with a message naming the key in err. */
+	void *(*init)(const struct outbox_host *host, const struct outbox_conf *conf,
+	              char *err, size_t errlen);
+
+	/* Check an effect before it is marked `sending`: payload shape,
+	 * target syntax, header injection.  False: the effect is failed with
+	 * err as its reason, nothing sent, no attempt spent.  On success,
+	 * host_key receives the destination used for per-host concurrency and
+	 * the circuit breaker (e.g. "api.example.com:443"). */
+	bool (*validate)(void *self, const struct outbox_effect *e,
+	                 char *host_key, size_t host_keylen, char *err, size_t errlen);
+
+	/* Start one send.  False: it could not even start (err says why; the
+	 * dispatcher treats it as OUTCOME_NOT_SENT).  True: done(token, ...)
+	 * is called exactly once, later, on the loop thread. */
+	bool (*send)(void *self, const struct outbox_effect *e,
+	             outbox_done_fn done, void *token, char *err, size_t errlen);
+
+	/* Ask whether an `unknown` effect reached the provider.  NULL when the
+	 * provider lacks OUTBOX_CAP_RECONCILE.  Same contract as send(). */
+	bool (*reconcile)(void *self, const struct outbox_effect *e,
+	                  outbox_recon_fn done, void *token, char *err, size_t errlen);
+
+	/* Sends in flight when shutdown() is called are abandoned: their done
+	 * is not called.  Free everything. */
+	void (*shutdown)(void *self);
+};
+
+/* The symbol every plugin exports. */
+const struct outbox_provider *outbox_provider_entry(void);
+typedef const struct outbox_provider *(*outbox_provider_entry_fn)(void);
+
+#endif /* OUTBOX_PROVIDER_H */

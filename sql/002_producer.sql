@@ -1,0 +1,303 @@
+-- 002_producer.sql: the functions n8n workflows (and other producers) call,
+-- one statement per step of the seeds' reference sequence.
+--
+-- All are SECURITY DEFINER with a fixed search_path: the producer role gets
+-- EXECUTE on them and nothing that lets it change an effect's state.
+
+-- Step 2: claim a run.  The seed's INSERT ... ON CONFLICT ... WHERE, plus a
+-- row that always comes back so a workflow can branch on `status`:
+--   claimed          new key, lease granted
+--   reclaimed        failed_retryable or expired processing lease, taken over
+--   busy             another execution holds a live lease
+--   done             the run is past the point where a re-run may act
+--                    (awaiting_human, approved, completed, failed_terminal):
+--                    return `state`/`result` to the caller, do nothing else
+--   payload_mismatch same key, different payload hash: stop and investigate
+CREATE FUNCTION outbox_claim_run(p_key text, p_payload_hash text, p_owner uuid,
+                                 p_lease_seconds integer DEFAULT 300)
+RETURNS TABLE (status text, idempotency_key text, state text, lease_owner uuid,
+               version bigint, result jsonb)
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
+DECLARE
+    r workflow_runs%ROWTYPE;
+    st text;
+BEGIN
+    IF p_key IS NULL OR p_key = '' OR p_payload_hash IS NULL OR p_owner IS NULL THEN
+        RAISE EXCEPTION 'outbox_claim_run: key, payload hash and owner are required'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF p_lease_seconds IS NULL OR p_lease_seconds < 1 OR p_lease_seconds > 86400 THEN
+        RAISE EXCEPTION 'outbox_claim_run: lease_seconds must be 1..86400'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+
+    INSERT INTO workflow_runs AS w (idempotency_key, state, payload_hash,
+                                    lease_owner, lease_expires_at)
+    VALUES (p_key, 'processing', p_payload_hash, p_owner,
+            now() + make_interval(secs => p_lease_seconds))
+    ON CONFLICT ON CONSTRAINT workflow_runs_pkey DO UPDATE
+    SET lease_owner = EXCLUDED.lease_owner,
+        lease_expires_at = EXCLUDED.lease_expires_at,
+        state = 'processing',
+        version = w.version + 1,
+        updated_at = now()
+    WHERE w.payload_hash = EXCLUDED.payload_hash
+      AND (w.state = 'failed_retryable'
+           OR (w.state = 'processing' AND w.lease_expires_at < now()))
+    RETURNING w.* INTO r;
+
+    IF FOUND THEN
+        st := CASE WHEN r.version = 0 THEN 'claimed' ELSE 'reclaimed' END;
+    ELSE
+        SELECT * INTO r FROM workflow_runs w WHERE w.idempotency_key = p_key;
+        IF r.payload_hash <> p_payload_hash THEN
+            st := 'payload_mismatch';
+        ELSIF r.state IN ('processing', 'failed_retryable') THEN
+            st := 'busy';
+        ELSE
+            st := 'done';
+        END IF;
+    END IF;
+
+    INSERT INTO run_claims (idempotency_key, outcome) VALUES (p_key, st);
+    IF st IN ('claimed', 'reclaimed') THEN
+        RETURN QUERY SELECT st, r.idempotency_key, r.state, r.lease_owner, r.version, r.result;
+    ELSE
+        -- Never hand out the lease owner of someone else's execution.
+        RETURN QUERY SELECT st, r.idempotency_key, r.state, NULL::uuid, r.version, r.result;
+    END IF;
+END $$;
+
+-- Renew the run's lease; only its owner can, and not past a cap.
+CREATE FUNCTION outbox_renew_run(p_key text, p_owner uuid, p_version bigint,
+                                 p_lease_seconds integer DEFAULT 300)
+RETURNS bigint
+LANGUAGE sql SECURITY DEFINER SET search_path = public, pg_temp AS $$
+    UPDATE workflow_runs
+       SET lease_expires_at = now() + make_interval(secs => least(greatest(p_lease_seconds, 1), 86400)),
+           updated_at = now()
+     WHERE idempotency_key = p_key AND lease_owner = p_owner AND version = p_version
+       AND state = 'processing' AND lease_expires_at > now()
+    RETURNING version;
+$$;
+
+-- The seed's compare-and-set: only the live lease owner at the expected
+-- version moves the run.  Returns the new version, or no row: the caller
+-- lost ownership and must not act.
+CREATE FUNCTION outbox_transition_run(p_key text, p_owner uuid, p_version bigint,
+                                      p_state text, p_result jsonb DEFAULT NULL)
+RETURNS TABLE (version bigint)
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
+BEGIN
+    IF p_state NOT IN ('processing', 'awaiting_human', 'approved', 'completed',
+                       'failed_retryable', 'failed_terminal') THEN
+        RAISE EXCEPTION 'outbox_transition_run: unknown state %', p_state
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    RETURN QUERY
+    UPDATE workflow_runs w
+       SET state = p_state,
+           version = w.version + 1,
+           result = coalesce(p_result, w.result),
+           updated_at = now()
+     WHERE w.idempotency_key = p_key
+       AND w.lease_owner = p_owner
+       AND w.version = p_version
+       AND w.lease_expires_at > now()
+    RETURNING w.version;
+END $$;
+
+-- Step 6: CAS the run to awaiting_human and create a one-time approval.
+-- Only the SHA-256 of the token is passed and stored; the raw token exists
+-- only in the message to the approver.  No row: the caller lost its lease.
+CREATE FUNCTION outbox_create_approval(p_key text, p_owner uuid, p_version bigint,
+                                       p_token_sha256 bytea,
+                                       p_allowed_decisions text[],
+                                       p_expires_in_seconds integer,
+                                       p_effects jsonb,
+                                       p_approver_audience text DEFAULT NULL,
+                                       p_result jsonb DEFAULT NULL)
+RETURNS TABLE (approval_id uuid, expires_at timestamptz, version bigint)
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
+DECLARE
+    v bigint;
+    e jsonb;
+BEGIN
+    IF p_token_sha256 IS NULL OR octet_length(p_token_sha256) <> 32 THEN
+        RAISE EXCEPTION 'outbox_create_approval: token hash must be 32 bytes of SHA-256'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF p_allowed_decisions IS NULL OR cardinality(p_allowed_decisions) = 0
+       OR NOT p_allowed_decisions <@ ARRAY['approve', 'reject'] THEN
+        RAISE EXCEPTION 'outbox_create_approval: allowed decisions must be a non-empty subset of {approve,reject}'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF p_expires_in_seconds IS NULL OR p_expires_in_seconds < 1 THEN
+        RAISE EXCEPTION 'outbox_create_approval: expiry must be positive'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF p_effects IS NULL OR jsonb_typeof(p_effects) <> 'array' THEN
+        RAISE EXCEPTION 'outbox_create_approval: effects must be a JSON array'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    FOR e IN SELECT * FROM jsonb_array_elements(p_effects) LOOP
+        IF jsonb_typeof(e) <> 'object' OR jsonb_typeof(e->'effect_type') <> 'string'
+           OR jsonb_typeof(e->'target') <> 'string' OR NOT e ? 'payload' THEN
+            RAISE EXCEPTION 'outbox_create_approval: each effect needs effect_type, target and payload'
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+    END LOOP;
+
+    UPDATE workflow_runs w
+       SET state = 'awaiting_human', version = w.version + 1,
+           result = coalesce(p_result, w.result), updated_at = now()
+     WHERE w.idempotency_key = p_key AND w.lease_owner = p_owner
+       AND w.version = p_version AND w.lease_expires_at > now()
+       AND w.state = 'processing'
+    RETURNING w.version INTO v;
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+
+    RETURN QUERY
+    INSERT INTO approvals AS a (idempotency_key, token_hash, allowed_decisions,
+                                expires_at, approver_audience, proposed_effects)
+    VALUES (p_key, p_token_sha256, p_allowed_decisions,
+            now() + make_interval(secs => p_expires_in_seconds),
+            p_approver_audience, p_effects)
+    RETURNING a.approval_id, a.expires_at, v;
+END $$;
+
+-- What a confirmation page may show (GET changes nothing): no hash, no
+-- other approvals, nothing once the token is used or expired.
+CREATE FUNCTION outbox_peek_approval(p_token_sha256 bytea)
+RETURNS TABLE (idempotency_key text, allowed_decisions text[], expires_at timestamptz,
+               approver_audience text, proposed_effects jsonb, run_state text)
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = public, pg_temp AS $$
+    SELECT a.idempotency_key, a.allowed_decisions, a.expires_at, a.approver_audience,
+           a.proposed_effects, w.state
+      FROM approvals a JOIN workflow_runs w USING (idempotency_key)
+     WHERE a.token_hash = p_token_sha256
+       AND a.consumed_at IS NULL
+       AND a.expires_at > now();
+$$;
+
+-- Step 7 (and 9): consume the approval and act on it, all in this one
+-- statement's transaction: consume the token, lock the run, check it is
+-- still awaiting_human, set approved and insert the outbox rows (approve),
+-- or set failed_terminal with the reason (reject).  No row back: the token
+-- is unknown, used, expired, the decision is not allowed, or the run moved
+-- on, and nothing was consumed or enqueued.  Any error rolls all of it back.
+CREATE FUNCTION outbox_consume_approval(p_token_sha256 bytea, p_decision text,
+                                        p_approver text)
+RETURNS TABLE (idempotency_key text, decision text, effect_id uuid,
+               effect_type text, target text)
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
+DECLARE
+    a approvals%ROWTYPE;
+    run_state text;
+BEGIN
+    IF p_approver IS NULL OR p_approver = '' THEN
+        RAISE EXCEPTION 'outbox_consume_approval: the approver must be named'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+
+    SELECT * INTO a FROM approvals x
+     WHERE x.token_hash = p_token_sha256
+       AND x.consumed_at IS NULL
+       AND x.expires_at > now()
+       AND p_decision = ANY (x.allowed_decisions)
+       FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+
+    SELECT w.state INTO run_state FROM workflow_runs w
+     WHERE w.idempotency_key = a.idempotency_key FOR UPDATE;
+    IF run_state IS DISTINCT FROM 'awaiting_human' THEN
+        RETURN;
+    END IF;
+
+    UPDATE approvals x
+       SET consumed_at = now(), decision = p_decision, approver_subject = p_approver
+     WHERE x.approval_id = a.approval_id;
+
+    IF p_decision = 'reject' THEN
+        UPDATE workflow_runs w
+           SET state = 'failed_terminal', version = w.version + 1,
+               failure_reason = 'rejected by ' || p_approver, updated_at = now()
+         WHERE w.idempotency_key = a.idempotency_key;
+        RETURN QUERY SELECT a.idempotency_key, p_decision, NULL::uuid, NULL::text, NULL::text;
+        RETURN;
+    END IF;
+
+    UPDATE workflow_runs w
+       SET state = 'approved', version = w.version + 1, updated_at = now()
+     WHERE w.idempotency_key = a.idempotency_key;
+
+    RETURN QUERY
+    INSERT INTO effect_outbox AS o (idempotency_key, effect_type, target, payload,
+                                    metadata, approved_by)
+    SELECT a.idempotency_key, e->>'effect_type', e->>'target', e->'payload',
+           e->'metadata', p_approver
+      FROM jsonb_array_elements(a.proposed_effects) AS e
+    RETURNING o.idempotency_key, p_decision, o.effect_id, o.effect_type, o.target;
+END $$;
+
+-- Approve-by-exception and act-with-window: enqueue one effect directly.
+-- A duplicate (key, type, target) inserts nothing and returns the existing
+-- effect with inserted = false, so at-least-once producers can call it twice.
+CREATE FUNCTION outbox_enqueue(p_key text, p_effect_type text, p_target text,
+                               p_payload jsonb, p_metadata jsonb DEFAULT NULL,
+                               p_delay_seconds integer DEFAULT 0)
+RETURNS TABLE (effect_id uuid, inserted boolean, state text, available_at timestamptz)
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
+DECLARE
+    id uuid;
+BEGIN
+    IF p_delay_seconds IS NULL OR p_delay_seconds < 0 THEN
+        RAISE EXCEPTION 'outbox_enqueue: delay must be >= 0 seconds'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    INSERT INTO effect_outbox AS o (idempotency_key, effect_type, target, payload,
+                                    metadata, available_at)
+    VALUES (p_key, p_effect_type, p_target, p_payload, p_metadata,
+            now() + make_interval(secs => p_delay_seconds))
+    ON CONFLICT (idempotency_key, effect_type, target) DO NOTHING
+    RETURNING o.effect_id INTO id;
+    IF FOUND THEN
+        RETURN QUERY SELECT o.effect_id, true, o.state, o.available_at
+                       FROM effect_outbox o WHERE o.effect_id = id;
+    ELSE
+        RETURN QUERY SELECT o.effect_id, false, o.state, o.available_at
+                       FROM effect_outbox o
+                      WHERE o.idempotency_key = p_key AND o.effect_type = p_effect_type
+                        AND o.target = p_target;
+    END IF;
+END $$;
+
+-- Act-with-window: cancel an effect that has not started sending.  A row
+-- that is leased but not yet `sending` can still be cancelled: the worker's
+-- CAS to `sending` then finds it gone.  Returns true when cancelled.
+CREATE FUNCTION outbox_cancel(p_effect_id uuid, p_reason text DEFAULT 'cancelled',
+                              p_actor text DEFAULT 'producer')
+RETURNS boolean
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
+DECLARE
+    k text;
+BEGIN
+    UPDATE effect_outbox o
+       SET state = 'failed', last_error_class = 'cancelled',
+           last_error = 'cancelled: ' || coalesce(nullif(p_reason, ''), 'no reason given'),
+           lease_owner = NULL, lease_expires_at = NULL, lease_worker = NULL,
+           completed_at = now(), updated_at = now()
+     WHERE o.effect_id = p_effect_id AND o.state = 'pending'
+    RETURNING o.idempotency_key INTO k;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    INSERT INTO operator_actions (action, effect_id, run_key, operator, reason)
+    VALUES ('cancel', p_effect_id, k, coalesce(p_actor, 'producer'),
+            coalesce(nullif(p_reason, ''), 'cancelled'));
+    RETURN true;
+END $$;

@@ -1,0 +1,377 @@
+-- 003_dispatcher.sql: the statements the workers run, as functions, and
+-- the kill switch.
+--
+-- Each takes arrays or a JSON batch so that a worker spends one round trip
+-- per batch, not per effect.  Every transition is a compare-and-set on
+-- (effect, lease owner, state): a worker whose lease is gone changes nothing.
+
+-- The kill-switch lock.  mark_sending holds it shared for the length of its
+-- transaction; turning the switch off takes it exclusively.  So once the
+-- "off" has committed, every mark_sending either committed before (its rows
+-- are listed as in flight) or reads "off" (SPEC.md "Kill switch").
+CREATE FUNCTION outbox_kill_switch_lock_key() RETURNS bigint
+LANGUAGE sql IMMUTABLE AS $$ SELECT 7262935012345678901::bigint $$;
+
+-- Lease up to p_limit due pending rows.  Returns nothing while the kill
+-- switch is off (env flag or control row): leasing then would only cost a
+-- release.  The authoritative check is in outbox_mark_sending.
+CREATE FUNCTION outbox_lease(p_owner uuid, p_worker text, p_limit integer,
+                             p_lease_seconds integer, p_types text[],
+                             p_env_enabled boolean)
+RETURNS TABLE (effect_id uuid, idempotency_key text, effect_type text, target text,
+               payload text, payload_hash text, effect_key text, attempts integer,
+               metadata text, approved_by text)
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
+BEGIN
+    IF NOT p_env_enabled OR NOT (SELECT c.enabled FROM outbox_control c WHERE c.id = 1) THEN
+        RETURN;
+    END IF;
+    RETURN QUERY
+    WITH due AS (
+        SELECT o.effect_id FROM effect_outbox o
+         WHERE o.state = 'pending'
+           AND o.available_at <= now()
+           AND (o.lease_expires_at IS NULL OR o.lease_expires_at < now())
+           AND o.effect_type = ANY (p_types)
+         ORDER BY o.available_at
+         LIMIT p_limit
+         FOR UPDATE SKIP LOCKED)
+    UPDATE effect_outbox o
+       SET lease_owner = p_owner, lease_worker = p_worker, leased_at = now(),
+           lease_expires_at = now() + make_interval(secs => p_lease_seconds)
+      FROM due
+     WHERE o.effect_id = due.effect_id
+    RETURNING o.effect_id, o.idempotency_key, o.effect_type, o.target, o.payload::text,
+              o.payload_hash, o.effect_key, o.attempts, o.metadata::text, o.approved_by;
+END $$;
+
+-- pending + lease -> sending, by CAS, with the kill switch read under its
+-- lock.  Spends one attempt per row.  When the switch is off, the leases
+-- are released (no attempt spent) and every id comes back with blocked.
+CREATE FUNCTION outbox_mark_sending(p_owner uuid, p_ids uuid[], p_env_enabled boolean,
+                                    p_idempotent_types text[], p_lease_seconds integer)
+RETURNS TABLE (effect_id uuid, attempts integer, blocked boolean)
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
+DECLARE
+    allowed boolean;
+    ids uuid[];
+    atts integer[];
+BEGIN
+    PERFORM pg_advisory_xact_lock_shared(outbox_kill_switch_lock_key());
+    -- A fresh snapshot for this statement: taken after the lock, so an "off"
+    -- that committed while we waited is seen.
+    SELECT c.enabled INTO allowed FROM outbox_control c WHERE c.id = 1;
+    IF NOT (coalesce(allowed, false) AND p_env_enabled) THEN
+        RETURN QUERY
+        UPDATE effect_outbox o
+           SET lease_owner = NULL, lease_expires_at = NULL, lease_worker = NULL
+         WHERE o.effect_id = ANY (p_ids) AND o.lease_owner = p_owner AND o.state = 'pending'
+        RETURNING o.effect_id, o.attempts, true;
+        RETURN;
+    END IF;
+    WITH u AS (
+        UPDATE effect_outbox o
+           SET state = 'sending', attempts = o.attempts + 1,
+               sending_since = now(),
+               sending_idempotent = o.effect_type = ANY (p_idempotent_types),
+               lease_expires_at = now() + make_interval(secs => p_lease_seconds),
+               updated_at = now()
+         WHERE o.effect_id = ANY (p_ids)
+           AND o.lease_owner = p_owner
+           AND o.state = 'pending'
+           AND o.lease_expires_at > now()
+        RETURNING o.effect_id, o.attempts)
+    SELECT coalesce(array_agg(u.effect_id), '{}'), coalesce(array_agg(u.attempts), '{}')
+      INTO ids, atts FROM u;
+    -- Rows this owner already moved to `sending` come back too: the call is
+    -- repeated after a lost connection, when the first one may have
+    -- committed.  A worker marks an effect once per lease, so such a row
+    -- has not been sent yet.
+    RETURN QUERY
+    SELECT x.id, x.att, false FROM unnest(ids, atts) AS x(id, att)
+    UNION ALL
+    SELECT o.effect_id, o.attempts, false FROM effect_outbox o
+     WHERE o.effect_id = ANY (p_ids) AND NOT o.effect_id = ANY (ids)
+       AND o.lease_owner = p_owner AND o.state = 'sending';
+END $$;
+
+-- Heartbeat: extend the leases this worker still holds, never past
+-- sending_since + p_max_lease_seconds (the cap on total lease time).
+-- Returns the ids renewed; an id missing from the answer has been lost.
+CREATE FUNCTION outbox_renew(p_owner uuid, p_ids uuid[], p_lease_seconds integer,
+                             p_max_lease_seconds integer)
+RETURNS TABLE (effect_id uuid, lease_expires_at timestamptz)
+LANGUAGE sql SECURITY DEFINER SET search_path = public, pg_temp AS $$
+    UPDATE effect_outbox o
+       SET lease_expires_at = least(now() + make_interval(secs => p_lease_seconds),
+                                    coalesce(o.sending_since, o.leased_at)
+                                      + make_interval(secs => p_max_lease_seconds))
+     WHERE o.effect_id = ANY (p_ids)
+       AND o.lease_owner = p_owner
+       AND o.state IN ('pending', 'sending')
+       AND o.lease_expires_at > now()
+    RETURNING o.effect_id, o.lease_expires_at;
+$$;
+
+-- Give back leased rows that were not sent (shutdown, breaker open, host
+-- busy): no attempt spent, optionally not due again before p_delay_ms.
+CREATE FUNCTION outbox_release(p_owner uuid, p_ids uuid[], p_delay_ms bigint DEFAULT 0)
+RETURNS integer
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
+DECLARE
+    n integer;
+BEGIN
+    UPDATE effect_outbox o
+       SET lease_owner = NULL, lease_expires_at = NULL, lease_worker = NULL,
+           available_at = greatest(o.available_at,
+                                   now() + make_interval(secs => greatest(p_delay_ms, 0) / 1000.0))
+     WHERE o.effect_id = ANY (p_ids) AND o.lease_owner = p_owner AND o.state = 'pending';
+    GET DIAGNOSTICS n = ROW_COUNT;
+    RETURN n;
+END $$;
+
+-- Move runs on after their effects moved: a run whose effect failed
+-- becomes failed_terminal; a run whose effects are all completed becomes
+-- completed.  Locks the runs in key order first, so two workers finishing
+-- the last two effects of one run cannot both miss the other's commit.
+CREATE FUNCTION outbox_advance_runs(p_failed text[], p_completed text[])
+RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
+BEGIN
+    PERFORM 1 FROM workflow_runs w
+     WHERE w.idempotency_key = ANY (p_failed || p_completed)
+     ORDER BY w.idempotency_key FOR UPDATE;
+    UPDATE workflow_runs w
+       SET state = 'failed_terminal', version = w.version + 1,
+           failure_reason = coalesce(w.failure_reason, 'an effect failed terminally'),
+           updated_at = now()
+     WHERE w.idempotency_key = ANY (p_failed)
+       AND w.state NOT IN ('completed', 'failed_terminal');
+    UPDATE workflow_runs w
+       SET state = 'completed', version = w.version + 1, updated_at = now()
+     WHERE w.idempotency_key = ANY (p_completed)
+       AND w.state IN ('approved', 'processing')
+       AND NOT EXISTS (SELECT 1 FROM effect_outbox o
+                        WHERE o.idempotency_key = w.idempotency_key
+                          AND o.state <> 'completed');
+END $$;
+
+-- Record a batch of provider outcomes.  p_results is a JSON array of
+--   {effect_id, attempt, started_at, outcome, status, provider_id, error,
+--    next_state, retry_delay_ms}
+-- where the worker has already applied the failure-class matrix to pick
+-- next_state.  Every element becomes an attempts-log row, whether or not
+-- the CAS still matches (a worker that lost its lease still leaves its
+-- evidence).  Returns, per element, whether the state change applied.
+CREATE FUNCTION outbox_complete(p_owner uuid, p_worker text, p_results jsonb)
+RETURNS TABLE (effect_id uuid, applied boolean, state text)
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
+DECLARE
+    done_ids uuid[];
+    failed_keys text[];
+    completed_keys text[];
+BEGIN
+    WITH u AS (
+        UPDATE effect_outbox o
+           SET state = r.next_state,
+               provider_id = coalesce(r.provider_id, o.provider_id),
+               lease_owner = NULL, lease_expires_at = NULL, lease_worker = NULL,
+               sending_since = NULL,
+               available_at = CASE WHEN r.next_state = 'pending'
+                                   THEN now() + make_interval(secs => greatest(r.retry_delay_ms, 0) / 1000.0)
+                                   ELSE o.available_at END,
+               last_error_class = CASE WHEN r.outcome = 'accepted' THEN NULL ELSE r.outcome END,
+               last_error = r.error,
+               last_status = r.status,
+               completed_at = CASE WHEN r.next_state IN ('completed', 'failed') THEN now() END,
+               updated_at = now()
+          FROM jsonb_to_recordset(p_results) AS r(
+               effect_id uuid, attempt integer, started_at timestamptz, outcome text,
+               status integer, provider_id text, error text, next_state text,
+               retry_delay_ms bigint)
+         WHERE o.effect_id = r.effect_id
+           AND o.lease_owner = p_owner
+           AND o.state = 'sending'
+           AND o.attempts = r.attempt
+           AND r.next_state IN ('completed', 'pending', 'failed', 'unknown')
+        RETURNING o.effect_id, o.idempotency_key, o.state)
+    SELECT coalesce(array_agg(u.effect_id), '{}'),
+           coalesce(array_agg(u.idempotency_key) FILTER (WHERE u.state = 'failed'), '{}'),
+           coalesce(array_agg(u.idempotency_key) FILTER (WHERE u.state = 'completed'), '{}')
+      INTO done_ids, failed_keys, completed_keys
+      FROM u;
+
+    -- ON CONFLICT: the same batch sent again after a lost connection (the
+    -- first may have committed) records each provider call once.
+    INSERT INTO effect_attempts (effect_id, attempt, lease_owner, worker, started_at,
+                                 outcome_class, provider_status, provider_id,
+                                 error_text, cas_applied, metadata)
+    SELECT r.effect_id, r.attempt, p_owner, p_worker, coalesce(r.started_at, now()),
+           r.outcome, r.status, r.provider_id, r.error, r.effect_id = ANY (done_ids),
+           o.metadata
+      FROM jsonb_to_recordset(p_results) AS r(
+               effect_id uuid, attempt integer, started_at timestamptz, outcome text,
+               status integer, provider_id text, error text, next_state text,
+               retry_delay_ms bigint)
+      LEFT JOIN effect_outbox o ON o.effect_id = r.effect_id
+    ON CONFLICT (effect_id, attempt, lease_owner) WHERE worker NOT LIKE 'reaper:%'
+                                                    AND lease_owner IS NOT NULL
+    DO NOTHING;
+
+    IF cardinality(failed_keys) > 0 OR cardinality(completed_keys) > 0 THEN
+        PERFORM outbox_advance_runs(failed_keys, completed_keys);
+    END IF;
+
+    -- "applied" also when an earlier delivery of this same batch applied it.
+    RETURN QUERY
+    SELECT r.effect_id, a.cas_applied, CASE WHEN a.cas_applied THEN r.next_state END
+      FROM jsonb_to_recordset(p_results) AS r(
+               effect_id uuid, attempt integer, started_at timestamptz, outcome text,
+               status integer, provider_id text, error text, next_state text,
+               retry_delay_ms bigint)
+      JOIN effect_attempts a ON a.effect_id = r.effect_id AND a.attempt = r.attempt
+                            AND a.lease_owner = p_owner AND a.worker NOT LIKE 'reaper:%';
+END $$;
+
+-- Fail leased pending rows that can never be sent (malformed payload,
+-- invalid target, unknown type): nothing reached a provider, so no
+-- attempt is spent and no attempt row is written; the reason is stored.
+-- p_items: JSON array of {effect_id, error_class, error}.
+CREATE FUNCTION outbox_fail_invalid(p_owner uuid, p_items jsonb)
+RETURNS TABLE (effect_id uuid)
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
+DECLARE
+    keys text[];
+    ids uuid[];
+BEGIN
+    WITH u AS (
+        UPDATE effect_outbox o
+           SET state = 'failed', last_error_class = coalesce(x.error_class, 'invalid'),
+               last_error = x.error, lease_owner = NULL, lease_expires_at = NULL,
+               lease_worker = NULL, completed_at = now(), updated_at = now()
+          FROM jsonb_to_recordset(p_items) AS x(effect_id uuid, error_class text, error text)
+         WHERE o.effect_id = x.effect_id AND o.lease_owner = p_owner AND o.state = 'pending'
+        RETURNING o.effect_id, o.idempotency_key)
+    SELECT coalesce(array_agg(u.effect_id), '{}'), coalesce(array_agg(u.idempotency_key), '{}')
+      INTO ids, keys FROM u;
+    IF cardinality(keys) > 0 THEN
+        PERFORM outbox_advance_runs(keys, '{}');
+    END IF;
+    RETURN QUERY SELECT unnest(ids);
+END $$;
+
+-- The reaper, safe with every worker running it (SKIP LOCKED):
+--  - a `sending` row whose lease expired belonged to a worker that died,
+--    stopped or lost its database: it goes to `unknown`, or back to
+--    `pending` with the same key when the provider honours keys; an
+--    ambiguous attempt row records why;
+--  - an expired lease on a `pending` row is simply freed.
+CREATE FUNCTION outbox_reap(p_worker text, p_limit integer DEFAULT 500)
+RETURNS TABLE (effect_id uuid, state text, lost_worker text)
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
+BEGIN
+    RETURN QUERY
+    WITH expired AS (
+        SELECT o.effect_id, o.lease_worker, o.lease_owner, o.attempts, o.sending_since
+          FROM effect_outbox o
+         WHERE o.state = 'sending' AND o.lease_expires_at < now()
+         ORDER BY o.lease_expires_at
+         LIMIT p_limit
+           FOR UPDATE SKIP LOCKED),
+    moved AS (
+        UPDATE effect_outbox o
+           SET state = CASE WHEN o.sending_idempotent THEN 'pending' ELSE 'unknown' END,
+               available_at = now(),
+               last_error_class = 'ambiguous',
+               last_error = 'lease expired while sending (worker '
+                            || coalesce(e.lease_worker, '?') || ' lost)',
+               lease_owner = NULL, lease_expires_at = NULL, lease_worker = NULL,
+               sending_since = NULL, updated_at = now()
+          FROM expired e
+         WHERE o.effect_id = e.effect_id
+        RETURNING o.effect_id, o.state, e.lease_worker, e.lease_owner, e.attempts,
+                  e.sending_since, o.metadata),
+    logged AS (
+        INSERT INTO effect_attempts (effect_id, attempt, lease_owner, worker, started_at,
+                                     outcome_class, error_text, cas_applied, metadata)
+        SELECT m.effect_id, m.attempts, m.lease_owner, 'reaper:' || p_worker,
+               coalesce(m.sending_since, now()), 'ambiguous',
+               'lease expired while sending; worker ' || coalesce(m.lease_worker, '?')
+               || ' lost; state ' || m.state, true, m.metadata
+          FROM moved m)
+    SELECT m.effect_id, m.state, m.lease_worker FROM moved m;
+
+    UPDATE effect_outbox o
+       SET lease_owner = NULL, lease_expires_at = NULL, lease_worker = NULL
+     WHERE o.effect_id IN (SELECT p.effect_id FROM effect_outbox p
+                            WHERE p.state = 'pending' AND p.lease_expires_at < now()
+                            LIMIT p_limit FOR UPDATE SKIP LOCKED);
+END $$;
+
+-- Workers say which effect types they serve; rows of a type no worker has
+-- served are failed after a grace period instead of waiting forever.
+CREATE FUNCTION outbox_register_providers(p_names text[])
+RETURNS void
+LANGUAGE sql SECURITY DEFINER SET search_path = public, pg_temp AS $$
+    INSERT INTO outbox_providers (name, last_seen)
+    SELECT DISTINCT n, now() FROM unnest(p_names) AS n
+    ON CONFLICT (name) DO UPDATE SET last_seen = now();
+$$;
+
+CREATE FUNCTION outbox_fail_unknown_types(p_grace_seconds integer, p_limit integer DEFAULT 500)
+RETURNS TABLE (effect_id uuid, effect_type text)
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
+DECLARE
+    ids uuid[];
+    types text[];
+    keys text[];
+BEGIN
+    WITH u AS (
+        UPDATE effect_outbox o
+           SET state = 'failed', last_error_class = 'invalid',
+               last_error = 'unknown effect type "' || o.effect_type || '": no worker serves it',
+               completed_at = now(), updated_at = now(),
+               lease_owner = NULL, lease_expires_at = NULL, lease_worker = NULL
+         WHERE o.effect_id IN (
+            SELECT p.effect_id FROM effect_outbox p
+             WHERE p.state = 'pending'
+               AND p.created_at < now() - make_interval(secs => p_grace_seconds)
+               AND (p.lease_expires_at IS NULL OR p.lease_expires_at < now())
+               AND NOT EXISTS (SELECT 1 FROM outbox_providers v WHERE v.name = p.effect_type)
+             LIMIT p_limit FOR UPDATE SKIP LOCKED)
+        RETURNING o.effect_id, o.effect_type, o.idempotency_key)
+    SELECT coalesce(array_agg(u.effect_id), '{}'), coalesce(array_agg(u.effect_type), '{}'),
+           coalesce(array_agg(u.idempotency_key), '{}')
+      INTO ids, types, keys FROM u;
+    IF cardinality(keys) > 0 THEN
+        PERFORM outbox_advance_runs(keys, '{}');
+    END IF;
+    RETURN QUERY SELECT * FROM unnest(ids, types);
+END $$;
+
+-- Turn the kill switch on or off, with who and why in the history.  Turning
+-- it off takes the kill-switch lock exclusively, which waits for every
+-- mark_sending in progress; the effects in flight are read after that, in
+-- the same transaction, so the list is complete.
+CREATE FUNCTION outbox_kill_switch_set(p_enabled boolean, p_operator text, p_reason text)
+RETURNS TABLE (effect_id uuid, effect_key text, effect_type text, target text,
+               worker text, sending_since timestamptz)
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
+BEGIN
+    IF p_operator IS NULL OR p_operator = '' OR p_reason IS NULL OR p_reason = '' THEN
+        RAISE EXCEPTION 'outbox_kill_switch_set: operator and reason are required'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    PERFORM pg_advisory_xact_lock(outbox_kill_switch_lock_key());
+    UPDATE outbox_control c
+       SET enabled = p_enabled, changed_by = p_operator, reason = p_reason, changed_at = now()
+     WHERE c.id = 1;
+    INSERT INTO outbox_control_history (enabled, changed_by, reason)
+    VALUES (p_enabled, p_operator, p_reason);
+    IF p_enabled THEN
+        PERFORM pg_notify('effect_outbox', 'kill-switch-on');
+    END IF;
+    RETURN QUERY
+    SELECT o.effect_id, o.effect_key, o.effect_type, o.target, o.lease_worker, o.sending_since
+      FROM effect_outbox o WHERE o.state = 'sending' ORDER BY o.sending_since;
+END $$;

@@ -1,0 +1,87 @@
+"""Shared fixtures for the integration suites.
+
+tests/run.sh has already started a throwaway PostgreSQL and exported
+PGHOST/PGPORT/PGUSER.  Here: a template database migrated once with the
+real `outboxctl migrate`, a fresh copy of it per test, and the helpers
+every suite uses (running workers, waiting for conditions).
+"""
+import os
+import sys
+import uuid
+
+import psycopg2
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "lib"))
+
+from outbox_test import (  # noqa: E402
+    BUILD_DIR, Dispatcher, admin_dsn, dsn_for, run_ctl,
+)
+
+TEMPLATE = "outbox_tpl"
+
+
+def pytest_configure(config):
+    if not os.environ.get("PGPORT"):
+        raise pytest.UsageError("run the suite through tests/run.sh (make test): "
+                                "it starts the PostgreSQL server the tests use")
+
+
+@pytest.fixture(scope="session")
+def template_db():
+    conn = psycopg2.connect(admin_dsn())
+    conn.autocommit = True
+    with conn.cursor() as cur:
+        cur.execute("SELECT 1 FROM pg_database WHERE datname = %s", (TEMPLATE,))
+        if not cur.fetchone():
+            cur.execute(f"CREATE DATABASE {TEMPLATE}")
+            r = run_ctl(["--db", dsn_for(TEMPLATE), "migrate"])
+            assert r.returncode == 0, r.stderr
+    conn.close()
+    return TEMPLATE
+
+
+@pytest.fixture
+def db(template_db):
+    """A fresh migrated database for one test; its conninfo string."""
+    name = "t_" + uuid.uuid4().hex[:12]
+    conn = psycopg2.connect(admin_dsn())
+    conn.autocommit = True
+    with conn.cursor() as cur:
+        cur.execute(f"CREATE DATABASE {name} TEMPLATE {template_db}")
+    yield dsn_for(name)
+    with conn.cursor() as cur:
+        cur.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+    conn.close()
+
+
+@pytest.fixture
+def conn(db):
+    """An autocommit superuser connection to the test's database."""
+    c = psycopg2.connect(db)
+    c.autocommit = True
+    yield c
+    c.close()
+
+
+@pytest.fixture
+def dispatchers(db, tmp_path):
+    """Factory: dispatchers(n=1, **config) starts workers on the test's
+    database; all are stopped (SIGTERM, then SIGKILL) at teardown."""
+    started = []
+
+    def start(config=None, env=None, name=None):
+        d = Dispatcher(db, tmp_path, config or {}, env=env,
+                       name=name or f"w{len(started) + 1}")
+        d.start()
+        started.append(d)
+        return d
+
+    yield start
+    for d in started:
+        d.stop()
+
+
+@pytest.fixture(scope="session")
+def build_dir():
+    return BUILD_DIR

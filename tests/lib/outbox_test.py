@@ -1,0 +1,219 @@
+"""Helpers shared by the integration suites: connection strings, running
+outboxctl and workers, seeding runs and effects, waiting for conditions.
+
+Nothing here sleeps for a fixed time to "let things happen": wait_for()
+polls a condition with a deadline and fails with what it last saw.
+"""
+import json
+import os
+import signal
+import subprocess
+import time
+import uuid
+
+import psycopg2
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+BUILD_DIR = os.path.join(ROOT, os.environ.get("BUILD_DIR", "build"))
+
+
+def admin_dsn(dbname="postgres"):
+    return (f"host={os.environ['PGHOST']} port={os.environ['PGPORT']} "
+            f"user={os.environ.get('PGUSER', 'postgres')} dbname={dbname}")
+
+
+def dsn_for(dbname):
+    return admin_dsn(dbname)
+
+
+def run_ctl(args, env=None, timeout=60, input=None):
+    e = dict(os.environ)
+    if env:
+        e.update(env)
+    return subprocess.run([os.path.join(BUILD_DIR, "outboxctl")] + list(args),
+                          capture_output=True, text=True, env=e, timeout=timeout,
+                          input=input)
+
+
+def wait_for(cond, timeout=30.0, interval=0.02, what="condition"):
+    """Poll cond() until it returns a truthy value; return that value."""
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        last = cond()
+        if last:
+            return last
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}; last={last!r}")
+
+
+def query(conn, sql, args=None):
+    with conn.cursor() as cur:
+        cur.execute(sql, args)
+        if cur.description is None:
+            return None
+        return cur.fetchall()
+
+
+def scalar(conn, sql, args=None):
+    rows = query(conn, sql, args)
+    return rows[0][0] if rows else None
+
+
+def make_run(conn, key=None, state="approved"):
+    """Create a workflow run directly (as an approved run would be)."""
+    key = key or "run-" + uuid.uuid4().hex[:10]
+    query(conn, "INSERT INTO workflow_runs (idempotency_key, state, payload_hash) "
+                "VALUES (%s, %s, 'h')", (key, state))
+    return key
+
+
+def enqueue(conn, effect_type, target, payload, key=None, metadata=None):
+    """Create a run and one effect with the plain four-column INSERT path;
+    returns the effect id."""
+    key = key or make_run(conn)
+    if metadata is None:
+        return scalar(conn, "INSERT INTO effect_outbox (idempotency_key, effect_type, target, payload) "
+                            "VALUES (%s, %s, %s, %s) RETURNING effect_id",
+                      (key, effect_type, target, json.dumps(payload)))
+    return scalar(conn, "INSERT INTO effect_outbox (idempotency_key, effect_type, target, payload, metadata) "
+                        "VALUES (%s, %s, %s, %s, %s) RETURNING effect_id",
+                  (key, effect_type, target, json.dumps(payload), json.dumps(metadata)))
+
+
+def kill_switch(conn, enabled, operator="test", reason="test"):
+    return query(conn, "SELECT * FROM outbox_kill_switch_set(%s, %s, %s)",
+                 (enabled, operator, reason))
+
+
+def effect(conn, effect_id):
+    rows = query(conn, "SELECT state, attempts, provider_id, last_error_class, last_error, "
+                       "last_status FROM effect_outbox WHERE effect_id = %s", (effect_id,))
+    if not rows:
+        return None
+    k = ("state", "attempts", "provider_id", "last_error_class", "last_error", "last_status")
+    return dict(zip(k, rows[0]))
+
+
+def attempts(conn, effect_id):
+    rows = query(conn, "SELECT attempt, outcome_class, provider_status, provider_id, error_text, "
+                       "cas_applied, worker FROM effect_attempts WHERE effect_id = %s "
+                       "ORDER BY attempt_id", (effect_id,))
+    k = ("attempt", "outcome_class", "provider_status", "provider_id", "error_text",
+         "cas_applied", "worker")
+    return [dict(zip(k, r)) for r in rows]
+
+
+def states(conn):
+    return dict(query(conn, "SELECT state, count(*) FROM effect_outbox GROUP BY state"))
+
+
+def write_config(path, sections):
+    """sections: {"dispatcher": {"lease_seconds": 5}, "provider.http": {...}}"""
+    with open(path, "w") as f:
+        for sec, kv in sections.items():
+            f.write(f"[{sec}]\n")
+            for k, v in kv.items():
+                if isinstance(v, bool):
+                    v = "true" if v else "false"
+                f.write(f"{k} = {v}\n")
+            f.write("\n")
+    return path
+
+
+class Dispatcher:
+    """One outbox-dispatcher process with a generated config.
+
+    config: {"section": {"key": value}} merged over test defaults (fast
+    polling, metrics off, short leases, the loopback sink allowed)."""
+
+    def __init__(self, dsn, tmp_path, config, env=None, name="w1"):
+        self.dsn = dsn
+        self.name = name
+        self.tmp = tmp_path
+        self.config_path = str(tmp_path / f"{name}.ini")
+        self.log_path = str(tmp_path / f"{name}.log")
+        sections = {
+            "database": {"conninfo": dsn},
+            "dispatcher": {"worker_name": name, "provider_dir": os.path.join(BUILD_DIR, "providers"),
+                           "poll_interval_ms": 200, "lease_seconds": 10},
+            "metrics": {"listen": ""},
+            "provider.http": {"allow_hosts": "127.0.0.1,localhost", "timeout_ms": 3000,
+                              "backoff_base_ms": 10, "backoff_cap_ms": 100},
+        }
+        for sec, kv in config.items():
+            if kv is None:
+                sections.pop(sec, None)
+                continue
+            sections.setdefault(sec, {}).update(kv)
+        self.sections = sections
+        write_config(self.config_path, sections)
+        self.env = dict(os.environ)
+        self.env["AI_ACTIONS_ENABLED"] = "true"
+        if env:
+            for k, v in env.items():
+                if v is None:
+                    self.env.pop(k, None)
+                else:
+                    self.env[k] = v
+        self.proc = None
+
+    def start(self, wait_ready=True):
+        self.logf = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(
+            [os.path.join(BUILD_DIR, "outbox-dispatcher"), "--config", self.config_path],
+            stdout=self.logf, stderr=self.logf, env=self.env)
+        if wait_ready:
+            wait_for(lambda: self.ready() or self.proc.poll() is not None, timeout=30,
+                     what=f"{self.name} ready")
+            assert self.proc.poll() is None, f"{self.name} exited: {self.log()}"
+        return self
+
+    def ready(self):
+        return any(e.get("event") == "ready" for e in self.events())
+
+    def log(self):
+        try:
+            with open(self.log_path, "rb") as f:
+                return f.read().decode("utf-8", "replace")
+        except FileNotFoundError:
+            return ""
+
+    def events(self):
+        out = []
+        for line in self.log().splitlines():
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                pass
+        return out
+
+    def signal(self, sig):
+        self.proc.send_signal(sig)
+
+    def wait(self, timeout=30):
+        return self.proc.wait(timeout=timeout)
+
+    def stop(self, timeout=20):
+        if self.proc is None or self.proc.poll() is not None:
+            return self.proc.returncode if self.proc else None
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            raise AssertionError(f"{self.name} did not stop on SIGTERM within {timeout}s")
+        finally:
+            self.logf.close()
+
+    def kill(self):
+        self.proc.kill()
+        self.proc.wait()
+        self.logf.close()
+
+
+def connect(dsn):
+    c = psycopg2.connect(dsn)
+    c.autocommit = True
+    return c
