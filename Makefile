@@ -19,7 +19,7 @@ PKG_LIBS   := $(shell pkg-config --libs $(PKGS))
 WARN      := -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wmissing-prototypes \
              -Wno-unused-parameter -Wformat=2
 CFLAGS    ?= -O2 -g
-CFLAGS    += -std=c11 -D_GNU_SOURCE $(WARN) -fPIC -Idispatcher -Iproviders $(PKG_CFLAGS) $(EXTRA_CFLAGS)
+CFLAGS    += -DOUTBOX_LIBDIR=\"$(PREFIX)/lib/outbox-dispatcher/providers\" -std=c11 -D_GNU_SOURCE $(WARN) -fPIC -Idispatcher -Iproviders $(PKG_CFLAGS) $(EXTRA_CFLAGS)
 LDFLAGS   += $(EXTRA_LDFLAGS)
 
 # Core objects shared by the daemon and outboxctl.

@@ -1,0 +1,61 @@
+/*
+ * metrics.h: the worker's counters and gauges, served in Prometheus text
+ * format on [metrics] listen (/metrics), with /healthz for liveness and
+ * readiness.  Everything runs on the worker's loop thread: no locks.
+ */
+#ifndef OUTBOX_METRICS_H
+#define OUTBOX_METRICS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+struct event_base;
+
+/* Counters without labels. */
+enum metric_counter {
+	M_KILL_SWITCH_BLOCKED,   /* sends refused at the sending transition */
+	M_LEASE_LOST,            /* CAS found the lease gone */
+	M_RETRIES_EXHAUSTED,     /* failed because max_attempts was reached */
+	M_DB_RECONNECTS,
+	M_LEASED,                /* rows leased */
+	M_REAPED_UNKNOWN,        /* sending rows the reaper moved to unknown */
+	M_REAPED_PENDING,        /* ... or back to pending (provider honours keys) */
+	M_INVALID,               /* rows failed before sending (bad payload, type) */
+	M_BREAKER_OPENED,
+	M_KEY_CONFLICTS,         /* 422 same key, different payload: an alert */
+	M_COUNTER_MAX
+};
+
+/* Gauges. */
+enum metric_gauge {
+	G_IN_FLIGHT,             /* sends in flight in this worker */
+	G_QUEUE_LAG_SECONDS,     /* age of the oldest due pending row */
+	G_UNKNOWN,               /* effects in state unknown (fleet-wide) */
+	G_KILL_SWITCH_ON,        /* 1 when sends are allowed for this worker */
+	G_DB_UP,
+	G_GAUGE_MAX
+};
+
+/* Readiness, asked by /healthz: database reachable, loop turning. */
+typedef bool (*metrics_ready_fn)(void *arg, char *why, size_t len);
+
+void metrics_init(const char *worker);
+/* Start the HTTP listener; listen "" means off.  False with err on failure. */
+bool metrics_start(struct event_base *base, const char *listen, metrics_ready_fn ready,
+                   void *arg, char *err, size_t errlen);
+void metrics_stop(void);
+
+void metrics_inc(enum metric_counter c, unsigned long by);
+void metrics_set(enum metric_gauge g, double v);
+/* outbox_sends_total{provider,outcome}: outcome is a failure-class name. */
+void metrics_count_send(const char *provider, const char *outcome);
+/* outbox_send_duration_seconds histogram per provider. */
+void metrics_observe_send(const char *provider, double seconds);
+/* The loop calls this every pass of its housekeeping timer: /healthz says
+ * "stalled" when it has not been called for a while. */
+void metrics_heartbeat(void);
+
+/* The text /metrics serves (caller frees); for tests and outboxctl. */
+char *metrics_render(void);
+
+#endif

@@ -1,0 +1,223 @@
+/*
+ * plugin.c: provider plugins (see plugin.h).
+ */
+#include "plugin.h"
+
+#include <dlfcn.h>
+#include <limits.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "log.h"
+#include "util.h"
+
+#ifndef OUTBOX_LIBDIR
+#define OUTBOX_LIBDIR "/usr/local/lib/outbox-dispatcher/providers"
+#endif
+
+static void host_log(enum outbox_log_level level, const char *provider, const char *fmt, ...)
+{
+	char buf[2048];
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(buf, sizeof(buf), fmt, ap);
+	va_end(ap);
+	if (!utf8_valid(buf, strlen(buf)))
+		for (char *p = buf; *p; p++)
+			if ((unsigned char)*p >= 0x80)
+				*p = '?';
+	log_event(level, "provider", json_pack("{s:s,s:s}", "provider", provider, "msg", buf));
+}
+
+static struct outbox_host host_template = {
+	.abi = OUTBOX_PROVIDER_ABI,
+	.log = host_log,
+	.conf_str = conf_str,
+	.conf_int = conf_int,
+	.conf_bool = conf_bool,
+	.conf_where = conf_where,
+};
+static struct outbox_host provider_host;
+
+void providers_default_dir(char *buf, size_t len)
+{
+	char exe[PATH_MAX], cand[PATH_MAX + 16];
+	ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+	struct stat st;
+
+	if (n > 0) {
+		exe[n] = '\0';
+		char *slash = strrchr(exe, '/');
+		if (slash) {
+			*slash = '\0';
+			snprintf(cand, sizeof(cand), "%s/providers", exe);
+			if (stat(cand, &st) == 0 && S_ISDIR(st.st_mode)) {
+				str_copy(buf, cand, len);
+				return;
+			}
+		}
+	}
+	str_copy(buf, OUTBOX_LIBDIR, len);
+}
+
+static bool load_one(struct provider_slot *slot, struct config *cfg, const char *dir,
+                     const char *name, char *err, size_t errlen)
+{
+	char path[PATH_MAX], perr[OUTBOX_ERROR_MAX] = "";
+	outbox_provider_entry_fn entry;
+	const struct outbox_provider *ops;
+
+	if (strlen(name) == 0 || strlen(name) >= sizeof(slot->name) || strchr(name, '/') ||
+	    strchr(name, '.')) {
+		snprintf(err, errlen, "provider \"%s\": not a valid provider name", name);
+		return false;
+	}
+	str_copy(slot->name, name, sizeof(slot->name));
+	snprintf(path, sizeof(path), "%s/outbox_%s.so", dir, name);
+	slot->dl = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+	if (slot->dl == NULL) {
+		snprintf(err, errlen, "provider \"%s\": cannot load %s: %s", name, path, dlerror());
+		return false;
+	}
+	*(void **)&entry = dlsym(slot->dl, "outbox_provider_entry");
+	if (entry == NULL) {
+		snprintf(err, errlen, "provider \"%s\": %s has no outbox_provider_entry(): not a provider plugin",
+		         name, path);
+		return false;
+	}
+	ops = entry();
+	if (ops == NULL || ops->abi != OUTBOX_PROVIDER_ABI) {
+		snprintf(err, errlen,
+		         "provider \"%s\": %s was built for provider interface %u, this dispatcher "
+		         "speaks %u: rebuild the plugin against this providers/provider.h",
+		         name, path, ops ? ops->abi : 0, OUTBOX_PROVIDER_ABI);
+		return false;
+	}
+	if (ops->name == NULL || strcmp(ops->name, name) != 0 || ops->init == NULL ||
+	    ops->validate == NULL || ops->send == NULL || ops->shutdown == NULL) {
+		snprintf(err, errlen, "provider \"%s\": %s is incomplete (name \"%s\", missing callbacks)",
+		         name, path, ops->name ? ops->name : "");
+		return false;
+	}
+	slot->ops = ops;
+	if (!config_provider(cfg, name, ops->keys, &slot->policy, err, errlen))
+		return false;
+	slot->conf.cfg = cfg;
+	snprintf(slot->conf.section, sizeof(slot->conf.section), "provider.%s", name);
+	slot->conf.own = ops->keys;
+	slot->honours_keys = slot->policy.honours_keys >= 0 ? slot->policy.honours_keys != 0
+	                                                    : (ops->caps & OUTBOX_CAP_HONOURS_KEYS) != 0;
+	slot->self = ops->init(&provider_host, &slot->conf, perr, sizeof(perr));
+	if (slot->self == NULL) {
+		snprintf(err, errlen, "provider \"%s\": init failed: %s", name,
+		         perr[0] ? perr : "no reason given");
+		return false;
+	}
+	log_event(OLOG_INFO, "provider_loaded",
+	          json_pack("{s:s,s:s,s:b,s:b,s:I,s:I}", "provider", name, "path", path,
+	                    "honours_idempotency_keys", slot->honours_keys, "can_reconcile",
+	                    (ops->caps & OUTBOX_CAP_RECONCILE) && ops->reconcile,
+	                    "timeout_ms", (json_int_t)slot->policy.timeout_ms, "max_attempts",
+	                    (json_int_t)slot->policy.max_attempts));
+	return true;
+}
+
+bool providers_load(struct provider_set *set, struct config *cfg, const char *dir,
+                    const char *names, struct event_base *base, const char *worker,
+                    char *err, size_t errlen)
+{
+	char list[1024], *save = NULL, *tok;
+
+	provider_host = host_template;
+	provider_host.base = base;
+	provider_host.worker = worker;
+	if (names && names[0])
+		str_copy(list, names, sizeof(list));
+	else
+		config_provider_sections(cfg, list, sizeof(list));
+	if (list[0] == '\0')
+		str_copy(list, "http", sizeof(list));
+
+	set->n = 0;
+	set->slots = xcalloc(32, sizeof(*set->slots));
+	for (tok = strtok_r(list, ", ", &save); tok; tok = strtok_r(NULL, ", ", &save)) {
+		if (providers_find(set, tok))
+			continue;
+		if (set->n == 32) {
+			snprintf(err, errlen, "too many providers (at most 32)");
+			providers_unload(set);
+			return false;
+		}
+		set->n++;
+		if (!load_one(&set->slots[set->n - 1], cfg, dir, tok, err, errlen)) {
+			providers_unload(set);
+			return false;
+		}
+	}
+	/* A [provider.X] section nothing loads is a typo worth refusing. */
+	for (size_t i = 0; i < cfg->n; i++) {
+		const char *sec = cfg->entries[i].section;
+		if (strncmp(sec, "provider.", 9) == 0 && !providers_find(set, sec + 9)) {
+			snprintf(err, errlen, "%s:%d: [%s]: no such provider is loaded (providers = %s)",
+			         cfg->path, cfg->entries[i].line, sec, names && names[0] ? names : "(sections)");
+			providers_unload(set);
+			return false;
+		}
+	}
+	return true;
+}
+
+struct provider_slot *providers_find(struct provider_set *set, const char *name)
+{
+	for (size_t i = 0; i < set->n; i++)
+		if (strcmp(set->slots[i].name, name) == 0)
+			return &set->slots[i];
+	return NULL;
+}
+
+bool providers_reload_policy(struct provider_set *set, struct config *cfg, char *err,
+                             size_t errlen)
+{
+	struct provider_policy fresh[32];
+
+	for (size_t i = 0; i < set->n; i++)
+		if (!config_provider(cfg, set->slots[i].name, set->slots[i].ops->keys, &fresh[i], err,
+		                     errlen))
+			return false;
+	for (size_t i = 0; i < set->n; i++) {
+		struct provider_slot *s = &set->slots[i];
+		s->policy = fresh[i];
+		s->honours_keys = fresh[i].honours_keys >= 0 ? fresh[i].honours_keys != 0
+		                                             : (s->ops->caps & OUTBOX_CAP_HONOURS_KEYS) != 0;
+	}
+	return true;
+}
+
+void providers_rebind(struct provider_set *set, struct config *cfg)
+{
+	for (size_t i = 0; i < set->n; i++)
+		set->slots[i].conf.cfg = cfg;
+}
+
+void providers_unload(struct provider_set *set)
+{
+	for (size_t i = 0; i < set->n; i++) {
+		struct provider_slot *s = &set->slots[i];
+		if (s->self && s->ops)
+			s->ops->shutdown(s->self);
+		/* Sanitizer builds keep the code mapped so leak reports can
+		 * still name the plugin's frames. */
+#if !defined(__SANITIZE_ADDRESS__)
+		if (s->dl)
+			dlclose(s->dl);
+#endif
+	}
+	free(set->slots);
+	set->slots = NULL;
+	set->n = 0;
+}

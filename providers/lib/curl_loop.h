@@ -1,0 +1,28 @@
+/*
+ * curl_loop.h: libcurl's multi interface driven by a libevent loop (the
+ * hiperfifo pattern): a provider hands over an easy handle and is called
+ * back once when the transfer ends, on a later loop pass.
+ */
+#ifndef OUTBOX_CURL_LOOP_H
+#define OUTBOX_CURL_LOOP_H
+
+#include <curl/curl.h>
+#include <stdbool.h>
+
+struct event_base;
+struct curl_loop;
+
+/* The easy handle has been removed from the multi handle; the callee owns
+ * it again (curl_easy_cleanup it or reuse it). */
+typedef void (*curl_loop_done_fn)(CURL *easy, CURLcode rc, void *arg);
+
+struct curl_loop *curl_loop_new(struct event_base *base);
+/* Start a transfer; false if libcurl refused it (done is then not called). */
+bool curl_loop_add(struct curl_loop *cl, CURL *easy, curl_loop_done_fn done, void *arg);
+/* Transfers in progress. */
+int curl_loop_active(const struct curl_loop *cl);
+/* Abort every transfer (their done is not called; their easy handles and
+ * args are released through release, which may be NULL) and free. */
+void curl_loop_free(struct curl_loop *cl, void (*release)(CURL *easy, void *arg));
+
+#endif
