@@ -84,6 +84,7 @@ CREATE TABLE effect_outbox (
     completed_at     timestamptz,
     updated_at       timestamptz NOT NULL DEFAULT now(),
     replaces_effect  uuid REFERENCES effect_outbox (effect_id),
+    last_reconciled_at timestamptz,
     UNIQUE (idempotency_key, effect_type, target)
 );
 
@@ -178,8 +179,9 @@ CREATE TABLE operator_actions (
 -- Provider names that some worker serves; effects of any other type are
 -- failed as "unknown effect type" by the workers' maintenance pass.
 CREATE TABLE outbox_providers (
-    name        text PRIMARY KEY,
-    last_seen   timestamptz NOT NULL DEFAULT now()
+    name          text PRIMARY KEY,
+    can_reconcile boolean NOT NULL DEFAULT false,
+    last_seen     timestamptz NOT NULL DEFAULT now()
 );
 
 -- Wake idle workers at once.  Statement level: a bulk insert is one NOTIFY.

@@ -310,12 +310,12 @@ END $$;
 
 -- Workers say which effect types they serve; rows of a type no worker has
 -- served are failed after a grace period instead of waiting forever.
-CREATE FUNCTION outbox_register_providers(p_names text[])
+CREATE FUNCTION outbox_register_providers(p_names text[], p_reconcilable text[])
 RETURNS void
 LANGUAGE sql SECURITY DEFINER SET search_path = public, pg_temp AS $$
-    INSERT INTO outbox_providers (name, last_seen)
-    SELECT DISTINCT n, now() FROM unnest(p_names) AS n
-    ON CONFLICT (name) DO UPDATE SET last_seen = now();
+    INSERT INTO outbox_providers (name, can_reconcile, last_seen)
+    SELECT DISTINCT n, n = ANY (p_reconcilable), now() FROM unnest(p_names) AS n
+    ON CONFLICT (name) DO UPDATE SET last_seen = now(), can_reconcile = EXCLUDED.can_reconcile;
 $$;
 
 CREATE FUNCTION outbox_fail_unknown_types(p_grace_seconds integer, p_limit integer DEFAULT 500)

@@ -64,7 +64,7 @@ GRANT EXECUTE ON FUNCTION
     outbox_complete(uuid, text, jsonb),
     outbox_fail_invalid(uuid, jsonb),
     outbox_reap(text, integer),
-    outbox_register_providers(text[]),
+    outbox_register_providers(text[], text[]),
     outbox_fail_unknown_types(integer, integer)
     TO outbox_dispatcher;
 
