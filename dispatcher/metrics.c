@@ -1,0 +1,573 @@
+/*
+ * metrics.c: the worker's counters, gauges and send-latency histograms,
+ * rendered in the Prometheus text exposition format (version 0.0.4) and
+ * served with libevent's evhttp on [metrics] listen:
+ *
+ *   GET /metrics   the text below
+ *   GET /healthz   200 "ok" when ready and the loop turns, else 503 + reason
+ *   anything else  404
+ *
+ * The label sets are bounded: at most METRICS_MAX_PROVIDERS provider names
+ * (later names are counted under provider="other") times a fixed list of
+ * outcome classes (an unknown class is counted as outcome="other").
+ * Everything runs on the worker's loop thread: no locks.
+ */
+#include "metrics.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <event2/buffer.h>
+#include <event2/event.h>
+#include <event2/http.h>
+#include <event2/keyvalq_struct.h>
+#include <event2/listener.h>
+
+#include "log.h"
+#include "util.h"
+
+#define METRICS_MAX_PROVIDERS 8        /* the last slot is "other" */
+#define METRICS_PROVIDER_LEN 48
+#define METRICS_STALL_MS 30000         /* /healthz: heartbeat older than this */
+
+struct metric_desc {
+	const char *name;
+	const char *help;
+};
+
+static const struct metric_desc counter_desc[M_COUNTER_MAX] = {
+	[M_KILL_SWITCH_BLOCKED] = { "outbox_kill_switch_blocked_total",
+		"Sends refused at the sending transition because the kill switch was off." },
+	[M_LEASE_LOST] = { "outbox_lease_lost_total",
+		"State changes whose CAS found the lease gone (another worker or the reaper owns the row)." },
+	[M_RETRIES_EXHAUSTED] = { "outbox_retries_exhausted_total",
+		"Effects failed because max_attempts was reached." },
+	[M_DB_RECONNECTS] = { "outbox_db_reconnects_total",
+		"Database reconnections after a lost connection." },
+	[M_LEASED] = { "outbox_leased_total",
+		"Rows leased by this worker." },
+	[M_REAPED_UNKNOWN] = { "outbox_reaped_unknown_total",
+		"Sending rows with an expired lease moved to unknown by this worker's reaper." },
+	[M_REAPED_PENDING] = { "outbox_reaped_pending_total",
+		"Sending rows with an expired lease moved back to pending (provider honours keys)." },
+	[M_INVALID] = { "outbox_invalid_total",
+		"Effects failed before sending (malformed payload, unknown type or provider, invalid target)." },
+	[M_BREAKER_OPENED] = { "outbox_breaker_opened_total",
+		"Per-host circuit breakers opened." },
+	[M_KEY_CONFLICTS] = { "outbox_key_conflicts_total",
+		"Provider answers 'same idempotency key, different payload' (422): an alert." },
+};
+
+static const struct metric_desc gauge_desc[G_GAUGE_MAX] = {
+	[G_IN_FLIGHT] = { "outbox_sends_in_flight",
+		"Provider calls in flight in this worker." },
+	[G_QUEUE_LAG_SECONDS] = { "outbox_queue_lag_seconds",
+		"Age of the oldest due pending effect (fleet-wide), in seconds." },
+	[G_UNKNOWN] = { "outbox_unknown_effects",
+		"Effects in state unknown (fleet-wide): each needs reconciliation or an operator." },
+	[G_KILL_SWITCH_ON] = { "outbox_kill_switch_sends_allowed",
+		"1 when the kill switch allows sends for this worker (environment and fleet row), else 0." },
+	[G_DB_UP] = { "outbox_db_up",
+		"1 when the worker's database connection is up, else 0." },
+};
+
+/* The failure classes of SPEC.md, as outboxctl and the attempts log name
+ * them, and a catch-all. */
+static const char *const outcome_names[] = {
+	"accepted", "not_sent", "retry", "terminal", "ambiguous", "other",
+};
+#define N_OUTCOMES (sizeof(outcome_names) / sizeof(outcome_names[0]))
+
+/* Histogram upper bounds in seconds (+Inf is implicit). */
+static const double bucket_bounds[] = {
+	0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30,
+};
+#define N_BUCKETS (sizeof(bucket_bounds) / sizeof(bucket_bounds[0]))
+
+struct provider_stats {
+	char name[METRICS_PROVIDER_LEN];
+	bool used;
+	unsigned long long sends[N_OUTCOMES];
+	unsigned long long buckets[N_BUCKETS + 1];   /* per bucket, not cumulative; last = +Inf */
+	unsigned long long count;
+	double sum;
+};
+
+static struct {
+	char worker[128];
+	unsigned long long counters[M_COUNTER_MAX];
+	double gauges[G_GAUGE_MAX];
+	struct provider_stats providers[METRICS_MAX_PROVIDERS];
+	int64_t start_wall_ms;
+	int64_t heartbeat_ms;          /* now_mono_ms() of the last heartbeat; 0: none */
+
+	struct evhttp *http;
+	struct evhttp_bound_socket *sock;
+	metrics_ready_fn ready;
+	void *ready_arg;
+} M;
+
+void metrics_init(const char *worker)
+{
+	memset(M.counters, 0, sizeof(M.counters));
+	memset(M.gauges, 0, sizeof(M.gauges));
+	memset(M.providers, 0, sizeof(M.providers));
+	str_copy(M.worker, worker ? worker : "", sizeof(M.worker));
+	M.start_wall_ms = now_wall_ms();
+	M.heartbeat_ms = 0;
+}
+
+void metrics_inc(enum metric_counter c, unsigned long by)
+{
+	if ((unsigned)c < M_COUNTER_MAX)
+		M.counters[c] += by;
+}
+
+void metrics_set(enum metric_gauge g, double v)
+{
+	if ((unsigned)g < G_GAUGE_MAX)
+		M.gauges[g] = v;
+}
+
+void metrics_heartbeat(void)
+{
+	M.heartbeat_ms = now_mono_ms();
+}
+
+/* The slot for a provider name: an existing one, a free one, or "other". */
+static struct provider_stats *provider_slot(const char *provider)
+{
+	struct provider_stats *other = &M.providers[METRICS_MAX_PROVIDERS - 1];
+	size_t i;
+
+	if (!provider || !provider[0])
+		provider = "other";
+	for (i = 0; i < METRICS_MAX_PROVIDERS - 1; i++) {
+		struct provider_stats *p = &M.providers[i];
+		if (p->used && strncmp(p->name, provider, sizeof(p->name) - 1) == 0)
+			return p;
+		if (!p->used) {
+			if (strcmp(provider, "other") == 0)
+				break;
+			p->used = true;
+			str_copy(p->name, provider, sizeof(p->name));
+			return p;
+		}
+	}
+	if (!other->used) {
+		other->used = true;
+		str_copy(other->name, "other", sizeof(other->name));
+	}
+	return other;
+}
+
+static size_t outcome_index(const char *outcome)
+{
+	size_t i;
+
+	for (i = 0; outcome && i < N_OUTCOMES - 1; i++)
+		if (strcmp(outcome, outcome_names[i]) == 0)
+			return i;
+	return N_OUTCOMES - 1;
+}
+
+void metrics_count_send(const char *provider, const char *outcome)
+{
+	provider_slot(provider)->sends[outcome_index(outcome)]++;
+}
+
+void metrics_observe_send(const char *provider, double seconds)
+{
+	struct provider_stats *p = provider_slot(provider);
+	size_t i;
+
+	if (isnan(seconds) || seconds < 0)
+		seconds = 0;
+	for (i = 0; i < N_BUCKETS && seconds > bucket_bounds[i]; i++)
+		;
+	p->buckets[i]++;
+	p->count++;
+	p->sum += seconds;
+}
+
+/* ---- rendering ---- */
+
+struct sbuf {
+	char *s;
+	size_t len, cap;
+};
+
+static void sb_printf(struct sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+static void sb_printf(struct sbuf *b, const char *fmt, ...)
+{
+	va_list ap;
+	int n;
+
+	for (;;) {
+		va_start(ap, fmt);
+		n = vsnprintf(b->s + b->len, b->cap - b->len, fmt, ap);
+		va_end(ap);
+		if (n < 0)
+			return;
+		if ((size_t)n < b->cap - b->len) {
+			b->len += (size_t)n;
+			return;
+		}
+		b->cap = b->cap * 2 + (size_t)n + 1;
+		char *s = realloc(b->s, b->cap);
+		if (!s)
+			abort();
+		b->s = s;
+	}
+}
+
+/* A label value with \, " and newline escaped, as the format wants. */
+static void sb_label(struct sbuf *b, const char *v)
+{
+	for (; *v; v++) {
+		if (*v == '\\')
+			sb_printf(b, "\\\\");
+		else if (*v == '"')
+			sb_printf(b, "\\\"");
+		else if (*v == '\n')
+			sb_printf(b, "\\n");
+		else
+			sb_printf(b, "%c", *v);
+	}
+}
+
+/* A sample value: Go's float formatting as Prometheus parses it. */
+static void sb_value(struct sbuf *b, double v)
+{
+	if (isnan(v))
+		sb_printf(b, "NaN");
+	else if (isinf(v))
+		sb_printf(b, v > 0 ? "+Inf" : "-Inf");
+	else
+		sb_printf(b, "%.15g", v);
+}
+
+static void sb_header(struct sbuf *b, const char *name, const char *type, const char *help)
+{
+	sb_printf(b, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+}
+
+char *metrics_render(void)
+{
+	struct sbuf b = { xmalloc(4096), 0, 4096 };
+	int64_t now = now_mono_ms();
+	size_t i, j;
+
+	b.s[0] = '\0';
+	sb_header(&b, "outbox_worker_info", "gauge", "The worker this endpoint belongs to.");
+	sb_printf(&b, "outbox_worker_info{worker=\"");
+	sb_label(&b, M.worker);
+	sb_printf(&b, "\"} 1\n");
+
+	sb_header(&b, "outbox_process_start_time_seconds", "gauge",
+	          "Start time of the worker since the Unix epoch, in seconds.");
+	sb_printf(&b, "outbox_process_start_time_seconds ");
+	sb_value(&b, (double)M.start_wall_ms / 1000.0);
+	sb_printf(&b, "\n");
+
+	sb_header(&b, "outbox_loop_heartbeat_age_seconds", "gauge",
+	          "Seconds since the event loop's housekeeping timer last ran (/healthz fails above 30).");
+	sb_printf(&b, "outbox_loop_heartbeat_age_seconds ");
+	if (M.heartbeat_ms)
+		sb_value(&b, (double)(now - M.heartbeat_ms) / 1000.0);
+	else
+		sb_printf(&b, "NaN");
+	sb_printf(&b, "\n");
+
+	for (i = 0; i < M_COUNTER_MAX; i++) {
+		sb_header(&b, counter_desc[i].name, "counter", counter_desc[i].help);
+		sb_printf(&b, "%s %llu\n", counter_desc[i].name, M.counters[i]);
+	}
+	for (i = 0; i < G_GAUGE_MAX; i++) {
+		sb_header(&b, gauge_desc[i].name, "gauge", gauge_desc[i].help);
+		sb_printf(&b, "%s ", gauge_desc[i].name);
+		sb_value(&b, M.gauges[i]);
+		sb_printf(&b, "\n");
+	}
+
+	sb_header(&b, "outbox_sends_total", "counter",
+	          "Provider calls by provider and outcome class "
+	          "(accepted, not_sent, retry, terminal, ambiguous).");
+	for (i = 0; i < METRICS_MAX_PROVIDERS; i++) {
+		const struct provider_stats *p = &M.providers[i];
+		if (!p->used)
+			continue;
+		for (j = 0; j < N_OUTCOMES; j++) {
+			if (j == N_OUTCOMES - 1 && p->sends[j] == 0)
+				continue;   /* "other" only when something odd was counted */
+			sb_printf(&b, "outbox_sends_total{provider=\"");
+			sb_label(&b, p->name);
+			sb_printf(&b, "\",outcome=\"%s\"} %llu\n", outcome_names[j], p->sends[j]);
+		}
+	}
+
+	sb_header(&b, "outbox_send_duration_seconds", "histogram",
+	          "Provider call duration by provider, in seconds.");
+	for (i = 0; i < METRICS_MAX_PROVIDERS; i++) {
+		const struct provider_stats *p = &M.providers[i];
+		unsigned long long cum = 0;
+		if (!p->used)
+			continue;
+		for (j = 0; j <= N_BUCKETS; j++) {
+			cum += p->buckets[j];
+			sb_printf(&b, "outbox_send_duration_seconds_bucket{provider=\"");
+			sb_label(&b, p->name);
+			sb_printf(&b, "\",le=\"");
+			if (j < N_BUCKETS)
+				sb_value(&b, bucket_bounds[j]);
+			else
+				sb_printf(&b, "+Inf");
+			sb_printf(&b, "\"} %llu\n", cum);
+		}
+		sb_printf(&b, "outbox_send_duration_seconds_sum{provider=\"");
+		sb_label(&b, p->name);
+		sb_printf(&b, "\"} ");
+		sb_value(&b, p->sum);
+		sb_printf(&b, "\noutbox_send_duration_seconds_count{provider=\"");
+		sb_label(&b, p->name);
+		sb_printf(&b, "\"} %llu\n", p->count);
+	}
+	return b.s;
+}
+
+/* ---- HTTP ---- */
+
+static void reply_text(struct evhttp_request *req, int code, const char *reason,
+                       const char *ctype, const char *body, size_t len)
+{
+	struct evbuffer *out = evbuffer_new();
+	struct evkeyvalq *h = evhttp_request_get_output_headers(req);
+
+	if (!out) {
+		evhttp_send_error(req, HTTP_INTERNAL, NULL);
+		return;
+	}
+	evhttp_add_header(h, "Content-Type", ctype);
+	evhttp_add_header(h, "Cache-Control", "no-store");
+	if (evhttp_request_get_command(req) != EVHTTP_REQ_HEAD)
+		evbuffer_add(out, body, len);
+	evhttp_send_reply(req, code, reason, out);
+	evbuffer_free(out);
+}
+
+/* Why the worker is not healthy, or "" when it is. */
+static void health_check(char *why, size_t len)
+{
+	int64_t now = now_mono_ms();
+
+	why[0] = '\0';
+	if (M.heartbeat_ms == 0) {
+		snprintf(why, len, "starting: the event loop has not reported yet");
+		return;
+	}
+	if (now - M.heartbeat_ms > METRICS_STALL_MS) {
+		snprintf(why, len, "stalled: the event loop last reported %lld s ago",
+		         (long long)((now - M.heartbeat_ms) / 1000));
+		return;
+	}
+	if (M.ready && !M.ready(M.ready_arg, why, len)) {
+		if (!why[0])
+			snprintf(why, len, "not ready");
+		return;
+	}
+	why[0] = '\0';
+}
+
+static void http_cb(struct evhttp_request *req, void *arg)
+{
+	const struct evhttp_uri *uri = evhttp_request_get_evhttp_uri(req);
+	const char *path = uri ? evhttp_uri_get_path(uri) : NULL;
+
+	(void)arg;
+	if (path && strcmp(path, "/metrics") == 0) {
+		char *text = metrics_render();
+		reply_text(req, HTTP_OK, "OK", "text/plain; version=0.0.4; charset=utf-8",
+		           text, strlen(text));
+		free(text);
+	} else if (path && strcmp(path, "/healthz") == 0) {
+		char why[256];
+		health_check(why, sizeof(why));
+		if (!why[0]) {
+			reply_text(req, HTTP_OK, "OK", "text/plain; charset=utf-8", "ok", 2);
+		} else {
+			reply_text(req, 503, "Service Unavailable", "text/plain; charset=utf-8",
+			           why, strlen(why));
+		}
+	} else {
+		static const char nf[] = "not found: try /metrics or /healthz";
+		reply_text(req, HTTP_NOTFOUND, "Not Found", "text/plain; charset=utf-8",
+		           nf, sizeof(nf) - 1);
+	}
+}
+
+/* "host:port" or "[v6]:port" into host and port; false with err. */
+static bool split_listen(const char *listen, char *host, size_t hostlen, char *port,
+                         size_t portlen, char *err, size_t errlen)
+{
+	const char *colon, *h = listen;
+	size_t n;
+
+	if (listen[0] == '[') {
+		const char *close = strchr(listen, ']');
+		if (!close || close[1] != ':') {
+			snprintf(err, errlen, "metrics: [metrics] listen \"%s\": expected [IPv6]:port", listen);
+			return false;
+		}
+		h = listen + 1;
+		n = (size_t)(close - h);
+		colon = close + 1;
+	} else {
+		colon = strrchr(listen, ':');
+		if (!colon || memchr(listen, ':', (size_t)(colon - listen))) {
+			snprintf(err, errlen, "metrics: [metrics] listen \"%s\": expected host:port "
+			         "(IPv6 as [addr]:port)", listen);
+			return false;
+		}
+		n = (size_t)(colon - listen);
+	}
+	if (n == 0 || n >= hostlen) {
+		snprintf(err, errlen, "metrics: [metrics] listen \"%s\": missing or too long host",
+		         listen);
+		return false;
+	}
+	memcpy(host, h, n);
+	host[n] = '\0';
+	colon++;
+	if (!*colon || strlen(colon) >= portlen || strspn(colon, "0123456789") != strlen(colon) ||
+	    atol(colon) > 65535) {
+		snprintf(err, errlen, "metrics: [metrics] listen \"%s\": bad port \"%s\"", listen, colon);
+		return false;
+	}
+	str_copy(port, colon, portlen);
+	return true;
+}
+
+/* A listening, non-blocking socket on the first address of host:port
+ * that binds; -1 with err naming the address on failure. */
+static int listen_socket(const char *addr, const char *host, const char *port,
+                         char *err, size_t errlen)
+{
+	struct addrinfo hints, *res = NULL, *ai;
+	int fd = -1, rc, saved = 0;
+
+	memset(&hints, 0, sizeof(hints));
+	hints.ai_family = AF_UNSPEC;
+	hints.ai_socktype = SOCK_STREAM;
+	hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+	rc = getaddrinfo(host, port, &hints, &res);
+	if (rc != 0) {
+		snprintf(err, errlen, "metrics: cannot listen on %s: %s", addr, gai_strerror(rc));
+		return -1;
+	}
+	for (ai = res; ai; ai = ai->ai_next) {
+		int one = 1;
+		fd = socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC,
+		            ai->ai_protocol);
+		if (fd < 0) {
+			saved = errno;
+			continue;
+		}
+		(void)setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+		if (ai->ai_family == AF_INET6)
+			(void)setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof(one));
+		if (bind(fd, ai->ai_addr, ai->ai_addrlen) == 0 && listen(fd, 64) == 0)
+			break;
+		saved = errno;
+		close(fd);
+		fd = -1;
+	}
+	freeaddrinfo(res);
+	if (fd < 0)
+		snprintf(err, errlen, "metrics: cannot listen on %s: %s", addr,
+		         strerror(saved ? saved : EADDRNOTAVAIL));
+	return fd;
+}
+
+bool metrics_start(struct event_base *base, const char *listen, metrics_ready_fn ready,
+                   void *arg, char *err, size_t errlen)
+{
+	char host[256], port[8];
+	struct evconnlistener *lev;
+	int fd;
+
+	if (err && errlen)
+		err[0] = '\0';
+	metrics_stop();
+	M.ready = ready;
+	M.ready_arg = arg;
+	if (!listen || !listen[0])
+		return true;   /* off */
+	if (!err || !errlen) {
+		static char scratch[256];
+		err = scratch;
+		errlen = sizeof(scratch);
+	}
+	if (!split_listen(listen, host, sizeof(host), port, sizeof(port), err, errlen))
+		return false;
+	fd = listen_socket(listen, host, port, err, errlen);
+	if (fd < 0)
+		return false;
+	M.http = evhttp_new(base);
+	if (!M.http) {
+		close(fd);
+		snprintf(err, errlen, "metrics: cannot create the HTTP server for %s", listen);
+		return false;
+	}
+	evhttp_set_allowed_methods(M.http, EVHTTP_REQ_GET | EVHTTP_REQ_HEAD);
+	evhttp_set_timeout(M.http, 10);
+	evhttp_set_max_headers_size(M.http, 16384);
+	evhttp_set_max_body_size(M.http, 4096);
+	evhttp_set_gencb(M.http, http_cb, NULL);
+	/* The listener owns fd from here: freeing it closes the socket. */
+	lev = evconnlistener_new(base, NULL, NULL, LEV_OPT_CLOSE_ON_FREE | LEV_OPT_CLOSE_ON_EXEC,
+	                         0, fd);
+	if (!lev) {
+		close(fd);
+	} else {
+		M.sock = evhttp_bind_listener(M.http, lev);
+		if (!M.sock)
+			evconnlistener_free(lev);
+	}
+	if (!M.sock) {
+		evhttp_free(M.http);
+		M.http = NULL;
+		snprintf(err, errlen, "metrics: cannot serve HTTP on %s", listen);
+		return false;
+	}
+	{
+		struct sockaddr_storage ss;
+		socklen_t sl = sizeof(ss);
+		char h[NI_MAXHOST] = "?", p[NI_MAXSERV] = "?";
+		if (getsockname(fd, (struct sockaddr *)&ss, &sl) == 0)
+			(void)getnameinfo((struct sockaddr *)&ss, sl, h, sizeof(h), p, sizeof(p),
+			                  NI_NUMERICHOST | NI_NUMERICSERV);
+		log_msg(OLOG_INFO, "metrics_listening", "metrics on http://%s%s%s:%s/metrics",
+		        strchr(h, ':') ? "[" : "", h, strchr(h, ':') ? "]" : "", p);
+	}
+	return true;
+}
+
+void metrics_stop(void)
+{
+	if (M.http) {
+		evhttp_free(M.http);   /* closes the listener and open connections */
+		M.http = NULL;
+		M.sock = NULL;
+	}
+}
