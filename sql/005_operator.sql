@@ -1,0 +1,434 @@
+-- 005_operator.sql: the operator's acts behind outboxctl (SPEC.md
+-- "Operations") and the seeds' weekly figures.
+--
+-- Each act is one SECURITY DEFINER function: it locks the effect, checks
+-- its state, changes it and records who did it and why in
+-- operator_actions, all in one transaction.  A missing effect returns no
+-- row and an effect in another state returns applied = false with its
+-- current state, instead of raising, so that outboxctl and scripts can
+-- tell "refused" (nothing changed, here is why) from "broken".  Bad
+-- arguments raise invalid_parameter_value.  Only outbox_operator may call
+-- them.
+--
+-- The re-run protocol (seeds, "forced re-runs"): an operator may put an
+-- effect back on the queue with the same key (a failed delivery, or an
+-- unknown one the provider proves was never received), because the key
+-- makes a second delivery harmless; anything that must differ is a new
+-- business event with its own key, linked to the original, which is
+-- never edited.
+
+-- The checks every act shares.
+CREATE FUNCTION outbox_op_check(p_fn text, p_operator text, p_reason text)
+RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF p_operator IS NULL OR btrim(p_operator) = '' OR p_reason IS NULL OR btrim(p_reason) = '' THEN
+        RAISE EXCEPTION '%: operator and reason are required', p_fn
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+END $$;
+
+-- Replacements are found by the original they name: the foreign key check
+-- when pruning an original, and prune's own "is it still referenced" test,
+-- would otherwise scan the whole table per row.  Few rows carry it, so the
+-- index is small (and quick to build on an upgraded database).
+CREATE INDEX effect_outbox_replaces_idx ON effect_outbox (replaces_effect)
+    WHERE replaces_effect IS NOT NULL;
+
+-- unknown -> completed (the provider has it) or pending with the same key
+-- (the provider proves it never received it).  Never anything automatic:
+-- this is the operator's recorded decision (SPEC.md "Effect states").
+-- A sent effect with no provider id gets a local reference to the
+-- decision, so every completed effect has one.
+CREATE FUNCTION outbox_resolve_unknown(p_effect_id uuid, p_sent boolean, p_operator text,
+                                       p_reason text, p_provider_id text DEFAULT NULL)
+RETURNS TABLE (applied boolean, state text, idempotency_key text, provider_id text,
+               run_state text)
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+    o effect_outbox%ROWTYPE;
+    act bigint;
+    pid text;
+BEGIN
+    PERFORM outbox_op_check('outbox_resolve_unknown', p_operator, p_reason);
+    IF p_sent IS NULL THEN
+        RAISE EXCEPTION 'outbox_resolve_unknown: say whether it was sent'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF NOT p_sent AND nullif(p_provider_id, '') IS NOT NULL THEN
+        RAISE EXCEPTION 'outbox_resolve_unknown: a provider id means it was sent'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+
+    SELECT * INTO o FROM effect_outbox x WHERE x.effect_id = p_effect_id FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    IF o.state <> 'unknown' THEN
+        RETURN QUERY SELECT false, o.state, o.idempotency_key, o.provider_id, w.state
+                       FROM workflow_runs w WHERE w.idempotency_key = o.idempotency_key;
+        RETURN;
+    END IF;
+
+    INSERT INTO operator_actions (action, effect_id, run_key, operator, reason, detail)
+    VALUES (CASE WHEN p_sent THEN 'resolve_sent' ELSE 'resolve_not_sent' END,
+            o.effect_id, o.idempotency_key, p_operator, p_reason,
+            jsonb_build_object('from_state', o.state, 'attempts', o.attempts,
+                               'provider_id', nullif(p_provider_id, ''),
+                               'last_error', o.last_error))
+    RETURNING action_id INTO act;
+
+    IF p_sent THEN
+        pid := coalesce(nullif(p_provider_id, ''), o.provider_id, 'operator:' || act);
+        UPDATE effect_outbox x
+           SET state = 'completed', provider_id = pid,
+               last_error_class = NULL, last_error = NULL,
+               lease_owner = NULL, lease_expires_at = NULL, lease_worker = NULL,
+               sending_since = NULL, completed_at = now(), updated_at = now()
+         WHERE x.effect_id = o.effect_id;
+    ELSE
+        -- Attempts are not reset: attempt numbers in the log stay unique.
+        UPDATE effect_outbox x
+           SET state = 'pending', available_at = now(),
+               lease_owner = NULL, lease_expires_at = NULL, lease_worker = NULL,
+               sending_since = NULL, completed_at = NULL, updated_at = now()
+         WHERE x.effect_id = o.effect_id;
+    END IF;
+
+    -- The decision is evidence like any provider call.  No lease owner, so
+    -- it never collides with a worker's row for the same attempt.
+    INSERT INTO effect_attempts (effect_id, attempt, lease_owner, worker, started_at,
+                                 outcome_class, provider_id, error_text, cas_applied, metadata)
+    VALUES (o.effect_id, o.attempts, NULL, 'operator:' || p_operator, now(),
+            CASE WHEN p_sent THEN 'operator_sent' ELSE 'operator_not_sent' END,
+            pid, p_reason, true, o.metadata);
+
+    IF p_sent THEN
+        PERFORM outbox_advance_runs('{}', ARRAY[o.idempotency_key]);
+    ELSE
+        PERFORM pg_notify('effect_outbox', '');
+    END IF;
+
+    RETURN QUERY SELECT true, x.state, x.idempotency_key, x.provider_id, w.state
+                   FROM effect_outbox x JOIN workflow_runs w ON w.idempotency_key = x.idempotency_key
+                  WHERE x.effect_id = o.effect_id;
+END $$;
+
+-- failed -> pending with the same key, due now.  The run, failed_terminal
+-- because of this effect, goes back to approved (not processing: the
+-- workflow is not re-run, only the approved effect's delivery) once no
+-- other effect of it is failed, so its completion is recorded.  Called
+-- with the row already locked and checked; not granted to anyone.
+CREATE FUNCTION outbox_requeue_locked(p_effect_id uuid, p_operator text, p_reason text,
+                                      p_detail jsonb)
+RETURNS text
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+    o effect_outbox%ROWTYPE;
+    run_before text;
+    run_after text;
+BEGIN
+    UPDATE effect_outbox x
+       SET state = 'pending', available_at = now(),
+           lease_owner = NULL, lease_expires_at = NULL, lease_worker = NULL,
+           sending_since = NULL, completed_at = NULL, updated_at = now()
+     WHERE x.effect_id = p_effect_id AND x.state = 'failed'
+    RETURNING x.* INTO o;
+
+    SELECT w.state INTO run_before FROM workflow_runs w
+     WHERE w.idempotency_key = o.idempotency_key FOR UPDATE;
+    UPDATE workflow_runs w
+       SET state = 'approved', version = w.version + 1, failure_reason = NULL, updated_at = now()
+     WHERE w.idempotency_key = o.idempotency_key
+       AND w.state = 'failed_terminal'
+       AND NOT EXISTS (SELECT 1 FROM effect_outbox e
+                        WHERE e.idempotency_key = w.idempotency_key AND e.state = 'failed')
+    RETURNING w.state INTO run_after;
+
+    INSERT INTO operator_actions (action, effect_id, run_key, operator, reason, detail)
+    VALUES ('requeue', o.effect_id, o.idempotency_key, p_operator, p_reason,
+            coalesce(p_detail, '{}'::jsonb)
+            || jsonb_build_object('from_state', 'failed', 'attempts', o.attempts,
+                                  'last_error_class', o.last_error_class,
+                                  'last_error', o.last_error,
+                                  'run_state_before', run_before,
+                                  'run_state_after', coalesce(run_after, run_before)));
+    RETURN coalesce(run_after, run_before);
+END $$;
+
+CREATE FUNCTION outbox_requeue(p_effect_id uuid, p_operator text, p_reason text)
+RETURNS TABLE (applied boolean, state text, idempotency_key text, last_error_class text,
+               run_state text)
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+    o effect_outbox%ROWTYPE;
+    rs text;
+BEGIN
+    PERFORM outbox_op_check('outbox_requeue', p_operator, p_reason);
+    SELECT * INTO o FROM effect_outbox x WHERE x.effect_id = p_effect_id FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    IF o.state <> 'failed' THEN
+        RETURN QUERY SELECT false, o.state, o.idempotency_key, o.last_error_class, w.state
+                       FROM workflow_runs w WHERE w.idempotency_key = o.idempotency_key;
+        RETURN;
+    END IF;
+    rs := outbox_requeue_locked(o.effect_id, p_operator, p_reason, NULL);
+    PERFORM pg_notify('effect_outbox', '');
+    RETURN QUERY SELECT true, 'pending'::text, o.idempotency_key, o.last_error_class, rs;
+END $$;
+
+-- Every failed effect that failed at or after p_since, oldest first.
+-- Cancelled effects are left alone: someone decided they must not go.
+CREATE FUNCTION outbox_requeue_failed_since(p_since timestamptz, p_operator text, p_reason text)
+RETURNS TABLE (effect_id uuid, idempotency_key text, effect_type text, target text,
+               last_error_class text, run_state text)
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+    o record;
+    rs text;
+BEGIN
+    PERFORM outbox_op_check('outbox_requeue_failed_since', p_operator, p_reason);
+    IF p_since IS NULL THEN
+        RAISE EXCEPTION 'outbox_requeue_failed_since: a start time is required'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    FOR o IN SELECT x.effect_id, x.idempotency_key, x.effect_type, x.target, x.last_error_class
+               FROM effect_outbox x
+              WHERE x.state = 'failed' AND x.completed_at >= p_since
+                AND x.last_error_class IS DISTINCT FROM 'cancelled'
+              ORDER BY x.completed_at, x.effect_id
+                FOR UPDATE LOOP
+        rs := outbox_requeue_locked(o.effect_id, p_operator, p_reason,
+                                    jsonb_build_object('failed_since', p_since));
+        effect_id := o.effect_id;
+        idempotency_key := o.idempotency_key;
+        effect_type := o.effect_type;
+        target := o.target;
+        last_error_class := o.last_error_class;
+        run_state := rs;
+        RETURN NEXT;
+    END LOOP;
+    IF FOUND THEN
+        PERFORM pg_notify('effect_outbox', '');
+    END IF;
+END $$;
+
+-- Re-run protocol step 3: a replacement is a new business event.  A new
+-- run under the key the operator brings from the source system (never a
+-- made-up suffix), linked by replaces_key, already approved (the
+-- operator is the approver), and its effect, linked by replaces_effect,
+-- inserted through the ordinary INSERT (so the workers are notified).
+-- The original is not touched.
+--   status created     done
+--          exists      this same replacement was made before: returned
+--          wrong_state the original may still be sent (pending, sending,
+--                      unknown): cancel or resolve it first
+--          key_taken   the new key belongs to another run (state = its state)
+CREATE FUNCTION outbox_replace(p_effect_id uuid, p_new_key text, p_operator text, p_reason text,
+                               p_target text DEFAULT NULL, p_payload jsonb DEFAULT NULL)
+RETURNS TABLE (status text, state text, new_effect_id uuid, new_key text, original_key text)
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+    o effect_outbox%ROWTYPE;
+    r workflow_runs%ROWTYPE;
+    nid uuid;
+    np jsonb;
+BEGIN
+    PERFORM outbox_op_check('outbox_replace', p_operator, p_reason);
+    IF p_new_key IS NULL OR btrim(p_new_key) = '' THEN
+        RAISE EXCEPTION 'outbox_replace: the new key is required'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF p_target IS NOT NULL AND btrim(p_target) = '' THEN
+        RAISE EXCEPTION 'outbox_replace: the new target is empty'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+
+    -- FOR SHARE: the original cannot move while its replacement is made.
+    SELECT * INTO o FROM effect_outbox x WHERE x.effect_id = p_effect_id FOR SHARE;
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    IF p_new_key = o.idempotency_key THEN
+        RAISE EXCEPTION 'outbox_replace: the new key must differ from the original run''s key'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+
+    SELECT * INTO r FROM workflow_runs w WHERE w.idempotency_key = p_new_key;
+    IF FOUND THEN
+        SELECT x.effect_id INTO nid FROM effect_outbox x
+         WHERE x.idempotency_key = p_new_key AND x.replaces_effect = o.effect_id;
+        IF r.replaces_key = o.idempotency_key AND nid IS NOT NULL THEN
+            RETURN QUERY SELECT 'exists'::text, x.state, x.effect_id, p_new_key, o.idempotency_key
+                           FROM effect_outbox x WHERE x.effect_id = nid;
+        ELSE
+            RETURN QUERY SELECT 'key_taken'::text, r.state, NULL::uuid, p_new_key, o.idempotency_key;
+        END IF;
+        RETURN;
+    END IF;
+    IF o.state IN ('pending', 'sending', 'unknown') THEN
+        RETURN QUERY SELECT 'wrong_state'::text, o.state, NULL::uuid, p_new_key, o.idempotency_key;
+        RETURN;
+    END IF;
+
+    np := coalesce(p_payload, o.payload);
+    INSERT INTO workflow_runs AS w (idempotency_key, state, payload_hash, replaces_key, result)
+    VALUES (p_new_key, 'approved', outbox_sha256_hex(np::text), o.idempotency_key,
+            jsonb_build_object('replaces_effect', o.effect_id, 'replaced_by', p_operator))
+    ON CONFLICT ON CONSTRAINT workflow_runs_pkey DO NOTHING;
+    IF NOT FOUND THEN
+        -- Created by someone else since we looked.
+        RETURN QUERY SELECT 'key_taken'::text, w.state, NULL::uuid, p_new_key, o.idempotency_key
+                       FROM workflow_runs w WHERE w.idempotency_key = p_new_key;
+        RETURN;
+    END IF;
+
+    INSERT INTO effect_outbox AS x (idempotency_key, effect_type, target, payload, metadata,
+                                    approved_by, replaces_effect)
+    VALUES (p_new_key, o.effect_type, coalesce(p_target, o.target), np,
+            coalesce(o.metadata, '{}'::jsonb)
+            || jsonb_build_object('replaces_effect', o.effect_id, 'replaces_key', o.idempotency_key),
+            p_operator, o.effect_id)
+    RETURNING x.effect_id INTO nid;
+
+    INSERT INTO operator_actions (action, effect_id, run_key, operator, reason, detail)
+    VALUES ('replace', o.effect_id, o.idempotency_key, p_operator, p_reason,
+            jsonb_build_object('original_state', o.state, 'new_key', p_new_key,
+                               'new_effect_id', nid,
+                               'target_changed', coalesce(p_target, o.target) <> o.target,
+                               'payload_changed', np <> o.payload));
+    RETURN QUERY SELECT 'created'::text, 'pending'::text, nid, p_new_key, o.idempotency_key;
+END $$;
+
+-- Retention: delete up to p_batch completed or failed effects that ended
+-- more than p_older_than ago, and return how many went.  outboxctl calls
+-- it in a loop, one short transaction per batch, so the workers never wait
+-- behind a long delete; rows someone has locked are skipped this time.
+-- Never pending, sending or unknown rows; never the attempts log (the
+-- evidence is append-only); never an original whose replacement is still
+-- here (its link would break).
+CREATE FUNCTION outbox_prune(p_older_than interval, p_batch integer, p_operator text,
+                             p_reason text)
+RETURNS integer
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
+DECLARE
+    n integer;
+BEGIN
+    PERFORM outbox_op_check('outbox_prune', p_operator, p_reason);
+    IF p_older_than IS NULL OR p_older_than <= interval '0' THEN
+        RAISE EXCEPTION 'outbox_prune: the age must be positive'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF p_batch IS NULL OR p_batch < 1 OR p_batch > 100000 THEN
+        RAISE EXCEPTION 'outbox_prune: the batch size must be 1..100000'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    WITH victims AS (
+        SELECT o.effect_id FROM effect_outbox o
+         WHERE o.state IN ('completed', 'failed')
+           AND o.completed_at < now() - p_older_than
+           AND NOT EXISTS (SELECT 1 FROM effect_outbox r WHERE r.replaces_effect = o.effect_id)
+         ORDER BY o.completed_at
+         LIMIT p_batch
+           FOR UPDATE SKIP LOCKED)
+    DELETE FROM effect_outbox o USING victims v WHERE o.effect_id = v.effect_id;
+    GET DIAGNOSTICS n = ROW_COUNT;
+    IF n > 0 THEN
+        INSERT INTO operator_actions (action, operator, reason, detail)
+        VALUES ('prune', p_operator, p_reason,
+                jsonb_build_object('deleted', n, 'older_than', p_older_than::text,
+                                   'batch', p_batch));
+    END IF;
+    RETURN n;
+END $$;
+
+-- The seeds' weekly figures, one row per week (Monday 00:00 UTC) for the
+-- last 26 weeks, newest first.  Effect figures only reach back as far as
+-- retention keeps effects.
+--   duplicate_share      claims that found the key already taken / claims
+--   approval_wait_*      consumed_at - created_at of approvals consumed
+--                        that week, in seconds (our measurements)
+--   validation_failure_share  effects failed as 'invalid' / effects created
+--   automatic / human_approved  effects created without / with an approver
+--   retries_exhausted    effects that failed that week after retryable or
+--                        ambiguous outcomes used up their attempts
+CREATE VIEW outbox_weekly_stats AS
+-- Weeks are computed on UTC wall time (timestamp, not timestamptz) so that
+-- a session's time zone, and its DST changes, cannot shift them.
+WITH bounds AS (
+    SELECT s AS since_utc, s AT TIME ZONE 'UTC' AS since
+      FROM (SELECT date_trunc('week', now() AT TIME ZONE 'UTC') - interval '25 weeks') AS t(s)),
+weeks AS (
+    SELECT generate_series(b.since_utc, date_trunc('week', now() AT TIME ZONE 'UTC'),
+                           interval '1 week') AS week
+      FROM bounds b),
+claims AS (
+    SELECT date_trunc('week', c.claimed_at AT TIME ZONE 'UTC') AS week, count(*) AS claims,
+           count(*) FILTER (WHERE c.outcome <> 'claimed') AS duplicates
+      FROM run_claims c, bounds b WHERE c.claimed_at >= b.since GROUP BY 1),
+waits AS (
+    SELECT date_trunc('week', a.consumed_at AT TIME ZONE 'UTC') AS week, count(*) AS approvals,
+           percentile_cont(0.5) WITHIN GROUP (
+               ORDER BY extract(epoch FROM a.consumed_at - a.created_at)) AS p50,
+           percentile_cont(0.95) WITHIN GROUP (
+               ORDER BY extract(epoch FROM a.consumed_at - a.created_at)) AS p95
+      FROM approvals a, bounds b WHERE a.consumed_at >= b.since GROUP BY 1),
+created AS (
+    SELECT date_trunc('week', o.created_at AT TIME ZONE 'UTC') AS week, count(*) AS effects,
+           count(*) FILTER (WHERE o.state = 'failed' AND o.last_error_class = 'invalid') AS invalid,
+           count(*) FILTER (WHERE o.approved_by IS NULL) AS automatic,
+           count(*) FILTER (WHERE o.approved_by IS NOT NULL) AS human
+      FROM effect_outbox o, bounds b WHERE o.created_at >= b.since GROUP BY 1),
+exhausted AS (
+    SELECT date_trunc('week', o.completed_at AT TIME ZONE 'UTC') AS week, count(*) AS n
+      FROM effect_outbox o, bounds b
+     WHERE o.state = 'failed' AND o.last_error_class IN ('retry', 'not_sent', 'ambiguous')
+       AND o.completed_at >= b.since
+     GROUP BY 1)
+SELECT w.week AT TIME ZONE 'UTC' AS week_start,
+       coalesce(c.claims, 0) AS claims,
+       coalesce(c.duplicates, 0) AS duplicate_claims,
+       round(c.duplicates::numeric / nullif(c.claims, 0), 4) AS duplicate_share,
+       coalesce(a.approvals, 0) AS approvals_consumed,
+       round(a.p50::numeric, 3) AS approval_wait_p50_seconds,
+       round(a.p95::numeric, 3) AS approval_wait_p95_seconds,
+       coalesce(e.effects, 0) AS effects_created,
+       coalesce(e.invalid, 0) AS validation_failures,
+       round(e.invalid::numeric / nullif(e.effects, 0), 4) AS validation_failure_share,
+       coalesce(e.automatic, 0) AS automatic,
+       coalesce(e.human, 0) AS human_approved,
+       round(e.automatic::numeric / nullif(e.effects, 0), 4) AS automatic_share,
+       coalesce(x.n, 0) AS retries_exhausted
+  FROM weeks w
+  LEFT JOIN claims c ON c.week = w.week
+  LEFT JOIN waits a ON a.week = w.week
+  LEFT JOIN created e ON e.week = w.week
+  LEFT JOIN exhausted x ON x.week = w.week
+ ORDER BY w.week DESC;
+
+-- Functions are executable by PUBLIC when created: take that back, and
+-- give the acts to the operator role only.
+REVOKE EXECUTE ON FUNCTION
+    outbox_op_check(text, text, text),
+    outbox_resolve_unknown(uuid, boolean, text, text, text),
+    outbox_requeue_locked(uuid, text, text, jsonb),
+    outbox_requeue(uuid, text, text),
+    outbox_requeue_failed_since(timestamptz, text, text),
+    outbox_replace(uuid, text, text, text, text, jsonb),
+    outbox_prune(interval, integer, text, text)
+    FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION
+    outbox_resolve_unknown(uuid, boolean, text, text, text),
+    outbox_requeue(uuid, text, text),
+    outbox_requeue_failed_since(timestamptz, text, text),
+    outbox_replace(uuid, text, text, text, text, jsonb),
+    outbox_prune(interval, integer, text, text)
+    TO outbox_operator;
+GRANT SELECT ON outbox_weekly_stats TO outbox_operator;
