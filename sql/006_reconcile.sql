@@ -1,0 +1,178 @@
+-- 006_reconcile.sql: reconciliation of `unknown` effects (SPEC.md "Effect
+-- states": unknown -> completed / pending, never an automatic re-send).
+--
+-- A worker's reconcile pass (periodic, or at once on NOTIFY effect_outbox
+-- 'reconcile', which `outboxctl reconcile` sends) leases a batch of
+-- `unknown` rows of the types it can reconcile, asks each provider whether
+-- the effect reached it, and records the answers in one round trip.
+--
+-- The lease on an `unknown` row only keeps two workers from asking about
+-- the same effect at once; nothing else leases `unknown` rows.  It is
+-- short: a worker that dies mid-pass delays that effect by one lease.
+
+-- Seconds a reconcile lease lasts.  Longer than any provider lookup should
+-- take (the provider's timeout_ms bounds each lookup).
+CREATE FUNCTION outbox_reconcile_lease_seconds() RETURNS integer
+LANGUAGE sql IMMUTABLE AS $$ SELECT 60 $$;
+
+-- Lease up to p_limit `unknown` rows of p_types that nobody is reconciling
+-- and that were not asked about in the last p_min_interval_seconds (0: any).
+-- The least recently asked come first, so a batch of "cannot tell" answers
+-- does not starve the rest.
+CREATE FUNCTION outbox_reconcile_lease(p_owner uuid, p_worker text, p_types text[],
+                                       p_limit integer, p_min_interval_seconds integer)
+RETURNS TABLE (effect_id uuid, idempotency_key text, effect_type text, target text,
+               payload text, payload_hash text, effect_key text, attempts integer)
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
+BEGIN
+    IF p_owner IS NULL OR p_limit IS NULL OR p_limit < 1 THEN
+        RETURN;
+    END IF;
+    RETURN QUERY
+    WITH due AS (
+        SELECT o.effect_id FROM effect_outbox o
+         WHERE o.state = 'unknown'
+           AND o.effect_type = ANY (p_types)
+           AND (o.lease_expires_at IS NULL OR o.lease_expires_at < now())
+           AND (o.last_reconciled_at IS NULL
+                OR o.last_reconciled_at
+                   <= now() - make_interval(secs => greatest(coalesce(p_min_interval_seconds, 0), 0)))
+         ORDER BY o.last_reconciled_at NULLS FIRST, o.created_at
+         LIMIT p_limit
+         FOR UPDATE SKIP LOCKED)
+    UPDATE effect_outbox o
+       SET lease_owner = p_owner, lease_worker = p_worker, leased_at = now(),
+           lease_expires_at = now() + make_interval(secs => outbox_reconcile_lease_seconds())
+      FROM due
+     WHERE o.effect_id = due.effect_id
+    RETURNING o.effect_id, o.idempotency_key, o.effect_type, o.target, o.payload::text,
+              o.payload_hash, o.effect_key, o.attempts;
+END $$;
+
+-- Record a batch of reconciliation answers.  p_results is a JSON array of
+--   {effect_id, verdict: "sent"|"not_sent"|"unknown", provider_id, status, error}
+-- Every element becomes an attempts-log row (outcome reconciled_sent,
+-- reconciled_not_sent or reconcile_unknown, attempt = the effect's current
+-- attempt count), whether or not the CAS still matches: an operator may
+-- have resolved the effect meanwhile, and the provider's answer is evidence
+-- all the same.  Then, by CAS on (state 'unknown', lease owner):
+--   sent      -> completed, with the provider id
+--   not_sent  -> pending with the same key, due now (workers are woken)
+--   unknown   -> stays unknown, for the next pass or an operator
+-- Each releases the lease and stamps last_reconciled_at.
+--
+-- The attempts-log rows carry no lease_owner: the unique index
+-- effect_attempts_call_uq means "one row per provider call of one lease
+-- owner", and a worker may ask about one attempt several times (each
+-- "cannot tell"), or ask about an attempt it made itself.  The worker's
+-- name is in `worker`.
+--
+-- Returns, per element, whether the state change applied and the state it
+-- set (NULL when it did not apply).
+CREATE FUNCTION outbox_reconcile_record(p_owner uuid, p_worker text, p_results jsonb)
+RETURNS TABLE (effect_id uuid, applied boolean, state text)
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
+DECLARE
+    bad text;
+    done_ids uuid[];
+    completed_keys text[];
+    requeued integer;
+BEGIN
+    IF p_results IS NULL OR jsonb_typeof(p_results) <> 'array' THEN
+        RAISE EXCEPTION 'outbox_reconcile_record: p_results must be a JSON array'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    SELECT coalesce(r.verdict, 'null') INTO bad
+      FROM jsonb_to_recordset(p_results) AS r(effect_id uuid, verdict text)
+     WHERE r.verdict IS NULL OR r.verdict NOT IN ('sent', 'not_sent', 'unknown')
+           OR r.effect_id IS NULL
+     LIMIT 1;
+    IF FOUND THEN
+        RAISE EXCEPTION 'outbox_reconcile_record: every element needs an effect_id and a verdict '
+                        'of sent, not_sent or unknown (got %)', bad
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+
+    WITH r AS (
+        -- One answer per effect: a batch naming an effect twice keeps the
+        -- first answer for the state change (every answer is logged).
+        SELECT DISTINCT ON (x.effect_id) x.effect_id, x.verdict, x.provider_id
+          FROM ROWS FROM (jsonb_to_recordset(p_results)
+                          AS (effect_id uuid, verdict text, provider_id text))
+               WITH ORDINALITY AS x(effect_id, verdict, provider_id, n)
+         ORDER BY x.effect_id, x.n
+    ), u AS (
+        UPDATE effect_outbox o
+           SET state = CASE r.verdict WHEN 'sent' THEN 'completed'
+                                      WHEN 'not_sent' THEN 'pending'
+                                      ELSE 'unknown' END,
+               provider_id = CASE WHEN r.verdict = 'sent'
+                                  THEN coalesce(nullif(r.provider_id, ''), o.provider_id)
+                                  ELSE o.provider_id END,
+               completed_at = CASE WHEN r.verdict = 'sent' THEN now() ELSE o.completed_at END,
+               available_at = CASE WHEN r.verdict = 'not_sent' THEN now() ELSE o.available_at END,
+               last_error_class = CASE r.verdict WHEN 'sent' THEN NULL
+                                                 WHEN 'not_sent' THEN 'reconciled_not_sent'
+                                                 ELSE o.last_error_class END,
+               last_error = CASE r.verdict
+                                WHEN 'sent' THEN NULL
+                                WHEN 'not_sent' THEN 'reconciliation: the provider has no trace of '
+                                                     'it; sending again with the same key'
+                                ELSE o.last_error END,
+               lease_owner = NULL, lease_expires_at = NULL, lease_worker = NULL,
+               last_reconciled_at = now(), updated_at = now()
+          FROM r
+         WHERE o.effect_id = r.effect_id
+           AND o.state = 'unknown'
+           AND o.lease_owner = p_owner
+        RETURNING o.effect_id, o.idempotency_key, o.state)
+    SELECT coalesce(array_agg(u.effect_id), '{}'),
+           coalesce(array_agg(u.idempotency_key) FILTER (WHERE u.state = 'completed'), '{}'),
+           count(*) FILTER (WHERE u.state = 'pending')
+      INTO done_ids, completed_keys, requeued
+      FROM u;
+
+    INSERT INTO effect_attempts (effect_id, attempt, lease_owner, worker, started_at,
+                                 outcome_class, provider_status, provider_id, error_text,
+                                 cas_applied, metadata)
+    SELECT x.effect_id, coalesce(o.attempts, 0), NULL, p_worker,
+           coalesce(x.started_at, now()),
+           CASE x.verdict WHEN 'sent' THEN 'reconciled_sent'
+                          WHEN 'not_sent' THEN 'reconciled_not_sent'
+                          ELSE 'reconcile_unknown' END,
+           nullif(x.status, 0), nullif(x.provider_id, ''), nullif(x.error, ''),
+           x.effect_id = ANY (done_ids), o.metadata
+      FROM ROWS FROM (jsonb_to_recordset(p_results)
+                      AS (effect_id uuid, verdict text, provider_id text, status integer,
+                          error text, started_at timestamptz))
+           WITH ORDINALITY AS x(effect_id, verdict, provider_id, status, error, started_at, n)
+      LEFT JOIN effect_outbox o ON o.effect_id = x.effect_id
+     ORDER BY x.n;
+
+    IF cardinality(completed_keys) > 0 THEN
+        PERFORM outbox_advance_runs('{}', completed_keys);
+    END IF;
+    IF requeued > 0 THEN
+        PERFORM pg_notify('effect_outbox', '');
+    END IF;
+
+    RETURN QUERY
+    SELECT x.effect_id, x.effect_id = ANY (done_ids),
+           CASE WHEN x.effect_id = ANY (done_ids)
+                THEN CASE x.verdict WHEN 'sent' THEN 'completed'
+                                    WHEN 'not_sent' THEN 'pending'
+                                    ELSE 'unknown' END END
+      FROM ROWS FROM (jsonb_to_recordset(p_results) AS (effect_id uuid, verdict text))
+           WITH ORDINALITY AS x(effect_id, verdict, n)
+     ORDER BY x.n;
+END $$;
+
+REVOKE EXECUTE ON FUNCTION
+    outbox_reconcile_lease_seconds(),
+    outbox_reconcile_lease(uuid, text, text[], integer, integer),
+    outbox_reconcile_record(uuid, text, jsonb)
+    FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION
+    outbox_reconcile_lease(uuid, text, text[], integer, integer),
+    outbox_reconcile_record(uuid, text, jsonb)
+    TO outbox_dispatcher;
