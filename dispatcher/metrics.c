@@ -472,7 +472,7 @@ static int listen_socket(const char *addr, const char *host, const char *port,
 	hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
 	rc = getaddrinfo(host, port, &hints, &res);
 	if (rc != 0) {
-		snprintf(err, errlen, "metrics: cannot listen on %s: %s", addr, gai_strerror(rc));
+		snprintf(err, errlen, "metrics: cannot listen on %s ([metrics] listen): %s", addr, gai_strerror(rc));
 		return -1;
 	}
 	for (ai = res; ai; ai = ai->ai_next) {
@@ -494,7 +494,7 @@ static int listen_socket(const char *addr, const char *host, const char *port,
 	}
 	freeaddrinfo(res);
 	if (fd < 0)
-		snprintf(err, errlen, "metrics: cannot listen on %s: %s", addr,
+		snprintf(err, errlen, "metrics: cannot listen on %s ([metrics] listen): %s", addr,
 		         strerror(saved ? saved : EADDRNOTAVAIL));
 	return fd;
 }
