@@ -83,7 +83,10 @@ $$;
 
 -- The seed's compare-and-set: only the live lease owner at the expected
 -- version moves the run.  Returns the new version, or no row: the caller
--- lost ownership and must not act.
+-- lost ownership and must not act.  The lease is a processing lease: a run
+-- that has left `processing` (awaiting a human, approved, finished) is not
+-- held by it, so its former owner cannot move it on (an approval, the
+-- dispatcher or a new claim of a failed_retryable run does).
 CREATE FUNCTION outbox_transition_run(p_key text, p_owner uuid, p_version bigint,
                                       p_state text, p_result jsonb DEFAULT NULL)
 RETURNS TABLE (version bigint)
@@ -104,6 +107,7 @@ BEGIN
        AND w.lease_owner = p_owner
        AND w.version = p_version
        AND w.lease_expires_at > now()
+       AND w.state = 'processing'
     RETURNING w.version;
 END $$;
 
@@ -142,11 +146,20 @@ BEGIN
     END IF;
     FOR e IN SELECT * FROM jsonb_array_elements(p_effects) LOOP
         IF jsonb_typeof(e) <> 'object' OR jsonb_typeof(e->'effect_type') <> 'string'
-           OR jsonb_typeof(e->'target') <> 'string' OR NOT e ? 'payload' THEN
+           OR jsonb_typeof(e->'target') <> 'string' OR e->>'effect_type' = ''
+           OR e->>'target' = '' OR coalesce(jsonb_typeof(e->'payload'), 'null') = 'null' THEN
             RAISE EXCEPTION 'outbox_create_approval: each effect needs effect_type, target and payload'
                 USING ERRCODE = 'invalid_parameter_value';
         END IF;
     END LOOP;
+    -- An approval whose effects collide on (type, target) could never be
+    -- consumed (the outbox's unique constraint): refuse it now, not when
+    -- the approver clicks.
+    IF (SELECT count(DISTINCT (x->>'effect_type', x->>'target')) <> count(*)
+          FROM jsonb_array_elements(p_effects) AS x) THEN
+        RAISE EXCEPTION 'outbox_create_approval: two effects with the same effect_type and target'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
 
     UPDATE workflow_runs w
        SET state = 'awaiting_human', version = w.version + 1,
@@ -242,6 +255,14 @@ BEGIN
            e->'metadata', p_approver
       FROM jsonb_array_elements(a.proposed_effects) AS e
     RETURNING o.idempotency_key, p_decision, o.effect_id, o.effect_type, o.target;
+    IF NOT FOUND THEN
+        -- Approved with nothing to send: the run is done, and the caller
+        -- still learns that the approval was consumed.
+        UPDATE workflow_runs w
+           SET state = 'completed', version = w.version + 1, updated_at = now()
+         WHERE w.idempotency_key = a.idempotency_key;
+        RETURN QUERY SELECT a.idempotency_key, p_decision, NULL::uuid, NULL::text, NULL::text;
+    END IF;
 END $$;
 
 -- Approve-by-exception and act-with-window: enqueue one effect directly.
@@ -278,7 +299,10 @@ END $$;
 
 -- Act-with-window: cancel an effect that has not started sending.  A row
 -- that is leased but not yet `sending` can still be cancelled: the worker's
--- CAS to `sending` then finds it gone.  Returns true when cancelled.
+-- CAS to `sending` then finds it gone.  Returns true when cancelled.  The
+-- run ends failed_terminal with the reason (it would otherwise wait in
+-- `approved` for an effect that will never be sent); a changed mind is a
+-- new event with its own key (re-run protocol step 3).
 CREATE FUNCTION outbox_cancel(p_effect_id uuid, p_reason text DEFAULT 'cancelled',
                               p_actor text DEFAULT 'producer')
 RETURNS boolean
@@ -296,6 +320,12 @@ BEGIN
     IF NOT FOUND THEN
         RETURN false;
     END IF;
+    UPDATE workflow_runs w
+       SET state = 'failed_terminal', version = w.version + 1,
+           failure_reason = coalesce(w.failure_reason, 'effect ' || p_effect_id || ' cancelled: '
+                                     || coalesce(nullif(p_reason, ''), 'no reason given')),
+           updated_at = now()
+     WHERE w.idempotency_key = k AND w.state NOT IN ('completed', 'failed_terminal');
     INSERT INTO operator_actions (action, effect_id, run_key, operator, reason)
     VALUES ('cancel', p_effect_id, k, coalesce(p_actor, 'producer'),
             coalesce(nullif(p_reason, ''), 'cancelled'));
