@@ -1,0 +1,130 @@
+/*
+ * hosts.c: per-host concurrency and circuit breaker (see hosts.h).
+ */
+#include "hosts.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "util.h"
+
+#define HOSTS_BUCKETS 256
+
+struct hosts {
+	struct host_state *bucket[HOSTS_BUCKETS];
+};
+
+struct hosts *hosts_new(void)
+{
+	return xcalloc(1, sizeof(struct hosts));
+}
+
+void hosts_free(struct hosts *h)
+{
+	if (h == NULL)
+		return;
+	for (int i = 0; i < HOSTS_BUCKETS; i++) {
+		struct host_state *hs = h->bucket[i], *next;
+		for (; hs; hs = next) {
+			next = hs->next;
+			free(hs->key);
+			free(hs);
+		}
+	}
+	free(h);
+}
+
+static unsigned hash_key(const char *s)
+{
+	unsigned v = 2166136261u;
+
+	for (; *s; s++)
+		v = (v ^ (unsigned char)*s) * 16777619u;
+	return v;
+}
+
+struct host_state *hosts_get(struct hosts *h, const char *key)
+{
+	unsigned b = hash_key(key) % HOSTS_BUCKETS;
+	struct host_state *hs;
+
+	for (hs = h->bucket[b]; hs; hs = hs->next)
+		if (strcmp(hs->key, key) == 0)
+			return hs;
+	hs = xcalloc(1, sizeof(*hs));
+	hs->key = xstrdup(key);
+	hs->next = h->bucket[b];
+	h->bucket[b] = hs;
+	return hs;
+}
+
+bool host_may_send(struct host_state *hs, int max_per_host, int64_t now_ms, int64_t *retry_in_ms)
+{
+	*retry_in_ms = 0;
+	switch (hs->breaker) {
+	case BREAKER_OPEN:
+		if (now_ms < hs->open_until_ms) {
+			*retry_in_ms = hs->open_until_ms - now_ms;
+			return false;
+		}
+		hs->breaker = BREAKER_HALF_OPEN;
+		hs->probe_in_flight = false;
+		/* fall through */
+	case BREAKER_HALF_OPEN:
+		if (hs->probe_in_flight) {
+			*retry_in_ms = 100;
+			return false;
+		}
+		return hs->in_flight < max_per_host;
+	case BREAKER_CLOSED:
+		return hs->in_flight < max_per_host;
+	}
+	return false;
+}
+
+void host_send_started(struct host_state *hs)
+{
+	hs->in_flight++;
+	if (hs->breaker == BREAKER_HALF_OPEN)
+		hs->probe_in_flight = true;
+}
+
+static bool is_host_failure(const struct outbox_result *r)
+{
+	switch (r->outcome) {
+	case OUTCOME_NOT_SENT:
+	case OUTCOME_AMBIGUOUS:
+		return true;
+	case OUTCOME_RETRY:
+		return r->status == 0 || r->status == 429 || r->status >= 500;
+	case OUTCOME_ACCEPTED:
+	case OUTCOME_TERMINAL:
+		return false;
+	}
+	return false;
+}
+
+bool host_send_done(struct host_state *hs, const struct outbox_result *r, int failures_to_open,
+                    int64_t open_ms, int64_t now_ms)
+{
+	bool failed = is_host_failure(r);
+
+	if (hs->in_flight > 0)
+		hs->in_flight--;
+	if (!failed) {
+		hs->failures = 0;
+		hs->breaker = BREAKER_CLOSED;
+		hs->probe_in_flight = false;
+		return false;
+	}
+	hs->failures++;
+	if (hs->breaker == BREAKER_HALF_OPEN ||
+	    (hs->breaker == BREAKER_CLOSED && hs->failures >= failures_to_open)) {
+		bool opened = hs->breaker == BREAKER_CLOSED;
+		hs->breaker = BREAKER_OPEN;
+		hs->open_until_ms = now_ms + open_ms;
+		hs->probe_in_flight = false;
+		return opened;
+	}
+	return false;
+}

@@ -1,0 +1,45 @@
+/*
+ * hosts.h: per-destination bookkeeping: sends in flight per host (for
+ * max_per_host) and a circuit breaker, so a dead endpoint is not
+ * hammered: its effects wait and spend no attempt.
+ *
+ * Breaker: closed → open after `failures` consecutive failures (not sent,
+ * ambiguous, 5xx/429 retries); open → half-open after open_ms, letting one
+ * probe through; the probe's success closes it, its failure re-opens it.
+ */
+#ifndef OUTBOX_HOSTS_H
+#define OUTBOX_HOSTS_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "provider.h"
+
+enum breaker_state { BREAKER_CLOSED, BREAKER_OPEN, BREAKER_HALF_OPEN };
+
+struct host_state {
+	struct host_state *next;
+	char *key;
+	int in_flight;
+	int failures;
+	enum breaker_state breaker;
+	int64_t open_until_ms;     /* monotonic */
+	bool probe_in_flight;
+};
+
+struct hosts;
+
+struct hosts *hosts_new(void);
+void hosts_free(struct hosts *h);
+struct host_state *hosts_get(struct hosts *h, const char *key);
+
+/* May a send to this host start now?  False with *retry_in_ms > 0 when the
+ * breaker is open (wait that long), or == 0 when only the concurrency
+ * limit is in the way (wait for a slot). */
+bool host_may_send(struct host_state *hs, int max_per_host, int64_t now_ms, int64_t *retry_in_ms);
+void host_send_started(struct host_state *hs);
+/* Returns true when this outcome opened the breaker. */
+bool host_send_done(struct host_state *hs, const struct outbox_result *r, int failures_to_open,
+                    int64_t open_ms, int64_t now_ms);
+
+#endif

@@ -1,0 +1,91 @@
+/*
+ * main.c: outbox-dispatcher, one worker of the fleet.
+ *
+ *   outbox-dispatcher --config FILE [--check-config]
+ *
+ * Runs in the foreground until SIGTERM (graceful: stop leasing, finish
+ * in-flight sends within shutdown_grace_ms, release unstarted leases);
+ * a second SIGTERM exits at once; SIGHUP reloads the config.
+ */
+#include <curl/curl.h>
+#include <event2/event.h>
+#include <event2/thread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "log.h"
+#include "worker.h"
+
+#define OUTBOX_VERSION "0.1.0"
+
+static void usage(FILE *out)
+{
+	fprintf(out,
+	        "usage: outbox-dispatcher --config FILE [--check-config]\n"
+	        "  --config FILE    dispatcher.ini (see dispatcher.ini.example)\n"
+	        "  --check-config   load the config and the providers, then exit 0 or 1\n"
+	        "  --version\n"
+	        "Sends only when AI_ACTIONS_ENABLED=true and the fleet kill switch is on.\n");
+}
+
+int main(int argc, char **argv)
+{
+	const char *config = NULL;
+	bool check_only = false;
+	struct event_base *base;
+	struct worker *w;
+	int rc;
+
+	for (int i = 1; i < argc; i++) {
+		if (strcmp(argv[i], "--config") == 0 && i + 1 < argc) {
+			config = argv[++i];
+		} else if (strcmp(argv[i], "--check-config") == 0) {
+			check_only = true;
+		} else if (strcmp(argv[i], "--version") == 0) {
+			printf("outbox-dispatcher %s\n", OUTBOX_VERSION);
+			return 0;
+		} else if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+			usage(stdout);
+			return 0;
+		} else {
+			fprintf(stderr, "outbox-dispatcher: unknown argument '%s'\n", argv[i]);
+			usage(stderr);
+			return 2;
+		}
+	}
+	if (config == NULL) {
+		usage(stderr);
+		return 2;
+	}
+	/* A peer closing a socket must not kill the worker. */
+	signal(SIGPIPE, SIG_IGN);
+	/* Providers hand results back from their own threads. */
+	evthread_use_pthreads();
+	/* Not thread-safe: done once, before any provider starts a thread. */
+	curl_global_init(CURL_GLOBAL_DEFAULT);
+	log_init("outbox-dispatcher", NULL);
+
+	base = event_base_new();
+	if (base == NULL) {
+		fprintf(stderr, "outbox-dispatcher: cannot create the event loop\n");
+		return 1;
+	}
+	w = worker_new(base, config);
+	if (w == NULL) {
+		event_base_free(base);
+		curl_global_cleanup();
+		return 1;
+	}
+	if (check_only) {
+		log_msg(OLOG_INFO, "config_ok", "%s: config and providers load", config);
+		rc = 0;
+	} else {
+		rc = worker_run(w);
+	}
+	worker_free(w);
+	event_base_free(base);
+	curl_global_cleanup();
+	libevent_global_shutdown();
+	return rc;
+}

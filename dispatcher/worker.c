@@ -1,0 +1,1381 @@
+/*
+ * worker.c: the dispatcher's engine (see worker.h).
+ *
+ * An effect's life in one worker, each step a batch and one round trip:
+ *
+ *   lease        outbox_lease(): pending rows get this worker's lease
+ *   validate     payload parsed and checked by its provider; bad rows go
+ *                to outbox_fail_invalid() with the reason (nothing sent)
+ *   wait         until its provider and host have a free slot and the
+ *                host's breaker lets it through (lease renewed meanwhile)
+ *   mark         outbox_mark_sending(): the CAS to `sending` under the
+ *                kill-switch lock; blocked rows are released by the same
+ *                call, lost rows are dropped
+ *   send         provider->send(); its done callback records the outcome
+ *   record       outbox_complete(): attempts-log row + CAS to the state
+ *                policy_decide() chose (completed, pending, failed, unknown)
+ *
+ * Lease renewal (heartbeat), the reaper, unknown-type failing, provider
+ * registration and reconciliation run from timers.  Nothing here blocks:
+ * every database call goes through db.c, every send through a provider.
+ */
+#include "worker.h"
+
+#include <event2/event.h>
+#include <event2/thread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/queue.h>
+#include <unistd.h>
+
+#include "config.h"
+#include "db.h"
+#include "hosts.h"
+#include "log.h"
+#include "metrics.h"
+#include "migrate.h"
+#include "plugin.h"
+#include "policy.h"
+#include "sdnotify.h"
+#include "util.h"
+
+#define LISTEN_CHANNEL "effect_outbox"
+#define RECONCILE_BATCH 50
+#define RECONCILE_INTERVAL_MS 60000
+
+enum effect_phase {
+	PH_WAITING,     /* leased, valid, waiting for a slot */
+	PH_MARKING,     /* in an outbox_mark_sending() call */
+	PH_SENDING,     /* the provider has it */
+	PH_DONE,        /* outcome known, queued for outbox_complete() */
+	PH_RECORDING,   /* in an outbox_complete() call */
+	PH_RECONCILING, /* an unknown effect being asked about */
+	PH_RECONCILED,  /* verdict known, queued for outbox_reconcile_record() */
+};
+
+struct effect {
+	TAILQ_ENTRY(effect) link;
+	struct worker *w;
+	enum effect_phase phase;
+	char id[40];
+	char *run_key, *type, *target, *payload_text, *payload_hash, *effect_key, *approved_by;
+	json_t *payload;
+	json_t *metadata;
+	int prior_attempts;           /* attempts column when leased */
+	struct provider_slot *prov;
+	struct host_state *host;
+	char host_key[256];
+	struct outbox_effect view;    /* what the provider sees */
+	int64_t started_wall_ms, started_mono_ms, ended_mono_ms;
+	struct outbox_result result;
+	struct policy_decision decision;
+	struct outbox_recon_result recon;
+	uint64_t renew_gen;
+	bool lease_lost;
+};
+TAILQ_HEAD(effect_list, effect);
+
+/* glibc's sys/queue.h lacks the _SAFE variant. */
+#ifndef TAILQ_FOREACH_SAFE
+#define TAILQ_FOREACH_SAFE(var, head, field, tvar) \
+	for ((var) = TAILQ_FIRST(head); (var) && ((tvar) = TAILQ_NEXT(var, field), 1); (var) = (tvar))
+#endif
+
+struct batch {
+	struct worker *w;
+	uint64_t gen;
+	size_t n;
+	struct effect *items[];
+};
+
+struct worker {
+	struct event_base *base;
+	char *config_path;
+	struct config *cfg;
+	struct core_settings s;
+	struct provider_set providers;
+	struct hosts *hosts;
+	struct db *db;
+	char owner[37];
+	char name[128];
+	char types_array[1024];       /* {http,email}: types this worker serves */
+	char idem_array[1024];        /* types whose provider honours keys */
+	char recon_array[1024];       /* types whose provider reconciles */
+	bool env_enabled;
+	bool schema_ok;
+	bool stopping;
+	int exit_code;
+
+	struct effect_list waiting, sending, done_q, recon_q;
+	int n_active;                 /* effects this worker holds, all phases */
+	int n_sending;
+	int n_reconciling;
+	bool lease_busy, mark_busy, complete_busy, recon_busy, recon_record_busy, maint_busy;
+	bool more_due;                /* the last lease came back full */
+	bool recon_requested;
+	int64_t recon_next_mono;
+	uint64_t renew_gen;
+	int64_t last_register_mono;
+
+	struct event *pump_ev, *poll_ev, *heartbeat_ev, *maint_ev, *grace_ev;
+	struct event *sigterm_ev, *sigint_ev, *sighup_ev;
+};
+
+static void worker_kick(struct worker *w);
+static void worker_maybe_exit(struct worker *w);
+
+/* ---- effects ---------------------------------------------------------- */
+
+static void effect_free(struct effect *e)
+{
+	e->w->n_active--;
+	free(e->run_key);
+	free(e->type);
+	free(e->target);
+	free(e->payload_text);
+	free(e->payload_hash);
+	free(e->effect_key);
+	free(e->approved_by);
+	json_decref(e->payload);
+	json_decref(e->metadata);
+	free(e);
+}
+
+static char *dup_field(PGresult *r, int row, int col)
+{
+	return PQgetisnull(r, row, col) ? NULL : xstrdup(PQgetvalue(r, row, col));
+}
+
+/* Columns: effect_id, idempotency_key, effect_type, target, payload,
+ * payload_hash, effect_key, attempts[, metadata, approved_by] */
+static struct effect *effect_from_row(struct worker *w, PGresult *r, int row, bool full)
+{
+	struct effect *e = xcalloc(1, sizeof(*e));
+
+	e->w = w;
+	w->n_active++;
+	str_copy(e->id, PQgetvalue(r, row, 0), sizeof(e->id));
+	e->run_key = dup_field(r, row, 1);
+	e->type = dup_field(r, row, 2);
+	e->target = dup_field(r, row, 3);
+	e->payload_text = dup_field(r, row, 4);
+	e->payload_hash = dup_field(r, row, 5);
+	e->effect_key = dup_field(r, row, 6);
+	e->prior_attempts = atoi(PQgetvalue(r, row, 7));
+	if (full) {
+		if (!PQgetisnull(r, row, 8))
+			e->metadata = json_loads(PQgetvalue(r, row, 8), 0, NULL);
+		e->approved_by = dup_field(r, row, 9);
+	}
+	e->prov = providers_find(&w->providers, e->type);
+	return e;
+}
+
+static void effect_fill_view(struct effect *e, int attempt)
+{
+	e->view = (struct outbox_effect){
+		.effect_id = e->id, .run_key = e->run_key, .effect_key = e->effect_key,
+		.effect_type = e->type, .target = e->target, .payload = e->payload,
+		.payload_hash = e->payload_hash, .attempt = attempt,
+	};
+}
+
+/* Parse and check an effect; false with the reason in err. */
+static bool effect_validate(struct worker *w, struct effect *e, char *err, size_t errlen)
+{
+	json_error_t jerr;
+	size_t len = e->payload_text ? strlen(e->payload_text) : 0;
+
+	if (e->prov == NULL) {
+		snprintf(err, errlen, "unknown effect type \"%.64s\": no provider loaded", e->type);
+		return false;
+	}
+	if ((long)len > w->s.max_payload_bytes) {
+		snprintf(err, errlen, "payload is %zu bytes, over the limit of %ld", len,
+		         w->s.max_payload_bytes);
+		return false;
+	}
+	e->payload = json_loadb(e->payload_text ? e->payload_text : "", len, 0, &jerr);
+	if (e->payload == NULL) {
+		snprintf(err, errlen, "payload is not valid JSON: %s", jerr.text);
+		return false;
+	}
+	if (!json_is_object(e->payload)) {
+		snprintf(err, errlen, "payload must be a JSON object");
+		return false;
+	}
+	effect_fill_view(e, e->prior_attempts + 1);
+	err[0] = '\0';
+	if (!e->prov->ops->validate(e->prov->self, &e->view, e->host_key, sizeof(e->host_key), err,
+	                            errlen)) {
+		if (err[0] == '\0')
+			snprintf(err, errlen, "rejected by provider %s", e->prov->name);
+		return false;
+	}
+	{
+		char key[320];
+		snprintf(key, sizeof(key), "%s|%s", e->prov->name, e->host_key);
+		e->host = hosts_get(w->hosts, key);
+	}
+	return true;
+}
+
+static struct batch *batch_new(struct worker *w, size_t cap)
+{
+	struct batch *b = xcalloc(1, sizeof(*b) + cap * sizeof(struct effect *));
+
+	b->w = w;
+	return b;
+}
+
+/* A JSON array of uuid text, as a PostgreSQL array literal. */
+static char *ids_array(struct effect **items, size_t n)
+{
+	size_t len = 3 + n * 38;
+	char *s = xmalloc(len), *p = s;
+
+	*p++ = '{';
+	for (size_t i = 0; i < n; i++) {
+		if (i)
+			*p++ = ',';
+		memcpy(p, items[i]->id, strlen(items[i]->id));
+		p += strlen(items[i]->id);
+	}
+	*p++ = '}';
+	*p = '\0';
+	return s;
+}
+
+static bool pg_ok(PGresult *r, const char *what)
+{
+	if (r == NULL)
+		return false;
+	if (PQresultStatus(r) == PGRES_TUPLES_OK || PQresultStatus(r) == PGRES_COMMAND_OK)
+		return true;
+	log_msg(OLOG_ERROR, "db_error", "%s: %s", what, PQresultErrorMessage(r));
+	return false;
+}
+
+/* ---- logging of one attempt -------------------------------------------- */
+
+static void log_attempt(struct worker *w, struct effect *e, bool applied)
+{
+	json_t *f = json_pack("{s:s,s:s,s:s,s:s,s:s,s:i,s:s,s:s,s:i,s:I,s:i,s:b}",
+	                      "run_key", e->run_key, "effect_id", e->id, "type", e->type,
+	                      "target_class", e->host_key, "payload_hash", e->payload_hash ? e->payload_hash : "",
+	                      "attempt", e->view.attempt, "outcome", outcome_name(e->result.outcome),
+	                      "next_state", applied ? next_state_name(e->decision.next) : "lease_lost",
+	                      "provider_status", e->result.status,
+	                      "duration_ms", (json_int_t)(e->ended_mono_ms - e->started_mono_ms),
+	                      "retry_count", e->view.attempt - 1, "lease_held", applied);
+
+	if (e->result.provider_id[0])
+		json_object_set_new(f, "provider_id", json_string(e->result.provider_id));
+	if (e->result.error[0])
+		json_object_set_new(f, "error", json_string(e->result.error));
+	if (e->metadata)
+		json_object_set(f, "metadata", e->metadata);
+	if (e->approved_by)
+		json_object_set_new(f, "approver", json_string(e->approved_by));
+	if (e->decision.next == NEXT_PENDING && applied)
+		json_object_set_new(f, "retry_in_ms", json_integer(e->decision.delay_ms));
+	if (e->decision.exhausted)
+		json_object_set_new(f, "retries_exhausted", json_true());
+	log_event(!applied ? OLOG_WARN
+	          : e->result.outcome == OUTCOME_ACCEPTED ? OLOG_INFO
+	          : e->result.key_conflict ? OLOG_ERROR : OLOG_WARN,
+	          "attempt", f);
+}
+
+/* ---- recording outcomes ------------------------------------------------- */
+
+static void on_complete(struct db *db, PGresult *r, void *arg)
+{
+	struct batch *b = arg;
+	struct worker *w = b->w;
+
+	(void)db;
+	if (!pg_ok(r, "outbox_complete")) {
+		/* Keep the evidence: back to the queue, tried again later. */
+		for (size_t i = 0; i < b->n; i++) {
+			b->items[i]->phase = PH_DONE;
+			TAILQ_INSERT_HEAD(&w->done_q, b->items[i], link);
+		}
+		free(b);
+		w->complete_busy = false;
+		return;
+	}
+	for (size_t i = 0; i < b->n; i++) {
+		struct effect *e = b->items[i];
+		bool applied = false;
+
+		for (int row = 0; row < PQntuples(r); row++)
+			if (strcmp(PQgetvalue(r, row, 0), e->id) == 0) {
+				applied = PQgetvalue(r, row, 1)[0] == 't';
+				break;
+			}
+		log_attempt(w, e, applied);
+		if (!applied)
+			metrics_inc(M_LEASE_LOST, 1);
+		else if (e->decision.exhausted && e->decision.next == NEXT_FAILED)
+			metrics_inc(M_RETRIES_EXHAUSTED, 1);
+		effect_free(e);
+	}
+	free(b);
+	w->complete_busy = false;
+	worker_kick(w);
+}
+
+static void flush_completions(struct worker *w)
+{
+	struct effect *e;
+	struct batch *b;
+	json_t *arr;
+	char *js;
+	const char *params[3];
+	size_t n = 0;
+
+	if (w->complete_busy || TAILQ_EMPTY(&w->done_q) || !db_is_up(w->db))
+		return;
+	b = batch_new(w, (size_t)w->s.complete_batch);
+	arr = json_array();
+	while ((e = TAILQ_FIRST(&w->done_q)) != NULL && n < (size_t)w->s.complete_batch) {
+		char ts[40];
+		TAILQ_REMOVE(&w->done_q, e, link);
+		e->phase = PH_RECORDING;
+		b->items[n++] = e;
+		format_iso8601(e->started_wall_ms, ts, sizeof(ts));
+		json_t *o = json_pack("{s:s,s:i,s:s,s:s,s:s,s:I}", "effect_id", e->id,
+		                      "attempt", e->view.attempt, "started_at", ts,
+		                      "outcome", outcome_name(e->result.outcome),
+		                      "next_state", next_state_name(e->decision.next),
+		                      "retry_delay_ms", (json_int_t)e->decision.delay_ms);
+		if (e->result.status)
+			json_object_set_new(o, "status", json_integer(e->result.status));
+		if (e->result.provider_id[0])
+			json_object_set_new(o, "provider_id", json_string(e->result.provider_id));
+		if (e->result.error[0])
+			json_object_set_new(o, "error", json_string(e->result.error));
+		json_array_append_new(arr, o);
+	}
+	b->n = n;
+	js = json_dumps(arr, JSON_COMPACT);
+	json_decref(arr);
+	params[0] = w->owner;
+	params[1] = w->name;
+	params[2] = js;
+	w->complete_busy = true;
+	/* Safe to repeat after a lost connection: CAS + unique attempt rows. */
+	db_query(w->db, "SELECT effect_id, applied, state FROM outbox_complete($1, $2, $3)", 3,
+	         params, on_complete, b, DBQ_RETRY);
+	free(js);
+}
+
+/* The provider's answer, on the loop thread. */
+static void on_send_done(void *token, const struct outbox_result *res)
+{
+	struct effect *e = token;
+	struct worker *w = e->w;
+	struct provider_slot *p = e->prov;
+	int64_t now = now_mono_ms();
+
+	e->result = *res;
+	e->result.provider_id[sizeof(e->result.provider_id) - 1] = '\0';
+	e->result.error[sizeof(e->result.error) - 1] = '\0';
+	if (!utf8_valid(e->result.error, strlen(e->result.error)))
+		str_copy(e->result.error, "(provider error text was not UTF-8)", sizeof(e->result.error));
+	if (!utf8_valid(e->result.provider_id, strlen(e->result.provider_id)))
+		e->result.provider_id[0] = '\0';
+	e->ended_mono_ms = now;
+	e->decision = policy_decide(&e->result, e->view.attempt, &p->policy, p->honours_keys);
+	/* Every completed effect has a provider id (SPEC.md "Providers"). */
+	if (e->result.outcome == OUTCOME_ACCEPTED && e->result.provider_id[0] == '\0')
+		snprintf(e->result.provider_id, sizeof(e->result.provider_id), "local:%s:%d:a%d",
+		         p->name, e->result.status, e->view.attempt);
+	p->in_flight--;
+	if (host_send_done(e->host, &e->result, (int)p->policy.breaker_failures,
+	                   p->policy.breaker_open_ms, now)) {
+		metrics_inc(M_BREAKER_OPENED, 1);
+		log_event(OLOG_WARN, "breaker_open",
+		          json_pack("{s:s,s:s,s:I}", "provider", p->name, "host", e->host_key,
+		                    "open_ms", (json_int_t)p->policy.breaker_open_ms));
+	}
+	if (e->result.key_conflict)
+		metrics_inc(M_KEY_CONFLICTS, 1);
+	metrics_count_send(p->name, outcome_name(e->result.outcome));
+	metrics_observe_send(p->name, (double)(now - e->started_mono_ms) / 1000.0);
+	TAILQ_REMOVE(&w->sending, e, link);
+	w->n_sending--;
+	metrics_set(G_IN_FLIGHT, w->n_sending);
+	e->phase = PH_DONE;
+	TAILQ_INSERT_TAIL(&w->done_q, e, link);
+	worker_kick(w);
+}
+
+static void start_send(struct worker *w, struct effect *e, int attempt)
+{
+	char err[OUTBOX_ERROR_MAX] = "";
+
+	effect_fill_view(e, attempt);
+	e->phase = PH_SENDING;
+	e->started_wall_ms = now_wall_ms();
+	e->started_mono_ms = now_mono_ms();
+	e->prov->in_flight++;
+	host_send_started(e->host);
+	TAILQ_INSERT_TAIL(&w->sending, e, link);
+	w->n_sending++;
+	metrics_set(G_IN_FLIGHT, w->n_sending);
+	if (!e->prov->ops->send(e->prov->self, &e->view, on_send_done, e, err, sizeof(err))) {
+		struct outbox_result r = { .outcome = OUTCOME_NOT_SENT, .retry_after_ms = -1 };
+		snprintf(r.error, sizeof(r.error), "could not start: %s", err[0] ? err : "provider refused");
+		on_send_done(e, &r);
+	}
+}
+
+/* ---- the sending transition --------------------------------------------- */
+
+static void on_marked(struct db *db, PGresult *r, void *arg)
+{
+	struct batch *b = arg;
+	struct worker *w = b->w;
+	size_t blocked = 0, lost = 0;
+	json_t *blocked_ids = NULL;
+
+	(void)db;
+	w->mark_busy = false;
+	if (!pg_ok(r, "outbox_mark_sending")) {
+		/* Not sent, not marked (or the retry will find them): the leases
+		 * expire and the rows are leased again; nothing was sent. */
+		for (size_t i = 0; i < b->n; i++)
+			effect_free(b->items[i]);
+		free(b);
+		worker_kick(w);
+		return;
+	}
+	for (size_t i = 0; i < b->n; i++) {
+		struct effect *e = b->items[i];
+		int row = -1;
+
+		for (int k = 0; k < PQntuples(r); k++)
+			if (strcmp(PQgetvalue(r, k, 0), e->id) == 0) {
+				row = k;
+				break;
+			}
+		if (row < 0) {
+			/* CAS found the lease gone (expired, cancelled, taken). */
+			lost++;
+			metrics_inc(M_LEASE_LOST, 1);
+			log_event(OLOG_WARN, "lease_lost",
+			          json_pack("{s:s,s:s,s:s}", "effect_id", e->id, "run_key", e->run_key,
+			                    "phase", "mark_sending"));
+			effect_free(e);
+		} else if (PQgetvalue(r, row, 2)[0] == 't') {
+			blocked++;
+			if (blocked_ids == NULL)
+				blocked_ids = json_array();
+			if (json_array_size(blocked_ids) < 20)
+				json_array_append_new(blocked_ids, json_string(e->id));
+			effect_free(e);
+		} else {
+			start_send(w, e, atoi(PQgetvalue(r, row, 1)));
+		}
+	}
+	if (blocked) {
+		metrics_inc(M_KILL_SWITCH_BLOCKED, blocked);
+		metrics_set(G_KILL_SWITCH_ON, 0);
+		log_event(OLOG_WARN, "kill_switch_blocked",
+		          json_pack("{s:I,s:o,s:s}", "count", (json_int_t)blocked, "effect_ids",
+		                    blocked_ids, "msg",
+		                    "kill switch is off: leases released, no attempt spent"));
+	}
+	(void)lost;
+	free(b);
+	worker_kick(w);
+}
+
+/* Move effects whose provider and host have room from waiting to a mark
+ * batch; release those whose host's breaker is open. */
+static void mark_ready(struct worker *w)
+{
+	struct effect *e, *next;
+	struct batch *b, *rel = NULL;
+	int64_t now = now_mono_ms(), rel_delay = 0;
+	char *ids;
+	const char *params[5];
+	char lease[16];
+
+	if (w->mark_busy || TAILQ_EMPTY(&w->waiting) || !db_is_up(w->db) || w->stopping)
+		return;
+	b = batch_new(w, (size_t)w->s.batch_size * 4);
+	for (e = TAILQ_FIRST(&w->waiting); e && b->n < (size_t)w->s.batch_size * 4; e = next) {
+		int64_t wait_ms;
+		int pending_for_host = 0;
+		next = TAILQ_NEXT(e, link);
+		int pending_for_prov = 0;
+		for (size_t i = 0; i < b->n; i++) {
+			pending_for_host += b->items[i]->host == e->host;
+			pending_for_prov += b->items[i]->prov == e->prov;
+		}
+		if (e->prov->in_flight + pending_for_prov >= e->prov->policy.max_in_flight)
+			continue;
+		if (!host_may_send(e->host, (int)e->prov->policy.max_per_host - pending_for_host, now,
+		                   &wait_ms)) {
+			if (wait_ms > 0) {
+				/* Breaker open: give it back, due when the breaker
+				 * half-opens; no attempt is spent. */
+				if (rel == NULL)
+					rel = batch_new(w, (size_t)w->n_active + 1);
+				TAILQ_REMOVE(&w->waiting, e, link);
+				rel->items[rel->n++] = e;
+				if (wait_ms > rel_delay)
+					rel_delay = wait_ms;
+			}
+			continue;
+		}
+		TAILQ_REMOVE(&w->waiting, e, link);
+		e->phase = PH_MARKING;
+		b->items[b->n++] = e;
+		/* Count a half-open probe now so only one goes through. */
+		if (e->host->breaker == BREAKER_HALF_OPEN)
+			e->host->probe_in_flight = true;
+	}
+	if (rel) {
+		char delay[24];
+		ids = ids_array(rel->items, rel->n);
+		snprintf(delay, sizeof(delay), "%lld", (long long)rel_delay);
+		params[0] = w->owner;
+		params[1] = ids;
+		params[2] = delay;
+		db_query(w->db, "SELECT outbox_release($1, $2, $3)", 3, params, NULL, NULL, DBQ_RETRY);
+		free(ids);
+		for (size_t i = 0; i < rel->n; i++)
+			effect_free(rel->items[i]);
+		free(rel);
+	}
+	if (b->n == 0) {
+		free(b);
+		return;
+	}
+	ids = ids_array(b->items, b->n);
+	snprintf(lease, sizeof(lease), "%ld", w->s.lease_seconds);
+	params[0] = w->owner;
+	params[1] = ids;
+	params[2] = w->env_enabled ? "true" : "false";
+	params[3] = w->idem_array;
+	params[4] = lease;
+	w->mark_busy = true;
+	/* Repeatable: rows already `sending` under this owner come back too. */
+	db_query(w->db, "SELECT effect_id, attempts, blocked FROM outbox_mark_sending($1, $2, $3, $4, $5)",
+	         5, params, on_marked, b, DBQ_RETRY);
+	free(ids);
+}
+
+/* ---- leasing ------------------------------------------------------------ */
+
+static void on_leased(struct db *db, PGresult *r, void *arg)
+{
+	struct batch *b = arg;   /* only carries w and the limit in gen */
+	struct worker *w = b->w;
+	int limit = (int)b->gen;
+	json_t *invalid = NULL;
+
+	(void)db;
+	free(b);
+	w->lease_busy = false;
+	if (!pg_ok(r, "outbox_lease")) {
+		w->more_due = false;
+		return;
+	}
+	w->more_due = PQntuples(r) >= limit;
+	metrics_inc(M_LEASED, (unsigned long)PQntuples(r));
+	for (int row = 0; row < PQntuples(r); row++) {
+		struct effect *e = effect_from_row(w, r, row, true);
+		char err[OUTBOX_ERROR_MAX];
+
+		if (!effect_validate(w, e, err, sizeof(err))) {
+			if (invalid == NULL)
+				invalid = json_array();
+			json_array_append_new(invalid, json_pack("{s:s,s:s,s:s}", "effect_id", e->id,
+			                                         "error_class", "invalid", "error", err));
+			log_event(OLOG_WARN, "effect_invalid",
+			          json_pack("{s:s,s:s,s:s,s:s,s:s}", "effect_id", e->id, "run_key", e->run_key,
+			                    "type", e->type, "payload_hash",
+			                    e->payload_hash ? e->payload_hash : "", "error", err));
+			metrics_inc(M_INVALID, 1);
+			effect_free(e);
+			continue;
+		}
+		e->phase = PH_WAITING;
+		TAILQ_INSERT_TAIL(&w->waiting, e, link);
+	}
+	if (invalid) {
+		char *js = json_dumps(invalid, JSON_COMPACT);
+		const char *params[2] = { w->owner, js };
+		db_query(w->db, "SELECT effect_id FROM outbox_fail_invalid($1, $2)", 2, params, NULL,
+		         NULL, DBQ_RETRY);
+		free(js);
+		json_decref(invalid);
+	}
+	worker_kick(w);
+}
+
+static void lease_batch(struct worker *w)
+{
+	int room = (int)w->s.max_in_flight - w->n_active;
+	int limit = room < (int)w->s.batch_size ? room : (int)w->s.batch_size;
+	char lim[16], lease[16];
+	const char *params[6];
+	struct batch *b;
+
+	if (w->lease_busy || w->stopping || !w->schema_ok || !db_is_up(w->db) || limit <= 0)
+		return;
+	/* Do not lease more than can be marked soon: rows waiting for a slot
+	 * already cover the next batch. */
+	if (!TAILQ_EMPTY(&w->waiting) && w->n_active - w->n_sending >= (int)w->s.batch_size)
+		return;
+	snprintf(lim, sizeof(lim), "%d", limit);
+	snprintf(lease, sizeof(lease), "%ld", w->s.lease_seconds);
+	params[0] = w->owner;
+	params[1] = w->name;
+	params[2] = lim;
+	params[3] = lease;
+	params[4] = w->types_array;
+	params[5] = w->env_enabled ? "true" : "false";
+	b = batch_new(w, 0);
+	b->gen = (uint64_t)limit;
+	w->lease_busy = true;
+	w->more_due = false;
+	db_query(w->db,
+	         "SELECT effect_id, idempotency_key, effect_type, target, payload, payload_hash, "
+	         "effect_key, attempts, metadata, approved_by FROM outbox_lease($1, $2, $3, $4, $5, $6)",
+	         6, params, on_leased, b, 0);
+}
+
+/* ---- reconciliation ----------------------------------------------------- */
+
+static void on_recon_recorded(struct db *db, PGresult *r, void *arg)
+{
+	struct batch *b = arg;
+	struct worker *w = b->w;
+
+	(void)db;
+	pg_ok(r, "outbox_reconcile_record");
+	for (size_t i = 0; i < b->n; i++)
+		effect_free(b->items[i]);
+	free(b);
+	w->recon_record_busy = false;
+	worker_kick(w);
+}
+
+static void flush_reconciled(struct worker *w)
+{
+	struct effect *e;
+	struct batch *b;
+	json_t *arr;
+	char *js;
+	const char *params[3];
+
+	if (w->recon_record_busy || TAILQ_EMPTY(&w->recon_q) || !db_is_up(w->db))
+		return;
+	b = batch_new(w, RECONCILE_BATCH);
+	arr = json_array();
+	while ((e = TAILQ_FIRST(&w->recon_q)) != NULL && b->n < RECONCILE_BATCH) {
+		static const char *const verdicts[] = { "sent", "not_sent", "unknown" };
+		json_t *o;
+		TAILQ_REMOVE(&w->recon_q, e, link);
+		b->items[b->n++] = e;
+		o = json_pack("{s:s,s:s}", "effect_id", e->id, "verdict", verdicts[e->recon.verdict]);
+		if (e->recon.status)
+			json_object_set_new(o, "status", json_integer(e->recon.status));
+		if (e->recon.provider_id[0])
+			json_object_set_new(o, "provider_id", json_string(e->recon.provider_id));
+		if (e->recon.error[0])
+			json_object_set_new(o, "error", json_string(e->recon.error));
+		json_array_append_new(arr, o);
+		log_event(OLOG_INFO, "reconciled",
+		          json_pack("{s:s,s:s,s:s,s:s,s:s}", "effect_id", e->id, "run_key", e->run_key,
+		                    "type", e->type, "verdict", verdicts[e->recon.verdict],
+		                    "provider_id", e->recon.provider_id));
+	}
+	js = json_dumps(arr, JSON_COMPACT);
+	json_decref(arr);
+	params[0] = w->owner;
+	params[1] = w->name;
+	params[2] = js;
+	w->recon_record_busy = true;
+	db_query(w->db, "SELECT * FROM outbox_reconcile_record($1, $2, $3)", 3, params,
+	         on_recon_recorded, b, DBQ_RETRY);
+	free(js);
+}
+
+static void on_recon_done(void *token, const struct outbox_recon_result *res)
+{
+	struct effect *e = token;
+	struct worker *w = e->w;
+
+	e->recon = *res;
+	e->recon.provider_id[sizeof(e->recon.provider_id) - 1] = '\0';
+	e->recon.error[sizeof(e->recon.error) - 1] = '\0';
+	if (!utf8_valid(e->recon.error, strlen(e->recon.error)))
+		e->recon.error[0] = '\0';
+	if (!utf8_valid(e->recon.provider_id, strlen(e->recon.provider_id)))
+		e->recon.provider_id[0] = '\0';
+	if ((unsigned)e->recon.verdict > RECON_CANNOT_TELL)
+		e->recon.verdict = RECON_CANNOT_TELL;
+	e->phase = PH_RECONCILED;
+	w->n_reconciling--;
+	TAILQ_INSERT_TAIL(&w->recon_q, e, link);
+	worker_kick(w);
+}
+
+static void on_recon_leased(struct db *db, PGresult *r, void *arg)
+{
+	struct worker *w = arg;
+
+	(void)db;
+	w->recon_busy = false;
+	if (!pg_ok(r, "outbox_reconcile_lease"))
+		return;
+	for (int row = 0; row < PQntuples(r); row++) {
+		struct effect *e = effect_from_row(w, r, row, false);
+		char err[OUTBOX_ERROR_MAX] = "";
+		json_error_t jerr;
+
+		e->phase = PH_RECONCILING;
+		w->n_reconciling++;
+		e->payload = json_loads(e->payload_text ? e->payload_text : "{}", 0, &jerr);
+		if (e->prov == NULL || e->prov->ops->reconcile == NULL || e->payload == NULL) {
+			struct outbox_recon_result rr = { .verdict = RECON_CANNOT_TELL };
+			str_copy(rr.error, "no provider here can reconcile it", sizeof(rr.error));
+			on_recon_done(e, &rr);
+			continue;
+		}
+		effect_fill_view(e, e->prior_attempts);
+		if (!e->prov->ops->reconcile(e->prov->self, &e->view, on_recon_done, e, err, sizeof(err))) {
+			struct outbox_recon_result rr = { .verdict = RECON_CANNOT_TELL };
+			snprintf(rr.error, sizeof(rr.error), "could not ask: %s", err);
+			on_recon_done(e, &rr);
+		}
+	}
+	worker_kick(w);
+}
+
+static void reconcile_pass(struct worker *w, bool asked)
+{
+	const char *params[5];
+	char interval[16];
+
+	if (w->recon_busy || w->stopping || !w->schema_ok || !db_is_up(w->db) ||
+	    strcmp(w->recon_array, "{}") == 0 || w->n_reconciling > 0)
+		return;
+	/* An operator's request re-asks everything; the periodic pass leaves
+	 * recently asked effects alone. */
+	snprintf(interval, sizeof(interval), "%d", asked ? 0 : RECONCILE_INTERVAL_MS / 1000);
+	params[0] = w->owner;
+	params[1] = w->name;
+	params[2] = w->recon_array;
+	params[3] = "50";
+	params[4] = interval;
+	w->recon_busy = true;
+	w->recon_requested = false;
+	db_query(w->db,
+	         "SELECT effect_id, idempotency_key, effect_type, target, payload, payload_hash, "
+	         "effect_key, attempts FROM outbox_reconcile_lease($1, $2, $3, $4, $5)",
+	         5, params, on_recon_leased, w, 0);
+}
+
+/* ---- the pump: what to do next ------------------------------------------ */
+
+static void on_pump(evutil_socket_t fd, short what, void *arg)
+{
+	struct worker *w = arg;
+
+	(void)fd;
+	(void)what;
+	if (!db_is_up(w->db)) {
+		worker_maybe_exit(w);
+		return;
+	}
+	flush_completions(w);
+	flush_reconciled(w);
+	mark_ready(w);
+	if (!w->stopping) {
+		lease_batch(w);
+		if (w->recon_requested)
+			reconcile_pass(w, true);
+	}
+	worker_maybe_exit(w);
+}
+
+static void worker_kick(struct worker *w)
+{
+	event_active(w->pump_ev, EV_TIMEOUT, 0);
+}
+
+static void on_poll(evutil_socket_t fd, short what, void *arg)
+{
+	struct worker *w = arg;
+
+	(void)fd;
+	(void)what;
+	worker_kick(w);
+}
+
+/* ---- heartbeat: lease renewal ------------------------------------------- */
+
+static void on_renewed(struct db *db, PGresult *r, void *arg)
+{
+	struct batch *b = arg;
+	struct worker *w = b->w;
+	struct effect *e, *next;
+
+	(void)db;
+	if (!pg_ok(r, "outbox_renew")) {
+		free(b);
+		return;
+	}
+	/* Effects included in this renewal that did not come back lost their
+	 * lease: a waiting one is dropped, a sending one is flagged (its
+	 * outcome is still recorded; the CAS will say it was lost). */
+	TAILQ_FOREACH_SAFE(e, &w->sending, link, next) {
+		bool found = false;
+		if (e->renew_gen != b->gen || e->lease_lost)
+			continue;
+		for (int row = 0; row < PQntuples(r) && !found; row++)
+			found = strcmp(PQgetvalue(r, row, 0), e->id) == 0;
+		if (!found) {
+			e->lease_lost = true;
+			log_event(OLOG_WARN, "lease_lost",
+			          json_pack("{s:s,s:s,s:s}", "effect_id", e->id, "run_key", e->run_key,
+			                    "phase", "sending"));
+		}
+	}
+	TAILQ_FOREACH_SAFE(e, &w->waiting, link, next) {
+		bool found = false;
+		if (e->renew_gen != b->gen)
+			continue;
+		for (int row = 0; row < PQntuples(r) && !found; row++)
+			found = strcmp(PQgetvalue(r, row, 0), e->id) == 0;
+		if (!found) {
+			TAILQ_REMOVE(&w->waiting, e, link);
+			metrics_inc(M_LEASE_LOST, 1);
+			effect_free(e);
+		}
+	}
+	free(b);
+}
+
+static void on_heartbeat(evutil_socket_t fd, short what, void *arg)
+{
+	struct worker *w = arg;
+	struct effect *e;
+	struct batch *b;
+	char *ids, lease[16], cap[16];
+	const char *params[4];
+
+	(void)fd;
+	(void)what;
+	if (!db_is_up(w->db) || (TAILQ_EMPTY(&w->sending) && TAILQ_EMPTY(&w->waiting)))
+		return;
+	b = batch_new(w, (size_t)w->n_active + 1);
+	b->gen = ++w->renew_gen;
+	TAILQ_FOREACH(e, &w->sending, link) {
+		if (e->lease_lost)
+			continue;
+		e->renew_gen = b->gen;
+		b->items[b->n++] = e;
+	}
+	TAILQ_FOREACH(e, &w->waiting, link) {
+		e->renew_gen = b->gen;
+		b->items[b->n++] = e;
+	}
+	ids = ids_array(b->items, b->n);
+	snprintf(lease, sizeof(lease), "%ld", w->s.lease_seconds);
+	snprintf(cap, sizeof(cap), "%ld", w->s.max_lease_seconds);
+	params[0] = w->owner;
+	params[1] = ids;
+	params[2] = lease;
+	params[3] = cap;
+	/* The batch is only a generation marker now: effects may be freed
+	 * before the answer, so on_renewed walks the live lists instead. */
+	b->n = 0;
+	db_query(w->db, "SELECT effect_id FROM outbox_renew($1, $2, $3, $4)", 4, params, on_renewed,
+	         b, 0);
+	free(ids);
+}
+
+/* ---- maintenance: reaper, unknown types, registration, gauges ----------- */
+
+static void on_reaped(struct db *db, PGresult *r, void *arg)
+{
+	struct worker *w = arg;
+
+	(void)db;
+	if (!pg_ok(r, "outbox_reap"))
+		return;
+	for (int row = 0; row < PQntuples(r); row++) {
+		bool unknown = strcmp(PQgetvalue(r, row, 1), "unknown") == 0;
+		metrics_inc(unknown ? M_REAPED_UNKNOWN : M_REAPED_PENDING, 1);
+		log_event(OLOG_WARN, "reaped",
+		          json_pack("{s:s,s:s,s:s,s:s}", "effect_id", PQgetvalue(r, row, 0), "state",
+		                    PQgetvalue(r, row, 1), "lost_worker", PQgetvalue(r, row, 2), "msg",
+		                    unknown ? "lease expired while sending: outcome unknown, not re-sent"
+		                            : "lease expired while sending: provider honours keys, retried with the same key"));
+	}
+	(void)w;
+}
+
+static void on_unknown_types(struct db *db, PGresult *r, void *arg)
+{
+	(void)db;
+	(void)arg;
+	if (!pg_ok(r, "outbox_fail_unknown_types"))
+		return;
+	for (int row = 0; row < PQntuples(r); row++) {
+		metrics_inc(M_INVALID, 1);
+		log_event(OLOG_WARN, "effect_invalid",
+		          json_pack("{s:s,s:s,s:s}", "effect_id", PQgetvalue(r, row, 0), "type",
+		                    PQgetvalue(r, row, 1), "error", "unknown effect type: no worker serves it"));
+	}
+}
+
+static void on_gauges(struct db *db, PGresult *r, void *arg)
+{
+	struct worker *w = arg;
+
+	(void)db;
+	w->maint_busy = false;
+	if (!pg_ok(r, "gauges") || PQntuples(r) != 1)
+		return;
+	metrics_set(G_QUEUE_LAG_SECONDS, strtod(PQgetvalue(r, 0, 0), NULL));
+	metrics_set(G_UNKNOWN, strtod(PQgetvalue(r, 0, 1), NULL));
+	metrics_set(G_KILL_SWITCH_ON, w->env_enabled && PQgetvalue(r, 0, 2)[0] == 't');
+}
+
+static void register_providers(struct worker *w)
+{
+	const char *params[2] = { w->types_array, w->recon_array };
+
+	db_query(w->db, "SELECT outbox_register_providers($1, $2)", 2, params, NULL, NULL, 0);
+	w->last_register_mono = now_mono_ms();
+}
+
+static void on_schema(struct db *db, PGresult *r, void *arg)
+{
+	struct worker *w = arg;
+	int have;
+
+	(void)db;
+	if (!pg_ok(r, "schema version"))
+		return;
+	have = atoi(PQgetvalue(r, 0, 0));
+	if (have < migrate_latest_version()) {
+		w->schema_ok = false;
+		log_msg(OLOG_ERROR, "schema_behind",
+		        "database schema is at version %d, this worker needs %d: run 'outboxctl migrate'",
+		        have, migrate_latest_version());
+		return;
+	}
+	if (!w->schema_ok) {
+		w->schema_ok = true;
+		register_providers(w);
+		worker_kick(w);
+	}
+}
+
+static void on_maintenance(evutil_socket_t fd, short what, void *arg)
+{
+	struct worker *w = arg;
+	char grace[16];
+	const char *params[2];
+
+	(void)fd;
+	(void)what;
+	metrics_heartbeat();
+	metrics_set(G_DB_UP, db_is_up(w->db));
+	metrics_set(G_IN_FLIGHT, w->n_sending);
+	if (!db_is_up(w->db))
+		return;
+	if (!w->schema_ok) {
+		db_query(w->db, MIGRATE_VERSION_SQL, 0, NULL, on_schema, w, 0);
+		return;
+	}
+	if (w->maint_busy)
+		return;   /* the database is slow; do not pile up */
+	w->maint_busy = true;
+	params[0] = w->name;
+	params[1] = "500";
+	db_query(w->db, "SELECT effect_id, state, coalesce(lost_worker, '') FROM outbox_reap($1, $2)",
+	         2, params, on_reaped, w, 0);
+	snprintf(grace, sizeof(grace), "%ld", w->s.unknown_type_grace_seconds);
+	params[0] = grace;
+	params[1] = "500";
+	db_query(w->db, "SELECT effect_id, effect_type FROM outbox_fail_unknown_types($1, $2)", 2,
+	         params, on_unknown_types, w, 0);
+	if (now_mono_ms() - w->last_register_mono > 30000)
+		register_providers(w);
+	/* Last of the pass: its answer clears maint_busy. */
+	db_query(w->db,
+	         "SELECT coalesce((SELECT extract(epoch FROM now() - min(available_at)) FROM effect_outbox "
+	         "  WHERE state = 'pending' AND available_at <= now()), 0),"
+	         " (SELECT count(*) FROM effect_outbox WHERE state = 'unknown'),"
+	         " (SELECT enabled FROM outbox_control WHERE id = 1)",
+	         0, NULL, on_gauges, w, 0);
+	if (now_mono_ms() >= w->recon_next_mono) {
+		w->recon_next_mono = now_mono_ms() + RECONCILE_INTERVAL_MS;
+		reconcile_pass(w, false);
+	}
+	worker_kick(w);
+}
+
+/* ---- database state ----------------------------------------------------- */
+
+static void on_db_state(struct db *db, bool up, void *arg)
+{
+	struct worker *w = arg;
+
+	metrics_set(G_DB_UP, up);
+	if (!up) {
+		metrics_inc(M_DB_RECONNECTS, 1);
+		w->lease_busy = false;
+		w->maint_busy = false;
+		sdnotify_status("database connection lost: %s", db_last_error(db));
+		return;
+	}
+	w->maint_busy = false;
+	db_query(db, MIGRATE_VERSION_SQL, 0, NULL, on_schema, w, 0);
+	sdnotify_status("connected; %s", w->env_enabled ? "sending" : "AI_ACTIONS_ENABLED is not true: not sending");
+	worker_kick(w);
+}
+
+static void on_notify(struct db *db, const char *channel, const char *payload, void *arg)
+{
+	struct worker *w = arg;
+
+	(void)db;
+	(void)channel;
+	if (payload && strcmp(payload, "reconcile") == 0)
+		w->recon_requested = true;
+	worker_kick(w);
+}
+
+/* ---- signals: stop and reload ------------------------------------------- */
+
+static void release_waiting(struct worker *w)
+{
+	struct effect *e;
+	struct batch *b;
+	char *ids;
+	const char *params[3];
+
+	if (TAILQ_EMPTY(&w->waiting))
+		return;
+	b = batch_new(w, (size_t)w->n_active + 1);
+	while ((e = TAILQ_FIRST(&w->waiting)) != NULL) {
+		TAILQ_REMOVE(&w->waiting, e, link);
+		b->items[b->n++] = e;
+	}
+	ids = ids_array(b->items, b->n);
+	params[0] = w->owner;
+	params[1] = ids;
+	params[2] = "0";
+	db_query(w->db, "SELECT outbox_release($1, $2, $3)", 3, params, NULL, NULL, DBQ_RETRY);
+	log_msg(OLOG_INFO, "leases_released", "released %zu unstarted leases", b->n);
+	for (size_t i = 0; i < b->n; i++)
+		effect_free(b->items[i]);
+	free(ids);
+	free(b);
+}
+
+static void worker_maybe_exit(struct worker *w)
+{
+	if (!w->stopping)
+		return;
+	if (w->n_sending > 0 || w->n_reconciling > 0 || !TAILQ_EMPTY(&w->done_q) ||
+	    !TAILQ_EMPTY(&w->recon_q) || w->complete_busy || w->recon_record_busy || w->mark_busy ||
+	    (db_is_up(w->db) && db_queue_len(w->db) > 0))
+		return;
+	log_msg(OLOG_INFO, "stopped", "all sends finished and recorded");
+	event_base_loopbreak(w->base);
+}
+
+static void on_grace_over(evutil_socket_t fd, short what, void *arg)
+{
+	struct worker *w = arg;
+
+	(void)fd;
+	(void)what;
+	log_msg(OLOG_WARN, "shutdown_timeout",
+	        "%d sends still in flight after shutdown_grace_ms=%ld: exiting; their leases expire "
+	        "and the reaper marks them unknown (or pending where keys are honoured)",
+	        w->n_sending, w->s.shutdown_grace_ms);
+	event_base_loopbreak(w->base);
+}
+
+static void on_sigterm(evutil_socket_t sig, short what, void *arg)
+{
+	struct worker *w = arg;
+	struct timeval tv;
+
+	(void)what;
+	if (w->stopping) {
+		log_msg(OLOG_WARN, "shutdown_now", "second %s: exiting at once", strsignal((int)sig));
+		event_base_loopbreak(w->base);
+		return;
+	}
+	w->stopping = true;
+	sdnotify_stopping();
+	log_msg(OLOG_INFO, "stopping", "%s: no new leases; waiting up to %ld ms for %d sends in flight",
+	        strsignal((int)sig), w->s.shutdown_grace_ms, w->n_sending);
+	evtimer_del(w->poll_ev);
+	release_waiting(w);
+	tv.tv_sec = w->s.shutdown_grace_ms / 1000;
+	tv.tv_usec = (w->s.shutdown_grace_ms % 1000) * 1000;
+	w->grace_ev = evtimer_new(w->base, on_grace_over, w);
+	evtimer_add(w->grace_ev, &tv);
+	worker_maybe_exit(w);
+}
+
+static void apply_timers(struct worker *w)
+{
+	struct timeval tv;
+	long hb = w->s.lease_seconds * 1000 / 3;
+
+	tv.tv_sec = w->s.poll_interval_ms / 1000;
+	tv.tv_usec = (w->s.poll_interval_ms % 1000) * 1000;
+	if (!w->stopping)
+		evtimer_add(w->poll_ev, &tv);
+	tv.tv_sec = hb / 1000;
+	tv.tv_usec = (hb % 1000) * 1000;
+	evtimer_add(w->heartbeat_ev, &tv);
+	tv.tv_sec = w->s.maintenance_interval_ms / 1000;
+	tv.tv_usec = (w->s.maintenance_interval_ms % 1000) * 1000;
+	evtimer_add(w->maint_ev, &tv);
+}
+
+static void on_sighup(evutil_socket_t sig, short what, void *arg)
+{
+	struct worker *w = arg;
+	char err[1024];
+	struct config *fresh;
+	struct core_settings s;
+
+	(void)sig;
+	(void)what;
+	sdnotify_reloading();
+	fresh = config_load(w->config_path, err, sizeof(err));
+	if (fresh == NULL || !config_core(fresh, &s, err, sizeof(err)) ||
+	    !providers_reload_policy(&w->providers, fresh, err, sizeof(err))) {
+		log_msg(OLOG_ERROR, "reload_failed", "config not reloaded, keeping the old one: %s", err);
+		config_free(fresh);
+		sdnotify_ready("reload failed; running with the old config");
+		return;
+	}
+	if (strcmp(s.conninfo, w->s.conninfo) || strcmp(s.metrics_listen, w->s.metrics_listen) ||
+	    strcmp(s.provider_dir, w->s.provider_dir) || strcmp(s.providers, w->s.providers) ||
+	    strcmp(s.worker_name, w->s.worker_name))
+		log_msg(OLOG_WARN, "reload_partial",
+		        "conninfo, metrics listen, worker_name, provider_dir and providers change only "
+		        "on restart; the other settings are applied");
+	/* Values needing a restart were copied where they are used (db.c owns
+	 * its conninfo, w->name the worker name), so every pointer can move to
+	 * the new config at once. */
+	providers_rebind(&w->providers, fresh);
+	config_free(w->cfg);
+	w->cfg = fresh;
+	w->s = s;
+	log_set_min_level(!strcmp(w->s.log_level, "debug") ? OLOG_DEBUG
+	                  : !strcmp(w->s.log_level, "warn") ? OLOG_WARN
+	                  : !strcmp(w->s.log_level, "error") ? OLOG_ERROR : OLOG_INFO);
+	apply_timers(w);
+	log_msg(OLOG_INFO, "reloaded", "config reloaded from %s", w->config_path);
+	sdnotify_ready("config reloaded");
+}
+
+/* ---- life cycle ---------------------------------------------------------- */
+
+static bool worker_ready(void *arg, char *why, size_t len)
+{
+	struct worker *w = arg;
+
+	if (!db_is_up(w->db)) {
+		snprintf(why, len, "database unreachable: %s", db_last_error(w->db));
+		return false;
+	}
+	if (!w->schema_ok) {
+		snprintf(why, len, "database schema behind: run outboxctl migrate");
+		return false;
+	}
+	return true;
+}
+
+static void build_type_arrays(struct worker *w)
+{
+	size_t a = 0, b = 0, c = 0;
+
+	w->types_array[a++] = '{';
+	w->idem_array[b++] = '{';
+	w->recon_array[c++] = '{';
+	for (size_t i = 0; i < w->providers.n; i++) {
+		struct provider_slot *p = &w->providers.slots[i];
+		a += (size_t)snprintf(w->types_array + a, sizeof(w->types_array) - a, "%s\"%s\"",
+		                      a > 1 ? "," : "", p->name);
+		if (p->honours_keys)
+			b += (size_t)snprintf(w->idem_array + b, sizeof(w->idem_array) - b, "%s\"%s\"",
+			                      b > 1 ? "," : "", p->name);
+		if ((p->ops->caps & OUTBOX_CAP_RECONCILE) && p->ops->reconcile)
+			c += (size_t)snprintf(w->recon_array + c, sizeof(w->recon_array) - c, "%s\"%s\"",
+			                      c > 1 ? "," : "", p->name);
+	}
+	snprintf(w->types_array + a, sizeof(w->types_array) - a, "}");
+	snprintf(w->idem_array + b, sizeof(w->idem_array) - b, "}");
+	snprintf(w->recon_array + c, sizeof(w->recon_array) - c, "}");
+}
+
+struct worker *worker_new(struct event_base *base, const char *config_path)
+{
+	struct worker *w = xcalloc(1, sizeof(*w));
+	char err[1024], dir[4096], shown[512], host[64];
+	const char *env = getenv("AI_ACTIONS_ENABLED");
+
+	w->base = base;
+	w->config_path = xstrdup(config_path);
+	TAILQ_INIT(&w->waiting);
+	TAILQ_INIT(&w->sending);
+	TAILQ_INIT(&w->done_q);
+	TAILQ_INIT(&w->recon_q);
+	w->cfg = config_load(config_path, err, sizeof(err));
+	if (w->cfg == NULL || !config_core(w->cfg, &w->s, err, sizeof(err))) {
+		log_msg(OLOG_ERROR, "config_error", "%s", err);
+		worker_free(w);
+		return NULL;
+	}
+	log_set_min_level(!strcmp(w->s.log_level, "debug") ? OLOG_DEBUG
+	                  : !strcmp(w->s.log_level, "warn") ? OLOG_WARN
+	                  : !strcmp(w->s.log_level, "error") ? OLOG_ERROR : OLOG_INFO);
+	uuid_v4(w->owner);
+	if (w->s.worker_name[0]) {
+		str_copy(w->name, w->s.worker_name, sizeof(w->name));
+	} else {
+		if (gethostname(host, sizeof(host)) != 0)
+			str_copy(host, "host", sizeof(host));
+		host[sizeof(host) - 1] = '\0';
+		snprintf(w->name, sizeof(w->name), "%s-%d", host, (int)getpid());
+	}
+	log_set_worker(w->name);
+	metrics_init(w->name);
+	w->env_enabled = env != NULL && strcmp(env, "true") == 0;
+
+	if (w->s.provider_dir[0])
+		str_copy(dir, w->s.provider_dir, sizeof(dir));
+	else
+		providers_default_dir(dir, sizeof(dir));
+	if (!providers_load(&w->providers, w->cfg, dir, w->s.providers, base, w->name, err,
+	                    sizeof(err))) {
+		log_msg(OLOG_ERROR, "provider_error", "%s", err);
+		worker_free(w);
+		return NULL;
+	}
+	for (size_t i = 0; i < w->providers.n; i++) {
+		struct provider_slot *p = &w->providers.slots[i];
+		if (p->policy.timeout_ms / 1000 >= w->s.max_lease_seconds)
+			log_msg(OLOG_WARN, "config_warning",
+			        "[provider.%s] timeout_ms=%ld is not below [dispatcher] max_lease_seconds=%ld: "
+			        "a slow send can outlive its lease and end unknown",
+			        p->name, p->policy.timeout_ms, w->s.max_lease_seconds);
+	}
+	build_type_arrays(w);
+	w->hosts = hosts_new();
+	if (!metrics_start(base, w->s.metrics_listen, worker_ready, w, err, sizeof(err))) {
+		log_msg(OLOG_ERROR, "metrics_error", "%s", err);
+		worker_free(w);
+		return NULL;
+	}
+	w->db = db_new(base, w->s.conninfo, w->s.reconnect_min_ms, w->s.reconnect_max_ms,
+	               w->s.poll_only ? NULL : LISTEN_CHANNEL);
+	db_set_callbacks(w->db, on_db_state, on_notify, w);
+
+	w->pump_ev = event_new(base, -1, 0, on_pump, w);
+	w->poll_ev = event_new(base, -1, EV_PERSIST, on_poll, w);
+	w->heartbeat_ev = event_new(base, -1, EV_PERSIST, on_heartbeat, w);
+	w->maint_ev = event_new(base, -1, EV_PERSIST, on_maintenance, w);
+	w->sigterm_ev = evsignal_new(base, SIGTERM, on_sigterm, w);
+	w->sigint_ev = evsignal_new(base, SIGINT, on_sigterm, w);
+	w->sighup_ev = evsignal_new(base, SIGHUP, on_sighup, w);
+	event_add(w->sigterm_ev, NULL);
+	event_add(w->sigint_ev, NULL);
+	event_add(w->sighup_ev, NULL);
+	apply_timers(w);
+	w->recon_next_mono = now_mono_ms() + 5000;
+
+	db_redact_conninfo(w->s.conninfo, shown, sizeof(shown));
+	log_event(OLOG_INFO, "ready",
+	          json_pack("{s:s,s:s,s:s,s:b,s:b,s:I,s:I,s:s}", "owner", w->owner, "providers",
+	                    w->types_array, "database", shown, "ai_actions_enabled", w->env_enabled,
+	                    "poll_only", w->s.poll_only, "lease_seconds", (json_int_t)w->s.lease_seconds,
+	                    "max_in_flight", (json_int_t)w->s.max_in_flight, "metrics",
+	                    w->s.metrics_listen));
+	if (!w->env_enabled)
+		log_msg(OLOG_WARN, "kill_switch_env",
+		        "AI_ACTIONS_ENABLED is not exactly \"true\": this worker sends nothing");
+	sdnotify_init(base);
+	sdnotify_ready(w->env_enabled ? "ready" : "ready; AI_ACTIONS_ENABLED is not true: not sending");
+	db_start(w->db);
+	return w;
+}
+
+int worker_run(struct worker *w)
+{
+	event_base_dispatch(w->base);
+	return w->exit_code;
+}
+
+void worker_free(struct worker *w)
+{
+	struct effect *e;
+
+	if (w == NULL)
+		return;
+	/* Effects still with a provider are abandoned by its shutdown(). */
+	providers_unload(&w->providers);
+	while ((e = TAILQ_FIRST(&w->sending)) != NULL) {
+		TAILQ_REMOVE(&w->sending, e, link);
+		effect_free(e);
+	}
+	while ((e = TAILQ_FIRST(&w->waiting)) != NULL) {
+		TAILQ_REMOVE(&w->waiting, e, link);
+		effect_free(e);
+	}
+	while ((e = TAILQ_FIRST(&w->done_q)) != NULL) {
+		TAILQ_REMOVE(&w->done_q, e, link);
+		effect_free(e);
+	}
+	while ((e = TAILQ_FIRST(&w->recon_q)) != NULL) {
+		TAILQ_REMOVE(&w->recon_q, e, link);
+		effect_free(e);
+	}
+	db_free(w->db);
+	metrics_stop();
+	hosts_free(w->hosts);
+	if (w->pump_ev)
+		event_free(w->pump_ev);
+	if (w->poll_ev)
+		event_free(w->poll_ev);
+	if (w->heartbeat_ev)
+		event_free(w->heartbeat_ev);
+	if (w->maint_ev)
+		event_free(w->maint_ev);
+	if (w->grace_ev)
+		event_free(w->grace_ev);
+	if (w->sigterm_ev)
+		event_free(w->sigterm_ev);
+	if (w->sigint_ev)
+		event_free(w->sigint_ev);
+	if (w->sighup_ev)
+		event_free(w->sighup_ev);
+	config_free(w->cfg);
+	free(w->config_path);
+	free(w);
+}
