@@ -25,6 +25,39 @@ static const struct ctl_command commands[] = {
 	{ "status", cmd_status, "status [--json]",
 	  "Counts per state, oldest pending age, in flight, unknown, failed in the last hour,\n"
 	  "and the kill switch." },
+	{ "unknown", cmd_unknown,
+	  "unknown list [--json] | unknown resolve ID (--sent [--provider-id X] | --not-sent)\n"
+	  "      --operator NAME --reason TEXT",
+	  "Effects whose outcome nobody knows (a timeout after the request left, a worker that died\n"
+	  "mid-send). They are never re-sent automatically.\n"
+	  "  list      each with its run key and the provider key to look up at the provider\n"
+	  "  resolve   record what the provider says: --sent completes the effect (and its run when\n"
+	  "            it was the last one), --not-sent puts it back in the queue with the same key.\n"
+	  "Both add a row to the attempts log and to operator_actions.\n"
+	  "Exit 1: no such effect, or it is no longer unknown (its state is printed)." },
+	{ "requeue", cmd_requeue,
+	  "requeue (ID | --failed-since T) --operator NAME --reason TEXT",
+	  "Put failed effects back in the queue with the same key, due now: one by id, or every\n"
+	  "effect that failed since T (a timestamp such as '2026-03-01 02:00+00', or an age such as\n"
+	  "2h, 30m, 1d); cancelled effects are left alone. The key makes a second delivery harmless;\n"
+	  "a run failed only because of these effects goes back to approved, never to processing.\n"
+	  "Exit 1: no such effect, or it is not failed (its state is printed)." },
+	{ "replace", cmd_replace,
+	  "replace ID --new-key KEY --operator NAME --reason TEXT [--target T] [--payload JSON]",
+	  "Create a replacement event: a new run under KEY (issued by the source system, never a\n"
+	  "suffix of the old key), approved by you and linked to the original run, with one effect\n"
+	  "linked to the original effect: same type, target and payload unless given. The original\n"
+	  "is never edited. Refused (exit 1) while the original may still be delivered (pending,\n"
+	  "sending, unknown) or when KEY belongs to another run. Repeating it is harmless." },
+	{ "prune", cmd_prune,
+	  "prune --older-than D [--batch N] [--operator NAME] [--reason TEXT]",
+	  "Delete completed and failed effects that ended more than D ago (30d, 12h, 90m, or a\n"
+	  "PostgreSQL interval such as '2 weeks'), N rows per transaction (default 1000) so workers\n"
+	  "never wait long. Pending, sending and unknown effects and the attempts log are kept." },
+	{ "cancel", cmd_cancel, "cancel ID [--reason TEXT] [--operator NAME]",
+	  "Stop a pending effect (e.g. one enqueued with a delay) before a worker starts sending it:\n"
+	  "it ends failed with reason 'cancelled' and is never sent.\n"
+	  "Exit 1: no such effect, or it is already sending or finished (its state is printed)." },
 };
 #define N_COMMANDS (sizeof(commands) / sizeof(commands[0]))
 

@@ -53,5 +53,10 @@ struct ctl_command {
 int cmd_migrate(struct ctl *ctl, int argc, char **argv);
 int cmd_kill_switch(struct ctl *ctl, int argc, char **argv);
 int cmd_status(struct ctl *ctl, int argc, char **argv);
+int cmd_unknown(struct ctl *ctl, int argc, char **argv);
+int cmd_requeue(struct ctl *ctl, int argc, char **argv);
+int cmd_replace(struct ctl *ctl, int argc, char **argv);
+int cmd_prune(struct ctl *ctl, int argc, char **argv);
+int cmd_cancel(struct ctl *ctl, int argc, char **argv);
 
 #endif
