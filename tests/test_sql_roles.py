@@ -1,0 +1,207 @@
+"""Least-privilege roles (sql/004_roles.sql), exercised by logging in as
+real LOGIN members of each group role.
+
+Roles are cluster-wide: each test creates uniquely named login roles and
+drops them at the end.
+"""
+import json
+import uuid
+
+import psycopg2
+import psycopg2.errors
+import pytest
+
+from outbox_test import make_run, query, scalar
+
+DENIED = psycopg2.errors.InsufficientPrivilege
+
+
+@pytest.fixture
+def login_as(db, conn):
+    """login_as(group) -> an autocommit connection as a fresh LOGIN role
+    that is a member of `group`."""
+    made = []
+
+    def make(group):
+        name = f"t_{group.replace('outbox_', '')}_{uuid.uuid4().hex[:8]}"
+        query(conn, f'CREATE ROLE "{name}" LOGIN IN ROLE {group}')
+        c = psycopg2.connect(db, user=name)
+        c.autocommit = True
+        made.append((name, c))
+        return c
+
+    yield make
+    for name, c in made:
+        c.close()
+        query(conn, f'DROP ROLE IF EXISTS "{name}"')
+
+
+def denied(c, sql, args=None):
+    with pytest.raises(DENIED):
+        query(c, sql, args)
+
+
+def pending_effect(conn):
+    key = make_run(conn, state="approved")
+    eid = scalar(conn, "INSERT INTO effect_outbox (idempotency_key, effect_type, target, payload) "
+                       "VALUES (%s, 'http', 'https://x.example/', '{}') RETURNING effect_id", (key,))
+    return key, eid
+
+
+# --- producer -------------------------------------------------------------------
+
+def test_producer_cannot_change_effect_states(conn, login_as):
+    p = login_as("outbox_producer")
+    key, eid = pending_effect(conn)
+    before = query(conn, "SELECT * FROM effect_outbox WHERE effect_id = %s", (eid,))
+    denied(p, "UPDATE effect_outbox SET state = 'completed' WHERE effect_id = %s", (eid,))
+    denied(p, "UPDATE effect_outbox SET lease_owner = gen_random_uuid(), "
+              "lease_expires_at = now() + interval '1 hour' WHERE effect_id = %s", (eid,))
+    denied(p, "DELETE FROM effect_outbox WHERE effect_id = %s", (eid,))
+    denied(p, "UPDATE workflow_runs SET state = 'completed' WHERE idempotency_key = %s", (key,))
+    denied(p, "INSERT INTO effect_attempts (effect_id, attempt, started_at, outcome_class) "
+              "VALUES (%s, 1, now(), 'accepted')", (eid,))
+    # Nor can it insert an effect that starts in another state or with
+    # dispatching columns set.
+    denied(p, "INSERT INTO effect_outbox (idempotency_key, effect_type, target, payload, state) "
+              "VALUES (%s, 'http', 'https://y.example/', '{}', 'completed')", (key,))
+    denied(p, "INSERT INTO effect_outbox (idempotency_key, effect_type, target, payload, attempts) "
+              "VALUES (%s, 'http', 'https://y.example/', '{}', 99)", (key,))
+    assert query(conn, "SELECT * FROM effect_outbox WHERE effect_id = %s", (eid,)) == before
+    assert scalar(conn, "SELECT count(*) FROM effect_outbox") == 1
+
+
+def test_producer_cannot_read_token_hashes(conn, login_as):
+    p = login_as("outbox_producer")
+    owner = str(uuid.uuid4())
+    query(p, "SELECT * FROM outbox_claim_run('k1', 'h', %s, 300)", (owner,))
+    rows = query(p, "SELECT approval_id FROM outbox_create_approval('k1', %s, 0, "
+                    "decode(repeat('ab', 32), 'hex'), ARRAY['approve'], 60, '[]')", (owner,))
+    assert len(rows) == 1
+    denied(p, "SELECT token_hash FROM approvals")
+    denied(p, "SELECT * FROM approvals")
+    denied(p, "SELECT count(*) FROM approvals WHERE token_hash = decode(repeat('ab', 32), 'hex')")
+    # What an approval page needs is readable.
+    assert query(p, "SELECT idempotency_key, consumed_at FROM approvals") == [("k1", None)]
+
+
+def test_producer_plain_insert_and_duplicates(conn, login_as):
+    p = login_as("outbox_producer")
+    key = make_run(conn, state="approved")
+    ins = ("INSERT INTO effect_outbox (idempotency_key, effect_type, target, payload) "
+           "VALUES (%s, %s, %s, %s)")
+    args = (key, "http", "https://hooks.example/a", json.dumps({"body": {"a": 1}}))
+    query(p, ins, args)
+    row = query(conn, "SELECT state, attempts, available_at <= now(), lease_owner, effect_key, "
+                      "payload_hash FROM effect_outbox WHERE idempotency_key = %s", (key,))
+    assert len(row) == 1
+    state, attempts, due, owner, ekey, phash = row[0]
+    assert (state, attempts, due, owner) == ("pending", 0, True, None)
+    assert ekey and phash
+    # A duplicate (key, type, target) is rejected by the unique constraint...
+    with pytest.raises(psycopg2.errors.UniqueViolation):
+        query(p, ins, args)
+    with pytest.raises(psycopg2.errors.UniqueViolation):
+        query(p, ins, (key, "http", "https://hooks.example/a", json.dumps({"other": True})))
+    # ...and ON CONFLICT DO NOTHING makes an at-least-once producer's retry a no-op.
+    with p.cursor() as cur:
+        cur.execute(ins + " ON CONFLICT DO NOTHING", args)
+        assert cur.rowcount == 0
+        cur.execute(ins + " ON CONFLICT (idempotency_key, effect_type, target) DO NOTHING", args)
+        assert cur.rowcount == 0
+    assert scalar(conn, "SELECT count(*) FROM effect_outbox") == 1
+    # Another target of the same run is another effect.
+    query(p, ins, (key, "http", "https://hooks.example/b", "{}"))
+    assert scalar(conn, "SELECT count(*) FROM effect_outbox") == 2
+    # The foreign key to workflow_runs stays: no effect without its run.
+    with pytest.raises(psycopg2.errors.ForeignKeyViolation):
+        query(p, ins, ("no-such-run", "http", "https://hooks.example/a", "{}"))
+
+
+def test_producer_can_call_the_producer_functions(conn, login_as):
+    p = login_as("outbox_producer")
+    owner = str(uuid.uuid4())
+    assert scalar(p, "SELECT status FROM outbox_claim_run('k2', 'h', %s, 300)", (owner,)) == "claimed"
+    assert query(p, "SELECT * FROM outbox_transition_run('k2', %s, 0, 'approved')", (owner,)) == [(1,)]
+    eid, inserted = query(p, "SELECT effect_id, inserted FROM outbox_enqueue('k2', 'http', "
+                             "'https://x.example/', '{}', NULL, 60)")[0]
+    assert inserted
+    assert scalar(p, "SELECT outbox_cancel(%s, 'changed mind', 'n8n')", (eid,)) is True
+
+
+DISPATCHER_CALLS = [
+    "SELECT * FROM outbox_lease(gen_random_uuid(), 'w', 10, 30, ARRAY['http'], true)",
+    "SELECT * FROM outbox_mark_sending(gen_random_uuid(), ARRAY[%s]::uuid[], true, ARRAY['http'], 30)",
+    "SELECT * FROM outbox_complete(gen_random_uuid(), 'w', '[]')",
+    "SELECT * FROM outbox_release(gen_random_uuid(), ARRAY[%s]::uuid[], 0)",
+    "SELECT * FROM outbox_reap('w', 10)",
+    "SELECT * FROM outbox_fail_invalid(gen_random_uuid(), '[]')",
+]
+
+
+def test_producer_cannot_call_kill_switch_or_dispatcher_functions(conn, login_as):
+    p = login_as("outbox_producer")
+    _, eid = pending_effect(conn)
+    denied(p, "SELECT * FROM outbox_kill_switch_set(true, 'mallory', 'let it all out')")
+    for sql in DISPATCHER_CALLS:
+        denied(p, sql, (eid,) if "%s" in sql else None)
+    assert scalar(conn, "SELECT enabled FROM outbox_control") is False
+    # Beyond the calls above: no function outside the producer's own set.
+    allowed = {"outbox_claim_run", "outbox_renew_run", "outbox_transition_run",
+               "outbox_create_approval", "outbox_peek_approval", "outbox_consume_approval",
+               "outbox_enqueue", "outbox_cancel"}
+    executable = {r[0] for r in query(p, """
+        SELECT p.proname FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+         WHERE n.nspname = 'public' AND p.prokind = 'f'
+           AND has_function_privilege(p.oid, 'EXECUTE')""")}
+    assert executable <= allowed, executable - allowed
+    assert scalar(conn, "SELECT state FROM effect_outbox WHERE effect_id = %s", (eid,)) == "pending"
+
+
+def test_producer_cannot_flip_the_kill_switch_table(conn, login_as):
+    p = login_as("outbox_producer")
+    denied(p, "UPDATE outbox_control SET enabled = true")
+    denied(p, "INSERT INTO outbox_control_history (enabled, changed_by, reason) "
+              "VALUES (true, 'x', 'y')")
+    assert scalar(conn, "SELECT enabled FROM outbox_control") is False
+
+
+# --- dispatcher -------------------------------------------------------------------
+
+def test_dispatcher_cannot_touch_approvals(conn, login_as):
+    d = login_as("outbox_dispatcher")
+    owner = str(uuid.uuid4())
+    query(conn, "SELECT * FROM outbox_claim_run('k3', 'h', %s, 300)", (owner,))
+    query(conn, "SELECT * FROM outbox_create_approval('k3', %s, 0, decode(repeat('cd', 32), 'hex'), "
+                "ARRAY['approve'], 60, '[]')", (owner,))
+    denied(d, "SELECT approval_id FROM approvals")
+    denied(d, "SELECT count(*) FROM approvals")
+    denied(d, "UPDATE approvals SET consumed_at = now()")
+    denied(d, "SELECT * FROM outbox_peek_approval(decode(repeat('cd', 32), 'hex'))")
+    denied(d, "SELECT * FROM outbox_consume_approval(decode(repeat('cd', 32), 'hex'), "
+              "'approve', 'worker')")
+    denied(d, "SELECT * FROM outbox_create_approval('k3', %s, 0, decode(repeat('ef', 32), 'hex'), "
+              "ARRAY['approve'], 60, '[]')", (owner,))
+    denied(d, "SELECT * FROM outbox_kill_switch_set(true, 'w', 'w')")
+    assert scalar(conn, "SELECT consumed_at FROM approvals") is None
+
+
+def test_dispatcher_cannot_write_tables_directly(conn, login_as):
+    d = login_as("outbox_dispatcher")
+    _, eid = pending_effect(conn)
+    denied(d, "UPDATE effect_outbox SET state = 'completed' WHERE effect_id = %s", (eid,))
+    denied(d, "INSERT INTO effect_outbox (idempotency_key, effect_type, target, payload) "
+              "SELECT idempotency_key, 'http', 'https://z.example/', '{}' FROM effect_outbox")
+    # It does its work through its functions (kill switch off: nothing leased).
+    assert query(d, "SELECT * FROM outbox_lease(gen_random_uuid(), 'w', 10, 30, "
+                    "ARRAY['http'], true)") == []
+
+
+# --- operator ----------------------------------------------------------------------
+
+def test_operator_flips_kill_switch_but_cannot_read_token_hashes(conn, login_as):
+    o = login_as("outbox_operator")
+    query(o, "SELECT * FROM outbox_kill_switch_set(true, 'op', 'go live')")
+    assert scalar(conn, "SELECT enabled FROM outbox_control") is True
+    denied(o, "SELECT token_hash FROM approvals")
+    assert query(o, "SELECT approval_id, proposed_effects FROM approvals") == []
