@@ -1,0 +1,650 @@
+/*
+ * http.c: the generic webhook/API provider, on libcurl's multi interface
+ * inside the worker's event loop.
+ *
+ * Target: the URL.  Payload: {"method": "POST", "headers": {...},
+ * "body": <JSON value or string>}.  Every request carries
+ * `Idempotency-Key: <effect key>`, and Standard Webhooks signature headers
+ * when a signing secret is configured.
+ *
+ * SSRF rules: only http/https; redirects never followed; no proxy unless
+ * configured; every address libcurl is about to connect to is checked in
+ * CURLOPT_OPENSOCKETFUNCTION (so the checked address is the one used):
+ * loopback, private, link-local (cloud metadata), CGNAT, multicast and
+ * unspecified addresses are refused unless allow_hosts lists the host name
+ * or the address/range; public addresses are allowed unless
+ * public_targets = false, in which case they too must be listed.
+ *
+ * Classification ("did a request byte leave?"): no connection (or TLS not
+ * established) → not sent; connected but no request bytes written → not
+ * sent; anything after that without a trustworthy status → ambiguous.
+ */
+#include <arpa/inet.h>
+#include <ctype.h>
+#include <stdarg.h>
+#include <curl/curl.h>
+#include <jansson.h>
+#include <netinet/in.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/socket.h>
+#include <time.h>
+
+#include "lib/curl_loop.h"
+#include "lib/netrules.h"
+#include "lib/sign.h"
+#include "provider.h"
+
+#define HTTP_MAX_HEADERS 64
+
+static const struct outbox_conf_key http_keys[] = {
+	{ "allow_hosts", CONF_STR, "", 0, 0,
+	  "host names, addresses or CIDR ranges that may be reached even if private/loopback" },
+	{ "public_targets", CONF_BOOL, "true", 0, 0, "public addresses allowed without being listed" },
+	{ "provider_id_header", CONF_STR, "", 0, 0, "response header holding the provider id" },
+	{ "provider_id_json", CONF_STR, "id", 0, 0, "top-level JSON field holding the provider id" },
+	{ "signing_secret", CONF_SECRET, "", 0, 0, "Standard Webhooks secret (whsec_...); empty: unsigned" },
+	{ "user_agent", CONF_STR, "outbox-dispatcher/0.1", 0, 0, "User-Agent header" },
+	{ "max_response_bytes", CONF_INT, "65536", 0, 16777216, "response body kept for the provider id" },
+	{ "ca_file", CONF_STR, "", 0, 0, "CA bundle for TLS verification; empty: the system's" },
+	{ "proxy", CONF_STR, "", 0, 0, "HTTP proxy URL; empty: none (environment proxies ignored)" },
+	{ NULL, CONF_STR, NULL, 0, 0, NULL },
+};
+
+struct http_provider {
+	const struct outbox_host *host;
+	struct curl_loop *loop;
+	struct netrules *rules;
+	long timeout_ms, connect_timeout_ms, max_response;
+	char *id_header, *id_json, *user_agent, *ca_file, *proxy;
+	unsigned char secret[256];
+	long secret_len;
+};
+
+struct http_call {
+	struct http_provider *hp;
+	outbox_done_fn done;
+	void *token;
+	struct curl_slist *headers;
+	char *body;
+	char url_host[256];
+	bool host_listed;          /* allow_hosts names this host: all its addresses pass */
+	bool refused;              /* an address was refused by the SSRF rules */
+	char refused_addr[INET6_ADDRSTRLEN];
+	char *resp;
+	size_t resp_len;
+	bool resp_truncated;
+	char hdr_id[OUTBOX_PROVIDER_ID_MAX];
+	char request_id[OUTBOX_PROVIDER_ID_MAX];
+	char location[OUTBOX_PROVIDER_ID_MAX];
+	char effect_key[65];
+	int attempt;
+};
+
+/* ---- validation --------------------------------------------------------- */
+
+static bool has_ctl(const char *s)
+{
+	for (; *s; s++)
+		if ((unsigned char)*s < 0x20 || *s == 0x7f)
+			return true;
+	return false;
+}
+
+static bool token_char(char c)
+{
+	return isalnum((unsigned char)c) || strchr("!#$%&'*+-.^_`|~", c) != NULL;
+}
+
+static bool reserved_header(const char *name)
+{
+	static const char *const reserved[] = {
+		"idempotency-key", "host", "content-length", "transfer-encoding", "connection",
+		"webhook-id", "webhook-timestamp", "webhook-signature", "expect", NULL,
+	};
+
+	for (const char *const *r = reserved; *r; r++)
+		if (strcasecmp(name, *r) == 0)
+			return true;
+	return false;
+}
+
+static bool parse_url(const char *url, char *scheme, size_t slen, char *host, size_t hlen,
+                      long *port, char *err, size_t errlen)
+{
+	CURLU *u = curl_url();
+	char *sch = NULL, *h = NULL, *p = NULL;
+	bool ok = false;
+	CURLUcode rc;
+
+	if (u == NULL) {
+		snprintf(err, errlen, "out of memory");
+		return false;
+	}
+	rc = curl_url_set(u, CURLUPART_URL, url, 0);
+	if (rc != CURLUE_OK) {
+		snprintf(err, errlen, "target is not a valid URL: %s", curl_url_strerror(rc));
+		goto out;
+	}
+	if (curl_url_get(u, CURLUPART_SCHEME, &sch, 0) != CURLUE_OK ||
+	    (strcasecmp(sch, "http") != 0 && strcasecmp(sch, "https") != 0)) {
+		snprintf(err, errlen, "target URL scheme must be http or https");
+		goto out;
+	}
+	if (curl_url_get(u, CURLUPART_HOST, &h, 0) != CURLUE_OK || h[0] == '\0') {
+		snprintf(err, errlen, "target URL has no host");
+		goto out;
+	}
+	if (curl_url_get(u, CURLUPART_PORT, &p, CURLU_DEFAULT_PORT) != CURLUE_OK) {
+		snprintf(err, errlen, "target URL has no usable port");
+		goto out;
+	}
+	snprintf(scheme, slen, "%s", sch);
+	for (char *c = scheme; *c; c++)
+		*c = (char)tolower((unsigned char)*c);
+	/* Strip IPv6 brackets so the allow-list compares the address. */
+	if (h[0] == '[') {
+		size_t n = strlen(h);
+		snprintf(host, hlen, "%.*s", (int)(n > 2 ? n - 2 : 0), h + 1);
+	} else {
+		snprintf(host, hlen, "%s", h);
+	}
+	for (char *c = host; *c; c++)
+		*c = (char)tolower((unsigned char)*c);
+	*port = strtol(p, NULL, 10);
+	ok = true;
+out:
+	curl_free(sch);
+	curl_free(h);
+	curl_free(p);
+	curl_url_cleanup(u);
+	return ok;
+}
+
+static bool http_validate(void *self, const struct outbox_effect *e, char *host_key,
+                          size_t host_keylen, char *err, size_t errlen)
+{
+	struct http_provider *hp = self;
+	const json_t *method, *headers, *body;
+	const char *k;
+	json_t *v;
+	char scheme[16], host[256];
+	long port;
+
+	if (strlen(e->target) > 8192) {
+		snprintf(err, errlen, "target URL longer than 8192 bytes");
+		return false;
+	}
+	if (has_ctl(e->target)) {
+		snprintf(err, errlen, "target URL contains control characters (CR/LF injection?)");
+		return false;
+	}
+	if (!parse_url(e->target, scheme, sizeof(scheme), host, sizeof(host), &port, err, errlen))
+		return false;
+	if (!netrules_host_allowed_by_name(hp->rules, host, err, errlen))
+		return false;
+	method = json_object_get(e->payload, "method");
+	if (method && (!json_is_string(method) ||
+	               (strcmp(json_string_value(method), "POST") && strcmp(json_string_value(method), "PUT") &&
+	                strcmp(json_string_value(method), "PATCH") && strcmp(json_string_value(method), "DELETE")))) {
+		snprintf(err, errlen, "payload.method must be one of POST, PUT, PATCH, DELETE");
+		return false;
+	}
+	headers = json_object_get(e->payload, "headers");
+	if (headers && !json_is_null(headers)) {
+		if (!json_is_object(headers)) {
+			snprintf(err, errlen, "payload.headers must be an object of strings");
+			return false;
+		}
+		if (json_object_size(headers) > HTTP_MAX_HEADERS) {
+			snprintf(err, errlen, "payload.headers has more than %d headers", HTTP_MAX_HEADERS);
+			return false;
+		}
+		json_object_foreach((json_t *)headers, k, v) {
+			if (k[0] == '\0' || strlen(k) > 256) {
+				snprintf(err, errlen, "payload.headers: empty or overlong header name");
+				return false;
+			}
+			for (const char *c = k; *c; c++)
+				if (!token_char(*c)) {
+					snprintf(err, errlen, "payload.headers: header name \"%.64s\" has invalid characters (CR/LF injection?)", k);
+					return false;
+				}
+			if (!json_is_string(v)) {
+				snprintf(err, errlen, "payload.headers.%.64s must be a string", k);
+				return false;
+			}
+			if (has_ctl(json_string_value(v))) {
+				snprintf(err, errlen, "payload.headers.%.64s contains CR/LF or control characters", k);
+				return false;
+			}
+			if (reserved_header(k)) {
+				snprintf(err, errlen, "payload.headers.%.64s is set by the dispatcher", k);
+				return false;
+			}
+		}
+	}
+	body = json_object_get(e->payload, "body");
+	(void)body; /* any JSON value or string is a valid body */
+	snprintf(host_key, host_keylen, "%s://%s:%ld", scheme, host, port);
+	return true;
+}
+
+/* ---- the request -------------------------------------------------------- */
+
+static curl_socket_t open_socket(void *arg, curlsocktype purpose, struct curl_sockaddr *a)
+{
+	struct http_call *c = arg;
+	curl_socket_t fd;
+
+	(void)purpose;
+	if (!c->host_listed && !netrules_addr_allowed(c->hp->rules, &a->addr)) {
+		c->refused = true;
+		netrules_format_addr(&a->addr, c->refused_addr, sizeof(c->refused_addr));
+		return CURL_SOCKET_BAD;
+	}
+	fd = socket(a->family, a->socktype, a->protocol);
+	return fd < 0 ? CURL_SOCKET_BAD : fd;
+}
+
+static size_t on_body(char *ptr, size_t size, size_t nmemb, void *arg)
+{
+	struct http_call *c = arg;
+	size_t n = size * nmemb, room;
+
+	if (c->resp_len >= (size_t)c->hp->max_response) {
+		c->resp_truncated = true;
+		return n;
+	}
+	room = (size_t)c->hp->max_response - c->resp_len;
+	if (n > room) {
+		c->resp_truncated = true;
+		n = room;
+	}
+	char *grown = realloc(c->resp, c->resp_len + n + 1);
+	if (grown == NULL)
+		return 0;
+	c->resp = grown;
+	memcpy(c->resp + c->resp_len, ptr, n);
+	c->resp_len += n;
+	c->resp[c->resp_len] = '\0';
+	return size * nmemb;
+}
+
+static void header_value(const char *line, size_t n, size_t namelen, char *out, size_t outlen)
+{
+	const char *v = line + namelen + 1;
+	const char *end = line + n;
+
+	while (v < end && (*v == ' ' || *v == '\t'))
+		v++;
+	while (end > v && (end[-1] == '\r' || end[-1] == '\n' || end[-1] == ' '))
+		end--;
+	snprintf(out, outlen, "%.*s", (int)(end - v), v);
+}
+
+static size_t on_header(char *line, size_t size, size_t nitems, void *arg)
+{
+	struct http_call *c = arg;
+	size_t n = size * nitems;
+	const char *colon = memchr(line, ':', n);
+	size_t namelen;
+
+	if (colon == NULL)
+		return n;
+	namelen = (size_t)(colon - line);
+	if (c->hp->id_header[0] && namelen == strlen(c->hp->id_header) &&
+	    strncasecmp(line, c->hp->id_header, namelen) == 0)
+		header_value(line, n, namelen, c->hdr_id, sizeof(c->hdr_id));
+	else if (namelen == 12 && strncasecmp(line, "X-Request-Id", 12) == 0)
+		header_value(line, n, namelen, c->request_id, sizeof(c->request_id));
+	else if (namelen == 8 && strncasecmp(line, "Location", 8) == 0)
+		header_value(line, n, namelen, c->location, sizeof(c->location));
+	return n;
+}
+
+static void call_free(struct http_call *c)
+{
+	curl_slist_free_all(c->headers);
+	free(c->body);
+	free(c->resp);
+	free(c);
+}
+
+static void pick_provider_id(struct http_call *c, struct outbox_result *r)
+{
+	if (c->hdr_id[0]) {
+		snprintf(r->provider_id, sizeof(r->provider_id), "%s", c->hdr_id);
+		return;
+	}
+	if (c->resp && c->hp->id_json[0]) {
+		json_t *doc = json_loadb(c->resp, c->resp_len, 0, NULL);
+		json_t *v = json_is_object(doc) ? json_object_get(doc, c->hp->id_json) : NULL;
+		if (json_is_string(v) && json_string_length(v) > 0)
+			snprintf(r->provider_id, sizeof(r->provider_id), "%s", json_string_value(v));
+		else if (json_is_integer(v))
+			snprintf(r->provider_id, sizeof(r->provider_id), "%" JSON_INTEGER_FORMAT,
+			         json_integer_value(v));
+		json_decref(doc);
+		if (r->provider_id[0])
+			return;
+	}
+	if (c->request_id[0])
+		snprintf(r->provider_id, sizeof(r->provider_id), "%s", c->request_id);
+	else if (c->location[0])
+		snprintf(r->provider_id, sizeof(r->provider_id), "%s", c->location);
+	else
+		snprintf(r->provider_id, sizeof(r->provider_id), "local:http-%d:%.16s:a%d", r->status,
+		         c->effect_key, c->attempt);
+}
+
+static void classify_status(struct http_call *c, long status, CURL *easy, struct outbox_result *r)
+{
+	curl_off_t retry_after = 0;
+
+	r->status = (int)status;
+	if (status >= 200 && status < 300) {
+		r->outcome = OUTCOME_ACCEPTED;
+		pick_provider_id(c, r);
+		return;
+	}
+	if (status == 429 || status == 503 || status == 409 || status == 408) {
+		r->outcome = OUTCOME_RETRY;
+		if (curl_easy_getinfo(easy, CURLINFO_RETRY_AFTER, &retry_after) == CURLE_OK && retry_after > 0)
+			r->retry_after_ms = (long)retry_after * 1000;
+		snprintf(r->error, sizeof(r->error), "HTTP %ld: %s", status,
+		         status == 409 ? "key still in flight at the provider" : "provider asked to retry later");
+		return;
+	}
+	if (status == 500 || status == 502 || status == 504 || (status >= 505 && status < 600)) {
+		r->outcome = OUTCOME_AMBIGUOUS;
+		snprintf(r->error, sizeof(r->error), "HTTP %ld: the request may have been processed", status);
+		return;
+	}
+	r->outcome = OUTCOME_TERMINAL;
+	if (status == 422) {
+		r->key_conflict = true;
+		snprintf(r->error, sizeof(r->error),
+		         "HTTP 422: the provider refused the payload (same key, different payload?)");
+	} else if (status >= 300 && status < 400) {
+		snprintf(r->error, sizeof(r->error), "HTTP %ld: redirects are not followed", status);
+	} else {
+		snprintf(r->error, sizeof(r->error), "HTTP %ld", status);
+	}
+	if (c->resp && c->resp_len) {
+		size_t used = strlen(r->error);
+		snprintf(r->error + used, sizeof(r->error) - used, ": %.200s", c->resp);
+		for (char *p = r->error; *p; p++)
+			if ((unsigned char)*p < 0x20)
+				*p = ' ';
+	}
+}
+
+static void on_done(CURL *easy, CURLcode rc, void *arg)
+{
+	struct http_call *c = arg;
+	struct outbox_result r = { .retry_after_ms = -1 };
+	curl_off_t connect_us = 0, appconnect_us = 0;
+	long status = 0, request_size = 0;
+	char *scheme = NULL;
+
+	curl_easy_getinfo(easy, CURLINFO_RESPONSE_CODE, &status);
+	curl_easy_getinfo(easy, CURLINFO_CONNECT_TIME_T, &connect_us);
+	curl_easy_getinfo(easy, CURLINFO_APPCONNECT_TIME_T, &appconnect_us);
+	curl_easy_getinfo(easy, CURLINFO_REQUEST_SIZE, &request_size);
+	curl_easy_getinfo(easy, CURLINFO_SCHEME, &scheme);
+
+	if (rc == CURLE_OK) {
+		classify_status(c, status, easy, &r);
+	} else if (c->refused) {
+		r.outcome = OUTCOME_TERMINAL;
+		snprintf(r.error, sizeof(r.error),
+		         "address %s of %s is not allowed (SSRF rules: private, loopback, link-local and "
+		         "metadata ranges need [provider.http] allow_hosts)",
+		         c->refused_addr, c->url_host);
+	} else if (rc == CURLE_COULDNT_RESOLVE_HOST || rc == CURLE_COULDNT_RESOLVE_PROXY ||
+	           rc == CURLE_COULDNT_CONNECT || connect_us == 0 ||
+	           (scheme && strcasecmp(scheme, "https") == 0 && appconnect_us == 0) ||
+	           request_size == 0) {
+		/* Nothing of the request left this host. */
+		r.outcome = OUTCOME_NOT_SENT;
+		snprintf(r.error, sizeof(r.error), "not sent: %s", curl_easy_strerror(rc));
+	} else if (status >= 100 && status != 0 && rc == CURLE_PARTIAL_FILE) {
+		/* A status arrived, the body was cut: the status still decides. */
+		classify_status(c, status, easy, &r);
+	} else {
+		r.outcome = OUTCOME_AMBIGUOUS;
+		snprintf(r.error, sizeof(r.error), "sent, no answer: %s", curl_easy_strerror(rc));
+	}
+	curl_easy_cleanup(easy);
+	c->done(c->token, &r);
+	call_free(c);
+}
+
+static bool add_header(struct http_call *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static bool add_header(struct http_call *c, const char *fmt, ...)
+{
+	char line[8192];
+	struct curl_slist *l;
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(line, sizeof(line), fmt, ap);
+	va_end(ap);
+	l = curl_slist_append(c->headers, line);
+	if (l == NULL)
+		return false;
+	c->headers = l;
+	return true;
+}
+
+/* Standard Webhooks: v1,<base64 HMAC-SHA256(secret, id.timestamp.body)>. */
+static bool sign(struct http_call *c, const char *id, size_t body_len)
+{
+	char ts[24], sig[128];
+	unsigned char mac[32];
+	long now = (long)time(NULL);
+
+	snprintf(ts, sizeof(ts), "%ld", now);
+	webhook_hmac(c->hp->secret, (size_t)c->hp->secret_len, id, ts, c->body,
+	                             body_len, mac);
+	if (!b64_encode(mac, sizeof(mac), sig, sizeof(sig)))
+		return false;
+	return add_header(c, "webhook-id: %s", id) && add_header(c, "webhook-timestamp: %s", ts) &&
+	       add_header(c, "webhook-signature: v1,%s", sig);
+}
+
+static bool http_send(void *self, const struct outbox_effect *e, outbox_done_fn done, void *token,
+                      char *err, size_t errlen)
+{
+	struct http_provider *hp = self;
+	struct http_call *c = calloc(1, sizeof(*c));
+	const json_t *method = json_object_get(e->payload, "method");
+	const json_t *headers = json_object_get(e->payload, "headers");
+	const json_t *body = json_object_get(e->payload, "body");
+	const char *k;
+	json_t *v;
+	bool has_ctype = false;
+	char scheme[16];
+	long port;
+	CURL *easy;
+	size_t body_len;
+
+	if (c == NULL) {
+		snprintf(err, errlen, "out of memory");
+		return false;
+	}
+	c->hp = hp;
+	c->done = done;
+	c->token = token;
+	c->attempt = e->attempt;
+	snprintf(c->effect_key, sizeof(c->effect_key), "%s", e->effect_key);
+	if (!parse_url(e->target, scheme, sizeof(scheme), c->url_host, sizeof(c->url_host), &port, err,
+	               errlen)) {
+		call_free(c);
+		return false;
+	}
+	c->host_listed = netrules_host_listed(hp->rules, c->url_host);
+
+	if (json_is_string(body))
+		c->body = strdup(json_string_value(body));
+	else if (body == NULL || json_is_null(body))
+		c->body = strdup("");
+	else
+		c->body = json_dumps(body, JSON_COMPACT | JSON_ENCODE_ANY);
+	if (c->body == NULL) {
+		snprintf(err, errlen, "cannot encode the body");
+		call_free(c);
+		return false;
+	}
+	body_len = strlen(c->body);
+
+	if (headers && json_is_object(headers)) {
+		json_object_foreach((json_t *)headers, k, v) {
+			if (strcasecmp(k, "content-type") == 0)
+				has_ctype = true;
+			if (!add_header(c, "%s: %s", k, json_string_value(v)))
+				goto oom;
+		}
+	}
+	if (!has_ctype && !add_header(c, "Content-Type: %s",
+	                              json_is_string(body) ? "text/plain; charset=utf-8" : "application/json"))
+		goto oom;
+	if (!add_header(c, "Idempotency-Key: %s", e->effect_key) || !add_header(c, "Expect:"))
+		goto oom;
+	if (hp->secret_len > 0 && !sign(c, e->effect_key, body_len))
+		goto oom;
+
+	easy = curl_easy_init();
+	if (easy == NULL)
+		goto oom;
+	curl_easy_setopt(easy, CURLOPT_URL, e->target);
+	curl_easy_setopt(easy, CURLOPT_CUSTOMREQUEST, method ? json_string_value(method) : "POST");
+	curl_easy_setopt(easy, CURLOPT_POST, 1L);
+	curl_easy_setopt(easy, CURLOPT_POSTFIELDS, c->body);
+	curl_easy_setopt(easy, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)body_len);
+	curl_easy_setopt(easy, CURLOPT_HTTPHEADER, c->headers);
+	curl_easy_setopt(easy, CURLOPT_USERAGENT, hp->user_agent);
+	curl_easy_setopt(easy, CURLOPT_TIMEOUT_MS, hp->timeout_ms);
+	curl_easy_setopt(easy, CURLOPT_CONNECTTIMEOUT_MS, hp->connect_timeout_ms);
+	curl_easy_setopt(easy, CURLOPT_NOSIGNAL, 1L);
+	curl_easy_setopt(easy, CURLOPT_FOLLOWLOCATION, 0L);
+	curl_easy_setopt(easy, CURLOPT_PROTOCOLS_STR, "http,https");
+	curl_easy_setopt(easy, CURLOPT_SSL_VERIFYPEER, 1L);
+	curl_easy_setopt(easy, CURLOPT_SSL_VERIFYHOST, 2L);
+	if (hp->ca_file[0])
+		curl_easy_setopt(easy, CURLOPT_CAINFO, hp->ca_file);
+	curl_easy_setopt(easy, CURLOPT_PROXY, hp->proxy);
+	curl_easy_setopt(easy, CURLOPT_OPENSOCKETFUNCTION, open_socket);
+	curl_easy_setopt(easy, CURLOPT_OPENSOCKETDATA, c);
+	curl_easy_setopt(easy, CURLOPT_WRITEFUNCTION, on_body);
+	curl_easy_setopt(easy, CURLOPT_WRITEDATA, c);
+	curl_easy_setopt(easy, CURLOPT_HEADERFUNCTION, on_header);
+	curl_easy_setopt(easy, CURLOPT_HEADERDATA, c);
+	if (!curl_loop_add(hp->loop, easy, on_done, c)) {
+		curl_easy_cleanup(easy);
+		snprintf(err, errlen, "libcurl refused the transfer");
+		call_free(c);
+		return false;
+	}
+	return true;
+oom:
+	snprintf(err, errlen, "out of memory building the request");
+	call_free(c);
+	return false;
+}
+
+/* ---- life cycle ----------------------------------------------------------- */
+
+static void *http_init(const struct outbox_host *host, const struct outbox_conf *conf, char *err,
+                       size_t errlen)
+{
+	struct http_provider *hp = calloc(1, sizeof(*hp));
+	const char *secret;
+	char rerr[256];
+
+	if (hp == NULL)
+		return NULL;
+	hp->host = host;
+	hp->rules = netrules_parse(host->conf_str(conf, "allow_hosts"),
+	                           host->conf_bool(conf, "public_targets"), rerr, sizeof(rerr));
+	if (hp->rules == NULL) {
+		snprintf(err, errlen, "%s: %s", host->conf_where(conf, "allow_hosts"), rerr);
+		free(hp);
+		return NULL;
+	}
+	hp->timeout_ms = host->conf_int(conf, "timeout_ms");
+	hp->connect_timeout_ms = host->conf_int(conf, "connect_timeout_ms");
+	hp->max_response = host->conf_int(conf, "max_response_bytes");
+	hp->id_header = strdup(host->conf_str(conf, "provider_id_header"));
+	hp->id_json = strdup(host->conf_str(conf, "provider_id_json"));
+	hp->user_agent = strdup(host->conf_str(conf, "user_agent"));
+	hp->ca_file = strdup(host->conf_str(conf, "ca_file"));
+	hp->proxy = strdup(host->conf_str(conf, "proxy"));
+	secret = host->conf_str(conf, "signing_secret");
+	if (secret[0]) {
+		const char *b64 = strncmp(secret, "whsec_", 6) == 0 ? secret + 6 : secret;
+		hp->secret_len = b64_decode(b64, hp->secret, sizeof(hp->secret));
+		if (hp->secret_len <= 0) {
+			snprintf(err, errlen, "%s: must be whsec_ followed by base64",
+			         host->conf_where(conf, "signing_secret"));
+			goto fail;
+		}
+	}
+	hp->loop = curl_loop_new(host->base);
+	if (hp->loop == NULL || !hp->id_header || !hp->id_json || !hp->user_agent || !hp->ca_file ||
+	    !hp->proxy) {
+		snprintf(err, errlen, "out of memory");
+		goto fail;
+	}
+	return hp;
+fail:
+	netrules_free(hp->rules);
+	free(hp->id_header);
+	free(hp->id_json);
+	free(hp->user_agent);
+	free(hp->ca_file);
+	free(hp->proxy);
+	free(hp);
+	return NULL;
+}
+
+static void release_call(CURL *easy, void *arg)
+{
+	curl_easy_cleanup(easy);
+	call_free(arg);
+}
+
+static void http_shutdown(void *self)
+{
+	struct http_provider *hp = self;
+
+	curl_loop_free(hp->loop, release_call);
+	netrules_free(hp->rules);
+	free(hp->id_header);
+	free(hp->id_json);
+	free(hp->user_agent);
+	free(hp->ca_file);
+	free(hp->proxy);
+	memset(hp->secret, 0, sizeof(hp->secret));
+	free(hp);
+}
+
+static const struct outbox_provider http_provider = {
+	.abi = OUTBOX_PROVIDER_ABI,
+	.name = "http",
+	.caps = 0,
+	.keys = http_keys,
+	.init = http_init,
+	.validate = http_validate,
+	.send = http_send,
+	.reconcile = NULL,
+	.shutdown = http_shutdown,
+};
+
+const struct outbox_provider *outbox_provider_entry(void)
+{
+	return &http_provider;
+}
