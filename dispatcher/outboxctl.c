@@ -58,6 +58,11 @@ static const struct ctl_command commands[] = {
 	  "Stop a pending effect (e.g. one enqueued with a delay) before a worker starts sending it:\n"
 	  "it ends failed with reason 'cancelled' and is never sent.\n"
 	  "Exit 1: no such effect, or it is already sending or finished (its state is printed)." },
+	{ "reconcile", cmd_reconcile, "reconcile [--wait SECONDS]",
+	  "Ask the running workers to reconcile unknown effects now (each provider that can looks\n"
+	  "the effect up), wait until each was asked (default 60 s) and print the verdicts:\n"
+	  "sent -> completed, not sent -> pending with the same key, cannot tell -> stays unknown.\n"
+	  "Exit 1: the wait ran out (a worker serving the provider must be running)." },
 };
 #define N_COMMANDS (sizeof(commands) / sizeof(commands[0]))
 

@@ -58,5 +58,6 @@ int cmd_requeue(struct ctl *ctl, int argc, char **argv);
 int cmd_replace(struct ctl *ctl, int argc, char **argv);
 int cmd_prune(struct ctl *ctl, int argc, char **argv);
 int cmd_cancel(struct ctl *ctl, int argc, char **argv);
+int cmd_reconcile(struct ctl *ctl, int argc, char **argv);
 
 #endif

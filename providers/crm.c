@@ -480,8 +480,10 @@ static size_t on_header(char *data, size_t size, size_t nmemb, void *arg)
 		} else {
 			time_t when = curl_getdate(v, NULL);
 			if (when != (time_t)-1) {
-				time_t now = time(NULL);
-				k->retry_after_ms = when > now ? (long)(when - now) * 1000 : 0;
+				time_t now = time(NULL), secs_left = when > now ? when - now : 0;
+				if (secs_left > 86400L * 7)
+					secs_left = 86400L * 7;
+				k->retry_after_ms = (long)secs_left * 1000;
 			}
 		}
 	}

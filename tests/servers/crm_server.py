@@ -30,6 +30,7 @@ Used in-process by the tests (CrmServer(...).start()), or standalone:
 import argparse
 import json
 import re
+import ssl
 import sys
 import threading
 from collections import Counter, defaultdict, deque
@@ -167,8 +168,15 @@ class _Handler(BaseHTTPRequestHandler):
         return self._send(200, {"id": rec_id, "success": True, "errors": [], "created": False})
 
 
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    request_queue_size = 128   # many parallel connects must not hit the backlog
+
+
 class CrmServer:
-    def __init__(self, token="test-token", update_status=200, host="127.0.0.1", port=0):
+    def __init__(self, token="test-token", update_status=200, host="127.0.0.1", port=0,
+                 tls=None):
+        """tls: (certfile, keyfile) to serve https instead of http."""
         self.token = token
         self.update_status = update_status
         self.ambiguous = {}          # external id -> [record ids]: 300
@@ -180,11 +188,14 @@ class CrmServer:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._seq = 0
-        self.httpd = ThreadingHTTPServer((host, port), _Handler)
-        self.httpd.daemon_threads = True
+        self.httpd = _Server((host, port), _Handler)
         self.httpd.crm = self
+        if tls:
+            ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            ctx.load_cert_chain(*tls)
+            self.httpd.socket = ctx.wrap_socket(self.httpd.socket, server_side=True)
         self.port = self.httpd.server_address[1]
-        self.url = f"http://{host}:{self.port}"
+        self.url = f"{'https' if tls else 'http'}://{host}:{self.port}"
         self._thread = None
 
     # -- test control -----------------------------------------------------

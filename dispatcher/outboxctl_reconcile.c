@@ -1,0 +1,188 @@
+/*
+ * outboxctl_reconcile.c: `outboxctl reconcile [--wait SECONDS]`.
+ *
+ * Reconciliation itself runs in the workers (they hold the provider
+ * plugins and their credentials): this command asks the running fleet for
+ * a pass now (NOTIFY effect_outbox 'reconcile'), then watches the database
+ * until every `unknown` effect of a type whose provider can reconcile has
+ * been asked about since the command started, printing each verdict as
+ * its attempts-log row appears.
+ *
+ * Exit: 0 every such effect was asked (whatever the answers), 1 the wait
+ * ran out first, 2 usage, 3 database error.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "outboxctl.h"
+
+#define RECONCILE_WAIT_DEFAULT 60
+#define RECONCILE_POLL_MS      200
+
+static long long mono_ms(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static void sleep_ms(long ms)
+{
+	struct timespec ts = { .tv_sec = ms / 1000, .tv_nsec = (ms % 1000) * 1000000L };
+
+	while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
+		;
+}
+
+struct verdict_counts {
+	int sent, not_sent, unknown;
+};
+
+/* Print the verdicts written since the start and not printed yet; *last
+ * is the highest attempt_id printed.  False on a database error. */
+static bool print_verdicts(struct ctl *ctl, const char *start, char *last, size_t lastlen,
+                           struct verdict_counts *n)
+{
+	const char *params[2] = { start, last };
+	PGresult *r = ctl_exec(ctl, "reconcile: reading verdicts",
+	                       "SELECT a.attempt_id, a.effect_id, coalesce(o.effect_type, '?'),"
+	                       " a.outcome_class, coalesce(a.provider_status::text, ''),"
+	                       " coalesce(a.provider_id, ''), coalesce(a.error_text, ''),"
+	                       " coalesce(a.worker, ''), a.cas_applied"
+	                       " FROM effect_attempts a LEFT JOIN effect_outbox o USING (effect_id)"
+	                       " WHERE a.outcome_class IN ('reconciled_sent', 'reconciled_not_sent',"
+	                       "                           'reconcile_unknown')"
+	                       "   AND a.ended_at >= $1::timestamptz AND a.attempt_id > $2::bigint"
+	                       " ORDER BY a.attempt_id",
+	                       2, params);
+
+	if (r == NULL)
+		return false;
+	for (int i = 0; i < PQntuples(r); i++) {
+		const char *cls = PQgetvalue(r, i, 3), *status = PQgetvalue(r, i, 4),
+		           *pid = PQgetvalue(r, i, 5), *error = PQgetvalue(r, i, 6);
+		bool applied = PQgetvalue(r, i, 8)[0] == 't';
+		const char *what;
+
+		if (strcmp(cls, "reconciled_sent") == 0) {
+			what = "sent: completed";
+			n->sent++;
+		} else if (strcmp(cls, "reconciled_not_sent") == 0) {
+			what = "not sent: pending again with the same key";
+			n->not_sent++;
+		} else {
+			what = "cannot tell: stays unknown";
+			n->unknown++;
+		}
+		printf("  %s %s %s", PQgetvalue(r, i, 1), PQgetvalue(r, i, 2), what);
+		if (pid[0])
+			printf(", provider id %s", pid);
+		if (status[0])
+			printf(" (status %s)", status);
+		if (error[0] && strcmp(cls, "reconciled_sent") != 0)
+			printf(": %s", error);
+		printf(" [worker %s]%s\n", PQgetvalue(r, i, 7),
+		       applied ? "" : " (not applied: the effect changed meanwhile)");
+		snprintf(last, lastlen, "%s", PQgetvalue(r, i, 0));
+	}
+	fflush(stdout);
+	PQclear(r);
+	return true;
+}
+
+int cmd_reconcile(struct ctl *ctl, int argc, char **argv)
+{
+	static const char *const allowed[] = { "--wait=", NULL };
+	const char *wait_arg = ctl_opt(argc, argv, "--wait");
+	struct verdict_counts counts = { 0 };
+	char start[64], last[32] = "0", *end;
+	const char *params[2];
+	long wait_s = RECONCILE_WAIT_DEFAULT;
+	long long deadline;
+	long total, remaining = 0, others;
+	PGresult *r;
+
+	if (!ctl_check_opts(argc, argv, allowed))
+		return CTL_USAGE;
+	if (wait_arg) {
+		errno = 0;
+		wait_s = strtol(wait_arg, &end, 10);
+		if (errno || end == wait_arg || *end || wait_s < 0 || wait_s > 86400) {
+			fprintf(stderr, "outboxctl: reconcile: --wait takes seconds from 0 to 86400, not '%s'\n",
+			        wait_arg);
+			return CTL_USAGE;
+		}
+	}
+	if (ctl_connect(ctl) == NULL)
+		return CTL_DB;
+
+	/* The effects to wait for: unknown now, of a type some worker can
+	 * reconcile.  Those of other types need an operator. */
+	r = ctl_exec(ctl, "reconcile",
+	             "SELECT clock_timestamp()::text,"
+	             " (SELECT count(*) FROM effect_outbox o JOIN outbox_providers p"
+	             "     ON p.name = o.effect_type AND p.can_reconcile WHERE o.state = 'unknown'),"
+	             " (SELECT count(*) FROM effect_outbox o WHERE o.state = 'unknown' AND NOT EXISTS"
+	             "     (SELECT 1 FROM outbox_providers p"
+	             "       WHERE p.name = o.effect_type AND p.can_reconcile))",
+	             0, NULL);
+	if (r == NULL)
+		return CTL_DB;
+	snprintf(start, sizeof(start), "%s", PQgetvalue(r, 0, 0));
+	total = strtol(PQgetvalue(r, 0, 1), NULL, 10);
+	others = strtol(PQgetvalue(r, 0, 2), NULL, 10);
+	PQclear(r);
+
+	r = ctl_exec(ctl, "reconcile: notifying the workers",
+	             "SELECT pg_notify('effect_outbox', 'reconcile')", 0, NULL);
+	if (r == NULL)
+		return CTL_DB;
+	PQclear(r);
+	printf("asked the fleet to reconcile %ld unknown effect%s\n", total, total == 1 ? "" : "s");
+	if (others > 0)
+		printf("%ld unknown effect%s of types that cannot reconcile need an operator "
+		       "(outboxctl unknown list)\n", others, others == 1 ? "" : "s");
+	fflush(stdout);
+
+	/* Wait: every effect that was unknown at the start, of a reconcilable
+	 * type, is either no longer unknown or has been asked since. */
+	params[0] = start;
+	deadline = mono_ms() + wait_s * 1000;
+	for (;;) {
+		if (!print_verdicts(ctl, start, last, sizeof(last), &counts))
+			return CTL_DB;
+		r = ctl_exec(ctl, "reconcile: checking progress",
+		             "SELECT count(*) FROM effect_outbox o JOIN outbox_providers p"
+		             "  ON p.name = o.effect_type AND p.can_reconcile"
+		             " WHERE o.state = 'unknown' AND o.created_at <= $1::timestamptz"
+		             "   AND (o.last_reconciled_at IS NULL OR o.last_reconciled_at < $1::timestamptz)",
+		             1, params);
+		if (r == NULL)
+			return CTL_DB;
+		remaining = strtol(PQgetvalue(r, 0, 0), NULL, 10);
+		PQclear(r);
+		if (remaining == 0 || mono_ms() >= deadline)
+			break;
+		sleep_ms(RECONCILE_POLL_MS);
+	}
+	/* Verdicts that landed with the last check. */
+	if (!print_verdicts(ctl, start, last, sizeof(last), &counts))
+		return CTL_DB;
+
+	printf("%d sent (completed), %d not sent (pending again), %d cannot tell (still unknown)\n",
+	       counts.sent, counts.not_sent, counts.unknown);
+	if (remaining > 0) {
+		fprintf(stderr,
+		        "outboxctl: reconcile: %ld unknown effect%s not asked within %ld s: a worker "
+		        "serving %s provider must be running (outbox-dispatcher; poll-only workers "
+		        "answer on their periodic pass)\n",
+		        remaining, remaining == 1 ? " was" : "s were", wait_s,
+		        remaining == 1 ? "its" : "their");
+		return CTL_FAILED;
+	}
+	return CTL_OK;
+}
