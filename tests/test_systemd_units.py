@@ -1,0 +1,423 @@
+"""The systemd units (verified with systemd-analyze, hardening present) and
+the worker's /metrics and /healthz endpoints scraped during a real run,
+their counters checked against the database.
+"""
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import urllib.error
+import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "lib"))
+
+from outbox_test import (  # noqa: E402
+    BUILD_DIR, ROOT, Dispatcher, enqueue, kill_switch, query, scalar, wait_for,
+)
+
+UNIT_DIR = os.path.join(ROOT, "systemd")
+TEMPLATE = "outbox-dispatcher@.service"
+TARGET = "outbox-dispatcher.target"
+DAEMON = os.path.join(BUILD_DIR, "outbox-dispatcher")
+SYSTEMD_ANALYZE = shutil.which("systemd-analyze")
+
+needs_analyze = pytest.mark.skipif(SYSTEMD_ANALYZE is None,
+                                   reason="systemd-analyze is not installed (Debian: apt-get install systemd)")
+needs_worker = pytest.mark.skipif(not os.access(DAEMON, os.X_OK), reason="worker not built")
+
+
+# ---- the units -------------------------------------------------------------
+
+def unit_directives(path):
+    """{(section, key): [values]} of a unit file (keys may repeat)."""
+    out, section = {}, None
+    with open(path) as f:
+        for line in f:
+            line = line.strip()
+            if not line or line[0] in "#;":
+                continue
+            if line.startswith("[") and line.endswith("]"):
+                section = line[1:-1]
+                continue
+            key, sep, value = line.partition("=")
+            assert sep, f"{path}: not a key=value line: {line!r}"
+            out.setdefault((section, key.strip()), []).append(value.strip())
+    return out
+
+
+@pytest.fixture
+def installed_units(tmp_path):
+    """The units as `make install PREFIX=<tmp>` writes them, with
+    <tmp>/bin/outbox-dispatcher a real executable (the built worker, or
+    /bin/true when it is not built yet)."""
+    prefix = tmp_path / "prefix"
+    (prefix / "bin").mkdir(parents=True)
+    units = tmp_path / "units"
+    units.mkdir()
+    exe = prefix / "bin" / "outbox-dispatcher"
+    shutil.copy(DAEMON if os.access(DAEMON, os.X_OK) else "/bin/true", exe)
+    os.chmod(exe, 0o755)
+    for name in os.listdir(UNIT_DIR):
+        if name.endswith((".service", ".target")):
+            with open(os.path.join(UNIT_DIR, name)) as f:
+                text = f.read().replace("@PREFIX@", str(prefix))
+            (units / name).write_text(text)
+    return units
+
+
+def analyze(*args):
+    return subprocess.run([SYSTEMD_ANALYZE, *args], capture_output=True, text=True, timeout=60)
+
+
+def test_systemd_units_exist():
+    for name in (TEMPLATE, TARGET, "environment.example"):
+        assert os.path.isfile(os.path.join(UNIT_DIR, name)), name
+    with open(os.path.join(UNIT_DIR, TEMPLATE)) as f:
+        assert "@PREFIX@/bin/outbox-dispatcher --config " in f.read()
+
+
+@needs_analyze
+def test_systemd_analyze_verify(installed_units):
+    # An instance of the template (the template is found beside it) and the
+    # target; any complaint (unknown key, bad syntax, missing executable)
+    # is a failure, not just a non-zero exit.
+    r = analyze("verify", "--man=no", str(installed_units / "outbox-dispatcher@1.service"),
+                str(installed_units / TARGET))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert (r.stdout + r.stderr).strip() == "", r.stdout + r.stderr
+
+
+@needs_analyze
+def test_systemd_analyze_verify_catches_breakage(installed_units):
+    """The check above is able to fail: a typo and a missing binary."""
+    unit = installed_units / TEMPLATE
+    text = unit.read_text()
+    unit.write_text(text.replace("ProtectHome=yes", "ProtectHome=yes\nProtectHomeTypo=yes"))
+    r = analyze("verify", "--man=no", str(installed_units / "outbox-dispatcher@1.service"))
+    assert "ProtectHomeTypo" in r.stdout + r.stderr
+    unit.write_text(text.replace("/bin/outbox-dispatcher ", "/bin/no-such-binary "))
+    r = analyze("verify", "--man=no", str(installed_units / "outbox-dispatcher@1.service"))
+    assert r.returncode != 0
+    assert "no-such-binary" in r.stdout + r.stderr
+
+
+@needs_analyze
+def test_systemd_security_exposure(installed_units):
+    # systemd's own score: 0 (locked down) .. 10 (unprotected); the unit is
+    # at 1.4 with the network it needs.  Fail if a change loosens it.
+    r = analyze("security", "--offline=yes", "--threshold=20",
+                str(installed_units / "outbox-dispatcher@1.service"))
+    m = re.search(r"Overall exposure level for \S+: (\d+\.\d+)", r.stdout + r.stderr)
+    assert m, r.stdout + r.stderr
+    assert float(m.group(1)) <= 2.0, r.stdout
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_systemd_template_hardening():
+    d = unit_directives(os.path.join(UNIT_DIR, TEMPLATE))
+
+    def one(section, key):
+        v = d.get((section, key))
+        assert v, f"[{section}] {key}= missing"
+        return v[-1]
+
+    assert one("Service", "Type") == "notify"
+    assert one("Service", "NotifyAccess") == "main"
+    assert one("Service", "WatchdogSec") == "30"
+    assert one("Service", "ExecStart") == \
+        "@PREFIX@/bin/outbox-dispatcher --config /etc/outbox-dispatcher/%i.ini"
+    assert one("Service", "ExecReload") == "/bin/kill -HUP $MAINPID"
+    assert one("Service", "Restart") == "on-failure"
+    assert one("Service", "KillMode") == "mixed"
+    assert one("Service", "KillSignal") == "SIGTERM"
+    # Above the default shutdown_grace_ms (10 s) with room to record outcomes.
+    stop = one("Service", "TimeoutStopSec")
+    assert stop.isdigit() and int(stop) >= 20
+    assert one("Service", "EnvironmentFile") == "-/etc/outbox-dispatcher/environment"
+    assert any(v.startswith("outbox:/etc/outbox-dispatcher/credentials")
+               for v in d[("Service", "LoadCredential")])
+    for key, value in [
+        ("NoNewPrivileges", "yes"), ("ProtectSystem", "strict"), ("ProtectHome", "yes"),
+        ("PrivateTmp", "yes"), ("PrivateDevices", "yes"), ("DynamicUser", "yes"),
+        ("RestrictAddressFamilies", "AF_UNIX AF_INET AF_INET6"), ("UMask", "0077"),
+        ("CapabilityBoundingSet", ""), ("AmbientCapabilities", ""),
+        ("ProtectKernelTunables", "yes"), ("ProtectKernelModules", "yes"),
+        ("ProtectControlGroups", "yes"), ("RestrictNamespaces", "yes"),
+        ("LockPersonality", "yes"), ("MemoryDenyWriteExecute", "yes"),
+        ("RestrictRealtime", "yes"), ("RestrictSUIDSGID", "yes"),
+        ("SystemCallArchitectures", "native"),
+    ]:
+        assert one("Service", key) == value, key
+    assert "@system-service" in d[("Service", "SystemCallFilter")]
+    assert one("Unit", "PartOf") == TARGET
+    assert one("Install", "WantedBy") == TARGET
+    t = unit_directives(os.path.join(UNIT_DIR, TARGET))
+    assert t[("Install", "WantedBy")] == ["multi-user.target"]
+
+
+def test_systemd_environment_example_is_off():
+    """The example ships with sends off: copying it never arms a host."""
+    with open(os.path.join(UNIT_DIR, "environment.example")) as f:
+        values = [line.strip() for line in f if line.strip().startswith("AI_ACTIONS_ENABLED=")]
+    assert values == ["AI_ACTIONS_ENABLED=false"]
+
+
+# ---- /metrics and /healthz on a running worker -----------------------------
+
+SAMPLE_RE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})? (\S+)$')
+LABEL_RE = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"(,|$)')
+
+
+def parse_metrics(text):
+    """Prometheus text format -> {(name, frozenset(labels)): value}; checks
+    that every sample follows its family's # TYPE."""
+    types, samples = {}, {}
+    assert text.endswith("\n")
+    for line in text.splitlines():
+        if line.startswith("# TYPE "):
+            _, _, name, kind = line.split(" ", 3)
+            assert name not in types, f"second TYPE for {name}"
+            assert kind in ("counter", "gauge", "histogram"), line
+            if kind == "counter":
+                assert name.endswith("_total"), name
+            types[name] = kind
+            continue
+        if line.startswith("#"):
+            continue
+        m = SAMPLE_RE.match(line)
+        assert m, f"bad sample line {line!r}"
+        name, labels, value = m.groups()
+        base = re.sub(r"_(bucket|sum|count)$", "", name)
+        assert name in types or types.get(base) == "histogram", f"{name} has no TYPE before it"
+        assert name.startswith("outbox_"), name
+        lab = {}
+        if labels:
+            pos = 0
+            for lm in LABEL_RE.finditer(labels):
+                assert lm.start() == pos, f"bad labels {labels!r}"
+                lab[lm.group(1)] = re.sub(r"\\(.)", lambda x: "\n" if x.group(1) == "n" else x.group(1),
+                                          lm.group(2))
+                pos = lm.end()
+            assert pos == len(labels), f"bad labels {labels!r}"
+        samples[(name, frozenset(lab.items()))] = float(value)
+    return samples
+
+
+def metric(samples, name, **labels):
+    return samples.get((name, frozenset(labels.items())))
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def http_get(port, path):
+    """(status, body, content type); (None, error, None) when nothing listens."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as r:
+            return r.status, r.read().decode(), r.headers.get("Content-Type")
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode(), e.headers.get("Content-Type")
+    except (urllib.error.URLError, ConnectionError) as e:
+        return None, str(e), None
+
+
+class Sink:
+    """A loopback HTTP endpoint: /ok/... answers 200 with an id, /bad/...
+    422, /busy/... 503 with Retry-After: 0."""
+
+    def __init__(self):
+        sink = self
+        self.requests = []
+        self.lock = threading.Lock()
+
+        class H(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *a):
+                pass
+
+            def do_POST(self):
+                n = int(self.headers.get("Content-Length") or 0)
+                self.rfile.read(n)
+                with sink.lock:
+                    sink.requests.append(self.path)
+                    seq = len(sink.requests)
+                if self.path.startswith("/ok"):
+                    code, body, extra = 200, json.dumps({"id": f"sink-{seq}"}), {}
+                elif self.path.startswith("/bad"):
+                    code, body, extra = 422, '{"error":"unprocessable"}', {}
+                else:
+                    code, body, extra = 503, '{"error":"busy"}', {"Retry-After": "0"}
+                data = body.encode()
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                for k, v in extra.items():
+                    self.send_header(k, v)
+                self.end_headers()
+                self.wfile.write(data)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), H)
+        self.server.daemon_threads = True
+        self.port = self.server.server_address[1]
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def url(self, path):
+        return f"http://127.0.0.1:{self.port}{path}"
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *a):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+OUTCOMES = ("accepted", "not_sent", "retry", "terminal", "ambiguous")
+
+
+@needs_worker
+def test_metrics_scrape_agrees_with_database(conn, dispatchers):
+    port = free_port()
+    kill_switch(conn, True)
+    with Sink() as sink:
+        ok = [enqueue(conn, "http", sink.url(f"/ok/{i}"), {"body": {"n": i}}) for i in range(12)]
+        bad = [enqueue(conn, "http", sink.url(f"/bad/{i}"), {"body": {"n": i}}) for i in range(3)]
+        busy = [enqueue(conn, "http", sink.url(f"/busy/{i}"), {"body": {"n": i}}) for i in range(2)]
+        w = dispatchers({"metrics": {"listen": f"127.0.0.1:{port}"},
+                         "provider.http": {"max_attempts": 3, "backoff_base_ms": 1, "breaker_failures": 1000,
+                                           "backoff_cap_ms": 5},
+                         "dispatcher": {"maintenance_interval_ms": 200}})
+
+        # Scraped while it runs: always well-formed.
+        code, text, ctype = http_get(port, "/metrics")
+        assert code == 200, text
+        assert ctype.startswith("text/plain; version=0.0.4")
+        assert metric(parse_metrics(text), "outbox_worker_info", worker=w.name) == 1
+
+        all_ids = ok + bad + busy
+
+        def finished():
+            rows = query(conn, "SELECT state, count(*) FROM effect_outbox WHERE effect_id = ANY(%s::uuid[]) "
+                               "GROUP BY 1", (all_ids,))
+            done = sum(n for st, n in rows if st in ("completed", "failed"))
+            return True if done == len(all_ids) else (False, dict(rows))
+
+        try:
+            wait_for(lambda: finished() is True, timeout=60, what="every effect completed or failed")
+        except AssertionError as e:
+            raise AssertionError(f"{e}: {finished()}\n{w.log()[-4000:]}") from None
+        assert scalar(conn, "SELECT count(*) FROM effect_outbox WHERE effect_id = ANY(%s::uuid[]) "
+                            "AND state = 'completed'", (ok,)) == len(ok)
+
+        def db_counts():
+            rows = query(conn, "SELECT outcome_class, count(*) FROM effect_attempts "
+                               "WHERE worker = %s GROUP BY 1", (w.name,))
+            return {k: v for k, v in rows}
+
+        def agree():
+            code, text, _ = http_get(port, "/metrics")
+            if code != 200:
+                return None
+            s = parse_metrics(text)
+            want = db_counts()
+            got = {o: metric(s, "outbox_sends_total", provider="http", outcome=o) for o in OUTCOMES}
+            if any(got[o] != want.get(o, 0) for o in OUTCOMES):
+                return None
+            if metric(s, "outbox_sends_in_flight") != 0 or metric(s, "outbox_db_up") != 1:
+                return None
+            return s
+
+        s = wait_for(agree, timeout=30, what="/metrics counters equal to effect_attempts")
+        want = db_counts()
+        assert want.get("accepted") == len(ok)
+        assert want.get("terminal") == len(bad)
+        assert want.get("retry") == len(busy) * 3          # max_attempts = 3, each 503
+        total = sum(want.get(o, 0) for o in OUTCOMES)
+        assert metric(s, "outbox_send_duration_seconds_count", provider="http") == total
+        assert metric(s, "outbox_send_duration_seconds_bucket", provider="http", le="+Inf") == total
+        assert metric(s, "outbox_send_duration_seconds_sum", provider="http") >= 0
+        assert metric(s, "outbox_retries_exhausted_total") == len(busy)
+        assert metric(s, "outbox_leased_total") >= total
+        assert metric(s, "outbox_lease_lost_total") == 0
+        assert metric(s, "outbox_kill_switch_blocked_total") == 0
+        assert metric(s, "outbox_unknown_effects") == \
+            scalar(conn, "SELECT count(*) FROM effect_outbox WHERE state = 'unknown'")
+        assert metric(s, "outbox_kill_switch_sends_allowed") == 1
+        # The sink saw exactly the calls the metrics counted.
+        assert len(sink.requests) == total
+
+        code, body, _ = wait_for(lambda: (lambda r: r if r[0] == 200 else None)(http_get(port, "/healthz")),
+                                 timeout=15, what="/healthz 200")
+        assert body == "ok"
+        code, body, _ = http_get(port, "/nope")
+        assert code == 404
+
+        # Kill switch off: new effects are blocked, counted, never sent.
+        kill_switch(conn, False)
+        held = [enqueue(conn, "http", sink.url(f"/ok/held-{i}"), {"body": {}}) for i in range(3)]
+        s = wait_for(lambda: (lambda s: s if metric(s, "outbox_kill_switch_blocked_total") >= 1
+                              and metric(s, "outbox_kill_switch_sends_allowed") == 0 else None)(
+                         parse_metrics(http_get(port, "/metrics")[1])),
+                     timeout=30, what="outbox_kill_switch_blocked_total >= 1")
+        assert scalar(conn, "SELECT count(*) FROM effect_attempts WHERE effect_id = ANY(%s::uuid[])",
+                      (held,)) == 0
+        assert scalar(conn, "SELECT count(*) FROM effect_outbox WHERE effect_id = ANY(%s::uuid[]) "
+                            "AND state = 'pending' AND attempts = 0", (held,)) == len(held)
+        assert len(sink.requests) == total
+        s = parse_metrics(http_get(port, "/metrics")[1])
+        assert metric(s, "outbox_sends_total", provider="http", outcome="accepted") == len(ok)
+
+
+@needs_worker
+def test_metrics_healthz_reports_database_down(db, tmp_path):
+    port = free_port()
+    dead = free_port()     # nothing listens there
+    d = Dispatcher(db, tmp_path, {"database": {"conninfo": f"host=127.0.0.1 port={dead} dbname=x "
+                                                           "connect_timeout=2"},
+                                  "metrics": {"listen": f"127.0.0.1:{port}"},
+                                  "dispatcher": {"maintenance_interval_ms": 200}})
+    d.start()
+    try:
+        code, body, _ = wait_for(
+            lambda: (lambda r: r if r[0] == 503 and "database" in r[1] else None)(http_get(port, "/healthz")),
+            timeout=30, what="/healthz 503 naming the database")
+        assert "unreachable" in body, body
+        s = parse_metrics(http_get(port, "/metrics")[1])
+        assert metric(s, "outbox_db_up") == 0
+    finally:
+        d.stop()
+
+
+@needs_worker
+def test_metrics_bind_failure_names_the_address(db, tmp_path):
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", 0))
+    holder.listen(1)
+    addr = "127.0.0.1:%d" % holder.getsockname()[1]
+    d = Dispatcher(db, tmp_path, {"metrics": {"listen": addr}})
+    try:
+        d.start(wait_ready=False)
+        rc = d.wait(timeout=30)
+        assert rc != 0
+        log = d.log()
+        assert addr in log and "Address already in use" in log, log
+    finally:
+        holder.close()
+        if d.proc.poll() is None:
+            d.kill()
+        else:
+            d.logf.close()
