@@ -48,7 +48,8 @@ all: $(BUILD)/outbox-dispatcher $(BUILD)/outboxctl $(PLUGINS)
 
 $(BUILD)/obj/%.o: %.c $(wildcard dispatcher/*.h providers/*.h providers/lib/*.h) Makefile
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -c -o $@ $<
+	@echo "  CC      $<"
+	@$(CC) $(CFLAGS) -c -o $@ $<
 
 # The migrations are compiled into outboxctl: an installed binary always
 # carries the schema it was built for.
@@ -58,22 +59,27 @@ $(BUILD)/gen/migrations.c: $(MIGRATIONS) dispatcher/gen_migrations.sh
 
 $(BUILD)/obj/migrations.o: $(BUILD)/gen/migrations.c dispatcher/migrate.h
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -c -o $@ $<
+	@echo "  CC      $<"
+	@$(CC) $(CFLAGS) -c -o $@ $<
 
 $(BUILD)/outbox-dispatcher: $(DAEMON_OBJ) $(CORE_OBJ)
-	$(CC) $(CFLAGS) -rdynamic -o $@ $^ $(LDFLAGS) $(PKG_LIBS) -ldl -lpthread -lm
+	@echo "  LD      $@"
+	@$(CC) $(CFLAGS) -rdynamic -o $@ $^ $(LDFLAGS) $(PKG_LIBS) -ldl -lpthread -lm
 
 $(BUILD)/outboxctl: $(CTL_OBJ) $(CORE_OBJ)
-	$(CC) $(CFLAGS) -o $@ $^ $(LDFLAGS) $(PKG_LIBS) -lm
+	@echo "  LD      $@"
+	@$(CC) $(CFLAGS) -o $@ $^ $(LDFLAGS) $(PKG_LIBS) -lm
 
 $(BUILD)/providers/outbox_%.so: $(BUILD)/obj/providers/%.o $(PROV_LIB_OBJ)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -shared -o $@ $^ $(LDFLAGS) $(PKG_LIBS) -lpthread
+	@echo "  LD      $@"
+	@$(CC) $(CFLAGS) -shared -o $@ $^ $(LDFLAGS) $(PKG_LIBS) -lpthread
 
 # Unit tests (cmocka) link the core objects they test.
 $(BUILD)/tests/test_%: tests/unit/test_%.c $(CORE_OBJ) $(BUILD)/obj/dispatcher/policy.o $(BUILD)/obj/dispatcher/hosts.o $(PROV_LIB_OBJ)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -o $@ $^ $(LDFLAGS) $(PKG_LIBS) $(shell pkg-config --libs cmocka) -lm
+	@echo "  LD      $@"
+	@$(CC) $(CFLAGS) -o $@ $^ $(LDFLAGS) $(PKG_LIBS) $(shell pkg-config --libs cmocka) -lm
 
 unit: $(UNIT_BIN)
 	@set -e; for t in $(UNIT_BIN); do echo "== $$t"; $$t; done

@@ -327,7 +327,7 @@ static void db_read(struct db *db)
 		db->last_result = NULL;
 		if (head->cb)
 			head->cb(db, r, head->arg);
-		else if (r && PQresultStatus(r) != PGRES_COMMAND_OK)
+		else if (r && PQresultStatus(r) != PGRES_COMMAND_OK && PQresultStatus(r) != PGRES_TUPLES_OK)
 			log_msg(OLOG_WARN, "db_error", "%s: %s", head->sql, PQresultErrorMessage(r));
 		PQclear(r);
 		query_free(head);

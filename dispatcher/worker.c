@@ -118,6 +118,7 @@ struct worker {
 	int64_t recon_next_mono;
 	uint64_t renew_gen;
 	int64_t last_register_mono;
+	int64_t complete_retry_mono;  /* after a refused outbox_complete() */
 
 	struct event *pump_ev, *poll_ev, *heartbeat_ev, *maint_ev, *grace_ev;
 	struct event *sigterm_ev, *sigint_ev, *sighup_ev;
@@ -298,13 +299,15 @@ static void on_complete(struct db *db, PGresult *r, void *arg)
 
 	(void)db;
 	if (!pg_ok(r, "outbox_complete")) {
-		/* Keep the evidence: back to the queue, tried again later. */
-		for (size_t i = 0; i < b->n; i++) {
+		/* Keep the evidence: back to the queue, tried again after a
+		 * pause (the database refused it; do not spin). */
+		for (size_t i = b->n; i-- > 0;) {
 			b->items[i]->phase = PH_DONE;
 			TAILQ_INSERT_HEAD(&w->done_q, b->items[i], link);
 		}
 		free(b);
 		w->complete_busy = false;
+		w->complete_retry_mono = now_mono_ms() + 1000;
 		return;
 	}
 	for (size_t i = 0; i < b->n; i++) {
@@ -337,7 +340,8 @@ static void flush_completions(struct worker *w)
 	const char *params[3];
 	size_t n = 0;
 
-	if (w->complete_busy || TAILQ_EMPTY(&w->done_q) || !db_is_up(w->db))
+	if (w->complete_busy || TAILQ_EMPTY(&w->done_q) || !db_is_up(w->db) ||
+	    now_mono_ms() < w->complete_retry_mono)
 		return;
 	b = batch_new(w, (size_t)w->s.complete_batch);
 	arr = json_array();

@@ -130,8 +130,17 @@ CREATE INDEX effect_attempts_effect_idx ON effect_attempts (effect_id, attempt);
 CREATE UNIQUE INDEX effect_attempts_call_uq ON effect_attempts (effect_id, attempt, lease_owner)
     WHERE worker NOT LIKE 'reaper:%' AND lease_owner IS NOT NULL;
 
-CREATE RULE effect_attempts_no_update AS ON UPDATE TO effect_attempts DO INSTEAD NOTHING;
-CREATE RULE effect_attempts_no_delete AS ON DELETE TO effect_attempts DO INSTEAD NOTHING;
+-- Append-only, enforced for every role (the table owner included).
+CREATE FUNCTION effect_attempts_append_only() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    RAISE EXCEPTION 'effect_attempts is append-only: % refused', TG_OP
+        USING ERRCODE = 'insufficient_privilege';
+END $$;
+
+CREATE TRIGGER effect_attempts_append_only
+    BEFORE UPDATE OR DELETE ON effect_attempts
+    FOR EACH ROW EXECUTE FUNCTION effect_attempts_append_only();
 
 -- Fleet-wide kill switch: exactly one row.  Deny by default.
 CREATE TABLE outbox_control (

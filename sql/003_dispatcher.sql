@@ -22,6 +22,7 @@ RETURNS TABLE (effect_id uuid, idempotency_key text, effect_type text, target te
                payload text, payload_hash text, effect_key text, attempts integer,
                metadata text, approved_by text)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
+#variable_conflict use_column
 BEGIN
     IF NOT p_env_enabled OR NOT (SELECT c.enabled FROM outbox_control c WHERE c.id = 1) THEN
         RETURN;
@@ -52,6 +53,7 @@ CREATE FUNCTION outbox_mark_sending(p_owner uuid, p_ids uuid[], p_env_enabled bo
                                     p_idempotent_types text[], p_lease_seconds integer)
 RETURNS TABLE (effect_id uuid, attempts integer, blocked boolean)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
+#variable_conflict use_column
 DECLARE
     allowed boolean;
     ids uuid[];
@@ -118,6 +120,7 @@ $$;
 CREATE FUNCTION outbox_release(p_owner uuid, p_ids uuid[], p_delay_ms bigint DEFAULT 0)
 RETURNS integer
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
+#variable_conflict use_column
 DECLARE
     n integer;
 BEGIN
@@ -137,6 +140,7 @@ END $$;
 CREATE FUNCTION outbox_advance_runs(p_failed text[], p_completed text[])
 RETURNS void
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
+#variable_conflict use_column
 BEGIN
     PERFORM 1 FROM workflow_runs w
      WHERE w.idempotency_key = ANY (p_failed || p_completed)
@@ -166,6 +170,7 @@ END $$;
 CREATE FUNCTION outbox_complete(p_owner uuid, p_worker text, p_results jsonb)
 RETURNS TABLE (effect_id uuid, applied boolean, state text)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
+#variable_conflict use_column
 DECLARE
     done_ids uuid[];
     failed_keys text[];
@@ -240,6 +245,7 @@ END $$;
 CREATE FUNCTION outbox_fail_invalid(p_owner uuid, p_items jsonb)
 RETURNS TABLE (effect_id uuid)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
+#variable_conflict use_column
 DECLARE
     keys text[];
     ids uuid[];
@@ -269,6 +275,7 @@ END $$;
 CREATE FUNCTION outbox_reap(p_worker text, p_limit integer DEFAULT 500)
 RETURNS TABLE (effect_id uuid, state text, lost_worker text)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
+#variable_conflict use_column
 BEGIN
     RETURN QUERY
     WITH expired AS (
@@ -321,6 +328,7 @@ $$;
 CREATE FUNCTION outbox_fail_unknown_types(p_grace_seconds integer, p_limit integer DEFAULT 500)
 RETURNS TABLE (effect_id uuid, effect_type text)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
+#variable_conflict use_column
 DECLARE
     ids uuid[];
     types text[];
@@ -357,6 +365,7 @@ CREATE FUNCTION outbox_kill_switch_set(p_enabled boolean, p_operator text, p_rea
 RETURNS TABLE (effect_id uuid, effect_key text, effect_type text, target text,
                worker text, sending_since timestamptz)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
+#variable_conflict use_column
 BEGIN
     IF p_operator IS NULL OR p_operator = '' OR p_reason IS NULL OR p_reason = '' THEN
         RAISE EXCEPTION 'outbox_kill_switch_set: operator and reason are required'

@@ -1,0 +1,184 @@
+#!/usr/bin/python3
+"""A local HTTP server with fault injection, for the dispatcher's tests,
+the demo and the chaos suite.
+
+The path picks the behaviour (query parameters tune it):
+
+  /ok                      200 {"id": "sink-<n>"}
+  /status/<code>           that status; ?retry_after=S adds Retry-After
+  /delay/<ms>              200 after <ms>
+  /close                   read the request, then close without answering
+  /hang                    read the request, never answer (until shutdown)
+  /trickle                 send the status line and headers one byte at a time, slowly
+  /flaky/<n>/<code>        the first <n> requests for a key get <code>, then 200
+  /idem                    an idempotency-aware endpoint: a repeated key gets the
+                           first answer again (and is counted as a replay)
+
+Every request is recorded (method, path, headers, body, key), and counted
+per Idempotency-Key, so tests can assert "received once".
+
+Run standalone: http_sink.py PORT [--quiet]  (prints "listening PORT").
+"""
+import http.server
+import json
+import socketserver
+import sys
+import threading
+import time
+from urllib.parse import parse_qs, urlsplit
+
+
+class Sink:
+    def __init__(self, host="127.0.0.1", port=0, quiet=True):
+        self.lock = threading.Lock()
+        self.requests = []
+        self.by_key = {}
+        self.flaky_seen = {}
+        self.idem_answers = {}
+        self.replays = 0
+        self.stopping = threading.Event()
+        self.quiet = quiet
+        sink = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, fmt, *args):
+                if not sink.quiet:
+                    sys.stderr.write("sink: " + fmt % args + "\n")
+
+            def do_POST(self):
+                sink._handle(self)
+
+            do_PUT = do_PATCH = do_DELETE = do_GET = do_POST
+
+        class Server(socketserver.ThreadingMixIn, http.server.HTTPServer):
+            daemon_threads = True
+            allow_reuse_address = True
+            request_queue_size = 1024
+
+        self.server = Server((host, port), Handler)
+        self.port = self.server.server_address[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def start(self):
+        self.thread.start()
+        return self
+
+    def stop(self):
+        self.stopping.set()
+        self.server.shutdown()
+        self.server.server_close()
+
+    # -- what tests read --------------------------------------------------
+    def count(self, key=None, path_prefix=None):
+        with self.lock:
+            return sum(1 for r in self.requests
+                       if (key is None or r["key"] == key)
+                       and (path_prefix is None or r["path"].startswith(path_prefix)))
+
+    def keys(self):
+        with self.lock:
+            return dict(self.by_key)
+
+    def received(self):
+        with self.lock:
+            return list(self.requests)
+
+    # -- behaviour --------------------------------------------------------
+    def _handle(self, h):
+        length = int(h.headers.get("Content-Length") or 0)
+        body = h.rfile.read(length) if length else b""
+        url = urlsplit(h.path)
+        q = parse_qs(url.query)
+        key = h.headers.get("Idempotency-Key")
+        with self.lock:
+            n = len(self.requests) + 1
+            self.requests.append({"n": n, "method": h.command, "path": url.path, "key": key,
+                                  "headers": {k.lower(): v for k, v in h.headers.items()},
+                                  "body": body, "t": time.time()})
+            if key:
+                self.by_key[key] = self.by_key.get(key, 0) + 1
+        parts = [p for p in url.path.split("/") if p]
+        kind = parts[0] if parts else "ok"
+
+        if kind == "ok":
+            return self._reply(h, 200, {"id": f"sink-{n}"})
+        if kind == "status":
+            code = int(parts[1])
+            extra = {}
+            if "retry_after" in q:
+                extra["Retry-After"] = q["retry_after"][0]
+            return self._reply(h, code, {"error": f"status {code}"} if code >= 300 else {"id": f"sink-{n}"},
+                               extra)
+        if kind == "delay":
+            if self.stopping.wait(int(parts[1]) / 1000.0):
+                return
+            return self._reply(h, 200, {"id": f"sink-{n}"})
+        if kind == "close":
+            h.close_connection = True
+            try:
+                h.connection.shutdown(2)
+            except OSError:
+                pass
+            return
+        if kind == "hang":
+            self.stopping.wait(3600)
+            h.close_connection = True
+            return
+        if kind == "trickle":
+            head = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n"
+            try:
+                for b in head:
+                    if self.stopping.wait(0.5):
+                        return
+                    h.wfile.write(bytes([b]))
+                    h.wfile.flush()
+                h.wfile.write(b"{}")
+            except OSError:
+                pass
+            return
+        if kind == "flaky":
+            limit, code = int(parts[1]), int(parts[2])
+            with self.lock:
+                seen = self.flaky_seen.get(key, 0) + 1
+                self.flaky_seen[key] = seen
+            if seen <= limit:
+                extra = {"Retry-After": q["retry_after"][0]} if "retry_after" in q else {}
+                return self._reply(h, code, {"error": "flaky"}, extra)
+            return self._reply(h, 200, {"id": f"sink-{n}"})
+        if kind == "idem":
+            with self.lock:
+                if key in self.idem_answers:
+                    self.replays += 1
+                    return self._reply(h, 200, self.idem_answers[key])
+                ans = {"id": f"idem-{n}"}
+                self.idem_answers[key] = ans
+            return self._reply(h, 200, ans)
+        return self._reply(h, 404, {"error": "no such path"})
+
+    @staticmethod
+    def _reply(h, code, obj, headers=None):
+        data = json.dumps(obj).encode()
+        try:
+            h.send_response(code)
+            h.send_header("Content-Type", "application/json")
+            h.send_header("Content-Length", str(len(data)))
+            for k, v in (headers or {}).items():
+                h.send_header(k, v)
+            h.end_headers()
+            h.wfile.write(data)
+        except OSError:
+            pass
+
+
+if __name__ == "__main__":
+    port = int(sys.argv[1]) if len(sys.argv) > 1 else 0
+    s = Sink(port=port, quiet="--quiet" in sys.argv).start()
+    print(f"listening {s.port}", flush=True)
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        s.stop()
