@@ -366,20 +366,45 @@ def test_metrics_scrape_agrees_with_database(conn, dispatchers):
         code, body, _ = http_get(port, "/nope")
         assert code == 404
 
-        # Kill switch off: new effects are blocked, counted, never sent.
+        # Kill switch off: the gauge says so, nothing new is leased or sent.
+        # (outbox_kill_switch_blocked_total counts only the sends caught at
+        # the sending transition itself, i.e. leased just before the flip.)
         kill_switch(conn, False)
         held = [enqueue(conn, "http", sink.url(f"/ok/held-{i}"), {"body": {}}) for i in range(3)]
-        s = wait_for(lambda: (lambda s: s if metric(s, "outbox_kill_switch_blocked_total") >= 1
-                              and metric(s, "outbox_kill_switch_sends_allowed") == 0 else None)(
-                         parse_metrics(http_get(port, "/metrics")[1])),
-                     timeout=30, what="outbox_kill_switch_blocked_total >= 1")
+
+        def scrape():
+            return parse_metrics(http_get(port, "/metrics")[1])
+
+        s = wait_for(lambda: (lambda s: s if metric(s, "outbox_kill_switch_sends_allowed") == 0
+                              else None)(scrape()),
+                     timeout=30, what="outbox_kill_switch_sends_allowed == 0")
+        # Two more housekeeping passes (the heartbeat age drops each time),
+        # each with polls in between, and still nothing sent.
+        for _ in range(2):
+            age = metric(scrape(), "outbox_loop_heartbeat_age_seconds")
+            wait_for(lambda: metric(scrape(), "outbox_loop_heartbeat_age_seconds") < age,
+                     timeout=30, what="a housekeeping pass")
+        s = scrape()
+        assert metric(s, "outbox_kill_switch_sends_allowed") == 0
+        assert metric(s, "outbox_sends_in_flight") == 0
+        assert metric(s, "outbox_sends_total", provider="http", outcome="accepted") == len(ok)
+        assert not [r for r in sink.requests if "held" in r]
         assert scalar(conn, "SELECT count(*) FROM effect_attempts WHERE effect_id = ANY(%s::uuid[])",
                       (held,)) == 0
         assert scalar(conn, "SELECT count(*) FROM effect_outbox WHERE effect_id = ANY(%s::uuid[]) "
                             "AND state = 'pending' AND attempts = 0", (held,)) == len(held)
-        assert len(sink.requests) == total
-        s = parse_metrics(http_get(port, "/metrics")[1])
-        assert metric(s, "outbox_sends_total", provider="http", outcome="accepted") == len(ok)
+
+        # On again: the held effects go out, each once, and the counters
+        # still agree with the attempts log.
+        kill_switch(conn, True)
+        wait_for(lambda: scalar(conn, "SELECT count(*) FROM effect_outbox WHERE effect_id = ANY(%s::uuid[]) "
+                                      "AND state = 'completed'", (held,)) == len(held),
+                 timeout=30, what="held effects completed")
+        s = wait_for(agree, timeout=30, what="/metrics counters equal to effect_attempts again")
+        assert metric(s, "outbox_sends_total", provider="http", outcome="accepted") == len(ok) + len(held)
+        assert sorted(r for r in sink.requests if "held" in r) == [f"/ok/held-{i}" for i in range(3)]
+        wait_for(lambda: metric(scrape(), "outbox_kill_switch_sends_allowed") == 1,
+                 timeout=30, what="outbox_kill_switch_sends_allowed == 1")
 
 
 @needs_worker
