@@ -16,9 +16,10 @@ uses it: upsert by External ID and lookup by External ID.
         401 [{"errorCode": "INVALID_SESSION_ID", "message": "Session expired or invalid"}]
 
 Faults are queued per (method, external id) and consumed one per request:
-    ("status", code, retry_after)  answer code (500/502/503/429/409, ...)
-                                   without touching the data; retry_after
-                                   (seconds or None) becomes Retry-After
+    ("status", code, retry_after[, errorCode])
+                 answer code (500/502/503/429/409, ...) without touching the
+                 data; retry_after (seconds, a date or None) becomes
+                 Retry-After; errorCode overrides the error array's code
     ("hang",)    read the body, STORE the record, then send nothing until
                  the client gives up (an ambiguous outcome that did happen)
     ("close",)   read the body, store the record, close without an answer
@@ -33,8 +34,11 @@ import re
 import ssl
 import sys
 import threading
-from collections import Counter, defaultdict, deque
+import time
+from collections import Counter, defaultdict, deque, namedtuple
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+Request = namedtuple("Request", "method path headers body ext at")
 
 PATH_RE = re.compile(r"^/services/data/(v\d+\.\d+)/sobjects/([A-Za-z][A-Za-z0-9_]*)/"
                      r"([A-Za-z][A-Za-z0-9_]*)/([^/?]+)(?:\?(.*))?$")
@@ -101,11 +105,14 @@ class _Handler(BaseHTTPRequestHandler):
         query = m.group(5) or ""
         fault = srv._next_fault(method, value)
         if fault and fault[0] == "status":
-            code, retry_after = fault[1], fault[2] if len(fault) > 2 else None
+            code = fault[1]
+            retry_after = fault[2] if len(fault) > 2 else None
             headers = {"Retry-After": str(retry_after)} if retry_after is not None else {}
             names = {500: "UNKNOWN_EXCEPTION", 502: "BAD_GATEWAY", 503: "SERVER_UNAVAILABLE",
-                     429: "REQUEST_LIMIT_EXCEEDED", 409: "UNABLE_TO_LOCK_ROW"}
-            return self._send(code, sf_errors(names.get(code, "ERROR"), f"injected {code}"), headers)
+                     429: "REQUEST_LIMIT_EXCEEDED", 409: "UNABLE_TO_LOCK_ROW",
+                     403: "REQUEST_LIMIT_EXCEEDED", 400: "UNABLE_TO_LOCK_ROW"}
+            err = fault[3] if len(fault) > 3 else names.get(code, "ERROR")
+            return self._send(code, sf_errors(err, f"injected {code}"), headers)
         if method == "GET":
             return self._lookup(version, obj, field, value, query)
         return self._upsert(version, obj, field, value, body, fault)
@@ -182,7 +189,7 @@ class CrmServer:
         self.ambiguous = {}          # external id -> [record ids]: 300
         self.invalid_fields = set()  # field names answered with 400 INVALID_FIELD
         self.records = {}            # (obj, field, value) -> dict with "Id"
-        self.requests = []           # (method, path, headers, body, ext)
+        self.requests = []           # Request tuples, in arrival order
         self.counts = Counter()      # (method, ext) -> n
         self._faults = defaultdict(deque)
         self._lock = threading.Lock()
@@ -236,7 +243,7 @@ class CrmServer:
     # -- internals --------------------------------------------------------
     def _log(self, method, path, headers, body, ext):
         with self._lock:
-            self.requests.append((method, path, headers, body, ext))
+            self.requests.append(Request(method, path, headers, body, ext, time.monotonic()))
             self.counts[(method, ext)] += 1
 
     def _next_fault(self, method, ext):
