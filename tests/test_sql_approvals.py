@@ -199,6 +199,16 @@ def test_token_is_consumed_once(conn):
     assert consume(conn, h, "reject", "mallory@example.com") == []
     assert snapshot(conn, key) == after_first
     assert n_effects(conn, key) == 2
+    # The token itself is spent, not only the run's state: even with the
+    # run awaiting a human again (a later approval round), the old token
+    # does nothing.
+    query(conn, "UPDATE workflow_runs SET state = 'awaiting_human' WHERE idempotency_key = %s",
+          (key,))
+    again = snapshot(conn, key)
+    assert consume(conn, h, "reject", "mallory@example.com") == []
+    assert consume(conn, h, "approve", "mallory@example.com") == []
+    assert snapshot(conn, key) == again
+    assert approval(conn, key)["approver_subject"] == "alice@example.com"
 
 
 def test_concurrent_consumes_enqueue_once(db, conn):
