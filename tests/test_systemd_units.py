@@ -6,9 +6,11 @@ import json
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import urllib.error
 import urllib.request
@@ -446,3 +448,73 @@ def test_metrics_bind_failure_names_the_address(db, tmp_path):
             d.kill()
         else:
             d.logf.close()
+
+
+# ---- sd_notify from a running worker ---------------------------------------
+
+class NotifySocket:
+    """A stand-in for systemd's NOTIFY_SOCKET: collects the datagrams."""
+
+    def __init__(self, path):
+        self.path = path
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.sock.bind(path)
+        self.sock.settimeout(0.2)
+        self.messages = []
+        self.running = True
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self):
+        while self.running:
+            try:
+                self.messages.append(self.sock.recv(4096).decode())
+            except socket.timeout:
+                continue
+            except OSError:
+                return
+
+    def count(self, pred):
+        return sum(1 for m in list(self.messages) if pred(m))
+
+    def close(self):
+        self.running = False
+        self.thread.join()
+        self.sock.close()
+
+
+@needs_worker
+def test_systemd_notify_protocol(dispatchers, tmp_path):
+    sockdir = tempfile.mkdtemp(prefix="outbox-notify-")     # short: sun_path is 108 bytes
+    ns = NotifySocket(os.path.join(sockdir, "notify"))
+    try:
+        w = dispatchers(env={"NOTIFY_SOCKET": ns.path, "WATCHDOG_USEC": "400000"})
+        wait_for(lambda: ns.count(lambda m: m.startswith("READY=1\nSTATUS=")), what="READY=1")
+        # Pings from the loop every WatchdogSec/2 = 200 ms.
+        wait_for(lambda: ns.count(lambda m: m == "WATCHDOG=1") >= 3, timeout=10, what="3 watchdog pings")
+
+        # SIGHUP: RELOADING=1 with MONOTONIC_USEC, then READY=1 again.
+        w.signal(signal.SIGHUP)
+        wait_for(lambda: ns.count(lambda m: m.startswith("READY=1\nSTATUS=config reloaded")),
+                 what="READY=1 after reload")
+        reloading = [m for m in ns.messages if m.startswith("RELOADING=1")]
+        assert len(reloading) == 1 and re.search(r"\nMONOTONIC_USEC=\d+$", reloading[0]), reloading
+
+        # A broken config is refused: READY=1 with a status that says so.
+        with open(w.config_path, "a") as f:
+            f.write("\n[dispatcher]\nlease_seconds = banana\n")
+        w.signal(signal.SIGHUP)
+        wait_for(lambda: ns.count(lambda m: m.startswith("READY=1\nSTATUS=reload failed")),
+                 what="READY=1 reporting the failed reload")
+        assert w.proc.poll() is None
+
+        # SIGTERM: STOPPING=1, and a clean exit.
+        assert w.stop() == 0
+        assert ns.count(lambda m: m.startswith("STOPPING=1")) == 1
+        # Every message is KEY=VALUE lines (a STATUS never spans lines).
+        for m in ns.messages:
+            for line in m.split("\n"):
+                assert re.match(r"^[A-Z_]+=", line), m
+    finally:
+        ns.close()
+        shutil.rmtree(sockdir, ignore_errors=True)
