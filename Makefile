@@ -18,8 +18,8 @@ PKG_LIBS   := $(shell pkg-config --libs $(PKGS))
 
 WARN      := -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wmissing-prototypes \
              -Wno-unused-parameter -Wformat=2
-CFLAGS    ?= -O2 -g
-CFLAGS    += -DOUTBOX_LIBDIR=\"$(PREFIX)/lib/outbox-dispatcher/providers\" -std=c11 -D_GNU_SOURCE $(WARN) -fPIC -Idispatcher -Iproviders $(PKG_CFLAGS) $(EXTRA_CFLAGS)
+OPT       ?= -O2 -g
+CFLAGS    := $(OPT) -DOUTBOX_LIBDIR=\"$(PREFIX)/lib/outbox-dispatcher/providers\" -std=c11 -D_GNU_SOURCE $(WARN) -fPIC -Idispatcher -Iproviders $(PKG_CFLAGS) $(EXTRA_CFLAGS)
 LDFLAGS   += $(EXTRA_LDFLAGS)
 
 # Core objects shared by the daemon and outboxctl.
@@ -88,7 +88,7 @@ unit: $(UNIT_BIN)
 # objects; tests/run.sh starts PostgreSQL and runs every suite.
 SAN_FLAGS := -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all
 test:
-	$(MAKE) BUILD=build-asan CFLAGS="$(SAN_FLAGS)" EXTRA_LDFLAGS="-fsanitize=address,undefined" all $(patsubst $(BUILD)/%,build-asan/%,$(UNIT_BIN))
+	$(MAKE) BUILD=build-asan OPT="$(SAN_FLAGS)" EXTRA_LDFLAGS="-fsanitize=address,undefined" all $(patsubst $(BUILD)/%,build-asan/%,$(UNIT_BIN))
 	BUILD_DIR=build-asan sh tests/run.sh
 
 cppcheck:

@@ -33,6 +33,9 @@ REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA public FROM PUBLIC;
 
 GRANT USAGE ON SCHEMA public TO outbox_producer, outbox_dispatcher, outbox_operator;
 
+-- The generated columns effect_key and payload_hash call it on insert.
+GRANT EXECUTE ON FUNCTION outbox_sha256_hex(text) TO outbox_producer, outbox_dispatcher;
+
 -- Producer: read runs and effects (to report the current state on a
 -- duplicate delivery), insert effects with the columns a producer owns,
 -- read approvals without the token hash, call the producer functions.

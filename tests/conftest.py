@@ -49,7 +49,11 @@ def db(template_db):
     conn.autocommit = True
     with conn.cursor() as cur:
         cur.execute(f"CREATE DATABASE {name} TEMPLATE {template_db}")
+    conn.close()
     yield dsn_for(name)
+    # A fresh connection: a test may have restarted the server.
+    conn = psycopg2.connect(admin_dsn())
+    conn.autocommit = True
     with conn.cursor() as cur:
         cur.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
     conn.close()
@@ -85,3 +89,13 @@ def dispatchers(db, tmp_path):
 @pytest.fixture(scope="session")
 def build_dir():
     return BUILD_DIR
+
+
+@pytest.fixture
+def sink():
+    """A fault-injecting HTTP server on a free loopback port."""
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "servers"))
+    from http_sink import Sink
+    s = Sink().start()
+    yield s
+    s.stop()

@@ -217,3 +217,16 @@ def connect(dsn):
     c = psycopg2.connect(dsn)
     c.autocommit = True
     return c
+
+
+def pg_restart():
+    """Restart the test PostgreSQL server in place (same port), as root
+    through the postgres user like tests/lib/pg.sh does."""
+    d = os.environ["PG_TEST_DIR"]
+    pg_ctl = os.path.join(os.environ["PG_BIN"], "pg_ctl")
+    cmd = f"'{pg_ctl}' -D '{d}/data' -m fast -w -t 60 restart -l '{d}/server.log'"
+    if os.geteuid() == 0:
+        subprocess.run(["su", "-s", "/bin/sh", "postgres", "-c", cmd], check=True,
+                       capture_output=True)
+    else:
+        subprocess.run(["sh", "-c", cmd], check=True, capture_output=True)

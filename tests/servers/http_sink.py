@@ -36,6 +36,8 @@ class Sink:
         self.flaky_seen = {}
         self.idem_answers = {}
         self.replays = 0
+        self.active = 0
+        self.max_active = 0
         self.stopping = threading.Event()
         self.quiet = quiet
         sink = self
@@ -88,6 +90,16 @@ class Sink:
 
     # -- behaviour --------------------------------------------------------
     def _handle(self, h):
+        with self.lock:
+            self.active += 1
+            self.max_active = max(self.max_active, self.active)
+        try:
+            self._serve(h)
+        finally:
+            with self.lock:
+                self.active -= 1
+
+    def _serve(self, h):
         length = int(h.headers.get("Content-Length") or 0)
         body = h.rfile.read(length) if length else b""
         url = urlsplit(h.path)
