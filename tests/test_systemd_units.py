@@ -518,3 +518,86 @@ def test_systemd_notify_protocol(dispatchers, tmp_path):
     finally:
         ns.close()
         shutil.rmtree(sockdir, ignore_errors=True)
+
+
+# ---- the unit's sandbox against what the worker really does ----------------
+
+def expand_syscall_group(name, seen=None):
+    """The syscall names of a systemd group, nested groups expanded."""
+    seen = set() if seen is None else seen
+    if name in seen:
+        return set()
+    seen.add(name)
+    r = analyze("syscall-filter", name)
+    assert r.returncode == 0, r.stderr
+    out = set()
+    for line in r.stdout.splitlines()[1:]:
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        out |= expand_syscall_group(line, seen) if line.startswith("@") else {line}
+    return out
+
+
+def sanitizer_build(path):
+    with open(path, "rb") as f:
+        return b"__asan_init" in f.read() or b"__ubsan_handle" in f.read()
+
+
+@needs_analyze
+@needs_worker
+@pytest.mark.skipif(shutil.which("strace") is None, reason="strace is not installed")
+def test_systemd_sandbox_fits_the_worker(conn, db, tmp_path):
+    """Run the worker under strace through start, sends, a reload and a stop,
+    and check what it did against the unit's SystemCallFilter=,
+    RestrictAddressFamilies= and MemoryDenyWriteExecute=."""
+    if sanitizer_build(DAEMON):
+        pytest.skip("sanitizer build: the runtime makes syscalls the shipped binary does not")
+    d = unit_directives(os.path.join(UNIT_DIR, TEMPLATE))
+    allowed, denied = set(), set()
+    for v in d[("Service", "SystemCallFilter")]:
+        target = denied if v.startswith("~") else allowed
+        for item in v.lstrip("~").split():
+            target |= expand_syscall_group(item) if item.startswith("@") else {item}
+    allowed -= denied
+    families = set(d[("Service", "RestrictAddressFamilies")][-1].split())
+
+    port = free_port()
+    trace = tmp_path / "strace.out"
+    kill_switch(conn, True)
+    with Sink() as sink:
+        ids = [enqueue(conn, "http", sink.url(f"/ok/{i}"), {"body": {"n": i}}) for i in range(3)]
+        w = Dispatcher(db, tmp_path, {"metrics": {"listen": f"127.0.0.1:{port}"}})
+        real_start = subprocess.Popen
+
+        def traced(argv, **kw):
+            return real_start(["strace", "-f", "-qq", "-o", str(trace)] + argv, **kw)
+        subprocess.Popen = traced
+        try:
+            w.start()
+        finally:
+            subprocess.Popen = real_start
+        wait_for(lambda: scalar(conn, "SELECT count(*) FROM effect_outbox WHERE effect_id = ANY(%s::uuid[]) "
+                                      "AND state = 'completed'", (ids,)) == len(ids),
+                 what="sends completed under strace")
+        assert http_get(port, "/metrics")[0] == 200
+        # w.proc is strace: signal the worker itself, strace ends with it.
+        with open(f"/proc/{w.proc.pid}/task/{w.proc.pid}/children") as f:
+            worker_pid = int(f.read().split()[0])
+        os.kill(worker_pid, signal.SIGHUP)
+        wait_for(lambda: any(e.get("event") == "reloaded" for e in w.events()), what="reload")
+        os.kill(worker_pid, signal.SIGTERM)
+        assert w.wait(timeout=30) == 0
+        w.logf.close()
+
+    text = trace.read_text()
+    used = set(re.findall(r"^\d+\s+([a-z_0-9]+)\(", text, re.M))
+    # The exec itself, and what strace does around it, are not the worker's.
+    used -= {"execve"}
+    assert used, text[:2000]
+    assert not used - allowed, f"syscalls outside SystemCallFilter: {sorted(used - allowed)}"
+    socket_families = set(re.findall(r"\bsocket\((AF_[A-Z0-9]+)", text))
+    assert socket_families <= families, f"socket families outside RestrictAddressFamilies: {socket_families}"
+    wx = [line for line in text.splitlines()
+          if re.search(r"\b(mmap|mprotect)\(", line) and "PROT_WRITE" in line and "PROT_EXEC" in line]
+    assert not wx, f"writable+executable mappings (MemoryDenyWriteExecute=yes): {wx[:3]}"
