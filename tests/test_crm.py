@@ -308,6 +308,22 @@ def test_ambiguous_with_attempts_exhausted_goes_unknown_then_reconciles(conn, di
     assert classes(conn, eid) == [("ambiguous", None), ("reconciled_sent", 200)]
 
 
+def test_stop_with_a_call_in_flight_abandons_it_cleanly(conn, dispatchers, crm, token_file):
+    """SIGTERM while the CRM has not answered: after the grace period the
+    provider drops the transfer (no done call, nothing leaked) and the
+    worker exits 0; the effect stays `sending` for the reaper."""
+    kill_switch(conn, True)
+    eid, key = crm_effect(conn, {"Subject": "x"})
+    crm.fault("PATCH", key, ("hang",))
+    cfg = crm_config(crm.url, token_file, timeout_ms=60000)
+    cfg["dispatcher"]["shutdown_grace_ms"] = 200
+    w = dispatchers(cfg)
+    wait_for(lambda: crm.count(key, "PATCH") == 1, what="the call in flight")
+    assert w.stop() == 0, w.log()
+    assert "Sanitizer" not in w.log()
+    assert effect(conn, eid)["state"] == "sending"
+
+
 def test_connection_refused_is_not_sent(conn, dispatchers, token_file):
     kill_switch(conn, True)
     # A port nothing listens on: bind, learn it, close.
