@@ -17,7 +17,8 @@ The path picks the behaviour (query parameters tune it):
 Every request is recorded (method, path, headers, body, key), and counted
 per Idempotency-Key, so tests can assert "received once".
 
-Run standalone: http_sink.py PORT [--quiet]  (prints "listening PORT").
+Run standalone: http_sink.py PORT [--quiet] [--log FILE]  (prints
+"listening PORT"; --log appends one JSON line per request received).
 """
 import http.server
 import json
@@ -29,7 +30,8 @@ from urllib.parse import parse_qs, urlsplit
 
 
 class Sink:
-    def __init__(self, host="127.0.0.1", port=0, quiet=True):
+    def __init__(self, host="127.0.0.1", port=0, quiet=True, log_path=None):
+        self.log_file = open(log_path, "a", buffering=1) if log_path else None
         self.lock = threading.Lock()
         self.requests = []
         self.by_key = {}
@@ -112,6 +114,9 @@ class Sink:
                                   "body": body, "t": time.time()})
             if key:
                 self.by_key[key] = self.by_key.get(key, 0) + 1
+            if self.log_file:
+                self.log_file.write(json.dumps({"n": n, "method": h.command, "path": url.path,
+                                                "key": key, "t": time.time()}) + "\n")
         parts = [p for p in url.path.split("/") if p]
         kind = parts[0] if parts else "ok"
 
@@ -187,7 +192,8 @@ class Sink:
 
 if __name__ == "__main__":
     port = int(sys.argv[1]) if len(sys.argv) > 1 else 0
-    s = Sink(port=port, quiet="--quiet" in sys.argv).start()
+    log = sys.argv[sys.argv.index("--log") + 1] if "--log" in sys.argv else None
+    s = Sink(port=port, quiet="--quiet" in sys.argv, log_path=log).start()
     print(f"listening {s.port}", flush=True)
     try:
         while True:

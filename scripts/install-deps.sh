@@ -1,0 +1,17 @@
+#!/bin/sh
+# scripts/install-deps.sh: every Debian 12 package the build, the tests and
+# the demo need.  Idempotent; run as root (or through sudo).
+set -eu
+PKGS="build-essential pkg-config git ca-certificates openssl
+      libpq-dev libcurl4-openssl-dev libesmtp-dev libjansson-dev libevent-dev
+      libinih-dev libsystemd-dev libssl-dev libcmocka-dev
+      postgresql postgresql-contrib
+      python3 python3-pytest python3-psycopg2 python3-aiosmtpd
+      clang libclang-rt-14-dev cppcheck systemd valgrind"
+SUDO=
+[ "$(id -u)" = 0 ] || SUDO=sudo
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -q
+# shellcheck disable=SC2086
+$SUDO apt-get install -y -q --no-install-recommends $PKGS
+# The Debian package starts a cluster of its own; the tests never use it.
