@@ -433,7 +433,7 @@ static void start_send(struct worker *w, struct effect *e, int attempt)
 	metrics_set(G_IN_FLIGHT, w->n_sending);
 	if (!e->prov->ops->send(e->prov->self, &e->view, on_send_done, e, err, sizeof(err))) {
 		struct outbox_result r = { .outcome = OUTCOME_NOT_SENT, .retry_after_ms = -1 };
-		snprintf(r.error, sizeof(r.error), "could not start: %s", err[0] ? err : "provider refused");
+		snprintf(r.error, sizeof(r.error), "could not start: %.480s", err[0] ? err : "provider refused");
 		on_send_done(e, &r);
 	}
 }
@@ -759,7 +759,7 @@ static void on_recon_leased(struct db *db, PGresult *r, void *arg)
 		effect_fill_view(e, e->prior_attempts);
 		if (!e->prov->ops->reconcile(e->prov->self, &e->view, on_recon_done, e, err, sizeof(err))) {
 			struct outbox_recon_result rr = { .verdict = RECON_CANNOT_TELL };
-			snprintf(rr.error, sizeof(rr.error), "could not ask: %s", err);
+			snprintf(rr.error, sizeof(rr.error), "could not ask: %.480s", err);
 			on_recon_done(e, &rr);
 		}
 	}

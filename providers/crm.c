@@ -15,6 +15,7 @@
  * curl_loop; a call's state lives in one struct crm_call until its done
  * callback has returned.
  */
+#include <arpa/inet.h>
 #include <ctype.h>
 #include <curl/curl.h>
 #include <errno.h>
@@ -33,7 +34,9 @@
 #define CRM_NAME          "crm"
 #define CRM_NAME_MAX      80        /* Salesforce API names are at most 80 */
 #define CRM_RESP_MAX      (1 << 20) /* response bytes kept; the rest is dropped */
-#define CRM_URL_MAX       2048
+#define CRM_INSTANCE_URL_MAX 1024
+/* instance URL + "/services/data/vNN.N/sobjects/" + 2 names + key + query */
+#define CRM_URL_MAX       (CRM_INSTANCE_URL_MAX + 64 + 2 * CRM_NAME_MAX + 2 + 255 + 16)
 
 static const struct outbox_conf_key crm_keys[] = {
 	{ "instance_url", CONF_STR, "", 0, 0,
@@ -146,10 +149,16 @@ static bool id_ok(const char *s)
 	return true;
 }
 
+/* Plain http is for a local test server only: "localhost", 127.0.0.0/8
+ * written as an address, or [::1].  ("127.example.com" is a name, not a
+ * loopback address.) */
 static bool is_loopback_host(const char *h)
 {
-	return strcmp(h, "127.0.0.1") == 0 || strcmp(h, "localhost") == 0 ||
-	       strcmp(h, "[::1]") == 0 || strcmp(h, "::1") == 0 || strncmp(h, "127.", 4) == 0;
+	struct in_addr a4;
+
+	if (strcmp(h, "localhost") == 0 || strcmp(h, "[::1]") == 0 || strcmp(h, "::1") == 0)
+		return true;
+	return inet_pton(AF_INET, h, &a4) == 1 && (ntohl(a4.s_addr) >> 24) == 127;
 }
 
 /* ---------------------------------------------------------------------- */
@@ -168,6 +177,11 @@ static bool parse_instance_url(struct crm *c, const char *url, const char *api_v
 	if (u == NULL) {
 		fmt(err, errlen, "out of memory");
 		return false;
+	}
+	if (strlen(url) > CRM_INSTANCE_URL_MAX) {
+		fmt(err, errlen, "%s: longer than %d characters", h->conf_where(c->conf, "instance_url"),
+		    CRM_INSTANCE_URL_MAX);
+		goto out;
 	}
 	if (url[0] == '\0') {
 		fmt(err, errlen, "%s: required: the org's URL, e.g. https://example.my.salesforce.com",
@@ -717,10 +731,12 @@ static bool body_id(const struct crm_call *k, const char *name, char *dst, size_
 static bool request_started(CURL *easy)
 {
 	curl_off_t pre = 0;
+	long sent = 0;
 
-	if (curl_easy_getinfo(easy, CURLINFO_PRETRANSFER_TIME_T, &pre) != CURLE_OK)
+	if (curl_easy_getinfo(easy, CURLINFO_PRETRANSFER_TIME_T, &pre) != CURLE_OK ||
+	    curl_easy_getinfo(easy, CURLINFO_REQUEST_SIZE, &sent) != CURLE_OK)
 		return true;
-	return pre > 0;
+	return pre > 0 || sent > 0;
 }
 
 static void transport_error(CURL *easy, CURLcode rc, const struct crm_call *k, char *dst, size_t len)

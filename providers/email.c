@@ -709,7 +709,7 @@ struct email_job {
 	bool cancel;                    /* do not commit the end of data */
 	int64_t started_ms, end_ms;
 	struct reply mail, rcpt_reply, data_cmd, final, session, auth;
-	bool auth_ok, starttls_sent, tls_ok, tls_refused, starttls_missing, aborted_auth;
+	bool auth_ok, starttls_sent, tls_ok, tls_refused, starttls_missing;
 	char tls_why[160];
 	char last_cmd[8];
 	struct outbox_result result;    /* by the thread when FINISHED */
@@ -889,6 +889,15 @@ static void job_classify(struct email_job *j, bool abandoned, const char *lib_er
 		           j->auth.text);
 		return;
 	}
+	if (em->username && !j->auth_ok && j->phase >= PH_ENVELOPE) {
+		/* AUTH is configured but did not happen: whatever the relay
+		 * said to MAIL/RCPT, on_message would not have handed over an
+		 * unauthenticated message. */
+		result_set(r, OUTCOME_TERMINAL, 0,
+		           "relay %s offered no usable AUTH mechanism for username (PLAIN and LOGIN "
+		           "are only used inside TLS); nothing sent", em->server);
+		return;
+	}
 	if (j->mail.code == 0) {
 		if (j->phase >= PH_ENVELOPE) {
 			result_set(r, OUTCOME_RETRY, 0, "no reply to MAIL FROM: %s; nothing sent", why);
@@ -919,12 +928,6 @@ static void job_classify(struct email_job *j, bool abandoned, const char *lib_er
 	if (j->rcpt_reply.code / 100 != 2) {
 		result_set(r, class_of(j->rcpt_reply.code), j->rcpt_reply.code,
 		           "RCPT TO refused: %d %s", j->rcpt_reply.code, j->rcpt_reply.text);
-		return;
-	}
-	if (j->aborted_auth) {
-		result_set(r, OUTCOME_TERMINAL, 0,
-		           "relay %s offered no usable AUTH mechanism for username (PLAIN and LOGIN "
-		           "are only used over TLS); transfer aborted, nothing sent", em->server);
 		return;
 	}
 	if (j->phase < PH_DATA) {
@@ -1151,7 +1154,6 @@ static const char *on_message(void **ctx, int *len, void *arg)
 	} else if (em->username && !j->auth_ok) {
 		/* AUTH was configured but did not happen: do not hand an
 		 * unauthenticated message to the relay. */
-		j->aborted_auth = true;
 		abort_now = true;
 	} else if (j->msg_pos < j->message_len) {
 		out = j->message + j->msg_pos;
@@ -1205,7 +1207,7 @@ static void job_run(struct email_job *j)
 	}
 	/* libesmtp's timeouts are per read; the loop's timer bounds the whole
 	 * call.  Give libesmtp what is left, so the thread ends soon after. */
-	per_read = (long)(j->deadline_ms - mono_ms()) + 200;
+	per_read = (long)(j->deadline_ms - mono_ms()) + 500;
 	if (per_read < 1000)
 		per_read = 1000;
 	smtp_set_timeout(s, Timeout_GREETING | Timeout_OVERRIDE_RFC2822_MINIMUM, per_read);

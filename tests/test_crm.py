@@ -396,6 +396,8 @@ def test_invalid_effects_fail_without_a_call(conn, dispatchers, crm, token_file,
 @pytest.mark.parametrize("section,words", [
     ({"instance_url": ""}, "instance_url: required"),
     ({"instance_url": "http://crm.example.com"}, "must be https://"),
+    ({"instance_url": "http://127.0.0.1.nip.io"}, "must be https://"),
+    ({"instance_url": "ftp://127.0.0.1"}, "must be https://"),
     ({"instance_url": "https://x.my.salesforce.com/services"}, "no path"),
     ({"api_version": "59"}, "api_version: must look like v59.0"),
     ({"access_token": ""}, "access_token: required"),

@@ -7,7 +7,8 @@
  * checker from dispatcher/config.c for [provider.NAME]), then, on a fresh
  * event_base, runs validate() and send() for each effect of EFFECTS.json
  * (one object or an array; each {"effect_id", "effect_key", "target",
- * "payload", "run_key"?, "attempt"?}) and prints one JSON line per effect
+ * "payload", "run_key"?, "attempt"?, "target_hex"?}; target_hex gives the
+ * target as raw bytes, for input JSON cannot carry) and prints one JSON line per effect
  * on stdout:
  *
  *   {"effect_id": ..., "stage": "validate"|"send"|"done", "outcome": ...,
@@ -41,6 +42,7 @@
 
 struct pending {
 	size_t slot;
+	char *target;             /* from target_hex */
 	json_t *effect;           /* keeps the strings alive until done */
 	struct outbox_effect view;
 	char host_key[256];
@@ -100,6 +102,7 @@ static void on_done(void *token, const struct outbox_result *r)
 	                     (json_int_t)(now_mono_ms() - p->started)));
 	slots[p->slot] = NULL;
 	json_decref(p->effect);
+	free(p->target);
 	free(p);
 	if (--outstanding == 0)
 		event_base_loopbreak(base);
@@ -208,6 +211,14 @@ int main(int argc, char **argv)
 		p->view.effect_key = str_of(e, "effect_key", "");
 		p->view.effect_type = ops->name;
 		p->view.target = str_of(e, "target", "");
+		if (json_is_string(json_object_get(e, "target_hex"))) {
+			const char *h = str_of(e, "target_hex", "");
+			size_t n = strlen(h) / 2;
+			p->target = xcalloc(n + 1, 1);
+			for (size_t k = 0; k < n; k++)
+				sscanf(h + 2 * k, "%2hhx", (unsigned char *)&p->target[k]);
+			p->view.target = p->target;
+		}
 		p->view.payload = json_object_get(e, "payload");
 		p->view.payload_hash = "";
 		p->view.attempt = json_is_integer(json_object_get(e, "attempt"))
@@ -219,6 +230,7 @@ int main(int argc, char **argv)
 			print_line(json_pack("{s:s,s:s,s:s}", "effect_id", p->view.effect_id, "stage",
 			                     "validate", "error", err));
 			json_decref(p->effect);
+			free(p->target);
 			free(p);
 			continue;
 		}
@@ -230,6 +242,7 @@ int main(int argc, char **argv)
 			print_line(json_pack("{s:s,s:s,s:s}", "effect_id", p->view.effect_id, "stage", "send",
 			                     "error", err));
 			json_decref(p->effect);
+			free(p->target);
 			free(p);
 		}
 	}
@@ -252,6 +265,7 @@ int main(int argc, char **argv)
 	for (size_t i = 0; i < n_effects; i++)
 		if (slots[i]) {
 			json_decref(slots[i]->effect);
+			free(slots[i]->target);
 			free(slots[i]);
 		}
 	free(slots);
