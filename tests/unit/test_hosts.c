@@ -1,0 +1,329 @@
+/*
+ * test_hosts.c: dispatcher/hosts.c, per-host concurrency and the circuit
+ * breaker: closed → open after N consecutive host failures, open waits
+ * open_ms, half-open lets exactly one probe through, the probe's success
+ * closes and its failure re-opens; 4xx answers are not host failures.
+ * The clock is passed in, so no test sleeps.
+ */
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <stdio.h>
+#include <string.h>
+
+#include "hosts.h"
+
+#define N_FAIL   3
+#define OPEN_MS  30000
+#define T0       1000000
+
+static struct outbox_result res(enum outbox_outcome o, int status)
+{
+	struct outbox_result r;
+
+	memset(&r, 0, sizeof(r));
+	r.outcome = o;
+	r.status = status;
+	r.retry_after_ms = -1;
+	return r;
+}
+
+static const struct outbox_result *ok(void)
+{
+	static struct outbox_result r;
+	r = res(OUTCOME_ACCEPTED, 200);
+	return &r;
+}
+
+static const struct outbox_result *down(void)
+{
+	static struct outbox_result r;
+	r = res(OUTCOME_NOT_SENT, 0);
+	return &r;
+}
+
+/* One whole send: may_send, started, done.  Returns host_send_done's value. */
+static bool send_one(struct host_state *hs, const struct outbox_result *r, int64_t now)
+{
+	int64_t wait = -1;
+
+	assert_true(host_may_send(hs, 16, now, &wait));
+	assert_int_equal(wait, 0);
+	host_send_started(hs);
+	return host_send_done(hs, r, N_FAIL, OPEN_MS, now);
+}
+
+static int setup(void **state)
+{
+	*state = hosts_new();
+	return *state ? 0 : -1;
+}
+
+static int teardown(void **state)
+{
+	hosts_free(*state);
+	return 0;
+}
+
+static void test_lookup(void **state)
+{
+	struct hosts *h = *state;
+	struct host_state *a = hosts_get(h, "http|https://a.example:443");
+	struct host_state *b = hosts_get(h, "http|https://b.example:443");
+	char key[64];
+
+	assert_non_null(a);
+	assert_ptr_not_equal(a, b);
+	assert_ptr_equal(hosts_get(h, "http|https://a.example:443"), a);
+	assert_string_equal(a->key, "http|https://a.example:443");
+	assert_int_equal(a->breaker, BREAKER_CLOSED);
+	assert_int_equal(a->in_flight, 0);
+	/* many hosts (more than the buckets): each found again, state kept */
+	for (int i = 0; i < 2000; i++) {
+		snprintf(key, sizeof(key), "http|https://h%d.example:443", i);
+		hosts_get(h, key)->failures = i;
+	}
+	for (int i = 0; i < 2000; i++) {
+		snprintf(key, sizeof(key), "http|https://h%d.example:443", i);
+		assert_int_equal(hosts_get(h, key)->failures, i);
+	}
+	hosts_free(NULL);
+}
+
+static void test_per_host_concurrency(void **state)
+{
+	struct hosts *h = *state;
+	struct host_state *a = hosts_get(h, "a"), *b = hosts_get(h, "b");
+	int64_t wait = -1;
+
+	assert_true(host_may_send(a, 2, T0, &wait));
+	host_send_started(a);
+	assert_true(host_may_send(a, 2, T0, &wait));
+	host_send_started(a);
+	assert_int_equal(a->in_flight, 2);
+	/* full: wait for a slot (0), not for the breaker */
+	wait = -1;
+	assert_false(host_may_send(a, 2, T0, &wait));
+	assert_int_equal(wait, 0);
+	/* another host is not affected */
+	assert_true(host_may_send(b, 2, T0, &wait));
+	/* a finished send frees a slot, whatever its outcome */
+	assert_false(host_send_done(a, down(), N_FAIL, OPEN_MS, T0));
+	assert_true(host_may_send(a, 2, T0, &wait));
+	assert_false(host_send_done(a, ok(), N_FAIL, OPEN_MS, T0));
+	assert_int_equal(a->in_flight, 0);
+	/* never below zero */
+	assert_false(host_send_done(a, ok(), N_FAIL, OPEN_MS, T0));
+	assert_int_equal(a->in_flight, 0);
+}
+
+static void test_opens_after_n_consecutive_failures(void **state)
+{
+	struct host_state *hs = hosts_get(*state, "dead");
+	int64_t wait = -1;
+
+	for (int i = 1; i < N_FAIL; i++) {
+		assert_false(send_one(hs, down(), T0));
+		assert_int_equal(hs->breaker, BREAKER_CLOSED);
+		assert_int_equal(hs->failures, i);
+	}
+	assert_true(send_one(hs, down(), T0 + 5));          /* the Nth opens it */
+	assert_int_equal(hs->breaker, BREAKER_OPEN);
+	assert_int_equal(hs->open_until_ms, T0 + 5 + OPEN_MS);
+	/* open: nothing goes, and the caller learns how long to wait */
+	assert_false(host_may_send(hs, 16, T0 + 5, &wait));
+	assert_int_equal(wait, OPEN_MS);
+	assert_false(host_may_send(hs, 16, T0 + 5 + OPEN_MS - 1, &wait));
+	assert_int_equal(wait, 1);
+	assert_int_equal(hs->breaker, BREAKER_OPEN);
+}
+
+static void test_success_resets_the_count(void **state)
+{
+	struct host_state *hs = hosts_get(*state, "flaky");
+
+	for (int round = 0; round < 5; round++) {
+		for (int i = 1; i < N_FAIL; i++)
+			assert_false(send_one(hs, down(), T0));
+		assert_false(send_one(hs, ok(), T0));
+		assert_int_equal(hs->failures, 0);
+		assert_int_equal(hs->breaker, BREAKER_CLOSED);
+	}
+}
+
+static void open_breaker(struct host_state *hs, int64_t now)
+{
+	for (int i = 0; i < N_FAIL; i++)
+		(void)send_one(hs, down(), now);
+	assert_int_equal(hs->breaker, BREAKER_OPEN);
+}
+
+static void test_half_open_lets_exactly_one_probe(void **state)
+{
+	struct host_state *hs = hosts_get(*state, "probe");
+	int64_t wait = -1, t = T0 + OPEN_MS;
+
+	open_breaker(hs, T0);
+	/* open_ms later: half-open, one probe may go even with room for 16 */
+	assert_true(host_may_send(hs, 16, t, &wait));
+	assert_int_equal(hs->breaker, BREAKER_HALF_OPEN);
+	host_send_started(hs);
+	assert_true(hs->probe_in_flight);
+	for (int i = 0; i < 10; i++) {
+		wait = 0;
+		assert_false(host_may_send(hs, 16, t + i * 1000, &wait));
+		assert_true(wait > 0);                          /* wait, don't spend attempts */
+	}
+	assert_int_equal(hs->in_flight, 1);
+}
+
+static void test_probe_success_closes(void **state)
+{
+	struct host_state *hs = hosts_get(*state, "recovers");
+	int64_t wait = -1, t = T0 + OPEN_MS;
+
+	open_breaker(hs, T0);
+	assert_true(host_may_send(hs, 16, t, &wait));
+	host_send_started(hs);
+	assert_false(host_send_done(hs, ok(), N_FAIL, OPEN_MS, t + 10));
+	assert_int_equal(hs->breaker, BREAKER_CLOSED);
+	assert_int_equal(hs->failures, 0);
+	assert_false(hs->probe_in_flight);
+	/* closed again: full concurrency */
+	for (int i = 0; i < 16; i++) {
+		assert_true(host_may_send(hs, 16, t + 10, &wait));
+		host_send_started(hs);
+	}
+	assert_false(host_may_send(hs, 16, t + 10, &wait));
+	assert_int_equal(wait, 0);
+}
+
+static void test_probe_failure_reopens(void **state)
+{
+	struct host_state *hs = hosts_get(*state, "still-dead");
+	int64_t wait = -1, t = T0 + OPEN_MS;
+
+	open_breaker(hs, T0);
+	assert_true(host_may_send(hs, 16, t, &wait));
+	host_send_started(hs);
+	/* one failed probe is enough: no N more failures needed */
+	(void)host_send_done(hs, down(), N_FAIL, OPEN_MS, t + 50);
+	assert_int_equal(hs->breaker, BREAKER_OPEN);
+	assert_int_equal(hs->open_until_ms, t + 50 + OPEN_MS);
+	assert_false(hs->probe_in_flight);
+	assert_false(host_may_send(hs, 16, t + 51, &wait));
+	assert_int_equal(wait, OPEN_MS - 1);
+	/* and the cycle repeats: half-open again after another open_ms */
+	assert_true(host_may_send(hs, 16, t + 50 + OPEN_MS, &wait));
+	assert_int_equal(hs->breaker, BREAKER_HALF_OPEN);
+}
+
+static void test_what_counts_as_a_host_failure(void **state)
+{
+	static const struct {
+		enum outbox_outcome o;
+		int status;
+		bool host_failure;
+	} cases[] = {
+		{ OUTCOME_NOT_SENT, 0, true },      /* DNS, refused, TLS */
+		{ OUTCOME_AMBIGUOUS, 0, true },     /* timeout after sending */
+		{ OUTCOME_AMBIGUOUS, 500, true },
+		{ OUTCOME_AMBIGUOUS, 502, true },
+		{ OUTCOME_AMBIGUOUS, 504, true },
+		{ OUTCOME_RETRY, 503, true },
+		{ OUTCOME_RETRY, 429, true },
+		{ OUTCOME_RETRY, 0, true },         /* SMTP 4xx before DATA has no HTTP status */
+		{ OUTCOME_RETRY, 409, false },      /* key in flight: the host is fine */
+		{ OUTCOME_TERMINAL, 400, false },
+		{ OUTCOME_TERMINAL, 401, false },
+		{ OUTCOME_TERMINAL, 404, false },
+		{ OUTCOME_TERMINAL, 422, false },
+		{ OUTCOME_TERMINAL, 0, false },     /* invalid for the provider */
+		{ OUTCOME_ACCEPTED, 200, false },
+		{ OUTCOME_ACCEPTED, 202, false },
+	};
+	char key[32];
+
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		struct outbox_result r = res(cases[i].o, cases[i].status);
+		struct host_state *hs;
+		bool opened = false;
+
+		snprintf(key, sizeof(key), "case%zu", i);
+		hs = hosts_get(*state, key);
+		for (int k = 0; k < 20 && hs->breaker == BREAKER_CLOSED; k++)
+			opened |= send_one(hs, &r, T0 + k);
+		if (opened != cases[i].host_failure ||
+		    (hs->breaker == BREAKER_OPEN) != cases[i].host_failure)
+			fail_msg("%d/%d x20: breaker %s, want %s", (int)cases[i].o, cases[i].status,
+			         hs->breaker == BREAKER_OPEN ? "open" : "not open",
+			         cases[i].host_failure ? "open" : "closed");
+	}
+}
+
+static void test_4xx_does_not_count_and_resets(void **state)
+{
+	/* A 404 for one bad URL says the host answers: it does not open the
+	 * breaker, and (as a success of the host) resets the count. */
+	struct host_state *hs = hosts_get(*state, "mixed");
+	struct outbox_result r404 = res(OUTCOME_TERMINAL, 404);
+
+	for (int i = 0; i < 10; i++) {
+		assert_false(send_one(hs, &r404, T0));
+		assert_int_equal(hs->breaker, BREAKER_CLOSED);
+	}
+	assert_false(send_one(hs, down(), T0));
+	assert_false(send_one(hs, down(), T0));
+	assert_false(send_one(hs, &r404, T0));
+	assert_int_equal(hs->failures, 0);
+	assert_false(send_one(hs, down(), T0));
+	assert_int_equal(hs->breaker, BREAKER_CLOSED);
+}
+
+static void test_stragglers_while_open(void **state)
+{
+	/* Sends started before the breaker opened may finish while it is
+	 * open: failures keep it open without pushing the deadline, the
+	 * in-flight count still drops. */
+	struct host_state *hs = hosts_get(*state, "stragglers");
+	int64_t wait = -1;
+
+	for (int i = 0; i < 5; i++) {
+		assert_true(host_may_send(hs, 16, T0, &wait));
+		host_send_started(hs);
+	}
+	assert_false(host_send_done(hs, down(), N_FAIL, OPEN_MS, T0));
+	assert_false(host_send_done(hs, down(), N_FAIL, OPEN_MS, T0));
+	assert_true(host_send_done(hs, down(), N_FAIL, OPEN_MS, T0));
+	assert_int_equal(hs->breaker, BREAKER_OPEN);
+	assert_false(host_send_done(hs, down(), N_FAIL, OPEN_MS, T0 + 1000));
+	assert_int_equal(hs->breaker, BREAKER_OPEN);
+	assert_int_equal(hs->open_until_ms, T0 + OPEN_MS);
+	assert_int_equal(hs->in_flight, 1);
+	/* half-open with a straggler still in flight: the probe still goes */
+	assert_true(host_may_send(hs, 16, T0 + OPEN_MS, &wait));
+	host_send_started(hs);
+	assert_false(host_may_send(hs, 16, T0 + OPEN_MS, &wait));
+	assert_true(wait > 0);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test_setup_teardown(test_lookup, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_per_host_concurrency, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_opens_after_n_consecutive_failures, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_success_resets_the_count, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_half_open_lets_exactly_one_probe, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_probe_success_closes, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_probe_failure_reopens, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_what_counts_as_a_host_failure, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_4xx_does_not_count_and_resets, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_stragglers_while_open, setup, teardown),
+	};
+
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
