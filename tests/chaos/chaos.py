@@ -1,0 +1,867 @@
+#!/usr/bin/python3
+"""The chaos run (issue 6): a fleet of real workers delivers many effects of
+every kind to fault-injecting servers (tests/chaos/fault_servers.py) while
+this harness SIGKILLs and restarts workers, SIGSTOPs one past its lease,
+restarts PostgreSQL, terminates backends, flips the kill switch and sends
+SIGHUP with a broken config.  It stops by itself, lets the fleet drain,
+then checks the invariants and prints each with its count.
+
+tests/chaos/run.sh starts the throwaway PostgreSQL and runs this.
+
+Environment:
+  BUILD_DIR        binaries (default build)
+  CHAOS_WORKERS    workers at a time (4)
+  CHAOS_EFFECTS    effects (50000; CHAOS_QUICK=1: 5000)
+  CHAOS_SECONDS    time bound of the whole run (1080; quick: 150)
+  CHAOS_SEED       seed of the schedule and of the servers' faults (random)
+  CHAOS_KINDS      comma-separated effect types (http,email,crm: those built)
+  CHAOS_DIR        working directory (logs, receipts, report.json)
+
+Exit status 0 only when every invariant holds.  The last line is
+"N passed, N failed".
+"""
+import collections
+import json
+import os
+import random
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+
+import psycopg2
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "lib"))
+from outbox_test import BUILD_DIR, ROOT, admin_dsn, pg_restart, write_config  # noqa: E402
+
+QUICK = os.environ.get("CHAOS_QUICK") == "1"
+N_WORKERS = int(os.environ.get("CHAOS_WORKERS", "4"))
+N_EFFECTS = int(os.environ.get("CHAOS_EFFECTS", "5000" if QUICK else "50000"))
+SECONDS = float(os.environ.get("CHAOS_SECONDS", "150" if QUICK else "1080"))
+SEED = int(os.environ.get("CHAOS_SEED") or random.SystemRandom().randrange(1, 10 ** 9))
+WORK = os.environ.get("CHAOS_DIR") or f"/tmp/outbox-chaos-{os.getpid()}"
+TOKEN = "00Dchaos!AQ4AQChaosTokenForTheFaultServer"
+DOMAIN = "outbox-dispatcher.invalid"
+LEASE_SECONDS = 5
+MAINT_MS = 500
+
+T0 = time.time()
+
+
+def say(msg):
+    print(f"[{time.time() - T0:7.1f}s] {msg}", flush=True)
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    p = s.getsockname()[1]
+    s.close()
+    return p
+
+
+def available_kinds():
+    want = os.environ.get("CHAOS_KINDS", "http,email,crm").split(",")
+    have = []
+    for k in want:
+        k = k.strip()
+        if os.path.exists(os.path.join(BUILD_DIR, "providers", f"outbox_{k}.so")):
+            have.append(k)
+        else:
+            say(f"kind {k}: no plugin in {BUILD_DIR}/providers, left out")
+    return have
+
+
+# -- the database ------------------------------------------------------------------
+
+DB_NAME = "chaos"
+DSN = None
+
+
+class Db:
+    """An autocommit connection that reconnects (the harness survives its own
+    PostgreSQL restarts and backend terminations)."""
+
+    def __init__(self, dsn, app):
+        self.dsn = dsn + f" application_name={app}"
+        self.c = None
+
+    def q(self, sql, args=None, tries=60):
+        last = None
+        for _ in range(tries):
+            try:
+                if self.c is None or self.c.closed:
+                    self.c = psycopg2.connect(self.dsn, connect_timeout=5)
+                    self.c.autocommit = True
+                with self.c.cursor() as cur:
+                    cur.execute(sql, args)
+                    return cur.fetchall() if cur.description else None
+            except psycopg2.Error as e:
+                last = e
+                try:
+                    self.c.close()
+                except Exception:
+                    pass
+                self.c = None
+                time.sleep(0.25)
+        raise RuntimeError(f"database unreachable: {last}")
+
+
+def ctl(*args, timeout=60):
+    return subprocess.run([os.path.join(BUILD_DIR, "outboxctl"), "--db", DSN] + list(args),
+                          capture_output=True, text=True, timeout=timeout)
+
+
+# -- workers -------------------------------------------------------------------------
+
+class Worker:
+    seq = 0
+
+    def __init__(self, cfg_base):
+        Worker.seq += 1
+        self.name = f"cw{Worker.seq:03d}"
+        self.port = free_port()
+        self.cfg_path = os.path.join(WORK, f"{self.name}.ini")
+        self.log_path = os.path.join(WORK, f"{self.name}.log")
+        self.sections = json.loads(json.dumps(cfg_base))
+        self.sections["dispatcher"]["worker_name"] = self.name
+        self.sections["metrics"] = {"listen": f"127.0.0.1:{self.port}"}
+        write_config(self.cfg_path, self.sections)
+        self.proc = None
+        self.killed = False
+        self.stopped = False
+        self.busy = False
+        self.offset = 0
+        self.events = []
+        self.lock = threading.Lock()
+
+    def start(self):
+        env = dict(os.environ, AI_ACTIONS_ENABLED="true")
+        self.logf = open(self.log_path, "ab")
+        self.proc = subprocess.Popen([os.path.join(BUILD_DIR, "outbox-dispatcher"), "--config",
+                                      self.cfg_path], stdout=self.logf, stderr=self.logf, env=env)
+        wait_for(lambda: self.seen("ready") or self.proc.poll() is not None, 30, f"{self.name} ready")
+        if self.proc.poll() is not None:
+            raise RuntimeError(f"{self.name} exited at start: {open(self.log_path).read()[-2000:]}")
+        return self
+
+    def alive(self):
+        return self.proc is not None and self.proc.poll() is None
+
+    def read_events(self):
+        with self.lock:
+            try:
+                with open(self.log_path, "rb") as f:
+                    f.seek(self.offset)
+                    data = f.read()
+            except FileNotFoundError:
+                return self.events
+            end = data.rfind(b"\n")
+            if end < 0:
+                return self.events
+            self.offset += end + 1
+            for line in data[:end].split(b"\n"):
+                if b'"event":"attempt"' in line:
+                    continue
+                try:
+                    self.events.append(json.loads(line))
+                except ValueError:
+                    pass
+            return self.events
+
+    def seen(self, event, since=0):
+        return [e for e in self.read_events()[since:] if e.get("event") == event]
+
+    def metrics(self):
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=5) as r:
+            return parse_metrics(r.read().decode())
+
+
+def parse_metrics(text):
+    out = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        m = re.match(r'^([a-zA-Z_:][\w:]*)(\{[^}]*\})?\s+(\S+)$', line)
+        if not m:
+            continue
+        labels = tuple(sorted(re.findall(r'(\w+)="([^"]*)"', m.group(2) or "")))
+        out[(m.group(1), labels)] = float(m.group(3))
+    return out
+
+
+def wait_for(cond, timeout, what, interval=0.05):
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        last = cond()
+        if last:
+            return last
+        time.sleep(interval)
+    raise TimeoutError(f"timed out after {timeout}s waiting for {what}; last={last!r}")
+
+
+# -- the run -------------------------------------------------------------------------
+
+class Chaos:
+    def __init__(self):
+        self.rng = random.Random(SEED)
+        self.kinds = available_kinds()
+        self.workers = []
+        self.wlock = threading.Lock()
+        self.dblock = threading.Lock()      # PG restart, backend kills and outboxctl: one at a time
+        self.stop_chaos = threading.Event()
+        self.stop_producer = threading.Event()
+        self.enqueued = 0
+        self.counts = collections.Counter()
+        self.off_windows = []               # {t_before, t_after, t_on, listed: set(effect ids)}
+        self.stop_windows = collections.defaultdict(list)   # worker -> [(t_stop, t_cont)]
+        self.kill_times = {}                # worker -> t
+        self.errors = []
+
+    # -- setup ---------------------------------------------------------------------
+    def setup(self):
+        global DSN
+        os.makedirs(WORK, exist_ok=True)
+        c = psycopg2.connect(admin_dsn())
+        c.autocommit = True
+        with c.cursor() as cur:
+            cur.execute(f"DROP DATABASE IF EXISTS {DB_NAME} WITH (FORCE)")
+            cur.execute(f"CREATE DATABASE {DB_NAME}")
+        c.close()
+        DSN = admin_dsn(DB_NAME)
+        r = ctl("migrate")
+        if r.returncode != 0:
+            raise RuntimeError("migrate failed: " + r.stderr)
+        self.db = Db(DSN, "chaos-harness")
+        tok = os.path.join(WORK, "crm_token")
+        with open(tok, "w") as f:
+            f.write(TOKEN + "\n")
+        os.chmod(tok, 0o600)
+        self.servers = subprocess.Popen(
+            ["/usr/bin/python3", os.path.join(HERE, "fault_servers.py"), "--dir", WORK,
+             "--seed", str(SEED), "--token", TOKEN, "--hang-ms", "4000"],
+            stdout=subprocess.PIPE, stderr=open(os.path.join(WORK, "servers.log"), "ab"), text=True)
+        ports = json.loads(self.servers.stdout.readline())
+        self.ports = ports
+        common = {"max_attempts": 10, "backoff_base_ms": 50, "backoff_cap_ms": 1000,
+                  "retry_after_max_ms": 1500, "connect_timeout_ms": 1000, "timeout_ms": 2500,
+                  "breaker_failures": 50, "breaker_open_ms": 500, "max_per_host": 32}
+        self.cfg = {
+            "database": {"conninfo": DSN, "reconnect_min_ms": 50, "reconnect_max_ms": 1000},
+            "dispatcher": {"provider_dir": os.path.join(BUILD_DIR, "providers"),
+                           "providers": ",".join(self.kinds), "lease_seconds": LEASE_SECONDS,
+                           "poll_interval_ms": 500, "maintenance_interval_ms": MAINT_MS,
+                           "batch_size": 32, "max_in_flight": 128, "shutdown_grace_ms": 5000},
+            "log": {"level": "info"},
+        }
+        if "http" in self.kinds:
+            self.cfg["provider.http"] = dict(common, allow_hosts="127.0.0.1")
+        if "email" in self.kinds:
+            self.cfg["provider.email"] = dict(common, server=f"127.0.0.1:{ports['smtp']}",
+                                              starttls="off", threads=16, timeout_ms=3000,
+                                              message_id_domain=DOMAIN)
+        if "crm" in self.kinds:
+            self.cfg["provider.crm"] = dict(common, instance_url=f"http://127.0.0.1:{ports['crm']}",
+                                            access_token=f"file:{tok}")
+        self.db.q("SELECT outbox_kill_switch_set(true, 'chaos', 'chaos run starts')")
+        for _ in range(N_WORKERS):
+            self.spawn()
+        say(f"seed {SEED}; {N_EFFECTS} effects of {','.join(self.kinds)}; {N_WORKERS} workers; "
+            f"bound {SECONDS:.0f}s; servers {ports}; work dir {WORK}")
+
+    def spawn(self):
+        w = Worker(self.cfg)
+        w.start()
+        with self.wlock:
+            self.workers.append(w)
+        return w
+
+    def live(self, idle_only=True):
+        with self.wlock:
+            return [w for w in self.workers if w.alive() and not w.killed and
+                    (not idle_only or (not w.busy and not w.stopped))]
+
+    def pick(self):
+        with self.wlock:
+            cands = [w for w in self.workers if w.alive() and not w.killed and not w.busy
+                     and not w.stopped]
+            if not cands:
+                return None
+            w = self.rng.choice(cands)
+            w.busy = True
+            return w
+
+    # -- the producer ------------------------------------------------------------------
+    def effect_row(self, i):
+        kind = self.kinds[[0, 0, 1, 2][i % 4] % len(self.kinds)] if len(self.kinds) == 3 else \
+            self.kinds[i % len(self.kinds)]
+        if kind == "http":
+            return kind, f"http://127.0.0.1:{self.ports['http']}/hook/{i}", \
+                {"body": {"i": i, "note": "chaos"}}
+        if kind == "email":
+            return kind, f"user{i}@chaos.example.com", \
+                {"from": "Chaos <chaos@example.com>", "subject": f"Chaos {i}",
+                 "text": f"Effect {i}.\n"}
+        return kind, "Task/Outbox_Key__c", {"Subject": f"chaos {i}", "Priority": "Normal"}
+
+    def producer(self, until):
+        db = Db(DSN, "chaos-producer")
+        rate = N_EFFECTS / max(1.0, until - time.time())
+        i = 0
+        while i < N_EFFECTS and not self.stop_producer.is_set():
+            due = min(N_EFFECTS, int((time.time() - self.t_start) * rate) + 1)
+            if due <= i:
+                time.sleep(0.1)
+                continue
+            hi = min(due, i + 500)
+            rows = [self.effect_row(j) for j in range(i, hi)]
+            args = []
+            for j, (k, t, p) in zip(range(i, hi), rows):
+                args.append((f"chaos-{j}", k, t, json.dumps(p)))
+            sql_runs = "INSERT INTO workflow_runs (idempotency_key, state, payload_hash) VALUES " + \
+                ",".join(["(%s, 'approved', 'h')"] * len(args)) + " ON CONFLICT DO NOTHING"
+            sql_eff = "INSERT INTO effect_outbox (idempotency_key, effect_type, target, payload) VALUES " + \
+                ",".join(["(%s, %s, %s, %s)"] * len(args)) + " ON CONFLICT DO NOTHING"
+            db.q(sql_runs, [a[0] for a in args])
+            db.q(sql_eff, [x for a in args for x in a])
+            i = hi
+            self.enqueued = i
+        say(f"producer: {self.enqueued} effects enqueued")
+
+    # -- chaos actions -----------------------------------------------------------------
+    def every(self, lo, hi, fn, name):
+        while not self.stop_chaos.wait(self.rng.uniform(lo, hi)):
+            try:
+                fn()
+            except Exception as e:   # recorded, the run goes on
+                self.errors.append(f"{name}: {e!r}")
+                say(f"chaos {name} error: {e!r}")
+
+    def act_kill(self):
+        w = self.pick()
+        if w is None:
+            return
+        w.proc.send_signal(signal.SIGKILL)
+        w.proc.wait()
+        w.killed = True
+        self.kill_times[w.name] = time.time()
+        self.counts["sigkill"] += 1
+        n = self.spawn()
+        say(f"SIGKILL {w.name}; started {n.name}")
+
+    def act_stop(self):
+        w = self.pick()
+        if w is None:
+            return
+        try:
+            held = self.db.q("SELECT effect_id FROM effect_outbox WHERE lease_worker = %s "
+                             "AND state = 'sending'", (w.name,))
+            t0 = time.time()
+            w.stopped = True
+            w.proc.send_signal(signal.SIGSTOP)
+            self.counts["sigstop"] += 1
+            # Past its lease: until the reaper has taken every row it was
+            # sending (or a lease and two reaper periods, whichever is later).
+            ids = [str(r[0]) for r in held]
+            floor = t0 + LEASE_SECONDS + 2 * MAINT_MS / 1000.0 + self.rng.uniform(0.2, 1.5)
+            deadline = t0 + LEASE_SECONDS * 4
+            while time.time() < deadline and not self.stop_chaos.is_set():
+                left = self.db.q("SELECT count(*) FROM effect_outbox WHERE lease_worker = %s "
+                                 "AND lease_expires_at IS NOT NULL", (w.name,))[0][0]
+                if time.time() >= floor and left == 0:
+                    break
+                time.sleep(0.2)
+            w.proc.send_signal(signal.SIGCONT)
+            t1 = time.time()
+            self.stop_windows[w.name].append((t0, t1))
+            say(f"SIGSTOP {w.name} for {t1 - t0:.1f}s ({len(ids)} sends in flight at stop)")
+        finally:
+            w.stopped = False
+            w.busy = False
+
+    def act_pg_restart(self):
+        with self.dblock:
+            t0 = time.time()
+            pg_restart()
+            self.counts["pg_restart"] += 1
+            say(f"PostgreSQL restarted ({time.time() - t0:.1f}s)")
+
+    def act_terminate(self):
+        with self.dblock:
+            n = self.db.q("SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity "
+                          "WHERE datname = %s AND pid <> pg_backend_pid() "
+                          "AND application_name <> 'chaos-harness'", (DB_NAME,))[0][0]
+            self.counts["terminate"] += 1
+            self.counts["backends_terminated"] += n
+            say(f"pg_terminate_backend: {n} backends")
+
+    def act_kill_switch(self):
+        with self.dblock:
+            t_before = time.time()
+            r = ctl("kill-switch", "off", "--operator", "chaos", "--reason",
+                    f"chaos flip {self.counts['kill_switch_off'] + 1}")
+            t_after = time.time()
+        if r.returncode != 0:
+            raise RuntimeError(f"kill-switch off failed: {r.stderr.strip()}")
+        listed = set(re.findall(r"^\s+([0-9a-f-]{36}) key=", r.stdout, re.M))
+        win = {"t_before": t_before, "t_after": t_after, "listed": listed, "t_on": None}
+        self.off_windows.append(win)
+        self.counts["kill_switch_off"] += 1
+        # Held off for a while (the fleet keeps polling, nothing may start).
+        self.stop_chaos.wait(self.rng.uniform(0.8, 3.0))
+        with self.dblock:
+            win["t_on"] = time.time()
+            r = ctl("kill-switch", "on", "--operator", "chaos", "--reason", "chaos flip back")
+        if r.returncode != 0:
+            raise RuntimeError(f"kill-switch on failed: {r.stderr.strip()}")
+        say(f"kill switch off for {win['t_on'] - t_after:.1f}s; {len(listed)} listed in flight")
+
+    BROKEN = [
+        "[dispatcher]\nlease_seconds = many\n",
+        "[dispatcher]\nno_such_key = 1\n",
+        "[nonsense]\na = 1\n",
+        "this is not ini\n",
+        "[provider.http]\ntimeout_ms = -5\n",
+    ]
+
+    def act_sighup(self):
+        w = self.pick()
+        if w is None:
+            return
+        try:
+            good = open(w.cfg_path).read()
+            mark = len(w.read_events())
+            with open(w.cfg_path, "w") as f:
+                f.write(good + "\n" + self.rng.choice(self.BROKEN))
+            w.proc.send_signal(signal.SIGHUP)
+            ev = wait_for(lambda: w.seen("reload_failed", mark), 15, f"{w.name} reload_failed")
+            with open(w.cfg_path, "w") as f:
+                f.write(good)
+            mark = len(w.read_events())
+            w.proc.send_signal(signal.SIGHUP)
+            wait_for(lambda: w.seen("reloaded", mark), 15, f"{w.name} reloaded")
+            self.counts["sighup_broken"] += 1
+            say(f"SIGHUP {w.name} with a broken config: refused ({ev[0].get('msg', '')[:90]}); restored")
+        finally:
+            w.busy = False
+
+    # -- progress ------------------------------------------------------------------------
+    def states(self):
+        return dict(self.db.q("SELECT state, count(*) FROM effect_outbox GROUP BY state"))
+
+    def run(self):
+        self.t_start = time.time()
+        end = self.t_start + SECONDS
+        produce_until = self.t_start + SECONDS * 0.55
+        chaos_until = self.t_start + SECONDS * 0.75
+        drain_until = self.t_start + SECONDS * 0.95
+        threads = [threading.Thread(target=self.producer, args=(produce_until,), daemon=True)]
+        sched = [(6, 15, self.act_kill, "sigkill"), (10, 20, self.act_stop, "sigstop"),
+                 (25, 50, self.act_pg_restart, "pg_restart"), (8, 20, self.act_terminate, "terminate"),
+                 (8, 20, self.act_kill_switch, "kill_switch"), (8, 20, self.act_sighup, "sighup")]
+        if QUICK:
+            sched = [(lo * 0.6, hi * 0.6, fn, n) for lo, hi, fn, n in sched]
+        for lo, hi, fn, name in sched:
+            threads.append(threading.Thread(target=self.every, args=(lo, hi, fn, name), daemon=True))
+        for t in threads:
+            t.start()
+        last = 0
+        while time.time() < chaos_until:
+            time.sleep(0.5)
+            if time.time() - last >= 10:
+                last = time.time()
+                say(f"enqueued {self.enqueued}; {self.states()}; workers {len(self.live(False))}")
+            if self.enqueued >= N_EFFECTS:
+                st = self.states()
+                if st.get("pending", 0) + st.get("sending", 0) == 0:
+                    break
+        say(f"chaos stops: {dict(self.counts)}")
+        self.stop_chaos.set()
+        for t in threads[1:]:
+            t.join(60)
+        self.stop_producer.set()
+        threads[0].join(60)
+        # Drain: every worker running, the switch on, enough workers alive.
+        for w in self.live(False):
+            w.proc.send_signal(signal.SIGCONT)
+        self.db.q("SELECT outbox_kill_switch_set(true, 'chaos', 'drain')")
+        while len(self.live(False)) < N_WORKERS:
+            self.spawn()
+        try:
+            wait_for(lambda: (lambda s: s.get("pending", 0) + s.get("sending", 0) == 0)(self.states()),
+                     max(10, drain_until - time.time()), "every effect to settle", interval=0.5)
+            say(f"drained: {self.states()}")
+        except TimeoutError as e:
+            say(f"drain incomplete: {e}")
+        # Survivors: idle, every outcome recorded and a maintenance pass done.
+        self.survivors = [w for w in self.live(False) if w.name not in self.kill_times]
+        for w in self.survivors:
+            try:
+                wait_for(lambda: self.metrics_settled(w), max(5, end - time.time()),
+                         f"{w.name} metrics to settle", interval=0.5)
+            except TimeoutError as e:
+                say(str(e))
+        self.scraped = {}
+        for w in self.survivors:
+            try:
+                self.scraped[w.name] = w.metrics()
+            except OSError as e:
+                say(f"scrape {w.name}: {e}")
+
+    def metrics_settled(self, w):
+        m = w.metrics()
+        inflight = m.get(("outbox_sends_in_flight", ()), -1)
+        sends = sum(v for (k, _), v in m.items() if k == "outbox_sends_total")
+        rows = self.db.q("SELECT count(*) FROM effect_attempts WHERE worker = %s", (w.name,))[0][0]
+        unknown_gauge = m.get(("outbox_unknown_effects", ()), -1)
+        unknown = self.db.q("SELECT count(*) FROM effect_outbox WHERE state = 'unknown'")[0][0]
+        return inflight == 0 and sends == rows and unknown_gauge == unknown
+
+    def shutdown(self):
+        for w in self.live(False):
+            w.proc.send_signal(signal.SIGCONT)
+            w.proc.send_signal(signal.SIGTERM)
+        for w in self.workers:
+            if w.proc and w.proc.poll() is None:
+                try:
+                    w.proc.wait(20)
+                except subprocess.TimeoutExpired:
+                    w.proc.kill()
+                    w.proc.wait()
+        self.servers.send_signal(signal.SIGTERM)
+        self.servers.wait(20)
+
+
+# -- the invariants ---------------------------------------------------------------------
+
+class Checks:
+    def __init__(self, ch):
+        self.ch = ch
+        self.results = []
+        self.db = ch.db
+
+    def record(self, name, ok, detail):
+        self.results.append((name, ok, detail))
+        print(f"{'PASS' if ok else 'FAIL'}  {name}: {detail}", flush=True)
+
+    def load(self):
+        db = self.db
+        self.effects = {}
+        for r in db.q("SELECT effect_id::text, effect_type, target, effect_key, state, provider_id, "
+                      "attempts, last_error_class, last_error, lease_expires_at < now() "
+                      "FROM effect_outbox"):
+            self.effects[r[0]] = dict(zip(("id", "type", "target", "key", "state", "provider_id",
+                                           "attempts", "err_class", "err", "expired"), r))
+        self.by_key = {e["key"]: e for e in self.effects.values()}
+        self.by_target = {e["target"]: e for e in self.effects.values() if e["type"] == "email"}
+        self.attempts = collections.defaultdict(list)
+        for r in db.q("SELECT effect_id::text, attempt, worker, outcome_class, provider_status, "
+                      "provider_id, error_text, cas_applied, "
+                      "extract(epoch FROM started_at)::float8, lease_owner::text FROM effect_attempts "
+                      "ORDER BY attempt_id"):
+            self.attempts[r[0]].append(dict(zip(("attempt", "worker", "outcome", "status", "provider_id",
+                                                 "error", "cas", "started", "owner"), r[1:])))
+        self.receipts = collections.defaultdict(list)   # effect id -> receipts
+        self.stray = []
+        with open(os.path.join(WORK, "receipts.jsonl")) as f:
+            for line in f:
+                r = json.loads(line)
+                if r["kind"] == "smtp":
+                    e = self.by_target.get(r["key"])
+                else:
+                    e = self.by_key.get(r["key"])
+                if e is None:
+                    self.stray.append(r)
+                    continue
+                self.receipts[e["id"]].append(r)
+        with open(os.path.join(WORK, "crm_records.json")) as f:
+            self.crm_records = json.load(f)
+
+    @staticmethod
+    def sends(rs):
+        """Receipts that are provider calls (SMTP: one per RCPT; CRM: PATCH)."""
+        return [r for r in rs if r["kind"] in ("http", "crm") or
+                (r["kind"] == "smtp" and r.get("stage") == "rcpt")]
+
+    def run(self):
+        self.load()
+        E = self.effects
+        st = collections.Counter(e["state"] for e in E.values())
+        by_kind = collections.Counter((e["type"], e["state"]) for e in E.values())
+        print("\n== figures", flush=True)
+        print(f"effects {len(E)}: " + ", ".join(f"{k} {v}" for k, v in sorted(st.items())))
+        for kind in self.ch.kinds:
+            print(f"  {kind}: " + ", ".join(f"{s} {by_kind[(kind, s)]}"
+                                              for s in ("completed", "failed", "unknown", "pending", "sending")))
+        print(f"chaos: {dict(self.ch.counts)}")
+        print("\n== invariants", flush=True)
+
+        # 1. every effect settled; none lost
+        unsettled = [e for e in E.values() if e["state"] not in ("completed", "failed", "unknown")]
+        stale = [e for e in E.values() if e["state"] == "sending" and e["expired"]]
+        self.record("every effect completed, failed or unknown (none lost)",
+                    len(E) == N_EFFECTS and not unsettled,
+                    f"{len(E)}/{N_EFFECTS} effects in the table; {len(unsettled)} not settled "
+                    f"({collections.Counter(e['state'] for e in unsettled)})")
+        self.record("no effect left sending with an expired lease", not stale,
+                    f"{len(stale)} sending with an expired lease")
+
+        # 2. no duplicate delivery of a provider that does not honour keys
+        dups = []
+        idem_repeat = 0
+        for eid, rs in self.receipts.items():
+            kind = E[eid]["type"]
+            processed = [r for r in rs if r.get("processed")]
+            if kind in ("http", "email") and len(processed) > 1:
+                dups.append((eid, kind, [(r["fault"], r["n"]) for r in processed]))
+            if kind == "crm" and len(processed) > 1:
+                idem_repeat += 1
+        by_kind_dups = collections.Counter(d[1] for d in dups)
+        self.record("no effect of a provider that does not honour keys processed twice by its server",
+                    not dups, f"{len(dups)} duplicated ({dict(by_kind_dups)}); "
+                    f"e.g. {dups[:3]}" if dups else "0 duplicated (http, email)")
+        if "crm" in self.ch.kinds:
+            crm = [e for e in E.values() if e["type"] == "crm"]
+            wrong = [e for e in crm if e["state"] == "completed" and
+                     self.crm_records.get(e["key"]) != e["provider_id"]]
+            self.record("crm (honours keys): one record per external id, and it is the completed "
+                        "effect's provider id", not wrong,
+                        f"{len(self.crm_records)} records for {len(crm)} effects; {idem_repeat} keys "
+                        f"upserted more than once (same key, same record); {len(wrong)} mismatched")
+
+        # 3. every unknown has an ambiguous attempt
+        no_amb = [e for e in E.values() if e["state"] == "unknown" and
+                  not any(a["outcome"] == "ambiguous" for a in self.attempts[e["id"]])]
+        self.record("every unknown effect has an ambiguous attempt in the log", not no_amb,
+                    f"{st['unknown']} unknown, {len(no_amb)} without an ambiguous attempt")
+
+        # 4. every completed effect: provider id and exactly one accepted attempt that
+        # applied (a late outcome after a lost lease is logged with cas_applied=false)
+        bad = []
+        late = 0
+        for e in E.values():
+            if e["state"] != "completed":
+                continue
+            acc = [a for a in self.attempts[e["id"]] if a["outcome"] == "accepted" and a["cas"]]
+            rec = [a for a in self.attempts[e["id"]] if a["outcome"] in ("reconciled_sent", "operator_sent")]
+            late += sum(1 for a in self.attempts[e["id"]] if a["outcome"] == "accepted" and not a["cas"])
+            ok = bool(e["provider_id"]) and (
+                (len(acc) == 1 and acc[0]["provider_id"] == e["provider_id"]) or
+                (not acc and len(rec) >= 1))
+            if not ok:
+                bad.append((e["id"], e["provider_id"], [(a["outcome"], a["cas"]) for a in self.attempts[e["id"]]]))
+        n_rec = sum(1 for e in E.values() if e["state"] == "completed" and
+                    any(a["outcome"] == "reconciled_sent" for a in self.attempts[e["id"]]))
+        self.record("every completed effect has a provider id and exactly one applied accepted attempt "
+                    "(or a reconciliation verdict)", not bad,
+                    f"{st['completed']} completed ({n_rec} by reconciliation); {late} late accepted "
+                    f"outcomes logged with cas_applied=false; {len(bad)} bad {bad[:3] if bad else ''}")
+        late_unknown = sum(1 for e in E.values() if e["state"] == "unknown" and
+                           any(a["outcome"] == "accepted" for a in self.attempts[e["id"]]))
+
+        # 5. database, attempts log, servers and metrics agree
+        self.check_agreement()
+        self.check_metrics()
+
+        # 6. kill switch
+        self.check_kill_switch()
+
+        # causes of unknown
+        self.unknown_causes(late_unknown)
+        passed = sum(1 for r in self.results if r[1])
+        failed = len(self.results) - passed
+        report = {"seed": SEED, "effects": len(E), "states": dict(st),
+                  "by_kind": {f"{k}/{s}": v for (k, s), v in by_kind.items()},
+                  "chaos": dict(self.ch.counts), "invariants": [(n, ok, d) for n, ok, d in self.results],
+                  "unknown_causes": self.causes, "elapsed_s": round(time.time() - T0, 1),
+                  "workers_started": Worker.seq, "errors": self.ch.errors}
+        with open(os.path.join(WORK, "report.json"), "w") as f:
+            json.dump(report, f, indent=1, default=str)
+        if self.ch.errors:
+            print(f"harness errors: {self.ch.errors[:10]}")
+        return passed, failed
+
+    def check_agreement(self):
+        E = self.effects
+        # a. the accepted answer the database holds is one the server gave
+        mism = []
+        for e in E.values():
+            if e["state"] != "completed" or not e["provider_id"]:
+                continue
+            if any(a["outcome"] == "reconciled_sent" for a in self.attempts[e["id"]]):
+                continue
+            ids = {r.get("reply_id") for r in self.receipts[e["id"]] if r.get("processed")}
+            if e["provider_id"] not in ids:
+                mism.append((e["id"], e["type"], e["provider_id"], sorted(i for i in ids if i)))
+        self.record("database and servers agree on every accepted call (provider id = the id the "
+                    "server answered)", not mism,
+                    f"{sum(1 for e in E.values() if e['state'] == 'completed')} checked, {len(mism)} "
+                    f"mismatched {mism[:3] if mism else ''}")
+        # b. calls in the attempts log vs requests the servers saw, per effect:
+        #    answered calls <= requests <= calls that may have left the host
+        #    (logged calls that were not 'not_sent', plus reaper rows for calls
+        #    whose worker died or froze before it could log them).
+        off = []
+        tot_req = tot_ans = 0
+        for e in E.values():
+            rs = self.sends(self.receipts[e["id"]])
+            atts = self.attempts[e["id"]]
+            calls = [a for a in atts if a["worker"] and not a["worker"].startswith("reaper:")
+                     and a["outcome"] in ("accepted", "retry", "terminal", "ambiguous", "not_sent")]
+            answered = [a for a in calls if a["status"]]
+            may = [a for a in calls if a["outcome"] != "not_sent"]
+            reaped = [a for a in atts if a["worker"] and a["worker"].startswith("reaper:")]
+            tot_req += len(rs)
+            tot_ans += len(answered)
+            if not (len(answered) <= len(rs) <= len(may) + len(reaped)):
+                off.append((e["id"], e["type"], len(answered), len(rs), len(may), len(reaped)))
+        self.record("attempts log and servers' request counts agree per effect (answered calls <= "
+                    "requests received <= calls that may have left)", not off,
+                    f"{tot_req} requests received, {tot_ans} answered calls logged, "
+                    f"{len(self.stray)} stray requests; {len(off)} effects off {off[:3] if off else ''}")
+        # c. the database's counts vs outboxctl status
+        r = ctl("status", "--json")
+        counts = json.loads(r.stdout)["counts"] if r.returncode == 0 else {}
+        st = collections.Counter(e["state"] for e in E.values())
+        same = all(counts.get(s, -1) == st.get(s, 0) for s in ("pending", "sending", "completed",
+                                                                "unknown", "failed"))
+        self.record("outboxctl status agrees with the table", same, f"status {counts}")
+
+    def check_metrics(self):
+        """Per surviving worker (never SIGKILLed: a killed worker's counters die
+        with it): outbox_sends_total{provider,outcome} == its rows in the
+        attempts log; reaped counters == its reaper rows; the unknown gauge ==
+        the table."""
+        rows = collections.Counter()
+        reaped = collections.Counter()
+        for eid, atts in self.attempts.items():
+            t = self.effects[eid]["type"] if eid in self.effects else "?"
+            for a in atts:
+                w = a["worker"] or ""
+                if w.startswith("reaper:"):
+                    reaped[w[7:]] += 1
+                else:
+                    rows[(w, t, a["outcome"])] += 1
+        bad = []
+        n_sends = 0
+        unknown = sum(1 for e in self.effects.values() if e["state"] == "unknown")
+        for w in self.ch.survivors:
+            m = self.ch.scraped.get(w.name)
+            if m is None:
+                bad.append((w.name, "not scraped"))
+                continue
+            got = collections.Counter()
+            for (k, labels), v in m.items():
+                if k == "outbox_sends_total":
+                    d = dict(labels)
+                    got[(w.name, d["provider"], d["outcome"])] = int(v)
+                    n_sends += int(v)
+            want = {k: v for k, v in rows.items() if k[0] == w.name}
+            if {k: v for k, v in got.items() if v} != want:
+                bad.append((w.name, "sends", dict(got), want))
+            mr = m.get(("outbox_reaped_unknown_total", ()), 0) + m.get(("outbox_reaped_pending_total", ()), 0)
+            if int(mr) != reaped[w.name]:
+                bad.append((w.name, "reaped", mr, reaped[w.name]))
+            if int(m.get(("outbox_unknown_effects", ()), -1)) != unknown:
+                bad.append((w.name, "unknown gauge", m.get(("outbox_unknown_effects", ()))))
+        self.record("metrics of the surviving workers agree with the attempts log",
+                    not bad and bool(self.ch.survivors),
+                    f"{len(self.ch.survivors)} survivors ({', '.join(w.name for w in self.ch.survivors)}), "
+                    f"{n_sends} sends counted = their attempt rows; {len(bad)} disagreements {bad[:2] if bad else ''}")
+
+    def check_kill_switch(self):
+        """No send may start while the switch is off: every request a server
+        received, and every provider call the log says started, inside an off
+        window (from "off" returning to "on" being run) must be one of the
+        effects that off command listed as in flight.  A request of a worker
+        that was SIGSTOPped holding a send marked before the off (its lease
+        expired, so it is not in the list) is counted apart."""
+        E = self.effects
+        wins = [w for w in self.ch.off_windows if w["t_on"]]
+        viol = []
+        listed_hits = stale_hits = 0
+
+        def stale(eid, t_off):
+            for a in self.attempts[eid]:
+                if (a["worker"] or "").startswith("reaper:") and a["started"] < t_off:
+                    lost = re.search(r"worker (\S+) lost", a["error"] or "")
+                    # Frozen after the mark and before the off.
+                    if lost and any(a["started"] - 1 <= s <= t_off
+                                    for s, _ in self.ch.stop_windows.get(lost.group(1), [])):
+                        return True
+            return False
+
+        events = []
+        for eid, rs in self.receipts.items():
+            for r in self.sends(rs):
+                events.append((r["t"], eid, "request"))
+        for eid, atts in self.attempts.items():
+            for a in atts:
+                if a["worker"] and not a["worker"].startswith("reaper:") and a["outcome"] != "not_sent":
+                    events.append((a["started"], eid, "call"))
+        for t, eid, what in events:
+            for w in wins:
+                if w["t_after"] < t < w["t_on"]:
+                    if eid in w["listed"]:
+                        listed_hits += 1
+                    elif stale(eid, w["t_after"]):
+                        stale_hits += 1
+                    else:
+                        viol.append((what, eid, E[eid]["type"], round(t - w["t_after"], 3)))
+        total = sum(w["t_on"] - w["t_after"] for w in wins)
+        self.record("no send started while the kill switch was off", not viol,
+                    f"{len(wins)} off windows ({total:.1f}s in all), "
+                    f"{sum(len(w['listed']) for w in wins)} effects listed in flight; inside the windows "
+                    f"{listed_hits} requests/calls of listed effects, {stale_hits} of a SIGSTOPped worker's "
+                    f"expired send, {len(viol)} violations {viol[:3] if viol else ''}")
+
+    def unknown_causes(self, late_unknown):
+        causes = collections.Counter()
+        killed = set(self.ch.kill_times)
+        stopped = set(self.ch.stop_windows)
+        for e in self.effects.values():
+            if e["state"] != "unknown":
+                continue
+            amb = [a for a in self.attempts[e["id"]] if a["outcome"] == "ambiguous"]
+            a = amb[-1] if amb else None
+            if a is None:
+                causes["(no ambiguous attempt)"] += 1
+            elif (a["worker"] or "").startswith("reaper:"):
+                lost = re.search(r"worker (\S+) lost", a["error"] or "")
+                who = lost.group(1) if lost else "?"
+                causes["lease expired: worker SIGKILLed mid-send" if who in killed else
+                       "lease expired: worker SIGSTOPped mid-send" if who in stopped else
+                       "lease expired: worker alive (database outage)"] += 1
+            else:
+                faults = [r["fault"] for r in self.sends(self.receipts[e["id"]])]
+                last = faults[-1] if faults else "no request received"
+                causes[f"{e['type']} ambiguous answer, server fault {last}"] += 1
+        self.causes = dict(causes)
+        print("\n== unknown effects by cause")
+        for k, v in causes.most_common():
+            print(f"  {v:6d}  {k}")
+        print(f"  ({late_unknown} unknown effects have a late 'accepted' outcome in the log: "
+              f"delivered, for the operator to resolve)")
+
+
+def main():
+    ch = Chaos()
+    ch.setup()
+    try:
+        ch.run()
+    finally:
+        ch.shutdown()
+    passed, failed = Checks(ch).run()
+    print(f"\nwork dir {WORK}; seed {SEED}; {time.time() - T0:.0f}s")
+    print(f"{passed} passed, {failed} failed")
+    return 0 if failed == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
