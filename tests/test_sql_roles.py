@@ -149,7 +149,10 @@ def test_producer_cannot_call_kill_switch_or_dispatcher_functions(conn, login_as
     # Beyond the calls above: no function outside the producer's own set.
     allowed = {"outbox_claim_run", "outbox_renew_run", "outbox_transition_run",
                "outbox_create_approval", "outbox_peek_approval", "outbox_consume_approval",
-               "outbox_enqueue", "outbox_cancel"}
+               "outbox_enqueue", "outbox_cancel",
+               # pure, and needed by effect_outbox's generated columns for
+               # the plain INSERT
+               "outbox_sha256_hex"}
     executable = {r[0] for r in query(p, """
         SELECT p.proname FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
          WHERE n.nspname = 'public' AND p.prokind = 'f'
