@@ -1,0 +1,754 @@
+#!/usr/bin/python3
+"""bench/bench.py: the measurements behind `make bench` (see bench/README.md).
+
+Started by bench/run.sh, which installs what is missing, starts a throwaway
+PostgreSQL and exports PGHOST/PGPORT/PGUSER, BUILD_DIR and BENCH_WORK (a
+scratch folder).  Everything else (the sinks, the workers, the load) is
+started and stopped here.
+
+Environment:
+  QUICK=1          small scale (10,000 effects, short latency runs)
+  BENCH_N          effects per throughput run (default 200000; QUICK 10000)
+  BENCH_WORKERS    worker counts, e.g. "1 2 4"
+  BENCH_CLIENTS    pgbench client counts for the ceiling, e.g. "1 2 4 8"
+  BENCH_RATE       offered load of the fixed-rate latency run (default 1000/s)
+  BENCH_RATE_SECONDS   its length (default 120; QUICK 5)
+  BENCH_IDLE       effects inserted one at a time for the idle figure (200; QUICK 60)
+  BENCH_INFLIGHT   sends held in flight for the memory figure (1000)
+  BENCH_VARIANTS   1 = also the 2M-completed-rows and held-vacuum runs (full run default)
+  BENCH_BIG        completed rows for that variant (2000000)
+  BENCH_LOG_LEVEL  the workers' [log] level (default warn: see README)
+  BENCH_DURABLE    1 = also idle latency with fsync + synchronous_commit on
+  PROFILE=1        perf record -g the 1-worker throughput run (worker + PostgreSQL)
+"""
+import json
+import math
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import psycopg2
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BUILD = os.path.join(ROOT, os.environ.get("BUILD_DIR", "build"))
+WORK = os.environ["BENCH_WORK"]
+QUICK = os.environ.get("QUICK", "") not in ("", "0")
+
+
+def env_int(name, full, quick):
+    return int(os.environ.get(name, quick if QUICK else full))
+
+
+N = env_int("BENCH_N", 200000, 10000)
+WORKERS = [int(x) for x in os.environ.get("BENCH_WORKERS", "1 2 4").split()]
+CLIENTS = [int(x) for x in os.environ.get("BENCH_CLIENTS", "1 2 4" if QUICK else "1 2 4 8").split()]
+RATE = env_int("BENCH_RATE", 1000, 1000)
+RATE_SECONDS = env_int("BENCH_RATE_SECONDS", 120, 5)
+IDLE = env_int("BENCH_IDLE", 200, 60)
+INFLIGHT = env_int("BENCH_INFLIGHT", 1000, 1000)
+VARIANTS = env_int("BENCH_VARIANTS", 1, 0)
+BIG = env_int("BENCH_BIG", 2000000, 200000)
+LOG_LEVEL = os.environ.get("BENCH_LOG_LEVEL", "warn")
+DURABLE = env_int("BENCH_DURABLE", 1, 0)
+PROFILE = env_int("PROFILE", 0, 0)
+ONLY = os.environ.get("BENCH_ONLY", "throughput ceiling latency inflight variants durable").split()
+BATCH = 64          # [dispatcher] batch_size default; the ceiling script uses the same
+
+PAYLOAD = json.dumps({"method": "POST", "headers": {"X-Bench": "1"},
+                      "body": {"event": "invoice.paid", "invoice": "INV-000123",
+                               "amount_cents": 129900, "currency": "EUR",
+                               "customer": {"id": "cus_42", "email": "a@example.com"},
+                               "note": "bench payload of a typical webhook size"}})
+
+T0 = time.time()
+results = {}
+
+
+def log(msg):
+    print("[%6.1fs] %s" % (time.time() - T0, msg), flush=True)
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    p = s.getsockname()[1]
+    s.close()
+    return p
+
+
+def conninfo(db="bench"):
+    return "host=%s port=%s user=%s dbname=%s" % (
+        os.environ["PGHOST"], os.environ["PGPORT"], os.environ.get("PGUSER", "postgres"), db)
+
+
+def connect():
+    c = psycopg2.connect(conninfo())
+    c.autocommit = True
+    return c
+
+
+def q(sql, args=None, fetch=True):
+    with DB.cursor() as cur:
+        cur.execute(sql, args)
+        if fetch and cur.description:
+            return cur.fetchall()
+    return None
+
+
+def q1(sql, args=None):
+    return q(sql, args)[0][0]
+
+
+def pct(values, p):
+    if not values:
+        return float("nan")
+    s = sorted(values)
+    k = max(0, min(len(s) - 1, int(math.ceil(p / 100.0 * len(s))) - 1))
+    return s[k]
+
+
+def proc_status(pid, key):
+    try:
+        with open("/proc/%d/status" % pid) as f:
+            for line in f:
+                if line.startswith(key + ":"):
+                    return int(line.split()[1])   # kB
+    except OSError:
+        pass
+    return None
+
+
+def proc_cpu(pid):
+    """utime + stime of a live process, in seconds."""
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except OSError:
+        return 0.0
+
+
+def loadavg():
+    with open("/proc/loadavg") as f:
+        return float(f.read().split()[0])
+
+
+# ---- sinks -----------------------------------------------------------------
+
+class Nginx:
+    """The fast sink: nginx answering 200 {"id":"x"} from memory.  /ok logs
+    nothing; /lat logs `$msec $http_idempotency_key` per request (the
+    receipt time the latency figures use)."""
+
+    def __init__(self):
+        self.dir = os.path.join(WORK, "nginx")
+        os.makedirs(self.dir, exist_ok=True)
+        self.port = free_port()
+        self.lat_log = os.path.join(self.dir, "lat.log")
+        conf = """
+daemon off;
+master_process off;
+worker_processes 1;
+pid {d}/nginx.pid;
+error_log {d}/error.log warn;
+worker_rlimit_nofile 16384;
+events {{ worker_connections 8192; }}
+http {{
+    access_log off;
+    log_format lat '$msec $http_idempotency_key';
+    client_body_temp_path {d}/body;
+    proxy_temp_path {d}/proxy;
+    fastcgi_temp_path {d}/fastcgi;
+    uwsgi_temp_path {d}/uwsgi;
+    scgi_temp_path {d}/scgi;
+    keepalive_requests 100000000;
+    keepalive_timeout 600s;
+    default_type application/json;
+    server {{
+        listen 127.0.0.1:{p} backlog=4096;
+        location /ok  {{ return 200 '{{"id":"x"}}'; }}
+        location /lat {{ access_log {lat} lat; return 200 '{{"id":"x"}}'; }}
+    }}
+}}
+""".format(d=self.dir, p=self.port, lat=self.lat_log)
+        with open(os.path.join(self.dir, "nginx.conf"), "w") as f:
+            f.write(conf)
+        self.proc = subprocess.Popen(["nginx", "-p", self.dir, "-c", "nginx.conf", "-e",
+                                      os.path.join(self.dir, "error.log")],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_port(self.port, self.proc, "nginx")
+
+    def url(self, path):
+        return "http://127.0.0.1:%d/%s" % (self.port, path)
+
+    def stop(self):
+        self.proc.terminate()
+        self.proc.wait()
+
+
+class SlowSink:
+    def __init__(self, delay_ms):
+        self.port = free_port()
+        self.stats = os.path.join(WORK, "slow_sink.json")
+        self.proc = subprocess.Popen([sys.executable, os.path.join(ROOT, "bench", "slow_sink.py"),
+                                      str(self.port), str(delay_ms), self.stats])
+        wait_port(self.port, self.proc, "slow sink")
+
+    def url(self):
+        return "http://127.0.0.1:%d/slow" % self.port
+
+    def read(self):
+        try:
+            with open(self.stats) as f:
+                return json.load(f)
+        except (OSError, ValueError):
+            return {"peak": 0, "in_progress": 0, "served": 0}
+
+    def stop(self):
+        self.proc.terminate()
+        self.proc.wait()
+
+
+def wait_port(port, proc, what):
+    for _ in range(200):
+        if proc.poll() is not None:
+            sys.exit("bench: %s exited at start (rc %s)" % (what, proc.returncode))
+        try:
+            socket.create_connection(("127.0.0.1", port), 0.2).close()
+            return
+        except OSError:
+            time.sleep(0.05)
+    sys.exit("bench: %s did not listen on %d" % (what, port))
+
+
+# ---- workers ---------------------------------------------------------------
+
+class Worker:
+    def __init__(self, name, http="", dispatcher=""):
+        self.name = name
+        self.ini = os.path.join(WORK, "%s.ini" % name)
+        self.logf = os.path.join(WORK, "%s.log" % name)
+        with open(self.ini, "w") as f:
+            f.write("""[database]
+conninfo = {ci}
+[dispatcher]
+worker_name = {name}
+provider_dir = {prov}
+{disp}
+[metrics]
+listen =
+[log]
+level = {lvl}
+[provider.http]
+allow_hosts = 127.0.0.1
+{http}
+""".format(ci=conninfo(), name=name, prov=os.path.join(BUILD, "providers"), lvl=LOG_LEVEL,
+           http=http, disp=dispatcher))
+        env = dict(os.environ, AI_ACTIONS_ENABLED="true")
+        self.err = open(self.logf, "w")
+        self.proc = subprocess.Popen([os.path.join(BUILD, "outbox-dispatcher"), "--config", self.ini],
+                                     stdout=subprocess.DEVNULL, stderr=self.err, env=env)
+        self.pid = self.proc.pid
+        self.hwm_kb = None
+        self.cpu = 0.0
+
+    def sample(self):
+        if self.proc.poll() is not None:
+            sys.exit("bench: worker %s exited (rc %s); see %s:\n%s" % (
+                self.name, self.proc.returncode, self.logf, tail(self.logf)))
+        self.hwm_kb = proc_status(self.pid, "VmHWM")
+        self.cpu = proc_cpu(self.pid)
+        return proc_status(self.pid, "VmRSS")
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.sample()
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.err.close()
+
+
+def tail(path, n=15):
+    try:
+        with open(path) as f:
+            return "".join(f.readlines()[-n:])
+    except OSError:
+        return ""
+
+
+def wait_listening(k, timeout=10):
+    """Until k worker connections sit in LISTEN (idle, NOTIFY-driven)."""
+    end = time.time() + timeout
+    while time.time() < end:
+        n = q1("SELECT count(*) FROM pg_stat_activity WHERE datname = 'bench' AND pid <> pg_backend_pid()"
+               " AND state = 'idle' AND backend_type = 'client backend'")
+        if n >= k:
+            time.sleep(0.3)
+            return
+        time.sleep(0.1)
+
+
+def pg_backend_pids():
+    return [r[0] for r in q("SELECT pid FROM pg_stat_activity WHERE datname = 'bench'"
+                            " AND pid <> pg_backend_pid() AND backend_type = 'client backend'")]
+
+
+# ---- data ------------------------------------------------------------------
+
+def reset():
+    q("TRUNCATE effect_outbox, effect_attempts, workflow_runs, approvals, run_claims CASCADE", fetch=False)
+    q("DROP SEQUENCE IF EXISTS bench_seq", fetch=False)
+
+
+def load(n, target, prefix="t"):
+    """n runs and one pending effect each, in one statement each (what many
+    producers would have committed)."""
+    q("INSERT INTO workflow_runs (idempotency_key, state, payload_hash)"
+      " SELECT %s || g, 'approved', 'h' FROM generate_series(1, %s) g", (prefix, n), fetch=False)
+    q("INSERT INTO effect_outbox (idempotency_key, effect_type, target, payload)"
+      " SELECT %s || g, 'http', %s, %s::jsonb FROM generate_series(1, %s) g",
+      (prefix, target, PAYLOAD, n), fetch=False)
+
+
+def settle():
+    q("VACUUM ANALYZE", fetch=False)
+    q("CHECKPOINT", fetch=False)
+
+
+def queue_empty():
+    return q1("SELECT NOT EXISTS (SELECT 1 FROM effect_outbox WHERE state = 'pending')"
+              " AND NOT EXISTS (SELECT 1 FROM effect_outbox WHERE state = 'sending')")
+
+
+def drained_rate(prefix):
+    """Effects per second from the database's own clock: effects completed
+    between the first lease and the last completion."""
+    n, span = q("SELECT count(*), extract(epoch FROM max(completed_at) - min(leased_at))"
+                " FROM effect_outbox WHERE state = 'completed' AND idempotency_key LIKE %s",
+                (prefix + "%",))[0]
+    return n, float(span or 0), (n / float(span) if span else 0.0)
+
+
+# ---- throughput ------------------------------------------------------------
+
+def throughput(k, label, prefix="t", hold_xmin=False, profile=False):
+    workers = [Worker("%s-w%d" % (label, i + 1)) for i in range(k)]
+    holder = None
+    if hold_xmin:
+        # A transaction with a snapshot open for the whole run: vacuum can
+        # remove nothing that died after it started.
+        holder = psycopg2.connect(conninfo())
+        hc = holder.cursor()
+        hc.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+        hc.execute("SELECT count(*) FROM outbox_control")
+    perf = None
+    t_start = time.time()
+    backends = []
+    peak_rss = 0
+    last_log = t_start
+    while True:
+        time.sleep(0.25)
+        for w in workers:
+            peak_rss = max(peak_rss, w.sample() or 0)
+        if not backends or len(backends) < k:
+            backends = pg_backend_pids()
+        if profile and perf is None and time.time() - t_start > 1.0:
+            perf = start_perf([w.pid for w in workers] + backends)
+        if queue_empty():
+            break
+        if time.time() - last_log > 10:
+            last_log = time.time()
+            done = q1("SELECT count(*) FROM effect_outbox WHERE state = 'completed'")
+            log("  %s: %d/%d completed" % (label, done, N))
+        if time.time() - t_start > 1800:
+            sys.exit("bench: %s did not drain in 30 min" % label)
+    wall = time.time() - t_start
+    if perf:
+        stop_perf(perf)
+    pg_cpu = sum(proc_cpu(p) for p in backends)
+    for w in workers:
+        w.sample()
+    held = None
+    if holder:
+        held = time.time() - t_start
+        holder.rollback()
+        holder.close()
+    for w in workers:
+        w.stop()
+    n, span, rate = drained_rate(prefix)
+    bad = q1("SELECT count(*) FROM effect_outbox WHERE state <> 'completed'")
+    if bad:
+        log("  WARNING: %d effects not completed" % bad)
+    attempts = q1("SELECT count(*) FROM effect_attempts")
+    r = {"workers": k, "effects": n, "seconds": span, "wall": wall, "rate": rate,
+         "rss_kb": [w.hwm_kb for w in workers],
+         "worker_cpu_per_1k": sum(w.cpu for w in workers) / n * 1000 if n else 0,
+         "pg_cpu_per_1k": pg_cpu / n * 1000 if n else 0, "attempt_rows": attempts,
+         "held_seconds": held}
+    log("  %s: %d effects in %.1f s = %.0f effects/s (workers' CPU %.2f s, their backends' %.2f s"
+        " per 1000; peak RSS %s MiB)" % (
+            label, n, span, rate, r["worker_cpu_per_1k"], r["pg_cpu_per_1k"],
+            "/".join("%.1f" % (x / 1024.0) for x in r["rss_kb"] if x)))
+    return r
+
+
+def start_perf(pids):
+    out = os.path.join(WORK, "perf.data")
+    log("  perf record -g on pids %s" % pids)
+    return subprocess.Popen(["perf", "record", "-g", "-F", "999", "-o", out, "-p",
+                             ",".join(str(p) for p in pids)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def stop_perf(p):
+    p.send_signal(signal.SIGINT)
+    p.wait()
+    out = os.path.join(WORK, "perf.data")
+    rep = subprocess.run(["perf", "report", "-i", out, "--no-children", "--sort", "comm,dso,sym",
+                          "--stdio", "-g", "none", "--percent-limit", "0.7"],
+                         capture_output=True, text=True).stdout
+    keep = os.environ.get("PROFILE_OUT", os.path.join(ROOT, "bench", "profile.txt"))
+    with open(keep, "w") as f:
+        f.write(rep)
+    log("  profile written to %s" % keep)
+
+
+# ---- the database ceiling --------------------------------------------------
+
+def ceiling(clients):
+    reset()
+    load(N, "http://127.0.0.1:9/none", "c")
+    settle()
+    per_client = int(math.ceil(N / float(BATCH * clients))) + 1
+    out = subprocess.run(["pgbench", "-n", "-c", str(clients), "-j", str(min(clients, 4)),
+                          "-t", str(per_client), "-f", os.path.join(ROOT, "bench", "ceiling.sql"),
+                          "bench"], capture_output=True, text=True)
+    if out.returncode != 0:
+        sys.exit("bench: pgbench failed:\n" + out.stdout + out.stderr)
+    n, span, rate = drained_rate("c")
+    left = q1("SELECT count(*) FROM effect_outbox WHERE state <> 'completed'")
+    log("  ceiling, %d clients: %d effects in %.1f s = %.0f effects/s%s" % (
+        clients, n, span, rate, " (%d left!)" % left if left else ""))
+    return {"clients": clients, "effects": n, "seconds": span, "rate": rate}
+
+
+# ---- latency ---------------------------------------------------------------
+
+def latency_runs(sink, durable_note=""):
+    """Idle (one effect at a time) then RATE/s for RATE_SECONDS, one worker,
+    default config.  Latency = the sink's receipt ($msec, nginx) minus the
+    row's created_at (the producer's statement start)."""
+    reset()
+    total = IDLE + RATE * RATE_SECONDS * 2 + 1000
+    q("INSERT INTO workflow_runs (idempotency_key, state, payload_hash)"
+      " SELECT 'lat-' || g, 'approved', 'h' FROM generate_series(1, %s) g", (total,), fetch=False)
+    q("CREATE SEQUENCE bench_seq", fetch=False)
+    settle()
+    open(sink.lat_log, "w").close()
+    w = Worker("lat-w1")
+    wait_listening(1)
+    out = {}
+    target = sink.url("lat")
+
+    # Idle: one insert, then a pause far longer than the latency.
+    first = q1("SELECT last_value FROM bench_seq")
+    r = subprocess.run(["pgbench", "-n", "-c", "1", "-t", str(IDLE), "-D", "target=" + target,
+                        "-f", os.path.join(ROOT, "bench", "idle.sql"), "bench"],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        sys.exit("bench: pgbench (idle) failed:\n" + r.stdout + r.stderr)
+    wait_drained(30)
+    out["idle"] = latencies(sink, "idle", 0, IDLE)
+
+    # Fixed offered load: pgbench --rate schedules Poisson arrivals.
+    w.sample()
+    rss0 = None
+    samples = []
+    p = subprocess.Popen(["pgbench", "-n", "-c", "4", "-j", "2", "-R", str(RATE), "-T", str(RATE_SECONDS),
+                          "-D", "target=" + target, "-f", os.path.join(ROOT, "bench", "insert.sql"),
+                          "bench"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    t = time.time()
+    while p.poll() is None:
+        rss = w.sample()
+        if rss0 is None and time.time() - t > min(5, RATE_SECONDS / 3.0):
+            rss0 = rss
+        samples.append(rss)
+        time.sleep(0.5)
+    so, se = p.communicate()
+    if p.returncode != 0:
+        sys.exit("bench: pgbench (rate) failed:\n" + so + se)
+    wait_drained(60)
+    rss1 = w.sample()
+    n_rate = q1("SELECT last_value FROM bench_seq") - IDLE
+    out["rate"] = latencies(sink, "%d/s" % RATE, IDLE, IDLE + n_rate)
+    out["rate"]["offered_per_s"] = n_rate / float(RATE_SECONDS)
+    out["rss_start_kb"], out["rss_end_kb"] = rss0, rss1
+    out["hwm_kb"] = w.hwm_kb
+    w.stop()
+    log("  worker RSS during the %d/s run: %.1f MiB after warm-up, %.1f MiB at the end, peak %.1f MiB" % (
+        RATE, (rss0 or 0) / 1024.0, (rss1 or 0) / 1024.0, (w.hwm_kb or 0) / 1024.0))
+    return out
+
+
+def wait_drained(timeout):
+    end = time.time() + timeout
+    while time.time() < end:
+        if queue_empty():
+            return
+        time.sleep(0.2)
+    log("  WARNING: queue not drained after %d s" % timeout)
+
+
+def latencies(sink, label, lo, hi):
+    """Match the sink's log to created_at by the Idempotency-Key (effect_key);
+    effects whose sequence number is in (lo, hi]."""
+    time.sleep(0.3)
+    recv = {}
+    with open(sink.lat_log) as f:
+        for line in f:
+            parts = line.split()
+            if len(parts) == 2:
+                recv.setdefault(parts[1], float(parts[0]))   # first delivery
+    rows = q("SELECT effect_key, extract(epoch FROM created_at)::float8 FROM effect_outbox"
+             " WHERE idempotency_key LIKE 'lat-%%'"
+             " AND substr(idempotency_key, 5)::bigint > %s AND substr(idempotency_key, 5)::bigint <= %s",
+             (lo, hi))
+    lat = [(recv[k] - c) * 1000.0 for k, c in rows if k in recv]
+    missing = len(rows) - len(lat)
+    r = {"n": len(lat), "missing": missing, "p50": pct(lat, 50), "p95": pct(lat, 95),
+         "p99": pct(lat, 99), "max": max(lat) if lat else float("nan")}
+    log("  latency %s: n=%d p50 %.1f ms, p95 %.1f ms, p99 %.1f ms, max %.1f ms%s" % (
+        label, r["n"], r["p50"], r["p95"], r["p99"], r["max"],
+        " (%d not received!)" % missing if missing else ""))
+    return r
+
+
+# ---- memory with many sends in flight ----------------------------------------
+
+def inflight_run():
+    sink = SlowSink(4000)
+    try:
+        reset()
+        load(INFLIGHT, sink.url(), "s")
+        settle()
+        n = INFLIGHT
+        w = Worker("inflight-w1", http="max_in_flight = %d\nmax_per_host = %d" % (n, n),
+                   dispatcher="max_in_flight = %d" % n)
+        peak_sending = 0
+        rss_at_peak = 0
+        end = time.time() + 60
+        while time.time() < end:
+            rss = w.sample()
+            st = sink.read()
+            if st["in_progress"] >= peak_sending:
+                peak_sending = st["in_progress"]
+                rss_at_peak = max(rss_at_peak, rss or 0)
+            if st["served"] >= n:
+                break
+            time.sleep(0.2)
+        wait_drained(30)
+        w.sample()
+        w.stop()
+        st = sink.read()
+        r = {"in_flight_peak": st["peak"], "rss_at_peak_kb": rss_at_peak, "hwm_kb": w.hwm_kb}
+        log("  %d sends in flight at most (sink); worker peak RSS %.1f MiB (VmHWM)" % (
+            st["peak"], (w.hwm_kb or 0) / 1024.0))
+        return r
+    finally:
+        sink.stop()
+
+
+# ---- variants --------------------------------------------------------------
+
+def load_completed(n):
+    """n completed effects (and their runs), as if dispatched long ago.  The
+    foreign-key triggers are skipped for speed (session_replication_role):
+    the rows satisfy them anyway."""
+    q("SET session_replication_role = replica", fetch=False)
+    step = 500000
+    for lo in range(1, n + 1, step):
+        hi = min(n, lo + step - 1)
+        q("INSERT INTO workflow_runs (idempotency_key, state, payload_hash)"
+          " SELECT 'old' || g, 'completed', 'h' FROM generate_series(%s, %s) g", (lo, hi), fetch=False)
+        q("INSERT INTO effect_outbox (idempotency_key, effect_type, target, payload, state, attempts,"
+          " provider_id, completed_at, created_at, updated_at)"
+          " SELECT 'old' || g, 'http', 'http://127.0.0.1:9/old', %s::jsonb, 'completed', 1, 'x',"
+          " now() - interval '1 day', now() - interval '1 day', now() - interval '1 day'"
+          " FROM generate_series(%s, %s) g", (PAYLOAD, lo, hi), fetch=False)
+    q("SET session_replication_role = origin", fetch=False)
+
+
+# ---- main ------------------------------------------------------------------
+
+def mib(kb):
+    return "%.1f" % (kb / 1024.0) if kb else "-"
+
+
+def main():
+    global DB
+    DB = connect()
+    log("bench: %s, N=%d, workers %s, pgbench clients %s, log level %s, build %s" % (
+        "QUICK" if QUICK else "full", N, WORKERS, CLIENTS, LOG_LEVEL, BUILD))
+    global LOAD0
+    LOAD0 = loadavg()
+    log("machine: %s; load average at start %.2f" % (machine(), LOAD0))
+    sink = Nginx()
+    try:
+        tp = {}
+        for k in (WORKERS if "throughput" in ONLY else []):
+            reset()
+            load(N, sink.url("ok"))
+            settle()
+            tp[k] = throughput(k, "fresh-%d" % k, profile=bool(PROFILE) and k == 1)
+        results["throughput"] = tp
+
+        ceil = [ceiling(c) for c in (CLIENTS if "ceiling" in ONLY else [])]
+        results["ceiling"] = ceil
+
+        if "latency" in ONLY:
+            results["latency"] = latency_runs(sink)
+        if "inflight" in ONLY:
+            results["inflight"] = inflight_run()
+
+        if VARIANTS and "variants" in ONLY and tp:
+            best_k = max(tp, key=lambda k: tp[k]["rate"])
+            reset()
+            log("  loading %d completed effects ..." % BIG)
+            load_completed(BIG)
+            load(N, sink.url("ok"))
+            settle()
+            results["big"] = throughput(best_k, "big-%d" % best_k)
+            reset()
+            load(N, sink.url("ok"))
+            settle()
+            results["held"] = throughput(best_k, "held-%d" % best_k, hold_xmin=True)
+            results["variant_workers"] = best_k
+
+        if DURABLE and "durable" in ONLY:
+            results["durable"] = durable_latency(sink)
+    finally:
+        sink.stop()
+    summary()
+
+
+def durable_latency(sink):
+    """Idle latency again with fsync and synchronous_commit on (the bench
+    server runs without them, like the tests): each commit then waits for
+    the WAL to reach the disk."""
+    q("ALTER SYSTEM SET fsync = on", fetch=False)
+    q("ALTER SYSTEM SET synchronous_commit = on", fetch=False)
+    q("SELECT pg_reload_conf()", fetch=False)
+    try:
+        global RATE_SECONDS
+        saved = RATE_SECONDS
+        RATE_SECONDS = min(RATE_SECONDS, 30)
+        r = latency_runs(sink)
+        RATE_SECONDS = saved
+        return r
+    finally:
+        q("ALTER SYSTEM RESET fsync", fetch=False)
+        q("ALTER SYSTEM RESET synchronous_commit", fetch=False)
+        q("SELECT pg_reload_conf()", fetch=False)
+
+
+def machine():
+    cpu = "?"
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    mem = proc_meminfo()
+    pgv = q1("SHOW server_version")
+    return "%d CPU (%s), %.0f GiB RAM, PostgreSQL %s" % (os.cpu_count(), cpu, mem / 1048576.0, pgv)
+
+
+def proc_meminfo():
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1])
+    return 0
+
+
+def lat_cell(r):
+    return "p50 %.1f / p95 %.1f / p99 %.1f ms" % (r["p50"], r["p95"], r["p99"])
+
+
+def summary():
+    tp, ceil = results.get("throughput", {}), results.get("ceiling", [])
+    rows = []
+    for k in sorted(tp):
+        rows.append(("throughput, %d worker%s" % (k, "s" if k > 1 else ""), "%.0f effects/s" % tp[k]["rate"],
+                     "peak RSS %s MiB/worker; CPU s per 1000 effects: workers %.2f, their PG backends %.2f" % (
+                         "/".join(mib(x) for x in tp[k]["rss_kb"]), tp[k]["worker_cpu_per_1k"],
+                         tp[k]["pg_cpu_per_1k"])))
+    for c in ceil:
+        rows.append(("ceiling (pgbench), %d client%s" % (c["clients"], "s" if c["clients"] > 1 else ""),
+                     "%.0f effects/s" % c["rate"], "lease %d -> mark sending -> complete, no sends" % BATCH))
+    lat = results.get("latency")
+    if lat:
+        rows.append(("latency idle (one at a time)", lat_cell(lat["idle"]),
+                     "n=%d, max %.1f ms" % (lat["idle"]["n"], lat["idle"]["max"])))
+        rows.append(("latency at %d/s" % RATE, lat_cell(lat["rate"]),
+                     "n=%d in %d s (%.0f/s offered), max %.1f ms" % (
+                         lat["rate"]["n"], RATE_SECONDS, lat["rate"]["offered_per_s"], lat["rate"]["max"])))
+        rows.append(("worker RSS during the %d/s run" % RATE, "%s -> %s MiB" % (
+            mib(lat["rss_start_kb"]), mib(lat["rss_end_kb"])), "after warm-up -> end of %d s; peak %s MiB" % (
+            RATE_SECONDS, mib(lat["hwm_kb"]))))
+    inf = results.get("inflight")
+    if inf:
+        rows.append(("peak RSS, %d sends in flight" % inf["in_flight_peak"], "%s MiB" % mib(inf["hwm_kb"]),
+                     "1 worker, max_in_flight=%d, sink answers after 4 s" % INFLIGHT))
+    if "big" in results:
+        k = results["variant_workers"]
+        for key, what in (("big", "%d completed rows in the table" % BIG),
+                          ("held", "a snapshot held open %.0f s (vacuum held back)" % (
+                              results["held"]["held_seconds"] or 0))):
+            r = results[key]
+            rows.append(("throughput, %d workers, %s" % (k, what), "%.0f effects/s" % r["rate"],
+                         "%+.0f%% vs fresh table" % ((r["rate"] / tp[k]["rate"] - 1) * 100)))
+    if "durable" in results:
+        d = results["durable"]
+        rows.append(("latency idle, fsync + synchronous_commit on", lat_cell(d["idle"]), "n=%d" % d["idle"]["n"]))
+        rows.append(("latency at %d/s, fsync + synchronous_commit on" % RATE, lat_cell(d["rate"]),
+                     "n=%d in %d s" % (d["rate"]["n"], min(RATE_SECONDS, 30))))
+    print()
+    print("== outbox-dispatcher bench (%s, N=%d, [log] level=%s, %.0f s, load average %.2f at start, %.2f now)" % (
+        "QUICK" if QUICK else "full", N, LOG_LEVEL, time.time() - T0, LOAD0, loadavg()))
+    if rows:
+        w0 = max(len(r[0]) for r in rows)
+        w1 = max(len(r[1]) for r in rows)
+        print("| %-*s | %-*s | %s |" % (w0, "measure", w1, "result", "notes"))
+        print("|-%s-|-%s-|-------|" % ("-" * w0, "-" * w1))
+        for a, b, c in rows:
+            print("| %-*s | %-*s | %s |" % (w0, a, w1, b, c))
+        print()
+    if tp and ceil:
+        best_k = max(tp, key=lambda k: tp[k]["rate"])
+        best_c = max(ceil, key=lambda c: c["rate"])
+        ratio = tp[best_k]["rate"] / best_c["rate"] if best_c["rate"] else 0.0
+        print("dispatcher best: %.0f effects/s with %d worker%s; ceiling: %.0f effects/s with %d pgbench client%s" % (
+            tp[best_k]["rate"], best_k, "s" if best_k > 1 else "", best_c["rate"], best_c["clients"],
+            "s" if best_c["clients"] > 1 else ""))
+        print("ratio: %.2f" % ratio)
+    with open(os.path.join(WORK, "results.json"), "w") as f:
+        json.dump(results, f, indent=1, default=str)
+    keep = os.environ.get("BENCH_RESULTS")
+    if keep:
+        with open(keep, "w") as f:
+            json.dump(results, f, indent=1, default=str)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,67 @@
+#!/bin/sh
+# bench/run.sh: `make bench` (full, ~15 min on 2 cores) and `make bench-quick`
+# (QUICK=1, under a minute).  See bench/README.md for what is measured and
+# how; the knobs are the environment variables listed in bench/bench.py.
+#
+#   BUILD_DIR   where the binaries are (default build; make bench builds it)
+#
+# Installs what is missing on Debian 12 (nginx-light, pgbench, psycopg2),
+# starts a throwaway PostgreSQL (tests/lib/pg.sh), creates and migrates the
+# database `bench`, turns the kill switch on, and hands over to bench.py,
+# which starts the sinks and workers, measures, and prints the table.
+set -eu
+cd "$(dirname "$0")/.."
+BUILD_DIR=${BUILD_DIR:-build}
+export BUILD_DIR
+PATH=$PATH:/usr/sbin:/sbin
+export PATH
+
+for b in outbox-dispatcher outboxctl providers/outbox_http.so; do
+    [ -e "$BUILD_DIR/$b" ] || { echo "bench: $BUILD_DIR/$b missing: run make first" >&2; exit 1; }
+done
+
+# What the bench needs from Debian: nginx (the fast sink), pgbench (the
+# producers and the ceiling), python3-psycopg2 (the driver).
+missing=""
+command -v nginx >/dev/null 2>&1 || missing="$missing nginx-light"
+command -v pgbench >/dev/null 2>&1 || missing="$missing postgresql-contrib postgresql-client"
+/usr/bin/python3 -c 'import psycopg2' 2>/dev/null || missing="$missing python3-psycopg2"
+if [ -n "$missing" ]; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+        echo "bench: installing$missing"
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -q $missing >/dev/null \
+            || { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $missing >/dev/null; }
+    else
+        echo "bench: please install:$missing" >&2
+        exit 1
+    fi
+fi
+if [ "${PROFILE:-0}" != 0 ] && ! command -v perf >/dev/null 2>&1; then
+    echo "bench: PROFILE=1 needs perf (apt-get install linux-perf)" >&2
+    exit 1
+fi
+
+. tests/lib/pg.sh
+
+work=$(mktemp -d /tmp/outbox-bench.XXXXXX)
+chmod 755 "$work"
+cleanup() {
+    pg_stop "$work/pg"
+    if [ -n "${BENCH_KEEP:-}" ]; then echo "bench: scratch kept in $work"; else rm -rf "$work"; fi
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+# The server: tests/lib/pg.sh's throwaway settings (fsync and
+# synchronous_commit off, shared_buffers 256MB) plus a WAL size that does
+# not checkpoint in the middle of a run.  bench.py repeats the latency runs
+# with fsync and synchronous_commit on (BENCH_DURABLE).
+PG_EXTRA_OPTS="${PG_EXTRA_OPTS:-} -c max_wal_size=4GB -c checkpoint_timeout=30min"
+export PG_EXTRA_OPTS
+pg_start "$work/pg" >/dev/null || exit 1
+psql -q -d postgres -c "CREATE DATABASE bench" >/dev/null
+ci="host=$PGHOST port=$PGPORT user=$PGUSER dbname=bench"
+"$BUILD_DIR/outboxctl" --db "$ci" migrate >/dev/null
+"$BUILD_DIR/outboxctl" --db "$ci" kill-switch on --operator bench --reason "make bench" >/dev/null
+
+BENCH_WORK=$work /usr/bin/python3 bench/bench.py
