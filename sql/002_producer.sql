@@ -68,7 +68,10 @@ BEGIN
     END IF;
 END $$;
 
--- Renew the run's lease; only its owner can, and not past a cap.
+-- Renew the run's lease: only its live owner at its version, while the run
+-- is processing, and each renewal at most a day ahead.  There is no cap on
+-- the total time yet (that needs the claim time, which workflow_runs does
+-- not record): a workflow must not renew forever.
 CREATE FUNCTION outbox_renew_run(p_key text, p_owner uuid, p_version bigint,
                                  p_lease_seconds integer DEFAULT 300)
 RETURNS bigint
