@@ -61,6 +61,7 @@
 #include <event2/event.h>
 #include <jansson.h>
 #include <openssl/evp.h>
+#include <openssl/ssl.h>   /* before libesmtp.h: declares smtp_starttls_set_ctx */
 #include <openssl/x509.h>
 
 #include <auth-client.h>
@@ -83,6 +84,8 @@ static const struct outbox_conf_key email_keys[] = {
 	{ "username", CONF_STR, "", 0, 0, "AUTH user name; empty: no AUTH" },
 	{ "password", CONF_SECRET, "", 0, 0, "AUTH password (file:/path or env:NAME)" },
 	{ "helo_name", CONF_STR, "", 0, 0, "name sent in EHLO; empty: the host name" },
+	{ "ca_file", CONF_STR, "", 0, 0, "PEM CA bundle the relay's certificate must chain to; "
+	  "empty: the system's CAs" },
 	{ "threads", CONF_INT, "4", 1, EMAIL_MAX_THREADS, "SMTP sessions at once" },
 	{ "message_id_domain", CONF_STR, "outbox-dispatcher.invalid", 0, 0,
 	  "right-hand side of Message-ID: <effect key@domain>" },
@@ -711,7 +714,7 @@ struct email_job {
 	struct reply mail, rcpt_reply, data_cmd, final, session, auth;
 	bool auth_ok, starttls_sent, tls_ok, tls_refused, starttls_missing;
 	char tls_why[160];
-	char last_cmd[8];
+	char last_cmd[12];
 	struct outbox_result result;    /* by the thread when FINISHED */
 
 	/* Thread side only. */
@@ -735,6 +738,7 @@ struct email {
 	char msgid_domain[256];
 	long timeout_ms, connect_timeout_ms;
 	int nthreads;
+	SSL_CTX *tls;
 
 	pthread_mutex_t mu;
 	pthread_cond_t cv;
@@ -767,6 +771,8 @@ static void email_unref(struct email *em)
 	}
 	free(em->username);
 	free(em->threads);
+	if (em->tls)
+		SSL_CTX_free(em->tls);
 	pthread_cond_destroy(&em->cv);
 	pthread_mutex_destroy(&em->mu);
 	free(em);
@@ -1117,8 +1123,8 @@ static void on_event(smtp_session_t session, int event_no, void *arg, ...)
 		j->tls_refused = true;
 		copy_str(j->tls_why,
 		         event_no == SMTP_EV_UNUSABLE_CA_LIST
-		             ? "unusable CA list under $HOME/.authenticate (permissions?)"
-		             : "unusable client certificate under $HOME/.authenticate",
+		             ? "unusable CA list"
+		             : "unusable client certificate under $HOME/.config/libesmtp",
 		         sizeof(j->tls_why));
 		break;
 	default:
@@ -1216,7 +1222,8 @@ static void job_run(struct email_job *j)
 	smtp_set_timeout(s, Timeout_TRANSFER | Timeout_OVERRIDE_RFC2822_MINIMUM, per_read);
 	smtp_set_timeout(s, Timeout_DATA2 | Timeout_OVERRIDE_RFC2822_MINIMUM, per_read);
 	ok = smtp_set_server(s, em->server) && (em->helo[0] == '\0' || smtp_set_hostname(s, em->helo)) &&
-	     smtp_starttls_enable(s, em->starttls) && smtp_set_eventcb(s, on_event, j) &&
+	     smtp_starttls_enable(s, em->starttls) &&
+	     (em->starttls == Starttls_DISABLED || smtp_starttls_set_ctx(s, em->tls)) && smtp_set_eventcb(s, on_event, j) &&
 	     smtp_set_monitorcb(s, on_monitor, j, 0);
 	if (ok && em->username) {
 		auth = auth_create_context();
@@ -1516,6 +1523,28 @@ static void *email_init(const struct outbox_host *host, const struct outbox_conf
 		goto fail;
 	}
 	copy_str(em->msgid_domain, domain, sizeof(em->msgid_domain));
+	{
+		/* Built (and ca_file checked) even with starttls = off: a broken
+		 * setting is refused now, not when someone turns TLS on. */
+		const char *ca = host->conf_str(conf, "ca_file");
+		/* Our own context rather than libesmtp's default: it trusts the
+		 * system's CAs (or ca_file), and it stops at TLS 1.2.  libesmtp
+		 * 1.1 polls for the EHLO reply before flushing EHLO; a TLS 1.3
+		 * relay's post-handshake NewSessionTicket makes that poll
+		 * succeed early and the session stalls until its timeout. */
+		em->tls = SSL_CTX_new(TLS_client_method());
+		if (em->tls == NULL || !SSL_CTX_set_min_proto_version(em->tls, TLS1_2_VERSION) ||
+		    !SSL_CTX_set_max_proto_version(em->tls, TLS1_2_VERSION)) {
+			snprintf(err, errlen, "email: cannot create a TLS context");
+			goto fail;
+		}
+		if (ca[0] ? SSL_CTX_load_verify_locations(em->tls, ca, NULL) != 1
+		          : SSL_CTX_set_default_verify_paths(em->tls) != 1) {
+			snprintf(err, errlen, "%s: cannot load CA certificates from \"%.200s\"",
+			         host->conf_where(conf, "ca_file"), ca[0] ? ca : "the system store");
+			goto fail;
+		}
+	}
 	em->timeout_ms = host->conf_int(conf, "timeout_ms");
 	em->connect_timeout_ms = host->conf_int(conf, "connect_timeout_ms");
 	if (em->connect_timeout_ms > em->timeout_ms)

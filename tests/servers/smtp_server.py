@@ -43,7 +43,9 @@ import ssl
 import threading
 import uuid
 
-from aiosmtpd.smtp import SMTP, AuthResult, LoginPassword
+from asyncio import sslproto
+
+from aiosmtpd.smtp import SMTP, AuthResult, LoginPassword, TLSSetupException, syntax
 
 MODE_RE = re.compile(r"\+([a-z0-9-]+)@")
 
@@ -144,6 +146,30 @@ class ScriptedSMTP(SMTP):
             self.transport.close()
             return
         await super()._handle_client()
+
+    @syntax("STARTTLS", when="tls_context")
+    async def smtp_STARTTLS(self, arg):
+        """aiosmtpd's own, except that "220" is written and the TLS layer
+        installed in the same loop step: aiosmtpd awaits the write first, and
+        a client quick enough to send its ClientHello meanwhile loses it to
+        the plain-text reader (the handshake then hangs)."""
+        if arg:
+            await self.push("501 Syntax: STARTTLS")
+            return
+        waiter = self.loop.create_future()
+        self._tls_protocol = sslproto.SSLProtocol(self.loop, self, self.tls_context, waiter,
+                                                  server_side=True)
+        self.transport.write(b"220 Ready to start TLS\r\n")
+        self._original_transport = self.transport
+        self._original_transport.set_protocol(self._tls_protocol)
+        self.transport = self._tls_protocol._app_transport
+        self._tls_protocol.connection_made(self._original_transport)
+        try:
+            await waiter
+        except asyncio.CancelledError:
+            raise
+        except Exception as error:
+            raise TLSSetupException() from error
 
     async def smtp_DATA(self, arg):
         srv = self.event_handler.srv
