@@ -34,7 +34,7 @@ const struct outbox_conf_key core_keys_dispatcher[] = {
 	{ "max_in_flight", CONF_INT, "256", 1, 100000, "sends in flight per worker" },
 	{ "complete_batch", CONF_INT, "256", 1, 5000, "outcomes recorded per round trip" },
 	{ "poll_interval_ms", CONF_INT, "1000", 10, 600000, "poll when no NOTIFY arrives" },
-	{ "maintenance_interval_ms", CONF_INT, "2000", 100, 600000, "reaper and housekeeping period" },
+	{ "maintenance_interval_ms", CONF_INT, "2000", 100, 10000, "reaper and housekeeping period" },
 	{ "shutdown_grace_ms", CONF_INT, "10000", 0, 600000, "SIGTERM: wait this long for sends" },
 	{ "max_payload_bytes", CONF_INT, "262144", 64, 67108864, "larger payloads fail as invalid" },
 	{ "unknown_type_grace_seconds", CONF_INT, "60", 0, 86400, "fail rows of a type nobody serves after this" },

@@ -114,6 +114,7 @@ struct worker {
 	int n_reconciling;
 	bool lease_busy, mark_busy, complete_busy, recon_busy, recon_record_busy, maint_busy;
 	bool more_due;                /* the last lease came back full */
+	bool lease_wanted;            /* a NOTIFY, a poll tick or a reconnect asked for a lease */
 	bool recon_requested;
 	int64_t recon_next_mono;
 	uint64_t renew_gen;
@@ -635,6 +636,10 @@ static void lease_batch(struct worker *w)
 
 	if (w->lease_busy || w->stopping || !w->schema_ok || !db_is_up(w->db) || limit <= 0)
 		return;
+	/* Lease only when there may be work: after a full batch, a NOTIFY, a
+	 * poll tick or a reconnect.  An empty answer ends the burst. */
+	if (!w->more_due && !w->lease_wanted)
+		return;
 	/* Do not lease more than can be marked soon: rows waiting for a slot
 	 * already cover the next batch. */
 	if (!TAILQ_EMPTY(&w->waiting) && w->n_active - w->n_sending >= (int)w->s.batch_size)
@@ -651,6 +656,7 @@ static void lease_batch(struct worker *w)
 	b->gen = (uint64_t)limit;
 	w->lease_busy = true;
 	w->more_due = false;
+	w->lease_wanted = false;
 	db_query(w->db,
 	         "SELECT effect_id, idempotency_key, effect_type, target, payload, payload_hash, "
 	         "effect_key, attempts, metadata, approved_by FROM outbox_lease($1, $2, $3, $4, $5, $6)",
@@ -824,6 +830,7 @@ static void on_poll(evutil_socket_t fd, short what, void *arg)
 
 	(void)fd;
 	(void)what;
+	w->lease_wanted = true;
 	worker_kick(w);
 }
 
@@ -985,8 +992,9 @@ static void on_schema(struct db *db, PGresult *r, void *arg)
 	if (!w->schema_ok) {
 		w->schema_ok = true;
 		register_providers(w);
-		worker_kick(w);
 	}
+	w->lease_wanted = true;
+	worker_kick(w);
 }
 
 static void on_maintenance(evutil_socket_t fd, short what, void *arg)
@@ -1062,6 +1070,8 @@ static void on_notify(struct db *db, const char *channel, const char *payload, v
 	(void)channel;
 	if (payload && strcmp(payload, "reconcile") == 0)
 		w->recon_requested = true;
+	else
+		w->lease_wanted = true;
 	worker_kick(w);
 }
 
@@ -1325,6 +1335,7 @@ struct worker *worker_new(struct event_base *base, const char *config_path)
 		log_msg(OLOG_WARN, "kill_switch_env",
 		        "AI_ACTIONS_ENABLED is not exactly \"true\": this worker sends nothing");
 	sdnotify_init(base);
+	metrics_heartbeat();
 	sdnotify_ready(w->env_enabled ? "ready" : "ready; AI_ACTIONS_ENABLED is not true: not sending");
 	db_start(w->db);
 	return w;
@@ -1362,6 +1373,7 @@ void worker_free(struct worker *w)
 	}
 	db_free(w->db);
 	metrics_stop();
+	sdnotify_shutdown();
 	hosts_free(w->hosts);
 	if (w->pump_ev)
 		event_free(w->pump_ev);

@@ -40,8 +40,9 @@ for t in "$BUILD_DIR"/tests/test_*; do
 done
 
 # Integration tests (pytest from Debian's python3).
-/usr/bin/python3 -m pytest -p no:cacheprovider -q -rfE --junitxml="$work/junit.xml" \
-    tests ${PYTEST_ARGS:-}
+# PYTEST_ARGS is split by pytest itself (shell-like), so "-k 'a or b'" works.
+PYTEST_ADDOPTS="${PYTEST_ADDOPTS:-} ${PYTEST_ARGS:-}" \
+/usr/bin/python3 -m pytest -p no:cacheprovider -q -rfE --junitxml="$work/junit.xml" tests
 prc=$?
 if [ -f "$work/junit.xml" ]; then
     counts=$(/usr/bin/python3 - "$work/junit.xml" <<'PY'
