@@ -6,7 +6,7 @@ PKGS="build-essential pkg-config git ca-certificates openssl
       libpq-dev libcurl4-openssl-dev libesmtp-dev libjansson-dev libevent-dev
       libinih-dev libsystemd-dev libssl-dev libcmocka-dev
       postgresql postgresql-contrib
-      python3 python3-pytest python3-psycopg2 python3-aiosmtpd
+      python3 python3-pytest python3-pytest-xdist python3-psycopg2 python3-aiosmtpd
       clang libclang-rt-14-dev cppcheck systemd valgrind"
 SUDO=
 [ "$(id -u)" = 0 ] || SUDO=sudo

@@ -22,6 +22,8 @@ TEMPLATE = "outbox_tpl"
 
 
 def pytest_configure(config):
+    config.addinivalue_line("markers", "exclusive: disturbs the shared PostgreSQL server "
+                            "(restarts it); tests/run.sh runs these alone, after the rest")
     if not os.environ.get("PGPORT"):
         raise pytest.UsageError("run the suite through tests/run.sh (make test): "
                                 "it starts the PostgreSQL server the tests use")
@@ -29,14 +31,18 @@ def pytest_configure(config):
 
 @pytest.fixture(scope="session")
 def template_db():
+    # tests/run.sh creates it before the (parallel) run; this covers a
+    # pytest started by hand, serialized by a lock across xdist workers.
     conn = psycopg2.connect(admin_dsn())
     conn.autocommit = True
     with conn.cursor() as cur:
+        cur.execute("SELECT pg_advisory_lock(727)")
         cur.execute("SELECT 1 FROM pg_database WHERE datname = %s", (TEMPLATE,))
         if not cur.fetchone():
             cur.execute(f"CREATE DATABASE {TEMPLATE}")
             r = run_ctl(["--db", dsn_for(TEMPLATE), "migrate"])
             assert r.returncode == 0, r.stderr
+        cur.execute("SELECT pg_advisory_unlock(727)")
     conn.close()
     return TEMPLATE
 

@@ -39,13 +39,25 @@ for t in "$BUILD_DIR"/tests/test_*; do
     if [ $rc -ne 0 ] && [ -z "$f" ]; then failed=$((failed + 1)); fi
 done
 
-# Integration tests (pytest from Debian's python3).
+# The template database every test copies, migrated once by the real
+# outboxctl.
+psql -q -c "CREATE DATABASE outbox_tpl" || exit 1
+"$BUILD_DIR/outboxctl" --db "dbname=outbox_tpl" migrate >/dev/null || exit 1
+
+# Integration tests (pytest from Debian's python3).  Tests run in parallel
+# (pytest-xdist, each in its own database), except those marked
+# `exclusive` (they restart the server), which run alone afterwards.
 # PYTEST_ARGS is split by pytest itself (shell-like), so "-k 'a or b'" works.
-PYTEST_ADDOPTS="${PYTEST_ADDOPTS:-} ${PYTEST_ARGS:-}" \
-/usr/bin/python3 -m pytest -p no:cacheprovider -q -rfE --junitxml="$work/junit.xml" tests
-prc=$?
-if [ -f "$work/junit.xml" ]; then
-    counts=$(/usr/bin/python3 - "$work/junit.xml" <<'PY'
+export PYTEST_ADDOPTS="${PYTEST_ADDOPTS:-} ${PYTEST_ARGS:-}"
+jobs=${TEST_JOBS:-4}
+par=""
+/usr/bin/python3 -c "import xdist" 2>/dev/null && [ "$jobs" -gt 1 ] && par="-n $jobs"
+run_pytest() {   # $1: junit file, rest: pytest arguments
+    junit=$1; shift
+    /usr/bin/python3 -m pytest -p no:cacheprovider -q -rfE --junitxml="$junit" "$@" tests
+    rc=$?
+    if [ -f "$junit" ]; then
+        counts=$(/usr/bin/python3 - "$junit" <<'PY'
 import sys, xml.etree.ElementTree as ET
 r = ET.parse(sys.argv[1]).getroot()
 suites = [r] if r.tag == "testsuite" else list(r)
@@ -55,11 +67,15 @@ sk = sum(int(s.get("skipped", 0)) for s in suites)
 print(t - f - sk, f)
 PY
 )
-    passed=$((passed + ${counts% *})); failed=$((failed + ${counts#* }))
-elif [ $prc -ne 0 ]; then
-    failed=$((failed + 1))
-fi
-[ $prc -ne 0 ] && [ $prc -ne 5 ] && [ "$failed" -eq 0 ] && failed=1
+        passed=$((passed + ${counts% *})); failed=$((failed + ${counts#* }))
+        [ $rc -ne 0 ] && [ $rc -ne 5 ] && [ "${counts#* }" -eq 0 ] && failed=$((failed + 1))
+    elif [ $rc -ne 0 ] && [ $rc -ne 5 ]; then
+        failed=$((failed + 1))
+    fi
+}
+# shellcheck disable=SC2086
+run_pytest "$work/junit-parallel.xml" $par -m "not exclusive"
+run_pytest "$work/junit-exclusive.xml" -m "exclusive"
 
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ] && [ "$passed" -gt 0 ]
