@@ -115,6 +115,36 @@ static struct outbox_host host = {
 static const struct outbox_provider *http;
 static void *instance[2];
 
+/*
+ * KNOWN BUG (reported): netrules.c parse_cidr() range-checks the prefix
+ * after casting strtol's long to int, so "10.0.0.0/2147483648" is accepted
+ * with a negative prefix and the next address check memcmp()s a negative
+ * length.  While netrules_parse() still accepts such prefixes, allow-lists
+ * with an out-of-range prefix are not asked about addresses (the unit test
+ * test_out_of_range_prefix_refused tracks it); once fixed, this turns
+ * itself off.
+ */
+static bool prefix_bug;
+
+static bool accepts(const char *list)
+{
+	char err[256];
+	struct netrules *r = netrules_parse(list, true, err, sizeof(err));
+
+	netrules_free(r);
+	return r != NULL;
+}
+
+static bool suspicious_prefix(const char *list)
+{
+	for (const char *s = strchr(list, '/'); s; s = strchr(s + 1, '/')) {
+		size_t digits = strspn(s + 1, "0123456789");
+		if (s[1] == '-' || s[1] == '+' || s[1] == ' ' || digits > 3)
+			return true;
+	}
+	return false;
+}
+
 int LLVMFuzzerInitialize(int *argc, char ***argv)
 {
 	static const struct outbox_conf confs[2] = { { conf_public }, { conf_private } };
@@ -126,6 +156,10 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
 	http = outbox_provider_entry();
 	if (host.base == NULL || http == NULL || http->abi != OUTBOX_PROVIDER_ABI)
 		abort();
+	prefix_bug = accepts("10.0.0.0/2147483648") || accepts("10.0.0.0/-1");
+	if (prefix_bug)
+		fprintf(stderr, "fuzz_payload: KNOWN BUG netrules.c parse_cidr accepts out-of-range "
+		        "CIDR prefixes; such allow-lists are parsed but not queried\n");
 	for (int i = 0; i < 2; i++) {
 		err[0] = '\0';
 		instance[i] = http->init(&host, &confs[i], err, sizeof(err));
@@ -219,6 +253,10 @@ static void fuzz_rules(const char *list, bool public_ok, const char *target)
 
 	if (r == NULL) {
 		CHECK(err[0] != '\0', "allow-list refused without a reason");
+		return;
+	}
+	if (prefix_bug && suspicious_prefix(list)) {
+		netrules_free(r);
 		return;
 	}
 	(void)netrules_host_listed(r, target);
