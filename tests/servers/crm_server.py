@@ -178,6 +178,26 @@ class _Handler(BaseHTTPRequestHandler):
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     request_queue_size = 128   # many parallel connects must not hit the backlog
+    ssl_context = None
+
+    def get_request(self):
+        sock, addr = self.socket.accept()
+        if self.ssl_context:
+            # The handshake runs in the request's thread (finish_request),
+            # never in the accept loop, so one bad client stalls nobody.
+            sock = self.ssl_context.wrap_socket(sock, server_side=True,
+                                                do_handshake_on_connect=False)
+        return sock, addr
+
+    def finish_request(self, request, client_address):
+        if self.ssl_context:
+            try:
+                request.settimeout(10)
+                request.do_handshake()
+                request.settimeout(None)
+            except (OSError, ValueError):
+                return  # e.g. the client refused our certificate
+        super().finish_request(request, client_address)
 
 
 class CrmServer:
@@ -200,7 +220,7 @@ class CrmServer:
         if tls:
             ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
             ctx.load_cert_chain(*tls)
-            self.httpd.socket = ctx.wrap_socket(self.httpd.socket, server_side=True)
+            self.httpd.ssl_context = ctx
         self.port = self.httpd.server_address[1]
         self.url = f"{'https' if tls else 'http'}://{host}:{self.port}"
         self._thread = None
