@@ -270,12 +270,15 @@ def test_hang_after_storing_is_retried_and_ends_with_one_record(conn, dispatcher
     kill_switch(conn, True)
     eid, key = crm_effect(conn, {"Subject": "x"})
     crm.fault("PATCH", key, ("hang",))
-    start_worker(dispatchers, crm, token_file, timeout_ms=700)
+    start_worker(dispatchers, crm, token_file, timeout_ms=1500)
     e = wait_state(conn, eid, "completed")
     cls = classes(conn, eid)
-    assert cls == [("ambiguous", None), ("accepted", 200)]
+    # On a loaded machine a later attempt may time out too: still the same key.
+    assert cls[0] == ("ambiguous", None) and cls[-1] == ("accepted", 200)
+    assert set(cls[1:-1]) <= {("ambiguous", None)}
     assert "timed out" in attempts(conn, eid)[0]["error_text"].lower()
-    assert crm.count(key, "PATCH") == 2
+    assert crm.count(key, "PATCH") == len(cls)
+    assert len({r.path for r in crm.requests if r.ext == key}) == 1
     assert len(crm.records_for(key)) == 1
     assert e["provider_id"] == crm.record("Task", "Outbox_Key__c", key)["Id"]
 
