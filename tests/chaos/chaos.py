@@ -895,7 +895,9 @@ class Checks:
             else:
                 faults = [r["fault"] for r in self.sends(self.receipts[e["id"]])]
                 last = faults[-1] if faults else "no request received"
-                err = re.sub(r"\d+ ms", "N ms", (a["error"] or "")[:60])
+                err = re.split(r"[(:]", a["error"] or "")[0].strip()[:50]
+                if err.startswith("sent, no answer"):
+                    err = "sent, no answer: " + (a["error"] or "").split(": ", 1)[-1][:30]
                 causes[f"{e['type']} ambiguous ({err}); server fault {last}"] += 1
         self.causes = dict(causes)
         print("\n== unknown effects by cause")
