@@ -43,6 +43,32 @@ static const struct outbox_conf_key own_keys[] = {
 		}                                                           \
 	} while (0)
 
+/*
+ * KNOWN BUG (reported): config.c names line 0 when max_lease_seconds <
+ * lease_seconds or backoff_cap_ms < backoff_base_ms and the key it blames
+ * is not in the file (test_config.c tracks it).  While that is so, those
+ * two messages are exempt from the "names a real line" oracle; once fixed,
+ * the exemption turns itself off.
+ */
+static bool line0_bug;
+static long input_lines;     /* newlines + 1 in the current input */
+
+static bool names_line0(const char *text, bool provider)
+{
+	char err[512] = "";
+	struct core_settings s;
+	struct provider_policy p;
+	struct config *cfg = config_load_string(NAME, text, err, sizeof(err));
+	bool ok;
+
+	if (cfg == NULL)
+		return false;
+	ok = provider ? config_provider(cfg, "http", NULL, &p, err, sizeof(err))
+	              : config_core(cfg, &s, err, sizeof(err));
+	config_free(cfg);
+	return !ok && strstr(err, NAME ":0:") != NULL;
+}
+
 int LLVMFuzzerInitialize(int *argc, char ***argv)
 {
 	char dir[] = "/tmp/fuzz_config.XXXXXX";
@@ -61,6 +87,11 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
 	fputs("s3cret\nsecond line\n", fp);
 	fclose(fp);
 	setenv("FUZZ_SECRET", "from-env", 1);
+	line0_bug = names_line0("[dispatcher]\nlease_seconds = 1000\n", false) ||
+	            names_line0("[provider.http]\nbackoff_base_ms = 100000\n", true);
+	if (line0_bug)
+		fprintf(stderr, "fuzz_config: KNOWN BUG config.c names line 0 for unset "
+		        "max_lease_seconds/backoff_cap_ms; exempted from the line oracle\n");
 	return 0;
 }
 
@@ -83,6 +114,17 @@ static void check_err(bool ok, const char *err)
 		return;
 	CHECK(err[0] != '\0', "refused without a reason");
 	CHECK(strncmp(err, NAME, strlen(NAME)) == 0, "reason does not name the file: %s", err);
+	if (line0_bug && (strstr(err, "] max_lease_seconds: must be >=") ||
+	                  strstr(err, "] backoff_cap_ms: must be >=")))
+		return;
+	/* "fuzz.ini:N: ..." with N a real line (or inih's "cannot parse") */
+	CHECK(strncmp(err, NAME ":0:", strlen(NAME) + 3) != 0, "line 0 named: %s", err);
+	CHECK(strncmp(err, NAME ": cannot parse", strlen(NAME) + 14) == 0 ||
+	      (err[strlen(NAME)] == ':' && err[strlen(NAME) + 1] >= '1' && err[strlen(NAME) + 1] <= '9'),
+	      "no line named: %s", err);
+	if (err[strlen(NAME)] == ':' && err[strlen(NAME) + 1] != ' ')
+		CHECK(strtol(err + strlen(NAME) + 1, NULL, 10) <= input_lines,
+		      "line beyond the input (%ld lines): %s", input_lines, err);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
@@ -103,6 +145,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 			if (*c == '/')
 				*c = '_';
 
+	input_lines = 1;
+	for (const char *c = text; *c; c++)
+		input_lines += *c == '\n';
 	err[0] = '\0';
 	cfg = config_load_string(NAME, text, err, sizeof(err));
 	free(text);
