@@ -525,6 +525,8 @@ class Chaos:
         return inflight == 0 and sends == rows and unknown_gauge == unknown
 
     def shutdown(self):
+        self.stop_chaos.set()
+        self.stop_producer.set()
         for w in self.live(False):
             w.proc.send_signal(signal.SIGCONT)
             w.proc.send_signal(signal.SIGTERM)
@@ -535,8 +537,9 @@ class Chaos:
                 except subprocess.TimeoutExpired:
                     w.proc.kill()
                     w.proc.wait()
-        self.servers.send_signal(signal.SIGTERM)
-        self.servers.wait(20)
+        if getattr(self, "servers", None) is not None:
+            self.servers.send_signal(signal.SIGTERM)
+            self.servers.wait(20)
 
 
 # -- the invariants ---------------------------------------------------------------------
@@ -907,12 +910,26 @@ class Checks:
               f"delivered, for the operator to resolve)")
 
 
+def _interrupted(signum, frame):
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 def main():
+    # Stopped from outside (run.sh's caller timing out): stop the fleet and
+    # the servers before going.  SIGINT too, even where the shell that
+    # started us in the background set it to be ignored.
+    signal.signal(signal.SIGTERM, _interrupted)
+    signal.signal(signal.SIGINT, _interrupted)
     ch = Chaos()
-    ch.setup()
     try:
+        ch.setup()
         ch.run()
+    except KeyboardInterrupt as e:
+        say(f"interrupted ({e}): stopping the fleet, no checks")
+        return 130
     finally:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
         ch.shutdown()
     passed, failed = Checks(ch).run()
     print(f"\nwork dir {WORK}; seed {SEED}; {time.time() - T0:.0f}s")
