@@ -20,6 +20,12 @@ Environment:
   BENCH_LOG_LEVEL  the workers' [log] level (default warn: see README)
   BENCH_DURABLE    1 = also idle latency with fsync + synchronous_commit on
   PROFILE=1        perf record -g the 1-worker throughput run (worker + PostgreSQL)
+  BENCH_PGSS=1     pg_stat_statements on: the top statements of each throughput run
+  BENCH_EXTRA_SQL  a SQL file run after the migrations (to measure a SQL change)
+  BENCH_HTTP_CONF, BENCH_DISPATCHER_CONF  extra lines for the workers' [provider.http]
+                   and [dispatcher] sections ("key = value; key = value"), to
+                   measure a config change
+  BENCH_ONLY       the parts to run: throughput ceiling latency inflight variants durable
 """
 import json
 import math
@@ -54,6 +60,7 @@ BIG = env_int("BENCH_BIG", 2000000, 200000)
 LOG_LEVEL = os.environ.get("BENCH_LOG_LEVEL", "warn")
 DURABLE = env_int("BENCH_DURABLE", 1, 0)
 PROFILE = env_int("PROFILE", 0, 0)
+PGSS = env_int("BENCH_PGSS", 0, 0)
 ONLY = os.environ.get("BENCH_ONLY", "throughput ceiling latency inflight variants durable").split()
 BATCH = 64          # [dispatcher] batch_size default; the ceiling script uses the same
 
@@ -134,6 +141,49 @@ def proc_cpu(pid):
 def loadavg():
     with open("/proc/loadavg") as f:
         return float(f.read().split()[0])
+
+
+class CpuTracker:
+    """CPU seconds used from now on by a set of processes that changes as
+    it runs (backends and autovacuum workers come and go): every process
+    counts from its start, minus what the ones already running had used
+    at the start.  sample() must run often enough to see short-lived ones
+    before they exit (the polling loops run it every 0.25 s)."""
+
+    def __init__(self, pids_fn):
+        self.pids_fn = pids_fn
+        self.base = {p: proc_cpu(p) for p in pids_fn()}
+        self.last = {}
+
+    def sample(self):
+        for p in self.pids_fn():
+            c = proc_cpu(p)
+            if c:
+                self.last[p] = c
+
+    def total(self):
+        self.sample()
+        return sum(c - self.base.get(p, 0.0) for p, c in self.last.items())
+
+
+def children_of(ppid):
+    out = []
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open("/proc/%s/stat" % d) as f:
+                    if int(f.read().rsplit(")", 1)[1].split()[1]) == ppid:
+                        out.append(int(d))
+            except (OSError, ValueError, IndexError):
+                pass
+    return out
+
+
+def postgres_pids():
+    """The PostgreSQL cluster: the postmaster and all its children."""
+    with open(os.path.join(WORK, "pg", "data", "postmaster.pid")) as f:
+        pm = int(f.readline())
+    return [pm] + children_of(pm)
 
 
 # ---- sinks -----------------------------------------------------------------
@@ -228,6 +278,9 @@ def wait_port(port, proc, what):
 
 class Worker:
     def __init__(self, name, http="", dispatcher=""):
+        http = "\n".join(x.strip() for x in [http] + os.environ.get("BENCH_HTTP_CONF", "").split(";") if x.strip())
+        dispatcher = "\n".join(x.strip() for x in [dispatcher] + os.environ.get(
+            "BENCH_DISPATCHER_CONF", "").split(";") if x.strip())
         self.name = name
         self.ini = os.path.join(WORK, "%s.ini" % name)
         self.logf = os.path.join(WORK, "%s.log" % name)
@@ -323,8 +376,13 @@ def settle():
 
 
 def queue_empty():
-    return q1("SELECT NOT EXISTS (SELECT 1 FROM effect_outbox WHERE state = 'pending')"
-              " AND NOT EXISTS (SELECT 1 FROM effect_outbox WHERE state = 'sending')")
+    """Cheap: the partial indexes, never a scan of the whole table (a
+    separate session with seq scans off, so the poll costs the database
+    next to nothing while it measures)."""
+    with POLL.cursor() as cur:
+        cur.execute("SELECT NOT EXISTS (SELECT 1 FROM effect_outbox WHERE state = 'pending')"
+                    " AND NOT EXISTS (SELECT 1 FROM effect_outbox WHERE state = 'sending')")
+        return cur.fetchone()[0]
 
 
 def drained_rate(prefix):
@@ -349,6 +407,10 @@ def throughput(k, label, prefix="t", hold_xmin=False, profile=False):
         hc.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
         hc.execute("SELECT count(*) FROM outbox_control")
     perf = None
+    if PGSS:
+        q("SELECT pg_stat_statements_reset()")
+    pgcpu = CpuTracker(postgres_pids)
+    sinkcpu = CpuTracker(lambda: [SINK_PID])
     t_start = time.time()
     backends = []
     peak_rss = 0
@@ -357,6 +419,7 @@ def throughput(k, label, prefix="t", hold_xmin=False, profile=False):
         time.sleep(0.25)
         for w in workers:
             peak_rss = max(peak_rss, w.sample() or 0)
+        pgcpu.sample()
         if not backends or len(backends) < k:
             backends = pg_backend_pids()
         if profile and perf is None and time.time() - t_start > 1.0:
@@ -372,7 +435,8 @@ def throughput(k, label, prefix="t", hold_xmin=False, profile=False):
     wall = time.time() - t_start
     if perf:
         stop_perf(perf)
-    pg_cpu = sum(proc_cpu(p) for p in backends)
+    pg_cpu = pgcpu.total()
+    sink_cpu = sinkcpu.total()
     for w in workers:
         w.sample()
     held = None
@@ -383,6 +447,8 @@ def throughput(k, label, prefix="t", hold_xmin=False, profile=False):
     for w in workers:
         w.stop()
     n, span, rate = drained_rate(prefix)
+    if PGSS:
+        top_statements(label)
     bad = q1("SELECT count(*) FROM effect_outbox WHERE state <> 'completed'")
     if bad:
         log("  WARNING: %d effects not completed" % bad)
@@ -391,12 +457,21 @@ def throughput(k, label, prefix="t", hold_xmin=False, profile=False):
          "rss_kb": [w.hwm_kb for w in workers],
          "worker_cpu_per_1k": sum(w.cpu for w in workers) / n * 1000 if n else 0,
          "pg_cpu_per_1k": pg_cpu / n * 1000 if n else 0, "attempt_rows": attempts,
+         "sink_cpu_per_1k": sink_cpu / n * 1000 if n else 0,
          "held_seconds": held}
-    log("  %s: %d effects in %.1f s = %.0f effects/s (workers' CPU %.2f s, their backends' %.2f s"
-        " per 1000; peak RSS %s MiB)" % (
-            label, n, span, rate, r["worker_cpu_per_1k"], r["pg_cpu_per_1k"],
+    log("  %s: %d effects in %.1f s = %.0f effects/s (CPU s per 1000 effects: workers %.2f,"
+        " PostgreSQL %.2f, sink %.2f; peak RSS %s MiB)" % (
+            label, n, span, rate, r["worker_cpu_per_1k"], r["pg_cpu_per_1k"], r["sink_cpu_per_1k"],
             "/".join("%.1f" % (x / 1024.0) for x in r["rss_kb"] if x)))
     return r
+
+
+def top_statements(label):
+    rows = q("SELECT calls, total_exec_time, rows, regexp_replace(query, '\\s+', ' ', 'g')"
+             " FROM pg_stat_statements WHERE toplevel ORDER BY total_exec_time DESC LIMIT 10")
+    log("  %s: top statements (calls, total ms, mean ms, rows):" % label)
+    for calls, tot, nrows, text in rows:
+        log("    %7d %9.0f %7.3f %8d  %s" % (calls, tot, tot / max(calls, 1), nrows, text[:90]))
 
 
 def start_perf(pids):
@@ -427,16 +502,27 @@ def ceiling(clients):
     load(N, "http://127.0.0.1:9/none", "c")
     settle()
     per_client = int(math.ceil(N / float(BATCH * clients))) + 1
-    out = subprocess.run(["pgbench", "-n", "-c", str(clients), "-j", str(min(clients, 4)),
+    pgcpu = CpuTracker(postgres_pids)
+    p = subprocess.Popen(["pgbench", "-n", "-c", str(clients), "-j", str(min(clients, 4)),
                           "-t", str(per_client), "-f", os.path.join(ROOT, "bench", "ceiling.sql"),
-                          "bench"], capture_output=True, text=True)
-    if out.returncode != 0:
-        sys.exit("bench: pgbench failed:\n" + out.stdout + out.stderr)
+                          "bench"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    bench_cpu = CpuTracker(lambda: [p.pid])
+    while p.poll() is None:
+        pgcpu.sample()
+        bench_cpu.sample()
+        time.sleep(0.25)
+    so, se = p.communicate()
+    if p.returncode != 0:
+        sys.exit("bench: pgbench failed:\n" + so + se)
     n, span, rate = drained_rate("c")
+    pg_cpu, pgb_cpu = pgcpu.total(), bench_cpu.total()
     left = q1("SELECT count(*) FROM effect_outbox WHERE state <> 'completed'")
-    log("  ceiling, %d clients: %d effects in %.1f s = %.0f effects/s%s" % (
-        clients, n, span, rate, " (%d left!)" % left if left else ""))
-    return {"clients": clients, "effects": n, "seconds": span, "rate": rate}
+    r = {"clients": clients, "effects": n, "seconds": span, "rate": rate,
+         "pg_cpu_per_1k": pg_cpu / n * 1000 if n else 0, "pgbench_cpu_per_1k": pgb_cpu / n * 1000 if n else 0}
+    log("  ceiling, %d clients: %d effects in %.1f s = %.0f effects/s (CPU s per 1000 effects:"
+        " PostgreSQL %.2f, pgbench %.2f)%s" % (clients, n, span, rate, r["pg_cpu_per_1k"],
+                                              r["pgbench_cpu_per_1k"], " (%d left!)" % left if left else ""))
+    return r
 
 
 # ---- latency ---------------------------------------------------------------
@@ -592,14 +678,18 @@ def mib(kb):
 
 
 def main():
-    global DB
+    global DB, POLL
     DB = connect()
+    POLL = connect()
+    POLL.cursor().execute("SET enable_seqscan = off")
     log("bench: %s, N=%d, workers %s, pgbench clients %s, log level %s, build %s" % (
         "QUICK" if QUICK else "full", N, WORKERS, CLIENTS, LOG_LEVEL, BUILD))
     global LOAD0
     LOAD0 = loadavg()
     log("machine: %s; load average at start %.2f" % (machine(), LOAD0))
     sink = Nginx()
+    global SINK_PID
+    SINK_PID = sink.proc.pid
     try:
         tp = {}
         for k in (WORKERS if "throughput" in ONLY else []):
@@ -690,12 +780,13 @@ def summary():
     rows = []
     for k in sorted(tp):
         rows.append(("throughput, %d worker%s" % (k, "s" if k > 1 else ""), "%.0f effects/s" % tp[k]["rate"],
-                     "peak RSS %s MiB/worker; CPU s per 1000 effects: workers %.2f, their PG backends %.2f" % (
-                         "/".join(mib(x) for x in tp[k]["rss_kb"]), tp[k]["worker_cpu_per_1k"],
-                         tp[k]["pg_cpu_per_1k"])))
+                     "CPU s/1000 effects: workers %.2f, PostgreSQL %.2f, sink %.2f; peak RSS %s MiB/worker" % (
+                         tp[k]["worker_cpu_per_1k"], tp[k]["pg_cpu_per_1k"], tp[k]["sink_cpu_per_1k"],
+                         "/".join(mib(x) for x in tp[k]["rss_kb"]))))
     for c in ceil:
         rows.append(("ceiling (pgbench), %d client%s" % (c["clients"], "s" if c["clients"] > 1 else ""),
-                     "%.0f effects/s" % c["rate"], "lease %d -> mark sending -> complete, no sends" % BATCH))
+                     "%.0f effects/s" % c["rate"], "CPU s/1000 effects: PostgreSQL %.2f, pgbench %.2f" % (
+                         c["pg_cpu_per_1k"], c["pgbench_cpu_per_1k"])))
     lat = results.get("latency")
     if lat:
         rows.append(("latency idle (one at a time)", lat_cell(lat["idle"]),

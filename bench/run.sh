@@ -57,11 +57,21 @@ trap 'exit 130' INT TERM
 # not checkpoint in the middle of a run.  bench.py repeats the latency runs
 # with fsync and synchronous_commit on (BENCH_DURABLE).
 PG_EXTRA_OPTS="${PG_EXTRA_OPTS:-} -c max_wal_size=4GB -c checkpoint_timeout=30min"
+if [ "${BENCH_PGSS:-0}" != 0 ]; then
+    PG_EXTRA_OPTS="$PG_EXTRA_OPTS -c shared_preload_libraries=pg_stat_statements -c pg_stat_statements.track=all"
+fi
 export PG_EXTRA_OPTS
 pg_start "$work/pg" >/dev/null || exit 1
 psql -q -d postgres -c "CREATE DATABASE bench" >/dev/null
 ci="host=$PGHOST port=$PGPORT user=$PGUSER dbname=bench"
 "$BUILD_DIR/outboxctl" --db "$ci" migrate >/dev/null
 "$BUILD_DIR/outboxctl" --db "$ci" kill-switch on --operator bench --reason "make bench" >/dev/null
+[ "${BENCH_PGSS:-0}" = 0 ] || psql -q -d bench -c "CREATE EXTENSION pg_stat_statements"
+# A change to try against the migrated schema (CREATE OR REPLACE FUNCTION,
+# CREATE INDEX ...): the way to measure a SQL change before it becomes a
+# migration.
+if [ -n "${BENCH_EXTRA_SQL:-}" ]; then
+    psql -q -v ON_ERROR_STOP=1 -d bench -f "$BENCH_EXTRA_SQL" >/dev/null
+fi
 
 BENCH_WORK=$work /usr/bin/python3 bench/bench.py
