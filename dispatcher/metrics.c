@@ -79,6 +79,18 @@ static const struct metric_desc gauge_desc[G_GAUGE_MAX] = {
 		"1 when the kill switch allows sends for this worker (environment and fleet row), else 0." },
 	[G_DB_UP] = { "outbox_db_up",
 		"1 when the worker's database connection is up, else 0." },
+	[G_WEEK_DUPLICATE_SHARE] = { "outbox_week_duplicate_delivery_share",
+		"This week: claims that found their key already taken / all claims." },
+	[G_WEEK_APPROVAL_WAIT_P50] = { "outbox_week_approval_wait_p50_seconds",
+		"This week: median time from approval request to decision." },
+	[G_WEEK_APPROVAL_WAIT_P95] = { "outbox_week_approval_wait_p95_seconds",
+		"This week: 95th percentile time from approval request to decision." },
+	[G_WEEK_VALIDATION_FAILURE_SHARE] = { "outbox_week_validation_failure_share",
+		"This week: effects failed as invalid / effects created." },
+	[G_WEEK_AUTOMATIC_SHARE] = { "outbox_week_automatic_share",
+		"This week: effects enqueued without a human approval / effects created." },
+	[G_WEEK_RETRIES_EXHAUSTED] = { "outbox_week_retries_exhausted",
+		"This week: effects failed after using up their attempts." },
 };
 
 /* The failure classes of SPEC.md, as outboxctl and the attempts log name

@@ -33,6 +33,13 @@ enum metric_gauge {
 	G_UNKNOWN,               /* effects in state unknown (fleet-wide) */
 	G_KILL_SWITCH_ON,        /* 1 when sends are allowed for this worker */
 	G_DB_UP,
+	/* The seeds' weekly figures for the current week (outbox_weekly_stats). */
+	G_WEEK_DUPLICATE_SHARE,
+	G_WEEK_APPROVAL_WAIT_P50,
+	G_WEEK_APPROVAL_WAIT_P95,
+	G_WEEK_VALIDATION_FAILURE_SHARE,
+	G_WEEK_AUTOMATIC_SHARE,
+	G_WEEK_RETRIES_EXHAUSTED,
 	G_GAUGE_MAX
 };
 

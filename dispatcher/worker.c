@@ -43,6 +43,7 @@
 
 #define LISTEN_CHANNEL "effect_outbox"
 #define RECONCILE_BATCH 50
+#define RECONCILE_BATCH_STR "50"
 #define RECONCILE_INTERVAL_MS 60000
 
 enum effect_phase {
@@ -64,6 +65,7 @@ struct effect {
 	json_t *payload;
 	json_t *metadata;
 	int prior_attempts;           /* attempts column when leased */
+	int retry_base;               /* attempts before the current retry budget */
 	struct provider_slot *prov;
 	struct host_state *host;
 	char host_key[256];
@@ -116,9 +118,12 @@ struct worker {
 	bool more_due;                /* the last lease came back full */
 	bool lease_wanted;            /* a NOTIFY, a poll tick or a reconnect asked for a lease */
 	bool recon_requested;
+	bool recon_pass_asked;        /* the pass in progress answers an operator's request */
+	int64_t recon_pass_start_mono;
 	int64_t recon_next_mono;
 	uint64_t renew_gen;
 	int64_t last_register_mono;
+	int64_t last_weekly_mono;
 	int64_t complete_retry_mono;  /* after a refused outbox_complete() */
 
 	struct event *pump_ev, *poll_ev, *heartbeat_ev, *maint_ev, *grace_ev;
@@ -170,6 +175,7 @@ static struct effect *effect_from_row(struct worker *w, PGresult *r, int row, bo
 		if (!PQgetisnull(r, row, 8))
 			e->metadata = json_loads(PQgetvalue(r, row, 8), 0, NULL);
 		e->approved_by = dup_field(r, row, 9);
+		e->retry_base = atoi(PQgetvalue(r, row, 10));
 	}
 	e->prov = providers_find(&w->providers, e->type);
 	return e;
@@ -394,7 +400,8 @@ static void on_send_done(void *token, const struct outbox_result *res)
 	if (!utf8_valid(e->result.provider_id, strlen(e->result.provider_id)))
 		e->result.provider_id[0] = '\0';
 	e->ended_mono_ms = now;
-	e->decision = policy_decide(&e->result, e->view.attempt, &p->policy, p->honours_keys);
+	e->decision = policy_decide(&e->result, e->view.attempt - e->retry_base, &p->policy,
+	                            p->honours_keys);
 	/* Every completed effect has a provider id (SPEC.md "Providers"). */
 	if (e->result.outcome == OUTCOME_ACCEPTED && e->result.provider_id[0] == '\0')
 		snprintf(e->result.provider_id, sizeof(e->result.provider_id), "local:%s:%d:a%d",
@@ -659,7 +666,8 @@ static void lease_batch(struct worker *w)
 	w->lease_wanted = false;
 	db_query(w->db,
 	         "SELECT effect_id, idempotency_key, effect_type, target, payload, payload_hash, "
-	         "effect_key, attempts, metadata, approved_by FROM outbox_lease($1, $2, $3, $4, $5, $6)",
+	         "effect_key, attempts, metadata, approved_by, retry_base "
+	         "FROM outbox_lease($1, $2, $3, $4, $5, $6)",
 	         6, params, on_leased, b, 0);
 }
 
@@ -748,6 +756,12 @@ static void on_recon_leased(struct db *db, PGresult *r, void *arg)
 	w->recon_busy = false;
 	if (!pg_ok(r, "outbox_reconcile_lease"))
 		return;
+	/* A full batch of an operator's pass: more may be waiting; otherwise
+	 * the pass is over. */
+	if (w->recon_pass_asked && PQntuples(r) >= RECONCILE_BATCH)
+		w->recon_requested = true;
+	else
+		w->recon_pass_asked = false;
 	for (int row = 0; row < PQntuples(r); row++) {
 		struct effect *e = effect_from_row(w, r, row, false);
 		char err[OUTBOX_ERROR_MAX] = "";
@@ -775,18 +789,29 @@ static void on_recon_leased(struct db *db, PGresult *r, void *arg)
 static void reconcile_pass(struct worker *w, bool asked)
 {
 	const char *params[5];
-	char interval[16];
+	char interval[24];
 
 	if (w->recon_busy || w->stopping || !w->schema_ok || !db_is_up(w->db) ||
 	    strcmp(w->recon_array, "{}") == 0 || w->n_reconciling > 0)
 		return;
 	/* An operator's request re-asks everything; the periodic pass leaves
 	 * recently asked effects alone. */
-	snprintf(interval, sizeof(interval), "%d", asked ? 0 : RECONCILE_INTERVAL_MS / 1000);
+	/* An asked-for pass re-asks everything in its first batch; its later
+	 * batches skip what this pass has already asked. */
+	if (!asked) {
+		snprintf(interval, sizeof(interval), "%d", RECONCILE_INTERVAL_MS / 1000);
+	} else if (!w->recon_pass_asked) {
+		w->recon_pass_start_mono = now_mono_ms();
+		snprintf(interval, sizeof(interval), "0");
+	} else {
+		snprintf(interval, sizeof(interval), "%ld",
+		         (long)((now_mono_ms() - w->recon_pass_start_mono) / 1000 + 1));
+	}
+	w->recon_pass_asked = asked;
 	params[0] = w->owner;
 	params[1] = w->name;
 	params[2] = w->recon_array;
-	params[3] = "50";
+	params[3] = RECONCILE_BATCH_STR;
 	params[4] = interval;
 	w->recon_busy = true;
 	w->recon_requested = false;
@@ -965,6 +990,21 @@ static void on_gauges(struct db *db, PGresult *r, void *arg)
 	metrics_set(G_KILL_SWITCH_ON, w->env_enabled && PQgetvalue(r, 0, 2)[0] == 't');
 }
 
+static void on_weekly(struct db *db, PGresult *r, void *arg)
+{
+	static const enum metric_gauge cols[] = {
+		G_WEEK_DUPLICATE_SHARE, G_WEEK_APPROVAL_WAIT_P50, G_WEEK_APPROVAL_WAIT_P95,
+		G_WEEK_VALIDATION_FAILURE_SHARE, G_WEEK_AUTOMATIC_SHARE, G_WEEK_RETRIES_EXHAUSTED,
+	};
+
+	(void)db;
+	(void)arg;
+	if (!pg_ok(r, "outbox_weekly_stats") || PQntuples(r) != 1)
+		return;
+	for (int i = 0; i < (int)(sizeof(cols) / sizeof(cols[0])); i++)
+		metrics_set(cols[i], PQgetisnull(r, 0, i) ? 0 : strtod(PQgetvalue(r, 0, i), NULL));
+}
+
 static void register_providers(struct worker *w)
 {
 	const char *params[2] = { w->types_array, w->recon_array };
@@ -1028,6 +1068,16 @@ static void on_maintenance(evutil_socket_t fd, short what, void *arg)
 	         params, on_unknown_types, w, 0);
 	if (now_mono_ms() - w->last_register_mono > 30000)
 		register_providers(w);
+	if (w->last_weekly_mono == 0 || now_mono_ms() - w->last_weekly_mono > 30000) {
+		/* The seeds' weekly figures, this week so far: an aggregate over
+		 * the week's rows, so not on every pass. */
+		w->last_weekly_mono = now_mono_ms();
+		db_query(w->db,
+		         "SELECT duplicate_share, approval_wait_p50_seconds, approval_wait_p95_seconds,"
+		         " validation_failure_share, automatic_share, retries_exhausted"
+		         " FROM outbox_weekly_stats ORDER BY week_start DESC LIMIT 1",
+		         0, NULL, on_weekly, w, 0);
+	}
 	/* Last of the pass: its answer clears maint_busy. */
 	db_query(w->db,
 	         "SELECT coalesce((SELECT extract(epoch FROM now() - min(available_at)) FROM effect_outbox "
@@ -1068,8 +1118,10 @@ static void on_notify(struct db *db, const char *channel, const char *payload, v
 
 	(void)db;
 	(void)channel;
-	if (payload && strcmp(payload, "reconcile") == 0)
+	if (payload && strcmp(payload, "reconcile") == 0) {
 		w->recon_requested = true;
+		w->recon_pass_asked = false;   /* a new request starts a new pass */
+	}
 	else
 		w->lease_wanted = true;
 	worker_kick(w);

@@ -71,6 +71,10 @@ CREATE TABLE effect_outbox (
     metadata         jsonb,
     approved_by      text,
     attempts         integer NOT NULL DEFAULT 0 CHECK (attempts >= 0),
+    -- attempts already spent when an operator last gave the effect a fresh
+    -- retry budget (requeue, resolve --not-sent): max_attempts counts from
+    -- here, while attempt numbers in the log keep increasing.
+    retry_base       integer NOT NULL DEFAULT 0 CHECK (retry_base >= 0),
     available_at     timestamptz NOT NULL DEFAULT now(),
     lease_worker     text,
     leased_at        timestamptz,

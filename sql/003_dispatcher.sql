@@ -20,7 +20,7 @@ CREATE FUNCTION outbox_lease(p_owner uuid, p_worker text, p_limit integer,
                              p_env_enabled boolean)
 RETURNS TABLE (effect_id uuid, idempotency_key text, effect_type text, target text,
                payload text, payload_hash text, effect_key text, attempts integer,
-               metadata text, approved_by text)
+               metadata text, approved_by text, retry_base integer)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 #variable_conflict use_column
 BEGIN
@@ -43,7 +43,8 @@ BEGIN
       FROM due
      WHERE o.effect_id = due.effect_id
     RETURNING o.effect_id, o.idempotency_key, o.effect_type, o.target, o.payload::text,
-              o.payload_hash, o.effect_key, o.attempts, o.metadata::text, o.approved_by;
+              o.payload_hash, o.effect_key, o.attempts, o.metadata::text, o.approved_by,
+              o.retry_base;
 END $$;
 
 -- pending + lease -> sending, by CAS, with the kill switch read under its

@@ -88,9 +88,10 @@ BEGIN
                sending_since = NULL, completed_at = now(), updated_at = now()
          WHERE x.effect_id = o.effect_id;
     ELSE
-        -- Attempts are not reset: attempt numbers in the log stay unique.
+        -- Attempts are not reset (attempt numbers in the log stay unique);
+        -- the retry budget starts again from here.
         UPDATE effect_outbox x
-           SET state = 'pending', available_at = now(),
+           SET state = 'pending', available_at = now(), retry_base = x.attempts,
                lease_owner = NULL, lease_expires_at = NULL, lease_worker = NULL,
                sending_since = NULL, completed_at = NULL, updated_at = now()
          WHERE x.effect_id = o.effect_id;
@@ -131,7 +132,7 @@ DECLARE
     run_after text;
 BEGIN
     UPDATE effect_outbox x
-       SET state = 'pending', available_at = now(),
+       SET state = 'pending', available_at = now(), retry_base = x.attempts,
            lease_owner = NULL, lease_expires_at = NULL, lease_worker = NULL,
            sending_since = NULL, completed_at = NULL, updated_at = now()
      WHERE x.effect_id = p_effect_id AND x.state = 'failed'
@@ -432,3 +433,6 @@ GRANT EXECUTE ON FUNCTION
     outbox_prune(interval, integer, text, text)
     TO outbox_operator;
 GRANT SELECT ON outbox_weekly_stats TO outbox_operator;
+-- Workers export the current week's figures as metrics.  The view runs with
+-- its owner's rights, so this exposes aggregates, not approvals.
+GRANT SELECT ON outbox_weekly_stats TO outbox_dispatcher;

@@ -110,6 +110,8 @@ BEGIN
                                   THEN coalesce(nullif(r.provider_id, ''), o.provider_id)
                                   ELSE o.provider_id END,
                completed_at = CASE WHEN r.verdict = 'sent' THEN now() ELSE o.completed_at END,
+               -- Proven not sent: a fresh retry budget, as an operator's --not-sent gives.
+               retry_base = CASE WHEN r.verdict = 'not_sent' THEN o.attempts ELSE o.retry_base END,
                available_at = CASE WHEN r.verdict = 'not_sent' THEN now() ELSE o.available_at END,
                last_error_class = CASE r.verdict WHEN 'sent' THEN NULL
                                                  WHEN 'not_sent' THEN 'reconciled_not_sent'

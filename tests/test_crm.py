@@ -519,8 +519,6 @@ def test_reconcile_runs_with_the_kill_switch_off(conn, dispatchers, crm, token_f
     assert crm.count(key, "PATCH") == 1
 
 
-@pytest.mark.xfail(strict=False, reason="worker.c: an operator-requested pass leases one batch "
-                   "of 50; the rest waits for the periodic pass (reported to the dispatcher owner)")
 def test_reconcile_asks_about_more_than_one_batch(conn, dispatchers, crm, token_file, db):
     """An operator's request covers every unknown effect, not just the
     first lease batch (the worker leases 50 at a time)."""

@@ -12,6 +12,7 @@ import hashlib
 import hmac
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -668,3 +669,36 @@ def test_run_moves_on_when_its_last_effect_completes(conn, dispatchers, sink):
     final(conn, bad)
     wait_for(lambda: scalar(conn, "SELECT state FROM workflow_runs WHERE idempotency_key = %s",
                             (key2,)) == "failed_terminal", what="run failed_terminal")
+
+
+def test_requeue_gives_a_fresh_retry_budget(conn, db, dispatchers, sink):
+    kill_switch(conn, True)
+    eid = enqueue(conn, "http", sink.url + "/flaky/3/503", {})
+    dispatchers(http_cfg(max_attempts=2))
+    e = final(conn, eid)
+    assert e["state"] == "failed" and e["attempts"] == 2
+    r = run_ctl(["--db", db, "requeue", str(eid), "--operator", "ops", "--reason", "provider fixed"])
+    assert r.returncode == 0, r.stdout + r.stderr
+    e = wait_for(lambda: (lambda x: x if x["state"] == "completed" else None)(effect(conn, eid)),
+                 what="completed within the new budget")
+    assert e["attempts"] == 4
+    assert [a["attempt"] for a in attempts(conn, eid)] == [1, 2, 3, 4]
+
+
+def test_weekly_figures_are_exported_as_metrics(conn, dispatchers, sink):
+    import urllib.request
+    kill_switch(conn, True)
+    for i in range(3):
+        enqueue(conn, "http", sink.url + f"/ok?{i}", {})
+    port = closed_port()
+    dispatchers({"metrics": {"listen": f"127.0.0.1:{port}"}, **http_cfg()})
+    wait_for(lambda: states(conn).get("completed") == 3, what="delivered")
+
+    def scrape():
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+        m = re.search(r"^outbox_week_automatic_share (\S+)$", text, re.M)
+        return m and float(m.group(1)) == 1.0 and text
+    text = wait_for(scrape, what="weekly gauges")
+    for name in ("outbox_week_duplicate_delivery_share", "outbox_week_approval_wait_p95_seconds",
+                 "outbox_week_validation_failure_share", "outbox_week_retries_exhausted"):
+        assert re.search(rf"^{name} ", text, re.M), name
