@@ -237,6 +237,7 @@ static void test_what_counts_as_a_host_failure(void **state)
 		{ OUTCOME_RETRY, 429, true },
 		{ OUTCOME_RETRY, 0, true },         /* SMTP 4xx before DATA has no HTTP status */
 		{ OUTCOME_RETRY, 409, false },      /* key in flight: the host is fine */
+		{ OUTCOME_RETRY, 401, true },       /* credentials refused (crm token): hold them all */
 		{ OUTCOME_TERMINAL, 400, false },
 		{ OUTCOME_TERMINAL, 401, false },
 		{ OUTCOME_TERMINAL, 404, false },
