@@ -76,10 +76,11 @@ $(BUILD)/providers/outbox_%.so: $(BUILD)/obj/providers/%.o $(PROV_LIB_OBJ)
 	@$(CC) $(CFLAGS) -shared -o $@ $^ $(LDFLAGS) $(PKG_LIBS) -lpthread
 
 # Unit tests (cmocka) link the core objects they test.
-$(BUILD)/tests/test_%: tests/unit/test_%.c $(CORE_OBJ) $(BUILD)/obj/dispatcher/policy.o $(BUILD)/obj/dispatcher/hosts.o $(PROV_LIB_OBJ)
+# (Some tests #include the .c they test, hence the sources as prerequisites.)
+$(BUILD)/tests/test_%: tests/unit/test_%.c $(CORE_OBJ) $(BUILD)/obj/dispatcher/policy.o $(BUILD)/obj/dispatcher/hosts.o $(PROV_LIB_OBJ) $(wildcard dispatcher/*.c dispatcher/*.h)
 	@mkdir -p $(dir $@)
 	@echo "  LD      $@"
-	@$(CC) $(CFLAGS) -o $@ $^ $(LDFLAGS) $(PKG_LIBS) $(shell pkg-config --libs cmocka) -lm
+	@$(CC) $(CFLAGS) -o $@ $(filter-out dispatcher/%,$^) $(LDFLAGS) $(PKG_LIBS) $(shell pkg-config --libs cmocka) -lm
 
 unit: $(UNIT_BIN)
 	@set -e; for t in $(UNIT_BIN); do echo "== $$t"; $$t; done
@@ -115,7 +116,10 @@ install: all
 	install -m 0755 $(BUILD)/outbox-dispatcher $(BUILD)/outboxctl $(DESTDIR)$(PREFIX)/bin/
 	install -m 0644 $(PLUGINS) $(DESTDIR)$(PREFIX)/lib/outbox-dispatcher/providers/
 	install -m 0644 $(MIGRATIONS) $(DESTDIR)$(PREFIX)/share/outbox-dispatcher/sql/
-	install -m 0644 dispatcher.ini.example $(DESTDIR)$(PREFIX)/share/outbox-dispatcher/
+	install -m 0644 dispatcher.ini.example systemd/environment.example $(DESTDIR)$(PREFIX)/share/outbox-dispatcher/
+	install -d -m 0700 $(DESTDIR)/etc/outbox-dispatcher/credentials
+	[ -f $(DESTDIR)/etc/outbox-dispatcher/environment ] || \
+	  install -m 0600 systemd/environment.example $(DESTDIR)/etc/outbox-dispatcher/environment
 	for u in systemd/*.service systemd/*.target; do [ -f "$$u" ] || continue; \
 	  sed 's#@PREFIX@#$(PREFIX)#g' "$$u" > $(DESTDIR)$(PREFIX)/lib/systemd/system/$$(basename $$u); done
 

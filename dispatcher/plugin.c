@@ -95,7 +95,7 @@ static bool load_one(struct provider_slot *slot, struct config *cfg, const char 
 		snprintf(err, errlen,
 		         "provider \"%s\": %s was built for provider interface %u, this dispatcher "
 		         "speaks %u: rebuild the plugin against this providers/provider.h",
-		         name, path, ops ? ops->abi : 0, OUTBOX_PROVIDER_ABI);
+		         name, path, ops ? ops->abi : 0u, (unsigned)OUTBOX_PROVIDER_ABI);
 		return false;
 	}
 	if (ops->name == NULL || strcmp(ops->name, name) != 0 || ops->init == NULL ||

@@ -918,6 +918,7 @@ static void on_heartbeat(evutil_socket_t fd, short what, void *arg)
 	b = batch_new(w, (size_t)w->n_active + 1);
 	b->gen = ++w->renew_gen;
 	TAILQ_FOREACH(e, &w->sending, link) {
+		/* cppcheck-suppress uninitvar ; e is a list element, set by the macro */
 		if (e->lease_lost)
 			continue;
 		e->renew_gen = b->gen;

@@ -28,7 +28,7 @@ struct curl_loop {
 	struct event_base *base;
 	CURLM *multi;
 	struct event *timer;
-	LIST_HEAD(, transfer) transfers;
+	LIST_HEAD(transfer_list, transfer) transfers;
 	int active;
 };
 

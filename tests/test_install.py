@@ -1,0 +1,31 @@
+"""`make install PREFIX=... DESTDIR=...` puts binaries, plugins, SQL, units
+and the example config where the units and the README say."""
+import os
+import subprocess
+
+from outbox_test import BUILD_DIR, ROOT
+
+
+def test_make_install_layout(tmp_path):
+    dest = tmp_path / "root"
+    r = subprocess.run(["make", "-s", "install", f"BUILD={os.path.relpath(BUILD_DIR, ROOT)}",
+                        "PREFIX=/opt/outbox", f"DESTDIR={dest}"], cwd=ROOT, capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    p = dest / "opt/outbox"
+    for f in ("bin/outbox-dispatcher", "bin/outboxctl",
+              "lib/outbox-dispatcher/providers/outbox_http.so",
+              "lib/outbox-dispatcher/providers/outbox_email.so",
+              "lib/outbox-dispatcher/providers/outbox_crm.so",
+              "share/outbox-dispatcher/sql/001_schema.sql",
+              "share/outbox-dispatcher/dispatcher.ini.example",
+              "lib/systemd/system/outbox-dispatcher@.service",
+              "lib/systemd/system/outbox-dispatcher.target"):
+        assert (p / f).exists(), f
+    assert os.access(p / "bin/outbox-dispatcher", os.X_OK)
+    unit = (p / "lib/systemd/system/outbox-dispatcher@.service").read_text()
+    assert "/opt/outbox/bin/outbox-dispatcher" in unit and "@PREFIX@" not in unit
+    creds = dest / "etc/outbox-dispatcher/credentials"
+    assert creds.is_dir() and (creds.stat().st_mode & 0o777) == 0o700
+    env = dest / "etc/outbox-dispatcher/environment"
+    assert "AI_ACTIONS_ENABLED=false" in env.read_text()
