@@ -109,6 +109,10 @@ chaos: all
 demo: all
 	sh tests/demo.sh
 
+# libFuzzer targets (clang), FUZZ_SECONDS each (default 20).
+fuzz:
+	sh tests/fuzz/run.sh
+
 install: all
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib/outbox-dispatcher/providers \
 	  $(DESTDIR)$(PREFIX)/share/outbox-dispatcher/sql $(DESTDIR)/etc/outbox-dispatcher \

@@ -186,7 +186,12 @@ too_long:
 
 static struct config *parse(struct parse_ctx *ctx)
 {
-	int rc = ini_parse_stream(reader, ctx, on_entry, ctx);
+	int rc;
+
+	/* Debian's inih reads an indented line as the continuation of the
+	 * previous value; an indented key must be a key. */
+	ini_allow_multiline = false;
+	rc = ini_parse_stream(reader, ctx, on_entry, ctx);
 
 	if (!ctx->failed && rc != 0) {
 		if (rc > 0)
@@ -442,9 +447,14 @@ bool config_core(struct config *cfg, struct core_settings *s, char *err, size_t 
 #undef I
 
 	if (s->max_lease_seconds < s->lease_seconds) {
+		/* Blame whichever of the two the file sets (the other is a default). */
 		const struct conf_entry *e = config_find(cfg, "dispatcher", "max_lease_seconds");
-		snprintf(err, errlen, "%s:%d: [dispatcher] max_lease_seconds: must be >= lease_seconds (%ld)",
-		         cfg->path, e ? e->line : 0, s->lease_seconds);
+		if (e)
+			snprintf(err, errlen, "%s:%d: [dispatcher] max_lease_seconds: must be >= lease_seconds (%ld)",
+			         cfg->path, e->line, s->lease_seconds);
+		else if ((e = config_find(cfg, "dispatcher", "lease_seconds")) != NULL)
+			snprintf(err, errlen, "%s:%d: [dispatcher] lease_seconds: must be <= max_lease_seconds (%ld)",
+			         cfg->path, e->line, s->max_lease_seconds);
 		return false;
 	}
 	if (strcmp(s->log_level, "debug") && strcmp(s->log_level, "info") &&
@@ -493,8 +503,12 @@ bool config_provider(struct config *cfg, const char *name, const struct outbox_c
 	}
 	if (p->backoff_cap_ms < p->backoff_base_ms) {
 		e = config_find(cfg, section, "backoff_cap_ms");
-		snprintf(err, errlen, "%s:%d: [%s] backoff_cap_ms: must be >= backoff_base_ms (%ld)",
-		         cfg->path, e ? e->line : 0, section, p->backoff_base_ms);
+		if (e)
+			snprintf(err, errlen, "%s:%d: [%s] backoff_cap_ms: must be >= backoff_base_ms (%ld)",
+			         cfg->path, e->line, section, p->backoff_base_ms);
+		else if ((e = config_find(cfg, section, "backoff_base_ms")) != NULL)
+			snprintf(err, errlen, "%s:%d: [%s] backoff_base_ms: must be <= backoff_cap_ms (%ld)",
+			         cfg->path, e->line, section, p->backoff_cap_ms);
 		return false;
 	}
 	return true;

@@ -65,28 +65,115 @@ static void query_free(struct db_query *q)
 	free(q);
 }
 
-void db_redact_conninfo(const char *conninfo, char *out, size_t len)
+/* Copy at most n bytes of src to the output, keeping it terminated. */
+static void out_put(char *out, size_t len, size_t *used, const char *src, size_t n)
 {
-	const char *p = strstr(conninfo, "password=");
-	const char *at;
+	while (n-- > 0 && *used + 1 < len)
+		out[(*used)++] = *src++;
+	if (len > 0)
+		out[*used < len ? *used : len - 1] = '\0';
+}
 
-	if (p) {
-		size_t pre = (size_t)(p - conninfo) + 9;
-		const char *end = p + 9;
-		while (*end && *end != ' ')
-			end++;
-		snprintf(out, len, "%.*s********%s", (int)pre, conninfo, end);
-		return;
-	}
-	/* postgresql://user:secret@host/... */
-	if (strstr(conninfo, "://") && (at = strchr(conninfo, '@')) != NULL) {
-		const char *colon = strchr(strstr(conninfo, "://") + 3, ':');
-		if (colon && colon < at) {
-			snprintf(out, len, "%.*s:********%s", (int)(colon - conninfo), conninfo, at);
-			return;
+static bool secret_keyword(const char *k, size_t n)
+{
+	return (n == 8 && strncmp(k, "password", 8) == 0) ||
+	       (n == 11 && strncmp(k, "sslpassword", 11) == 0);
+}
+
+/* URL form: postgresql://user:secret@host/db?password=x&sslpassword=y */
+static void redact_url(const char *s, char *out, size_t len)
+{
+	const char *p = strstr(s, "://") + 3;
+	const char *auth_end = p + strcspn(p, "@/?");
+	const char *q;
+	size_t used = 0;
+
+	out_put(out, len, &used, s, (size_t)(p - s));
+	if (*auth_end == '@') {
+		const char *colon = memchr(p, ':', (size_t)(auth_end - p));
+		if (colon) {
+			out_put(out, len, &used, p, (size_t)(colon - p) + 1);
+			out_put(out, len, &used, "********", 8);
+			p = auth_end;
 		}
 	}
-	str_copy(out, conninfo[0] ? conninfo : "(libpq environment)", len);
+	q = strchr(p, '?');
+	if (q == NULL) {
+		out_put(out, len, &used, p, strlen(p));
+		return;
+	}
+	out_put(out, len, &used, p, (size_t)(q - p) + 1);
+	for (q++; *q;) {
+		size_t plen = strcspn(q, "&"), klen = strcspn(q, "=&");
+		if (klen < plen && secret_keyword(q, klen)) {
+			out_put(out, len, &used, q, klen + 1);
+			out_put(out, len, &used, "********", 8);
+		} else {
+			out_put(out, len, &used, q, plen);
+		}
+		q += plen;
+		if (*q == '&')
+			out_put(out, len, &used, q++, 1);
+	}
+}
+
+/* keyword = value form, values optionally single-quoted with \ escapes;
+ * every password and sslpassword value is masked, the rest kept as is. */
+void db_redact_conninfo(const char *conninfo, char *out, size_t len)
+{
+	const char *p = conninfo;
+	size_t used = 0;
+
+	if (len == 0)
+		return;
+	out[0] = '\0';
+	if (conninfo[0] == '\0') {
+		str_copy(out, "(libpq environment)", len);
+		return;
+	}
+	if (strncmp(conninfo, "postgresql://", 13) == 0 || strncmp(conninfo, "postgres://", 11) == 0) {
+		redact_url(conninfo, out, len);
+		return;
+	}
+	while (*p) {
+		const char *k = p, *v;
+		size_t klen;
+		bool secret;
+
+		while (*p && *p != '=' && *p != ' ' && *p != '\t')
+			p++;
+		klen = (size_t)(p - k);
+		secret = secret_keyword(k, klen);
+		while (*p == ' ' || *p == '\t')
+			p++;
+		if (*p != '=') {           /* not keyword=value: copy and move on */
+			out_put(out, len, &used, k, (size_t)(p - k) + (*p ? 1 : 0));
+			if (*p)
+				p++;
+			continue;
+		}
+		p++;
+		while (*p == ' ' || *p == '\t')
+			p++;
+		out_put(out, len, &used, k, (size_t)(p - k));
+		v = p;
+		if (*p == '\'') {
+			for (p++; *p && *p != '\''; p++)
+				if (*p == '\\' && p[1])
+					p++;
+			if (*p == '\'')
+				p++;
+		} else {
+			while (*p && *p != ' ' && *p != '\t')
+				p++;
+		}
+		if (secret)
+			out_put(out, len, &used, "********", 8);
+		else
+			out_put(out, len, &used, v, (size_t)(p - v));
+		while (*p == ' ' || *p == '\t')
+			out_put(out, len, &used, p++, 1);
+	}
 }
 
 struct db *db_new(struct event_base *base, const char *conninfo, long backoff_min_ms,

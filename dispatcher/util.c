@@ -111,13 +111,34 @@ size_t base64_encode(const unsigned char *data, size_t len, char *out, size_t ou
 	return (size_t)EVP_EncodeBlock((unsigned char *)out, data, (int)len);
 }
 
+/* Strict base64: the alphabet, then at most two '=' at the very end
+ * (EVP_DecodeBlock alone accepts padding in the middle). */
+static bool b64_strict(const char *in, size_t len)
+{
+	size_t pad = 0;
+
+	if (len == 0)
+		return true;
+	if (len % 4 != 0)
+		return false;
+	while (pad < 2 && in[len - 1 - pad] == '=')
+		pad++;
+	for (size_t i = 0; i < len - pad; i++) {
+		char c = in[i];
+		if (!((c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') ||
+		      c == '+' || c == '/'))
+			return false;
+	}
+	return true;
+}
+
 long base64_decode(const char *in, unsigned char *out, size_t outlen)
 {
 	size_t inlen = strlen(in);
 	size_t pad = 0;
 	int n;
 
-	if (inlen % 4 != 0 || outlen < inlen / 4 * 3)
+	if (!b64_strict(in, inlen) || outlen < inlen / 4 * 3)
 		return -1;
 	if (inlen >= 1 && in[inlen - 1] == '=')
 		pad++;

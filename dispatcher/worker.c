@@ -132,6 +132,16 @@ struct worker {
 
 static void worker_kick(struct worker *w);
 static void worker_maybe_exit(struct worker *w);
+static void release_waiting(struct worker *w);
+static void build_type_arrays(struct worker *w);
+
+/* An effect picked for a mark batch that will not be sent after all: a
+ * half-open breaker must not wait forever for its probe. */
+static void unmark_probe(struct effect *e)
+{
+	if (e->host && e->host->breaker == BREAKER_HALF_OPEN && e->host->in_flight == 0)
+		e->host->probe_in_flight = false;
+}
 
 /* ---- effects ---------------------------------------------------------- */
 
@@ -460,8 +470,10 @@ static void on_marked(struct db *db, PGresult *r, void *arg)
 	if (!pg_ok(r, "outbox_mark_sending")) {
 		/* Not sent, not marked (or the retry will find them): the leases
 		 * expire and the rows are leased again; nothing was sent. */
-		for (size_t i = 0; i < b->n; i++)
+		for (size_t i = 0; i < b->n; i++) {
+			unmark_probe(b->items[i]);
 			effect_free(b->items[i]);
+		}
 		free(b);
 		worker_kick(w);
 		return;
@@ -482,6 +494,7 @@ static void on_marked(struct db *db, PGresult *r, void *arg)
 			log_event(OLOG_WARN, "lease_lost",
 			          json_pack("{s:s,s:s,s:s}", "effect_id", e->id, "run_key", e->run_key,
 			                    "phase", "mark_sending"));
+			unmark_probe(e);
 			effect_free(e);
 		} else if (PQgetvalue(r, row, 2)[0] == 't') {
 			blocked++;
@@ -489,6 +502,7 @@ static void on_marked(struct db *db, PGresult *r, void *arg)
 				blocked_ids = json_array();
 			if (json_array_size(blocked_ids) < 20)
 				json_array_append_new(blocked_ids, json_string(e->id));
+			unmark_probe(e);
 			effect_free(e);
 		} else {
 			start_send(w, e, atoi(PQgetvalue(r, row, 1)));
@@ -630,6 +644,9 @@ static void on_leased(struct db *db, PGresult *r, void *arg)
 		free(js);
 		json_decref(invalid);
 	}
+	/* A lease that was on the wire when SIGTERM came: give it back. */
+	if (w->stopping)
+		release_waiting(w);
 	worker_kick(w);
 }
 
@@ -1160,7 +1177,7 @@ static void worker_maybe_exit(struct worker *w)
 {
 	if (!w->stopping)
 		return;
-	if (w->n_sending > 0 || w->n_reconciling > 0 || !TAILQ_EMPTY(&w->done_q) ||
+	if (w->n_sending > 0 || w->n_reconciling > 0 || !TAILQ_EMPTY(&w->done_q) || w->lease_busy ||
 	    !TAILQ_EMPTY(&w->recon_q) || w->complete_busy || w->recon_record_busy || w->mark_busy ||
 	    (db_is_up(w->db) && db_queue_len(w->db) > 0))
 		return;
@@ -1253,6 +1270,7 @@ static void on_sighup(evutil_socket_t sig, short what, void *arg)
 	config_free(w->cfg);
 	w->cfg = fresh;
 	w->s = s;
+	build_type_arrays(w);   /* honours_idempotency_keys may have changed */
 	log_set_min_level(!strcmp(w->s.log_level, "debug") ? OLOG_DEBUG
 	                  : !strcmp(w->s.log_level, "warn") ? OLOG_WARN
 	                  : !strcmp(w->s.log_level, "error") ? OLOG_ERROR : OLOG_INFO);

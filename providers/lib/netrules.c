@@ -37,6 +37,9 @@ static const struct {
 }, special_v6[] = {
 	{ "::", 128 }, { "::1", 128 }, { "fc00::", 7 }, { "fe80::", 10 }, { "ff00::", 8 },
 	{ "64:ff9b::", 96 }, { "2001:db8::", 32 }, { "100::", 64 },
+	/* IPv4-compatible (deprecated), 6to4 and Teredo embed IPv4 addresses;
+	 * site-local is the old private range. */
+	{ "::", 96 }, { "2002::", 16 }, { "2001::", 32 }, { "fec0::", 10 },
 };
 
 static bool prefix_match(const unsigned char *a, const unsigned char *net, int prefix)
@@ -63,7 +66,8 @@ static bool parse_cidr(const char *s, struct cidr *c)
 		char *end;
 		*slash = '\0';
 		prefix = strtol(slash + 1, &end, 10);
-		if (*end != '\0' || end == slash + 1)
+		/* Range first: a huge or negative prefix must not reach memcmp(). */
+		if (*end != '\0' || end == slash + 1 || prefix < 0 || prefix > 128)
 			return false;
 	}
 	memset(c, 0, sizeof(*c));
@@ -84,8 +88,11 @@ static bool valid_name(const char *s)
 {
 	if (*s == '\0' || strlen(s) > 253)
 		return false;
-	if (s[0] == '*' && s[1] == '.')
+	if (s[0] == '*' && s[1] == '.') {
 		s += 2;
+		if (*s == '\0' || *s == '.')
+			return false;   /* "*." alone would match every name */
+	}
 	for (; *s; s++)
 		if (!isalnum((unsigned char)*s) && *s != '-' && *s != '.')
 			return false;

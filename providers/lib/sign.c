@@ -36,13 +36,34 @@ bool b64_encode(const unsigned char *in, size_t len, char *out, size_t outlen)
 	return true;
 }
 
+/* Strict base64: the alphabet, then at most two '=' at the very end
+ * (EVP_DecodeBlock alone accepts padding in the middle). */
+static bool b64_strict(const char *in, size_t len)
+{
+	size_t pad = 0;
+
+	if (len == 0)
+		return true;
+	if (len % 4 != 0)
+		return false;
+	while (pad < 2 && in[len - 1 - pad] == '=')
+		pad++;
+	for (size_t i = 0; i < len - pad; i++) {
+		char c = in[i];
+		if (!((c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') ||
+		      c == '+' || c == '/'))
+			return false;
+	}
+	return true;
+}
+
 long b64_decode(const char *in, unsigned char *out, size_t outlen)
 {
 	size_t len = strlen(in), pad = 0;
 	unsigned char tmp[1024];
 	int n;
 
-	if (len == 0 || len % 4 != 0 || len / 4 * 3 > sizeof(tmp))
+	if (len == 0 || !b64_strict(in, len) || len / 4 * 3 > sizeof(tmp))
 		return -1;
 	if (in[len - 1] == '=')
 		pad++;
