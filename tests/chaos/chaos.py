@@ -710,7 +710,8 @@ class Checks:
                   "faults": self.faults, "off_windows": [
                       {k: (sorted(v) if isinstance(v, set) else v) for k, v in w.items() if k != "listed"}
                       | {"listed": len(w["listed"])} for w in self.ch.off_windows],
-                  "t0": T0,
+                  "t0": T0, "stop_windows": dict(self.ch.stop_windows),
+                  "kill_times": self.ch.kill_times,
                   "workers_started": Worker.seq, "errors": self.ch.errors}
         with open(os.path.join(WORK, "report.json"), "w") as f:
             json.dump(report, f, indent=1, default=str)
@@ -769,7 +770,8 @@ class Checks:
                     f"{tot_req} requests received, {tot_ans} answered calls logged, "
                     f"{len(self.stray)} stray requests, {abandoned} SMTP sessions that reached the "
                     f"relay after the worker logged them not_sent (aborted before the end of data); "
-                    f"{len(off)} effects off {off[:3] if off else ''}")
+                    f"{len(off)} effects off {dict(collections.Counter(o[1] for o in off))} "
+                    f"{off[:3] if off else ''}")
         # c. the database's counts vs outboxctl status
         r = ctl("status", "--json")
         counts = json.loads(r.stdout)["counts"] if r.returncode == 0 else {}
