@@ -5,7 +5,6 @@
 
 #include <errno.h>
 #include <openssl/evp.h>
-#include <openssl/hmac.h>
 #include <openssl/sha.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -92,62 +91,6 @@ void sha256_hex(const void *data, size_t len, char out[65])
 		out[2 * i + 1] = hex[md[i] & 0xf];
 	}
 	out[64] = '\0';
-}
-
-void hmac_sha256(const void *key, size_t keylen, const void *data, size_t len,
-                 unsigned char out[32])
-{
-	unsigned int outlen = 32;
-
-	HMAC(EVP_sha256(), key, (int)keylen, data, len, out, &outlen);
-}
-
-size_t base64_encode(const unsigned char *data, size_t len, char *out, size_t outlen)
-{
-	size_t need = 4 * ((len + 2) / 3);
-
-	if (outlen < need + 1)
-		return 0;
-	return (size_t)EVP_EncodeBlock((unsigned char *)out, data, (int)len);
-}
-
-/* Strict base64: the alphabet, then at most two '=' at the very end
- * (EVP_DecodeBlock alone accepts padding in the middle). */
-static bool b64_strict(const char *in, size_t len)
-{
-	size_t pad = 0;
-
-	if (len == 0)
-		return true;
-	if (len % 4 != 0)
-		return false;
-	while (pad < 2 && in[len - 1 - pad] == '=')
-		pad++;
-	for (size_t i = 0; i < len - pad; i++) {
-		char c = in[i];
-		if (!((c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') ||
-		      c == '+' || c == '/'))
-			return false;
-	}
-	return true;
-}
-
-long base64_decode(const char *in, unsigned char *out, size_t outlen)
-{
-	size_t inlen = strlen(in);
-	size_t pad = 0;
-	int n;
-
-	if (!b64_strict(in, inlen) || outlen < inlen / 4 * 3)
-		return -1;
-	if (inlen >= 1 && in[inlen - 1] == '=')
-		pad++;
-	if (inlen >= 2 && in[inlen - 2] == '=')
-		pad++;
-	n = EVP_DecodeBlock(out, (const unsigned char *)in, (int)inlen);
-	if (n < 0)
-		return -1;
-	return (long)n - (long)pad;
 }
 
 size_t str_copy(char *dst, const char *src, size_t size)

@@ -1,6 +1,6 @@
 /*
  * util.h: small helpers every part uses: clocks, randomness, UUIDs,
- * SHA-256/HMAC, bounded string copies and jittered backoff.
+ * SHA-256, bounded string copies and jittered backoff.
  */
 #ifndef OUTBOX_UTIL_H
 #define OUTBOX_UTIL_H
@@ -27,15 +27,6 @@ void uuid_v4(char out[37]);
 
 /* Lower-case hex SHA-256 of data: 64 characters + NUL. */
 void sha256_hex(const void *data, size_t len, char out[65]);
-/* HMAC-SHA256 of data under key; out receives 32 bytes. */
-void hmac_sha256(const void *key, size_t keylen, const void *data, size_t len,
-                 unsigned char out[32]);
-/* Standard base64 (with padding) of data; returns bytes written (no NUL
- * counted), or 0 if out is too small. */
-size_t base64_encode(const unsigned char *data, size_t len, char *out, size_t outlen);
-/* Decodes standard base64; returns bytes written or -1 on bad input. */
-long base64_decode(const char *in, unsigned char *out, size_t outlen);
-
 /* Copy at most size-1 bytes and always terminate; returns strlen(src). */
 size_t str_copy(char *dst, const char *src, size_t size);
 /* strdup that aborts on out-of-memory (the only sane answer in a daemon

@@ -1,5 +1,5 @@
 /*
- * test_util.c: dispatcher/util.c (UUIDs, SHA-256, HMAC, base64, UTF-8,
+ * test_util.c: dispatcher/util.c (UUIDs, SHA-256, UTF-8,
  * backoff with full jitter, string copies), providers/lib/sign.c
  * (Standard Webhooks HMAC and base64) and db_redact_conninfo().
  *
@@ -26,12 +26,11 @@
 /* A behaviour that is wrong today and reported to the lead: the test
  * skips (saying so) while the bug is there and enforces the fix once it
  * lands. */
-#define KNOWN_BUG_IF(cond, msg)                                        \
+/* Bugs found by these tests and since fixed: seeing one again fails. */
+#define FIXED_BUG_IF(cond, msg)                                        \
 	do {                                                           \
-		if (cond) {                                            \
-			print_message("KNOWN BUG (reported): %s\n", msg); \
-			skip();                                        \
-		}                                                      \
+		if (cond)                                              \
+			fail_msg("regression of a fixed bug: %s", msg);   \
 	} while (0)
 
 /* ---- UUIDs ----------------------------------------------------------------- */
@@ -99,24 +98,6 @@ static void hex_of(const unsigned char *b, size_t n, char *out)
 		sprintf(out + 2 * i, "%02x", b[i]);
 }
 
-static void test_hmac_sha256_rfc4231(void **state)
-{
-	unsigned char mac[32], key[131];
-	char hex[65];
-	static const char big[] = "Test Using Larger Than Block-Size Key - Hash Key First";
-
-	(void)state;
-	/* RFC 4231 test case 2. */
-	hmac_sha256("Jefe", 4, "what do ya want for nothing?", 28, mac);
-	hex_of(mac, 32, hex);
-	assert_string_equal(hex, "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843");
-	/* RFC 4231 test case 6 (key longer than the block size). */
-	memset(key, 0xaa, sizeof(key));
-	hmac_sha256(key, sizeof(key), big, strlen(big), mac);
-	hex_of(mac, 32, hex);
-	assert_string_equal(hex, "60e431591ee0b67f0d8a26aacbf5b77f8e0bc6213728c5140546040f0ee37f54");
-}
-
 /* ---- Standard Webhooks (providers/lib/sign.c) ------------------------------ */
 
 static void test_webhook_signature_reference_vector(void **state)
@@ -182,14 +163,6 @@ static void test_base64_rfc4648_vectors(void **state)
 	for (size_t i = 0; i < sizeof(rfc4648) / sizeof(rfc4648[0]); i++) {
 		size_t len = strlen(rfc4648[i].plain);
 
-		/* util.c */
-		memset(enc, 'X', sizeof(enc));
-		assert_int_equal(base64_encode((const unsigned char *)rfc4648[i].plain, len, enc,
-		                               sizeof(enc)), strlen(rfc4648[i].b64));
-		assert_string_equal(enc, rfc4648[i].b64);
-		assert_int_equal(base64_decode(rfc4648[i].b64, dec, sizeof(dec)), (long)len);
-		assert_memory_equal(dec, rfc4648[i].plain, len);
-
 		/* sign.c */
 		memset(enc, 'X', sizeof(enc));
 		assert_true(b64_encode((const unsigned char *)rfc4648[i].plain, len, enc, sizeof(enc)));
@@ -213,14 +186,11 @@ static void test_base64_round_trips(void **state)
 		size_t n;
 
 		random_bytes(data, len);
-		n = base64_encode(data, len, enc, sizeof(enc));
-		assert_int_equal(n, 4 * ((len + 2) / 3));
-		assert_int_equal(strlen(enc), n);
-		assert_int_equal(base64_decode(enc, back, sizeof(back)), (long)len);
-		assert_memory_equal(back, data, len);
 		if (len > 0) {
 			memset(back, 0, sizeof(back));
 			assert_true(b64_encode(data, len, enc, sizeof(enc)));
+			n = strlen(enc);
+			assert_int_equal(n, 4 * ((len + 2) / 3));
 			assert_int_equal(b64_decode(enc, back, len), (long)len);
 			assert_memory_equal(back, data, len);
 		}
@@ -237,17 +207,13 @@ static void test_base64_bad_input_and_small_buffers(void **state)
 
 	(void)state;
 	/* Encoding "foo" needs 4 characters + NUL. */
-	assert_int_equal(base64_encode((const unsigned char *)"foo", 3, enc, 4), 0);
-	assert_int_equal(base64_encode((const unsigned char *)"foo", 3, enc, 5), 4);
 	assert_false(b64_encode((const unsigned char *)"foo", 3, enc, 4));
 	assert_true(b64_encode((const unsigned char *)"foo", 3, enc, 5));
 
 	for (const char *const *b = bad; *b; b++) {
-		assert_int_equal(base64_decode(*b, dec, sizeof(dec)), -1);
 		assert_int_equal(b64_decode(*b, dec, sizeof(dec)), -1);
 	}
 	/* Output too small for "foobar" (6 bytes). */
-	assert_int_equal(base64_decode("Zm9vYmFy", dec, 5), -1);
 	assert_int_equal(b64_decode("Zm9vYmFy", dec, 5), -1);
 	/* b64_decode (a webhook secret) is bounded: 1024 bytes decoded at most. */
 	{
@@ -273,11 +239,11 @@ static void test_base64_padding_strict(void **state)
 
 	(void)state;
 	for (const char *const *b = bad; *b; b++)
-		if (base64_decode(*b, dec, sizeof(dec)) != -1 || b64_decode(*b, dec, sizeof(dec)) != -1) {
+		if (b64_decode(*b, dec, sizeof(dec)) != -1) {
 			print_message("accepted: \"%s\"\n", *b);
 			lenient = true;
 		}
-	KNOWN_BUG_IF(lenient, "util.c:114 base64_decode and sign.c:39 b64_decode accept '=' "
+	FIXED_BUG_IF(lenient, "util.c:114 base64_decode and sign.c:39 b64_decode accept '=' "
 	             "inside the data and more than two pads (EVP_DecodeBlock is lenient)");
 }
 
@@ -562,7 +528,7 @@ static void test_redact_conninfo_spaces_and_quotes(void **state)
 	(void)state;
 	/* libpq accepts spaces around '=' and quoted values. */
 	redact("host=db password = 's3 cret' dbname=x", out, sizeof(out));
-	KNOWN_BUG_IF(strstr(out, "cret") != NULL,
+	FIXED_BUG_IF(strstr(out, "cret") != NULL,
 	             "db.c:70 db_redact_conninfo: \"password = 'a b'\" (spaces, quotes) leaks the password");
 	assert_string_equal(out, "host=db password = ******** dbname=x");
 }
@@ -573,7 +539,7 @@ static void test_redact_conninfo_sslpassword_first(void **state)
 
 	(void)state;
 	redact("sslpassword=keypass password=s3cret", out, sizeof(out));
-	KNOWN_BUG_IF(strstr(out, "s3cret") != NULL,
+	FIXED_BUG_IF(strstr(out, "s3cret") != NULL,
 	             "db.c:70 db_redact_conninfo: only the first \"password=\" is redacted "
 	             "(sslpassword=... password=s3cret leaks s3cret)");
 	assert_null(strstr(out, "keypass"));
@@ -586,7 +552,7 @@ static void test_redact_conninfo_url_with_both(void **state)
 	(void)state;
 	redact("postgresql://u:s3cret@h/d?password=other", out, sizeof(out));
 	assert_null(strstr(out, "other"));
-	KNOWN_BUG_IF(strstr(out, "s3cret") != NULL,
+	FIXED_BUG_IF(strstr(out, "s3cret") != NULL,
 	             "db.c:73 db_redact_conninfo: a URL with user:pass@ and ?password= leaks the "
 	             "userinfo password");
 }
@@ -596,7 +562,6 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_uuid_format_and_uniqueness),
 		cmocka_unit_test(test_sha256_vectors),
-		cmocka_unit_test(test_hmac_sha256_rfc4231),
 		cmocka_unit_test(test_webhook_signature_reference_vector),
 		cmocka_unit_test(test_webhook_hmac_binary_secret_empty_body),
 		cmocka_unit_test(test_base64_rfc4648_vectors),
