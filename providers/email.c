@@ -1673,7 +1673,7 @@ static void email_shutdown(void *self)
 	/* Running jobs belong to their threads, which free them; they may
 	 * not reach the end of data any more, and their timers (the loop's)
 	 * go now. */
-	TAILQ_FOREACH(j, &em->running, link) {
+	for (j = TAILQ_FIRST(&em->running); j != NULL; j = TAILQ_NEXT(j, link)) {
 		j->cancel = true;
 		if (j->timer) {
 			event_free(j->timer);

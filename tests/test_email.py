@@ -36,6 +36,15 @@ FAST = {"backoff_base_ms": 10, "backoff_cap_ms": 50, "max_attempts": 3, "timeout
 
 # -- fixtures and helpers ---------------------------------------------------
 
+@pytest.fixture(autouse=True)
+def sanitizer_clean(tmp_path):
+    """Workers write their logs under tmp_path: no sanitizer report in any."""
+    yield
+    for log in tmp_path.glob("*.log"):
+        text = log.read_text(errors="replace")
+        assert "Sanitizer" not in text and "runtime error:" not in text, text[-4000:]
+
+
 @pytest.fixture
 def smtp():
     s = SmtpServer()
