@@ -698,6 +698,7 @@ struct email_job {
 	void *token;
 	struct event *timer;
 	int64_t enqueued_ms, deadline_ms;
+	long timeout_ms, connect_timeout_ms;   /* the config at send() */
 
 	/* Immutable copies (the effect may be gone before the thread is). */
 	char effect_id[65];
@@ -736,7 +737,7 @@ struct email {
 	char *username, *password;
 	char helo[256];
 	char msgid_domain[256];
-	long timeout_ms, connect_timeout_ms;
+	const struct outbox_conf *conf;    /* re-read per send: reloads apply */
 	int nthreads;
 	SSL_CTX *tls;
 
@@ -881,7 +882,7 @@ static void job_classify(struct email_job *j, bool abandoned, const char *lib_er
 		if (abandoned && j->phase < PH_STARTED)
 			result_set(r, OUTCOME_NOT_SENT, 0,
 			           "not started within timeout_ms (%ld ms): all %d SMTP threads busy",
-			           em->timeout_ms, em->nthreads);
+			           j->timeout_ms, em->nthreads);
 		else if (abandoned)
 			result_set(r, OUTCOME_NOT_SENT, 0, "connect to relay %s timed out after %lld ms",
 			           em->server, (long long)waited);
@@ -1384,7 +1385,7 @@ static void on_timer(evutil_socket_t fd, short what, void *arg)
 		}
 		break;
 	case JOB_RUNNING: {
-		int64_t connect_by = j->started_ms + em->connect_timeout_ms;
+		int64_t connect_by = j->started_ms + j->connect_timeout_ms;
 		if (now >= j->deadline_ms || (j->phase < PH_CONNECTED && now >= connect_by)) {
 			give_up = true;
 			j->cancel = true;
@@ -1545,10 +1546,7 @@ static void *email_init(const struct outbox_host *host, const struct outbox_conf
 			goto fail;
 		}
 	}
-	em->timeout_ms = host->conf_int(conf, "timeout_ms");
-	em->connect_timeout_ms = host->conf_int(conf, "connect_timeout_ms");
-	if (em->connect_timeout_ms > em->timeout_ms)
-		em->connect_timeout_ms = em->timeout_ms;
+	em->conf = conf;
 	em->nthreads = (int)host->conf_int(conf, "threads");
 
 	if (pipe2(em->wake, O_CLOEXEC | O_NONBLOCK) < 0) {
@@ -1594,7 +1592,7 @@ static void *email_init(const struct outbox_host *host, const struct outbox_conf
 	host->log(OLOG_INFO, EMAIL_NAME,
 	          "relay %s, starttls %s, auth %s, %d threads, timeout %ld ms, connect timeout %ld ms",
 	          em->server, tls, em->username ? "on (password: ********)" : "off", em->nthreads,
-	          em->timeout_ms, em->connect_timeout_ms);
+	          host->conf_int(conf, "timeout_ms"), host->conf_int(conf, "connect_timeout_ms"));
 	return em;
 
 fail:
@@ -1629,7 +1627,13 @@ static bool email_send(void *self, const struct outbox_effect *e, outbox_done_fn
 	j->done = done;
 	j->token = token;
 	j->enqueued_ms = now;
-	j->deadline_ms = now + em->timeout_ms;
+	/* Timeouts are common keys: a SIGHUP reload changes them for the
+	 * sends that start afterwards. */
+	j->timeout_ms = em->host->conf_int(em->conf, "timeout_ms");
+	j->connect_timeout_ms = em->host->conf_int(em->conf, "connect_timeout_ms");
+	if (j->connect_timeout_ms > j->timeout_ms)
+		j->connect_timeout_ms = j->timeout_ms;
+	j->deadline_ms = now + j->timeout_ms;
 	copy_str(j->effect_id, e->effect_id, sizeof(j->effect_id));
 	j->from_addr = email_strdup(m.from_addr);
 	j->rcpt = email_strdup(e->target);
@@ -1650,8 +1654,7 @@ static bool email_send(void *self, const struct outbox_effect *e, outbox_done_fn
 	}
 	TAILQ_INSERT_TAIL(&em->queue, j, link);
 	pthread_cond_signal(&em->cv);
-	timer_arm(j, now + (em->connect_timeout_ms < em->timeout_ms ? em->connect_timeout_ms
-	                                                             : em->timeout_ms), now);
+	timer_arm(j, now + j->connect_timeout_ms, now);
 	pthread_mutex_unlock(&em->mu);
 	return true;
 }

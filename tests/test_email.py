@@ -386,6 +386,21 @@ def test_slow_greeting_beyond_timeout_is_not_sent(direct):
     assert s.transactions == [] and s.received() == []
 
 
+def test_reload_applies_new_timeouts(conn, dispatchers, smtp):
+    """timeout_ms is a common key: SIGHUP changes it for the next sends."""
+    import signal as sig
+    kill_switch(conn, True)
+    w = dispatchers(email_cfg(smtp, timeout_ms=800))
+    a = enqueue(conn, "email", "a+slow-data-1500@example.com", payload())
+    assert wait_state(conn, a, "unknown")["last_error_class"] == "ambiguous"
+    w.sections["provider.email"]["timeout_ms"] = 5000
+    write_config(w.config_path, w.sections)
+    w.signal(sig.SIGHUP)
+    wait_for(lambda: any(e.get("event") == "reloaded" for e in w.events()), what="the reload")
+    b = enqueue(conn, "email", "b+slow-data-1500@example.com", payload())
+    assert wait_state(conn, b, "completed")["provider_id"]
+
+
 # -- session-level refusals ---------------------------------------------------
 
 @pytest.mark.parametrize("opts,outcome,status,words", [
@@ -418,6 +433,28 @@ def test_connection_refused_is_not_sent_and_retried(conn, dispatchers):
     e = wait_state(conn, eid, "failed")
     assert [c for c, _ in classes(conn, eid)] == ["not_sent", "not_sent"]
     assert "cannot connect" in e["last_error"] and "refused" in e["last_error"].lower()
+
+
+def test_connect_timeout_is_not_sent(direct):
+    """A relay whose accept queue is full: SYNs go unanswered and connect()
+    hangs (libesmtp has no connect timeout of its own).  Given up at
+    connect_timeout_ms, not timeout_ms."""
+    import socket
+    lst = socket.socket()
+    lst.bind(("127.0.0.1", 0))
+    lst.listen(0)
+    filler = socket.create_connection(lst.getsockname())
+    try:
+        res = direct.run({"server": f"127.0.0.1:{lst.getsockname()[1]}", "starttls": "off",
+                          "timeout_ms": 5000, "connect_timeout_ms": 400},
+                         [eff(1, "bob@example.com")])
+    finally:
+        filler.close()
+        lst.close()
+    r = res["e1"]
+    assert r["outcome"] == "not_sent" and "connect to relay" in r["error"] and \
+        "timed out" in r["error"], r
+    assert 350 <= r["elapsed_ms"] < 2000, r
 
 
 def test_unresolvable_relay_is_not_sent(direct):
