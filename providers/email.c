@@ -1214,7 +1214,7 @@ static void job_run(struct email_job *j)
 	}
 	/* libesmtp's timeouts are per read; the loop's timer bounds the whole
 	 * call.  Give libesmtp what is left, so the thread ends soon after. */
-	per_read = (long)(j->deadline_ms - mono_ms()) + 500;
+	per_read = (long)(j->deadline_ms - mono_ms()) + 800;
 	if (per_read < 1000)
 		per_read = 1000;
 	smtp_set_timeout(s, Timeout_GREETING | Timeout_OVERRIDE_RFC2822_MINIMUM, per_read);
