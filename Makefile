@@ -12,7 +12,7 @@
 PREFIX    ?= /usr/local
 BUILD     ?= build
 CC        ?= cc
-PKGS      := libpq libcurl libesmtp-1.0 jansson libevent libevent_pthreads inih libsystemd libcrypto
+PKGS      := libpq libcurl libesmtp-1.0 jansson libevent libevent_pthreads inih libsystemd libssl libcrypto
 PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS))
 PKG_LIBS   := $(shell pkg-config --libs $(PKGS))
 

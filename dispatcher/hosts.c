@@ -96,9 +96,11 @@ static bool is_host_failure(const struct outbox_result *r)
 	case OUTCOME_AMBIGUOUS:
 		return true;
 	case OUTCOME_RETRY:
-		/* 401: the credentials are refused for every effect to this host;
+		/* 401: the credentials are refused for every effect to this host,
+		 * 421: the SMTP relay is shutting the service down;
 		 * let the breaker hold them instead of spending their attempts. */
-		return r->status == 0 || r->status == 401 || r->status == 429 || r->status >= 500;
+		return r->status == 0 || r->status == 401 || r->status == 421 || r->status == 429 ||
+		       r->status >= 500;
 	case OUTCOME_ACCEPTED:
 	case OUTCOME_TERMINAL:
 		return false;
