@@ -48,13 +48,14 @@ def env_int(name, full, quick):
     return int(os.environ.get(name, quick if QUICK else full))
 
 
-N = env_int("BENCH_N", 200000, 10000)
+N = env_int("BENCH_N", 200000, 8000)
 WORKERS = [int(x) for x in os.environ.get("BENCH_WORKERS", "1 2 4").split()]
 CLIENTS = [int(x) for x in os.environ.get("BENCH_CLIENTS", "1 2 4" if QUICK else "1 2 4 8").split()]
 RATE = env_int("BENCH_RATE", 1000, 1000)
-RATE_SECONDS = env_int("BENCH_RATE_SECONDS", 120, 5)
-IDLE = env_int("BENCH_IDLE", 200, 60)
+RATE_SECONDS = env_int("BENCH_RATE_SECONDS", 120, 4)
+IDLE = env_int("BENCH_IDLE", 200, 40)
 INFLIGHT = env_int("BENCH_INFLIGHT", 1000, 1000)
+SLOW_MS = env_int("BENCH_SLOW_MS", 4000, 2000)   # the slow sink's answer delay
 VARIANTS = env_int("BENCH_VARIANTS", 1, 0)
 BIG = env_int("BENCH_BIG", 2000000, 200000)
 LOG_LEVEL = os.environ.get("BENCH_LOG_LEVEL", "warn")
@@ -306,6 +307,7 @@ allow_hosts = 127.0.0.1
                                      stdout=subprocess.DEVNULL, stderr=self.err, env=env)
         self.pid = self.proc.pid
         self.hwm_kb = None
+        self.anon_kb = None
         self.cpu = 0.0
 
     def sample(self):
@@ -313,6 +315,7 @@ allow_hosts = 127.0.0.1
             sys.exit("bench: worker %s exited (rc %s); see %s:\n%s" % (
                 self.name, self.proc.returncode, self.logf, tail(self.logf)))
         self.hwm_kb = proc_status(self.pid, "VmHWM")
+        self.anon_kb = max(self.anon_kb or 0, proc_status(self.pid, "RssAnon") or 0)
         self.cpu = proc_cpu(self.pid)
         return proc_status(self.pid, "VmRSS")
 
@@ -519,7 +522,7 @@ def ceiling(clients):
     left = q1("SELECT count(*) FROM effect_outbox WHERE state <> 'completed'")
     r = {"clients": clients, "effects": n, "seconds": span, "rate": rate,
          "pg_cpu_per_1k": pg_cpu / n * 1000 if n else 0, "pgbench_cpu_per_1k": pgb_cpu / n * 1000 if n else 0}
-    log("  ceiling, %d clients: %d effects in %.1f s = %.0f effects/s (CPU s per 1000 effects:"
+    log("  ceiling, %d client(s): %d effects in %.1f s = %.0f effects/s (CPU s per 1000 effects:"
         " PostgreSQL %.2f, pgbench %.2f)%s" % (clients, n, span, rate, r["pg_cpu_per_1k"],
                                               r["pgbench_cpu_per_1k"], " (%d left!)" % left if left else ""))
     return r
@@ -619,14 +622,17 @@ def latencies(sink, label, lo, hi):
 # ---- memory with many sends in flight ----------------------------------------
 
 def inflight_run():
-    sink = SlowSink(4000)
+    sink = SlowSink(SLOW_MS)
     try:
         reset()
-        load(INFLIGHT, sink.url(), "s")
         settle()
         n = INFLIGHT
         w = Worker("inflight-w1", http="max_in_flight = %d\nmax_per_host = %d" % (n, n),
                    dispatcher="max_in_flight = %d" % n)
+        wait_listening(1)
+        w.sample()
+        idle_hwm = w.hwm_kb
+        load(n, sink.url(), "s")      # one statement: one NOTIFY wakes the worker
         peak_sending = 0
         rss_at_peak = 0
         end = time.time() + 60
@@ -643,9 +649,11 @@ def inflight_run():
         w.sample()
         w.stop()
         st = sink.read()
-        r = {"in_flight_peak": st["peak"], "rss_at_peak_kb": rss_at_peak, "hwm_kb": w.hwm_kb}
-        log("  %d sends in flight at most (sink); worker peak RSS %.1f MiB (VmHWM)" % (
-            st["peak"], (w.hwm_kb or 0) / 1024.0))
+        r = {"in_flight_peak": st["peak"], "rss_at_peak_kb": rss_at_peak, "hwm_kb": w.hwm_kb,
+             "anon_kb": w.anon_kb, "idle_hwm_kb": idle_hwm}
+        log("  %d sends in flight at most (sink); worker peak RSS %.1f MiB (VmHWM; %.1f MiB before"
+            " the sends; its own memory, RssAnon, peaked at %.1f MiB, the rest is shared libraries)" % (
+                st["peak"], (w.hwm_kb or 0) / 1024.0, (idle_hwm or 0) / 1024.0, (w.anon_kb or 0) / 1024.0))
         return r
     finally:
         sink.stop()
@@ -691,15 +699,19 @@ def main():
     global SINK_PID
     SINK_PID = sink.proc.pid
     try:
-        tp = {}
-        for k in (WORKERS if "throughput" in ONLY else []):
-            reset()
-            load(N, sink.url("ok"))
-            settle()
-            tp[k] = throughput(k, "fresh-%d" % k, profile=bool(PROFILE) and k == 1)
+        # Dispatcher and ceiling runs alternate (1 worker, 1 client, 2
+        # workers, ...) so that a change in the machine's load during the
+        # bench affects both sides of the ratio alike.
+        tp, ceil = {}, []
+        for k in sorted(set(WORKERS) | set(CLIENTS)):
+            if k in WORKERS and "throughput" in ONLY:
+                reset()
+                load(N, sink.url("ok"))
+                settle()
+                tp[k] = throughput(k, "fresh-%d" % k, profile=bool(PROFILE) and k == 1)
+            if k in CLIENTS and "ceiling" in ONLY:
+                ceil.append(ceiling(k))
         results["throughput"] = tp
-
-        ceil = [ceiling(c) for c in (CLIENTS if "ceiling" in ONLY else [])]
         results["ceiling"] = ceil
 
         if "latency" in ONLY:
@@ -800,7 +812,8 @@ def summary():
     inf = results.get("inflight")
     if inf:
         rows.append(("peak RSS, %d sends in flight" % inf["in_flight_peak"], "%s MiB" % mib(inf["hwm_kb"]),
-                     "1 worker, max_in_flight=%d, sink answers after 4 s" % INFLIGHT))
+                     "1 worker, max_in_flight=%d, sink answers after %.0f s; RSS %s MiB before, own (RssAnon) %s MiB" % (
+                         INFLIGHT, SLOW_MS / 1000.0, mib(inf.get("idle_hwm_kb")), mib(inf.get("anon_kb")))))
     if "big" in results:
         k = results["variant_workers"]
         for key, what in (("big", "%d completed rows in the table" % BIG),
