@@ -18,7 +18,8 @@ Environment:
   BENCH_VARIANTS   1 = also the 2M-completed-rows and held-vacuum runs (full run default)
   BENCH_BIG        completed rows for that variant (2000000)
   BENCH_LOG_LEVEL  the workers' [log] level (default warn: see README)
-  BENCH_DURABLE    1 = also idle latency with fsync + synchronous_commit on
+  BENCH_DURABLE    1 = the latency runs again on a server with fsync, synchronous_commit
+                   and full_page_writes on (run.sh restarts it; full run default)
   PROFILE=1        perf record -g the 1-worker throughput run (worker + PostgreSQL)
   BENCH_PGSS=1     pg_stat_statements on: the top statements of each throughput run
   BENCH_EXTRA_SQL  a SQL file run after the migrations (to measure a SQL change)
@@ -59,7 +60,6 @@ SLOW_MS = env_int("BENCH_SLOW_MS", 4000, 2000)   # the slow sink's answer delay
 VARIANTS = env_int("BENCH_VARIANTS", 1, 0)
 BIG = env_int("BENCH_BIG", 2000000, 200000)
 LOG_LEVEL = os.environ.get("BENCH_LOG_LEVEL", "warn")
-DURABLE = env_int("BENCH_DURABLE", 1, 0)
 PROFILE = env_int("PROFILE", 0, 0)
 PGSS = env_int("BENCH_PGSS", 0, 0)
 ONLY = os.environ.get("BENCH_ONLY", "throughput ceiling latency inflight variants durable").split()
@@ -692,9 +692,10 @@ def main():
     POLL.cursor().execute("SET enable_seqscan = off")
     log("bench: %s, N=%d, workers %s, pgbench clients %s, log level %s, build %s" % (
         "QUICK" if QUICK else "full", N, WORKERS, CLIENTS, LOG_LEVEL, BUILD))
-    global LOAD0
+    global LOAD0, MACHINE
     LOAD0 = loadavg()
-    log("machine: %s; load average at start %.2f" % (machine(), LOAD0))
+    MACHINE = machine()
+    log("machine: %s; load average at start %.2f" % (MACHINE, LOAD0))
     sink = Nginx()
     global SINK_PID
     SINK_PID = sink.proc.pid
@@ -733,31 +734,58 @@ def main():
             results["held"] = throughput(best_k, "held-%d" % best_k, hold_xmin=True)
             results["variant_workers"] = best_k
 
-        if DURABLE and "durable" in ONLY:
-            results["durable"] = durable_latency(sink)
     finally:
         sink.stop()
-    summary()
+    save()
 
 
-def durable_latency(sink):
-    """Idle latency again with fsync and synchronous_commit on (the bench
-    server runs without them, like the tests): each commit then waits for
-    the WAL to reach the disk."""
-    q("ALTER SYSTEM SET fsync = on", fetch=False)
-    q("ALTER SYSTEM SET synchronous_commit = on", fetch=False)
-    q("SELECT pg_reload_conf()", fetch=False)
+def durable_phase():
+    """BENCH_PHASE=durable: run.sh restarted the server with fsync,
+    synchronous_commit and full_page_writes on; the latency runs again
+    (each commit now waits for the disk)."""
+    global DB, POLL, RATE_SECONDS
+    load_results()
+    DB = connect()
+    POLL = connect()
+    POLL.cursor().execute("SET enable_seqscan = off")
+    log("durable: fsync=%s synchronous_commit=%s full_page_writes=%s" % (
+        q1("SHOW fsync"), q1("SHOW synchronous_commit"), q1("SHOW full_page_writes")))
+    RATE_SECONDS = min(RATE_SECONDS, 30)
+    sink = Nginx()
     try:
-        global RATE_SECONDS
-        saved = RATE_SECONDS
-        RATE_SECONDS = min(RATE_SECONDS, 30)
-        r = latency_runs(sink)
-        RATE_SECONDS = saved
-        return r
+        results["durable"] = latency_runs(sink)
+        results["durable"]["seconds"] = RATE_SECONDS
     finally:
-        q("ALTER SYSTEM RESET fsync", fetch=False)
-        q("ALTER SYSTEM RESET synchronous_commit", fetch=False)
-        q("SELECT pg_reload_conf()", fetch=False)
+        sink.stop()
+    save()
+
+
+RESULTS = None
+
+
+def results_path():
+    return os.path.join(WORK, "results.json")
+
+
+def save():
+    old = results.get("meta", {})
+    results["meta"] = {"quick": QUICK, "n": N, "log_level": LOG_LEVEL, "rate": RATE,
+                       "rate_seconds": RATE_SECONDS, "inflight": INFLIGHT, "slow_ms": SLOW_MS,
+                       "big": BIG, "t0": T0, "load0": LOAD0 if "LOAD0" in globals() else loadavg(),
+                       "machine": MACHINE if "MACHINE" in globals() else old.get("machine", "")}
+    with open(results_path(), "w") as f:
+        json.dump(results, f, indent=1, default=str)
+
+
+def load_results():
+    global T0, LOAD0
+    with open(results_path()) as f:
+        results.update(json.load(f))
+    # JSON object keys are strings: worker counts back to int.
+    if "throughput" in results:
+        results["throughput"] = {int(k): v for k, v in results["throughput"].items()}
+    T0 = results["meta"]["t0"]
+    LOAD0 = results["meta"]["load0"]
 
 
 def machine():
@@ -826,10 +854,11 @@ def summary():
         d = results["durable"]
         rows.append(("latency idle, fsync + synchronous_commit on", lat_cell(d["idle"]), "n=%d" % d["idle"]["n"]))
         rows.append(("latency at %d/s, fsync + synchronous_commit on" % RATE, lat_cell(d["rate"]),
-                     "n=%d in %d s" % (d["rate"]["n"], min(RATE_SECONDS, 30))))
+                     "n=%d in %d s" % (d["rate"]["n"], d.get("seconds", 30))))
     print()
     print("== outbox-dispatcher bench (%s, N=%d, [log] level=%s, %.0f s, load average %.2f at start, %.2f now)" % (
         "QUICK" if QUICK else "full", N, LOG_LEVEL, time.time() - T0, LOAD0, loadavg()))
+    print("machine: %s" % results.get("meta", {}).get("machine", ""))
     if rows:
         w0 = max(len(r[0]) for r in rows)
         w1 = max(len(r[1]) for r in rows)
@@ -846,8 +875,6 @@ def summary():
             tp[best_k]["rate"], best_k, "s" if best_k > 1 else "", best_c["rate"], best_c["clients"],
             "s" if best_c["clients"] > 1 else ""))
         print("ratio: %.2f" % ratio)
-    with open(os.path.join(WORK, "results.json"), "w") as f:
-        json.dump(results, f, indent=1, default=str)
     keep = os.environ.get("BENCH_RESULTS")
     if keep:
         with open(keep, "w") as f:
@@ -855,4 +882,11 @@ def summary():
 
 
 if __name__ == "__main__":
-    main()
+    phase = os.environ.get("BENCH_PHASE", "main")
+    if phase == "main":
+        main()
+    elif phase == "durable":
+        durable_phase()
+    else:
+        load_results()
+        summary()

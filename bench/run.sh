@@ -74,4 +74,16 @@ if [ -n "${BENCH_EXTRA_SQL:-}" ]; then
     psql -q -v ON_ERROR_STOP=1 -d bench -f "$BENCH_EXTRA_SQL" >/dev/null
 fi
 
-BENCH_WORK=$work /usr/bin/python3 bench/bench.py
+export BENCH_WORK=$work
+/usr/bin/python3 bench/bench.py
+
+# The latency runs again with a durable server: fsync, synchronous_commit
+# and full_page_writes on (the full run; BENCH_DURABLE=0 skips it).
+if [ "${BENCH_DURABLE:-$([ -n "${QUICK:-}" ] && [ "${QUICK:-}" != 0 ] && echo 0 || echo 1)}" != 0 ] &&
+   echo " ${BENCH_ONLY:-durable} " | grep -q " durable "; then
+    pg_stop "$work/pg"
+    PG_EXTRA_OPTS="$PG_EXTRA_OPTS -c fsync=on -c synchronous_commit=on -c full_page_writes=on"
+    pg_start "$work/pg" >/dev/null || exit 1
+    BENCH_PHASE=durable /usr/bin/python3 bench/bench.py
+fi
+BENCH_PHASE=summary /usr/bin/python3 bench/bench.py
