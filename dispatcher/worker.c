@@ -42,6 +42,7 @@
 #include "util.h"
 
 #define LISTEN_CHANNEL "effect_outbox"
+#define HELD_BUCKETS 1024
 #define RECONCILE_BATCH 50
 #define RECONCILE_BATCH_STR "50"
 #define RECONCILE_INTERVAL_MS 60000
@@ -58,6 +59,7 @@ enum effect_phase {
 
 struct effect {
 	TAILQ_ENTRY(effect) link;
+	struct effect *held_next;     /* in the worker's set of held ids */
 	struct worker *w;
 	enum effect_phase phase;
 	char id[40];
@@ -88,6 +90,8 @@ TAILQ_HEAD(effect_list, effect);
 struct batch {
 	struct worker *w;
 	uint64_t gen;
+	int64_t sent_mono;            /* when the statement was queued */
+	char call[37];                /* outbox_mark_sending's call token */
 	size_t n;
 	struct effect *items[];
 };
@@ -111,6 +115,10 @@ struct worker {
 	int exit_code;
 
 	struct effect_list waiting, sending, done_q, recon_q;
+	/* Every effect this worker holds, by id: a row whose lease expired
+	 * while it waited here can come back in a later lease of ours, and
+	 * must not become a second copy. */
+	struct effect *held[HELD_BUCKETS];
 	int n_active;                 /* effects this worker holds, all phases */
 	int n_sending;
 	int n_reconciling;
@@ -145,8 +153,47 @@ static void unmark_probe(struct effect *e)
 
 /* ---- effects ---------------------------------------------------------- */
 
+static unsigned held_bucket(const char *id)
+{
+	unsigned v = 2166136261u;
+
+	for (; *id; id++)
+		v = (v ^ (unsigned char)*id) * 16777619u;
+	return v % HELD_BUCKETS;
+}
+
+static struct effect *held_find(struct worker *w, const char *id)
+{
+	struct effect *e;
+
+	for (e = w->held[held_bucket(id)]; e; e = e->held_next)
+		if (strcmp(e->id, id) == 0)
+			return e;
+	return NULL;
+}
+
+static void held_add(struct worker *w, struct effect *e)
+{
+	unsigned b = held_bucket(e->id);
+
+	e->held_next = w->held[b];
+	w->held[b] = e;
+}
+
+static void held_remove(struct worker *w, struct effect *e)
+{
+	struct effect **pp = &w->held[held_bucket(e->id)];
+
+	for (; *pp; pp = &(*pp)->held_next)
+		if (*pp == e) {
+			*pp = e->held_next;
+			return;
+		}
+}
+
 static void effect_free(struct effect *e)
 {
+	held_remove(e->w, e);
 	e->w->n_active--;
 	free(e->run_key);
 	free(e->type);
@@ -188,6 +235,7 @@ static struct effect *effect_from_row(struct worker *w, PGresult *r, int row, bo
 		e->retry_base = atoi(PQgetvalue(r, row, 10));
 	}
 	e->prov = providers_find(&w->providers, e->type);
+	held_add(w, e);
 	return e;
 }
 
@@ -215,7 +263,7 @@ static bool effect_validate(struct worker *w, struct effect *e, char *err, size_
 		         w->s.max_payload_bytes);
 		return false;
 	}
-	e->payload = json_loadb(e->payload_text ? e->payload_text : "", len, 0, &jerr);
+	e->payload = json_loadb(e->payload_text ? e->payload_text : "", len, JSON_DECODE_ANY, &jerr);
 	if (e->payload == NULL) {
 		snprintf(err, errlen, "payload is not valid JSON: %s", jerr.text);
 		return false;
@@ -436,7 +484,9 @@ static void on_send_done(void *token, const struct outbox_result *res)
 	worker_kick(w);
 }
 
-static void start_send(struct worker *w, struct effect *e, int attempt)
+/* Hand the effect to its provider; with `refuse`, record it as not sent
+ * instead (the same bookkeeping, no call). */
+static void start_send(struct worker *w, struct effect *e, int attempt, const char *refuse)
 {
 	char err[OUTBOX_ERROR_MAX] = "";
 
@@ -449,7 +499,11 @@ static void start_send(struct worker *w, struct effect *e, int attempt)
 	TAILQ_INSERT_TAIL(&w->sending, e, link);
 	w->n_sending++;
 	metrics_set(G_IN_FLIGHT, w->n_sending);
-	if (!e->prov->ops->send(e->prov->self, &e->view, on_send_done, e, err, sizeof(err))) {
+	if (refuse) {
+		struct outbox_result r = { .outcome = OUTCOME_NOT_SENT, .retry_after_ms = -1 };
+		snprintf(r.error, sizeof(r.error), "not sent: %.480s", refuse);
+		on_send_done(e, &r);
+	} else if (!e->prov->ops->send(e->prov->self, &e->view, on_send_done, e, err, sizeof(err))) {
 		struct outbox_result r = { .outcome = OUTCOME_NOT_SENT, .retry_after_ms = -1 };
 		snprintf(r.error, sizeof(r.error), "could not start: %.480s", err[0] ? err : "provider refused");
 		on_send_done(e, &r);
@@ -505,7 +559,13 @@ static void on_marked(struct db *db, PGresult *r, void *arg)
 			unmark_probe(e);
 			effect_free(e);
 		} else {
-			start_send(w, e, atoi(PQgetvalue(r, row, 1)));
+			/* An answer that came so late (a stopped process, a stalled
+			 * database) that the lease may have lapsed, and the reaper
+			 * or a kill switch turned off meanwhile moved on: send
+			 * nothing, record it as not sent. */
+			bool late = now_mono_ms() - b->sent_mono > w->s.lease_seconds * 1000 * 2 / 3;
+			start_send(w, e, atoi(PQgetvalue(r, row, 1)),
+			           late ? "the sending transition was confirmed too late to act on" : NULL);
 		}
 	}
 	if (blocked) {
@@ -529,7 +589,7 @@ static void mark_ready(struct worker *w)
 	struct batch *b, *rel = NULL;
 	int64_t now = now_mono_ms(), rel_delay = 0;
 	char *ids;
-	const char *params[5];
+	const char *params[6];
 	char lease[16];
 
 	if (w->mark_busy || TAILQ_EMPTY(&w->waiting) || !db_is_up(w->db) || w->stopping)
@@ -586,15 +646,18 @@ static void mark_ready(struct worker *w)
 	}
 	ids = ids_array(b->items, b->n);
 	snprintf(lease, sizeof(lease), "%ld", w->s.lease_seconds);
+	uuid_v4(b->call);
+	b->sent_mono = now_mono_ms();
 	params[0] = w->owner;
 	params[1] = ids;
 	params[2] = w->env_enabled ? "true" : "false";
 	params[3] = w->idem_array;
 	params[4] = lease;
+	params[5] = b->call;
 	w->mark_busy = true;
-	/* Repeatable: rows already `sending` under this owner come back too. */
-	db_query(w->db, "SELECT effect_id, attempts, blocked FROM outbox_mark_sending($1, $2, $3, $4, $5)",
-	         5, params, on_marked, b, DBQ_RETRY);
+	/* Repeatable: the same call token gets its own rows back. */
+	db_query(w->db, "SELECT effect_id, attempts, blocked FROM outbox_mark_sending($1, $2, $3, $4, $5, $6)",
+	         6, params, on_marked, b, DBQ_RETRY);
 	free(ids);
 }
 
@@ -617,8 +680,15 @@ static void on_leased(struct db *db, PGresult *r, void *arg)
 	w->more_due = PQntuples(r) >= limit;
 	metrics_inc(M_LEASED, (unsigned long)PQntuples(r));
 	for (int row = 0; row < PQntuples(r); row++) {
-		struct effect *e = effect_from_row(w, r, row, true);
+		struct effect *e;
 		char err[OUTBOX_ERROR_MAX];
+
+		if (held_find(w, PQgetvalue(r, row, 0))) {
+			/* Ours already (its lease had lapsed while it waited): the
+			 * lease is fresh again; keep the one copy we have. */
+			continue;
+		}
+		e = effect_from_row(w, r, row, true);
 
 		if (!effect_validate(w, e, err, sizeof(err))) {
 			if (invalid == NULL)
@@ -780,9 +850,13 @@ static void on_recon_leased(struct db *db, PGresult *r, void *arg)
 	else
 		w->recon_pass_asked = false;
 	for (int row = 0; row < PQntuples(r); row++) {
-		struct effect *e = effect_from_row(w, r, row, false);
+		struct effect *e;
 		char err[OUTBOX_ERROR_MAX] = "";
 		json_error_t jerr;
+
+		if (held_find(w, PQgetvalue(r, row, 0)))
+			continue;
+		e = effect_from_row(w, r, row, false);
 
 		e->phase = PH_RECONCILING;
 		w->n_reconciling++;

@@ -404,10 +404,10 @@ static void on_done(CURL *easy, CURLcode rc, void *arg)
 		         "address %s of %s is not allowed (SSRF rules: private, loopback, link-local and "
 		         "metadata ranges need [provider.http] allow_hosts)",
 		         c->refused_addr, c->url_host);
-	} else if (rc == CURLE_COULDNT_RESOLVE_HOST || rc == CURLE_COULDNT_RESOLVE_PROXY ||
-	           rc == CURLE_COULDNT_CONNECT || connect_us == 0 ||
-	           (scheme && strcasecmp(scheme, "https") == 0 && appconnect_us == 0) ||
-	           request_size == 0) {
+	} else if (request_size == 0 &&
+	           (rc == CURLE_COULDNT_RESOLVE_HOST || rc == CURLE_COULDNT_RESOLVE_PROXY ||
+	            rc == CURLE_COULDNT_CONNECT || connect_us == 0 ||
+	            (scheme && strcasecmp(scheme, "https") == 0 && appconnect_us == 0))) {
 		/* Nothing of the request left this host. */
 		r.outcome = OUTCOME_NOT_SENT;
 		snprintf(r.error, sizeof(r.error), "not sent: %s", curl_easy_strerror(rc));
@@ -530,6 +530,12 @@ static bool http_send(void *self, const struct outbox_effect *e, outbox_done_fn 
 	curl_easy_setopt(easy, CURLOPT_TIMEOUT_MS, hp->timeout_ms);
 	curl_easy_setopt(easy, CURLOPT_CONNECTTIMEOUT_MS, hp->connect_timeout_ms);
 	curl_easy_setopt(easy, CURLOPT_NOSIGNAL, 1L);
+	/* One connection per call.  On a reused keep-alive connection that dies
+	 * before the answer, libcurl silently sends the request again (a POST
+	 * too): a duplicate the server may have processed.  A fresh connection
+	 * also makes "connected?" an exact test of whether anything was sent. */
+	curl_easy_setopt(easy, CURLOPT_FORBID_REUSE, 1L);
+	curl_easy_setopt(easy, CURLOPT_FRESH_CONNECT, 1L);
 	curl_easy_setopt(easy, CURLOPT_FOLLOWLOCATION, 0L);
 	curl_easy_setopt(easy, CURLOPT_PROTOCOLS_STR, "http,https");
 	curl_easy_setopt(easy, CURLOPT_SSL_VERIFYPEER, 1L);

@@ -79,6 +79,9 @@ CREATE TABLE effect_outbox (
     lease_worker     text,
     leased_at        timestamptz,
     sending_since    timestamptz,
+    -- The outbox_mark_sending() call that moved the row to `sending`: only
+    -- that same call, repeated after a lost connection, gets it back.
+    mark_token       uuid,
     -- Whether the send in progress went to a provider that honours
     -- idempotency keys: decides pending vs unknown when its lease expires.
     sending_idempotent boolean NOT NULL DEFAULT false,

@@ -51,7 +51,8 @@ END $$;
 -- lock.  Spends one attempt per row.  When the switch is off, the leases
 -- are released (no attempt spent) and every id comes back with blocked.
 CREATE FUNCTION outbox_mark_sending(p_owner uuid, p_ids uuid[], p_env_enabled boolean,
-                                    p_idempotent_types text[], p_lease_seconds integer)
+                                    p_idempotent_types text[], p_lease_seconds integer,
+                                    p_call uuid DEFAULT NULL)
 RETURNS TABLE (effect_id uuid, attempts integer, blocked boolean)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 #variable_conflict use_column
@@ -75,7 +76,7 @@ BEGIN
     WITH u AS (
         UPDATE effect_outbox o
            SET state = 'sending', attempts = o.attempts + 1,
-               sending_since = now(),
+               sending_since = now(), mark_token = p_call,
                sending_idempotent = o.effect_type = ANY (p_idempotent_types),
                lease_expires_at = now() + make_interval(secs => p_lease_seconds),
                updated_at = now()
@@ -86,16 +87,17 @@ BEGIN
         RETURNING o.effect_id, o.attempts)
     SELECT coalesce(array_agg(u.effect_id), '{}'), coalesce(array_agg(u.attempts), '{}')
       INTO ids, atts FROM u;
-    -- Rows this owner already moved to `sending` come back too: the call is
-    -- repeated after a lost connection, when the first one may have
-    -- committed.  A worker marks an effect once per lease, so such a row
-    -- has not been sent yet.
+    -- Rows this very call already moved to `sending` come back too: the
+    -- call is repeated (same p_call) after a lost connection, when the first
+    -- one may have committed, and its answer was never seen, so nothing was
+    -- sent.  Another call never gets them.
     RETURN QUERY
     SELECT x.id, x.att, false FROM unnest(ids, atts) AS x(id, att)
     UNION ALL
     SELECT o.effect_id, o.attempts, false FROM effect_outbox o
      WHERE o.effect_id = ANY (p_ids) AND NOT o.effect_id = ANY (ids)
-       AND o.lease_owner = p_owner AND o.state = 'sending';
+       AND o.lease_owner = p_owner AND o.state = 'sending'
+       AND p_call IS NOT NULL AND o.mark_token = p_call;
 END $$;
 
 -- Heartbeat: extend the leases this worker still holds, never past

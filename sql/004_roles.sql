@@ -61,7 +61,7 @@ GRANT EXECUTE ON FUNCTION
 GRANT SELECT ON effect_outbox, outbox_control, outbox_providers TO outbox_dispatcher;
 GRANT EXECUTE ON FUNCTION
     outbox_lease(uuid, text, integer, integer, text[], boolean),
-    outbox_mark_sending(uuid, uuid[], boolean, text[], integer),
+    outbox_mark_sending(uuid, uuid[], boolean, text[], integer, uuid),
     outbox_renew(uuid, uuid[], integer, integer),
     outbox_release(uuid, uuid[], bigint),
     outbox_complete(uuid, text, jsonb),
