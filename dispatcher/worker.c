@@ -1469,6 +1469,9 @@ struct worker *worker_new(struct event_base *base, const char *config_path)
 	apply_timers(w);
 	w->recon_next_mono = now_mono_ms() + 5000;
 
+	if (!w->env_enabled)
+		log_msg(OLOG_WARN, "kill_switch_env",
+		        "AI_ACTIONS_ENABLED is not exactly \"true\": this worker sends nothing");
 	db_redact_conninfo(w->s.conninfo, shown, sizeof(shown));
 	log_event(OLOG_INFO, "ready",
 	          json_pack("{s:s,s:s,s:s,s:b,s:b,s:I,s:I,s:s}", "owner", w->owner, "providers",
@@ -1476,9 +1479,6 @@ struct worker *worker_new(struct event_base *base, const char *config_path)
 	                    "poll_only", w->s.poll_only, "lease_seconds", (json_int_t)w->s.lease_seconds,
 	                    "max_in_flight", (json_int_t)w->s.max_in_flight, "metrics",
 	                    w->s.metrics_listen));
-	if (!w->env_enabled)
-		log_msg(OLOG_WARN, "kill_switch_env",
-		        "AI_ACTIONS_ENABLED is not exactly \"true\": this worker sends nothing");
 	sdnotify_init(base);
 	metrics_heartbeat();
 	sdnotify_ready(w->env_enabled ? "ready" : "ready; AI_ACTIONS_ENABLED is not true: not sending");
