@@ -149,18 +149,9 @@ def _id(row):
     return f"{kind or 'empty-type'}:{t}:{words[:40]}"
 
 
-# A scalar payload is valid JSON (and valid jsonb), but the worker parses it
-# without JSON_DECODE_ANY, so the stored reason says "not valid JSON" instead
-# of "must be a JSON object" (reported; dispatcher/worker.c effect_validate).
-SCALAR_XFAIL = pytest.mark.xfail(strict=False, reason="worker.c effect_validate: json_loadb "
-                                 "without JSON_DECODE_ANY reports a scalar payload as not valid JSON")
-
-
 def _param(row):
     kind, _, payload, _ = row
     marks = [need(kind)] if kind in HAVE else [need("http")]
-    if not isinstance(payload, (dict, list, RAW)):
-        marks.append(SCALAR_XFAIL)
     return pytest.param(*row, marks=marks, id=_id(row))
 
 
@@ -295,8 +286,6 @@ def test_the_whole_table_at_once_in_one_lease_batch(fleet):
     good = [fleet.good(k) for k in fleet.kinds for _ in range(3)]
     for eid, words in bad:
         e = fleet.settled(eid)
-        if words == "payload must be a JSON object":   # see SCALAR_XFAIL
-            words = "payload"
         assert e["state"] == "failed" and words in e["last_error"], (words, e)
         assert e["attempts"] == 0
     for eid in good:
