@@ -2,7 +2,9 @@
 -- the kill switch.
 --
 -- Each takes arrays or a JSON batch so that a worker spends one round trip
--- per batch, not per effect.  Every transition is a compare-and-set on
+-- per batch, not per effect.  The batch functions plan every statement for
+-- the batch at hand (plan_cache_mode): a generic plan cached while the
+-- table was small turns key lookups into scans of the whole table later.  Every transition is a compare-and-set on
 -- (effect, lease owner, state): a worker whose lease is gone changes nothing.
 
 -- The kill-switch lock.  mark_sending holds it shared for the length of its
@@ -54,7 +56,8 @@ CREATE FUNCTION outbox_mark_sending(p_owner uuid, p_ids uuid[], p_env_enabled bo
                                     p_idempotent_types text[], p_lease_seconds integer,
                                     p_call uuid DEFAULT NULL)
 RETURNS TABLE (effect_id uuid, attempts integer, blocked boolean)
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp
+    SET plan_cache_mode = force_custom_plan AS $$
 #variable_conflict use_column
 DECLARE
     allowed boolean;
@@ -142,7 +145,8 @@ END $$;
 -- the last two effects of one run cannot both miss the other's commit.
 CREATE FUNCTION outbox_advance_runs(p_failed text[], p_completed text[])
 RETURNS void
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp
+    SET plan_cache_mode = force_custom_plan AS $$
 #variable_conflict use_column
 BEGIN
     PERFORM 1 FROM workflow_runs w
@@ -172,7 +176,8 @@ END $$;
 -- evidence).  Returns, per element, whether the state change applied.
 CREATE FUNCTION outbox_complete(p_owner uuid, p_worker text, p_results jsonb)
 RETURNS TABLE (effect_id uuid, applied boolean, state text)
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp
+    SET plan_cache_mode = force_custom_plan AS $$
 #variable_conflict use_column
 DECLARE
     done_ids uuid[];
@@ -216,12 +221,11 @@ BEGIN
                                  error_text, cas_applied, metadata)
     SELECT r.effect_id, r.attempt, p_owner, p_worker, coalesce(r.started_at, now()),
            r.outcome, r.status, r.provider_id, r.error, r.effect_id = ANY (done_ids),
-           o.metadata
+           (SELECT o.metadata FROM effect_outbox o WHERE o.effect_id = r.effect_id)
       FROM jsonb_to_recordset(p_results) AS r(
                effect_id uuid, attempt integer, started_at timestamptz, outcome text,
                status integer, provider_id text, error text, next_state text,
                retry_delay_ms bigint)
-      LEFT JOIN effect_outbox o ON o.effect_id = r.effect_id
     ON CONFLICT (effect_id, attempt, lease_owner) WHERE worker NOT LIKE 'reaper:%'
                                                     AND lease_owner IS NOT NULL
     DO NOTHING;
@@ -230,15 +234,20 @@ BEGIN
         PERFORM outbox_advance_runs(failed_keys, completed_keys);
     END IF;
 
-    -- "applied" also when an earlier delivery of this same batch applied it.
+    -- "applied" also when an earlier delivery of this same batch applied it
+    -- (the rare case: only then is the attempts log probed, by its index).
     RETURN QUERY
-    SELECT r.effect_id, a.cas_applied, CASE WHEN a.cas_applied THEN r.next_state END
+    SELECT r.effect_id, x.applied, CASE WHEN x.applied THEN r.next_state END
       FROM jsonb_to_recordset(p_results) AS r(
                effect_id uuid, attempt integer, started_at timestamptz, outcome text,
                status integer, provider_id text, error text, next_state text,
                retry_delay_ms bigint)
-      JOIN effect_attempts a ON a.effect_id = r.effect_id AND a.attempt = r.attempt
-                            AND a.lease_owner = p_owner AND a.worker NOT LIKE 'reaper:%';
+      CROSS JOIN LATERAL (
+          SELECT r.effect_id = ANY (done_ids)
+                 OR EXISTS (SELECT 1 FROM effect_attempts a
+                             WHERE a.effect_id = r.effect_id AND a.attempt = r.attempt
+                               AND a.lease_owner = p_owner AND a.cas_applied
+                               AND a.worker NOT LIKE 'reaper:%') AS applied) x;
 END $$;
 
 -- Fail leased pending rows that can never be sent (malformed payload,
@@ -247,7 +256,8 @@ END $$;
 -- p_items: JSON array of {effect_id, error_class, error}.
 CREATE FUNCTION outbox_fail_invalid(p_owner uuid, p_items jsonb)
 RETURNS TABLE (effect_id uuid)
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp
+    SET plan_cache_mode = force_custom_plan AS $$
 #variable_conflict use_column
 DECLARE
     keys text[];
