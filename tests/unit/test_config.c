@@ -573,8 +573,8 @@ static void test_defaults(void **state)
 	assert_int_equal(p.backoff_cap_ms, 60000);
 	assert_int_equal(p.retry_after_max_ms, 300000);
 	assert_int_equal(p.honours_keys, -1);
-	assert_int_equal(p.max_in_flight, 128);
-	assert_int_equal(p.max_per_host, 16);
+	assert_int_equal(p.max_in_flight, 256);
+	assert_int_equal(p.max_per_host, 64);
 	assert_int_equal(p.breaker_failures, 5);
 	assert_int_equal(p.breaker_open_ms, 30000);
 	config_free(cfg);
