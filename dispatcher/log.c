@@ -31,6 +31,11 @@ void log_set_min_level(enum outbox_log_level level)
 	log_min = level;
 }
 
+bool log_wants(enum outbox_log_level level)
+{
+	return level >= log_min;
+}
+
 const char *log_level_name(enum outbox_log_level level)
 {
 	switch (level) {

@@ -7,6 +7,7 @@
 #define OUTBOX_LOG_H
 
 #include <jansson.h>
+#include <stdbool.h>
 #include <stdarg.h>
 
 #include "provider.h"   /* enum outbox_log_level */
@@ -14,6 +15,8 @@
 void log_init(const char *program, const char *worker);
 void log_set_worker(const char *worker);
 void log_set_min_level(enum outbox_log_level level);
+/* Whether a line at this level would be printed (skip building it if not). */
+bool log_wants(enum outbox_log_level level);
 const char *log_level_name(enum outbox_log_level level);
 
 /* {"event": event, "msg": formatted} */

@@ -328,7 +328,16 @@ static bool pg_ok(PGresult *r, const char *what)
 
 static void log_attempt(struct worker *w, struct effect *e, bool applied)
 {
-	json_t *f = json_pack("{s:s,s:s,s:s,s:s,s:s,s:i,s:s,s:s,s:i,s:I,s:i,s:b}",
+	enum outbox_log_level level = !applied ? OLOG_WARN
+	                              : e->result.outcome == OUTCOME_ACCEPTED ? OLOG_INFO
+	                              : e->result.key_conflict ? OLOG_ERROR : OLOG_WARN;
+	json_t *f;
+
+	/* On the hot path: at [log] level = warn, accepted attempts are not
+	 * printed, so their line is not built either. */
+	if (!log_wants(level))
+		return;
+	f = json_pack("{s:s,s:s,s:s,s:s,s:s,s:i,s:s,s:s,s:i,s:I,s:i,s:b}",
 	                      "run_key", e->run_key, "effect_id", e->id, "type", e->type,
 	                      "target_class", e->host_key, "payload_hash", e->payload_hash ? e->payload_hash : "",
 	                      "attempt", e->view.attempt, "outcome", outcome_name(e->result.outcome),
@@ -349,10 +358,7 @@ static void log_attempt(struct worker *w, struct effect *e, bool applied)
 		json_object_set_new(f, "retry_in_ms", json_integer(e->decision.delay_ms));
 	if (e->decision.exhausted)
 		json_object_set_new(f, "retries_exhausted", json_true());
-	log_event(!applied ? OLOG_WARN
-	          : e->result.outcome == OUTCOME_ACCEPTED ? OLOG_INFO
-	          : e->result.key_conflict ? OLOG_ERROR : OLOG_WARN,
-	          "attempt", f);
+	log_event(level, "attempt", f);
 }
 
 /* ---- recording outcomes ------------------------------------------------- */
