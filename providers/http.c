@@ -15,9 +15,26 @@
  * or the address/range; public addresses are allowed unless
  * public_targets = false, in which case they too must be listed.
  *
- * Classification ("did a request byte leave?"): no connection (or TLS not
- * established) → not sent; connected but no request bytes written → not
- * sent; anything after that without a trustworthy status → ambiguous.
+ * Classification ("did a request byte leave?"): no request byte written
+ * (CURLINFO_REQUEST_SIZE == 0: no address, no connection, TLS not up, or a
+ * connection that failed before the first write) → not sent; any byte
+ * written and no trustworthy status → ambiguous.  The connect time is not
+ * used: it is 0 on a reused connection whatever happened after.
+ *
+ * Keep-alive without ever sending a request twice.  Connections are reused
+ * for keepalive_idle_seconds of idleness (0: one connection per call).
+ * libcurl, when a *reused* connection dies before any response byte, sends
+ * the request again on a new connection by itself (Curl_retry_request; a
+ * POST too): a duplicate if the server had taken the first.  Every request
+ * libcurl is about to send, first or retried, passes through
+ * CURLOPT_PREREQFUNCTION; on_prereq() lets the first through and aborts any
+ * later one for the same call, so a request is written at most once.  If
+ * bytes of the first were written the call is ambiguous ("connection closed
+ * after the request was written, before any answer; not re-sent"), else not
+ * sent.  libcurl also drops a pooled connection that the server has closed
+ * before reusing it; the short idle age narrows the remaining race (the
+ * server closing as our request arrives) to an `unknown`, never a
+ * duplicate.
  */
 #include <arpa/inet.h>
 #include <ctype.h>
@@ -38,6 +55,11 @@
 #include "provider.h"
 
 #define HTTP_MAX_HEADERS 64
+/* Idle easy handles kept for reuse (curl_easy_reset, not init/cleanup). */
+#define HTTP_EASY_POOL 64
+/* libcurl's receive buffer per transfer (default 16 KiB): the bodies kept
+ * are small and max_response_bytes is enforced in on_body anyway. */
+#define HTTP_RECV_BUFFER 4096L
 
 static const struct outbox_conf_key http_keys[] = {
 	{ "allow_hosts", CONF_STR, "", 0, 0,
@@ -50,6 +72,8 @@ static const struct outbox_conf_key http_keys[] = {
 	{ "max_response_bytes", CONF_INT, "65536", 0, 16777216, "response body kept for the provider id" },
 	{ "ca_file", CONF_STR, "", 0, 0, "CA bundle for TLS verification; empty: the system's" },
 	{ "proxy", CONF_STR, "", 0, 0, "HTTP proxy URL; empty: none (environment proxies ignored)" },
+	{ "keepalive_idle_seconds", CONF_INT, "1", 0, 60,
+	  "reuse a connection idle at most this long; 0: one connection per call" },
 	{ NULL, CONF_STR, NULL, 0, 0, NULL },
 };
 
@@ -57,30 +81,35 @@ struct http_provider {
 	const struct outbox_host *host;
 	struct curl_loop *loop;
 	struct netrules *rules;
-	long timeout_ms, connect_timeout_ms, max_response;
+	long timeout_ms, connect_timeout_ms, max_response, keepalive_idle;
 	char *id_header, *id_json, *user_agent, *ca_file, *proxy;
 	unsigned char secret[256];
 	long secret_len;
+	CURL *pool[HTTP_EASY_POOL]; /* idle easy handles, reset */
+	int pool_len;
 };
 
+/* One send in flight (kept small: a worker may hold a thousand). */
 struct http_call {
 	struct http_provider *hp;
+	CURL *easy;
 	outbox_done_fn done;
 	void *token;
 	struct curl_slist *headers;
 	char *body;
-	char url_host[256];
-	bool host_listed;          /* allow_hosts names this host: all its addresses pass */
-	bool refused;              /* an address was refused by the SSRF rules */
-	char refused_addr[INET6_ADDRSTRLEN];
+	const char *target;        /* the effect's: valid until done has returned */
+	const char *effect_key;    /* likewise */
 	char *resp;
 	size_t resp_len;
-	bool resp_truncated;
-	char hdr_id[OUTBOX_PROVIDER_ID_MAX];
-	char request_id[OUTBOX_PROVIDER_ID_MAX];
-	char location[OUTBOX_PROVIDER_ID_MAX];
-	char effect_key[65];
+	char *hdr_id, *request_id, *location; /* response headers, when present */
+	long resend_bytes;         /* request bytes written when a resend was refused */
 	int attempt;
+	int prereq_calls;          /* requests libcurl was about to send */
+	bool resend_refused;       /* libcurl wanted to send the request again: refused */
+	bool host_listed;          /* allow_hosts names this host: all its addresses pass */
+	bool refused;              /* an address was refused by the SSRF rules */
+	bool resp_truncated;
+	char refused_addr[INET6_ADDRSTRLEN];
 };
 
 /* ---- validation --------------------------------------------------------- */
@@ -273,16 +302,29 @@ static size_t on_body(char *ptr, size_t size, size_t nmemb, void *arg)
 	return size * nmemb;
 }
 
-static void header_value(const char *line, size_t n, size_t namelen, char *out, size_t outlen)
+/* *out = the header's value (trimmed, at most OUTBOX_PROVIDER_ID_MAX - 1
+ * bytes); a later header of the same name replaces it. */
+static void header_value(const char *line, size_t n, size_t namelen, char **out)
 {
 	const char *v = line + namelen + 1;
 	const char *end = line + n;
+	size_t len;
+	char *copy;
 
 	while (v < end && (*v == ' ' || *v == '\t'))
 		v++;
 	while (end > v && (end[-1] == '\r' || end[-1] == '\n' || end[-1] == ' '))
 		end--;
-	snprintf(out, outlen, "%.*s", (int)(end - v), v);
+	len = (size_t)(end - v);
+	if (len > OUTBOX_PROVIDER_ID_MAX - 1)
+		len = OUTBOX_PROVIDER_ID_MAX - 1;
+	copy = malloc(len + 1);
+	if (copy == NULL)
+		return;
+	memcpy(copy, v, len);
+	copy[len] = '\0';
+	free(*out);
+	*out = copy;
 }
 
 static size_t on_header(char *line, size_t size, size_t nitems, void *arg)
@@ -297,12 +339,59 @@ static size_t on_header(char *line, size_t size, size_t nitems, void *arg)
 	namelen = (size_t)(colon - line);
 	if (c->hp->id_header[0] && namelen == strlen(c->hp->id_header) &&
 	    strncasecmp(line, c->hp->id_header, namelen) == 0)
-		header_value(line, n, namelen, c->hdr_id, sizeof(c->hdr_id));
+		header_value(line, n, namelen, &c->hdr_id);
 	else if (namelen == 12 && strncasecmp(line, "X-Request-Id", 12) == 0)
-		header_value(line, n, namelen, c->request_id, sizeof(c->request_id));
+		header_value(line, n, namelen, &c->request_id);
 	else if (namelen == 8 && strncasecmp(line, "Location", 8) == 0)
-		header_value(line, n, namelen, c->location, sizeof(c->location));
+		header_value(line, n, namelen, &c->location);
 	return n;
+}
+
+/* Called before libcurl sends a request on a connection (new or reused),
+ * including the resend libcurl makes on its own after a reused connection
+ * died before any response byte: that one is refused, so a request is
+ * written at most once. */
+static int on_prereq(void *arg, char *primary_ip, char *local_ip, int primary_port,
+                     int local_port)
+{
+	struct http_call *c = arg;
+	long written = 0;
+
+	(void)primary_ip;
+	(void)local_ip;
+	(void)primary_port;
+	(void)local_port;
+	if (++c->prereq_calls == 1)
+		return CURL_PREREQFUNC_OK;
+	/* The request size is not reset by libcurl's retry: it still counts
+	 * the bytes of the first request written. */
+	if (curl_easy_getinfo(c->easy, CURLINFO_REQUEST_SIZE, &written) != CURLE_OK)
+		written = 1; /* unknown: assume the worst */
+	if (!c->resend_refused || written > c->resend_bytes)
+		c->resend_bytes = written;
+	c->resend_refused = true;
+	return CURL_PREREQFUNC_ABORT;
+}
+
+/* ---- easy handles: a small pool ---------------------------------------- */
+
+static CURL *easy_get(struct http_provider *hp)
+{
+	if (hp->pool_len > 0)
+		return hp->pool[--hp->pool_len];
+	return curl_easy_init();
+}
+
+/* The easy handle is out of the multi handle; its options (the call's
+ * headers, body and callbacks, curl_loop's PRIVATE) are dropped here. */
+static void easy_put(struct http_provider *hp, CURL *easy)
+{
+	if (hp->pool_len < HTTP_EASY_POOL) {
+		curl_easy_reset(easy);
+		hp->pool[hp->pool_len++] = easy;
+	} else {
+		curl_easy_cleanup(easy);
+	}
 }
 
 static void call_free(struct http_call *c)
@@ -310,12 +399,15 @@ static void call_free(struct http_call *c)
 	curl_slist_free_all(c->headers);
 	free(c->body);
 	free(c->resp);
+	free(c->hdr_id);
+	free(c->request_id);
+	free(c->location);
 	free(c);
 }
 
 static void pick_provider_id(struct http_call *c, struct outbox_result *r)
 {
-	if (c->hdr_id[0]) {
+	if (c->hdr_id && c->hdr_id[0]) {
 		snprintf(r->provider_id, sizeof(r->provider_id), "%s", c->hdr_id);
 		return;
 	}
@@ -331,9 +423,9 @@ static void pick_provider_id(struct http_call *c, struct outbox_result *r)
 		if (r->provider_id[0])
 			return;
 	}
-	if (c->request_id[0])
+	if (c->request_id && c->request_id[0])
 		snprintf(r->provider_id, sizeof(r->provider_id), "%s", c->request_id);
-	else if (c->location[0])
+	else if (c->location && c->location[0])
 		snprintf(r->provider_id, sizeof(r->provider_id), "%s", c->location);
 	else
 		snprintf(r->provider_id, sizeof(r->provider_id), "local:http-%d:%.16s:a%d", r->status,
@@ -386,39 +478,55 @@ static void on_done(CURL *easy, CURLcode rc, void *arg)
 {
 	struct http_call *c = arg;
 	struct outbox_result r = { .retry_after_ms = -1 };
-	curl_off_t connect_us = 0, appconnect_us = 0;
 	long status = 0, request_size = 0;
-	char *scheme = NULL;
 
 	curl_easy_getinfo(easy, CURLINFO_RESPONSE_CODE, &status);
-	curl_easy_getinfo(easy, CURLINFO_CONNECT_TIME_T, &connect_us);
-	curl_easy_getinfo(easy, CURLINFO_APPCONNECT_TIME_T, &appconnect_us);
-	curl_easy_getinfo(easy, CURLINFO_REQUEST_SIZE, &request_size);
-	curl_easy_getinfo(easy, CURLINFO_SCHEME, &scheme);
+	if (curl_easy_getinfo(easy, CURLINFO_REQUEST_SIZE, &request_size) != CURLE_OK)
+		request_size = 1; /* cannot tell: assume something was written */
+	if (c->resend_refused && c->resend_bytes > request_size)
+		request_size = c->resend_bytes;
 
 	if (rc == CURLE_OK) {
 		classify_status(c, status, easy, &r);
+	} else if (request_size > 0) {
+		/* Some of the request left this host (possibly on an earlier,
+		 * reused connection, even if a later connection was refused). */
+		if (status >= 100 && rc == CURLE_PARTIAL_FILE) {
+			/* A status arrived, the body was cut: the status still decides. */
+			classify_status(c, status, easy, &r);
+		} else if (c->resend_refused) {
+			r.outcome = OUTCOME_AMBIGUOUS;
+			snprintf(r.error, sizeof(r.error),
+			         "sent, no answer: connection closed after the request was written, "
+			         "before any answer; not re-sent");
+		} else {
+			r.outcome = OUTCOME_AMBIGUOUS;
+			snprintf(r.error, sizeof(r.error), "sent, no answer: %s", curl_easy_strerror(rc));
+		}
 	} else if (c->refused) {
+		char host[256], scheme[16], perr[64];
+		long port;
+
 		r.outcome = OUTCOME_TERMINAL;
+		if (!parse_url(c->target, scheme, sizeof(scheme), host, sizeof(host), &port, perr,
+		               sizeof(perr)))
+			snprintf(host, sizeof(host), "the target");
 		snprintf(r.error, sizeof(r.error),
 		         "address %s of %s is not allowed (SSRF rules: private, loopback, link-local and "
 		         "metadata ranges need [provider.http] allow_hosts)",
-		         c->refused_addr, c->url_host);
-	} else if (request_size == 0 &&
-	           (rc == CURLE_COULDNT_RESOLVE_HOST || rc == CURLE_COULDNT_RESOLVE_PROXY ||
-	            rc == CURLE_COULDNT_CONNECT || connect_us == 0 ||
-	            (scheme && strcasecmp(scheme, "https") == 0 && appconnect_us == 0))) {
+		         c->refused_addr, host);
+	} else if (c->resend_refused) {
+		/* A reused connection failed before the first byte was written;
+		 * libcurl's resend on a new one was refused all the same. */
+		r.outcome = OUTCOME_NOT_SENT;
+		snprintf(r.error, sizeof(r.error),
+		         "not sent: the reused connection failed before the request was written");
+	} else {
 		/* Nothing of the request left this host. */
 		r.outcome = OUTCOME_NOT_SENT;
 		snprintf(r.error, sizeof(r.error), "not sent: %s", curl_easy_strerror(rc));
-	} else if (status >= 100 && status != 0 && rc == CURLE_PARTIAL_FILE) {
-		/* A status arrived, the body was cut: the status still decides. */
-		classify_status(c, status, easy, &r);
-	} else {
-		r.outcome = OUTCOME_AMBIGUOUS;
-		snprintf(r.error, sizeof(r.error), "sent, no answer: %s", curl_easy_strerror(rc));
 	}
-	curl_easy_cleanup(easy);
+	easy_put(c->hp, easy);
 	c->done(c->token, &r);
 	call_free(c);
 }
@@ -467,7 +575,7 @@ static bool http_send(void *self, const struct outbox_effect *e, outbox_done_fn 
 	const char *k;
 	json_t *v;
 	bool has_ctype = false;
-	char scheme[16];
+	char scheme[16], url_host[256];
 	long port;
 	CURL *easy;
 	size_t body_len;
@@ -480,13 +588,14 @@ static bool http_send(void *self, const struct outbox_effect *e, outbox_done_fn 
 	c->done = done;
 	c->token = token;
 	c->attempt = e->attempt;
-	snprintf(c->effect_key, sizeof(c->effect_key), "%s", e->effect_key);
-	if (!parse_url(e->target, scheme, sizeof(scheme), c->url_host, sizeof(c->url_host), &port, err,
+	c->target = e->target;
+	c->effect_key = e->effect_key;
+	if (!parse_url(e->target, scheme, sizeof(scheme), url_host, sizeof(url_host), &port, err,
 	               errlen)) {
 		call_free(c);
 		return false;
 	}
-	c->host_listed = netrules_host_listed(hp->rules, c->url_host);
+	c->host_listed = netrules_host_listed(hp->rules, url_host);
 
 	if (json_is_string(body))
 		c->body = strdup(json_string_value(body));
@@ -517,9 +626,10 @@ static bool http_send(void *self, const struct outbox_effect *e, outbox_done_fn 
 	if (hp->secret_len > 0 && !sign(c, e->effect_key, body_len))
 		goto oom;
 
-	easy = curl_easy_init();
+	easy = easy_get(hp);
 	if (easy == NULL)
 		goto oom;
+	c->easy = easy;
 	curl_easy_setopt(easy, CURLOPT_URL, e->target);
 	curl_easy_setopt(easy, CURLOPT_CUSTOMREQUEST, method ? json_string_value(method) : "POST");
 	curl_easy_setopt(easy, CURLOPT_POST, 1L);
@@ -530,12 +640,17 @@ static bool http_send(void *self, const struct outbox_effect *e, outbox_done_fn 
 	curl_easy_setopt(easy, CURLOPT_TIMEOUT_MS, hp->timeout_ms);
 	curl_easy_setopt(easy, CURLOPT_CONNECTTIMEOUT_MS, hp->connect_timeout_ms);
 	curl_easy_setopt(easy, CURLOPT_NOSIGNAL, 1L);
-	/* One connection per call.  On a reused keep-alive connection that dies
-	 * before the answer, libcurl silently sends the request again (a POST
-	 * too): a duplicate the server may have processed.  A fresh connection
-	 * also makes "connected?" an exact test of whether anything was sent. */
-	curl_easy_setopt(easy, CURLOPT_FORBID_REUSE, 1L);
-	curl_easy_setopt(easy, CURLOPT_FRESH_CONNECT, 1L);
+	curl_easy_setopt(easy, CURLOPT_BUFFERSIZE, HTTP_RECV_BUFFER);
+	/* A request is written at most once, even when libcurl would resend it
+	 * after a reused connection died (see the top of this file). */
+	curl_easy_setopt(easy, CURLOPT_PREREQFUNCTION, on_prereq);
+	curl_easy_setopt(easy, CURLOPT_PREREQDATA, c);
+	if (hp->keepalive_idle > 0) {
+		curl_easy_setopt(easy, CURLOPT_MAXAGE_CONN, hp->keepalive_idle);
+	} else {
+		curl_easy_setopt(easy, CURLOPT_FORBID_REUSE, 1L);
+		curl_easy_setopt(easy, CURLOPT_FRESH_CONNECT, 1L);
+	}
 	curl_easy_setopt(easy, CURLOPT_FOLLOWLOCATION, 0L);
 	curl_easy_setopt(easy, CURLOPT_PROTOCOLS_STR, "http,https");
 	curl_easy_setopt(easy, CURLOPT_SSL_VERIFYPEER, 1L);
@@ -550,7 +665,7 @@ static bool http_send(void *self, const struct outbox_effect *e, outbox_done_fn 
 	curl_easy_setopt(easy, CURLOPT_HEADERFUNCTION, on_header);
 	curl_easy_setopt(easy, CURLOPT_HEADERDATA, c);
 	if (!curl_loop_add(hp->loop, easy, on_done, c)) {
-		curl_easy_cleanup(easy);
+		easy_put(hp, easy);
 		snprintf(err, errlen, "libcurl refused the transfer");
 		call_free(c);
 		return false;
@@ -584,6 +699,7 @@ static void *http_init(const struct outbox_host *host, const struct outbox_conf 
 	hp->timeout_ms = host->conf_int(conf, "timeout_ms");
 	hp->connect_timeout_ms = host->conf_int(conf, "connect_timeout_ms");
 	hp->max_response = host->conf_int(conf, "max_response_bytes");
+	hp->keepalive_idle = host->conf_int(conf, "keepalive_idle_seconds");
 	hp->id_header = strdup(host->conf_str(conf, "provider_id_header"));
 	hp->id_json = strdup(host->conf_str(conf, "provider_id_json"));
 	hp->user_agent = strdup(host->conf_str(conf, "user_agent"));
@@ -628,6 +744,8 @@ static void http_shutdown(void *self)
 	struct http_provider *hp = self;
 
 	curl_loop_free(hp->loop, release_call);
+	while (hp->pool_len > 0)
+		curl_easy_cleanup(hp->pool[--hp->pool_len]);
 	netrules_free(hp->rules);
 	free(hp->id_header);
 	free(hp->id_json);

@@ -8,14 +8,20 @@ The path picks the behaviour (query parameters tune it):
   /status/<code>           that status; ?retry_after=S adds Retry-After
   /delay/<ms>              200 after <ms>
   /close                   read the request, then close without answering
+  /close-reused            the first request on a connection: 200; a later request
+                           on the same (keep-alive) connection: read it fully, then
+                           close without answering (a server that drops a reused
+                           connection after taking the request)
   /hang                    read the request, never answer (until shutdown)
   /trickle                 send the status line and headers one byte at a time, slowly
   /flaky/<n>/<code>        the first <n> requests for a key get <code>, then 200
   /idem                    an idempotency-aware endpoint: a repeated key gets the
                            first answer again (and is counted as a replay)
 
-Every request is recorded (method, path, headers, body, key), and counted
-per Idempotency-Key, so tests can assert "received once".
+Every request is recorded (method, path, headers, body, key, the client's
+port and its number on its connection), and counted per Idempotency-Key, so
+tests can assert "received once"; accepted TCP connections are counted
+(`connections`), so tests can tell keep-alive from one connection per call.
 
 Run standalone: http_sink.py PORT [--quiet] [--log FILE]  (prints
 "listening PORT"; --log appends one JSON line per request received).
@@ -40,12 +46,19 @@ class Sink:
         self.replays = 0
         self.active = 0
         self.max_active = 0
+        self.connections = 0
         self.stopping = threading.Event()
         self.quiet = quiet
         sink = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
+
+            def setup(self):
+                super().setup()
+                self.conn_requests = 0  # requests served on this connection
+                with sink.lock:
+                    sink.connections += 1
 
             def log_message(self, fmt, *args):
                 if not sink.quiet:
@@ -107,11 +120,14 @@ class Sink:
         url = urlsplit(h.path)
         q = parse_qs(url.query)
         key = h.headers.get("Idempotency-Key")
+        h.conn_requests += 1
         with self.lock:
             n = len(self.requests) + 1
             self.requests.append({"n": n, "method": h.command, "path": url.path, "key": key,
                                   "headers": {k.lower(): v for k, v in h.headers.items()},
-                                  "body": body, "t": time.time()})
+                                  "body": body, "t": time.time(),
+                                  "client_port": h.client_address[1],
+                                  "conn_request": h.conn_requests})
             if key:
                 self.by_key[key] = self.by_key.get(key, 0) + 1
             if self.log_file:
@@ -134,6 +150,15 @@ class Sink:
                 return
             return self._reply(h, 200, {"id": f"sink-{n}"})
         if kind == "close":
+            h.close_connection = True
+            try:
+                h.connection.shutdown(2)
+            except OSError:
+                pass
+            return
+        if kind == "close-reused":
+            if h.conn_requests == 1:
+                return self._reply(h, 200, {"id": f"sink-{n}"})
             h.close_connection = True
             try:
                 h.connection.shutdown(2)
