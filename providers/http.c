@@ -57,9 +57,10 @@
 #define HTTP_MAX_HEADERS 64
 /* Idle easy handles kept for reuse (curl_easy_reset, not init/cleanup). */
 #define HTTP_EASY_POOL 64
-/* libcurl's receive buffer per transfer (default 16 KiB): the bodies kept
- * are small and max_response_bytes is enforced in on_body anyway. */
-#define HTTP_RECV_BUFFER 4096L
+/* libcurl's receive buffer per transfer (default 16 KiB; 1 KiB is its
+ * minimum).  The bodies kept are small (max_response_bytes is enforced in
+ * on_body); with 1,000 sends in flight 4 KiB saved ~1 MiB of RSS, 1 KiB ~4. */
+#define HTTP_RECV_BUFFER 1024L
 
 static const struct outbox_conf_key http_keys[] = {
 	{ "allow_hosts", CONF_STR, "", 0, 0,

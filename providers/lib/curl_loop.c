@@ -117,12 +117,19 @@ static int on_socket(CURL *easy, curl_socket_t s, int what, void *arg, void *soc
 		w = calloc(1, sizeof(*w));
 		if (w == NULL)
 			return -1;
+		w->ev = event_new(cl->base, s, kind, on_event, cl);
+		if (w->ev == NULL) {
+			free(w);
+			return -1;
+		}
 		w->fd = s;
 		curl_multi_assign(cl->multi, s, w);
 	} else {
-		event_free(w->ev);
+		/* Re-arm in place (a kept-alive socket changes direction with
+		 * every request): no free and allocation per change. */
+		event_del(w->ev);
+		event_assign(w->ev, cl->base, s, kind, on_event, cl);
 	}
-	w->ev = event_new(cl->base, s, kind, on_event, cl);
 	event_add(w->ev, NULL);
 	return 0;
 }
