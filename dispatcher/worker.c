@@ -46,6 +46,14 @@
 #define RECONCILE_BATCH 50
 #define RECONCILE_BATCH_STR "50"
 #define RECONCILE_INTERVAL_MS 60000
+/* Scans of the due index from its head (see lease_batch()): at least this
+ * far apart, and at least HEAD_SCAN_FACTOR times as long as the last one
+ * took, so that a head walking through dead entries (vacuum held back)
+ * costs the lease path at most a tenth of its time. */
+#define HEAD_SCAN_MIN_MS 1000
+#define HEAD_SCAN_FACTOR 10
+/* The fleet-wide sweep of the pending backlog runs at most this often. */
+#define SWEEP_MAX_EVERY_S 30
 
 enum effect_phase {
 	PH_WAITING,     /* leased, valid, waiting for a slot */
@@ -90,6 +98,7 @@ TAILQ_HEAD(effect_list, effect);
 struct batch {
 	struct worker *w;
 	uint64_t gen;
+	bool from_head;               /* a lease that scanned the due index from its head */
 	int64_t sent_mono;            /* when the statement was queued */
 	char call[37];                /* outbox_mark_sending's call token */
 	size_t n;
@@ -124,6 +133,11 @@ struct worker {
 	int n_reconciling;
 	bool lease_busy, mark_busy, complete_busy, recon_busy, recon_record_busy, maint_busy;
 	bool more_due;                /* the last lease came back full */
+	/* The due-index position after the last row leased (SQL 007); empty:
+	 * the next lease scans from the head. */
+	char lease_after_at[48], lease_after_id[40];
+	int64_t head_scan_due_mono;   /* the next lease from the head, at the latest */
+	int64_t gauge_lag_due_mono;   /* the next queue-lag gauge (it reads the due index's head) */
 	bool lease_wanted;            /* a NOTIFY, a poll tick or a reconnect asked for a lease */
 	bool recon_requested;
 	bool recon_pass_asked;        /* the pass in progress answers an operator's request */
@@ -669,11 +683,42 @@ static void mark_ready(struct worker *w)
 
 /* ---- leasing ------------------------------------------------------------ */
 
+/* Rows come back in due-index order; the next lease starts after the last
+ * one.  A scan from the head that came back short found everything due
+ * behind the position, which stays where it was (ahead); a full one moves
+ * the position to its last row.  The next scan from the head is due after
+ * HEAD_SCAN_FACTOR times this one's duration. */
+static void lease_cursor_update(struct worker *w, PGresult *r, int limit, bool from_head,
+                                int64_t sent_mono)
+{
+	int n = PQntuples(r);
+	int64_t now = now_mono_ms();
+
+	if (from_head) {
+		int64_t wait = (now - sent_mono) * HEAD_SCAN_FACTOR;
+		w->head_scan_due_mono = now + (wait > HEAD_SCAN_MIN_MS ? wait : HEAD_SCAN_MIN_MS);
+	}
+	if (n == 0 || (from_head && n < limit && w->lease_after_id[0]))
+		return;
+	str_copy(w->lease_after_at, PQgetvalue(r, n - 1, 11), sizeof(w->lease_after_at));
+	str_copy(w->lease_after_id, PQgetvalue(r, n - 1, 0), sizeof(w->lease_after_id));
+}
+
+/* Forget the position: the next lease scans from the head (rows given back
+ * behind it, e.g. while the kill switch was off, or a new connection). */
+static void lease_cursor_reset(struct worker *w)
+{
+	w->lease_after_at[0] = '\0';
+	w->lease_after_id[0] = '\0';
+}
+
 static void on_leased(struct db *db, PGresult *r, void *arg)
 {
-	struct batch *b = arg;   /* only carries w and the limit in gen */
+	struct batch *b = arg;   /* carries w, the limit in gen, from_head and sent_mono */
 	struct worker *w = b->w;
 	int limit = (int)b->gen;
+	bool from_head = b->from_head;
+	int64_t sent_mono = b->sent_mono;
 	json_t *invalid = NULL;
 
 	(void)db;
@@ -685,6 +730,7 @@ static void on_leased(struct db *db, PGresult *r, void *arg)
 	}
 	w->more_due = PQntuples(r) >= limit;
 	metrics_inc(M_LEASED, (unsigned long)PQntuples(r));
+	lease_cursor_update(w, r, limit, from_head, sent_mono);
 	for (int row = 0; row < PQntuples(r); row++) {
 		struct effect *e;
 		char err[OUTBOX_ERROR_MAX];
@@ -729,12 +775,19 @@ static void on_leased(struct db *db, PGresult *r, void *arg)
 static void lease_batch(struct worker *w)
 {
 	int room = (int)w->s.max_in_flight - w->n_active;
-	int limit = room < (int)w->s.batch_size ? room : (int)w->s.batch_size;
+	int full = w->s.max_in_flight < w->s.batch_size ? (int)w->s.max_in_flight : (int)w->s.batch_size;
+	int limit = room < full ? room : full;
 	char lim[16], lease[16];
-	const char *params[6];
+	const char *params[8];
 	struct batch *b;
+	bool from_head;
+	int64_t now = now_mono_ms();
 
 	if (w->lease_busy || w->stopping || !w->schema_ok || !db_is_up(w->db) || limit <= 0)
+		return;
+	/* Busy: wait until a whole batch fits; a round trip per few rows costs
+	 * the database more than the rows themselves. */
+	if (w->n_active > 0 && limit < full)
 		return;
 	/* Lease only when there may be work: after a full batch, a NOTIFY, a
 	 * poll tick or a reconnect.  An empty answer ends the burst. */
@@ -752,16 +805,25 @@ static void lease_batch(struct worker *w)
 	params[3] = lease;
 	params[4] = w->types_array;
 	params[5] = w->env_enabled ? "true" : "false";
+	/* From the position after the last row leased, so that a lease does
+	 * not walk the entries every earlier row left at the head of the due
+	 * index (they pile up while a long transaction holds vacuum back);
+	 * from the head now and then for rows that became due behind it. */
+	from_head = w->lease_after_id[0] == '\0' || now >= w->head_scan_due_mono;
+	params[6] = from_head ? NULL : w->lease_after_at;
+	params[7] = from_head ? NULL : w->lease_after_id;
 	b = batch_new(w, 0);
 	b->gen = (uint64_t)limit;
+	b->from_head = from_head;
+	b->sent_mono = now;
 	w->lease_busy = true;
 	w->more_due = false;
 	w->lease_wanted = false;
 	db_query(w->db,
 	         "SELECT effect_id, idempotency_key, effect_type, target, payload, payload_hash, "
-	         "effect_key, attempts, metadata, approved_by, retry_base "
-	         "FROM outbox_lease($1, $2, $3, $4, $5, $6)",
-	         6, params, on_leased, b, 0);
+	         "effect_key, attempts, metadata, approved_by, retry_base, available_at "
+	         "FROM outbox_lease($1, $2, $3, $4, $5, $6, $7, $8)",
+	         8, params, on_leased, b, 0);
 }
 
 /* ---- reconciliation ----------------------------------------------------- */
@@ -1061,11 +1123,11 @@ static void on_reaped(struct db *db, PGresult *r, void *arg)
 	(void)w;
 }
 
-static void on_unknown_types(struct db *db, PGresult *r, void *arg)
+static void on_swept(struct db *db, PGresult *r, void *arg)
 {
 	(void)db;
 	(void)arg;
-	if (!pg_ok(r, "outbox_fail_unknown_types"))
+	if (!pg_ok(r, "outbox_sweep"))
 		return;
 	for (int row = 0; row < PQntuples(r); row++) {
 		metrics_inc(M_INVALID, 1);
@@ -1077,13 +1139,22 @@ static void on_unknown_types(struct db *db, PGresult *r, void *arg)
 
 static void on_gauges(struct db *db, PGresult *r, void *arg)
 {
-	struct worker *w = arg;
+	struct batch *b = arg;   /* carries w and, in sent_mono, when the lag was asked for */
+	struct worker *w = b->w;
+	int64_t sent = b->sent_mono;
 
 	(void)db;
+	free(b);
 	w->maint_busy = false;
 	if (!pg_ok(r, "gauges") || PQntuples(r) != 1)
 		return;
-	metrics_set(G_QUEUE_LAG_SECONDS, strtod(PQgetvalue(r, 0, 0), NULL));
+	if (sent) {
+		/* The lag reads the head of the due index, which a held-back
+		 * vacuum makes slow: ask again after HEAD_SCAN_FACTOR times this
+		 * answer's wait, at the soonest on the next pass. */
+		w->gauge_lag_due_mono = now_mono_ms() + (now_mono_ms() - sent) * HEAD_SCAN_FACTOR;
+		metrics_set(G_QUEUE_LAG_SECONDS, strtod(PQgetvalue(r, 0, 0), NULL));
+	}
 	metrics_set(G_UNKNOWN, strtod(PQgetvalue(r, 0, 1), NULL));
 	metrics_set(G_KILL_SWITCH_ON, w->env_enabled && PQgetvalue(r, 0, 2)[0] == 't');
 }
@@ -1138,8 +1209,10 @@ static void on_schema(struct db *db, PGresult *r, void *arg)
 static void on_maintenance(evutil_socket_t fd, short what, void *arg)
 {
 	struct worker *w = arg;
-	char grace[16];
-	const char *params[2];
+	char grace[24], every[24];
+	const char *params[4];
+	struct batch *g;
+	long sweep_every = w->s.unknown_type_grace_seconds / 2;
 
 	(void)fd;
 	(void)what;
@@ -1159,11 +1232,16 @@ static void on_maintenance(evutil_socket_t fd, short what, void *arg)
 	params[1] = "500";
 	db_query(w->db, "SELECT effect_id, state, coalesce(lost_worker, '') FROM outbox_reap($1, $2)",
 	         2, params, on_reaped, w, 0);
+	/* One worker of the fleet, at most every half grace (and 30 s): it
+	 * walks the whole pending backlog. */
 	snprintf(grace, sizeof(grace), "%ld", w->s.unknown_type_grace_seconds);
-	params[0] = grace;
-	params[1] = "500";
-	db_query(w->db, "SELECT effect_id, effect_type FROM outbox_fail_unknown_types($1, $2)", 2,
-	         params, on_unknown_types, w, 0);
+	snprintf(every, sizeof(every), "%ld", sweep_every < SWEEP_MAX_EVERY_S ? sweep_every : SWEEP_MAX_EVERY_S);
+	params[0] = w->name;
+	params[1] = grace;
+	params[2] = every;
+	params[3] = "500";
+	db_query(w->db, "SELECT effect_id, effect_type FROM outbox_sweep($1, $2, $3, $4)", 4,
+	         params, on_swept, w, 0);
 	if (now_mono_ms() - w->last_register_mono > 30000)
 		register_providers(w);
 	if (w->last_weekly_mono == 0 || now_mono_ms() - w->last_weekly_mono > 30000) {
@@ -1177,12 +1255,21 @@ static void on_maintenance(evutil_socket_t fd, short what, void *arg)
 		         0, NULL, on_weekly, w, 0);
 	}
 	/* Last of the pass: its answer clears maint_busy. */
-	db_query(w->db,
-	         "SELECT coalesce((SELECT extract(epoch FROM now() - min(available_at)) FROM effect_outbox "
-	         "  WHERE state = 'pending' AND available_at <= now()), 0),"
-	         " (SELECT count(*) FROM effect_outbox WHERE state = 'unknown'),"
-	         " (SELECT enabled FROM outbox_control WHERE id = 1)",
-	         0, NULL, on_gauges, w, 0);
+	g = batch_new(w, 0);
+	if (now_mono_ms() >= w->gauge_lag_due_mono) {
+		g->sent_mono = now_mono_ms();
+		db_query(w->db,
+		         "SELECT coalesce((SELECT extract(epoch FROM now() - min(available_at)) FROM effect_outbox "
+		         "  WHERE state = 'pending' AND available_at <= now()), 0),"
+		         " (SELECT count(*) FROM effect_outbox WHERE state = 'unknown'),"
+		         " (SELECT enabled FROM outbox_control WHERE id = 1)",
+		         0, NULL, on_gauges, g, 0);
+	} else {
+		db_query(w->db,
+		         "SELECT NULL, (SELECT count(*) FROM effect_outbox WHERE state = 'unknown'),"
+		         " (SELECT enabled FROM outbox_control WHERE id = 1)",
+		         0, NULL, on_gauges, g, 0);
+	}
 	if (now_mono_ms() >= w->recon_next_mono) {
 		w->recon_next_mono = now_mono_ms() + RECONCILE_INTERVAL_MS;
 		reconcile_pass(w, false);
@@ -1205,6 +1292,7 @@ static void on_db_state(struct db *db, bool up, void *arg)
 		return;
 	}
 	w->maint_busy = false;
+	lease_cursor_reset(w);
 	db_query(db, MIGRATE_VERSION_SQL, 0, NULL, on_schema, w, 0);
 	sdnotify_status("connected; %s", w->env_enabled ? "sending" : "AI_ACTIONS_ENABLED is not true: not sending");
 	worker_kick(w);
@@ -1222,6 +1310,9 @@ static void on_notify(struct db *db, const char *channel, const char *payload, v
 	}
 	else
 		w->lease_wanted = true;
+	/* Rows given back while the switch was off sit behind our position. */
+	if (payload && strcmp(payload, "kill-switch-on") == 0)
+		lease_cursor_reset(w);
 	worker_kick(w);
 }
 

@@ -1,0 +1,142 @@
+"""Leasing from a position in the due index, and the fleet-wide sweep
+(sql/007_lease_cursor.sql, lease_batch() in dispatcher/worker.c).
+
+A worker leases from just after the last row it leased, so that a lease
+does not walk the dead entries earlier rows left at the head of the index
+(they cannot be cleaned while a long transaction holds vacuum back).  Rows
+that become due behind the position are found by the worker's periodic
+scan from the head.
+"""
+import uuid
+
+from outbox_test import effect, enqueue, kill_switch, make_run, query, scalar, wait_for
+
+LEASE = ("SELECT effect_id::text, available_at FROM outbox_lease(%s, 'w', %s, 30, '{http}', true, "
+         "%s, %s)")
+
+
+def add(conn, n, at="now() - interval '1 minute'"):
+    """n pending http effects of one run, all due at the same instant."""
+    key = make_run(conn)
+    ids = [str(r[0]) for r in query(
+        conn, "INSERT INTO effect_outbox (idempotency_key, effect_type, target, payload) "
+              "SELECT %s, 'http', 'http://127.0.0.1:9/' || g, '{}' FROM generate_series(1, %s) g "
+              "RETURNING effect_id", (key, n))]
+    query(conn, f"UPDATE effect_outbox SET available_at = {at} WHERE effect_id = ANY(%s::uuid[])",
+          (ids,))
+    return ids
+
+
+def test_lease_comes_back_in_due_order_with_its_position(conn):
+    kill_switch(conn, True)
+    early = add(conn, 3, "now() - interval '2 minutes'")
+    late = add(conn, 3, "now() - interval '1 minute'")
+    rows = query(conn, LEASE, (str(uuid.uuid4()), 10, None, None))
+    got = [r[0] for r in rows]
+    # Due order, then effect_id within one instant.
+    assert got == sorted(early) + sorted(late)
+    assert [r[1] for r in rows] == sorted(r[1] for r in rows)
+
+
+def test_lease_starts_after_the_position_given(conn):
+    kill_switch(conn, True)
+    ids = sorted(add(conn, 6))
+    at = scalar(conn, "SELECT available_at FROM effect_outbox WHERE effect_id = %s", (ids[2],))
+    rows = query(conn, LEASE, (str(uuid.uuid4()), 10, at, ids[2]))
+    # The same instant for all six: the position splits them by id.
+    assert [r[0] for r in rows] == ids[3:]
+    # The three behind the position are still there for a scan from the head.
+    rows = query(conn, LEASE, (str(uuid.uuid4()), 10, None, None))
+    assert [r[0] for r in rows] == ids[:3]
+
+
+def test_position_does_not_hide_rows_due_later(conn):
+    """A retry scheduled in the future is ahead of any position taken now."""
+    kill_switch(conn, True)
+    ids = add(conn, 2)
+    rows = query(conn, LEASE, (str(uuid.uuid4()), 10, None, None))
+    last_at, last_id = rows[-1][1], rows[-1][0]
+    soon = add(conn, 1, "now() + interval '200 milliseconds'")
+    assert query(conn, LEASE, (str(uuid.uuid4()), 10, last_at, last_id)) == []
+    got = wait_for(lambda: query(conn, LEASE, (str(uuid.uuid4()), 10, last_at, last_id)),
+                   timeout=10, what="the retry to become due")
+    assert [r[0] for r in got] == soon
+    assert set(ids).isdisjoint(r[0] for r in got)
+
+
+def test_worker_finds_a_row_that_became_due_behind_its_position(conn, dispatchers, sink):
+    """A producer transaction that commits late leaves a row whose
+    available_at is behind the worker's position: the NOTIFY-driven lease
+    from the position cannot see it; the scan from the head must."""
+    kill_switch(conn, True)
+    dispatchers({"provider.http": {"allow_hosts": "127.0.0.1"},
+                 "dispatcher": {"poll_interval_ms": 100}})
+    first = enqueue(conn, "http", sink.url + "/ok", {})
+    wait_for(lambda: effect(conn, first)["state"] == "completed", timeout=20,
+             what="the first effect")
+    # Due an hour ago: behind any position the worker holds now.
+    key = make_run(conn)
+    late = scalar(conn, "INSERT INTO effect_outbox (idempotency_key, effect_type, target, payload, "
+                        "available_at) VALUES (%s, 'http', %s, '{}', now() - interval '1 hour') "
+                        "RETURNING effect_id", (key, sink.url + "/ok"))
+    wait_for(lambda: effect(conn, late)["state"] == "completed", timeout=20,
+             what="the row behind the position")
+    ekey = scalar(conn, "SELECT effect_key FROM effect_outbox WHERE effect_id = %s", (late,))
+    assert sink.count(key=ekey) == 1
+
+
+def test_worker_sends_everything_in_a_stream_of_bulk_inserts(conn, dispatchers, sink):
+    """Many rows sharing one available_at (one INSERT), several inserts,
+    two workers: every row delivered once."""
+    kill_switch(conn, True)
+    dispatchers({"provider.http": {"allow_hosts": "127.0.0.1"},
+                 "dispatcher": {"batch_size": 7}})
+    dispatchers({"provider.http": {"allow_hosts": "127.0.0.1"},
+                 "dispatcher": {"batch_size": 5}})
+    keys = []
+    for _ in range(5):
+        key = make_run(conn)
+        keys.append(key)
+        query(conn, "INSERT INTO effect_outbox (idempotency_key, effect_type, target, payload) "
+                    "SELECT %s, 'http', %s || '?n=' || g, '{}' FROM generate_series(1, 40) g",
+              (key, sink.url + "/ok"))
+    wait_for(lambda: scalar(conn, "SELECT count(*) FROM effect_outbox WHERE state = 'completed'") == 200,
+             timeout=60, what="200 effects completed")
+    assert sink.count() == 200
+    assert len(sink.keys()) == 200
+
+
+# -- the sweep -------------------------------------------------------------
+
+def test_sweep_runs_once_per_interval_for_the_whole_fleet(conn):
+    query(conn, "UPDATE outbox_sweeps SET last_run = '-infinity'")
+    key = make_run(conn)
+    old = scalar(conn, "INSERT INTO effect_outbox (idempotency_key, effect_type, target, payload, "
+                       "created_at) VALUES (%s, 'nobody-serves-this', 'x', '{}', "
+                       "now() - interval '1 hour') RETURNING effect_id", (key,))
+    assert query(conn, "SELECT * FROM outbox_sweep('a', 60, 30)") == [(old, "nobody-serves-this")]
+    assert scalar(conn, "SELECT last_worker FROM outbox_sweeps") == "a"
+    # Another worker within the interval: nothing done, nothing waited for.
+    key2 = make_run(conn)
+    old2 = scalar(conn, "INSERT INTO effect_outbox (idempotency_key, effect_type, target, payload, "
+                        "created_at) VALUES (%s, 'nobody-serves-this', 'y', '{}', "
+                        "now() - interval '1 hour') RETURNING effect_id", (key2,))
+    assert query(conn, "SELECT * FROM outbox_sweep('b', 60, 30)") == []
+    assert scalar(conn, "SELECT last_worker FROM outbox_sweeps") == "a"
+    assert effect(conn, old2)["state"] == "pending"
+    # Once the interval has passed, the next caller sweeps.
+    query(conn, "UPDATE outbox_sweeps SET last_run = now() - interval '31 seconds'")
+    assert query(conn, "SELECT * FROM outbox_sweep('b', 60, 30)") == [(old2, "nobody-serves-this")]
+    assert scalar(conn, "SELECT last_worker FROM outbox_sweeps") == "b"
+
+
+def test_sweep_frees_expired_pending_leases_and_the_reaper_does_not(conn):
+    query(conn, "UPDATE outbox_sweeps SET last_run = '-infinity'")
+    [eid] = add(conn, 1)
+    query(conn, "UPDATE effect_outbox SET lease_owner = gen_random_uuid(), lease_worker = 'gone', "
+                "lease_expires_at = now() - interval '1 second' WHERE effect_id = %s", (eid,))
+    assert query(conn, "SELECT * FROM outbox_reap('w', 500)") == []
+    assert scalar(conn, "SELECT lease_worker FROM effect_outbox WHERE effect_id = %s", (eid,)) == "gone"
+    query(conn, "SELECT * FROM outbox_sweep('w', 60, 0)")
+    assert query(conn, "SELECT lease_owner, lease_worker, lease_expires_at, state FROM effect_outbox "
+                       "WHERE effect_id = %s", (eid,)) == [(None, None, None, "pending")]
