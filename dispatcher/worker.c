@@ -54,6 +54,9 @@
 #define HEAD_SCAN_FACTOR 10
 /* The fleet-wide sweep of the pending backlog runs at most this often. */
 #define SWEEP_MAX_EVERY_S 30
+/* The weekly figures (an aggregate over 26 weeks of rows) are recomputed
+ * by one worker of the fleet at most this often; the others read them. */
+#define WEEKLY_REFRESH_S "300"
 
 enum effect_phase {
 	PH_WAITING,     /* leased, valid, waiting for a slot */
@@ -1168,7 +1171,7 @@ static void on_weekly(struct db *db, PGresult *r, void *arg)
 
 	(void)db;
 	(void)arg;
-	if (!pg_ok(r, "outbox_weekly_stats") || PQntuples(r) != 1)
+	if (!pg_ok(r, "outbox_weekly_figures") || PQntuples(r) != 1)
 		return;
 	for (int i = 0; i < (int)(sizeof(cols) / sizeof(cols[0])); i++)
 		metrics_set(cols[i], PQgetisnull(r, 0, i) ? 0 : strtod(PQgetvalue(r, 0, i), NULL));
@@ -1248,11 +1251,13 @@ static void on_maintenance(evutil_socket_t fd, short what, void *arg)
 		/* The seeds' weekly figures, this week so far: an aggregate over
 		 * the week's rows, so not on every pass. */
 		w->last_weekly_mono = now_mono_ms();
+		params[0] = w->name;
+		params[1] = WEEKLY_REFRESH_S;
 		db_query(w->db,
 		         "SELECT duplicate_share, approval_wait_p50_seconds, approval_wait_p95_seconds,"
 		         " validation_failure_share, automatic_share, retries_exhausted"
-		         " FROM outbox_weekly_stats ORDER BY week_start DESC LIMIT 1",
-		         0, NULL, on_weekly, w, 0);
+		         " FROM outbox_weekly_figures($1, $2)",
+		         2, params, on_weekly, w, 0);
 	}
 	/* Last of the pass: its answer clears maint_busy. */
 	g = batch_new(w, 0);

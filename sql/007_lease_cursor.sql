@@ -161,3 +161,50 @@ GRANT EXECUTE ON FUNCTION
     outbox_sweep(text, integer, integer, integer)
     TO outbox_dispatcher;
 GRANT SELECT ON outbox_sweeps TO outbox_dispatcher, outbox_operator;
+
+-- The current week's figures for the workers' metrics, computed by one
+-- worker of the fleet at most every p_every_seconds and kept here: the
+-- view aggregates every row of the last 26 weeks (measured 1.9 s at
+-- 200,000 rows, run every 30 s by every worker before).
+CREATE TABLE outbox_weekly_cache (
+    id                        integer PRIMARY KEY CHECK (id = 1),
+    refreshed_at              timestamptz NOT NULL,
+    refreshed_by              text,
+    duplicate_share           numeric,
+    approval_wait_p50_seconds numeric,
+    approval_wait_p95_seconds numeric,
+    validation_failure_share  numeric,
+    automatic_share           numeric,
+    retries_exhausted         bigint
+);
+INSERT INTO outbox_weekly_cache (id, refreshed_at) VALUES (1, '-infinity');
+
+CREATE FUNCTION outbox_weekly_figures(p_worker text, p_every_seconds integer)
+RETURNS TABLE (duplicate_share numeric, approval_wait_p50_seconds numeric,
+               approval_wait_p95_seconds numeric, validation_failure_share numeric,
+               automatic_share numeric, retries_exhausted bigint, refreshed_at timestamptz)
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
+#variable_conflict use_column
+BEGIN
+    IF pg_try_advisory_xact_lock(7262935012345678903)
+       AND (SELECT c.refreshed_at FROM outbox_weekly_cache c WHERE c.id = 1)
+           <= now() - make_interval(secs => greatest(p_every_seconds, 0)) THEN
+        UPDATE outbox_weekly_cache c
+           SET (refreshed_at, refreshed_by, duplicate_share, approval_wait_p50_seconds,
+                approval_wait_p95_seconds, validation_failure_share, automatic_share,
+                retries_exhausted) =
+               (SELECT now(), p_worker, s.duplicate_share, s.approval_wait_p50_seconds,
+                       s.approval_wait_p95_seconds, s.validation_failure_share,
+                       s.automatic_share, s.retries_exhausted
+                  FROM outbox_weekly_stats s ORDER BY s.week_start DESC LIMIT 1)
+         WHERE c.id = 1;
+    END IF;
+    RETURN QUERY
+    SELECT c.duplicate_share, c.approval_wait_p50_seconds, c.approval_wait_p95_seconds,
+           c.validation_failure_share, c.automatic_share, c.retries_exhausted, c.refreshed_at
+      FROM outbox_weekly_cache c WHERE c.id = 1;
+END $$;
+
+REVOKE EXECUTE ON FUNCTION outbox_weekly_figures(text, integer) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION outbox_weekly_figures(text, integer) TO outbox_dispatcher;
+GRANT SELECT ON outbox_weekly_cache TO outbox_operator;

@@ -140,3 +140,22 @@ def test_sweep_frees_expired_pending_leases_and_the_reaper_does_not(conn):
     query(conn, "SELECT * FROM outbox_sweep('w', 60, 0)")
     assert query(conn, "SELECT lease_owner, lease_worker, lease_expires_at, state FROM effect_outbox "
                        "WHERE effect_id = %s", (eid,)) == [(None, None, None, "pending")]
+
+
+def test_weekly_figures_are_computed_once_per_interval_for_the_fleet(conn):
+    """Workers read the cached figures; one recomputes them when they are
+    older than the interval."""
+    enqueue(conn, "http", "http://127.0.0.1:9/x", {})
+    first = query(conn, "SELECT automatic_share, refreshed_at FROM outbox_weekly_figures('a', 300)")
+    assert first[0][0] == 1
+    assert scalar(conn, "SELECT refreshed_by FROM outbox_weekly_cache") == "a"
+    # A human-approved effect halves the automatic share, but within the
+    # interval the cached figure is what every worker gets.
+    key = make_run(conn)
+    query(conn, "INSERT INTO effect_outbox (idempotency_key, effect_type, target, payload, approved_by) "
+                "VALUES (%s, 'http', 'http://127.0.0.1:9/y', '{}', 'alice')", (key,))
+    assert query(conn, "SELECT automatic_share, refreshed_at FROM outbox_weekly_figures('b', 300)") == first
+    assert scalar(conn, "SELECT refreshed_by FROM outbox_weekly_cache") == "a"
+    # Past the interval the next caller recomputes.
+    assert query(conn, "SELECT automatic_share FROM outbox_weekly_figures('b', 0)")[0][0] == 0.5
+    assert scalar(conn, "SELECT refreshed_by FROM outbox_weekly_cache") == "b"
