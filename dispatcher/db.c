@@ -316,7 +316,8 @@ static void db_lost(struct db *db, const char *why)
 		db->head_sent = false;
 		if (!(head->flags & DBQ_RETRY)) {
 			TAILQ_REMOVE(&db->queue, head, link);
-			head->cb(db, NULL, head->arg);
+			if (head->cb)
+				head->cb(db, NULL, head->arg);
 			query_free(head);
 		}
 	}

@@ -366,6 +366,34 @@ def test_terminated_backends_reconnect(conn, dispatchers, sink):
     assert any(e.get("event") == "db_disconnected" for e in w.events())
 
 
+def test_connection_lost_under_a_query_without_callback(db, conn, dispatchers, sink):
+    """A statement whose answer nobody waits for (provider registration)
+    is on the wire when its backend is terminated: the worker reconnects
+    and carries on (it used to call a NULL callback: found by the chaos
+    run once registration moved to the second connection)."""
+    import psycopg2
+    kill_switch(conn, True)
+    locker = psycopg2.connect(db)
+    try:
+        cur = locker.cursor()
+        cur.execute("LOCK TABLE outbox_providers IN EXCLUSIVE MODE")
+        cfg = {"database": {"reconnect_min_ms": 20, "reconnect_max_ms": 200}, **http_cfg()}
+        w = dispatchers(cfg)
+        pid = wait_for(lambda: scalar(conn, "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+                                            "AND query LIKE 'SELECT outbox_register_providers%%' "
+                                            "AND wait_event_type = 'Lock'"),
+                       what="registration blocked on the lock")
+        query(conn, "SELECT pg_terminate_backend(%s)", (pid,))
+        wait_for(lambda: any(e.get("event") == "db_disconnected" for e in w.events()),
+                 what="the worker saw the connection go")
+    finally:
+        locker.rollback()
+        locker.close()
+    eid = enqueue(conn, "http", sink.url + "/ok", {})
+    assert final(conn, eid)["state"] == "completed"
+    assert w.proc.poll() is None
+
+
 def test_two_workers_never_send_the_same_effect(conn, dispatchers, sink):
     kill_switch(conn, True)
     key = make_run(conn)
@@ -664,8 +692,12 @@ def test_run_moves_on_when_its_last_effect_completes(conn, dispatchers, sink):
     final(conn, b)
     assert scalar(conn, "SELECT state FROM workflow_runs WHERE idempotency_key = %s", (key,)) == "completed"
     key2 = make_run(conn)
-    enqueue(conn, "http", sink.url + "/ok?c", {}, key=key2)
-    bad = enqueue(conn, "http", sink.url + "/status/400", {}, key=key2)
+    # Both effects in one statement, as an approval enqueues them: two
+    # separate commits let a fast worker complete the run after the first.
+    bad = scalar(conn, "WITH e AS (INSERT INTO effect_outbox (idempotency_key, effect_type, target, payload) "
+                       "VALUES (%s, 'http', %s, '{}'), (%s, 'http', %s, '{}') RETURNING effect_id, target) "
+                       "SELECT effect_id FROM e WHERE target LIKE '%%/status/400'",
+                 (key2, sink.url + "/ok?c", key2, sink.url + "/status/400"))
     final(conn, bad)
     wait_for(lambda: scalar(conn, "SELECT state FROM workflow_runs WHERE idempotency_key = %s",
                             (key2,)) == "failed_terminal", what="run failed_terminal")
