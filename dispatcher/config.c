@@ -39,6 +39,8 @@ const struct outbox_conf_key core_keys_dispatcher[] = {
 	{ "max_payload_bytes", CONF_INT, "262144", 64, 67108864, "larger payloads fail as invalid" },
 	{ "unknown_type_grace_seconds", CONF_INT, "60", 0, 86400, "fail rows of a type nobody serves after this" },
 	{ "kill_switch_recheck_ms", CONF_INT, "1000", 50, 60000, "recheck period while the switch is off" },
+	{ "lease_head_slow_ms", CONF_INT, "25", 0, 60000,
+	  "a lease from the due index's head slower than this: lease from the last position; 0: always" },
 	{ NULL, CONF_STR, NULL, 0, 0, NULL },
 };
 
@@ -436,6 +438,7 @@ bool config_core(struct config *cfg, struct core_settings *s, char *err, size_t 
 	s->max_in_flight = I("dispatcher", core_keys_dispatcher, "max_in_flight");
 	s->complete_batch = I("dispatcher", core_keys_dispatcher, "complete_batch");
 	s->poll_interval_ms = I("dispatcher", core_keys_dispatcher, "poll_interval_ms");
+	s->lease_head_slow_ms = I("dispatcher", core_keys_dispatcher, "lease_head_slow_ms");
 	s->maintenance_interval_ms = I("dispatcher", core_keys_dispatcher, "maintenance_interval_ms");
 	s->shutdown_grace_ms = I("dispatcher", core_keys_dispatcher, "shutdown_grace_ms");
 	s->max_payload_bytes = I("dispatcher", core_keys_dispatcher, "max_payload_bytes");

@@ -42,6 +42,7 @@ struct core_settings {
 	long poll_interval_ms, maintenance_interval_ms;
 	long shutdown_grace_ms, max_payload_bytes;
 	long unknown_type_grace_seconds, kill_switch_recheck_ms;
+	long lease_head_slow_ms;
 
 	const char *metrics_listen;
 	const char *log_level;

@@ -46,9 +46,9 @@
 #define RECONCILE_BATCH 50
 #define RECONCILE_BATCH_STR "50"
 #define RECONCILE_INTERVAL_MS 60000
-/* Scans of the due index from its head (see lease_batch()): at least this
- * far apart, and at least HEAD_SCAN_FACTOR times as long as the last one
- * took, so that a head walking through dead entries (vacuum held back)
+/* Leasing from the position (see lease_batch()): scans from the head at
+ * least this far apart, and at least HEAD_SCAN_FACTOR times as long as the
+ * last one took, so that a head full of dead entries (vacuum held back)
  * costs the lease path at most a tenth of its time. */
 #define HEAD_SCAN_MIN_MS 1000
 #define HEAD_SCAN_FACTOR 10
@@ -145,7 +145,8 @@ struct worker {
 	/* The due-index position after the last row leased (SQL 007); empty:
 	 * the next lease scans from the head. */
 	char lease_after_at[48], lease_after_id[40];
-	int64_t head_scan_due_mono;   /* the next lease from the head, at the latest */
+	bool lease_from_position;     /* the head is slow: lease from the position */
+	int64_t head_scan_due_mono;   /* then, the next lease from the head */
 	int64_t gauge_lag_due_mono;   /* the next queue-lag gauge (it reads the due index's head) */
 	bool lease_wanted;            /* a NOTIFY, a poll tick or a reconnect asked for a lease */
 	bool recon_requested;
@@ -692,19 +693,31 @@ static void mark_ready(struct worker *w)
 
 /* ---- leasing ------------------------------------------------------------ */
 
-/* Rows come back in due-index order; the next lease starts after the last
- * one.  A scan from the head that came back short found everything due
- * behind the position, which stays where it was (ahead); a full one moves
- * the position to its last row.  The next scan from the head is due after
- * HEAD_SCAN_FACTOR times this one's duration. */
+/* Rows come back in due-index order; the position is after the last one.
+ * A scan from the head that came back short found everything due behind
+ * the position, which stays where it was (ahead); a full one moves it to
+ * its last row.  A scan from the head that was slow switches to leasing
+ * from the position until the next one, HEAD_SCAN_FACTOR times its
+ * duration later; a fast one switches back. */
 static void lease_cursor_update(struct worker *w, PGresult *r, int limit, bool from_head,
                                 int64_t sent_mono)
 {
 	int n = PQntuples(r);
-	int64_t now = now_mono_ms();
+	int64_t now = now_mono_ms(), took = now - sent_mono;
 
 	if (from_head) {
-		int64_t wait = (now - sent_mono) * HEAD_SCAN_FACTOR;
+		bool slow = w->s.lease_head_slow_ms == 0 || took > w->s.lease_head_slow_ms;
+		int64_t wait = took * HEAD_SCAN_FACTOR;
+
+		if (slow != w->lease_from_position)
+			log_event(slow ? OLOG_WARN : OLOG_INFO, "lease_mode",
+			          json_pack("{s:s,s:I,s:s}", "mode", slow ? "position" : "head",
+			                    "head_scan_ms", (json_int_t)took, "msg",
+			                    slow ? "the due index's head is slow (dead entries: is a long "
+			                           "transaction holding vacuum back?): leasing from the last "
+			                           "position, from the head only now and then"
+			                         : "the due index's head is fast again: leasing from the head"));
+		w->lease_from_position = slow;
 		w->head_scan_due_mono = now + (wait > HEAD_SCAN_MIN_MS ? wait : HEAD_SCAN_MIN_MS);
 	}
 	if (n == 0 || (from_head && n < limit && w->lease_after_id[0]))
@@ -794,9 +807,9 @@ static void lease_batch(struct worker *w)
 
 	if (w->lease_busy || w->stopping || !w->schema_ok || !db_is_up(w->db) || limit <= 0)
 		return;
-	/* Busy: wait until a whole batch fits; a round trip per few rows costs
-	 * the database more than the rows themselves. */
-	if (w->n_active > 0 && limit < full)
+	/* Busy: wait until at least half a batch fits; a round trip per few
+	 * rows costs the database more than the rows themselves. */
+	if (w->n_active > 0 && limit * 2 < full)
 		return;
 	/* Lease only when there may be work: after a full batch, a NOTIFY, a
 	 * poll tick or a reconnect.  An empty answer ends the burst. */
@@ -814,11 +827,13 @@ static void lease_batch(struct worker *w)
 	params[3] = lease;
 	params[4] = w->types_array;
 	params[5] = w->env_enabled ? "true" : "false";
-	/* From the position after the last row leased, so that a lease does
-	 * not walk the entries every earlier row left at the head of the due
-	 * index (they pile up while a long transaction holds vacuum back);
-	 * from the head now and then for rows that became due behind it. */
-	from_head = w->lease_after_id[0] == '\0' || now >= w->head_scan_due_mono;
+	/* From the head of the due index, which finds every due row.  While
+	 * that is slow (the entries earlier rows left there pile up when a
+	 * long transaction holds vacuum back), from the position after the
+	 * last row leased, and from the head now and then for rows that
+	 * became due behind it. */
+	from_head = !w->lease_from_position || w->lease_after_id[0] == '\0' ||
+	            now >= w->head_scan_due_mono;
 	params[6] = from_head ? NULL : w->lease_after_at;
 	params[7] = from_head ? NULL : w->lease_after_id;
 	b = batch_new(w, 0);

@@ -67,10 +67,11 @@ def test_position_does_not_hide_rows_due_later(conn):
 def test_worker_finds_a_row_that_became_due_behind_its_position(conn, dispatchers, sink):
     """A producer transaction that commits late leaves a row whose
     available_at is behind the worker's position: the NOTIFY-driven lease
-    from the position cannot see it; the scan from the head must."""
+    from the position cannot see it; the scan from the head must.
+    lease_head_slow_ms = 0: always lease from the position."""
     kill_switch(conn, True)
-    dispatchers({"provider.http": {"allow_hosts": "127.0.0.1"},
-                 "dispatcher": {"poll_interval_ms": 100}})
+    w = dispatchers({"provider.http": {"allow_hosts": "127.0.0.1"},
+                     "dispatcher": {"poll_interval_ms": 100, "lease_head_slow_ms": 0}})
     first = enqueue(conn, "http", sink.url + "/ok", {})
     wait_for(lambda: effect(conn, first)["state"] == "completed", timeout=20,
              what="the first effect")
@@ -83,6 +84,27 @@ def test_worker_finds_a_row_that_became_due_behind_its_position(conn, dispatcher
              what="the row behind the position")
     ekey = scalar(conn, "SELECT effect_key FROM effect_outbox WHERE effect_id = %s", (late,))
     assert sink.count(key=ekey) == 1
+    assert any(e.get("event") == "lease_mode" and e.get("mode") == "position" for e in w.events())
+
+
+def test_by_default_a_late_commit_is_leased_at_once(conn, dispatchers, sink):
+    """With vacuum working the head is fast: every lease scans from it, so a
+    row due long ago that commits now goes out on its NOTIFY (the poll is
+    10 minutes here: a lease from the position would miss it, and nothing
+    else would lease again within the wait)."""
+    kill_switch(conn, True)
+    w = dispatchers({"provider.http": {"allow_hosts": "127.0.0.1"},
+                     "dispatcher": {"poll_interval_ms": 600000}})
+    first = enqueue(conn, "http", sink.url + "/ok", {})
+    wait_for(lambda: effect(conn, first)["state"] == "completed", timeout=20,
+             what="the first effect")
+    key = make_run(conn)
+    late = scalar(conn, "INSERT INTO effect_outbox (idempotency_key, effect_type, target, payload, "
+                        "available_at) VALUES (%s, 'http', %s, '{}', now() - interval '1 hour') "
+                        "RETURNING effect_id", (key, sink.url + "/ok"))
+    wait_for(lambda: effect(conn, late)["state"] == "completed", timeout=20,
+             what="the late row")
+    assert not any(e.get("event") == "lease_mode" for e in w.events())
 
 
 def test_worker_sends_everything_in_a_stream_of_bulk_inserts(conn, dispatchers, sink):
