@@ -43,6 +43,7 @@ struct db {
 	long backoff_min, backoff_max, backoff_cur;
 	struct db_query_list queue;   /* head is on the wire when sent */
 	bool head_sent;
+	int64_t head_sent_mono;       /* when the head query was written */
 	PGresult *last_result;
 	db_state_fn on_state;
 	db_notify_fn on_notify;
@@ -476,7 +477,13 @@ static void db_send_next(struct db *db)
 		return;
 	}
 	db->head_sent = true;
+	db->head_sent_mono = now_mono_ms();
 	db_flush(db);
+}
+
+int64_t db_head_sent_mono(const struct db *db)
+{
+	return db->head_sent_mono;
 }
 
 void db_query(struct db *db, const char *sql, int nparams, const char *const *params,

@@ -14,6 +14,7 @@
 #include <libpq-fe.h>
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 struct event_base;
 struct db;
@@ -39,6 +40,9 @@ const char *db_last_error(const struct db *db);
 
 void db_query(struct db *db, const char *sql, int nparams, const char *const *params,
               db_result_fn cb, void *arg, unsigned flags);
+/* In a result callback: when that query was written to the server (its
+ * time on the wire and in the server, without its wait in the queue). */
+int64_t db_head_sent_mono(const struct db *db);
 /* Drop queued queries (not the one on the wire); their callbacks get NULL. */
 void db_cancel_queued(struct db *db);
 void db_free(struct db *db);

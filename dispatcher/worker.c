@@ -146,8 +146,10 @@ struct worker {
 	 * the next lease scans from the head. */
 	char lease_after_at[48], lease_after_id[40];
 	bool lease_from_position;     /* the head is slow: lease from the position */
+	int64_t lease_mode_warned_mono; /* the last "head is slow" warning */
 	int64_t head_scan_due_mono;   /* then, the next lease from the head */
 	int64_t gauge_lag_due_mono;   /* the next queue-lag gauge (it reads the due index's head) */
+	bool gauge_lag_asked;         /* the gauge query in flight includes the lag */
 	bool lease_wanted;            /* a NOTIFY, a poll tick or a reconnect asked for a lease */
 	bool recon_requested;
 	bool recon_pass_asked;        /* the pass in progress answers an operator's request */
@@ -622,7 +624,10 @@ static void mark_ready(struct worker *w)
 	const char *params[6];
 	char lease[16];
 
-	if (w->mark_busy || TAILQ_EMPTY(&w->waiting) || !db_is_up(w->db) || w->stopping)
+	/* Both connections: a send needs its lease renewed and its outcome
+	 * recorded, which happen on the other one. */
+	if (w->mark_busy || TAILQ_EMPTY(&w->waiting) || !db_is_up(w->db) || !db_is_up(w->rec) ||
+	    w->stopping)
 		return;
 	b = batch_new(w, (size_t)w->s.batch_size * 4);
 	for (e = TAILQ_FIRST(&w->waiting); e && b->n < (size_t)w->s.batch_size * 4; e = next) {
@@ -694,23 +699,31 @@ static void mark_ready(struct worker *w)
 /* ---- leasing ------------------------------------------------------------ */
 
 /* Rows come back in due-index order; the position is after the last one.
- * A scan from the head that came back short found everything due behind
- * the position, which stays where it was (ahead); a full one moves it to
- * its last row.  A scan from the head that was slow switches to leasing
+ * Between leases from the position, a scan from the head that came back
+ * short found everything due behind the position, which stays where it was
+ * (ahead); a full one moves it to its last row.  `took` is the lease's
+ * time on the wire and in the server (not its wait in the queue).  A scan from the head that was slow switches to leasing
  * from the position until the next one, HEAD_SCAN_FACTOR times its
  * duration later; a fast one switches back. */
 static void lease_cursor_update(struct worker *w, PGresult *r, int limit, bool from_head,
-                                int64_t sent_mono)
+                                int64_t took)
 {
 	int n = PQntuples(r);
-	int64_t now = now_mono_ms(), took = now - sent_mono;
+	int64_t now = now_mono_ms();
+	bool was_position = w->lease_from_position;
 
 	if (from_head) {
 		bool slow = w->s.lease_head_slow_ms == 0 || took > w->s.lease_head_slow_ms;
 		int64_t wait = took * HEAD_SCAN_FACTOR;
 
+		/* Warn once a minute at most: under a held-back vacuum the head
+		 * can be fast and slow by turns. */
+		bool warn = slow && now - w->lease_mode_warned_mono > 60000;
+
+		if (warn)
+			w->lease_mode_warned_mono = now;
 		if (slow != w->lease_from_position)
-			log_event(slow ? OLOG_WARN : OLOG_INFO, "lease_mode",
+			log_event(warn ? OLOG_WARN : OLOG_INFO, "lease_mode",
 			          json_pack("{s:s,s:I,s:s}", "mode", slow ? "position" : "head",
 			                    "head_scan_ms", (json_int_t)took, "msg",
 			                    slow ? "the due index's head is slow (dead entries: is a long "
@@ -720,7 +733,9 @@ static void lease_cursor_update(struct worker *w, PGresult *r, int limit, bool f
 		w->lease_from_position = slow;
 		w->head_scan_due_mono = now + (wait > HEAD_SCAN_MIN_MS ? wait : HEAD_SCAN_MIN_MS);
 	}
-	if (n == 0 || (from_head && n < limit && w->lease_after_id[0]))
+	/* While leasing from the head the position follows every lease, so that
+	 * it is current when the head turns slow. */
+	if (n == 0 || (from_head && was_position && n < limit && w->lease_after_id[0]))
 		return;
 	str_copy(w->lease_after_at, PQgetvalue(r, n - 1, 11), sizeof(w->lease_after_at));
 	str_copy(w->lease_after_id, PQgetvalue(r, n - 1, 0), sizeof(w->lease_after_id));
@@ -736,14 +751,14 @@ static void lease_cursor_reset(struct worker *w)
 
 static void on_leased(struct db *db, PGresult *r, void *arg)
 {
-	struct batch *b = arg;   /* carries w, the limit in gen, from_head and sent_mono */
+	struct batch *b = arg;   /* carries w, the limit in gen and from_head */
 	struct worker *w = b->w;
 	int limit = (int)b->gen;
 	bool from_head = b->from_head;
-	int64_t sent_mono = b->sent_mono;
 	json_t *invalid = NULL;
+	struct effect **again = NULL;
+	size_t n_again = 0;
 
-	(void)db;
 	free(b);
 	w->lease_busy = false;
 	if (!pg_ok(r, "outbox_lease")) {
@@ -752,12 +767,25 @@ static void on_leased(struct db *db, PGresult *r, void *arg)
 	}
 	w->more_due = PQntuples(r) >= limit;
 	metrics_inc(M_LEASED, (unsigned long)PQntuples(r));
-	lease_cursor_update(w, r, limit, from_head, sent_mono);
+	lease_cursor_update(w, r, limit, from_head, now_mono_ms() - db_head_sent_mono(db));
 	for (int row = 0; row < PQntuples(r); row++) {
 		struct effect *e;
 		char err[OUTBOX_ERROR_MAX];
 
-		if (held_find(w, PQgetvalue(r, row, 0))) {
+		struct effect *held = held_find(w, PQgetvalue(r, row, 0));
+
+		if (held && (held->phase == PH_DONE || held->phase == PH_RECORDING ||
+		             held->phase == PH_RECONCILING || held->phase == PH_RECONCILED)) {
+			/* A retry whose outcome (or reconciliation verdict)
+			 * committed on the other connection before we read its
+			 * answer: not ours to send yet; back to the queue, due
+			 * again shortly. */
+			if (again == NULL)
+				again = xcalloc((size_t)PQntuples(r), sizeof(*again));
+			again[n_again++] = held;
+			continue;
+		}
+		if (held) {
 			/* Ours already (its lease had lapsed while it waited): the
 			 * lease is fresh again; keep the one copy we have. */
 			continue;
@@ -788,6 +816,13 @@ static void on_leased(struct db *db, PGresult *r, void *arg)
 		free(js);
 		json_decref(invalid);
 	}
+	if (again) {
+		char *ids = ids_array(again, n_again);
+		const char *params[3] = { w->owner, ids, "100" };
+		db_query(w->db, "SELECT outbox_release($1, $2, $3)", 3, params, NULL, NULL, DBQ_RETRY);
+		free(ids);
+		free(again);
+	}
 	/* A lease that was on the wire when SIGTERM came: give it back. */
 	if (w->stopping)
 		release_waiting(w);
@@ -805,7 +840,8 @@ static void lease_batch(struct worker *w)
 	bool from_head;
 	int64_t now = now_mono_ms();
 
-	if (w->lease_busy || w->stopping || !w->schema_ok || !db_is_up(w->db) || limit <= 0)
+	if (w->lease_busy || w->stopping || !w->schema_ok || !db_is_up(w->db) || !db_is_up(w->rec) ||
+	    limit <= 0)
 		return;
 	/* Busy: wait until at least half a batch fits; a round trip per few
 	 * rows costs the database more than the rows themselves. */
@@ -839,7 +875,6 @@ static void lease_batch(struct worker *w)
 	b = batch_new(w, 0);
 	b->gen = (uint64_t)limit;
 	b->from_head = from_head;
-	b->sent_mono = now;
 	w->lease_busy = true;
 	w->more_due = false;
 	w->lease_wanted = false;
@@ -1081,6 +1116,7 @@ static void on_renewed(struct db *db, PGresult *r, void *arg)
 		}
 	}
 	free(b);
+	worker_kick(w);   /* room for a lease */
 }
 
 static void on_heartbeat(evutil_socket_t fd, short what, void *arg)
@@ -1093,7 +1129,7 @@ static void on_heartbeat(evutil_socket_t fd, short what, void *arg)
 
 	(void)fd;
 	(void)what;
-	if (!db_is_up(w->rec) || (TAILQ_EMPTY(&w->sending) && TAILQ_EMPTY(&w->waiting)))
+	if (!db_is_up(w->db) || (TAILQ_EMPTY(&w->sending) && TAILQ_EMPTY(&w->waiting)))
 		return;
 	b = batch_new(w, (size_t)w->n_active + 1);
 	b->gen = ++w->renew_gen;
@@ -1118,7 +1154,10 @@ static void on_heartbeat(evutil_socket_t fd, short what, void *arg)
 	/* The batch is only a generation marker now: effects may be freed
 	 * before the answer, so on_renewed walks the live lists instead. */
 	b->n = 0;
-	db_query(w->rec, "SELECT effect_id FROM outbox_renew($1, $2, $3, $4)", 4, params, on_renewed,
+	/* On the lease connection, like mark and release, which update the
+	 * same waiting rows: two connections could lock them in opposite
+	 * orders and deadlock. */
+	db_query(w->db, "SELECT effect_id FROM outbox_renew($1, $2, $3, $4)", 4, params, on_renewed,
 	         b, 0);
 	free(ids);
 }
@@ -1160,20 +1199,18 @@ static void on_swept(struct db *db, PGresult *r, void *arg)
 
 static void on_gauges(struct db *db, PGresult *r, void *arg)
 {
-	struct batch *b = arg;   /* carries w and, in sent_mono, when the lag was asked for */
-	struct worker *w = b->w;
-	int64_t sent = b->sent_mono;
+	struct worker *w = arg;
+	bool lag = w->gauge_lag_asked;
 
-	(void)db;
-	free(b);
 	w->maint_busy = false;
+	w->gauge_lag_asked = false;
 	if (!pg_ok(r, "gauges") || PQntuples(r) != 1)
 		return;
-	if (sent) {
+	if (lag) {
 		/* The lag reads the head of the due index, which a held-back
 		 * vacuum makes slow: ask again after HEAD_SCAN_FACTOR times this
 		 * answer's wait, at the soonest on the next pass. */
-		w->gauge_lag_due_mono = now_mono_ms() + (now_mono_ms() - sent) * HEAD_SCAN_FACTOR;
+		w->gauge_lag_due_mono = now_mono_ms() + (now_mono_ms() - db_head_sent_mono(db)) * HEAD_SCAN_FACTOR;
 		metrics_set(G_QUEUE_LAG_SECONDS, strtod(PQgetvalue(r, 0, 0), NULL));
 	}
 	metrics_set(G_UNKNOWN, strtod(PQgetvalue(r, 0, 1), NULL));
@@ -1232,7 +1269,6 @@ static void on_maintenance(evutil_socket_t fd, short what, void *arg)
 	struct worker *w = arg;
 	char grace[24], every[24];
 	const char *params[4];
-	struct batch *g;
 	long sweep_every = w->s.unknown_type_grace_seconds / 2;
 
 	(void)fd;
@@ -1279,20 +1315,19 @@ static void on_maintenance(evutil_socket_t fd, short what, void *arg)
 		         2, params, on_weekly, w, 0);
 	}
 	/* Last of the pass: its answer clears maint_busy. */
-	g = batch_new(w, 0);
 	if (now_mono_ms() >= w->gauge_lag_due_mono) {
-		g->sent_mono = now_mono_ms();
+		w->gauge_lag_asked = true;
 		db_query(w->rec,
 		         "SELECT coalesce((SELECT extract(epoch FROM now() - min(available_at)) FROM effect_outbox "
 		         "  WHERE state = 'pending' AND available_at <= now()), 0),"
 		         " (SELECT count(*) FROM effect_outbox WHERE state = 'unknown'),"
 		         " (SELECT enabled FROM outbox_control WHERE id = 1)",
-		         0, NULL, on_gauges, g, 0);
+		         0, NULL, on_gauges, w, 0);
 	} else {
 		db_query(w->rec,
 		         "SELECT NULL, (SELECT count(*) FROM effect_outbox WHERE state = 'unknown'),"
 		         " (SELECT enabled FROM outbox_control WHERE id = 1)",
-		         0, NULL, on_gauges, g, 0);
+		         0, NULL, on_gauges, w, 0);
 	}
 	if (now_mono_ms() >= w->recon_next_mono) {
 		w->recon_next_mono = now_mono_ms() + RECONCILE_INTERVAL_MS;

@@ -652,6 +652,10 @@ static bool http_send(void *self, const struct outbox_effect *e, outbox_done_fn 
 		curl_easy_setopt(easy, CURLOPT_FORBID_REUSE, 1L);
 		curl_easy_setopt(easy, CURLOPT_FRESH_CONNECT, 1L);
 	}
+	/* HTTP/1.1, one request per connection at a time: with HTTP/2 a pooled
+	 * connection would carry up to max_per_host sends at once, and one
+	 * reset would make every one of them ambiguous. */
+	curl_easy_setopt(easy, CURLOPT_HTTP_VERSION, (long)CURL_HTTP_VERSION_1_1);
 	curl_easy_setopt(easy, CURLOPT_FOLLOWLOCATION, 0L);
 	curl_easy_setopt(easy, CURLOPT_PROTOCOLS_STR, "http,https");
 	curl_easy_setopt(easy, CURLOPT_SSL_VERIFYPEER, 1L);

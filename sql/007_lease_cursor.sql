@@ -208,3 +208,59 @@ END $$;
 REVOKE EXECUTE ON FUNCTION outbox_weekly_figures(text, integer) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION outbox_weekly_figures(text, integer) TO outbox_dispatcher;
 GRANT SELECT ON outbox_weekly_cache TO outbox_operator;
+
+-- outbox_mark_sending as in 003, except that the second half (rows this
+-- same call already moved, when it is repeated after a lost connection) is
+-- read only when some id did not move: a probe per id on every call
+-- otherwise.
+CREATE OR REPLACE FUNCTION outbox_mark_sending(p_owner uuid, p_ids uuid[], p_env_enabled boolean,
+                                               p_idempotent_types text[], p_lease_seconds integer,
+                                               p_call uuid DEFAULT NULL)
+RETURNS TABLE (effect_id uuid, attempts integer, blocked boolean)
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp
+    SET plan_cache_mode = force_custom_plan AS $$
+#variable_conflict use_column
+DECLARE
+    allowed boolean;
+    ids uuid[];
+    atts integer[];
+BEGIN
+    PERFORM pg_advisory_xact_lock_shared(outbox_kill_switch_lock_key());
+    -- A fresh snapshot for this statement: taken after the lock, so an "off"
+    -- that committed while we waited is seen.
+    SELECT c.enabled INTO allowed FROM outbox_control c WHERE c.id = 1;
+    IF NOT (coalesce(allowed, false) AND p_env_enabled) THEN
+        RETURN QUERY
+        UPDATE effect_outbox o
+           SET lease_owner = NULL, lease_expires_at = NULL, lease_worker = NULL
+         WHERE o.effect_id = ANY (p_ids) AND o.lease_owner = p_owner AND o.state = 'pending'
+        RETURNING o.effect_id, o.attempts, true;
+        RETURN;
+    END IF;
+    WITH u AS (
+        UPDATE effect_outbox o
+           SET state = 'sending', attempts = o.attempts + 1,
+               sending_since = now(), mark_token = p_call,
+               sending_idempotent = o.effect_type = ANY (p_idempotent_types),
+               lease_expires_at = now() + make_interval(secs => p_lease_seconds),
+               updated_at = now()
+         WHERE o.effect_id = ANY (p_ids)
+           AND o.lease_owner = p_owner
+           AND o.state = 'pending'
+           AND o.lease_expires_at > now()
+        RETURNING o.effect_id, o.attempts)
+    SELECT coalesce(array_agg(u.effect_id), '{}'), coalesce(array_agg(u.attempts), '{}')
+      INTO ids, atts FROM u;
+    RETURN QUERY SELECT x.id, x.att, false FROM unnest(ids, atts) AS x(id, att);
+    -- Rows this very call already moved to `sending` come back too: the
+    -- call is repeated (same p_call) after a lost connection, when the first
+    -- one may have committed, and its answer was never seen, so nothing was
+    -- sent.  Another call never gets them.
+    IF p_call IS NOT NULL AND cardinality(ids) < cardinality(p_ids) THEN
+        RETURN QUERY
+        SELECT o.effect_id, o.attempts, false FROM effect_outbox o
+         WHERE o.effect_id = ANY (p_ids) AND NOT o.effect_id = ANY (ids)
+           AND o.lease_owner = p_owner AND o.state = 'sending'
+           AND o.mark_token = p_call;
+    END IF;
+END $$;

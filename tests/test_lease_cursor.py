@@ -93,8 +93,9 @@ def test_by_default_a_late_commit_is_leased_at_once(conn, dispatchers, sink):
     10 minutes here: a lease from the position would miss it, and nothing
     else would lease again within the wait)."""
     kill_switch(conn, True)
+    # No switch to the position however slow the (ASan, loaded) machine.
     w = dispatchers({"provider.http": {"allow_hosts": "127.0.0.1"},
-                     "dispatcher": {"poll_interval_ms": 600000}})
+                     "dispatcher": {"poll_interval_ms": 600000, "lease_head_slow_ms": 60000}})
     first = enqueue(conn, "http", sink.url + "/ok", {})
     wait_for(lambda: effect(conn, first)["state"] == "completed", timeout=20,
              what="the first effect")
@@ -181,3 +182,31 @@ def test_weekly_figures_are_computed_once_per_interval_for_the_fleet(conn):
     # Past the interval the next caller recomputes.
     assert query(conn, "SELECT automatic_share FROM outbox_weekly_figures('b', 0)")[0][0] == 0.5
     assert scalar(conn, "SELECT refreshed_by FROM outbox_weekly_cache") == "b"
+
+
+# -- the sending transition, repeated ---------------------------------------
+
+MARK = "SELECT effect_id::text, attempts, blocked FROM outbox_mark_sending(%s, %s::uuid[], true, '{}', 30, %s)"
+
+
+def test_a_repeated_mark_call_gets_its_own_rows_back_and_no_other_call_does(conn):
+    """The worker repeats outbox_mark_sending with the same call token after
+    a lost connection: the rows that call moved come back (the first answer
+    was never seen, nothing was sent); a different call gets nothing."""
+    kill_switch(conn, True)
+    owner = str(uuid.uuid4())
+    ids = sorted(add(conn, 3))
+    leased = sorted(r[0] for r in query(conn, LEASE, (owner, 10, None, None)))
+    assert leased == ids
+    call = str(uuid.uuid4())
+    first = sorted(query(conn, MARK, (owner, ids[:2], call)))
+    assert first == [(ids[0], 1, False), (ids[1], 1, False)]
+    # The same call again, now with the third id too: the two it moved come
+    # back unchanged (no second attempt), the third moves now.
+    again = sorted(query(conn, MARK, (owner, ids, call)))
+    assert again == [(ids[0], 1, False), (ids[1], 1, False), (ids[2], 1, False)]
+    # Another call (or no token) never gets rows already sending.
+    assert query(conn, MARK, (owner, ids, str(uuid.uuid4()))) == []
+    assert query(conn, MARK, (owner, ids, None)) == []
+    assert scalar(conn, "SELECT sum(attempts) FROM effect_outbox WHERE effect_id = ANY(%s::uuid[])",
+                  (ids,)) == 3
