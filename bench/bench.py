@@ -21,7 +21,7 @@ Environment:
   BENCH_DURABLE    1 = the latency runs again on a server with fsync, synchronous_commit
                    and full_page_writes on (run.sh restarts it; full run default)
   PROFILE=1        perf record -g the 1-worker throughput run (worker + PostgreSQL)
-  BENCH_PGSS=1     pg_stat_statements on: the top statements of each throughput run
+  BENCH_PGSS=1     pg_stat_statements on: the top statements of each throughput and ceiling run
   BENCH_EXTRA_SQL  a SQL file run after the migrations (to measure a SQL change)
   BENCH_HTTP_CONF, BENCH_DISPATCHER_CONF  extra lines for the workers' [provider.http]
                    and [dispatcher] sections ("key = value; key = value"), to
@@ -524,6 +524,11 @@ def top_statements(label):
     log("  %s: top statements (calls, total ms, mean ms, rows):" % label)
     for calls, tot, nrows, text in rows:
         log("    %7d %9.0f %7.3f %8d  %s" % (calls, tot, tot / max(calls, 1), nrows, text[:90]))
+    rows = q("SELECT calls, total_exec_time, rows, regexp_replace(query, '\s+', ' ', 'g')"
+             " FROM pg_stat_statements WHERE NOT toplevel ORDER BY total_exec_time DESC LIMIT 8")
+    log("  %s: inside the functions:" % label)
+    for calls, tot, nrows, text in rows:
+        log("    %7d %9.0f %7.3f %8d  %s" % (calls, tot, tot / max(calls, 1), nrows, text[:110]))
 
 
 def start_perf(pids):
@@ -554,6 +559,8 @@ def ceiling(clients):
     load(N, "http://127.0.0.1:9/none", "c")
     settle()
     per_client = int(math.ceil(N / float(BATCH * clients))) + 1
+    if PGSS:
+        q("SELECT pg_stat_statements_reset()")
     pgcpu = CpuTracker(postgres_pids)
     p = subprocess.Popen(["pgbench", "-n", "-c", str(clients), "-j", str(min(clients, 4)),
                           "-t", str(per_client), "-f", os.path.join(ROOT, "bench", "ceiling.sql"),
@@ -567,6 +574,8 @@ def ceiling(clients):
     if p.returncode != 0:
         sys.exit("bench: pgbench failed:\n" + so + se)
     n, span, rate = drained_rate("c")
+    if PGSS:
+        top_statements("ceiling-%d" % clients)
     pg_cpu, pgb_cpu = pgcpu.total(), bench_cpu.total()
     left = q1("SELECT count(*) FROM effect_outbox WHERE state <> 'completed'")
     r = {"clients": clients, "effects": n, "seconds": span, "rate": rate,
