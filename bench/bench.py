@@ -622,10 +622,15 @@ def latency_runs(sink, durable_note=""):
                           "-D", "target=" + target, "-f", os.path.join(ROOT, "bench", "insert.sql"),
                           "bench"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     t = time.time()
+    rss_minute = None
     while p.poll() is None:
         rss = w.sample()
         if rss0 is None and time.time() - t > min(5, RATE_SECONDS / 3.0):
             rss0 = rss
+        # The heap grows to the run's peak concurrency in its first minute
+        # or so; "flat" is about what happens after that.
+        if rss_minute is None and RATE_SECONDS >= 120 and time.time() - t > 60:
+            rss_minute = rss
         samples.append(rss)
         time.sleep(0.5)
     so, se = p.communicate()
@@ -637,10 +642,13 @@ def latency_runs(sink, durable_note=""):
     out["rate"] = latencies(sink, "%d/s" % RATE, IDLE, IDLE + n_rate)
     out["rate"]["offered_per_s"] = n_rate / float(RATE_SECONDS)
     out["rss_start_kb"], out["rss_end_kb"] = rss0, rss1
+    out["rss_minute_kb"] = rss_minute
     out["hwm_kb"] = w.hwm_kb
     w.stop()
-    log("  worker RSS during the %d/s run: %.1f MiB after warm-up, %.1f MiB at the end, peak %.1f MiB" % (
-        RATE, (rss0 or 0) / 1024.0, (rss1 or 0) / 1024.0, (w.hwm_kb or 0) / 1024.0))
+    log("  worker RSS during the %d/s run: %.1f MiB after warm-up, %s at 60 s, %.1f MiB at the end,"
+        " peak %.1f MiB" % (RATE, (rss0 or 0) / 1024.0,
+                            "%.1f MiB" % (rss_minute / 1024.0) if rss_minute else "-",
+                            (rss1 or 0) / 1024.0, (w.hwm_kb or 0) / 1024.0))
     return out
 
 
@@ -899,9 +907,14 @@ def summary():
                      "n=%d in %d s (%.0f/s offered), max %.1f ms%s" % (
                          lat["rate"]["n"], RATE_SECONDS, lat["rate"]["offered_per_s"], lat["rate"]["max"],
                          missed(lat["rate"]))))
-        rows.append(("worker RSS during the %d/s run" % RATE, "%s -> %s MiB" % (
-            mib(lat["rss_start_kb"]), mib(lat["rss_end_kb"])), "after warm-up -> end of %d s; peak %s MiB" % (
-            RATE_SECONDS, mib(lat["hwm_kb"]))))
+        if lat.get("rss_minute_kb"):
+            rows.append(("worker RSS during the %d/s run" % RATE, "%s -> %s -> %s MiB" % (
+                mib(lat["rss_start_kb"]), mib(lat["rss_minute_kb"]), mib(lat["rss_end_kb"])),
+                "at 5 s -> 60 s -> end of %d s; peak %s MiB" % (RATE_SECONDS, mib(lat["hwm_kb"]))))
+        else:
+            rows.append(("worker RSS during the %d/s run" % RATE, "%s -> %s MiB" % (
+                mib(lat["rss_start_kb"]), mib(lat["rss_end_kb"])), "after warm-up -> end of %d s; peak %s MiB" % (
+                RATE_SECONDS, mib(lat["hwm_kb"]))))
     inf = results.get("inflight")
     if inf:
         rows.append(("peak RSS, %d sends in flight" % inf["in_flight_peak"], "%s MiB" % mib(inf["hwm_kb"]),

@@ -52,6 +52,10 @@
  * costs the lease path at most a tenth of its time. */
 #define HEAD_SCAN_MIN_MS 1000
 #define HEAD_SCAN_FACTOR 10
+/* Slow leases from the head in a row before leasing from the position: one
+ * slow answer is more often a busy machine than a head full of dead
+ * entries, and a switch makes late-committed rows wait for a head scan. */
+#define HEAD_SLOW_STREAK 3
 /* The fleet-wide sweep of the pending backlog runs at most this often. */
 #define SWEEP_MAX_EVERY_S 30
 /* The weekly figures (an aggregate over 26 weeks of rows) are recomputed
@@ -149,6 +153,7 @@ struct worker {
 	 * the next lease scans from the head. */
 	char lease_after_at[48], lease_after_id[40];
 	bool lease_from_position;     /* the head is slow: lease from the position */
+	int head_slow_streak;         /* slow leases from the head in a row */
 	int64_t lease_mode_warned_mono; /* the last "head is slow" warning */
 	int64_t head_scan_due_mono;   /* then, the next lease from the head */
 	int64_t gauge_lag_due_mono;   /* the next queue-lag gauge (it reads the due index's head) */
@@ -716,8 +721,15 @@ static void lease_cursor_update(struct worker *w, PGresult *r, int limit, bool f
 	bool was_position = w->lease_from_position;
 
 	if (from_head) {
-		bool slow = w->s.lease_head_slow_ms == 0 || took > w->s.lease_head_slow_ms;
+		bool slow;
 		int64_t wait = took * HEAD_SCAN_FACTOR;
+
+		w->head_slow_streak = w->s.lease_head_slow_ms == 0 || took > w->s.lease_head_slow_ms
+		                      ? w->head_slow_streak + 1 : 0;
+		/* Into position mode after a streak; out of it at the first fast
+		 * scan from the head. */
+		slow = w->lease_from_position ? w->head_slow_streak > 0
+		                              : w->head_slow_streak >= HEAD_SLOW_STREAK;
 
 		/* Warn once a minute at most: under a held-back vacuum the head
 		 * can be fast and slow by turns. */
