@@ -30,7 +30,7 @@ CREATE INDEX effect_outbox_due_idx ON effect_outbox (available_at, effect_id)
 DROP FUNCTION outbox_lease(uuid, text, integer, integer, text[], boolean);
 
 -- Lease up to p_limit due pending rows, in (available_at, effect_id) order,
--- starting after (p_after_at, p_after_id) when given.  Rows come back in
+-- starting after (p_after_at, p_after_id) when given (at most 50 ms ago).  Rows come back in
 -- that order, with available_at, so the caller's next position is the last
 -- row.  Returns nothing while the kill switch is off (env flag or control
 -- row): leasing then would only cost a release.  The authoritative check is
@@ -47,14 +47,24 @@ RETURNS TABLE (effect_id uuid, idempotency_key text, effect_type text, target te
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
-    -- One statement shape whether or not a position is given, so that its
-    -- cached plan is always the index range scan.
-    after_at timestamptz := coalesce(p_after_at, '-infinity');
-    after_id uuid := coalesce(p_after_id, '00000000-0000-0000-0000-000000000000');
+    after_at timestamptz := p_after_at;
+    after_id uuid := p_after_id;
 BEGIN
     IF NOT p_env_enabled OR NOT (SELECT c.enabled FROM outbox_control c WHERE c.id = 1) THEN
         RETURN;
     END IF;
+    -- A position less than 50 ms old moves back to 50 ms ago: producers'
+    -- transactions that commit a little out of order put rows just behind
+    -- the last one leased.  (Not a look-back from the last row: one bulk
+    -- insert gives all its rows the same available_at.)
+    IF after_at > now() - interval '50 milliseconds' THEN
+        after_at := now() - interval '50 milliseconds';
+        after_id := NULL;
+    END IF;
+    -- One statement shape whether or not a position is given, so that its
+    -- cached plan is always the index range scan.
+    after_at := coalesce(after_at, '-infinity');
+    after_id := coalesce(after_id, '00000000-0000-0000-0000-000000000000');
     RETURN QUERY
     WITH due AS (
         SELECT o.effect_id FROM effect_outbox o

@@ -50,6 +50,28 @@ def test_lease_starts_after_the_position_given(conn):
     assert [r[0] for r in rows] == ids[:3]
 
 
+def test_a_recent_position_still_finds_rows_that_committed_just_behind_it(conn):
+    """A position less than 50 ms old is taken back to 50 ms ago: a row
+    from a producer's transaction that started a moment before the last
+    row leased, and committed after it, is still found.  One transaction,
+    so that now() is the same for the rows and the lease."""
+    kill_switch(conn, True)
+    behind, ahead = sorted(add(conn, 2))
+    query(conn, "BEGIN")
+    query(conn, "UPDATE effect_outbox SET available_at = now() - interval '10 milliseconds' "
+                "WHERE effect_id = %s", (behind,))
+    query(conn, "UPDATE effect_outbox SET available_at = now() - interval '5 milliseconds' "
+                "WHERE effect_id = %s", (ahead,))
+    rows = query(conn, "SELECT effect_id::text FROM outbox_lease(%s, 'w', 10, 30, '{http}', true, "
+                       "now() - interval '5 milliseconds', %s)", (str(uuid.uuid4()), ahead))
+    query(conn, "COMMIT")
+    assert [r[0] for r in rows] == [behind, ahead]
+    # An old position is exact: nothing behind it comes back.
+    [old] = add(conn, 1, "now() - interval '1 hour'")
+    at = scalar(conn, "SELECT available_at FROM effect_outbox WHERE effect_id = %s", (old,))
+    assert query(conn, LEASE, (str(uuid.uuid4()), 10, at, old)) == []
+
+
 def test_position_does_not_hide_rows_due_later(conn):
     """A retry scheduled in the future is ahead of any position taken now."""
     kill_switch(conn, True)
@@ -64,6 +86,24 @@ def test_position_does_not_hide_rows_due_later(conn):
     assert set(ids).isdisjoint(r[0] for r in got)
 
 
+def deliver_first_then_late(conn, sink, before_late=lambda: None):
+    """One effect delivered (so the worker holds a position), then a row
+    due an hour ago, as a producer's transaction that committed late would
+    leave it: behind any position the worker holds.  Returns the late
+    row's effect key once it is delivered."""
+    first = enqueue(conn, "http", sink.url + "/ok", {})
+    wait_for(lambda: effect(conn, first)["state"] == "completed", timeout=20,
+             what="the first effect")
+    before_late()
+    key = make_run(conn)
+    late = scalar(conn, "INSERT INTO effect_outbox (idempotency_key, effect_type, target, payload, "
+                        "available_at) VALUES (%s, 'http', %s, '{}', now() - interval '1 hour') "
+                        "RETURNING effect_id", (key, sink.url + "/ok"))
+    wait_for(lambda: effect(conn, late)["state"] == "completed", timeout=20,
+             what="the row behind the position")
+    return scalar(conn, "SELECT effect_key FROM effect_outbox WHERE effect_id = %s", (late,))
+
+
 def test_worker_finds_a_row_that_became_due_behind_its_position(conn, dispatchers, sink):
     """A producer transaction that commits late leaves a row whose
     available_at is behind the worker's position: the NOTIFY-driven lease
@@ -72,20 +112,10 @@ def test_worker_finds_a_row_that_became_due_behind_its_position(conn, dispatcher
     kill_switch(conn, True)
     w = dispatchers({"provider.http": {"allow_hosts": "127.0.0.1"},
                      "dispatcher": {"poll_interval_ms": 100, "lease_head_slow_ms": 0}})
-    first = enqueue(conn, "http", sink.url + "/ok", {})
-    wait_for(lambda: effect(conn, first)["state"] == "completed", timeout=20,
-             what="the first effect")
     # A few slow (here: any) leases from the head in a row switch it.
-    wait_for(lambda: any(e.get("event") == "lease_mode" and e.get("mode") == "position"
-                         for e in w.events()), timeout=20, what="leasing from the position")
-    # Due an hour ago: behind any position the worker holds now.
-    key = make_run(conn)
-    late = scalar(conn, "INSERT INTO effect_outbox (idempotency_key, effect_type, target, payload, "
-                        "available_at) VALUES (%s, 'http', %s, '{}', now() - interval '1 hour') "
-                        "RETURNING effect_id", (key, sink.url + "/ok"))
-    wait_for(lambda: effect(conn, late)["state"] == "completed", timeout=20,
-             what="the row behind the position")
-    ekey = scalar(conn, "SELECT effect_key FROM effect_outbox WHERE effect_id = %s", (late,))
+    ekey = deliver_first_then_late(conn, sink, lambda: wait_for(
+        lambda: any(e.get("event") == "lease_mode" and e.get("mode") == "position"
+                    for e in w.events()), timeout=20, what="leasing from the position"))
     assert sink.count(key=ekey) == 1
 
 
@@ -98,15 +128,8 @@ def test_by_default_a_late_commit_is_leased_at_once(conn, dispatchers, sink):
     # No switch to the position however slow the (ASan, loaded) machine.
     w = dispatchers({"provider.http": {"allow_hosts": "127.0.0.1"},
                      "dispatcher": {"poll_interval_ms": 600000, "lease_head_slow_ms": 60000}})
-    first = enqueue(conn, "http", sink.url + "/ok", {})
-    wait_for(lambda: effect(conn, first)["state"] == "completed", timeout=20,
-             what="the first effect")
-    key = make_run(conn)
-    late = scalar(conn, "INSERT INTO effect_outbox (idempotency_key, effect_type, target, payload, "
-                        "available_at) VALUES (%s, 'http', %s, '{}', now() - interval '1 hour') "
-                        "RETURNING effect_id", (key, sink.url + "/ok"))
-    wait_for(lambda: effect(conn, late)["state"] == "completed", timeout=20,
-             what="the late row")
+    ekey = deliver_first_then_late(conn, sink)
+    assert sink.count(key=ekey) == 1
     assert not any(e.get("event") == "lease_mode" for e in w.events())
 
 
