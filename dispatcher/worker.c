@@ -106,6 +106,7 @@ struct batch {
 	struct worker *w;
 	uint64_t gen;
 	bool from_head;               /* a lease that scanned the due index from its head */
+	bool on_rec;                  /* a lease on the records connection (a head scan in position mode) */
 	int64_t sent_mono;            /* when the statement was queued */
 	char call[37];                /* outbox_mark_sending's call token */
 	size_t n;
@@ -145,9 +146,10 @@ struct worker {
 	 * must not become a second copy. */
 	struct effect *held[HELD_BUCKETS];
 	int n_active;                 /* effects this worker holds, all phases */
+	int leasing_rows;             /* rows asked for by leases on the wire */
 	int n_sending;
 	int n_reconciling;
-	bool lease_busy, mark_busy, complete_busy, recon_busy, recon_record_busy, maint_busy;
+	bool lease_busy, head_busy, mark_busy, complete_busy, recon_busy, recon_record_busy, maint_busy;
 	bool more_due;                /* the last lease came back full */
 	/* The due-index position after the last row leased (SQL 007); empty:
 	 * the next lease scans from the head. */
@@ -707,14 +709,13 @@ static void mark_ready(struct worker *w)
 /* ---- leasing ------------------------------------------------------------ */
 
 /* Rows come back in due-index order; the position is after the last one.
- * Between leases from the position, a scan from the head that came back
- * short found everything due behind the position, which stays where it was
- * (ahead); a full one moves it to its last row.  `took` is the lease's
- * time on the wire and in the server (not its wait in the queue).  A scan from the head that was slow switches to leasing
- * from the position until the next one, HEAD_SCAN_FACTOR times its
- * duration later; a fast one switches back. */
-static void lease_cursor_update(struct worker *w, PGresult *r, int limit, bool from_head,
-                                int64_t took)
+ * In position mode a scan from the head only picks up what became due
+ * behind the position, which stays where it is (ahead).  `took` is the
+ * lease's time on the wire and in the server (not its wait in the queue).
+ * HEAD_SLOW_STREAK slow scans from the head in a row switch to leasing from
+ * the position, with the next scan from the head HEAD_SCAN_FACTOR times the
+ * last one's duration later; a fast one switches back. */
+static void lease_cursor_update(struct worker *w, PGresult *r, bool from_head, int64_t took)
 {
 	int n = PQntuples(r);
 	int64_t now = now_mono_ms();
@@ -750,7 +751,7 @@ static void lease_cursor_update(struct worker *w, PGresult *r, int limit, bool f
 	}
 	/* While leasing from the head the position follows every lease, so that
 	 * it is current when the head turns slow. */
-	if (n == 0 || (from_head && was_position && n < limit && w->lease_after_id[0]))
+	if (n == 0 || (from_head && was_position && w->lease_after_id[0]))
 		return;
 	str_copy(w->lease_after_at, PQgetvalue(r, n - 1, 11), sizeof(w->lease_after_at));
 	str_copy(w->lease_after_id, PQgetvalue(r, n - 1, 0), sizeof(w->lease_after_id));
@@ -766,7 +767,7 @@ static void lease_cursor_reset(struct worker *w)
 
 static void on_leased(struct db *db, PGresult *r, void *arg)
 {
-	struct batch *b = arg;   /* carries w, the limit in gen and from_head */
+	struct batch *b = arg;   /* carries w, the limit in gen, from_head and on_rec */
 	struct worker *w = b->w;
 	int limit = (int)b->gen;
 	bool from_head = b->from_head;
@@ -774,15 +775,19 @@ static void on_leased(struct db *db, PGresult *r, void *arg)
 	struct effect **again = NULL;
 	size_t n_again = 0;
 
+	if (b->on_rec)
+		w->head_busy = false;
+	else
+		w->lease_busy = false;
+	w->leasing_rows -= limit;
 	free(b);
-	w->lease_busy = false;
 	if (!pg_ok(r, "outbox_lease")) {
 		w->more_due = false;
 		return;
 	}
 	w->more_due = PQntuples(r) >= limit;
 	metrics_inc(M_LEASED, (unsigned long)PQntuples(r));
-	lease_cursor_update(w, r, limit, from_head, now_mono_ms() - db_head_sent_mono(db));
+	lease_cursor_update(w, r, from_head, now_mono_ms() - db_head_sent_mono(db));
 	for (int row = 0; row < PQntuples(r); row++) {
 		struct effect *e;
 		char err[OUTBOX_ERROR_MAX];
@@ -844,23 +849,47 @@ static void on_leased(struct db *db, PGresult *r, void *arg)
 	worker_kick(w);
 }
 
-static void lease_batch(struct worker *w)
+/* One outbox_lease() call on `db`, from the head or from the position. */
+static void lease_send(struct worker *w, struct db *db, bool from_head, int limit)
 {
-	int room = (int)w->s.max_in_flight - w->n_active;
-	int full = w->s.max_in_flight < w->s.batch_size ? (int)w->s.max_in_flight : (int)w->s.batch_size;
-	int limit = room < full ? room : full;
 	char lim[16], lease[16];
 	const char *params[8];
-	struct batch *b;
-	bool from_head;
-	int64_t now = now_mono_ms();
+	struct batch *b = batch_new(w, 0);
 
-	if (w->lease_busy || w->stopping || !w->schema_ok || !db_is_up(w->db) || !db_is_up(w->rec) ||
-	    limit <= 0)
-		return;
-	/* Busy: wait until at least half a batch fits; a round trip per few
-	 * rows costs the database more than the rows themselves. */
-	if (w->n_active > 0 && limit * 2 < full)
+	snprintf(lim, sizeof(lim), "%d", limit);
+	snprintf(lease, sizeof(lease), "%ld", w->s.lease_seconds);
+	params[0] = w->owner;
+	params[1] = w->name;
+	params[2] = lim;
+	params[3] = lease;
+	params[4] = w->types_array;
+	params[5] = w->env_enabled ? "true" : "false";
+	params[6] = from_head ? NULL : w->lease_after_at;
+	params[7] = from_head ? NULL : w->lease_after_id;
+	b->gen = (uint64_t)limit;
+	b->from_head = from_head;
+	b->on_rec = db == w->rec;
+	if (b->on_rec)
+		w->head_busy = true;
+	else
+		w->lease_busy = true;
+	w->leasing_rows += limit;
+	db_query(db,
+	         "SELECT effect_id, idempotency_key, effect_type, target, payload, payload_hash, "
+	         "effect_key, attempts, metadata, approved_by, retry_base, available_at "
+	         "FROM outbox_lease($1, $2, $3, $4, $5, $6, $7, $8)",
+	         8, params, on_leased, b, 0);
+}
+
+static void lease_batch(struct worker *w)
+{
+	int full = w->s.max_in_flight < w->s.batch_size ? (int)w->s.max_in_flight : (int)w->s.batch_size;
+	int room = (int)w->s.max_in_flight - w->n_active - w->leasing_rows;
+	int limit = room < full ? room : full;
+	bool position = w->lease_from_position && w->lease_after_id[0] != '\0';
+	bool issued = false;
+
+	if (w->stopping || !w->schema_ok || !db_is_up(w->db) || !db_is_up(w->rec))
 		return;
 	/* Lease only when there may be work: after a full batch, a NOTIFY, a
 	 * poll tick or a reconnect.  An empty answer ends the burst. */
@@ -870,34 +899,28 @@ static void lease_batch(struct worker *w)
 	 * already cover the next batch. */
 	if (!TAILQ_EMPTY(&w->waiting) && w->n_active - w->n_sending >= (int)w->s.batch_size)
 		return;
-	snprintf(lim, sizeof(lim), "%d", limit);
-	snprintf(lease, sizeof(lease), "%ld", w->s.lease_seconds);
-	params[0] = w->owner;
-	params[1] = w->name;
-	params[2] = lim;
-	params[3] = lease;
-	params[4] = w->types_array;
-	params[5] = w->env_enabled ? "true" : "false";
 	/* From the head of the due index, which finds every due row.  While
 	 * that is slow (the entries earlier rows left there pile up when a
 	 * long transaction holds vacuum back), from the position after the
-	 * last row leased, and from the head now and then for rows that
-	 * became due behind it. */
-	from_head = !w->lease_from_position || w->lease_after_id[0] == '\0' ||
-	            now >= w->head_scan_due_mono;
-	params[6] = from_head ? NULL : w->lease_after_at;
-	params[7] = from_head ? NULL : w->lease_after_id;
-	b = batch_new(w, 0);
-	b->gen = (uint64_t)limit;
-	b->from_head = from_head;
-	w->lease_busy = true;
-	w->more_due = false;
-	w->lease_wanted = false;
-	db_query(w->db,
-	         "SELECT effect_id, idempotency_key, effect_type, target, payload, payload_hash, "
-	         "effect_key, attempts, metadata, approved_by, retry_base, available_at "
-	         "FROM outbox_lease($1, $2, $3, $4, $5, $6, $7, $8)",
-	         8, params, on_leased, b, 0);
+	 * last row leased; and from the head now and then for rows that became
+	 * due behind it, on the other connection, so that its walk never holds
+	 * up the latency path.  Busy: only once at least half a batch fits; a
+	 * round trip per few rows costs the database more than the rows. */
+	if (position && !w->head_busy && now_mono_ms() >= w->head_scan_due_mono && limit > 0 &&
+	    !(w->n_active + w->leasing_rows > 0 && limit * 2 < full)) {
+		lease_send(w, w->rec, true, limit);
+		issued = true;
+		room -= limit;
+		limit = room < full ? room : full;
+	}
+	if (!w->lease_busy && limit > 0 && !(w->n_active + w->leasing_rows > 0 && limit * 2 < full)) {
+		lease_send(w, w->db, !position, limit);
+		issued = true;
+	}
+	if (issued) {
+		w->more_due = false;
+		w->lease_wanted = false;
+	}
 }
 
 /* ---- reconciliation ----------------------------------------------------- */
@@ -1435,7 +1458,7 @@ static void worker_maybe_exit(struct worker *w)
 {
 	if (!w->stopping)
 		return;
-	if (w->n_sending > 0 || w->n_reconciling > 0 || !TAILQ_EMPTY(&w->done_q) || w->lease_busy ||
+	if (w->n_sending > 0 || w->n_reconciling > 0 || !TAILQ_EMPTY(&w->done_q) || w->lease_busy || w->head_busy ||
 	    !TAILQ_EMPTY(&w->recon_q) || w->complete_busy || w->recon_record_busy || w->mark_busy ||
 	    (db_is_up(w->db) && db_queue_len(w->db) > 0) || (db_is_up(w->rec) && db_queue_len(w->rec) > 0))
 		return;
