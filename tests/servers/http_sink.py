@@ -150,21 +150,11 @@ class Sink:
                 return
             return self._reply(h, 200, {"id": f"sink-{n}"})
         if kind == "close":
-            h.close_connection = True
-            try:
-                h.connection.shutdown(2)
-            except OSError:
-                pass
-            return
+            return self._drop(h)
         if kind == "close-reused":
             if h.conn_requests == 1:
                 return self._reply(h, 200, {"id": f"sink-{n}"})
-            h.close_connection = True
-            try:
-                h.connection.shutdown(2)
-            except OSError:
-                pass
-            return
+            return self._drop(h)
         if kind == "hang":
             self.stopping.wait(3600)
             h.close_connection = True
@@ -199,6 +189,15 @@ class Sink:
                 self.idem_answers[key] = ans
             return self._reply(h, 200, ans)
         return self._reply(h, 404, {"error": "no such path"})
+
+    @staticmethod
+    def _drop(h):
+        """Close the connection without an answer (the request was read)."""
+        h.close_connection = True
+        try:
+            h.connection.shutdown(2)
+        except OSError:
+            pass
 
     @staticmethod
     def _reply(h, code, obj, headers=None):
