@@ -789,10 +789,8 @@ static void on_leased(struct db *db, PGresult *r, void *arg)
 	metrics_inc(M_LEASED, (unsigned long)PQntuples(r));
 	lease_cursor_update(w, r, from_head, now_mono_ms() - db_head_sent_mono(db));
 	for (int row = 0; row < PQntuples(r); row++) {
-		struct effect *e;
+		struct effect *e, *held = held_find(w, PQgetvalue(r, row, 0));
 		char err[OUTBOX_ERROR_MAX];
-
-		struct effect *held = held_find(w, PQgetvalue(r, row, 0));
 
 		if (held && (held->phase == PH_DONE || held->phase == PH_RECORDING ||
 		             held->phase == PH_RECONCILING || held->phase == PH_RECONCILED)) {
@@ -881,6 +879,13 @@ static void lease_send(struct worker *w, struct db *db, bool from_head, int limi
 	         8, params, on_leased, b, 0);
 }
 
+/* A busy worker leases only once at least half a batch fits: a round trip
+ * per few rows costs the database more than the rows themselves. */
+static bool lease_worth_it(const struct worker *w, int limit, int full)
+{
+	return limit > 0 && (w->n_active + w->leasing_rows == 0 || limit * 2 >= full);
+}
+
 static void lease_batch(struct worker *w)
 {
 	int full = w->s.max_in_flight < w->s.batch_size ? (int)w->s.max_in_flight : (int)w->s.batch_size;
@@ -904,16 +909,15 @@ static void lease_batch(struct worker *w)
 	 * long transaction holds vacuum back), from the position after the
 	 * last row leased; and from the head now and then for rows that became
 	 * due behind it, on the other connection, so that its walk never holds
-	 * up the latency path.  Busy: only once at least half a batch fits; a
-	 * round trip per few rows costs the database more than the rows. */
-	if (position && !w->head_busy && now_mono_ms() >= w->head_scan_due_mono && limit > 0 &&
-	    !(w->n_active + w->leasing_rows > 0 && limit * 2 < full)) {
+	 * up the latency path. */
+	if (position && !w->head_busy && now_mono_ms() >= w->head_scan_due_mono &&
+	    lease_worth_it(w, limit, full)) {
 		lease_send(w, w->rec, true, limit);
 		issued = true;
 		room -= limit;
 		limit = room < full ? room : full;
 	}
-	if (!w->lease_busy && limit > 0 && !(w->n_active + w->leasing_rows > 0 && limit * 2 < full)) {
+	if (!w->lease_busy && lease_worth_it(w, limit, full)) {
 		lease_send(w, w->db, !position, limit);
 		issued = true;
 	}
