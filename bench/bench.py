@@ -450,6 +450,7 @@ def throughput(k, label, prefix="t", hold_xmin=False, profile=False):
     if PGSS:
         q("SELECT pg_stat_statements_reset()")
     held = None
+    wal0 = wal_lsn()
     pgcpu = CpuTracker(postgres_pids)
     sinkcpu = CpuTracker(lambda: [SINK_PID])
     t_start = time.time()
@@ -497,6 +498,7 @@ def throughput(k, label, prefix="t", hold_xmin=False, profile=False):
         holder.close()
     for w in workers:
         w.stop()
+    wal = wal_since(wal0)
     n, span, rate = drained_rate(prefix)
     if PGSS:
         top_statements(label)
@@ -509,13 +511,24 @@ def throughput(k, label, prefix="t", hold_xmin=False, profile=False):
          "worker_cpu_per_1k": sum(w.cpu for w in workers) / n * 1000 if n else 0,
          "pg_cpu_per_1k": pg_cpu / n * 1000 if n else 0, "attempt_rows": attempts,
          "sink_cpu_per_1k": sink_cpu / n * 1000 if n else 0,
+         "wal_per_effect": wal / n if n else 0,
          "held_seconds": held, "held_done": held_done,
          "held_rate": held_done / held if held else None}
     log("  %s: %d effects in %.1f s = %.0f effects/s (CPU s per 1000 effects: workers %.2f,"
-        " PostgreSQL %.2f, sink %.2f; peak RSS %s MiB)" % (
+        " PostgreSQL %.2f, sink %.2f; peak RSS %s MiB; WAL %.0f bytes/effect)" % (
             label, n, span, rate, r["worker_cpu_per_1k"], r["pg_cpu_per_1k"], r["sink_cpu_per_1k"],
-            "/".join("%.1f" % (x / 1024.0) for x in r["rss_kb"] if x)))
+            "/".join("%.1f" % (x / 1024.0) for x in r["rss_kb"] if x), r["wal_per_effect"]))
     return r
+
+
+def wal_lsn():
+    return q1("SELECT pg_current_wal_insert_lsn()::text")
+
+
+def wal_since(lsn):
+    """WAL bytes written since lsn: the database's work per effect in a
+    figure that does not move with the machine's load."""
+    return float(q1("SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), %s::pg_lsn)", (lsn,)))
 
 
 def top_statements(label):
@@ -561,6 +574,7 @@ def ceiling(clients):
     per_client = int(math.ceil(N / float(BATCH * clients))) + 1
     if PGSS:
         q("SELECT pg_stat_statements_reset()")
+    wal0 = wal_lsn()
     pgcpu = CpuTracker(postgres_pids)
     p = subprocess.Popen(["pgbench", "-n", "-c", str(clients), "-j", str(min(clients, 4)),
                           "-t", str(per_client), "-f", os.path.join(ROOT, "bench", "ceiling.sql"),
@@ -573,16 +587,19 @@ def ceiling(clients):
     so, se = p.communicate()
     if p.returncode != 0:
         sys.exit("bench: pgbench failed:\n" + so + se)
+    wal = wal_since(wal0)
     n, span, rate = drained_rate("c")
     if PGSS:
         top_statements("ceiling-%d" % clients)
     pg_cpu, pgb_cpu = pgcpu.total(), bench_cpu.total()
     left = q1("SELECT count(*) FROM effect_outbox WHERE state <> 'completed'")
     r = {"clients": clients, "effects": n, "seconds": span, "rate": rate,
-         "pg_cpu_per_1k": pg_cpu / n * 1000 if n else 0, "pgbench_cpu_per_1k": pgb_cpu / n * 1000 if n else 0}
+         "pg_cpu_per_1k": pg_cpu / n * 1000 if n else 0, "pgbench_cpu_per_1k": pgb_cpu / n * 1000 if n else 0,
+         "wal_per_effect": wal / n if n else 0}
     log("  ceiling, %d client(s): %d effects in %.1f s = %.0f effects/s (CPU s per 1000 effects:"
-        " PostgreSQL %.2f, pgbench %.2f)%s" % (clients, n, span, rate, r["pg_cpu_per_1k"],
-                                              r["pgbench_cpu_per_1k"], " (%d left!)" % left if left else ""))
+        " PostgreSQL %.2f, pgbench %.2f; WAL %.0f bytes/effect)%s" % (
+            clients, n, span, rate, r["pg_cpu_per_1k"], r["pgbench_cpu_per_1k"], r["wal_per_effect"],
+            " (%d left!)" % left if left else ""))
     return r
 
 
