@@ -973,6 +973,20 @@ def summary():
             tp[best_k]["rate"], best_k, "s" if best_k > 1 else "", best_c["rate"], best_c["clients"],
             "s" if best_c["clients"] > 1 else ""))
         print("ratio: %.2f" % ratio)
+        # Where the ratio's gap comes from: the ceiling's cores run only
+        # PostgreSQL, the dispatcher's also run the worker and the sink.
+        # When both are CPU-bound the ratio is about ceiling CPU per effect
+        # / dispatcher CPU per effect (docs/performance.md, "What 0.7
+        # needs"); the database's own share is what a primary on its own
+        # host would see.
+        d = tp[best_k]
+        if d["pg_cpu_per_1k"] and best_c["pg_cpu_per_1k"]:
+            print("CPU ms per effect: dispatcher %.2f (PostgreSQL %.2f, workers %.2f, sink %.2f), ceiling %.2f"
+                  " (PostgreSQL); database work ceiling / dispatcher: %.2f (WAL %.0f / %.0f bytes per effect)" % (
+                      d["pg_cpu_per_1k"] + d["worker_cpu_per_1k"] + d["sink_cpu_per_1k"], d["pg_cpu_per_1k"],
+                      d["worker_cpu_per_1k"], d["sink_cpu_per_1k"], best_c["pg_cpu_per_1k"],
+                      best_c["pg_cpu_per_1k"] / d["pg_cpu_per_1k"], best_c.get("wal_per_effect", 0),
+                      d.get("wal_per_effect", 0)))
     keep = os.environ.get("BENCH_RESULTS")
     if keep:
         with open(keep, "w") as f:
