@@ -1,5 +1,6 @@
 /*
- * util.c: clocks, randomness, UUIDs, digests, string copies, backoff.
+ * util.c: clocks, randomness, UUIDs, digests, string copies, backoff,
+ * a growing string.
  */
 #include "util.h"
 
@@ -187,4 +188,94 @@ bool utf8_valid(const char *s, size_t len)
 		i += n + 1;
 	}
 	return true;
+}
+
+/* ---- a growing string ---------------------------------------------------- */
+
+void sb_init(struct strbuf *b, size_t cap)
+{
+	b->cap = cap ? cap : 64;
+	b->s = xmalloc(b->cap);
+	b->len = 0;
+	b->s[0] = '\0';
+}
+
+/* Room for n more bytes and the NUL. */
+static void sb_reserve(struct strbuf *b, size_t n)
+{
+	char *grown;
+
+	if (b->len + n < b->cap)
+		return;
+	while (b->len + n >= b->cap)
+		b->cap *= 2;
+	grown = realloc(b->s, b->cap);
+	if (grown == NULL) {
+		fputs("outbox: out of memory\n", stderr);
+		abort();
+	}
+	b->s = grown;
+}
+
+void sb_append(struct strbuf *b, const char *s, size_t n)
+{
+	sb_reserve(b, n);
+	memcpy(b->s + b->len, s, n);
+	b->len += n;
+	b->s[b->len] = '\0';
+}
+
+void sb_puts(struct strbuf *b, const char *s)
+{
+	sb_append(b, s, strlen(s));
+}
+
+void sb_int(struct strbuf *b, long long v)
+{
+	char digits[24], *p = digits + sizeof(digits);
+	/* Unsigned, so that the most negative value negates without overflow. */
+	unsigned long long u = v < 0 ? 0ULL - (unsigned long long)v : (unsigned long long)v;
+
+	do {
+		*--p = (char)('0' + u % 10);
+		u /= 10;
+	} while (u);
+	if (v < 0)
+		*--p = '-';
+	sb_append(b, p, (size_t)(digits + sizeof(digits) - p));
+}
+
+void sb_json_string(struct strbuf *b, const char *s)
+{
+	static const char hex[] = "0123456789ABCDEF";   /* jansson's \u00XX */
+	const char *run = s;
+
+	sb_append(b, "\"", 1);
+	for (; *s; s++) {
+		unsigned char c = (unsigned char)*s;
+		char esc[6] = { '\\', 0 };
+		size_t n = 2;
+
+		if (c >= 0x20 && c != '"' && c != '\\')
+			continue;
+		sb_append(b, run, (size_t)(s - run));
+		run = s + 1;
+		switch (c) {
+		case '"': esc[1] = '"'; break;
+		case '\\': esc[1] = '\\'; break;
+		case '\b': esc[1] = 'b'; break;
+		case '\f': esc[1] = 'f'; break;
+		case '\n': esc[1] = 'n'; break;
+		case '\r': esc[1] = 'r'; break;
+		case '\t': esc[1] = 't'; break;
+		default:
+			memcpy(esc + 1, "u00", 3);
+			esc[4] = hex[c >> 4];
+			esc[5] = hex[c & 0xf];
+			n = 6;
+		}
+		sb_append(b, esc, n);
+	}
+	sb_append(b, run, (size_t)(s - run));
+	sb_append(b, "\"", 1);
 }

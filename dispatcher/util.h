@@ -1,6 +1,7 @@
 /*
  * util.h: small helpers every part uses: clocks, randomness, UUIDs,
- * SHA-256, bounded string copies and jittered backoff.
+ * SHA-256, bounded string copies, jittered backoff and a growing string
+ * with JSON string escaping.
  */
 #ifndef OUTBOX_UTIL_H
 #define OUTBOX_UTIL_H
@@ -40,5 +41,20 @@ int64_t backoff_full_jitter_ms(int64_t base_ms, int64_t cap_ms, int attempt);
 
 /* True when s is valid UTF-8 (no overlongs, no surrogates). */
 bool utf8_valid(const char *s, size_t len);
+
+/* Text built by appending (the completion batch's JSON): s is always
+ * NUL-terminated, and owned by whoever holds the struct (free(sb.s)).
+ * Out of memory aborts, as xmalloc does. */
+struct strbuf {
+	char *s;
+	size_t len, cap;
+};
+void sb_init(struct strbuf *b, size_t cap);
+void sb_append(struct strbuf *b, const char *s, size_t n);
+void sb_puts(struct strbuf *b, const char *s);
+void sb_int(struct strbuf *b, long long v);
+/* s as a JSON string, quotes included: ", \ and control characters
+ * escaped the way jansson's json_dumps() escapes them (s is UTF-8). */
+void sb_json_string(struct strbuf *b, const char *s);
 
 #endif

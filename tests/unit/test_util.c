@@ -1,6 +1,7 @@
 /*
  * test_util.c: dispatcher/util.c (UUIDs, SHA-256, UTF-8,
- * backoff with full jitter, string copies), providers/lib/sign.c
+ * backoff with full jitter, string copies, the growing string and its
+ * JSON escaping, compared with jansson's), providers/lib/sign.c
  * (Standard Webhooks HMAC and base64) and db_redact_conninfo().
  *
  * Expected digests come from published vectors (FIPS 180-2, RFC 4231,
@@ -15,6 +16,8 @@
 #include <cmocka.h>
 
 #include <ctype.h>
+#include <jansson.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -483,6 +486,87 @@ static void test_str_copy_and_iso8601(void **state)
 	assert_true(now_wall_ms() > 1600000000000LL);
 }
 
+/* ---- the growing string ------------------------------------------------------ */
+
+/* sb_json_string(s) must be exactly what json_dumps() writes for s (the
+ * completion batch was built with jansson before), and parse back to s. */
+static void check_json_string(const char *s)
+{
+	struct strbuf b;
+	json_t *j = json_string(s), *back;
+	char *want;
+
+	assert_non_null(j);
+	want = json_dumps(j, JSON_ENCODE_ANY);
+	assert_non_null(want);
+	sb_init(&b, 1);
+	sb_json_string(&b, s);
+	assert_string_equal(b.s, want);
+	assert_int_equal(b.len, strlen(want));
+	back = json_loads(b.s, JSON_DECODE_ANY, NULL);
+	assert_non_null(back);
+	assert_string_equal(json_string_value(back), s);
+	json_decref(back);
+	json_decref(j);
+	free(want);
+	free(b.s);
+}
+
+static void test_sb_json_string_matches_jansson(void **state)
+{
+	static const char *const cases[] = {
+		"", "plain", "\"", "\\", "a\"b\\c", "\"\"\\\\", "line\nbreak\r\n\ttab",
+		"\b\f\x01\x1f\x7f", "/slash/", "caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80",
+		"HTTP 422: {\"error\":\"same key\"}", "end\\",
+	};
+	char one[4];
+
+	(void)state;
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
+		check_json_string(cases[i]);
+	/* Every ASCII character alone, and between two others. */
+	for (int c = 1; c < 0x80; c++) {
+		one[0] = (char)c;
+		one[1] = '\0';
+		check_json_string(one);
+		one[0] = 'x';
+		one[1] = (char)c;
+		one[2] = 'y';
+		one[3] = '\0';
+		check_json_string(one);
+	}
+}
+
+static void test_sb_growth_and_int(void **state)
+{
+	static const long long ints[] = { 0, 1, -1, 9, 10, -10, 129900, INT_MAX, INT_MIN,
+	                                  LLONG_MAX, LLONG_MIN };
+	struct strbuf b;
+	char want[32];
+
+	(void)state;
+	for (size_t i = 0; i < sizeof(ints) / sizeof(ints[0]); i++) {
+		sb_init(&b, 1);
+		sb_int(&b, ints[i]);
+		snprintf(want, sizeof(want), "%lld", ints[i]);
+		assert_string_equal(b.s, want);
+		assert_int_equal(b.len, strlen(want));
+		free(b.s);
+	}
+	/* From a one-byte start to 10,000 bytes: every piece kept, in order. */
+	sb_init(&b, 1);
+	assert_string_equal(b.s, "");
+	for (int i = 0; i < 1000; i++)
+		sb_puts(&b, "0123456789");
+	sb_append(&b, "xyz", 2);
+	assert_int_equal(b.len, 10002);
+	assert_true(b.cap > b.len);
+	for (int i = 0; i < 1000; i++)
+		assert_memory_equal(b.s + 10 * i, "0123456789", 10);
+	assert_string_equal(b.s + 10000, "xy");
+	free(b.s);
+}
+
 /* ---- db_redact_conninfo ------------------------------------------------------ */
 
 static void redact(const char *in, char *out, size_t len)
@@ -573,6 +657,8 @@ int main(void)
 		cmocka_unit_test(test_backoff_full_jitter_bounds),
 		cmocka_unit_test(test_random_below),
 		cmocka_unit_test(test_str_copy_and_iso8601),
+		cmocka_unit_test(test_sb_json_string_matches_jansson),
+		cmocka_unit_test(test_sb_growth_and_int),
 		cmocka_unit_test(test_redact_conninfo),
 		cmocka_unit_test(test_redact_conninfo_spaces_and_quotes),
 		cmocka_unit_test(test_redact_conninfo_sslpassword_first),
