@@ -77,10 +77,10 @@ $(BUILD)/providers/outbox_%.so: $(BUILD)/obj/providers/%.o $(PROV_LIB_OBJ)
 
 # Unit tests (cmocka) link the core objects they test.
 # (Some tests #include the .c they test, hence the sources as prerequisites.)
-$(BUILD)/tests/test_%: tests/unit/test_%.c $(CORE_OBJ) $(BUILD)/obj/dispatcher/policy.o $(BUILD)/obj/dispatcher/hosts.o $(PROV_LIB_OBJ) $(wildcard dispatcher/*.c dispatcher/*.h)
+$(BUILD)/tests/test_%: tests/unit/test_%.c $(CORE_OBJ) $(BUILD)/obj/dispatcher/policy.o $(BUILD)/obj/dispatcher/hosts.o $(PROV_LIB_OBJ) $(wildcard dispatcher/*.c dispatcher/*.h providers/*.c)
 	@mkdir -p $(dir $@)
 	@echo "  LD      $@"
-	@$(CC) $(CFLAGS) -o $@ $(filter-out dispatcher/%,$^) $(LDFLAGS) $(PKG_LIBS) $(shell pkg-config --libs cmocka) -lm
+	@$(CC) $(CFLAGS) -o $@ $(filter-out dispatcher/% providers/%,$^) $(LDFLAGS) $(PKG_LIBS) $(shell pkg-config --libs cmocka) -lm
 
 unit: $(UNIT_BIN)
 	@set -e; for t in $(UNIT_BIN); do echo "== $$t"; $$t; done

@@ -1,0 +1,110 @@
+/*
+ * test_http_url.c: providers/http.c's cache of parsed target URLs
+ * (target_parse): every answer must be parse_url()'s for the same text,
+ * whatever the cache held before (hits, slots shared by two URLs, URLs too
+ * long to keep, failures).
+ *
+ * http.c is included whole, so its static functions can be called.
+ */
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include "../../providers/http.c"
+
+struct parsed {
+	bool ok;
+	char scheme[16], host[256], err[256];
+	long port;
+};
+
+static void check_same(struct http_provider *hp, const char *url)
+{
+	struct parsed want = { 0 }, got = { 0 };
+
+	want.ok = parse_url(url, want.scheme, sizeof(want.scheme), want.host, sizeof(want.host),
+	                    &want.port, want.err, sizeof(want.err));
+	got.ok = target_parse(hp, url, got.scheme, sizeof(got.scheme), got.host, sizeof(got.host),
+	                      &got.port, got.err, sizeof(got.err));
+	assert_int_equal(got.ok, want.ok);
+	if (want.ok) {
+		assert_string_equal(got.scheme, want.scheme);
+		assert_string_equal(got.host, want.host);
+		assert_int_equal(got.port, want.port);
+	} else {
+		assert_string_equal(got.err, want.err);
+	}
+}
+
+static void free_cache(struct http_provider *hp)
+{
+	for (int i = 0; i < HTTP_URL_CACHE; i++)
+		free(hp->urls[i].url);
+}
+
+static void test_answers_are_parse_url_s(void **state)
+{
+	static const char *const urls[] = {
+		"http://127.0.0.1:8080/ok", "https://api.example.com/v1/hooks?x=1",
+		"HTTPS://API.Example.COM/", "http://[::1]:9/x", "http://[fe80::1%25eth0]/",
+		"https://example.com:0/", "ftp://example.com/", "not a url", "http://", "",
+		"http://example.com:99999/", "http://user:pw@example.com/", "https://xn--bcher-kva.example/",
+	};
+	struct http_provider *hp = calloc(1, sizeof(*hp));
+
+	(void)state;
+	assert_non_null(hp);
+	/* Twice round: the second time every good URL comes from the cache. */
+	for (int round = 0; round < 2; round++)
+		for (size_t i = 0; i < sizeof(urls) / sizeof(urls[0]); i++)
+			check_same(hp, urls[i]);
+	/* A failure is not kept. */
+	for (int i = 0; i < HTTP_URL_CACHE; i++)
+		if (hp->urls[i].url)
+			assert_true(parse_url(hp->urls[i].url, (char[16]){ 0 }, 16, (char[256]){ 0 }, 256,
+			                      &(long){ 0 }, (char[64]){ 0 }, 64));
+	free_cache(hp);
+	free(hp);
+}
+
+static void test_shared_slots_long_urls(void **state)
+{
+	struct http_provider *hp = calloc(1, sizeof(*hp));
+	char url[HTTP_URL_CACHE_MAX + 64];
+	int kept = 0;
+
+	(void)state;
+	assert_non_null(hp);
+	/* Four times as many hosts as slots, in turns: every slot is shared,
+	 * and each answer must be for the URL asked, not the slot's last. */
+	for (int round = 0; round < 3; round++)
+		for (int i = 0; i < 4 * HTTP_URL_CACHE; i++) {
+			snprintf(url, sizeof(url), "https://h%d.example.com:%d/p", i, 1000 + i);
+			check_same(hp, url);
+		}
+	for (int i = 0; i < HTTP_URL_CACHE; i++)
+		kept += hp->urls[i].url != NULL;
+	assert_true(kept > HTTP_URL_CACHE / 2);
+	/* Longer than the cache keeps: answered, not kept. */
+	memset(url, 'a', sizeof(url));
+	memcpy(url, "http://long.example.com/", 24);
+	url[HTTP_URL_CACHE_MAX + 10] = '\0';
+	check_same(hp, url);
+	check_same(hp, url);
+	for (int i = 0; i < HTTP_URL_CACHE; i++)
+		assert_true(hp->urls[i].url == NULL || strlen(hp->urls[i].url) <= HTTP_URL_CACHE_MAX);
+	free_cache(hp);
+	free(hp);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_answers_are_parse_url_s),
+		cmocka_unit_test(test_shared_slots_long_urls),
+	};
+
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
