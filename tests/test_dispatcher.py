@@ -463,7 +463,10 @@ def test_total_lease_cap_makes_an_overlong_send_unknown(conn, dispatchers, sink)
     assert log[0]["outcome_class"] == "ambiguous" and log[0]["worker"].startswith("reaper:")
     assert log[1]["outcome_class"] == "accepted" and log[1]["cas_applied"] is False
     assert effect(conn, eid)["state"] == "unknown"
-    assert any(e.get("event") == "attempt" and e.get("lease_held") is False for e in w.events())
+    # The worker logs the attempt once outbox_complete has answered, a
+    # moment after the row above is visible.
+    wait_for(lambda: any(e.get("event") == "attempt" and e.get("lease_held") is False
+                         for e in w.events()), what="the attempt line with lease_held false")
 
 
 # -- signals -------------------------------------------------------------------
