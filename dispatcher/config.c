@@ -39,7 +39,7 @@ const struct outbox_conf_key core_keys_dispatcher[] = {
 	{ "max_payload_bytes", CONF_INT, "262144", 64, 67108864, "larger payloads fail as invalid" },
 	{ "unknown_type_grace_seconds", CONF_INT, "60", 0, 86400, "fail rows of a type nobody serves after this" },
 	{ "kill_switch_recheck_ms", CONF_INT, "1000", 50, 60000, "recheck period while the switch is off" },
-	{ "lease_head_slow_ms", CONF_INT, "50", 0, 60000,
+	{ "lease_head_slow_ms", CONF_INT, "10", 0, 60000,
 	  "a lease from the due index's head slower than this: lease from the last position; 0: always" },
 	{ NULL, CONF_STR, NULL, 0, 0, NULL },
 };
