@@ -13,7 +13,7 @@ Environment:
   BENCH_CLIENTS    pgbench client counts for the ceiling, e.g. "1 2 4 8"
   BENCH_RATE       offered load of the fixed-rate latency run (default 1000/s)
   BENCH_RATE_SECONDS   its length (default 120; QUICK 5)
-  BENCH_IDLE       effects inserted one at a time for the idle figure (200; QUICK 60)
+  BENCH_IDLE       effects inserted one at a time for the idle figure (500; QUICK 40)
   BENCH_INFLIGHT   sends held in flight for the memory figure (1000)
   BENCH_VARIANTS   1 = also the 2M-completed-rows and held-vacuum runs (full run default)
   BENCH_BIG        completed rows for that variant (2000000)
@@ -55,7 +55,7 @@ WORKERS = [int(x) for x in os.environ.get("BENCH_WORKERS", "1 2 4").split()]
 CLIENTS = [int(x) for x in os.environ.get("BENCH_CLIENTS", "1 2 4" if QUICK else "1 2 4 8").split()]
 RATE = env_int("BENCH_RATE", 1000, 1000)
 RATE_SECONDS = env_int("BENCH_RATE_SECONDS", 120, 4)
-IDLE = env_int("BENCH_IDLE", 200, 40)
+IDLE = env_int("BENCH_IDLE", 500, 40)
 INFLIGHT = env_int("BENCH_INFLIGHT", 1000, 1000)
 SLOW_MS = env_int("BENCH_SLOW_MS", 4000, 2000)   # the slow sink's answer delay
 VARIANTS = env_int("BENCH_VARIANTS", 1, 0)
@@ -476,12 +476,15 @@ def throughput(k, label, prefix="t", hold_xmin=False, profile=False):
                 label, held, held_done))
         # N attempts logged (ids may have gaps, so this can come early),
         # then the exact test.
-        if attempts_logged() - a0 >= N and queue_empty():
+        logged = attempts_logged() - a0
+        if logged >= N and queue_empty():
             break
+        # Progress from the attempts log's last id, not a count over
+        # effect_outbox: with 2,000,000 completed rows in the table that
+        # count read them all (1.5-3 s of CPU every 10 s, charged to the run).
         if time.time() - last_log > 10:
             last_log = time.time()
-            done = q1("SELECT count(*) FROM effect_outbox WHERE state = 'completed'")
-            log("  %s: %d/%d completed" % (label, done, N))
+            log("  %s: ~%d/%d attempts logged" % (label, logged, N))
         if time.time() - t_start > 1800:
             sys.exit("bench: %s did not drain in 30 min" % label)
     wall = time.time() - t_start
