@@ -777,6 +777,9 @@ static void *http_init(const struct outbox_host *host, const struct outbox_conf 
 		snprintf(err, errlen, "out of memory");
 		goto fail;
 	}
+	/* Never more connections than sends in flight; idle ones still close
+	 * after keepalive_idle_seconds. */
+	curl_loop_keep_connections(hp->loop, host->conf_int(conf, "max_in_flight"));
 	return hp;
 fail:
 	netrules_free(hp->rules);

@@ -159,6 +159,11 @@ struct curl_loop *curl_loop_new(struct event_base *base)
 	return cl;
 }
 
+void curl_loop_keep_connections(struct curl_loop *cl, long n)
+{
+	curl_multi_setopt(cl->multi, CURLMOPT_MAXCONNECTS, n);
+}
+
 bool curl_loop_add(struct curl_loop *cl, CURL *easy, curl_loop_done_fn done, void *arg)
 {
 	struct transfer *t = calloc(1, sizeof(*t));

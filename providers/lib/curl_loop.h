@@ -17,6 +17,10 @@ struct curl_loop;
 typedef void (*curl_loop_done_fn)(CURL *easy, CURLcode rc, void *arg);
 
 struct curl_loop *curl_loop_new(struct event_base *base);
+/* Keep up to n idle connections for reuse (libcurl's default is 4 x the
+ * transfers running at the moment, so a dip between two batches closed
+ * connections the next batch had to open again). */
+void curl_loop_keep_connections(struct curl_loop *cl, long n);
 /* Start a transfer; false if libcurl refused it (done is then not called). */
 bool curl_loop_add(struct curl_loop *cl, CURL *easy, curl_loop_done_fn done, void *arg);
 /* Transfers in progress. */
