@@ -56,6 +56,10 @@
  * slow answer is more often a busy machine than a head full of dead
  * entries, and a switch makes late-committed rows wait for a head scan. */
 #define HEAD_SLOW_STREAK 3
+/* A head this slow is worth an operator's look (a long transaction holding
+ * vacuum back): lease_mode is logged at warn.  Between lease_head_slow_ms
+ * and this, a busy queue between two autovacuums: info. */
+#define HEAD_SLOW_WARN_MS 100
 /* The fleet-wide sweep of the pending backlog runs at most this often. */
 #define SWEEP_MAX_EVERY_S 30
 /* The weekly figures (an aggregate over 26 weeks of rows) are recomputed
@@ -759,17 +763,23 @@ static void lease_cursor_update(struct worker *w, PGresult *r, bool from_head, i
 
 		/* Warn once a minute at most: under a held-back vacuum the head
 		 * can be fast and slow by turns. */
-		bool warn = slow && now - w->lease_mode_warned_mono > 60000;
+		bool warn = slow && took >= HEAD_SLOW_WARN_MS &&
+		            now - w->lease_mode_warned_mono > 60000;
 
 		if (warn)
 			w->lease_mode_warned_mono = now;
-		if (slow != w->lease_from_position)
+		/* A change of mode at info; a slow head at warn, also while the
+		 * mode stays (a snapshot held for an hour is still news). */
+		if (slow != w->lease_from_position || warn)
 			log_event(warn ? OLOG_WARN : OLOG_INFO, "lease_mode",
 			          json_pack("{s:s,s:I,s:s}", "mode", slow ? "position" : "head",
 			                    "head_scan_ms", (json_int_t)took, "msg",
-			                    slow ? "the due index's head is slow (dead entries: is a long "
-			                           "transaction holding vacuum back?): leasing from the last "
-			                           "position, from the head only now and then"
+			                    slow ? warn ? "the due index's head is slow (dead entries: is a long "
+			                                  "transaction holding vacuum back?): leasing from the "
+			                                  "last position, from the head only now and then"
+			                           : "the due index's head is slower than lease_head_slow_ms "
+			                             "(dead entries of a busy queue between vacuums): leasing "
+			                             "from the last position, from the head only now and then"
 			                         : "the due index's head is fast again: leasing from the head"));
 		w->lease_from_position = slow;
 		w->head_scan_due_mono = now + (wait > HEAD_SCAN_MIN_MS ? wait : HEAD_SCAN_MIN_MS);
