@@ -7,6 +7,7 @@ every call until the next ANALYZE (at 1,000 effects/s from an empty table:
 26-160 ms per lease and a queue that ran away for a minute).  The plans
 are read with auto_explain, sent to this session as NOTICEs.
 """
+import json
 import uuid
 
 from outbox_test import kill_switch, make_run, query
@@ -46,3 +47,37 @@ def test_lease_uses_the_due_index_after_the_table_grew_in_the_same_session(conn)
         plans = plans_of(conn, LEASE, args)
         assert "effect_outbox_due_idx" in plans, plans
         assert "Seq Scan on effect_outbox" not in plans, plans
+
+
+def test_complete_finds_its_rows_by_key_not_by_the_index_of_rows_in_flight(conn):
+    """outbox_complete's UPDATE names its rows by effect_id and checks
+    state = 'sending'.  The planner took the partial index of rows in
+    flight for it (it looks tiny in the statistics) and read all of it on
+    every call: under a snapshot held for a minute, every dead entry of every
+    effect sent so far (21,000 pages, 58 ms per call).  Since
+    sql/010_sending_index.sql that index cannot answer this query."""
+    kill_switch(conn, True)
+    owner = str(uuid.uuid4())
+    key = make_run(conn)
+    # A table of some size, 50 rows in flight.
+    query(conn, "INSERT INTO effect_outbox (idempotency_key, effect_type, target, payload, state, "
+                "completed_at) SELECT %s, 'http', 'http://127.0.0.1:9/done' || g, '{}', 'completed', "
+                "now() FROM generate_series(1, 20000) g", (key,))
+    query(conn, "INSERT INTO effect_outbox (idempotency_key, effect_type, target, payload) "
+                "SELECT %s, 'http', 'http://127.0.0.1:9/' || g, '{}' FROM generate_series(1, 50) g",
+          (key,))
+    ids = [r[0] for r in query(conn, "SELECT effect_id::text FROM outbox_lease(%s, 'w', 50, 30, "
+                                     "'{http}', true)", (owner,))]
+    query(conn, "SELECT * FROM outbox_mark_sending(%s, %s::uuid[], true, '{}', 30, %s)",
+          (owner, ids, str(uuid.uuid4())))
+    query(conn, "ANALYZE effect_outbox")
+    results = json.dumps([{"effect_id": i, "attempt": 1, "outcome": "accepted",
+                           "next_state": "completed", "retry_delay_ms": 0, "status": 200,
+                           "provider_id": "p"} for i in ids[:10]])
+    plans = plans_of(conn, "SELECT * FROM outbox_complete(%s, 'w', %s)", (owner, results))
+    assert "Update on effect_outbox" in plans, plans
+    assert "effect_outbox_sending_idx" not in plans, plans
+    assert "effect_outbox_pkey" in plans, plans
+    # The reaper still reads that index.
+    plans = plans_of(conn, "SELECT * FROM outbox_reap('w', 500)", None)
+    assert "effect_outbox_sending_idx" in plans, plans
