@@ -770,17 +770,20 @@ static void lease_cursor_update(struct worker *w, PGresult *r, bool from_head, i
 			w->lease_mode_warned_mono = now;
 		/* A change of mode at info; a slow head at warn, also while the
 		 * mode stays (a snapshot held for an hour is still news). */
-		if (slow != w->lease_from_position || warn)
+		if (slow != w->lease_from_position || warn) {
+			const char *msg =
+				!slow ? "the due index's head is fast again: leasing from the head"
+				: warn ? "the due index's head is slow (dead entries: is a long transaction "
+				         "holding vacuum back?): leasing from the last position, from the "
+				         "head only now and then"
+				       : "the due index's head is slower than lease_head_slow_ms (dead entries "
+				         "of a busy queue between vacuums): leasing from the last position, "
+				         "from the head only now and then";
+
 			log_event(warn ? OLOG_WARN : OLOG_INFO, "lease_mode",
 			          json_pack("{s:s,s:I,s:s}", "mode", slow ? "position" : "head",
-			                    "head_scan_ms", (json_int_t)took, "msg",
-			                    slow ? warn ? "the due index's head is slow (dead entries: is a long "
-			                                  "transaction holding vacuum back?): leasing from the "
-			                                  "last position, from the head only now and then"
-			                           : "the due index's head is slower than lease_head_slow_ms "
-			                             "(dead entries of a busy queue between vacuums): leasing "
-			                             "from the last position, from the head only now and then"
-			                         : "the due index's head is fast again: leasing from the head"));
+			                    "head_scan_ms", (json_int_t)took, "msg", msg));
+		}
 		w->lease_from_position = slow;
 		w->head_scan_due_mono = now + (wait > HEAD_SCAN_MIN_MS ? wait : HEAD_SCAN_MIN_MS);
 	}
