@@ -26,7 +26,9 @@ Environment:
   BENCH_HTTP_CONF, BENCH_DISPATCHER_CONF  extra lines for the workers' [provider.http]
                    and [dispatcher] sections ("key = value; key = value"), to
                    measure a config change
+  BENCH_REPEAT     runs of the best worker and client counts; the ratio uses their means (2; QUICK 1)
   BENCH_ONLY       the parts to run: throughput ceiling latency inflight variants durable
+                   (variants = big held; either alone needs throughput, for its baseline)
 """
 import atexit
 import json
@@ -60,6 +62,7 @@ INFLIGHT = env_int("BENCH_INFLIGHT", 1000, 1000)
 SLOW_MS = env_int("BENCH_SLOW_MS", 4000, 2000)   # the slow sink's answer delay
 VARIANTS = env_int("BENCH_VARIANTS", 1, 0)
 BIG = env_int("BENCH_BIG", 2000000, 200000)
+REPEAT = env_int("BENCH_REPEAT", 2, 1)                # runs of the best configurations
 HOLD = env_int("BENCH_HOLD_SECONDS", 60, 10)     # how long the snapshot is held
 LOG_LEVEL = os.environ.get("BENCH_LOG_LEVEL", "warn")
 PROFILE = env_int("PROFILE", 0, 0)
@@ -514,7 +517,10 @@ def throughput(k, label, prefix="t", hold_xmin=False, profile=False):
     if bad:
         log("  WARNING: %d effects not completed" % bad)
     attempts = q1("SELECT count(*) FROM effect_attempts")
-    r = {"workers": k, "effects": n, "seconds": span, "wall": wall, "rate": rate,
+    # What the run left on disk (heap, without indexes): the price of the
+    # fillfactor (sql/012) is paid here.
+    heap_mib = q1("SELECT pg_relation_size('effect_outbox')") / 1048576.0
+    r = {"workers": k, "heap_mib": heap_mib, "effects": n, "seconds": span, "wall": wall, "rate": rate,
          "rss_kb": [w.hwm_kb for w in workers],
          "worker_cpu_per_1k": sum(w.cpu for w in workers) / n * 1000 if n else 0,
          "pg_cpu_per_1k": pg_cpu / n * 1000 if n else 0, "attempt_rows": attempts,
@@ -523,9 +529,9 @@ def throughput(k, label, prefix="t", hold_xmin=False, profile=False):
          "held_seconds": held, "held_done": held_done,
          "held_rate": held_done / held if held else None}
     log("  %s: %d effects in %.1f s = %.0f effects/s (CPU s per 1000 effects: workers %.2f,"
-        " PostgreSQL %.2f, sink %.2f; peak RSS %s MiB; WAL %.0f bytes/effect)" % (
+        " PostgreSQL %.2f, sink %.2f; peak RSS %s MiB; WAL %.0f bytes/effect; heap %.0f MiB)" % (
             label, n, span, rate, r["worker_cpu_per_1k"], r["pg_cpu_per_1k"], r["sink_cpu_per_1k"],
-            "/".join("%.1f" % (x / 1024.0) for x in r["rss_kb"] if x), r["wal_per_effect"]))
+            "/".join("%.1f" % (x / 1024.0) for x in r["rss_kb"] if x), r["wal_per_effect"], heap_mib))
     return r
 
 
@@ -574,6 +580,20 @@ def stop_perf(p):
 
 
 # ---- the database ceiling --------------------------------------------------
+
+def mean_of_runs(runs):
+    """One result from repeated runs of one configuration: the mean of each
+    figure, and the single rates kept as `samples`."""
+    out = dict(runs[0])
+    for key in ("rate", "worker_cpu_per_1k", "pg_cpu_per_1k", "sink_cpu_per_1k",
+                "pgbench_cpu_per_1k", "wal_per_effect"):
+        if key in out:
+            out[key] = sum(r[key] for r in runs) / len(runs)
+    out["samples"] = [r["rate"] for r in runs]
+    log("  mean of %d runs: %.0f effects/s (%s)" % (
+        len(runs), out["rate"], ", ".join("%.0f" % r for r in out["samples"])))
+    return out
+
 
 def ceiling(clients):
     reset()
@@ -807,6 +827,23 @@ def main():
                 tp[k] = throughput(k, "fresh-%d" % k, profile=bool(PROFILE) and k == 1)
             if k in CLIENTS and "ceiling" in ONLY:
                 ceil.append(ceiling(k))
+        # The best worker count and the best client count again, alternating
+        # (BENCH_REPEAT runs of each in all): effects/s move by +-15 % from
+        # run to run, and the best of three single runs is the luckiest.
+        # The ratio and the variants use the mean of the repeats.
+        if REPEAT > 1 and tp and ceil:
+            best_k = max(tp, key=lambda k: tp[k]["rate"])
+            best_c = max(ceil, key=lambda c: c["rate"])
+            runs_k, runs_c = [tp[best_k]], [best_c]
+            for i in range(REPEAT - 1):
+                reset()
+                load(N, sink.url("ok"))
+                settle()
+                runs_k.append(throughput(best_k, "fresh-%d (again)" % best_k))
+                runs_c.append(ceiling(best_c["clients"]))
+            tp[best_k] = mean_of_runs(runs_k)
+            ceil[ceil.index(best_c)] = mean_of_runs(runs_c)
+            results["ratio_workers"], results["ratio_clients"] = best_k, best_c["clients"]
         results["throughput"] = tp
         results["ceiling"] = ceil
 
@@ -815,18 +852,20 @@ def main():
         if "inflight" in ONLY:
             results["inflight"] = inflight_run()
 
-        if VARIANTS and "variants" in ONLY and tp:
-            best_k = max(tp, key=lambda k: tp[k]["rate"])
-            reset()
-            log("  loading %d completed effects ..." % BIG)
-            load_completed(BIG)
-            load(N, sink.url("ok"))
-            settle()
-            results["big"] = throughput(best_k, "big-%d" % best_k)
-            reset()
-            load(N, sink.url("ok"))
-            settle()
-            results["held"] = throughput(best_k, "held-%d" % best_k, hold_xmin=True)
+        if VARIANTS and tp and ("variants" in ONLY or "big" in ONLY or "held" in ONLY):
+            best_k = results.get("ratio_workers") or max(tp, key=lambda k: tp[k]["rate"])
+            if "variants" in ONLY or "big" in ONLY:
+                reset()
+                log("  loading %d completed effects ..." % BIG)
+                load_completed(BIG)
+                load(N, sink.url("ok"))
+                settle()
+                results["big"] = throughput(best_k, "big-%d" % best_k)
+            if "variants" in ONLY or "held" in ONLY:
+                reset()
+                load(N, sink.url("ok"))
+                settle()
+                results["held"] = throughput(best_k, "held-%d" % best_k, hold_xmin=True)
             results["variant_workers"] = best_k
 
     finally:
@@ -919,15 +958,18 @@ def lat_cell(r):
 def summary():
     tp, ceil = results.get("throughput", {}), results.get("ceiling", [])
     rows = []
+
+    def samples(r):
+        return "; mean of %s" % " and ".join("%.0f" % x for x in r["samples"]) if r.get("samples") else ""
     for k in sorted(tp):
         rows.append(("throughput, %d worker%s" % (k, "s" if k > 1 else ""), "%.0f effects/s" % tp[k]["rate"],
-                     "CPU s/1000 effects: workers %.2f, PostgreSQL %.2f, sink %.2f; peak RSS %s MiB/worker" % (
+                     "CPU s/1000 effects: workers %.2f, PostgreSQL %.2f, sink %.2f; peak RSS %s MiB/worker%s" % (
                          tp[k]["worker_cpu_per_1k"], tp[k]["pg_cpu_per_1k"], tp[k]["sink_cpu_per_1k"],
-                         "/".join(mib(x) for x in tp[k]["rss_kb"]))))
+                         "/".join(mib(x) for x in tp[k]["rss_kb"]), samples(tp[k]))))
     for c in ceil:
         rows.append(("ceiling (pgbench), %d client%s" % (c["clients"], "s" if c["clients"] > 1 else ""),
-                     "%.0f effects/s" % c["rate"], "CPU s/1000 effects: PostgreSQL %.2f, pgbench %.2f" % (
-                         c["pg_cpu_per_1k"], c["pgbench_cpu_per_1k"])))
+                     "%.0f effects/s" % c["rate"], "CPU s/1000 effects: PostgreSQL %.2f, pgbench %.2f%s" % (
+                         c["pg_cpu_per_1k"], c["pgbench_cpu_per_1k"], samples(c))))
     lat = results.get("latency")
     if lat:
         rows.append(("latency idle (one at a time)", lat_cell(lat["idle"]),
@@ -958,6 +1000,8 @@ def summary():
         rows.append(("throughput, %d workers, %d completed rows in the table" % (k, BIG),
                      "%.0f effects/s" % r["rate"],
                      "%+.0f%% vs fresh table" % ((r["rate"] / tp[k]["rate"] - 1) * 100)))
+    if "held" in results:
+        k = results["variant_workers"]
         r = results["held"]
         rows.append(("throughput, %d workers, while a snapshot is held %.0f s" % (k, r["held_seconds"] or 0),
                      "%.0f effects/s" % (r["held_rate"] or 0),
@@ -981,8 +1025,9 @@ def summary():
             print("| %-*s | %-*s | %s |" % (w0, a, w1, b, c))
         print()
     if tp and ceil:
-        best_k = max(tp, key=lambda k: tp[k]["rate"])
-        best_c = max(ceil, key=lambda c: c["rate"])
+        best_k = results.get("ratio_workers") or max(tp, key=lambda k: tp[k]["rate"])
+        best_c = ([c for c in ceil if c["clients"] == results.get("ratio_clients")]
+                  or [max(ceil, key=lambda c: c["rate"])])[0]
         ratio = tp[best_k]["rate"] / best_c["rate"] if best_c["rate"] else 0.0
         print("dispatcher best: %.0f effects/s with %d worker%s; ceiling: %.0f effects/s with %d pgbench client%s" % (
             tp[best_k]["rate"], best_k, "s" if best_k > 1 else "", best_c["rate"], best_c["clients"],

@@ -66,6 +66,8 @@ static const struct metric_desc counter_desc[M_COUNTER_MAX] = {
 		"Per-host circuit breakers opened." },
 	[M_KEY_CONFLICTS] = { "outbox_key_conflicts_total",
 		"Provider answers 'same idempotency key, different payload' (422): an alert." },
+	[M_MAINT_PASSES] = { "outbox_maintenance_passes_total",
+		"Housekeeping passes (reaper, sweep, gauges) this worker finished." },
 };
 
 static const struct metric_desc gauge_desc[G_GAUGE_MAX] = {
@@ -79,6 +81,8 @@ static const struct metric_desc gauge_desc[G_GAUGE_MAX] = {
 		"1 when the kill switch allows sends for this worker (environment and fleet row), else 0." },
 	[G_DB_UP] = { "outbox_db_up",
 		"1 when the worker's database connection is up, else 0." },
+	[G_MAINT_PASS_SECONDS] = { "outbox_maintenance_pass_seconds",
+		"Duration of the last housekeeping pass; the next starts no sooner than ten times this after it." },
 	[G_WEEK_DUPLICATE_SHARE] = { "outbox_week_duplicate_delivery_share",
 		"This week: claims that found their key already taken / all claims." },
 	[G_WEEK_APPROVAL_WAIT_P50] = { "outbox_week_approval_wait_p50_seconds",

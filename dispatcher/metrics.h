@@ -23,6 +23,7 @@ enum metric_counter {
 	M_INVALID,               /* rows failed before sending (bad payload, type) */
 	M_BREAKER_OPENED,
 	M_KEY_CONFLICTS,         /* 422 same key, different payload: an alert */
+	M_MAINT_PASSES,          /* housekeeping passes finished (reaper, sweep, gauges) */
 	M_COUNTER_MAX
 };
 
@@ -33,6 +34,7 @@ enum metric_gauge {
 	G_UNKNOWN,               /* effects in state unknown (fleet-wide) */
 	G_KILL_SWITCH_ON,        /* 1 when sends are allowed for this worker */
 	G_DB_UP,
+	G_MAINT_PASS_SECONDS,    /* how long the last housekeeping pass took */
 	/* The seeds' weekly figures for the current week (outbox_weekly_stats). */
 	G_WEEK_DUPLICATE_SHARE,
 	G_WEEK_APPROVAL_WAIT_P50,

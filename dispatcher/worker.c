@@ -60,6 +60,23 @@
  * vacuum back): lease_mode is logged at warn.  Between lease_head_slow_ms
  * and this, a busy queue between two autovacuums: info. */
 #define HEAD_SLOW_WARN_MS 100
+/* A maintenance pass (reaper, sweep, gauges) starts at least this many
+ * times its predecessor's duration after it ended: under a held-back
+ * vacuum the reaper's and the gauge's index scans walk dead entries
+ * (66 ms and 270 ms a call after a held minute, measured), and a pass every
+ * maintenance_interval_ms would spend a fifth of the records connection's
+ * time, and of the database's CPU, on them. */
+#ifndef MAINT_BACKOFF_FACTOR
+#define MAINT_BACKOFF_FACTOR 10
+#endif
+/* The queue-lag gauge reads the due index from its head: asked again after
+ * this many times its last answer's wait (a gauge a few seconds old is
+ * still a gauge; 250 ms walks of a held-back head every 2.5 s were 4 % of
+ * the database's CPU in a held-snapshot run).  Both can be set with -D
+ * for an A/B build (docs/performance.md). */
+#ifndef GAUGE_LAG_FACTOR
+#define GAUGE_LAG_FACTOR 30
+#endif
 /* The fleet-wide sweep of the pending backlog runs at most this often. */
 #define SWEEP_MAX_EVERY_S 30
 /* The weekly figures (an aggregate over 26 weeks of rows) are recomputed
@@ -163,6 +180,8 @@ struct worker {
 	int64_t lease_mode_warned_mono; /* the last "head is slow" warning */
 	int64_t head_scan_due_mono;   /* then, the next lease from the head */
 	int64_t gauge_lag_due_mono;   /* the next queue-lag gauge (it reads the due index's head) */
+	int64_t maint_started_mono;   /* the maintenance pass in flight began */
+	int64_t maint_due_mono;       /* no pass before (MAINT_BACKOFF_FACTOR) */
 	bool gauge_lag_asked;         /* the gauge query in flight includes the lag */
 	bool lease_wanted;            /* a NOTIFY, a poll tick or a reconnect asked for a lease */
 	bool recon_requested;
@@ -1281,16 +1300,21 @@ static void on_gauges(struct db *db, PGresult *r, void *arg)
 {
 	struct worker *w = arg;
 	bool lag = w->gauge_lag_asked;
+	int64_t took;
 
 	w->maint_busy = false;
 	w->gauge_lag_asked = false;
+	took = now_mono_ms() - w->maint_started_mono;
+	w->maint_due_mono = now_mono_ms() + took * MAINT_BACKOFF_FACTOR;
+	metrics_inc(M_MAINT_PASSES, 1);
+	metrics_set(G_MAINT_PASS_SECONDS, (double)took / 1000.0);
 	if (!pg_ok(r, "gauges") || PQntuples(r) != 1)
 		return;
 	if (lag) {
 		/* The lag reads the head of the due index, which a held-back
-		 * vacuum makes slow: ask again after HEAD_SCAN_FACTOR times this
+		 * vacuum makes slow: ask again after GAUGE_LAG_FACTOR times this
 		 * answer's wait, at the soonest on the next pass. */
-		w->gauge_lag_due_mono = now_mono_ms() + (now_mono_ms() - db_head_sent_mono(db)) * HEAD_SCAN_FACTOR;
+		w->gauge_lag_due_mono = now_mono_ms() + (now_mono_ms() - db_head_sent_mono(db)) * GAUGE_LAG_FACTOR;
 		metrics_set(G_QUEUE_LAG_SECONDS, strtod(PQgetvalue(r, 0, 0), NULL));
 	}
 	metrics_set(G_UNKNOWN, strtod(PQgetvalue(r, 0, 1), NULL));
@@ -1363,9 +1387,10 @@ static void on_maintenance(evutil_socket_t fd, short what, void *arg)
 	}
 	if (!db_is_up(w->rec))
 		return;
-	if (w->maint_busy)
+	if (w->maint_busy || now_mono_ms() < w->maint_due_mono)
 		return;   /* the database is slow; do not pile up */
 	w->maint_busy = true;
+	w->maint_started_mono = now_mono_ms();
 	params[0] = w->name;
 	params[1] = "500";
 	db_query(w->rec, "SELECT effect_id, state, coalesce(lost_worker, '') FROM outbox_reap($1, $2)",

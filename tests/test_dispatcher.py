@@ -737,3 +737,48 @@ def test_weekly_figures_are_exported_as_metrics(conn, dispatchers, sink):
     for name in ("outbox_week_duplicate_delivery_share", "outbox_week_approval_wait_p95_seconds",
                  "outbox_week_validation_failure_share", "outbox_week_retries_exhausted"):
         assert re.search(rf"^{name} ", text, re.M), name
+
+
+def test_a_slow_housekeeping_pass_spaces_the_next_ones(conn, db, dispatchers):
+    """While vacuum is held back the reaper's and the lag gauge's index scans
+    walk dead entries; a pass every maintenance_interval_ms would then spend
+    a large share of the records connection and of the database's CPU on
+    them.  The next pass starts no sooner than ten times the last one's
+    duration after it, and it does start."""
+    import urllib.request
+    import psycopg2
+    kill_switch(conn, True)
+    # The fleet-wide sweep is due; a transaction holding its row makes the
+    # first pass wait there.
+    query(conn, "UPDATE outbox_sweeps SET last_run = '2000-01-01'")
+    holder = psycopg2.connect(db)
+    hc = holder.cursor()
+    hc.execute("SELECT 1 FROM outbox_sweeps WHERE id = 1 FOR UPDATE")
+    port = closed_port()
+    dispatchers({"metrics": {"listen": f"127.0.0.1:{port}"},
+                 "dispatcher": {"maintenance_interval_ms": 100}, **http_cfg()})
+
+    def metric(name):
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+        m = re.search(rf"^{name} (\S+)$", text, re.M)
+        return float(m.group(1)) if m else None
+
+    wait_for(lambda: scalar(conn, "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                                  "AND query LIKE '%%outbox_sweep%%'") == 1, what="the sweep waiting")
+    time.sleep(1.0)   # the pass is slow for this long: the scenario, not a wait
+    holder.rollback()
+    holder.close()
+    wait_for(lambda: (metric("outbox_maintenance_pass_seconds") or 0) >= 1.0, what="the slow pass to end")
+    ended = time.monotonic()
+    passes = metric("outbox_maintenance_passes_total")
+    # At maintenance_interval_ms = 100 there would be some 40 passes in the
+    # next four seconds; the backoff allows none before ten seconds.
+    time.sleep(4.0)
+    assert metric("outbox_maintenance_passes_total") == passes
+    wait_for(lambda: metric("outbox_maintenance_passes_total") > passes, timeout=30,
+             what="the next pass")
+    assert time.monotonic() - ended >= 9.5
+    # A fast pass brings the period back to the interval.
+    fast = metric("outbox_maintenance_passes_total")
+    wait_for(lambda: metric("outbox_maintenance_passes_total") >= fast + 5, timeout=10,
+             what="passes at the configured interval again")

@@ -81,3 +81,35 @@ def test_complete_finds_its_rows_by_key_not_by_the_index_of_rows_in_flight(conn)
     # The reaper still reads that index.
     plans = plans_of(conn, "SELECT * FROM outbox_reap('w', 500)", None)
     assert "effect_outbox_sending_idx" in plans, plans
+
+
+def test_kill_switch_lists_every_row_in_flight_from_indexes(conn):
+    """outbox_kill_switch_set lists the effects in flight while it holds
+    the kill-switch lock that every outbox_mark_sending waits for.  Since
+    sql/011_inflight_list.sql the list reads two partial indexes (rows in
+    flight with a deadline, and the ones someone set to `sending` by hand
+    without one), not the whole table, and still lists both kinds; so does
+    `outboxctl status`'s count."""
+    kill_switch(conn, True)
+    owner = str(uuid.uuid4())
+    key = make_run(conn)
+    query(conn, "INSERT INTO effect_outbox (idempotency_key, effect_type, target, payload, state, "
+                "completed_at) SELECT %s, 'http', 'http://127.0.0.1:9/done' || g, '{}', 'completed', "
+                "now() FROM generate_series(1, 20000) g", (key,))
+    query(conn, "INSERT INTO effect_outbox (idempotency_key, effect_type, target, payload) "
+                "SELECT %s, 'http', 'http://127.0.0.1:9/' || g, '{}' FROM generate_series(1, 4) g",
+          (key,))
+    ids = [r[0] for r in query(conn, "SELECT effect_id::text FROM outbox_lease(%s, 'w', 3, 30, "
+                                     "'{http}', true)", (owner,))]
+    query(conn, "SELECT * FROM outbox_mark_sending(%s, %s::uuid[], true, '{}', 30, %s)",
+          (owner, ids, str(uuid.uuid4())))
+    by_hand = query(conn, "UPDATE effect_outbox SET state = 'sending' WHERE state = 'pending' "
+                          "RETURNING effect_id::text")[0][0]
+    query(conn, "ANALYZE effect_outbox")
+    plans = plans_of(conn, "SELECT effect_id::text FROM outbox_kill_switch_set(true, 'op', 'test')", None)
+    assert "effect_outbox_sending_idx" in plans, plans
+    assert "effect_outbox_sending_nodeadline_idx" in plans, plans
+    assert "Seq Scan on effect_outbox" not in plans, plans
+    listed = {r[0] for r in query(conn, "SELECT effect_id::text FROM "
+                                        "outbox_kill_switch_set(true, 'op', 'test')")}
+    assert listed == set(ids) | {by_hand}

@@ -227,9 +227,11 @@ def test_outboxctl_kill_switch_off_lists_the_sends_in_flight(db, conn):
 # --- status ---------------------------------------------------------------------------
 
 def test_outboxctl_status_counts_match_the_database(db, conn):
-    ids = [new_effect(conn) for _ in range(9)]
+    ids = [new_effect(conn) for _ in range(10)]
     arrange(conn, ids[0], "sending", lease_owner=str(uuid.uuid4()), lease_worker="w1",
             sending_since="SQL:now()", lease_expires_at="SQL:now() + interval '1 minute'")
+    # Set to `sending` by hand, without a deadline: still in flight (sql/011).
+    arrange(conn, ids[9], "sending")
     for i in ids[1:3]:
         arrange(conn, i, "completed", completed_at="SQL:now()")
     arrange(conn, ids[3], "unknown")
@@ -246,8 +248,8 @@ def test_outboxctl_status_counts_match_the_database(db, conn):
     db_counts = dict(query(conn, "SELECT state, count(*) FROM effect_outbox GROUP BY state"))
     for s in ("pending", "sending", "completed", "unknown", "failed"):
         assert st["counts"][s] == db_counts.get(s, 0), s
-    assert st["counts"] == {"pending": 3, "sending": 1, "completed": 2, "unknown": 1, "failed": 2}
-    assert st["in_flight"] == 1 and st["unknown"] == 1
+    assert st["counts"] == {"pending": 3, "sending": 2, "completed": 2, "unknown": 1, "failed": 2}
+    assert st["in_flight"] == 2 and st["unknown"] == 1
     assert st["failed_last_hour"] == 1
     assert 295 <= st["oldest_pending_age_seconds"] < 400
     assert st["kill_switch"]["state"] == "off"
@@ -255,7 +257,7 @@ def test_outboxctl_status_counts_match_the_database(db, conn):
 
     r = ok(ctl(db, "status"))
     assert "pending    3" in r.stdout and "failed     2" in r.stdout
-    assert "in flight: 1" in r.stdout and "unknown: 1" in r.stdout
+    assert "in flight: 2" in r.stdout and "unknown: 1" in r.stdout
     assert "kill switch: off" in r.stdout and "cara" in r.stdout
 
 
