@@ -397,8 +397,9 @@ def load(n, target, prefix="t"):
     takes every row of the pages it touches, and a lease is HOT only if the
     page kept room for all of them (sql/012).  With one due time for all
     (before session 4) leases went in effect_id order, i.e. at random over
-    the pages, which hid that: 1 worker 7,149 vs 4,682 effects/s, WAL 2,377
-    vs 3,101 bytes per effect, at fillfactor 80."""
+    the pages, which hid that: at fillfactor 80, WAL 2,377 bytes per effect
+    with one due time, 3,240 in insertion order (1 worker 6,000-7,100 vs
+    5,430-5,470 effects/s)."""
     q("INSERT INTO workflow_runs (idempotency_key, state, payload_hash)"
       " SELECT %s || g, 'approved', 'h' FROM generate_series(1, %s) g", (prefix, n), fetch=False)
     q("INSERT INTO effect_outbox (idempotency_key, effect_type, target, payload, available_at)"

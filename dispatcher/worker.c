@@ -64,8 +64,8 @@
  * times its predecessor's duration after it ended: under a held-back
  * vacuum the reaper's and the gauge's index scans walk dead entries
  * (66 ms and 270 ms a call after a held minute, measured), and a pass every
- * maintenance_interval_ms would spend a fifth of the records connection's
- * time, and of the database's CPU, on them. */
+ * maintenance_interval_ms spent a fifth of the records connection's time
+ * on them (8 s of the database's 74 in a held-snapshot run; 2.8 s after). */
 #ifndef MAINT_BACKOFF_FACTOR
 #define MAINT_BACKOFF_FACTOR 10
 #endif
