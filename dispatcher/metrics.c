@@ -82,7 +82,7 @@ static const struct metric_desc gauge_desc[G_GAUGE_MAX] = {
 	[G_DB_UP] = { "outbox_db_up",
 		"1 when the worker's database connection is up, else 0." },
 	[G_MAINT_PASS_SECONDS] = { "outbox_maintenance_pass_seconds",
-		"Duration of the last housekeeping pass; the next starts no sooner than ten times this after it." },
+		"Duration of the last housekeeping pass; the next starts no sooner than ten times this after it (at most lease_seconds/2)." },
 	[G_WEEK_DUPLICATE_SHARE] = { "outbox_week_duplicate_delivery_share",
 		"This week: claims that found their key already taken / all claims." },
 	[G_WEEK_APPROVAL_WAIT_P50] = { "outbox_week_approval_wait_p50_seconds",

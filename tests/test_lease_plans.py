@@ -88,8 +88,9 @@ def test_kill_switch_lists_every_row_in_flight_from_indexes(conn):
     the kill-switch lock that every outbox_mark_sending waits for.  Since
     sql/011_inflight_list.sql the list reads two partial indexes (rows in
     flight with a deadline, and the ones someone set to `sending` by hand
-    without one), not the whole table, and still lists both kinds; so does
-    `outboxctl status`'s count."""
+    without one), not the whole table, and still lists both kinds.
+    (`outboxctl status` counts the same two ways: its count is checked in
+    test_outboxctl.py, with a row of each kind.)"""
     kill_switch(conn, True)
     owner = str(uuid.uuid4())
     key = make_run(conn)
