@@ -739,33 +739,48 @@ def test_weekly_figures_are_exported_as_metrics(conn, dispatchers, sink):
         assert re.search(rf"^{name} ", text, re.M), name
 
 
+def hold_the_sweep(conn, db):
+    """Make the fleet-wide sweep due and hold its row, so that the next
+    housekeeping pass waits there until the returned connection lets go."""
+    import psycopg2
+    query(conn, "UPDATE outbox_sweeps SET last_run = '2000-01-01'")
+    holder = psycopg2.connect(db)
+    holder.cursor().execute("SELECT 1 FROM outbox_sweeps WHERE id = 1 FOR UPDATE")
+    return holder
+
+
+def sweep_waiting(conn):
+    """The pid of the worker backend whose sweep waits on the held row (in
+    this test's database: tests run in parallel on one server)."""
+    return scalar(conn, "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+                        "AND wait_event_type = 'Lock' AND query LIKE '%%outbox_sweep%%'")
+
+
+def scrape_metric(port, name):
+    import urllib.request
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    m = re.search(rf"^{name} (\S+)$", text, re.M)
+    return float(m.group(1)) if m else None
+
+
 def test_a_slow_housekeeping_pass_spaces_the_next_ones(conn, db, dispatchers):
     """While vacuum is held back the reaper's and the lag gauge's index scans
     walk dead entries; a pass every maintenance_interval_ms would then spend
     a large share of the records connection and of the database's CPU on
     them.  The next pass starts no sooner than ten times the last one's
     duration after it, and it does start."""
-    import urllib.request
-    import psycopg2
     kill_switch(conn, True)
-    # The fleet-wide sweep is due; a transaction holding its row makes the
-    # first pass wait there.
-    query(conn, "UPDATE outbox_sweeps SET last_run = '2000-01-01'")
-    holder = psycopg2.connect(db)
-    hc = holder.cursor()
-    hc.execute("SELECT 1 FROM outbox_sweeps WHERE id = 1 FOR UPDATE")
+    # The first pass waits at the sweep.
+    holder = hold_the_sweep(conn, db)
     port = closed_port()
     # lease_seconds 30: the backoff is capped at half of it.
     dispatchers({"metrics": {"listen": f"127.0.0.1:{port}"},
                  "dispatcher": {"maintenance_interval_ms": 100, "lease_seconds": 30}, **http_cfg()})
 
     def metric(name):
-        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
-        m = re.search(rf"^{name} (\S+)$", text, re.M)
-        return float(m.group(1)) if m else None
+        return scrape_metric(port, name)
 
-    wait_for(lambda: scalar(conn, "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-                                  "AND query LIKE '%%outbox_sweep%%'") == 1, what="the sweep waiting")
+    wait_for(lambda: sweep_waiting(conn), what="the sweep waiting")
     time.sleep(1.0)   # the pass is slow for this long: the scenario, not a wait
     holder.rollback()
     holder.close()
@@ -790,25 +805,17 @@ def test_a_pass_cut_by_a_lost_connection_does_not_pause_housekeeping(conn, db, d
     timing that pass would charge the outage to housekeeping and pause the
     reaper for ten times as long.  It is not timed: passes resume at the
     configured interval."""
-    import urllib.request
-    import psycopg2
     kill_switch(conn, True)
-    query(conn, "UPDATE outbox_sweeps SET last_run = '2000-01-01'")
-    holder = psycopg2.connect(db)
-    hc = holder.cursor()
-    hc.execute("SELECT 1 FROM outbox_sweeps WHERE id = 1 FOR UPDATE")
+    holder = hold_the_sweep(conn, db)
     port = closed_port()
     dispatchers({"metrics": {"listen": f"127.0.0.1:{port}"},
                  "dispatcher": {"maintenance_interval_ms": 500, "lease_seconds": 60},
                  "database": {"reconnect_min_ms": 20, "reconnect_max_ms": 200}, **http_cfg()})
 
     def passes():
-        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
-        m = re.search(r"^outbox_maintenance_passes_total (\S+)$", text, re.M)
-        return float(m.group(1)) if m else 0.0
+        return scrape_metric(port, "outbox_maintenance_passes_total") or 0.0
 
-    pid = wait_for(lambda: scalar(conn, "SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-                                        "AND query LIKE '%%outbox_sweep%%'"), what="the sweep waiting")
+    pid = wait_for(lambda: sweep_waiting(conn), what="the sweep waiting")
     time.sleep(2.0)   # the pass has been running this long when its connection breaks
     query(conn, "SELECT pg_terminate_backend(%s)", (pid,))
     holder.rollback()

@@ -49,6 +49,24 @@ def test_lease_uses_the_due_index_after_the_table_grew_in_the_same_session(conn)
         assert "Seq Scan on effect_outbox" not in plans, plans
 
 
+def finished_rows_and_some_in_flight(conn, owner, pending, in_flight):
+    """A table of some size: 20,000 completed rows, `pending` new ones of
+    which `in_flight` are leased by owner and moved to `sending`.  Returns
+    the ids in flight."""
+    key = make_run(conn)
+    query(conn, "INSERT INTO effect_outbox (idempotency_key, effect_type, target, payload, state, "
+                "completed_at) SELECT %s, 'http', 'http://127.0.0.1:9/done' || g, '{}', 'completed', "
+                "now() FROM generate_series(1, 20000) g", (key,))
+    query(conn, "INSERT INTO effect_outbox (idempotency_key, effect_type, target, payload) "
+                "SELECT %s, 'http', 'http://127.0.0.1:9/' || g, '{}' FROM generate_series(1, %s) g",
+          (key, pending))
+    ids = [r[0] for r in query(conn, "SELECT effect_id::text FROM outbox_lease(%s, 'w', %s, 30, "
+                                     "'{http}', true)", (owner, in_flight))]
+    query(conn, "SELECT * FROM outbox_mark_sending(%s, %s::uuid[], true, '{}', 30, %s)",
+          (owner, ids, str(uuid.uuid4())))
+    return ids
+
+
 def test_complete_finds_its_rows_by_key_not_by_the_index_of_rows_in_flight(conn):
     """outbox_complete's UPDATE names its rows by effect_id and checks
     state = 'sending'.  The planner took the partial index of rows in
@@ -58,18 +76,7 @@ def test_complete_finds_its_rows_by_key_not_by_the_index_of_rows_in_flight(conn)
     sql/010_sending_index.sql that index cannot answer this query."""
     kill_switch(conn, True)
     owner = str(uuid.uuid4())
-    key = make_run(conn)
-    # A table of some size, 50 rows in flight.
-    query(conn, "INSERT INTO effect_outbox (idempotency_key, effect_type, target, payload, state, "
-                "completed_at) SELECT %s, 'http', 'http://127.0.0.1:9/done' || g, '{}', 'completed', "
-                "now() FROM generate_series(1, 20000) g", (key,))
-    query(conn, "INSERT INTO effect_outbox (idempotency_key, effect_type, target, payload) "
-                "SELECT %s, 'http', 'http://127.0.0.1:9/' || g, '{}' FROM generate_series(1, 50) g",
-          (key,))
-    ids = [r[0] for r in query(conn, "SELECT effect_id::text FROM outbox_lease(%s, 'w', 50, 30, "
-                                     "'{http}', true)", (owner,))]
-    query(conn, "SELECT * FROM outbox_mark_sending(%s, %s::uuid[], true, '{}', 30, %s)",
-          (owner, ids, str(uuid.uuid4())))
+    ids = finished_rows_and_some_in_flight(conn, owner, pending=50, in_flight=50)
     query(conn, "ANALYZE effect_outbox")
     results = json.dumps([{"effect_id": i, "attempt": 1, "outcome": "accepted",
                            "next_state": "completed", "retry_delay_ms": 0, "status": 200,
@@ -93,17 +100,7 @@ def test_kill_switch_lists_every_row_in_flight_from_indexes(conn):
     test_outboxctl.py, with a row of each kind.)"""
     kill_switch(conn, True)
     owner = str(uuid.uuid4())
-    key = make_run(conn)
-    query(conn, "INSERT INTO effect_outbox (idempotency_key, effect_type, target, payload, state, "
-                "completed_at) SELECT %s, 'http', 'http://127.0.0.1:9/done' || g, '{}', 'completed', "
-                "now() FROM generate_series(1, 20000) g", (key,))
-    query(conn, "INSERT INTO effect_outbox (idempotency_key, effect_type, target, payload) "
-                "SELECT %s, 'http', 'http://127.0.0.1:9/' || g, '{}' FROM generate_series(1, 4) g",
-          (key,))
-    ids = [r[0] for r in query(conn, "SELECT effect_id::text FROM outbox_lease(%s, 'w', 3, 30, "
-                                     "'{http}', true)", (owner,))]
-    query(conn, "SELECT * FROM outbox_mark_sending(%s, %s::uuid[], true, '{}', 30, %s)",
-          (owner, ids, str(uuid.uuid4())))
+    ids = finished_rows_and_some_in_flight(conn, owner, pending=4, in_flight=3)
     by_hand = query(conn, "UPDATE effect_outbox SET state = 'sending' WHERE state = 'pending' "
                           "RETURNING effect_id::text")[0][0]
     query(conn, "ANALYZE effect_outbox")
