@@ -348,7 +348,16 @@ class Chaos:
         w = self.pick()
         if w is None:
             return
-        w.proc.send_signal(signal.SIGKILL)
+        try:
+            w.proc.send_signal(signal.SIGKILL)
+        except OSError as e:
+            # Seen once as EPERM: the worker had exited by itself and another
+            # thread's poll() reaped it between send_signal's own check and
+            # its kill(), so the pid was someone else's.  Say what exited.
+            rc = w.proc.poll()
+            size = os.path.getsize(w.log_path) if os.path.exists(w.log_path) else -1
+            raise RuntimeError(f"{w.name}: {e!r}; the worker had {'exited with ' + str(rc) if rc is not None else 'not exited'}"
+                               f" before the SIGKILL; its log has {size} bytes") from e
         w.proc.wait()
         w.killed = True
         self.kill_times[w.name] = time.time()
