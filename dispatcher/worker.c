@@ -172,7 +172,11 @@ struct worker {
 	int leasing_rows;             /* rows asked for by leases on the wire */
 	int n_sending;
 	int n_reconciling;
-	bool lease_busy, head_busy, mark_busy, complete_busy, recon_busy, recon_record_busy, maint_busy;
+	bool lease_busy, head_busy, mark_busy, complete_busy, recon_busy, recon_record_busy;
+	/* A housekeeping pass is in flight until its last query (the gauges)
+	 * answers, also across a lost connection: the rest of a cut pass runs
+	 * after the reconnect, and a new pass beside it would pile up. */
+	bool maint_busy;
 	bool more_due;                /* the last lease came back full */
 	/* The due-index position after the last row leased (SQL 007); empty:
 	 * the next lease scans from the head. */
@@ -184,7 +188,6 @@ struct worker {
 	int64_t gauge_lag_due_mono;   /* the next queue-lag gauge (it reads the due index's head) */
 	int64_t maint_started_mono;   /* the maintenance pass in flight began */
 	int64_t maint_due_mono;       /* no pass before (MAINT_BACKOFF_FACTOR) */
-	int maint_gauges_pending;     /* passes whose last query has not answered */
 	bool maint_lost;              /* the records connection broke since the pass began */
 	bool gauge_lag_asked;         /* the gauge query in flight includes the lag */
 	bool lease_wanted;            /* a NOTIFY, a poll tick or a reconnect asked for a lease */
@@ -1308,12 +1311,10 @@ static void on_gauges(struct db *db, PGresult *r, void *arg)
 
 	w->maint_busy = false;
 	w->gauge_lag_asked = false;
-	if (w->maint_gauges_pending > 0)
-		w->maint_gauges_pending--;
 	/* Only a whole pass on one connection is timed: one that a lost
 	 * connection cut (its rest ran after the reconnect) would charge the
 	 * outage to housekeeping and stop it for ten times as long. */
-	if (ok && !w->maint_lost && w->maint_gauges_pending == 0) {
+	if (ok && !w->maint_lost) {
 		int64_t took = now_mono_ms() - w->maint_started_mono;
 		int64_t wait = took * MAINT_BACKOFF_FACTOR;
 		/* The reaper must still come round within a lease period. */
@@ -1407,7 +1408,6 @@ static void on_maintenance(evutil_socket_t fd, short what, void *arg)
 	w->maint_busy = true;
 	w->maint_started_mono = now_mono_ms();
 	w->maint_lost = false;
-	w->maint_gauges_pending++;
 	params[0] = w->name;
 	params[1] = "500";
 	db_query(w->rec, "SELECT effect_id, state, coalesce(lost_worker, '') FROM outbox_reap($1, $2)",
@@ -1484,13 +1484,11 @@ static void on_rec_state(struct db *db, bool up, void *arg)
 	metrics_set(G_DB_UP, up && db_is_up(w->db));
 	if (!up) {
 		metrics_inc(M_DB_RECONNECTS, 1);
-		w->maint_busy = false;
 		w->maint_lost = true;
 		w->maint_due_mono = 0;
 		sdnotify_status("database connection (records) lost: %s", db_last_error(db));
 		return;
 	}
-	w->maint_busy = false;
 	worker_kick(w);
 }
 
