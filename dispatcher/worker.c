@@ -102,6 +102,7 @@ struct effect {
 	enum effect_phase phase;
 	char id[40];
 	char *run_key, *type, *target, *payload_text, *payload_hash, *effect_key, *approved_by;
+	size_t payload_len;           /* of payload_text (jsonb's text: no NUL inside) */
 	json_t *payload;
 	json_t *metadata;
 	int prior_attempts;           /* attempts column when leased */
@@ -291,6 +292,7 @@ static struct effect *effect_from_row(struct worker *w, PGresult *r, int row, bo
 	e->type = dup_field(r, row, 2);
 	e->target = dup_field(r, row, 3);
 	e->payload_text = dup_field(r, row, 4);
+	e->payload_len = e->payload_text ? (size_t)PQgetlength(r, row, 4) : 0;
 	e->payload_hash = dup_field(r, row, 5);
 	e->effect_key = dup_field(r, row, 6);
 	e->prior_attempts = atoi(PQgetvalue(r, row, 7));
@@ -311,14 +313,29 @@ static void effect_fill_view(struct effect *e, int attempt)
 		.effect_id = e->id, .run_key = e->run_key, .effect_key = e->effect_key,
 		.effect_type = e->type, .target = e->target, .payload = e->payload,
 		.payload_hash = e->payload_hash, .attempt = attempt,
+		.payload_text = e->payload_text ? e->payload_text : "", .payload_len = e->payload_len,
 	};
+}
+
+/* The payload as jansson values, for the provider's checks (what leaves is
+ * payload_text: provider.h).  An integer beyond 64 bits is valid JSON and
+ * jsonb keeps it; jansson refuses it unless integers are read as doubles,
+ * so such a payload is read again that way.  NULL with jansson's reason. */
+static json_t *payload_parse(const struct effect *e, json_error_t *jerr)
+{
+	const char *text = e->payload_text ? e->payload_text : "";
+	json_t *p = json_loadb(text, e->payload_len, JSON_DECODE_ANY, jerr);
+
+	if (p == NULL && json_error_code(jerr) == json_error_numeric_overflow)
+		p = json_loadb(text, e->payload_len, JSON_DECODE_ANY | JSON_DECODE_INT_AS_REAL, jerr);
+	return p;
 }
 
 /* Parse and check an effect; false with the reason in err. */
 static bool effect_validate(struct worker *w, struct effect *e, char *err, size_t errlen)
 {
 	json_error_t jerr;
-	size_t len = e->payload_text ? strlen(e->payload_text) : 0;
+	size_t len = e->payload_len;
 
 	if (e->prov == NULL) {
 		snprintf(err, errlen, "unknown effect type \"%.64s\": no provider loaded", e->type);
@@ -329,7 +346,7 @@ static bool effect_validate(struct worker *w, struct effect *e, char *err, size_
 		         w->s.max_payload_bytes);
 		return false;
 	}
-	e->payload = json_loadb(e->payload_text ? e->payload_text : "", len, JSON_DECODE_ANY, &jerr);
+	e->payload = payload_parse(e, &jerr);
 	if (e->payload == NULL) {
 		snprintf(err, errlen, "payload is not valid JSON: %s", jerr.text);
 		return false;
@@ -1093,7 +1110,7 @@ static void on_recon_leased(struct db *db, PGresult *r, void *arg)
 
 		e->phase = PH_RECONCILING;
 		w->n_reconciling++;
-		e->payload = json_loads(e->payload_text ? e->payload_text : "{}", 0, &jerr);
+		e->payload = payload_parse(e, &jerr);
 		if (e->prov == NULL || e->prov->ops->reconcile == NULL || e->payload == NULL) {
 			struct outbox_recon_result rr = { .verdict = RECON_CANNOT_TELL };
 			str_copy(rr.error, "no provider here can reconcile it", sizeof(rr.error));

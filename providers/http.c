@@ -50,6 +50,7 @@
 #include <time.h>
 
 #include "lib/curl_loop.h"
+#include "lib/json_text.h"
 #include "lib/netrules.h"
 #include "lib/sign.h"
 #include "provider.h"
@@ -616,6 +617,37 @@ static bool sign(struct http_call *c, const char *id, size_t body_len)
 	       add_header(c, "webhook-signature: v1,%s", sig);
 }
 
+/* The request body: a string body as its characters; any other JSON value
+ * as the producer wrote it, compacted (json_text.h: re-encoding through
+ * jansson would change numbers, 19.99 into 19.989999999999998).  jansson
+ * re-encodes only when the member cannot be found in the text (a key
+ * spelled with escapes, which jsonb never prints). */
+static char *body_text(const struct outbox_effect *e, const json_t *body, size_t *len)
+{
+	const char *raw;
+	size_t raw_len;
+	char *out;
+
+	if (json_is_string(body)) {
+		*len = json_string_length(body);
+		out = malloc(*len + 1);
+		if (out) {
+			memcpy(out, json_string_value(body), *len);
+			out[*len] = '\0';
+		}
+		return out;
+	}
+	if (body == NULL || json_is_null(body)) {
+		*len = 0;
+		return strdup("");
+	}
+	if (e->payload_text && json_text_member(e->payload_text, e->payload_len, "body", &raw, &raw_len))
+		return json_text_compact(raw, raw_len, len);
+	out = json_dumps(body, JSON_COMPACT | JSON_ENCODE_ANY);
+	*len = out ? strlen(out) : 0;
+	return out;
+}
+
 static bool http_send(void *self, const struct outbox_effect *e, outbox_done_fn done, void *token,
                       char *err, size_t errlen)
 {
@@ -649,18 +681,12 @@ static bool http_send(void *self, const struct outbox_effect *e, outbox_done_fn 
 	}
 	c->host_listed = netrules_host_listed(hp->rules, url_host);
 
-	if (json_is_string(body))
-		c->body = strdup(json_string_value(body));
-	else if (body == NULL || json_is_null(body))
-		c->body = strdup("");
-	else
-		c->body = json_dumps(body, JSON_COMPACT | JSON_ENCODE_ANY);
+	c->body = body_text(e, body, &body_len);
 	if (c->body == NULL) {
 		snprintf(err, errlen, "cannot encode the body");
 		call_free(c);
 		return false;
 	}
-	body_len = strlen(c->body);
 
 	if (headers && json_is_object(headers)) {
 		json_object_foreach((json_t *)headers, k, v) {

@@ -30,7 +30,7 @@
 struct event_base;
 
 /* Bump when anything below changes layout or meaning. */
-#define OUTBOX_PROVIDER_ABI 1
+#define OUTBOX_PROVIDER_ABI 2
 
 /* The failure classes of SPEC.md.  The dispatcher, not the provider, maps a
  * class to the next state (it knows attempts, max_attempts and whether
@@ -66,6 +66,12 @@ struct outbox_effect {
 	const json_t *payload;     /* parsed payload (always a JSON object) */
 	const char *payload_hash;  /* sha256 hex of the payload text */
 	int attempt;               /* 1-based: the attempt being made */
+	/* The payload as stored (PostgreSQL's jsonb text: valid JSON, numbers
+	 * as the producer wrote them).  Forward values from here, not by
+	 * re-encoding `payload`: jansson turns 19.99 into 19.989999999999998
+	 * (lib/json_text.h).  Since ABI 2. */
+	const char *payload_text;
+	size_t payload_len;
 };
 
 #define OUTBOX_PROVIDER_ID_MAX 256

@@ -58,18 +58,20 @@ def start_worker(dispatchers, crm, token_file, **extra):
 
 
 def crm_effect(conn, payload, target=TARGET, state=None, attempts_=0):
-    """One crm effect on a fresh approved run; returns (effect_id, effect_key)."""
+    """One crm effect on a fresh approved run; returns (effect_id, effect_key).
+    A str payload is inserted as written (numbers jansson cannot hold)."""
     run = make_run(conn)
+    text = payload if isinstance(payload, str) else json.dumps(payload)
     if state is None:
         row = query(conn, "INSERT INTO effect_outbox (idempotency_key, effect_type, target, payload) "
                           "VALUES (%s, 'crm', %s, %s) RETURNING effect_id, effect_key",
-                    (run, target, json.dumps(payload)))
+                    (run, target, text))
     else:
         row = query(conn, "INSERT INTO effect_outbox (idempotency_key, effect_type, target, payload, "
                           "state, attempts, last_error_class, last_error) "
                           "VALUES (%s, 'crm', %s, %s, %s, %s, 'ambiguous', 'arranged by the test') "
                           "RETURNING effect_id, effect_key",
-                    (run, target, json.dumps(payload), state, attempts_))
+                    (run, target, text, state, attempts_))
     return str(row[0][0]), row[0][1]
 
 
@@ -127,6 +129,23 @@ def test_upsert_creates_record(conn, dispatchers, crm, token_file):
     assert req.headers["Content-Type"] == "application/json"
     assert json.loads(req.body) == payload
     no_secret_in(w)
+
+
+def test_numbers_leave_as_the_producer_wrote_them(conn, dispatchers, crm, token_file):
+    """The fields are sent as stored, not re-encoded by jansson (which
+    holds 19.99 as a double and printed 19.989999999999998, 1.50 as 1.5,
+    and refused an integer beyond 64 bits as invalid JSON)."""
+    kill_switch(conn, True)
+    start_worker(dispatchers, crm, token_file)
+    eid, key = crm_effect(conn, '{"Subject": "Refund", "Amount__c": 19.99, "Rate__c": 1.50, '
+                                '"Ledger_Id__c": 123456789012345678901234567890}')
+    e = wait_state(conn, eid, "completed")
+    assert e["attempts"] == 1
+    (req,) = [r for r in crm.requests if r.ext == key]
+    sent = json.loads(req.body, parse_float=str, parse_int=str)
+    assert sent == {"Subject": "Refund", "Amount__c": "19.99", "Rate__c": "1.50",
+                    "Ledger_Id__c": "123456789012345678901234567890"}
+    assert b" " not in req.body.replace(b'"Refund"', b"")   # compact, as before
 
 
 def test_upsert_same_key_updates_without_duplicate(conn, dispatchers, crm, token_file):

@@ -151,6 +151,34 @@ def test_provider_id_and_headers(conn, dispatchers, sink):
     assert h["webhook-signature"] == "v1," + want.decode()
 
 
+def test_body_numbers_leave_as_the_producer_wrote_them(conn, dispatchers, sink):
+    """A JSON body is sent as stored, compacted, not re-encoded by jansson
+    (which printed 19.99 as 19.989999999999998 and 1.50 as 1.5, and failed
+    an integer beyond 64 bits as invalid JSON); the signature covers those
+    bytes."""
+    kill_switch(conn, True)
+    secret = base64.b64encode(b"0123456789abcdef0123456789abcdef").decode()
+    key = make_run(conn)
+    eid = scalar(conn, "INSERT INTO effect_outbox (idempotency_key, effect_type, target, payload) "
+                       "VALUES (%s, 'http', %s, %s) RETURNING effect_id",
+                 (key, sink.url + "/ok",
+                  '{"body": {"amount": 19.99, "qty": [1.50, 2], "note": "a, b: {c}", '
+                  '"ledger": 123456789012345678901234567890}}'))
+    dispatchers(http_cfg(signing_secret="whsec_" + secret))
+    e = final(conn, eid)
+    assert e["state"] == "completed", e
+    (r,) = sink.received()
+    assert json.loads(r["body"], parse_float=str, parse_int=str) == {
+        "amount": "19.99", "qty": ["1.50", "2"], "note": "a, b: {c}",
+        "ledger": "123456789012345678901234567890"}
+    assert r["body"].replace(b'"a, b: {c}"', b"").count(b" ") == 0
+    assert r["headers"]["content-type"] == "application/json"
+    h = r["headers"]
+    signed = f"{h['webhook-id']}.{h['webhook-timestamp']}.".encode() + r["body"]
+    want = base64.b64encode(hmac.new(base64.b64decode(secret), signed, hashlib.sha256).digest())
+    assert h["webhook-signature"] == "v1," + want.decode()
+
+
 # -- bad input -------------------------------------------------------------
 
 BAD_ROWS = [
@@ -618,6 +646,12 @@ const struct outbox_provider *outbox_provider_entry(void) { return &p; }
 '''
 
 
+def provider_abi():
+    """OUTBOX_PROVIDER_ABI as providers/provider.h defines it."""
+    with open(os.path.join(os.path.dirname(BUILD_DIR), "providers", "provider.h")) as f:
+        return int(re.search(r"#define OUTBOX_PROVIDER_ABI (\d+)", f.read()).group(1))
+
+
 def build_plugin(tmp_path, abi):
     src = tmp_path / "fake.c"
     src.write_text(PLUGIN_SRC.replace("ABI", str(abi)))
@@ -635,11 +669,12 @@ def test_plugin_with_wrong_interface_version(tmp_path):
     r, _ = start_expect_failure(tmp_path, f"[metrics]\nlisten =\n[dispatcher]\nproviders = fake\n"
                                           f"provider_dir = {d}\n")
     assert r.returncode == 1
-    assert "built for provider interface 99" in r.stderr and "speaks 1" in r.stderr, r.stderr
+    assert "built for provider interface 99" in r.stderr, r.stderr
+    assert f"speaks {provider_abi()}" in r.stderr, r.stderr
 
 
 def test_plugin_whose_init_fails(tmp_path):
-    d = build_plugin(tmp_path, 1)
+    d = build_plugin(tmp_path, provider_abi())
     r, _ = start_expect_failure(tmp_path, f"[metrics]\nlisten =\n[dispatcher]\nproviders = fake\n"
                                           f"provider_dir = {d}\n")
     assert r.returncode == 1

@@ -2,7 +2,9 @@
  * fuzz_payload.c: libFuzzer target for what a worker does with a leased
  * http row before anything is sent: the SSRF allow-list (netrules_parse,
  * netrules_host_allowed_by_name, netrules_addr_allowed), the payload
- * (json_loadb, must be an object, as worker.c's effect_validate), and the
+ * (json_loadb, must be an object, as worker.c's effect_validate), the
+ * payload as text (lib/json_text.c: each member found and compacted means
+ * what jansson parsed), and the
  * http provider's validate() (URL, method, headers), with providers/http.c
  * compiled in and a fake outbox_host whose conf_* read a static table.
  *
@@ -27,6 +29,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "lib/json_text.h"
 #include "lib/netrules.h"
 #include "provider.h"
 
@@ -289,6 +292,40 @@ static void fuzz_rules(const char *list, bool public_ok, const char *target)
 	netrules_free(r);
 }
 
+/* http's body and crm's fields leave as written (lib/json_text.c): the
+ * compacted text must mean what jansson parsed, member by member and as a
+ * whole, and a member jansson has must be found unless its key was
+ * written with an escape. */
+static void check_json_text(const char *text, size_t len, const json_t *payload)
+{
+	const char *k;
+	json_t *v;
+	char *whole = json_text_compact(text, len, NULL);
+	json_t *back;
+
+	CHECK(whole != NULL, "valid JSON did not compact");
+	back = json_loads(whole, 0, NULL);
+	CHECK(back != NULL && json_equal(back, payload), "compacted text means something else: %s", whole);
+	json_decref(back);
+	free(whole);
+	json_object_foreach((json_t *)payload, k, v) {
+		const char *raw;
+		size_t raw_len;
+		char *one;
+
+		if (!json_text_member(text, len, k, &raw, &raw_len)) {
+			CHECK(memchr(text, '\\', len) != NULL, "member \"%.64s\" not found", k);
+			continue;
+		}
+		one = json_text_compact(raw, raw_len, NULL);
+		CHECK(one != NULL, "member did not compact");
+		back = json_loads(one, JSON_DECODE_ANY, NULL);
+		CHECK(back != NULL && json_equal(back, v), "member \"%.64s\" found as %s", k, one);
+		json_decref(back);
+		free(one);
+	}
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
 	char *buf, *list, *target, *payload_text, *nl, host_key[320], err[OUTBOX_ERROR_MAX];
@@ -320,7 +357,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	}
 	*nl = '\0';
 	payload_text = nl + 1;
-	payload_len = (size_t)(buf + size - 1 - payload_text);
+	/* The worker's payload is PostgreSQL text: it ends at its first NUL. */
+	payload_len = strnlen(payload_text, (size_t)(buf + size - 1 - payload_text));
 
 	fuzz_rules(list, flags & 1, target);
 
@@ -341,6 +379,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 			.payload = payload,
 			.payload_hash = "0000000000000000000000000000000000000000000000000000000000000000",
 			.attempt = 1,
+			.payload_text = payload_text,
+			.payload_len = payload_len,
 		};
 		bool ok;
 
@@ -353,6 +393,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		else
 			CHECK(err[0] != '\0', "effect refused without a reason");
 	}
+	check_json_text(payload_text, payload_len, payload);
 	json_decref(payload);
 	free(buf);
 	return 0;

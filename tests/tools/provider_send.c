@@ -7,7 +7,7 @@
  * checker from dispatcher/config.c for [provider.NAME]), then, on a fresh
  * event_base, runs validate() and send() for each effect of EFFECTS.json
  * (one object or an array; each {"effect_id", "effect_key", "target",
- * "payload", "run_key"?, "attempt"?, "target_hex"?}; target_hex gives the
+ * "payload", "payload_text"?, "run_key"?, "attempt"?, "target_hex"?}; target_hex gives the
  * target as raw bytes, for input JSON cannot carry) and prints one JSON line per effect
  * on stdout:
  *
@@ -43,6 +43,7 @@
 struct pending {
 	size_t slot;
 	char *target;             /* from target_hex */
+	char *payload_text;       /* the payload as the worker passes it */
 	json_t *effect;           /* keeps the strings alive until done */
 	struct outbox_effect view;
 	char host_key[256];
@@ -103,6 +104,7 @@ static void on_done(void *token, const struct outbox_result *r)
 	slots[p->slot] = NULL;
 	json_decref(p->effect);
 	free(p->target);
+	free(p->payload_text);
 	free(p);
 	if (--outstanding == 0)
 		event_base_loopbreak(base);
@@ -220,6 +222,14 @@ int main(int argc, char **argv)
 			p->view.target = p->target;
 		}
 		p->view.payload = json_object_get(e, "payload");
+		/* The text: "payload_text" as given (to test numbers jansson
+		 * cannot hold), else the payload compacted. */
+		if (json_is_string(json_object_get(e, "payload_text")))
+			p->payload_text = xstrdup(str_of(e, "payload_text", ""));
+		else
+			p->payload_text = json_dumps(p->view.payload, JSON_COMPACT | JSON_ENCODE_ANY);
+		p->view.payload_text = p->payload_text;
+		p->view.payload_len = p->payload_text ? strlen(p->payload_text) : 0;
 		p->view.payload_hash = "";
 		p->view.attempt = json_is_integer(json_object_get(e, "attempt"))
 		                      ? (int)json_integer_value(json_object_get(e, "attempt"))
@@ -231,6 +241,7 @@ int main(int argc, char **argv)
 			                     "validate", "error", err));
 			json_decref(p->effect);
 			free(p->target);
+			free(p->payload_text);
 			free(p);
 			continue;
 		}
@@ -243,6 +254,7 @@ int main(int argc, char **argv)
 			                     "error", err));
 			json_decref(p->effect);
 			free(p->target);
+			free(p->payload_text);
 			free(p);
 		}
 	}

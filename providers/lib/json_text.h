@@ -1,0 +1,36 @@
+/*
+ * json_text.h: a payload's JSON as text, for providers that forward a
+ * value exactly as the producer wrote it.
+ *
+ * jansson holds a number as an int64 or a double, so re-encoding a parsed
+ * payload changes what leaves: 19.99 becomes 19.989999999999998, 1.50
+ * becomes 1.5, and an integer beyond 64 bits cannot be sent at all.  The
+ * worker hands every provider the payload's text as stored (PostgreSQL's
+ * jsonb output: valid JSON, keys unique, a space after every ':' and ',');
+ * these two functions find a top-level member in it and drop the spaces.
+ * They never read past `len` and never trust the input to be valid: on
+ * anything unexpected they report "not found", and the caller falls back
+ * to jansson.
+ */
+#ifndef OUTBOX_JSON_TEXT_H
+#define OUTBOX_JSON_TEXT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+/* The value of the top-level member `key` of the object in text[0..len),
+ * as written (no surrounding white space): *val and *val_len point into
+ * text.  The key is compared as written (a key spelled with escapes is
+ * not found; jsonb prints none for keys that need none).  With duplicate
+ * keys, the last wins, as in jansson.  False when text is not an object,
+ * the key is absent, or the text is malformed. */
+bool json_text_member(const char *text, size_t len, const char *key, const char **val,
+                      size_t *val_len);
+
+/* A malloc'd, NUL-terminated copy of the JSON text[0..len) without white
+ * space outside strings (strings, escapes included, are copied byte for
+ * byte); its length in *out_len if not NULL.  NULL when out of memory or
+ * when a string is left open. */
+char *json_text_compact(const char *text, size_t len, size_t *out_len);
+
+#endif
