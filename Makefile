@@ -26,7 +26,8 @@ LDFLAGS   += $(EXTRA_LDFLAGS)
 CORE_SRC  := dispatcher/util.c dispatcher/log.c dispatcher/config.c dispatcher/db.c \
              dispatcher/migrate.c
 DAEMON_SRC := dispatcher/main.c dispatcher/worker.c dispatcher/plugin.c dispatcher/hosts.c \
-              dispatcher/policy.c dispatcher/metrics.c dispatcher/sdnotify.c
+              dispatcher/policy.c dispatcher/metrics.c dispatcher/sdnotify.c \
+              providers/lib/json_text.c
 CTL_SRC   := $(sort $(wildcard dispatcher/outboxctl*.c))
 # Every providers/NAME.c is one plugin; providers/lib/*.c is linked into each.
 PROV_SRC  := $(sort $(wildcard providers/*.c))

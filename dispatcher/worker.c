@@ -33,6 +33,7 @@
 #include "config.h"
 #include "db.h"
 #include "hosts.h"
+#include "lib/json_text.h"
 #include "log.h"
 #include "metrics.h"
 #include "migrate.h"
@@ -318,16 +319,20 @@ static void effect_fill_view(struct effect *e, int attempt)
 }
 
 /* The payload as jansson values, for the provider's checks (what leaves is
- * payload_text: provider.h).  An integer beyond 64 bits is valid JSON and
- * jsonb keeps it; jansson refuses it unless integers are read as doubles,
- * so such a payload is read again that way.  NULL with jansson's reason. */
+ * payload_text: provider.h), without the members the provider reads from
+ * the text (its text_members: http's body).  An integer beyond 64 bits is
+ * valid JSON and jsonb keeps it; jansson refuses it unless integers are
+ * read as doubles, so such a payload is read again that way.  NULL with
+ * jansson's reason. */
 static json_t *payload_parse(const struct effect *e, json_error_t *jerr)
 {
 	const char *text = e->payload_text ? e->payload_text : "";
-	json_t *p = json_loadb(text, e->payload_len, JSON_DECODE_ANY, jerr);
+	const char *const *skip = e->prov ? e->prov->ops->text_members : NULL;
+	json_t *p = json_text_parse_except(text, e->payload_len, skip, JSON_DECODE_ANY, jerr);
 
 	if (p == NULL && json_error_code(jerr) == json_error_numeric_overflow)
-		p = json_loadb(text, e->payload_len, JSON_DECODE_ANY | JSON_DECODE_INT_AS_REAL, jerr);
+		p = json_text_parse_except(text, e->payload_len, skip,
+		                           JSON_DECODE_ANY | JSON_DECODE_INT_AS_REAL, jerr);
 	return p;
 }
 

@@ -249,7 +249,7 @@ static bool http_validate(void *self, const struct outbox_effect *e, char *host_
                           size_t host_keylen, char *err, size_t errlen)
 {
 	struct http_provider *hp = self;
-	const json_t *method, *headers, *body;
+	const json_t *method, *headers;
 	const char *k;
 	json_t *v;
 	char scheme[16], host[256];
@@ -308,8 +308,8 @@ static bool http_validate(void *self, const struct outbox_effect *e, char *host_
 			}
 		}
 	}
-	body = json_object_get(e->payload, "body");
-	(void)body; /* any JSON value or string is a valid body */
+	/* Any JSON value or string is a valid body (and jsonb made it valid
+	 * JSON): it is read from the text when sent, see body_text(). */
 	snprintf(host_key, host_keylen, "%s://%s:%ld", scheme, host, port);
 	return true;
 }
@@ -619,32 +619,46 @@ static bool sign(struct http_call *c, const char *id, size_t body_len)
 
 /* The request body: a string body as its characters; any other JSON value
  * as the producer wrote it, compacted (json_text.h: re-encoding through
- * jansson would change numbers, 19.99 into 19.989999999999998).  jansson
- * re-encodes only when the member cannot be found in the text (a key
- * spelled with escapes, which jsonb never prints). */
-static char *body_text(const struct outbox_effect *e, const json_t *body, size_t *len)
+ * jansson would change numbers, 19.99 into 19.989999999999998); none or
+ * null, empty.  Read from the text (the worker leaves "body" out of
+ * e->payload: text_members below); from e->payload only when the text does
+ * not have it (a key spelled with escapes, which jsonb never prints). */
+static char *body_text(const struct outbox_effect *e, size_t *len, bool *is_string)
 {
+	const json_t *body = NULL;
+	json_t *parsed = NULL;
 	const char *raw;
 	size_t raw_len;
 	char *out;
 
+	*is_string = false;
+	if (e->payload_text && json_text_member(e->payload_text, e->payload_len, "body", &raw, &raw_len)) {
+		if (raw[0] != '"' && !(raw_len == 4 && memcmp(raw, "null", 4) == 0))
+			return json_text_compact(raw, raw_len, len);
+		if (raw[0] == '"') {
+			body = parsed = json_loadb(raw, raw_len, JSON_DECODE_ANY, NULL);
+			if (body == NULL)
+				return NULL;   /* not a JSON string after all */
+		}
+	} else {
+		body = json_object_get(e->payload, "body");
+	}
 	if (json_is_string(body)) {
+		*is_string = true;
 		*len = json_string_length(body);
 		out = malloc(*len + 1);
 		if (out) {
 			memcpy(out, json_string_value(body), *len);
 			out[*len] = '\0';
 		}
-		return out;
-	}
-	if (body == NULL || json_is_null(body)) {
+	} else if (body == NULL || json_is_null(body)) {
 		*len = 0;
-		return strdup("");
+		out = strdup("");
+	} else {
+		out = json_dumps(body, JSON_COMPACT | JSON_ENCODE_ANY);
+		*len = out ? strlen(out) : 0;
 	}
-	if (e->payload_text && json_text_member(e->payload_text, e->payload_len, "body", &raw, &raw_len))
-		return json_text_compact(raw, raw_len, len);
-	out = json_dumps(body, JSON_COMPACT | JSON_ENCODE_ANY);
-	*len = out ? strlen(out) : 0;
+	json_decref(parsed);
 	return out;
 }
 
@@ -655,7 +669,6 @@ static bool http_send(void *self, const struct outbox_effect *e, outbox_done_fn 
 	struct http_call *c = calloc(1, sizeof(*c));
 	const json_t *method = json_object_get(e->payload, "method");
 	const json_t *headers = json_object_get(e->payload, "headers");
-	const json_t *body = json_object_get(e->payload, "body");
 	const char *k;
 	json_t *v;
 	bool has_ctype = false;
@@ -663,6 +676,7 @@ static bool http_send(void *self, const struct outbox_effect *e, outbox_done_fn 
 	long port;
 	CURL *easy;
 	size_t body_len;
+	bool body_is_string;
 
 	if (c == NULL) {
 		snprintf(err, errlen, "out of memory");
@@ -681,7 +695,7 @@ static bool http_send(void *self, const struct outbox_effect *e, outbox_done_fn 
 	}
 	c->host_listed = netrules_host_listed(hp->rules, url_host);
 
-	c->body = body_text(e, body, &body_len);
+	c->body = body_text(e, &body_len, &body_is_string);
 	if (c->body == NULL) {
 		snprintf(err, errlen, "cannot encode the body");
 		call_free(c);
@@ -697,7 +711,7 @@ static bool http_send(void *self, const struct outbox_effect *e, outbox_done_fn 
 		}
 	}
 	if (!has_ctype && !add_header(c, "Content-Type: %s",
-	                              json_is_string(body) ? "text/plain; charset=utf-8" : "application/json"))
+	                              body_is_string ? "text/plain; charset=utf-8" : "application/json"))
 		goto oom;
 	if (!add_header(c, "Idempotency-Key: %s", e->effect_key) || !add_header(c, "Expect:"))
 		goto oom;
@@ -843,6 +857,9 @@ static void http_shutdown(void *self)
 	free(hp);
 }
 
+/* The body leaves as written: the worker need not parse it. */
+static const char *const http_text_members[] = { "body", NULL };
+
 static const struct outbox_provider http_provider = {
 	.abi = OUTBOX_PROVIDER_ABI,
 	.name = "http",
@@ -853,6 +870,7 @@ static const struct outbox_provider http_provider = {
 	.send = http_send,
 	.reconcile = NULL,
 	.shutdown = http_shutdown,
+	.text_members = http_text_members,
 };
 
 const struct outbox_provider *outbox_provider_entry(void)

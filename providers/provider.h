@@ -164,6 +164,13 @@ struct outbox_provider {
 	/* Sends in flight when shutdown() is called are abandoned: their done
 	 * is not called.  Free everything. */
 	void (*shutdown)(void *self);
+
+	/* Top-level payload members this provider reads only from payload_text
+	 * (lib/json_text.h), never from `payload`: the worker leaves them out
+	 * of its parse (found in the text: absent from `payload`), which for
+	 * a webhook body was most of the worker's JSON work.  NULL-terminated;
+	 * NULL: none.  Since ABI 2. */
+	const char *const *text_members;
 };
 
 /* The symbol every plugin exports. */

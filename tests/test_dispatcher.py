@@ -179,6 +179,25 @@ def test_body_numbers_leave_as_the_producer_wrote_them(conn, dispatchers, sink):
     assert h["webhook-signature"] == "v1," + want.decode()
 
 
+def test_string_and_null_bodies(conn, dispatchers, sink):
+    """A string body is sent as its characters (escapes decoded, as text);
+    a null or missing body as an empty JSON request."""
+    kill_switch(conn, True)
+    text = 'line 1\nline "2" \u00e9 {not json}'
+    s = enqueue(conn, "http", sink.url + "/ok/s", {"body": text})
+    n = enqueue(conn, "http", sink.url + "/ok/n", {"body": None, "method": "PATCH"})
+    m = enqueue(conn, "http", sink.url + "/ok/m", {"method": "DELETE"})
+    dispatchers(http_cfg())
+    for eid in (s, n, m):
+        assert final(conn, eid)["state"] == "completed"
+    got = {r["path"].rsplit("/", 1)[1]: r for r in sink.received()}
+    assert got["s"]["body"] == text.encode()
+    assert got["s"]["headers"]["content-type"] == "text/plain; charset=utf-8"
+    assert got["n"]["body"] == b"" and got["n"]["method"] == "PATCH"
+    assert got["n"]["headers"]["content-type"] == "application/json"
+    assert got["m"]["body"] == b"" and got["m"]["method"] == "DELETE"
+
+
 # -- bad input -------------------------------------------------------------
 
 BAD_ROWS = [

@@ -12,6 +12,8 @@
 /* The deepest nesting skipped; deeper text is "malformed" (jansson's own
  * limit is 2048). */
 #define JSON_TEXT_MAX_DEPTH 2048
+/* Members json_text_parse_except() leaves out; more are parsed. */
+#define JSON_TEXT_MAX_SKIP 8
 
 static bool is_space(char c)
 {
@@ -84,7 +86,9 @@ bool json_text_member(const char *text, size_t len, const char *key, const char 
 	size_t klen = strlen(key), i = skip_space(text, len, 0);
 	bool found = false;
 
-	if (i >= len || text[i] != '{')
+	/* A key that needs escaping in JSON could match a different key as
+	 * written: only plain keys are looked up. */
+	if (i >= len || text[i] != '{' || strpbrk(key, "\\\"") != NULL)
 		return false;
 	i = skip_space(text, len, i + 1);
 	if (i < len && text[i] == '}')
@@ -151,4 +155,41 @@ char *json_text_compact(const char *text, size_t len, size_t *out_len)
 	if (out_len)
 		*out_len = n;
 	return out;
+}
+
+json_t *json_text_parse_except(const char *text, size_t len, const char *const *skip, size_t flags,
+                               json_error_t *error)
+{
+	char *copy = NULL;
+	const char *cur = text;
+	size_t cur_len = len;
+	bool spliced[JSON_TEXT_MAX_SKIP] = { false };
+	json_t *parsed;
+
+	for (size_t i = 0; skip && i < JSON_TEXT_MAX_SKIP && skip[i]; i++) {
+		const char *v;
+		size_t n, at;
+		char *next;
+
+		if (!json_text_member(cur, cur_len, skip[i], &v, &n))
+			continue;
+		at = (size_t)(v - cur);
+		next = malloc(cur_len - n + 4);
+		if (next == NULL)
+			break;   /* parse what we have: slower, not wrong */
+		memcpy(next, cur, at);
+		memcpy(next + at, "null", 4);
+		memcpy(next + at + 4, cur + at + n, cur_len - at - n);
+		cur_len = cur_len - n + 4;
+		free(copy);
+		copy = next;
+		cur = next;
+		spliced[i] = true;
+	}
+	parsed = json_loadb(cur, cur_len, flags, error);
+	free(copy);
+	for (size_t i = 0; parsed && skip && i < JSON_TEXT_MAX_SKIP && skip[i]; i++)
+		if (spliced[i])
+			json_object_del(parsed, skip[i]);
+	return parsed;
 }

@@ -15,13 +15,15 @@
 #ifndef OUTBOX_JSON_TEXT_H
 #define OUTBOX_JSON_TEXT_H
 
+#include <jansson.h>
 #include <stdbool.h>
 #include <stddef.h>
 
 /* The value of the top-level member `key` of the object in text[0..len),
  * as written (no surrounding white space): *val and *val_len point into
  * text.  The key is compared as written (a key spelled with escapes is
- * not found; jsonb prints none for keys that need none).  With duplicate
+ * not found; jsonb prints none for keys that need none), and a key with
+ * a backslash or a quote is never found.  With duplicate
  * keys, the last wins, as in jansson.  False when text is not an object,
  * the key is absent, or the text is malformed. */
 bool json_text_member(const char *text, size_t len, const char *key, const char **val,
@@ -32,5 +34,14 @@ bool json_text_member(const char *text, size_t len, const char *key, const char 
  * byte); its length in *out_len if not NULL.  NULL when out of memory or
  * when a string is left open. */
 char *json_text_compact(const char *text, size_t len, size_t *out_len);
+
+/* json_loadb() of the object in text[0..len), except the top-level members
+ * named in `skip` (NULL-terminated; NULL: none): each one found is put
+ * back as null for jansson and deleted from the result, so that jansson
+ * never reads a value its caller takes from the text.  A member that
+ * cannot be found (malformed text, a key spelled with escapes) is parsed
+ * as usual.  Flags and error as json_loadb(). */
+json_t *json_text_parse_except(const char *text, size_t len, const char *const *skip, size_t flags,
+                               json_error_t *error);
 
 #endif

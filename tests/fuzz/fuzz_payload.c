@@ -314,7 +314,8 @@ static void check_json_text(const char *text, size_t len, const json_t *payload)
 		char *one;
 
 		if (!json_text_member(text, len, k, &raw, &raw_len)) {
-			CHECK(memchr(text, '\\', len) != NULL, "member \"%.64s\" not found", k);
+			CHECK(memchr(text, '\\', len) != NULL || strpbrk(k, "\\\"") != NULL,
+			      "member \"%.64s\" not found", k);
 			continue;
 		}
 		one = json_text_compact(raw, raw_len, NULL);
@@ -326,11 +327,26 @@ static void check_json_text(const char *text, size_t len, const json_t *payload)
 	}
 }
 
+/* The worker's parse without "body" is the whole parse less "body" when
+ * the text has it, and the whole parse when it does not (escaped key). */
+static void check_parse_except(const char *text, size_t len, const json_t *payload, const json_t *full)
+{
+	const char *raw;
+	size_t raw_len;
+	json_t *want = json_deep_copy(full);
+
+	CHECK(want != NULL, "out of memory");
+	if (json_text_member(text, len, "body", &raw, &raw_len))
+		json_object_del(want, "body");
+	CHECK(json_equal(want, payload), "the parse without the body differs from the whole parse");
+	json_decref(want);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
 	char *buf, *list, *target, *payload_text, *nl, host_key[320], err[OUTBOX_ERROR_MAX];
 	size_t payload_len;
-	json_t *payload;
+	json_t *payload, *full;
 	json_error_t jerr;
 	unsigned flags;
 
@@ -362,13 +378,20 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 
 	fuzz_rules(list, flags & 1, target);
 
-	/* worker.c effect_validate: JSON, and an object */
-	payload = json_loadb(payload_text, payload_len, 0, &jerr);
+	/* worker.c effect_validate: JSON, and an object, parsed without the
+	 * members http reads from the text (its body) */
+	payload = json_text_parse_except(payload_text, payload_len, http->text_members, 0, &jerr);
+	full = json_loadb(payload_text, payload_len, 0, &jerr);
+	CHECK((payload == NULL) == (full == NULL) || payload != NULL,
+	      "jansson took the whole payload but not the payload without its body");
 	if (payload == NULL || !json_is_object(payload)) {
 		json_decref(payload);
+		json_decref(full);
 		free(buf);
 		return 0;
 	}
+	if (json_is_object(full))
+		check_parse_except(payload_text, payload_len, payload, full);
 	{
 		struct outbox_effect e = {
 			.effect_id = "00000000-0000-4000-8000-000000000000",
@@ -393,8 +416,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		else
 			CHECK(err[0] != '\0', "effect refused without a reason");
 	}
-	check_json_text(payload_text, payload_len, payload);
+	if (json_is_object(full))
+		check_json_text(payload_text, payload_len, full);
 	json_decref(payload);
+	json_decref(full);
 	free(buf);
 	return 0;
 }

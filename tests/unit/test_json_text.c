@@ -4,7 +4,8 @@
  * jsonb's text (nested braces, brackets and quotes inside strings are not
  * structure; the last duplicate wins; malformed or truncated text is "not
  * found", never a read past the end), and compaction that drops only the
- * white space outside strings.  Fuzzed against jansson in
+ * white space outside strings; the worker's parse without the members a
+ * provider reads from the text.  Fuzzed against jansson in
  * tests/fuzz/fuzz_payload.c.
  */
 #include <stdarg.h>
@@ -191,6 +192,60 @@ static void test_compact_refuses_an_open_string(void **state)
 	assert_null(json_text_compact("\"ends in a backslash\\", 21, NULL));
 }
 
+/* The worker's parse for http: everything but the body, which jansson
+ * never reads (an integer it cannot hold in the body is no error). */
+static void test_parse_except_leaves_out_the_members(void **state)
+{
+	static const char *const skip[] = { "body", NULL };
+	const char *t = "{\"body\": {\"n\": 123456789012345678901234567890, \"s\": \"x\"}, "
+	                "\"headers\": {\"X-A\": \"1\"}, \"method\": \"PUT\"}";
+	json_error_t err;
+	json_t *p = json_text_parse_except(t, strlen(t), skip, 0, &err);
+
+	(void)state;
+	assert_non_null(p);
+	assert_null(json_object_get(p, "body"));
+	assert_string_equal(json_string_value(json_object_get(p, "method")), "PUT");
+	assert_string_equal(json_string_value(json_object_get(json_object_get(p, "headers"), "X-A")), "1");
+	assert_int_equal(json_object_size(p), 2);
+	json_decref(p);
+	/* without the skip list jansson refuses that integer */
+	assert_null(json_text_parse_except(t, strlen(t), NULL, 0, &err));
+}
+
+static void test_parse_except_short_values_and_absent_members(void **state)
+{
+	static const char *const skip[] = { "a", "b", "missing", NULL };
+	const char *t = "{\"a\": 1, \"b\": [], \"c\": true}";
+	json_error_t err;
+	json_t *p = json_text_parse_except(t, strlen(t), skip, 0, &err);
+
+	(void)state;
+	assert_non_null(p);
+	assert_int_equal(json_object_size(p), 1);
+	assert_true(json_is_true(json_object_get(p, "c")));
+	json_decref(p);
+}
+
+/* What cannot be found is parsed as usual: malformed text still gets
+ * jansson's error, an escaped key stays in the result. */
+static void test_parse_except_falls_back_to_jansson(void **state)
+{
+	static const char *const skip[] = { "body", NULL };
+	const char *bad = "{\"body\": {\"x\": }";
+	const char *esc = "{\"bo\\u0064y\": 5}";
+	json_error_t err;
+	json_t *p;
+
+	(void)state;
+	assert_null(json_text_parse_except(bad, strlen(bad), skip, 0, &err));
+	assert_true(err.text[0] != '\0');
+	p = json_text_parse_except(esc, strlen(esc), skip, 0, &err);
+	assert_non_null(p);
+	assert_int_equal(json_integer_value(json_object_get(p, "body")), 5);
+	json_decref(p);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -204,6 +259,9 @@ int main(void)
 		cmocka_unit_test(test_deep_nesting_is_malformed),
 		cmocka_unit_test(test_compact),
 		cmocka_unit_test(test_compact_refuses_an_open_string),
+		cmocka_unit_test(test_parse_except_leaves_out_the_members),
+		cmocka_unit_test(test_parse_except_short_values_and_absent_members),
+		cmocka_unit_test(test_parse_except_falls_back_to_jansson),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
