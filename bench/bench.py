@@ -537,8 +537,8 @@ def throughput(k, label, prefix="t", hold_xmin=False, profile=False):
          "wal_per_effect": wal / n if n else 0,
          "held_seconds": held, "held_done": held_done,
          "held_rate": held_done / held if held else None}
-    log("  %s: %d effects in %.1f s = %.0f effects/s (CPU s per 1000 effects: workers %.2f,"
-        " PostgreSQL %.2f, sink %.2f; peak RSS %s MiB; WAL %.0f bytes/effect; heap %.0f MiB)" % (
+    log("  %s: %d effects in %.1f s = %.0f effects/s (CPU s per 1000 effects: workers %.3f,"
+        " PostgreSQL %.3f, sink %.3f; peak RSS %s MiB; WAL %.0f bytes/effect; heap %.0f MiB)" % (
             label, n, span, rate, r["worker_cpu_per_1k"], r["pg_cpu_per_1k"], r["sink_cpu_per_1k"],
             "/".join("%.1f" % (x / 1024.0) for x in r["rss_kb"] if x), r["wal_per_effect"], heap_mib))
     return r
@@ -634,7 +634,7 @@ def ceiling(clients):
          "pg_cpu_per_1k": pg_cpu / n * 1000 if n else 0, "pgbench_cpu_per_1k": pgb_cpu / n * 1000 if n else 0,
          "wal_per_effect": wal / n if n else 0}
     log("  ceiling, %d client(s): %d effects in %.1f s = %.0f effects/s (CPU s per 1000 effects:"
-        " PostgreSQL %.2f, pgbench %.2f; WAL %.0f bytes/effect)%s" % (
+        " PostgreSQL %.3f, pgbench %.3f; WAL %.0f bytes/effect)%s" % (
             clients, n, span, rate, r["pg_cpu_per_1k"], r["pgbench_cpu_per_1k"], r["wal_per_effect"],
             " (%d left!)" % left if left else ""))
     return r
@@ -1064,7 +1064,7 @@ def summary():
         # host would see.
         d = tp[best_k]
         if d["pg_cpu_per_1k"] and best_c["pg_cpu_per_1k"]:
-            print("CPU ms per effect: dispatcher %.2f (PostgreSQL %.2f, workers %.2f, sink %.2f), ceiling %.2f"
+            print("CPU ms per effect: dispatcher %.3f (PostgreSQL %.3f, workers %.3f, sink %.3f), ceiling %.3f"
                   " (PostgreSQL); database work ceiling / dispatcher: %.2f (WAL %.0f / %.0f bytes per effect)" % (
                       d["pg_cpu_per_1k"] + d["worker_cpu_per_1k"] + d["sink_cpu_per_1k"], d["pg_cpu_per_1k"],
                       d["worker_cpu_per_1k"], d["sink_cpu_per_1k"], best_c["pg_cpu_per_1k"],
