@@ -715,3 +715,45 @@ def test_outboxctl_weekly_stats_view(db, conn):
     assert w["retries_exhausted"] == 2
     assert scalar(conn, "SELECT has_table_privilege('outbox_operator', 'outbox_weekly_stats', "
                         "'SELECT')")
+
+
+def test_workers_weekly_figures_are_the_views_current_week(db, conn, login):
+    """The workers compute this week only (sql/014); the figures they export
+    are the view's newest row, and rows of earlier weeks count in neither."""
+    for ago in ("0", "3 weeks"):
+        for outcome in ("claimed", "busy", "claimed"):
+            query(conn, "INSERT INTO run_claims (idempotency_key, outcome, claimed_at) "
+                        "VALUES ('k', %s, now() - %s::interval)", (outcome, ago))
+        for minutes in (5, 50):
+            key = make_run(conn, state="approved")
+            query(conn, "INSERT INTO approvals (idempotency_key, token_hash, allowed_decisions, "
+                        "expires_at, created_at, consumed_at, decision) "
+                        "VALUES (%s, sha256(random()::text::bytea), '{approve}', now() + interval '1 day', "
+                        "now() - %s::interval - make_interval(mins => %s), now() - %s::interval, "
+                        "'approve')", (key, ago, minutes, ago))
+        ids = [new_effect(conn) for _ in range(4 if ago == "0" else 2)]
+        query(conn, "UPDATE effect_outbox SET created_at = now() - %s::interval, approved_by = 'sam' "
+                    "WHERE effect_id = %s", (ago, ids[0]))
+        query(conn, "UPDATE effect_outbox SET created_at = now() - %s::interval "
+                    "WHERE effect_id = ANY(%s::uuid[])", (ago, ids))
+        arrange(conn, ids[1], "failed", last_error_class="invalid", completed_at="SQL:now()")
+    with conn.cursor() as c:
+        c.execute("SELECT * FROM outbox_weekly_figures('t', 0)")
+        cols = [d[0] for d in c.description]
+        mine = dict(zip(cols, c.fetchone()))
+        c.execute("SELECT * FROM outbox_weekly_stats ORDER BY week_start DESC LIMIT 1")
+        cols = [d[0] for d in c.description]
+        view = dict(zip(cols, c.fetchone()))
+    for k in ("duplicate_share", "approval_wait_p50_seconds", "approval_wait_p95_seconds",
+              "validation_failure_share", "automatic_share", "retries_exhausted"):
+        assert mine[k] == view[k], (k, mine, view)
+    assert view["effects_created"] == 4 and float(view["automatic_share"]) == 0.75
+    assert view["claims"] == 3 and view["approvals_consumed"] == 2
+    earlier = query(conn, "SELECT effects_created, claims, approvals_consumed FROM outbox_weekly_stats "
+                          "WHERE week_start = date_trunc('week', (now() - interval '3 weeks') "
+                          "AT TIME ZONE 'UTC') AT TIME ZONE 'UTC'")
+    assert earlier == [(2, 3, 2)]
+    # The operator role reads the view (it calls the function now).
+    with psycopg2.connect(login("outbox_operator")) as oc, oc.cursor() as c:
+        c.execute("SELECT count(*) FROM outbox_weekly_stats")
+        assert c.fetchone()[0] == 26
