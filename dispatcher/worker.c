@@ -82,7 +82,7 @@
 #endif
 /* The fleet-wide sweep of the pending backlog runs at most this often. */
 #define SWEEP_MAX_EVERY_S 30
-/* The weekly figures (an aggregate over 26 weeks of rows) are recomputed
+/* The weekly figures (an aggregate over this week's rows, sql/014) are recomputed
  * by one worker of the fleet at most this often; the others read them. */
 #define WEEKLY_REFRESH_S "300"
 

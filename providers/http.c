@@ -250,7 +250,8 @@ static bool http_validate(void *self, const struct outbox_effect *e, char *host_
 {
 	struct http_provider *hp = self;
 	const json_t *method, *headers;
-	const char *k;
+	const char *k, *raw;
+	size_t raw_len;
 	json_t *v;
 	char scheme[16], host[256];
 	long port;
@@ -309,7 +310,21 @@ static bool http_validate(void *self, const struct outbox_effect *e, char *host_
 		}
 	}
 	/* Any JSON value or string is a valid body (and jsonb made it valid
-	 * JSON): it is read from the text when sent, see body_text(). */
+	 * JSON): it is read from the text when sent, see body_text().  A
+	 * string body is decoded then; one jansson cannot decode (bytes that
+	 * are not UTF-8, in a database whose encoding let them in) fails here,
+	 * before any attempt, rather than at every send. */
+	if (e->payload_text && json_text_member(e->payload_text, e->payload_len, "body", &raw, &raw_len) &&
+	    raw[0] == '"') {
+		json_t *str = json_loadb(raw, raw_len, JSON_DECODE_ANY, NULL);
+		bool is_string = json_is_string(str);
+
+		json_decref(str);
+		if (!is_string) {
+			snprintf(err, errlen, "payload.body is not a valid JSON string (not UTF-8?)");
+			return false;
+		}
+	}
 	snprintf(host_key, host_keylen, "%s://%s:%ld", scheme, host, port);
 	return true;
 }

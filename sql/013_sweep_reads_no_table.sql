@@ -11,9 +11,12 @@
 -- 2,000,000 completed rows.
 --
 -- The clearing was tidying, not correctness: outbox_lease() and
--- outbox_fail_unknown_types() treat an expired lease as no lease, a worker
--- can only mark or renew rows whose lease it still holds, and a worker
--- clears its own leases when it stops (outbox_release).  So it goes; a
+-- outbox_fail_unknown_types() treat an expired lease as no lease (so do
+-- the sweep's other half and the reaper), the next lease overwrites the
+-- columns, and a worker clears its own leases when it stops
+-- (outbox_release).  The calls that check only lease_owner (release,
+-- fail_invalid, mark's blocked branch) behaved the same before: the
+-- clearing ran every 30 s at most.  So it goes; a
 -- pending row's lease columns mean something only while lease_expires_at
 -- is in the future, and the next lease overwrites them.
 --

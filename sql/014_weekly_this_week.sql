@@ -18,17 +18,24 @@
 -- autosummarize), unlike a btree, which every non-HOT update would add to.
 -- run_claims (claimed_at) and finished effects (completed_at) had btrees.
 --
--- Building the two indexes reads each table once (no rewrite); inserts
--- wait for it.
+-- Building the two indexes reads each table once (no rewrite), and every
+-- write to the table waits for it (producers' inserts, the workers'
+-- leases and outcomes): on a large outbox, run it with the fleet and the
+-- producers paused (docs/running-a-fleet.md).  The ranges stay narrow while
+-- rows are written in time order; once `outboxctl prune` has freed pages
+-- that new rows reuse, the ranges that hold them widen and a refresh
+-- reads more of the table (at worst all of it, as before).
 
 CREATE INDEX effect_outbox_created_brin ON effect_outbox USING brin (created_at)
     WITH (pages_per_range = 32, autosummarize = on);
 CREATE INDEX approvals_consumed_brin ON approvals USING brin (consumed_at)
     WITH (pages_per_range = 32, autosummarize = on);
 
--- The view's figures for the weeks from p_since (a Monday, UTC wall time)
--- to the current one, newest first.  What each column means: 005's comment
--- on outbox_weekly_stats.
+-- The view's figures for the weeks from p_since (UTC wall time; its week)
+-- to the current one, newest first, at most two years back (the workers
+-- and operators may call it: a far-off p_since must not become a scan of
+-- thousands of empty weeks).  What each column means: 005's comment on
+-- outbox_weekly_stats.
 CREATE FUNCTION outbox_weekly_stats_since(p_since timestamp)
 RETURNS TABLE (week_start timestamptz, claims bigint, duplicate_claims bigint,
                duplicate_share numeric, approvals_consumed bigint,
@@ -41,12 +48,13 @@ LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = public, pg_temp
 SET plan_cache_mode = force_custom_plan AS $$
 #variable_conflict use_column
 DECLARE
-    since timestamptz := date_trunc('week', p_since) AT TIME ZONE 'UTC';
+    this_week timestamp := date_trunc('week', now() AT TIME ZONE 'UTC');
+    first_week timestamp := greatest(date_trunc('week', p_since), this_week - interval '104 weeks');
+    since timestamptz := first_week AT TIME ZONE 'UTC';
 BEGIN
     RETURN QUERY
     WITH weeks AS (
-        SELECT generate_series(date_trunc('week', p_since), date_trunc('week', now() AT TIME ZONE 'UTC'),
-                               interval '1 week') AS week),
+        SELECT generate_series(first_week, this_week, interval '1 week') AS week),
     claims AS (
         SELECT date_trunc('week', c.claimed_at AT TIME ZONE 'UTC') AS week, count(*) AS claims,
                count(*) FILTER (WHERE c.outcome <> 'claimed') AS duplicates

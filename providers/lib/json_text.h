@@ -7,10 +7,11 @@
  * becomes 1.5, and an integer beyond 64 bits cannot be sent at all.  The
  * worker hands every provider the payload's text as stored (PostgreSQL's
  * jsonb output: valid JSON, keys unique, a space after every ':' and ',');
- * these two functions find a top-level member in it and drop the spaces.
- * They never read past `len` and never trust the input to be valid: on
- * anything unexpected they report "not found", and the caller falls back
- * to jansson.
+ * these functions find a top-level member in it and drop the spaces.
+ * They never read past `len`.  Their answers assume valid JSON, which
+ * jsonb's text always is: malformed structure they notice is "not found"
+ * (the caller falls back to jansson), but a malformed value inside a
+ * member (`{"body": tru}`) is found as it stands.
  */
 #ifndef OUTBOX_JSON_TEXT_H
 #define OUTBOX_JSON_TEXT_H

@@ -383,7 +383,7 @@ class Chaos:
             deadline = t0 + LEASE_SECONDS * 4
             while time.time() < deadline and not self.stop_chaos.is_set():
                 left = self.db.q("SELECT count(*) FROM effect_outbox WHERE lease_worker = %s "
-                                 "AND lease_expires_at IS NOT NULL", (w.name,))[0][0]
+                                 "AND state = 'sending'", (w.name,))[0][0]
                 if time.time() >= floor and left == 0:
                     break
                 time.sleep(0.2)
