@@ -107,7 +107,8 @@ GRANT EXECUTE ON FUNCTION outbox_weekly_stats_since(timestamp)
 -- The operator's view: 26 weeks, as before (same columns).
 CREATE OR REPLACE VIEW outbox_weekly_stats AS
 SELECT * FROM outbox_weekly_stats_since(date_trunc('week', now() AT TIME ZONE 'UTC')
-                                        - interval '25 weeks');
+                                        - interval '25 weeks')
+ ORDER BY week_start DESC;
 
 -- The workers' figures: this week only.
 CREATE OR REPLACE FUNCTION outbox_weekly_figures(p_worker text, p_every_seconds integer)
