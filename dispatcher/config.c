@@ -21,6 +21,8 @@ const struct outbox_conf_key core_keys_database[] = {
 	{ "poll_only", CONF_BOOL, "false", 0, 0, "no LISTEN (PgBouncer transaction pooling)" },
 	{ "reconnect_min_ms", CONF_INT, "100", 1, 600000, "first reconnect delay" },
 	{ "reconnect_max_ms", CONF_INT, "10000", 1, 3600000, "reconnect delay cap" },
+	{ "busy_connections", CONF_INT, "1", 1, 2,
+	  "connections busy in a backlog: 1 records outcomes on the lease connection; 2 on the second" },
 	{ NULL, CONF_STR, NULL, 0, 0, NULL },
 };
 
@@ -429,6 +431,7 @@ bool config_core(struct config *cfg, struct core_settings *s, char *err, size_t 
 	s->poll_only = bool_of(cfg, "database", core_keys_database, "poll_only");
 	s->reconnect_min_ms = I("database", core_keys_database, "reconnect_min_ms");
 	s->reconnect_max_ms = I("database", core_keys_database, "reconnect_max_ms");
+	s->busy_connections = I("database", core_keys_database, "busy_connections");
 	s->worker_name = S("dispatcher", core_keys_dispatcher, "worker_name");
 	s->provider_dir = S("dispatcher", core_keys_dispatcher, "provider_dir");
 	s->providers = S("dispatcher", core_keys_dispatcher, "providers");

@@ -33,6 +33,7 @@ struct core_settings {
 	const char *conninfo;
 	bool poll_only;
 	long reconnect_min_ms, reconnect_max_ms;
+	long busy_connections;
 
 	const char *worker_name;
 	const char *provider_dir;

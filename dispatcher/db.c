@@ -35,6 +35,7 @@ struct db {
 	struct event_base *base;
 	char *conninfo;
 	char *listen_channel;
+	char *app_name;               /* fallback_application_name, or NULL */
 	PGconn *conn;
 	enum db_state state;
 	struct event *sock_ev;        /* connecting: one-shot; up: EV_READ|EV_PERSIST */
@@ -44,6 +45,7 @@ struct db {
 	struct db_query_list queue;   /* head is on the wire when sent */
 	bool head_sent;
 	int64_t head_sent_mono;       /* when the head query was written */
+	int64_t done_sent_mono;       /* ... and the one whose callback runs */
 	PGresult *last_result;
 	db_state_fn on_state;
 	db_notify_fn on_notify;
@@ -55,6 +57,7 @@ struct db {
 
 static void db_connect_step(struct db *db);
 static void db_send_next(struct db *db);
+static bool db_send_head(struct db *db);
 static void db_lost(struct db *db, const char *why);
 
 static void query_free(struct db_query *q)
@@ -193,6 +196,12 @@ struct db *db_new(struct event_base *base, const char *conninfo, long backoff_mi
 	return db;
 }
 
+void db_set_application_name(struct db *db, const char *name)
+{
+	free(db->app_name);
+	db->app_name = name ? xstrdup(name) : NULL;
+}
+
 void db_set_callbacks(struct db *db, db_state_fn on_state, db_notify_fn on_notify, void *arg)
 {
 	db->on_state = on_state;
@@ -241,7 +250,13 @@ static void on_timer(evutil_socket_t fd, short what, void *arg)
 	(void)what;
 	if (db->state == DB_WAIT) {
 		db->state = DB_CONNECTING;
-		db->conn = PQconnectStart(db->conninfo);
+		/* The conninfo as dbname (expanded: key=value or a URL);
+		 * an empty one is ignored, so libpq's environment applies.
+		 * The application name shows in pg_stat_activity unless the
+		 * conninfo or PGAPPNAME sets one. */
+		const char *const keys[] = { "dbname", "fallback_application_name", NULL };
+		const char *const vals[] = { db->conninfo, db->app_name, NULL };
+		db->conn = PQconnectStartParams(keys, vals, 1);
 		if (db->conn == NULL) {
 			db_lost(db, "out of memory");
 			return;
@@ -345,7 +360,7 @@ static void on_connected(struct db *db)
 		snprintf(sql, sizeof(sql), "LISTEN %s", db->listen_channel);
 		q->sql = xstrdup(sql);
 		q->cb = NULL;
-		q->flags = DBQ_RETRY;
+		q->flags = DBQ_RETRY | DBQ_URGENT;   /* nothing goes ahead of it */
 		TAILQ_INSERT_HEAD(&db->queue, q, link);
 	}
 	if (db->on_state)
@@ -396,6 +411,7 @@ static void db_read(struct db *db)
 	while (db->head_sent && !PQisBusy(db->conn)) {
 		PGresult *r = PQgetResult(db->conn);
 		struct db_query *head;
+		bool sent_ok;
 
 		if (r != NULL) {
 			if (db->last_result)
@@ -412,8 +428,13 @@ static void db_read(struct db *db)
 		}
 		TAILQ_REMOVE(&db->queue, head, link);
 		db->head_sent = false;
+		db->done_sent_mono = db->head_sent_mono;
 		r = db->last_result;
 		db->last_result = NULL;
+		/* The next query goes out before this one's callback runs, so
+		 * the server works on it while we read this answer (a lease's
+		 * rows take the worker ~1 ms to take in). */
+		sent_ok = db_send_head(db);
 		if (head->cb)
 			head->cb(db, r, head->arg);
 		else if (r && PQresultStatus(r) != PGRES_COMMAND_OK && PQresultStatus(r) != PGRES_TUPLES_OK)
@@ -422,6 +443,13 @@ static void db_read(struct db *db)
 		query_free(head);
 		if (db->state != DB_UP)
 			return;   /* a callback freed or reset us */
+		if (!sent_ok) {
+			/* The lookahead send failed: the connection is gone
+			 * (its callback above still got this query's result). */
+			set_error_from_conn(db);
+			db_lost(db, db->last_error);
+			return;
+		}
 		deliver_notifies(db);
 	}
 	db_send_next(db);
@@ -435,8 +463,6 @@ static void db_flush(struct db *db)
 		set_error_from_conn(db);
 		db_lost(db, db->last_error);
 	} else if (rc > 0) {
-		if (db->write_ev == NULL)
-			db->write_ev = event_new(db->base, PQsocket(db->conn), EV_WRITE, on_socket, db);
 		event_add(db->write_ev, NULL);
 	}
 }
@@ -464,26 +490,40 @@ static void on_socket(evutil_socket_t fd, short what, void *arg)
 	}
 }
 
-static void db_send_next(struct db *db)
+/* Write the head query if there is one and none is on the wire.  False
+ * when the connection failed; the caller decides when to call db_lost(). */
+static bool db_send_head(struct db *db)
 {
 	struct db_query *q = TAILQ_FIRST(&db->queue);
+	int rc;
 
 	if (db->state != DB_UP || db->head_sent || q == NULL)
-		return;
+		return true;
 	if (!PQsendQueryParams(db->conn, q->sql, q->nparams, NULL,
-	                       (const char *const *)q->params, NULL, NULL, 0)) {
-		set_error_from_conn(db);
-		db_lost(db, db->last_error);
-		return;
-	}
+	                       (const char *const *)q->params, NULL, NULL, 0))
+		return false;
 	db->head_sent = true;
 	db->head_sent_mono = now_mono_ms();
-	db_flush(db);
+	rc = PQflush(db->conn);
+	if (rc > 0) {
+		if (db->write_ev == NULL)
+			db->write_ev = event_new(db->base, PQsocket(db->conn), EV_WRITE, on_socket, db);
+		event_add(db->write_ev, NULL);
+	}
+	return rc >= 0;
+}
+
+static void db_send_next(struct db *db)
+{
+	if (!db_send_head(db)) {
+		set_error_from_conn(db);
+		db_lost(db, db->last_error);
+	}
 }
 
 int64_t db_head_sent_mono(const struct db *db)
 {
-	return db->head_sent_mono;
+	return db->done_sent_mono;
 }
 
 void db_query(struct db *db, const char *sql, int nparams, const char *const *params,
@@ -499,7 +539,21 @@ void db_query(struct db *db, const char *sql, int nparams, const char *const *pa
 	q->cb = cb;
 	q->arg = arg;
 	q->flags = flags;
-	TAILQ_INSERT_TAIL(&db->queue, q, link);
+	if (flags & DBQ_URGENT) {
+		/* Behind the query on the wire and earlier urgent ones, ahead
+		 * of the rest. */
+		struct db_query *at = TAILQ_FIRST(&db->queue);
+		if (at && db->head_sent)
+			at = TAILQ_NEXT(at, link);
+		while (at && (at->flags & DBQ_URGENT))
+			at = TAILQ_NEXT(at, link);
+		if (at)
+			TAILQ_INSERT_BEFORE(at, q, link);
+		else
+			TAILQ_INSERT_TAIL(&db->queue, q, link);
+	} else {
+		TAILQ_INSERT_TAIL(&db->queue, q, link);
+	}
 	db_send_next(db);
 }
 
@@ -537,5 +591,6 @@ void db_free(struct db *db)
 		PQfinish(db->conn);
 	free(db->conninfo);
 	free(db->listen_channel);
+	free(db->app_name);
 	free(db);
 }

@@ -26,9 +26,16 @@ typedef void (*db_notify_fn)(struct db *db, const char *channel, const char *pay
 typedef void (*db_state_fn)(struct db *db, bool up, void *arg);
 
 #define DBQ_RETRY 0x1u
+/* Ahead of queued queries that are not urgent (behind the one on the wire
+ * and earlier urgent ones): the latency path (lease, mark) does not wait
+ * for recorded outcomes queued before it. */
+#define DBQ_URGENT 0x2u
 
 struct db *db_new(struct event_base *base, const char *conninfo, long backoff_min_ms,
                   long backoff_max_ms, const char *listen_channel);
+/* Shown as application_name in pg_stat_activity (unless the conninfo or
+ * PGAPPNAME names one); takes effect at the next connect. */
+void db_set_application_name(struct db *db, const char *name);
 void db_set_callbacks(struct db *db, db_state_fn on_state, db_notify_fn on_notify, void *arg);
 void db_start(struct db *db);
 bool db_is_up(const struct db *db);
