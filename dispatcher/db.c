@@ -45,7 +45,8 @@ struct db {
 	struct db_query_list queue;   /* head is on the wire when sent */
 	bool head_sent;
 	int64_t head_sent_mono;       /* when the head query was written */
-	int64_t done_sent_mono;       /* ... and the one whose callback runs */
+	int64_t done_sent_mono;       /* the same for the query whose callback runs */
+	int64_t cb_end_mono;          /* when the last callback returned */
 	PGresult *last_result;
 	db_state_fn on_state;
 	db_notify_fn on_notify;
@@ -253,9 +254,10 @@ static void on_timer(evutil_socket_t fd, short what, void *arg)
 		/* The conninfo as dbname (expanded: key=value or a URL);
 		 * an empty one is ignored, so libpq's environment applies.
 		 * The application name shows in pg_stat_activity unless the
-		 * conninfo or PGAPPNAME sets one. */
-		const char *const keys[] = { "dbname", "fallback_application_name", NULL };
-		const char *const vals[] = { db->conninfo, db->app_name, NULL };
+		 * conninfo or PGAPPNAME sets one (first, so that a
+		 * fallback_application_name in the conninfo wins). */
+		const char *const keys[] = { "fallback_application_name", "dbname", NULL };
+		const char *const vals[] = { db->app_name, db->conninfo, NULL };
 		db->conn = PQconnectStartParams(keys, vals, 1);
 		if (db->conn == NULL) {
 			db_lost(db, "out of memory");
@@ -428,7 +430,11 @@ static void db_read(struct db *db)
 		}
 		TAILQ_REMOVE(&db->queue, head, link);
 		db->head_sent = false;
-		db->done_sent_mono = db->head_sent_mono;
+		/* Its time on the wire and in the server: from when it was
+		 * written, or from the end of the callback before it if it
+		 * was written ahead (the answer may have waited for that). */
+		db->done_sent_mono = db->head_sent_mono > db->cb_end_mono ? db->head_sent_mono
+		                                                          : db->cb_end_mono;
 		r = db->last_result;
 		db->last_result = NULL;
 		/* The next query goes out before this one's callback runs, so
@@ -441,8 +447,9 @@ static void db_read(struct db *db)
 			log_msg(OLOG_WARN, "db_error", "%s: %s", head->sql, PQresultErrorMessage(r));
 		PQclear(r);
 		query_free(head);
+		db->cb_end_mono = now_mono_ms();
 		if (db->state != DB_UP)
-			return;   /* a callback freed or reset us */
+			return;   /* the callback's query found the connection lost */
 		if (!sent_ok) {
 			/* The lookahead send failed: the connection is gone
 			 * (its callback above still got this query's result). */

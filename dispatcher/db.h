@@ -1,7 +1,10 @@
 /*
  * db.h: one asynchronous PostgreSQL connection on the event loop.
  *
- * Queries queue in order and run one at a time (PQsendQueryParams).  When
+ * Queries queue in order and run one at a time (PQsendQueryParams); the
+ * next one is written before the previous one's callback runs, so the
+ * server works while the caller reads an answer, and an urgent query
+ * (DBQ_URGENT) goes ahead of queued ones that are not.  When
  * the connection is lost it is re-established with exponential backoff and
  * full jitter; a query that was on the wire when it broke is either failed
  * back to its caller (res == NULL) or, with DBQ_RETRY, sent again after
@@ -47,10 +50,14 @@ const char *db_last_error(const struct db *db);
 
 void db_query(struct db *db, const char *sql, int nparams, const char *const *params,
               db_result_fn cb, void *arg, unsigned flags);
-/* In a result callback: when that query was written to the server (its
- * time on the wire and in the server, without its wait in the queue). */
+/* In a result callback: when that query was written to the server, or,
+ * if it was written while the callback before it ran, when that callback
+ * returned (its time on the wire and in the server, without its wait in
+ * the queue or for the worker). */
 int64_t db_head_sent_mono(const struct db *db);
-/* Drop queued queries (not the one on the wire); their callbacks get NULL. */
+/* Drop queued queries (not the one on the wire); their callbacks get NULL.
+ * Called from a result callback, the next query is already on the wire.
+ * A callback must not db_free() its own db. */
 void db_cancel_queued(struct db *db);
 void db_free(struct db *db);
 

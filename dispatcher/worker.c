@@ -15,6 +15,12 @@
  *   record       outbox_complete(): attempts-log row + CAS to the state
  *                policy_decide() chose (completed, pending, failed, unknown)
  *
+ * Two connections: `db` (the lease connection: lease, mark, renew,
+ * release; LISTEN) and `rec` (the records connection: housekeeping,
+ * invalid rows, reconciliation, head scans in position mode).  Outcomes go
+ * on `rec` while the queue is short and on `db` in a backlog
+ * (outcomes_db()), so that a busy worker keeps one backend busy.
+ *
  * Lease renewal (heartbeat), the reaper, unknown-type failing, provider
  * registration and reconciliation run from timers.  Nothing here blocks:
  * every database call goes through db.c, every send through a provider.
@@ -1512,13 +1518,16 @@ static void on_db_state(struct db *db, bool up, void *arg)
 
 	metrics_set(G_DB_UP, up && db_is_up(w->rec));
 	if (!up) {
+		/* lease_busy stays: a lease on the wire was answered NULL
+		 * (on_leased() cleared it); a queued one survives the
+		 * reconnect and clears it when it is answered. */
 		metrics_inc(M_DB_RECONNECTS, 1);
-		w->lease_busy = false;
 		sdnotify_status("database connection lost: %s", db_last_error(db));
 		return;
 	}
 	lease_cursor_reset(w);
-	db_query(db, MIGRATE_VERSION_SQL, 0, NULL, on_schema, w, 0);
+	/* Urgent, so that no lease issued after the reconnect passes it. */
+	db_query(db, MIGRATE_VERSION_SQL, 0, NULL, on_schema, w, DBQ_URGENT);
 	sdnotify_status("connected; %s", w->env_enabled ? "sending" : "AI_ACTIONS_ENABLED is not true: not sending");
 	worker_kick(w);
 }
@@ -1797,9 +1806,10 @@ struct worker *worker_new(struct event_base *base, const char *config_path)
 	db_set_callbacks(w->rec, on_rec_state, NULL, w);
 	{
 		char app[sizeof(w->name) + 32];
-		snprintf(app, sizeof(app), "outbox %s lease", w->name);
+		/* The role first: the server cuts names at 63 bytes. */
+		snprintf(app, sizeof(app), "outbox lease %s", w->name);
 		db_set_application_name(w->db, app);
-		snprintf(app, sizeof(app), "outbox %s records", w->name);
+		snprintf(app, sizeof(app), "outbox records %s", w->name);
 		db_set_application_name(w->rec, app);
 	}
 

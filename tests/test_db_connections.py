@@ -7,8 +7,8 @@ so that a lease never waits for one, and on the lease connection in a
 backlog (three full leases in a row), so that a worker keeps one database
 backend busy instead of two; `[database] busy_connections = 2` keeps them on
 the records connection always.  Observed through pg_stat_activity, where
-the connections are named `outbox <worker> lease` and `outbox <worker>
-records`: its `query` column is each backend's current or last statement.
+the connections are named `outbox lease <worker>` and `outbox records
+<worker>`: its `query` column is each backend's current or last statement.
 """
 import pytest
 
@@ -20,9 +20,9 @@ COMPLETE = "%outbox_complete(%"
 def sample_roles(conn, worker):
     """{role: last statement} of the worker's backends in this database."""
     rows = query(conn, "SELECT application_name, query FROM pg_stat_activity "
-                       "WHERE datname = current_database() AND application_name LIKE %s",
-                 (f"outbox {worker} %",))
-    return {name.rsplit(" ", 1)[1]: q for name, q in rows}
+                       "WHERE datname = current_database() AND application_name IN (%s, %s)",
+                 (f"outbox lease {worker}", f"outbox records {worker}"))
+    return {name.split(" ")[1]: q for name, q in rows}
 
 
 def watch_until(conn, worker, done, timeout=60):

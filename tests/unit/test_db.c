@@ -37,6 +37,7 @@ struct fixture {
 	int n_seen;
 	int nulls;                    /* callbacks with res == NULL */
 	double cb_start, cb_end;      /* wall clock around the slow callback */
+	int64_t cb_end_mono;          /* and when it ended */
 	double next_ran_at;           /* the server's clock_timestamp() of the next query */
 	int64_t sent_in_cb[MAX_SEEN]; /* db_head_sent_mono() seen by each callback */
 	int64_t cb_entered_mono[MAX_SEEN];
@@ -144,18 +145,19 @@ static void on_slow(struct db *db, PGresult *r, void *arg)
 	f->cb_start = wall_now();
 	usleep(200 * 1000);
 	f->cb_end = wall_now();
+	f->cb_end_mono = now_mono_ms();
 }
 
 static void on_clock(struct db *db, PGresult *r, void *arg)
 {
 	struct fixture *f = arg;
 
-	(void)db;
 	if (r == NULL || PQresultStatus(r) != PGRES_TUPLES_OK) {
 		f->nulls++;
 		return;
 	}
 	f->next_ran_at = atof(PQgetvalue(r, 0, 0));
+	f->sent_in_cb[f->n_seen] = db_head_sent_mono(db);
 	f->seen[f->n_seen++] = -1;
 }
 
@@ -164,7 +166,7 @@ static void test_the_next_query_runs_while_the_previous_callback_does(void **sta
 	struct fixture *f = *state;
 
 	assert_true(f->up);
-	db_query(f->db, "SELECT 1", 0, NULL, on_slow, f, 0);
+	db_query(f->db, "SELECT 1 FROM pg_sleep(0.1)", 0, NULL, on_slow, f, 0);
 	db_query(f->db, "SELECT extract(epoch FROM clock_timestamp())", 0, NULL, on_clock, f, 0);
 	run_until(f, 2);
 	assert_int_equal(f->n_seen, 2);
@@ -172,9 +174,13 @@ static void test_the_next_query_runs_while_the_previous_callback_does(void **sta
 	 * callback ended (without the lookahead it would run after). */
 	assert_true(f->next_ran_at < f->cb_end);
 	assert_true(f->next_ran_at > f->cb_start - 1.0);
-	/* The first callback saw its own send time, not the second's, which
-	 * was sent after the first answer arrived. */
-	assert_true(f->sent_in_cb[0] <= f->cb_entered_mono[0]);
+	/* Each callback's db_head_sent_mono(): the first, its own send time
+	 * (at least its 100 ms sleep before the answer; the second query's,
+	 * written just before the callback, would be ~0 ms); the second, not
+	 * before the first callback ended (it was written ahead, and its
+	 * answer waited for that callback, which is not its own time). */
+	assert_true(f->cb_entered_mono[0] - f->sent_in_cb[0] >= 100);
+	assert_true(f->sent_in_cb[1] >= f->cb_end_mono);
 }
 
 static void on_app_name(struct db *db, PGresult *r, void *arg)
