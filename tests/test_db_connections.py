@@ -14,8 +14,6 @@ import pytest
 
 from outbox_test import enqueue, kill_switch, make_run, query, states, wait_for
 
-COMPLETE = "%outbox_complete(%"
-
 
 def sample_roles(conn, worker):
     """{role: last statement} of the worker's backends in this database."""
