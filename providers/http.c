@@ -197,6 +197,10 @@ static bool parse_url(const char *url, char *scheme, size_t slen, char *host, si
 			         "punycode form, xn--...)");
 			goto out;
 		}
+	if (h[strlen(h) - 1] == '.') {
+		snprintf(err, errlen, "target URL host ends with a dot (write the name without it)");
+		goto out;
+	}
 	if (curl_url_get(u, CURLUPART_PORT, &p, CURLU_DEFAULT_PORT) != CURLUE_OK) {
 		snprintf(err, errlen, "target URL has no usable port");
 		goto out;
