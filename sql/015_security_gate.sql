@@ -111,11 +111,12 @@ END $$;
 
 CREATE FUNCTION outbox_lock_pending_of_run(p_key text)
 RETURNS void
-LANGUAGE sql SECURITY DEFINER SET search_path = public, pg_temp AS $$
-    SELECT NULL::void FROM (SELECT 1 FROM effect_outbox o
-                             WHERE o.idempotency_key = p_key AND o.state = 'pending'
-                             ORDER BY o.effect_id FOR UPDATE) AS l LIMIT 0;
-$$;
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
+BEGIN
+    PERFORM 1 FROM effect_outbox o
+     WHERE o.idempotency_key = p_key AND o.state = 'pending'
+     ORDER BY o.effect_id FOR UPDATE;
+END $$;
 
 -- As in 002, plus: a transition to failed_terminal cancels the run's
 -- pending effects.
@@ -426,12 +427,13 @@ GRANT EXECUTE ON FUNCTION outbox_cancel(uuid, uuid, text, text) TO outbox_produc
 -- deadlocking (renew and complete did, in both directions).
 CREATE FUNCTION outbox_lock_owned(p_owner uuid, p_ids uuid[])
 RETURNS void
-LANGUAGE sql SECURITY DEFINER SET search_path = public, pg_temp
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp
     SET plan_cache_mode = force_custom_plan AS $$
-    SELECT NULL::void FROM (SELECT 1 FROM effect_outbox o
-                             WHERE o.effect_id = ANY (p_ids) AND o.lease_owner = p_owner
-                             ORDER BY o.effect_id FOR UPDATE) AS l LIMIT 0;
-$$;
+BEGIN
+    PERFORM 1 FROM effect_outbox o
+     WHERE o.effect_id = ANY (p_ids) AND o.lease_owner = p_owner
+     ORDER BY o.effect_id FOR UPDATE;
+END $$;
 
 CREATE OR REPLACE FUNCTION outbox_renew(p_owner uuid, p_ids uuid[], p_lease_seconds integer,
                                         p_max_lease_seconds integer)
