@@ -87,3 +87,22 @@ def test_db_password_is_not_in_ps():
         p.kill()
         p.communicate()
         srv.close()
+
+
+def test_worker_ready_line_hides_encoded_passwords(db, tmp_path):
+    """The `ready` log line shows the conninfo with every password masked,
+    however its key is spelled (issue 17, bug 3)."""
+    from outbox_test import Dispatcher
+    params = dict(kv.split("=", 1) for kv in db.split())
+    url = (f"postgresql://{params['user']}@{params['host']}:{params['port']}/{params['dbname']}"
+           "?pass%77ord=SECRET1&%70assword=SECRET2&PASSWORD=SECRET3&application_name=w")
+    w = Dispatcher(url, tmp_path, {"dispatcher": {"providers": "http"},
+                                   "provider.http": {"allow_hosts": "127.0.0.1"}}, name="ready").start()
+    try:
+        ready = [e for e in w.events() if e.get("event") == "ready"]
+        assert ready, "the worker logged ready"
+    finally:
+        w.stop()
+    log = open(w.log_path, "rb").read()
+    assert b"SECRET" not in log
+    assert b"pass%77ord=********" in log
