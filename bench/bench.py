@@ -401,7 +401,7 @@ def load(n, target, prefix="t"):
     with one due time, 3,240 in insertion order (1 worker 6,000-7,100 vs
     5,430-5,470 effects/s)."""
     q("INSERT INTO workflow_runs (idempotency_key, state, payload_hash)"
-      " SELECT %s || g, 'approved', 'h' FROM generate_series(1, %s) g", (prefix, n), fetch=False)
+      " SELECT %s || g, 'processing', 'h' FROM generate_series(1, %s) g", (prefix, n), fetch=False)
     q("INSERT INTO effect_outbox (idempotency_key, effect_type, target, payload, available_at)"
       " SELECT %s || g, 'http', %s, %s::jsonb, now() - interval '1 hour' + g * interval '1 microsecond'"
       " FROM generate_series(1, %s) g",
@@ -649,7 +649,7 @@ def latency_runs(sink, durable_note=""):
     reset()
     total = IDLE + RATE * RATE_SECONDS * 2 + 1000
     q("INSERT INTO workflow_runs (idempotency_key, state, payload_hash)"
-      " SELECT 'lat-' || g, 'approved', 'h' FROM generate_series(1, %s) g", (total,), fetch=False)
+      " SELECT 'lat-' || g, 'processing', 'h' FROM generate_series(1, %s) g", (total,), fetch=False)
     q("CREATE SEQUENCE bench_seq", fetch=False)
     settle()
     open(sink.lat_log, "w").close()

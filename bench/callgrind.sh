@@ -82,7 +82,7 @@ nginx_pid=$!
 payload='{"method": "POST", "headers": {"X-Bench": "1"}, "body": {"event": "invoice.paid", "invoice": "INV-000123", "amount_cents": 129900, "currency": "EUR", "customer": {"id": "cus_42", "email": "a@example.com"}, "note": "bench payload of a typical webhook size"}}'
 psql -q -v ON_ERROR_STOP=1 -d bench >/dev/null <<EOF
 INSERT INTO workflow_runs (idempotency_key, state, payload_hash)
-  SELECT 't' || g, 'approved', 'h' FROM generate_series(1, $N) g;
+  SELECT 't' || g, 'processing', 'h' FROM generate_series(1, $N) g;
 INSERT INTO effect_outbox (idempotency_key, effect_type, target, payload)
   SELECT 't' || g, 'http', 'http://127.0.0.1:$port/ok', '$payload'::jsonb FROM generate_series(1, $N) g;
 VACUUM ANALYZE;

@@ -14,6 +14,12 @@
 #include <string.h>
 
 #include "log.h"
+#include "util.h"
+
+/* The longest line a config file may have (allow_hosts, conninfo). */
+#define CONFIG_MAX_LINE 65536
+/* What reader() hands inih in place of a long value. */
+#define LONG_VALUE_MARK "\001long"
 
 /* Every key with its default; dispatcher.ini.example documents the same. */
 const struct outbox_conf_key core_keys_database[] = {
@@ -80,6 +86,9 @@ struct parse_ctx {
 	char *err;
 	size_t errlen;
 	bool failed;
+	/* The value of the line the reader returned last when that line was
+	 * too long for inih's buffer (see reader()); NULL otherwise. */
+	char *long_value;
 };
 
 static void entry_free(struct conf_entry *e)
@@ -123,6 +132,8 @@ static int on_entry(void *user, const char *section, const char *name, const cha
 
 	if (ctx->failed)
 		return 0;
+	if (ctx->long_value && strcmp(value, LONG_VALUE_MARK) == 0)
+		value = ctx->long_value;
 	if (section[0] == '\0') {
 		snprintf(ctx->err, ctx->errlen, "%s:%d: %s: key outside of any [section]",
 		         cfg->path, ctx->line, name);
@@ -150,40 +161,105 @@ static int on_entry(void *user, const char *section, const char *name, const cha
 	return 1;
 }
 
-/* fgets() for inih that counts lines and refuses lines inih would split. */
+/* One line of input, without its newline, into a growing buffer; at most
+ * CONFIG_MAX_LINE characters are kept, *more is set when there were more. */
+static bool next_line(struct parse_ctx *ctx, struct strbuf *b, bool *more)
+{
+	int c;
+
+	*more = false;
+	if (ctx->fp) {
+		if ((c = getc(ctx->fp)) == EOF)
+			return false;
+		for (; c != EOF && c != '\n'; c = getc(ctx->fp)) {
+			char ch = (char)c;
+			if (b->len < CONFIG_MAX_LINE)
+				sb_append(b, &ch, 1);
+			else
+				*more = true;
+		}
+		return true;
+	}
+	if (ctx->text[ctx->pos] == '\0')
+		return false;
+	for (; ctx->text[ctx->pos] && ctx->text[ctx->pos] != '\n'; ctx->pos++) {
+		if (b->len < CONFIG_MAX_LINE)
+			sb_append(b, ctx->text + ctx->pos, 1);
+		else
+			*more = true;
+	}
+	if (ctx->text[ctx->pos] == '\n')
+		ctx->pos++;
+	return true;
+}
+
+/* A line too long for inih's buffer (Debian builds it with 200 bytes) is
+ * handed to inih as "key=" LONG_VALUE_MARK, and its value kept aside for
+ * on_entry(), trimmed and with an inline comment cut as inih does; a long
+ * comment is handed over as an empty line. */
+static bool stash_long_line(struct parse_ctx *ctx, char *line, char *str, int num)
+{
+	char *eq, *v, *end;
+	size_t klen;
+
+	while (*line == ' ' || *line == '\t')
+		line++;
+	if (*line == ';' || *line == '#') {
+		snprintf(str, (size_t)num, "\n");
+		return true;
+	}
+	eq = strchr(line, '=');
+	if (eq == NULL || *line == '[' || (klen = (size_t)(eq - line)) + sizeof(LONG_VALUE_MARK) + 2 > (size_t)num)
+		return false;
+	for (v = eq + 1; *v == ' ' || *v == '\t'; v++)
+		;
+	for (end = v; *end; end++)
+		if (*end == ';' && end > v && (end[-1] == ' ' || end[-1] == '\t'))
+			break;
+	while (end > v && (end[-1] == ' ' || end[-1] == '\t' || end[-1] == '\r'))
+		end--;
+	free(ctx->long_value);
+	ctx->long_value = xmalloc((size_t)(end - v) + 1);
+	memcpy(ctx->long_value, v, (size_t)(end - v));
+	ctx->long_value[end - v] = '\0';
+	snprintf(str, (size_t)num, "%.*s=%s\n", (int)klen, line, LONG_VALUE_MARK);
+	return true;
+}
+
+/* fgets() for inih that counts lines and takes lines of up to
+ * CONFIG_MAX_LINE characters (longer ones are refused, never split). */
 static char *reader(char *str, int num, void *stream)
 {
 	struct parse_ctx *ctx = stream;
-	size_t n = 0;
+	struct strbuf b;
+	bool more;
 
 	if (ctx->failed)
 		return NULL;
-	if (ctx->fp) {
-		if (fgets(str, num, ctx->fp) == NULL)
-			return NULL;
-		n = strlen(str);
-		if (n == (size_t)num - 1 && str[n - 1] != '\n' && !feof(ctx->fp))
-			goto too_long;
-	} else {
-		const char *s = ctx->text + ctx->pos;
-		if (*s == '\0')
-			return NULL;
-		while (s[n] && s[n] != '\n' && n < (size_t)num - 2)
-			n++;
-		if (s[n] && s[n] != '\n')
-			goto too_long;
-		if (s[n] == '\n')
-			n++;
-		memcpy(str, s, n);
-		str[n] = '\0';
-		ctx->pos += n;
+	free(ctx->long_value);
+	ctx->long_value = NULL;
+	sb_init(&b, 256);
+	if (!next_line(ctx, &b, &more)) {
+		free(b.s);
+		return NULL;
 	}
 	ctx->line++;
+	if (more) {
+		snprintf(ctx->err, ctx->errlen, "%s:%d: line longer than %d characters (the limit)",
+		         ctx->cfg->path, ctx->line, CONFIG_MAX_LINE);
+		goto fail;
+	}
+	if (b.len + 2 <= (size_t)num) {
+		snprintf(str, (size_t)num, "%s\n", b.s);
+	} else if (!stash_long_line(ctx, b.s, str, num)) {
+		snprintf(ctx->err, ctx->errlen, "%s:%d: a line longer than %d characters must be "
+		         "key = value with a short key", ctx->cfg->path, ctx->line, num - 2);
+		goto fail;
+	}
+	free(b.s);
 	return str;
-too_long:
-	ctx->line++;
-	snprintf(ctx->err, ctx->errlen, "%s:%d: line longer than %d characters",
-	         ctx->cfg->path, ctx->line, num - 2);
+fail:
+	free(b.s);
 	ctx->failed = true;
 	return NULL;
 }
@@ -196,6 +272,8 @@ static struct config *parse(struct parse_ctx *ctx)
 	 * previous value; an indented key must be a key. */
 	ini_allow_multiline = false;
 	rc = ini_parse_stream(reader, ctx, on_entry, ctx);
+	free(ctx->long_value);
+	ctx->long_value = NULL;
 
 	if (!ctx->failed && rc != 0) {
 		if (rc > 0)

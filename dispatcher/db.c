@@ -13,6 +13,7 @@
 #include <event2/event.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/queue.h>
 
 #include "log.h"
@@ -81,8 +82,39 @@ static void out_put(char *out, size_t len, size_t *used, const char *src, size_t
 
 static bool secret_keyword(const char *k, size_t n)
 {
-	return (n == 8 && strncmp(k, "password", 8) == 0) ||
-	       (n == 11 && strncmp(k, "sslpassword", 11) == 0);
+	return (n == 8 && strncasecmp(k, "password", 8) == 0) ||
+	       (n == 11 && strncasecmp(k, "sslpassword", 11) == 0);
+}
+
+static int hex_digit(char c)
+{
+	return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10
+	     : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+}
+
+/* A URL query key, percent-escapes decoded (libpq decodes them:
+ * pass%77ord is password).  1: a secret key, 0: not, -1: cannot tell (a
+ * broken escape, or too long to be a keyword): mask everything after it. */
+static int secret_url_key(const char *k, size_t n)
+{
+	char key[32];
+	size_t len = 0;
+
+	for (size_t i = 0; i < n; i++) {
+		char c = k[i];
+		if (c == '%') {
+			int hi = i + 2 < n ? hex_digit(k[i + 1]) : -1;
+			int lo = i + 2 < n ? hex_digit(k[i + 2]) : -1;
+			if (hi < 0 || lo < 0)
+				return -1;
+			c = (char)(hi * 16 + lo);
+			i += 2;
+		}
+		if (c == '\0' || len + 1 >= sizeof(key))
+			return -1;
+		key[len++] = c;
+	}
+	return secret_keyword(key, len) ? 1 : 0;
 }
 
 /* URL form: postgresql://user:secret@host/db?password=x&sslpassword=y */
@@ -92,6 +124,12 @@ static void redact_url(const char *s, char *out, size_t len)
 	const char *auth_end = p + strcspn(p, "@/?");
 	const char *q;
 	size_t used = 0;
+
+	/* The last '@' before the query ends the user info, even past a '/'
+	 * that a password may hold: mask too much rather than too little. */
+	for (const char *a = p; *a && *a != '?'; a++)
+		if (*a == '@')
+			auth_end = a;
 
 	out_put(out, len, &used, s, (size_t)(p - s));
 	if (*auth_end == '@') {
@@ -110,7 +148,12 @@ static void redact_url(const char *s, char *out, size_t len)
 	out_put(out, len, &used, p, (size_t)(q - p) + 1);
 	for (q++; *q;) {
 		size_t plen = strcspn(q, "&"), klen = strcspn(q, "=&");
-		if (klen < plen && secret_keyword(q, klen)) {
+		int secret = secret_url_key(q, klen);
+		if (secret < 0) {           /* when in doubt, mask the rest */
+			out_put(out, len, &used, "********", 8);
+			return;
+		}
+		if (klen < plen && secret) {
 			out_put(out, len, &used, q, klen + 1);
 			out_put(out, len, &used, "********", 8);
 		} else {

@@ -14,6 +14,7 @@
 #include "config.h"
 #include "db.h"
 #include "migrate.h"
+#include "util.h"
 
 static const struct ctl_command commands[] = {
 	{ "migrate", cmd_migrate, "migrate",
@@ -104,8 +105,8 @@ PGconn *ctl_connect(struct ctl *ctl)
 	ctl->conn = PQconnectdb(conninfo);
 	if (PQstatus(ctl->conn) != CONNECTION_OK) {
 		db_redact_conninfo(conninfo, shown, sizeof(shown));
-		fprintf(stderr, "outboxctl: cannot connect to the database (%s): %s", shown,
-		        PQerrorMessage(ctl->conn));
+		fprintf(stderr, "outboxctl: cannot connect to the database (%s): %s", tv(shown),
+		        tv_lines(PQerrorMessage(ctl->conn)));
 		PQfinish(ctl->conn);
 		ctl->conn = NULL;
 	}
@@ -124,7 +125,7 @@ PGresult *ctl_exec(struct ctl *ctl, const char *what, const char *sql, int n,
 	r = PQexecParams(ctl->conn, sql, n, NULL, params, NULL, NULL, 0);
 	st = PQresultStatus(r);
 	if (st != PGRES_TUPLES_OK && st != PGRES_COMMAND_OK) {
-		fprintf(stderr, "outboxctl: %s: %s", what, PQresultErrorMessage(r));
+		fprintf(stderr, "outboxctl: %s: %s", what, tv_lines(PQresultErrorMessage(r)));
 		PQclear(r);
 		return NULL;
 	}
@@ -156,7 +157,7 @@ bool ctl_check_opts(int argc, char **argv, const char *const *allowed)
 			if ((*a)[n - 1] == '=') {
 				if (strncmp(argv[i], *a, n - 1) == 0 && argv[i][n - 1] == '\0') {
 					if (i + 1 >= argc) {
-						fprintf(stderr, "outboxctl: %s needs a value\n", argv[i]);
+						fprintf(stderr, "outboxctl: %s needs a value\n", tv(argv[i]));
 						return false;
 					}
 					i++;
@@ -167,7 +168,7 @@ bool ctl_check_opts(int argc, char **argv, const char *const *allowed)
 			}
 		}
 		if (!ok) {
-			fprintf(stderr, "outboxctl: unexpected argument '%s'\n", argv[i]);
+			fprintf(stderr, "outboxctl: unexpected argument '%s'\n", tv(argv[i]));
 			return false;
 		}
 	}
@@ -187,23 +188,91 @@ bool ctl_is_uuid(const char *s)
 	return true;
 }
 
+/* Human output shows text from the database and the command line; a run
+ * key or an operator name may hold terminal escapes (any producer chooses
+ * its keys).  tv() returns s, or a copy with every control character made
+ * visible (util.c's sb_term_escape); the copies live until exit.  --json
+ * output never goes through it: jansson escapes what JSON must. */
+static char **tv_pool;
+static size_t tv_count;
+
+static void tv_free(void)
+{
+	for (size_t i = 0; i < tv_count; i++)
+		free(tv_pool[i]);
+	free(tv_pool);
+	tv_pool = NULL;
+	tv_count = 0;
+}
+
+static const char *tv_keep(const char *s, bool keep_newlines)
+{
+	struct strbuf b;
+	char **grown;
+
+	if (s == NULL || !term_needs_escape(s, keep_newlines))
+		return s;
+	sb_init(&b, strlen(s) + 16);
+	sb_term_escape(&b, s, keep_newlines);
+	grown = realloc(tv_pool, (tv_count + 1) * sizeof(*tv_pool));
+	if (grown == NULL) {
+		free(b.s);
+		return "(unprintable)";
+	}
+	tv_pool = grown;
+	tv_pool[tv_count++] = b.s;
+	return b.s;
+}
+
+const char *tv(const char *s)
+{
+	return tv_keep(s, false);
+}
+
+const char *tv_lines(const char *s)
+{
+	return tv_keep(s, true);
+}
+
+/* --db may carry a password: keep a copy and overwrite the argument with
+ * its redacted form, so `ps` and /proc/PID/cmdline show no secret from
+ * here on (PGPASSFILE or --config keep it off the command line entirely). */
+static const char *hide_db_argument(char *arg)
+{
+	static char *copy;
+	char shown[1024];
+	size_t n = strlen(arg);
+
+	free(copy);
+	copy = xstrdup(arg);
+	db_redact_conninfo(copy, shown, sizeof(shown));
+	memset(arg, 0, n);
+	if (strcmp(shown, copy) != 0)
+		memcpy(arg, shown, strlen(shown) < n ? strlen(shown) : n);
+	else
+		memcpy(arg, copy, n);
+	return copy;
+}
+
 int main(int argc, char **argv)
 {
 	struct ctl ctl = { 0 };
 	int i = 1, rc;
+
+	atexit(tv_free);
 
 	while (i < argc && argv[i][0] == '-') {
 		if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
 			usage(stdout);
 			return CTL_OK;
 		} else if (strcmp(argv[i], "--db") == 0 && i + 1 < argc) {
-			ctl.db = argv[i + 1];
+			ctl.db = hide_db_argument(argv[i + 1]);
 			i += 2;
 		} else if (strcmp(argv[i], "--config") == 0 && i + 1 < argc) {
 			ctl.config = argv[i + 1];
 			i += 2;
 		} else {
-			fprintf(stderr, "outboxctl: unknown or incomplete option '%s'\n", argv[i]);
+			fprintf(stderr, "outboxctl: unknown or incomplete option '%s'\n", tv(argv[i]));
 			usage(stderr);
 			return CTL_USAGE;
 		}
@@ -225,7 +294,7 @@ int main(int argc, char **argv)
 			PQfinish(ctl.conn);
 		return rc;
 	}
-	fprintf(stderr, "outboxctl: unknown command '%s'\n", argv[i]);
+	fprintf(stderr, "outboxctl: unknown command '%s'\n", tv(argv[i]));
 	usage(stderr);
 	return CTL_USAGE;
 }

@@ -40,6 +40,12 @@ bool ctl_flag(int argc, char **argv, const char *name);
 bool ctl_check_opts(int argc, char **argv, const char *const *allowed);
 bool ctl_is_uuid(const char *s);
 
+/* s with control characters made visible, for human-readable output;
+ * tv_lines() keeps newlines (multi-line error messages).  The result lives
+ * until the process exits. */
+const char *tv(const char *s);
+const char *tv_lines(const char *s);
+
 typedef int (*ctl_cmd_fn)(struct ctl *ctl, int argc, char **argv);
 
 struct ctl_command {

@@ -52,7 +52,7 @@ static int kill_switch_status(struct ctl *ctl, bool json)
 	} else {
 		printf("kill switch: %s (sends %s)\nset by %s at %s: %s\n", on ? "on" : "off",
 		       on ? "allowed where AI_ACTIONS_ENABLED=true" : "stopped fleet-wide",
-		       PQgetvalue(r, 0, 1), PQgetvalue(r, 0, 3), PQgetvalue(r, 0, 2));
+		       tv(PQgetvalue(r, 0, 1)), tv(PQgetvalue(r, 0, 3)), tv(PQgetvalue(r, 0, 2)));
 	}
 	PQclear(r);
 	return CTL_OK;
@@ -74,7 +74,7 @@ int cmd_kill_switch(struct ctl *ctl, int argc, char **argv)
 	if (strcmp(argv[0], "status") == 0)
 		return kill_switch_status(ctl, ctl_flag(argc - 1, argv + 1, "--json"));
 	if (strcmp(argv[0], "on") != 0 && strcmp(argv[0], "off") != 0) {
-		fprintf(stderr, "outboxctl: kill-switch: expected off, on or status, not '%s'\n", argv[0]);
+		fprintf(stderr, "outboxctl: kill-switch: expected off, on or status, not '%s'\n", tv(argv[0]));
 		return CTL_USAGE;
 	}
 	on = strcmp(argv[0], "on") == 0;
@@ -98,15 +98,15 @@ int cmd_kill_switch(struct ctl *ctl, int argc, char **argv)
 	if (r == NULL)
 		return CTL_DB;
 	if (on) {
-		printf("kill switch on: sends allowed (by %s: %s)\n", op, reason);
+		printf("kill switch on: sends allowed (by %s: %s)\n", tv(op), tv(reason));
 	} else {
-		printf("kill switch off: no send can start anywhere in the fleet (by %s: %s)\n", op, reason);
+		printf("kill switch off: no send can start anywhere in the fleet (by %s: %s)\n", tv(op), tv(reason));
 		printf("%d effect%s already in flight%s\n", PQntuples(r), PQntuples(r) == 1 ? " was" : "s were",
 		       PQntuples(r) ? " (their outcome will still be recorded):" : ".");
 		for (int i = 0; i < PQntuples(r); i++)
-			printf("  %s key=%s type=%s target=%s worker=%s started=%s\n", PQgetvalue(r, i, 0),
-			       PQgetvalue(r, i, 1), PQgetvalue(r, i, 2), PQgetvalue(r, i, 3),
-			       PQgetvalue(r, i, 4), PQgetvalue(r, i, 5));
+			printf("  %s key=%s type=%s target=%s worker=%s started=%s\n", tv(PQgetvalue(r, i, 0)),
+			       tv(PQgetvalue(r, i, 1)), tv(PQgetvalue(r, i, 2)), tv(PQgetvalue(r, i, 3)),
+			       tv(PQgetvalue(r, i, 4)), tv(PQgetvalue(r, i, 5)));
 	}
 	PQclear(r);
 	return CTL_OK;
@@ -163,12 +163,12 @@ int cmd_status(struct ctl *ctl, int argc, char **argv)
 		json_decref(o);
 	} else {
 		for (int i = 0; i < 5; i++)
-			printf("%-10s %s\n", state_names[i], PQgetvalue(r, 0, i));
-		printf("oldest pending age: %ss\n", PQgetvalue(r, 0, 5));
-		printf("in flight: %s   unknown: %s   failed in the last hour: %s\n", PQgetvalue(r, 0, 1),
-		       PQgetvalue(r, 0, 3), PQgetvalue(r, 0, 6));
+			printf("%-10s %s\n", state_names[i], tv(PQgetvalue(r, 0, i)));
+		printf("oldest pending age: %ss\n", tv(PQgetvalue(r, 0, 5)));
+		printf("in flight: %s   unknown: %s   failed in the last hour: %s\n", tv(PQgetvalue(r, 0, 1)),
+		       tv(PQgetvalue(r, 0, 3)), tv(PQgetvalue(r, 0, 6)));
 		printf("kill switch: %s (set by %s at %s: %s)\n", PQgetvalue(r, 0, 7)[0] == 't' ? "on" : "off",
-		       PQgetvalue(r, 0, 8), PQgetvalue(r, 0, 10), PQgetvalue(r, 0, 9));
+		       tv(PQgetvalue(r, 0, 8)), tv(PQgetvalue(r, 0, 10)), tv(PQgetvalue(r, 0, 9)));
 	}
 	PQclear(r);
 	return CTL_OK;

@@ -45,10 +45,10 @@ static PGresult *ops_exec(struct ctl *ctl, const char *what, const char *sql, in
 	msg = PQresultErrorField(r, PG_DIAG_MESSAGE_PRIMARY);
 	if (state && strncmp(state, "22", 2) == 0) {
 		*rc = CTL_USAGE;
-		fprintf(stderr, "outboxctl: %s: %s\n", what, msg ? msg : "invalid value");
+		fprintf(stderr, "outboxctl: %s: %s\n", what, msg ? tv(msg) : "invalid value");
 	} else {
 		*rc = CTL_DB;
-		fprintf(stderr, "outboxctl: %s: %s", what, PQresultErrorMessage(r));
+		fprintf(stderr, "outboxctl: %s: %s", what, tv_lines(PQresultErrorMessage(r)));
 		if (PQstatus(ctl->conn) == CONNECTION_BAD)
 			fprintf(stderr, "outboxctl: %s: the connection to the database was lost; "
 			                "the outcome is recorded only if the transaction committed\n", what);
@@ -67,7 +67,7 @@ static bool ops_effect_id(const char *cmd, int argc, char **argv, const char **i
 	}
 	if (!ctl_is_uuid(argv[0])) {
 		fprintf(stderr, "outboxctl: %s: '%s' is not a UUID (an effect id looks like "
-		                "0b9e6a52-3c41-4f0e-9d7a-5f0c2e8b1a47)\n", cmd, argv[0]);
+		                "0b9e6a52-3c41-4f0e-9d7a-5f0c2e8b1a47)\n", cmd, tv(argv[0]));
 		return false;
 	}
 	*id = argv[0];
@@ -90,7 +90,7 @@ static bool ops_who(const char *cmd, int argc, char **argv, const char **op, con
 
 static int ops_not_found(const char *cmd, const char *id)
 {
-	fprintf(stderr, "outboxctl: %s: no effect with id %s\n", cmd, id);
+	fprintf(stderr, "outboxctl: %s: no effect with id %s\n", cmd, tv(id));
 	return CTL_FAILED;
 }
 
@@ -113,7 +113,7 @@ static const char *ops_state_hint(const char *state)
 
 static int ops_wrong_state(const char *cmd, const char *id, const char *state, const char *want)
 {
-	fprintf(stderr, "outboxctl: %s: effect %s is %s, not %s: nothing changed (%s)\n", cmd, id,
+	fprintf(stderr, "outboxctl: %s: effect %s is %s, not %s: nothing changed (%s)\n", cmd, tv(id),
 	        state, want, ops_state_hint(state));
 	return CTL_FAILED;
 }
@@ -222,19 +222,19 @@ static int unknown_list(struct ctl *ctl, int argc, char **argv)
 	       "key, then: outboxctl unknown resolve ID --sent|--not-sent --operator NAME --reason TEXT\n",
 	       n, n == 1 ? "" : "s");
 	for (int i = 0; i < n; i++) {
-		printf("\n%s\n", PQgetvalue(r, i, 0));
-		printf("  run key:       %s (run %s)\n", PQgetvalue(r, i, 1), PQgetvalue(r, i, 13));
-		printf("  provider key:  %s\n", PQgetvalue(r, i, 2));
-		printf("  type, target:  %s %s\n", PQgetvalue(r, i, 3), PQgetvalue(r, i, 4));
-		printf("  attempts:      %s   unknown since %s   created %s\n", PQgetvalue(r, i, 5),
-		       PQgetvalue(r, i, 6), PQgetvalue(r, i, 7));
+		printf("\n%s\n", tv(PQgetvalue(r, i, 0)));
+		printf("  run key:       %s (run %s)\n", tv(PQgetvalue(r, i, 1)), tv(PQgetvalue(r, i, 13)));
+		printf("  provider key:  %s\n", tv(PQgetvalue(r, i, 2)));
+		printf("  type, target:  %s %s\n", tv(PQgetvalue(r, i, 3)), tv(PQgetvalue(r, i, 4)));
+		printf("  attempts:      %s   unknown since %s   created %s\n", tv(PQgetvalue(r, i, 5)),
+		       tv(PQgetvalue(r, i, 6)), tv(PQgetvalue(r, i, 7)));
 		if (!PQgetisnull(r, i, 10))
-			printf("  last attempt:  worker %s, outcome %s%s%s\n", PQgetvalue(r, i, 10),
-			       PQgetvalue(r, i, 11), PQgetisnull(r, i, 12) ? "" : ", status ",
-			       PQgetvalue(r, i, 12));
+			printf("  last attempt:  worker %s, outcome %s%s%s\n", tv(PQgetvalue(r, i, 10)),
+			       tv(PQgetvalue(r, i, 11)), PQgetisnull(r, i, 12) ? "" : ", status ",
+			       tv(PQgetvalue(r, i, 12)));
 		if (!PQgetisnull(r, i, 9))
-			printf("  last error:    %s%s%s\n", PQgetvalue(r, i, 8),
-			       PQgetisnull(r, i, 8) ? "" : ": ", PQgetvalue(r, i, 9));
+			printf("  last error:    %s%s%s\n", tv(PQgetvalue(r, i, 8)),
+			       PQgetisnull(r, i, 8) ? "" : ": ", tv(PQgetvalue(r, i, 9)));
 	}
 	PQclear(r);
 	return CTL_OK;
@@ -286,11 +286,11 @@ static int unknown_resolve(struct ctl *ctl, int argc, char **argv)
 	else if (PQgetvalue(r, 0, 0)[0] != 't')
 		rc = ops_wrong_state("unknown resolve", id, PQgetvalue(r, 0, 1), "unknown");
 	else if (sent)
-		printf("effect %s resolved as sent by %s: completed, provider id %s; run %s is %s\n", id,
-		       op, PQgetvalue(r, 0, 3), PQgetvalue(r, 0, 2), PQgetvalue(r, 0, 4));
+		printf("effect %s resolved as sent by %s: completed, provider id %s; run %s is %s\n", tv(id),
+		       tv(op), tv(PQgetvalue(r, 0, 3)), tv(PQgetvalue(r, 0, 2)), tv(PQgetvalue(r, 0, 4)));
 	else
 		printf("effect %s resolved as not sent by %s: pending again with the same key, due now; "
-		       "run %s is %s\n", id, op, PQgetvalue(r, 0, 2), PQgetvalue(r, 0, 4));
+		       "run %s is %s\n", tv(id), tv(op), tv(PQgetvalue(r, 0, 2)), tv(PQgetvalue(r, 0, 4)));
 	PQclear(r);
 	return rc;
 }
@@ -302,7 +302,7 @@ int cmd_unknown(struct ctl *ctl, int argc, char **argv)
 	if (argc >= 1 && strcmp(argv[0], "resolve") == 0)
 		return unknown_resolve(ctl, argc - 1, argv + 1);
 	fprintf(stderr, "outboxctl: unknown: expected 'list' or 'resolve'%s%s%s\n",
-	        argc ? ", not '" : "", argc ? argv[0] : "", argc ? "'" : "");
+	        argc ? ", not '" : "", argc ? tv(argv[0]) : "", argc ? "'" : "");
 	return CTL_USAGE;
 }
 
@@ -334,9 +334,9 @@ static int requeue_since(struct ctl *ctl, const char *since, const char *op, con
 	printf("requeued %d failed effect%s (failed since %s; cancelled ones left alone)%s\n", n,
 	       n == 1 ? "" : "s", since, n ? ", same keys, due now:" : ".");
 	for (int i = 0; i < n; i++)
-		printf("  %s key=%s type=%s target=%s was=%s run=%s\n", PQgetvalue(r, i, 0),
-		       PQgetvalue(r, i, 1), PQgetvalue(r, i, 2), PQgetvalue(r, i, 3), PQgetvalue(r, i, 4),
-		       PQgetvalue(r, i, 5));
+		printf("  %s key=%s type=%s target=%s was=%s run=%s\n", tv(PQgetvalue(r, i, 0)),
+		       tv(PQgetvalue(r, i, 1)), tv(PQgetvalue(r, i, 2)), tv(PQgetvalue(r, i, 3)), tv(PQgetvalue(r, i, 4)),
+		       tv(PQgetvalue(r, i, 5)));
 	PQclear(r);
 	return CTL_OK;
 }
@@ -381,8 +381,8 @@ int cmd_requeue(struct ctl *ctl, int argc, char **argv)
 		rc = ops_wrong_state("requeue", id, PQgetvalue(r, 0, 1), "failed");
 	else
 		printf("effect %s requeued by %s: pending with the same key, due now (it had failed: %s); "
-		       "run %s is %s\n", id, op, PQgetvalue(r, 0, 3)[0] ? PQgetvalue(r, 0, 3) : "?",
-		       PQgetvalue(r, 0, 2), PQgetvalue(r, 0, 4));
+		       "run %s is %s\n", tv(id), tv(op), PQgetvalue(r, 0, 3)[0] ? tv(PQgetvalue(r, 0, 3)) : "?",
+		       tv(PQgetvalue(r, 0, 2)), tv(PQgetvalue(r, 0, 4)));
 	PQclear(r);
 	return rc;
 }
@@ -422,7 +422,7 @@ int cmd_replace(struct ctl *ctl, int argc, char **argv)
 		json_t *j = json_loads(payload, JSON_DECODE_ANY, &jerr);
 		if (j == NULL) {
 			fprintf(stderr, "outboxctl: replace: --payload is not valid JSON: %s (column %d)\n",
-			        jerr.text, jerr.column);
+			        tv(jerr.text), jerr.column);
 			return CTL_USAGE;
 		}
 		json_decref(j);
@@ -449,17 +449,17 @@ int cmd_replace(struct ctl *ctl, int argc, char **argv)
 	if (strcmp(status, "created") == 0) {
 		printf("replacement created by %s: effect %s under the new run %s (approved, queued), "
 		       "linked to effect %s of run %s, which is left as it was\n",
-		       op, PQgetvalue(r, 0, 2), key, id, PQgetvalue(r, 0, 4));
+		       tv(op), tv(PQgetvalue(r, 0, 2)), tv(key), tv(id), tv(PQgetvalue(r, 0, 4)));
 	} else if (strcmp(status, "exists") == 0) {
 		printf("effect %s was already replaced by effect %s under run %s (now %s): nothing "
-		       "changed\n", id, PQgetvalue(r, 0, 2), key, state);
+		       "changed\n", tv(id), tv(PQgetvalue(r, 0, 2)), tv(key), state);
 	} else if (strcmp(status, "key_taken") == 0) {
 		fprintf(stderr, "outboxctl: replace: the key %s already belongs to another run (%s): "
-		                "nothing changed; bring a new key from the source system\n", key, state);
+		                "nothing changed; bring a new key from the source system\n", tv(key), state);
 		rc = CTL_FAILED;
 	} else {
 		fprintf(stderr, "outboxctl: replace: effect %s is %s, so it may still be delivered: "
-		                "nothing changed (%s, then replace it)\n", id, state,
+		                "nothing changed (%s, then replace it)\n", tv(id), state,
 		        strcmp(state, "pending") == 0 ? "cancel it with 'outboxctl cancel'"
 		        : strcmp(state, "unknown") == 0 ? "resolve it with 'outboxctl unknown resolve'"
 		                                        : "wait for its outcome");
@@ -566,7 +566,7 @@ int cmd_cancel(struct ctl *ctl, int argc, char **argv)
 	done = PQgetvalue(r, 0, 0)[0] == 't';
 	PQclear(r);
 	if (done) {
-		printf("effect %s cancelled: failed with reason 'cancelled'; it will never be sent\n", id);
+		printf("effect %s cancelled: failed with reason 'cancelled'; it will never be sent\n", tv(id));
 		return CTL_OK;
 	}
 
@@ -581,12 +581,12 @@ int cmd_cancel(struct ctl *ctl, int argc, char **argv)
 		rc = ops_not_found("cancel", id);
 	} else if (strcmp(PQgetvalue(r, 0, 0), "failed") == 0 &&
 	           strcmp(PQgetvalue(r, 0, 1), "cancelled") == 0) {
-		printf("effect %s was already cancelled: nothing changed\n", id);
+		printf("effect %s was already cancelled: nothing changed\n", tv(id));
 		rc = CTL_OK;
 	} else {
 		fprintf(stderr, "outboxctl: cancel: effect %s is %s, not pending: it can no longer be "
-		                "cancelled (%s)\n", id, PQgetvalue(r, 0, 0),
-		        ops_state_hint(PQgetvalue(r, 0, 0)));
+		                "cancelled (%s)\n", tv(id), tv(PQgetvalue(r, 0, 0)),
+		        ops_state_hint(tv(PQgetvalue(r, 0, 0))));
 		rc = CTL_FAILED;
 	}
 	PQclear(r);

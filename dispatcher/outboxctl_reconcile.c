@@ -78,14 +78,14 @@ static bool print_verdicts(struct ctl *ctl, const char *start, char *last, size_
 			what = "cannot tell: stays unknown";
 			n->unknown++;
 		}
-		printf("  %s %s %s", PQgetvalue(r, i, 1), PQgetvalue(r, i, 2), what);
+		printf("  %s %s %s", tv(PQgetvalue(r, i, 1)), tv(PQgetvalue(r, i, 2)), what);
 		if (pid[0])
-			printf(", provider id %s", pid);
+			printf(", provider id %s", tv(pid));
 		if (status[0])
-			printf(" (status %s)", status);
+			printf(" (status %s)", tv(status));
 		if (error[0] && strcmp(cls, "reconciled_sent") != 0)
-			printf(": %s", error);
-		printf(" [worker %s]%s\n", PQgetvalue(r, i, 7),
+			printf(": %s", tv(error));
+		printf(" [worker %s]%s\n", tv(PQgetvalue(r, i, 7)),
 		       applied ? "" : " (not applied: the effect changed meanwhile)");
 		snprintf(last, lastlen, "%s", PQgetvalue(r, i, 0));
 	}
@@ -113,7 +113,7 @@ int cmd_reconcile(struct ctl *ctl, int argc, char **argv)
 		wait_s = strtol(wait_arg, &end, 10);
 		if (errno || end == wait_arg || *end || wait_s < 0 || wait_s > 86400) {
 			fprintf(stderr, "outboxctl: reconcile: --wait takes seconds from 0 to 86400, not '%s'\n",
-			        wait_arg);
+			        tv(wait_arg));
 			return CTL_USAGE;
 		}
 	}

@@ -279,3 +279,85 @@ void sb_json_string(struct strbuf *b, const char *s)
 	sb_append(b, run, (size_t)(s - run));
 	sb_append(b, "\"", 1);
 }
+
+/* Length of the valid UTF-8 sequence at s (1..4), or 0 when invalid. */
+static size_t utf8_seq_len(const unsigned char *s)
+{
+	size_t n = s[0] < 0xC2 ? 0 : s[0] < 0xE0 ? 2 : s[0] < 0xF0 ? 3 : s[0] < 0xF5 ? 4 : 0;
+
+	if (n == 0)
+		return 0;
+	for (size_t i = 1; i < n; i++)
+		if (s[i] == 0)
+			return 0;
+	return utf8_valid((const char *)s, n) ? n : 0;
+}
+
+static size_t term_char(const unsigned char *s, bool keep_newlines, char esc[8])
+{
+	static const char hex[] = "0123456789abcdef";
+	size_t n;
+
+	if (s[0] >= 0x20 && s[0] < 0x7F)
+		return 0;
+	if (s[0] == '\n' && keep_newlines)
+		return 0;
+	if (s[0] < 0x80) {
+		const char *named = s[0] == '\n' ? "\\n" : s[0] == '\r' ? "\\r" : s[0] == '\t' ? "\\t"
+		                  : s[0] == 0x1B ? "\\e" : NULL;
+		if (named) {
+			strcpy(esc, named);
+		} else {
+			esc[0] = '\\'; esc[1] = 'x'; esc[2] = hex[s[0] >> 4]; esc[3] = hex[s[0] & 0xF];
+			esc[4] = 0;
+		}
+		return 1;
+	}
+	n = utf8_seq_len(s);
+	if (n == 2 && s[0] == 0xC2 && s[1] < 0xA0) {      /* C1 control */
+		memcpy(esc, "\\u00", 4);
+		esc[4] = hex[s[1] >> 4];
+		esc[5] = hex[s[1] & 0xF];
+		esc[6] = 0;
+		return 2;
+	}
+	if (n > 0)
+		return 0;
+	esc[0] = '\\'; esc[1] = 'x'; esc[2] = hex[s[0] >> 4]; esc[3] = hex[s[0] & 0xF]; esc[4] = 0;
+	return 1;
+}
+
+bool term_needs_escape(const char *s, bool keep_newlines)
+{
+	const unsigned char *p = (const unsigned char *)s;
+	char esc[8];
+
+	while (*p) {
+		size_t n = utf8_seq_len(p);
+		if (term_char(p, keep_newlines, esc) > 0)
+			return true;
+		p += n > 0 ? n : 1;
+	}
+	return false;
+}
+
+void sb_term_escape(struct strbuf *b, const char *s, bool keep_newlines)
+{
+	const unsigned char *p = (const unsigned char *)s;
+	const unsigned char *run = p;
+	char esc[8];
+
+	while (*p) {
+		size_t skip = term_char(p, keep_newlines, esc);
+		if (skip == 0) {
+			size_t n = p[0] < 0x80 ? 1 : utf8_seq_len(p);
+			p += n > 0 ? n : 1;
+			continue;
+		}
+		sb_append(b, (const char *)run, (size_t)(p - run));
+		sb_puts(b, esc);
+		p += skip;
+		run = p;
+	}
+	sb_append(b, (const char *)run, (size_t)(p - run));
+}

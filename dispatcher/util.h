@@ -57,4 +57,13 @@ void sb_int(struct strbuf *b, long long v);
  * escaped the way jansson's json_dumps() escapes them (s is UTF-8). */
 void sb_json_string(struct strbuf *b, const char *s);
 
+/* s for a terminal: every control character visible instead of acted on.
+ * C0 (except \n when keep_newlines), DEL and bytes that are not valid
+ * UTF-8 become \xNN, C1 (U+0080..U+009F) becomes \u00NN; \t \r \n
+ * (when escaped) and ESC keep their short names (\t \r \n \e).  A
+ * lone ESC or an ANSI sequence is shown, never interpreted. */
+void sb_term_escape(struct strbuf *b, const char *s, bool keep_newlines);
+/* Whether s needs sb_term_escape() at all. */
+bool term_needs_escape(const char *s, bool keep_newlines);
+
 #endif

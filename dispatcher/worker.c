@@ -367,7 +367,11 @@ static bool effect_validate(struct worker *w, struct effect *e, char *err, size_
 	}
 	e->payload = payload_parse(e, &jerr);
 	if (e->payload == NULL) {
-		snprintf(err, errlen, "payload is not valid JSON: %s", jerr.text);
+		/* PostgreSQL accepted it: deeper than jansson's limit is not "invalid". */
+		if (json_error_code(&jerr) == json_error_stack_overflow)
+			snprintf(err, errlen, "payload is nested too deeply (limit %d)", JSON_PARSER_MAX_DEPTH);
+		else
+			snprintf(err, errlen, "payload is not valid JSON: %s", jerr.text);
 		return false;
 	}
 	if (!json_is_object(e->payload)) {

@@ -56,6 +56,9 @@
 #include "provider.h"
 
 #define HTTP_MAX_HEADERS 64
+/* "Name: value" of one payload header, in bytes: what common servers
+ * accept in one line (add_header() never cuts a longer one). */
+#define HTTP_MAX_HEADER_LINE 8000
 /* Idle easy handles kept for reuse (curl_easy_reset, not init/cleanup). */
 #define HTTP_EASY_POOL 64
 /* libcurl's receive buffer per transfer (default 16 KiB; 1 KiB is its
@@ -184,6 +187,20 @@ static bool parse_url(const char *url, char *scheme, size_t slen, char *host, si
 		snprintf(err, errlen, "target URL has no host");
 		goto out;
 	}
+	/* IDN and full-width names would be converted (or refused) by the
+	 * resolver only at send time, after the allow-list had compared other
+	 * bytes: refuse them here; the punycode form (xn--...) is plain ASCII. */
+	for (const char *c = h; *c; c++)
+		if ((unsigned char)*c >= 0x80 || *c == '%') {
+			snprintf(err, errlen, "target URL host is not plain ASCII (internationalized, "
+			         "full-width or percent-encoded names are not supported: write the "
+			         "punycode form, xn--...)");
+			goto out;
+		}
+	if (h[strlen(h) - 1] == '.') {
+		snprintf(err, errlen, "target URL host ends with a dot (write the name without it)");
+		goto out;
+	}
 	if (curl_url_get(u, CURLUPART_PORT, &p, CURLU_DEFAULT_PORT) != CURLUE_OK) {
 		snprintf(err, errlen, "target URL has no usable port");
 		goto out;
@@ -305,6 +322,11 @@ static bool http_validate(void *self, const struct outbox_effect *e, char *host_
 			}
 			if (reserved_header(k)) {
 				snprintf(err, errlen, "payload.headers.%.64s is set by the dispatcher", k);
+				return false;
+			}
+			if (strlen(k) + 2 + strlen(json_string_value(v)) > HTTP_MAX_HEADER_LINE) {
+				snprintf(err, errlen, "payload.headers.%.64s: the header line is longer than "
+				         "%d bytes (it would be cut)", k, HTTP_MAX_HEADER_LINE);
 				return false;
 			}
 		}
@@ -605,10 +627,13 @@ static bool add_header(struct http_call *c, const char *fmt, ...)
 	char line[8192];
 	struct curl_slist *l;
 	va_list ap;
+	int n;
 
 	va_start(ap, fmt);
-	vsnprintf(line, sizeof(line), fmt, ap);
+	n = vsnprintf(line, sizeof(line), fmt, ap);
 	va_end(ap);
+	if (n < 0 || (size_t)n >= sizeof(line))
+		return false;           /* never send a cut header */
 	l = curl_slist_append(c->headers, line);
 	if (l == NULL)
 		return false;

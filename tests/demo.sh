@@ -76,7 +76,7 @@ SELECT count(*) AS second_consume FROM outbox_consume_approval(
        sha256('demo-raw-token-256-bits'::bytea), 'approve', 'alice@example.com');
 -- Approve-by-exception, with one that will fail (HTTP 422) and one whose
 -- outcome will be ambiguous (HTTP 500: it goes to unknown, not re-sent).
-INSERT INTO workflow_runs (idempotency_key, state, payload_hash) VALUES ('ticket-7', 'approved', 'h');
+INSERT INTO workflow_runs (idempotency_key, state, payload_hash) VALUES ('ticket-7', 'processing', 'h');
 SELECT inserted FROM outbox_enqueue('ticket-7', 'http', :'sink' || '/status/422', '{}');
 SELECT inserted FROM outbox_enqueue('ticket-7', 'http', :'sink' || '/status/500', '{}');
 SQL

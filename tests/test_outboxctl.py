@@ -50,8 +50,16 @@ def arrange(conn, eid, state, **cols):
 
 
 def new_effect(conn, key=None, target=None, payload=None, effect_type="http"):
-    return str(enqueue(conn, effect_type, target or f"https://sink.example/{uuid.uuid4().hex[:6]}",
-                       payload if payload is not None else {"body": {"n": 1}}, key=key))
+    """An effect of an approved run (the approval gate of sql/015 admits
+    effects while the run is processing: the run is arranged around it)."""
+    key = key or make_run(conn)
+    before = run_state(conn, key)
+    query(conn, "UPDATE workflow_runs SET state = 'processing' WHERE idempotency_key = %s", (key,))
+    eid = str(enqueue(conn, effect_type, target or f"https://sink.example/{uuid.uuid4().hex[:6]}",
+                      payload if payload is not None else {"body": {"n": 1}}, key=key))
+    query(conn, "UPDATE workflow_runs SET state = %s WHERE idempotency_key = %s",
+          ("approved" if before == "processing" else before, key))
+    return eid
 
 
 def run_of(conn, eid):
@@ -686,7 +694,7 @@ def test_outboxctl_weekly_stats_view(db, conn):
         query(conn, "INSERT INTO run_claims (idempotency_key, outcome) VALUES ('k', %s)", (outcome,))
     # Approvals waited 10, 20 and 30 minutes.
     for minutes in (10, 20, 30):
-        key = make_run(conn, state="approved")
+        key = make_run(conn)
         query(conn, "INSERT INTO approvals (idempotency_key, token_hash, allowed_decisions, "
                     "expires_at, created_at, consumed_at, decision) "
                     "VALUES (%s, sha256(random()::text::bytea), '{approve}', now() + interval '1 day', "
@@ -725,7 +733,7 @@ def test_workers_weekly_figures_are_the_views_current_week(db, conn, login):
             query(conn, "INSERT INTO run_claims (idempotency_key, outcome, claimed_at) "
                         "VALUES ('k', %s, now() - %s::interval)", (outcome, ago))
         for minutes in (5, 50):
-            key = make_run(conn, state="approved")
+            key = make_run(conn)
             query(conn, "INSERT INTO approvals (idempotency_key, token_hash, allowed_decisions, "
                         "expires_at, created_at, consumed_at, decision) "
                         "VALUES (%s, sha256(random()::text::bytea), '{approve}', now() + interval '1 day', "

@@ -235,7 +235,7 @@ ENQ = "SELECT effect_id, inserted, state, available_at FROM outbox_enqueue(%s, %
 
 
 def test_enqueue_twice_returns_the_same_effect(conn):
-    key = make_run(conn, state="approved")
+    key = make_run(conn)
     p = json.dumps({"body": {"n": 1}})
     (id1, ins1, st1, _), = query(conn, ENQ, (key, "http", "https://x.example/a", p, None, 0))
     (id2, ins2, st2, _), = query(conn, ENQ, (key, "http", "https://x.example/a", p, None, 0))
@@ -247,7 +247,7 @@ def test_enqueue_twice_returns_the_same_effect(conn):
 
 
 def test_enqueue_with_delay_is_not_due_yet(conn):
-    key = make_run(conn, state="approved")
+    key = make_run(conn)
     (eid, ins, _, _), = query(conn, ENQ, (key, "http", "https://x.example/a", "{}", None, 600))
     assert ins
     assert scalar(conn, "SELECT available_at > now() + interval '590 seconds' "
@@ -255,7 +255,7 @@ def test_enqueue_with_delay_is_not_due_yet(conn):
 
 
 def test_cancel_pending_effect(conn):
-    key = make_run(conn, state="approved")
+    key = make_run(conn)
     (eid, _, _, _), = query(conn, ENQ, (key, "http", "https://x.example/a", "{}", None, 600))
     assert scalar(conn, "SELECT outbox_cancel(%s, %s, %s)", (eid, "customer changed mind", "ops")) \
         is True
@@ -278,14 +278,14 @@ def test_cancel_pending_effect(conn):
 
 @pytest.mark.parametrize("state", ["sending", "completed", "unknown"])
 def test_cancel_refuses_non_pending_effect(conn, state):
-    key = make_run(conn, state="approved")
+    key = make_run(conn)
     (eid, _, _, _), = query(conn, ENQ, (key, "http", "https://x.example/a", "{}", None, 0))
     query(conn, "UPDATE effect_outbox SET state = %s WHERE effect_id = %s", (state, eid))
     before = query(conn, "SELECT * FROM effect_outbox WHERE effect_id = %s", (eid,))
     assert scalar(conn, "SELECT outbox_cancel(%s)", (eid,)) is False
     assert query(conn, "SELECT * FROM effect_outbox WHERE effect_id = %s", (eid,)) == before
     assert scalar(conn, "SELECT state FROM workflow_runs WHERE idempotency_key = %s",
-                  (key,)) == "approved"
+                  (key,)) == "processing"
     assert scalar(conn, "SELECT count(*) FROM operator_actions") == 0
 
 
@@ -298,7 +298,7 @@ def expected_effect_key(key, effect_type, target):
 
 
 def test_effect_key_differs_per_effect_and_is_stable(conn):
-    key = make_run(conn, state="approved")
+    key = make_run(conn)
     a = query(conn, ENQ, (key, "http", "https://x.example/a", "{}", None, 0))[0][0]
     b = query(conn, ENQ, (key, "email", "someone@example.com", "{}", None, 0))[0][0]
     c = query(conn, ENQ, (key, "http", "https://x.example/b", "{}", None, 0))[0][0]
@@ -314,6 +314,6 @@ def test_effect_key_differs_per_effect_and_is_stable(conn):
                 "WHERE effect_id = %s", (a,))
     assert scalar(conn, "SELECT effect_key FROM effect_outbox WHERE effect_id = %s", (a,)) == keys[a]
     # The same (key, type, target) in another run key gets another effect key.
-    other = make_run(conn, state="approved")
+    other = make_run(conn)
     d = query(conn, ENQ, (other, "http", "https://x.example/a", "{}", None, 0))[0][0]
     assert scalar(conn, "SELECT effect_key FROM effect_outbox WHERE effect_id = %s", (d,)) != keys[a]

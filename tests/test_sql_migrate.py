@@ -122,7 +122,7 @@ def test_insert_notifies_listeners(db, conn):
     listener.autocommit = True
     try:
         query(listener, "LISTEN effect_outbox")
-        key = make_run(conn, state="approved")
+        key = make_run(conn)
         drain(listener)
         query(conn, "INSERT INTO effect_outbox (idempotency_key, effect_type, target, payload) "
                     "VALUES (%s, 'http', 'https://x.example/a', '{}')", (key,))

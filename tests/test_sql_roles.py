@@ -42,7 +42,7 @@ def denied(c, sql, args=None):
 
 
 def pending_effect(conn):
-    key = make_run(conn, state="approved")
+    key = make_run(conn)
     eid = scalar(conn, "INSERT INTO effect_outbox (idempotency_key, effect_type, target, payload) "
                        "VALUES (%s, 'http', 'https://x.example/', '{}') RETURNING effect_id", (key,))
     return key, eid
@@ -87,7 +87,7 @@ def test_producer_cannot_read_token_hashes(conn, login_as):
 
 def test_producer_plain_insert_and_duplicates(conn, login_as):
     p = login_as("outbox_producer")
-    key = make_run(conn, state="approved")
+    key = make_run(conn)
     ins = ("INSERT INTO effect_outbox (idempotency_key, effect_type, target, payload) "
            "VALUES (%s, %s, %s, %s)")
     args = (key, "http", "https://hooks.example/a", json.dumps({"body": {"a": 1}}))
@@ -122,10 +122,10 @@ def test_producer_can_call_the_producer_functions(conn, login_as):
     p = login_as("outbox_producer")
     owner = str(uuid.uuid4())
     assert scalar(p, "SELECT status FROM outbox_claim_run('k2', 'h', %s, 300)", (owner,)) == "claimed"
-    assert query(p, "SELECT * FROM outbox_transition_run('k2', %s, 0, 'approved')", (owner,)) == [(1,)]
     eid, inserted = query(p, "SELECT effect_id, inserted FROM outbox_enqueue('k2', 'http', "
                              "'https://x.example/', '{}', NULL, 60)")[0]
     assert inserted
+    assert query(p, "SELECT * FROM outbox_transition_run('k2', %s, 0, 'approved')", (owner,)) == [(1,)]
     assert scalar(p, "SELECT outbox_cancel(%s, 'changed mind', 'n8n')", (eid,)) is True
 
 

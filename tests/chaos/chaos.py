@@ -326,7 +326,7 @@ class Chaos:
             for j, (k, t, p) in zip(range(i, hi), rows):
                 args.append((f"chaos-{j}", k, t, json.dumps(p)))
             sql_runs = "INSERT INTO workflow_runs (idempotency_key, state, payload_hash) VALUES " + \
-                ",".join(["(%s, 'approved', 'h')"] * len(args)) + " ON CONFLICT DO NOTHING"
+                ",".join(["(%s, 'processing', 'h')"] * len(args)) + " ON CONFLICT DO NOTHING"
             sql_eff = "INSERT INTO effect_outbox (idempotency_key, effect_type, target, payload) VALUES " + \
                 ",".join(["(%s, %s, %s, %s)"] * len(args)) + " ON CONFLICT DO NOTHING"
             db.q(sql_runs, [a[0] for a in args])

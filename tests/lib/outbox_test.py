@@ -60,8 +60,9 @@ def scalar(conn, sql, args=None):
     return rows[0][0] if rows else None
 
 
-def make_run(conn, key=None, state="approved"):
-    """Create a workflow run directly (as an approved run would be)."""
+def make_run(conn, key=None, state="processing"):
+    """Create a workflow run directly, in `processing` (the state in which
+    effects may be added: sql/015's gate)."""
     key = key or "run-" + uuid.uuid4().hex[:10]
     query(conn, "INSERT INTO workflow_runs (idempotency_key, state, payload_hash) "
                 "VALUES (%s, %s, 'h')", (key, state))

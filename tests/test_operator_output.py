@@ -1,0 +1,108 @@
+"""What outboxctl shows an operator (issue 17, bugs 2 and 3): text from
+the database or the command line never drives the terminal, --json stays
+valid and faithful, and a --db password shows neither in errors nor in
+`ps`.
+"""
+import json
+import os
+import socket
+import subprocess
+import time
+
+from outbox_test import BUILD_DIR, enqueue, kill_switch, make_run, query, run_ctl, wait_for
+
+EVIL = "\x1b[2J\x1b[1;31mFAKE: all effects resolved\x1b]0;pwned\x07"
+C1 = "csi\u009b31m nel\u0085"
+
+
+def no_control(text):
+    bad = [c for c in text if (ord(c) < 0x20 and c != "\n") or 0x7f <= ord(c) < 0xa0]
+    assert not bad, f"control characters reached the terminal: {bad!r} in {text!r}"
+
+
+def test_unknown_list_escapes_a_hostile_run_key(db, conn):
+    key = make_run(conn, key=EVIL + C1)
+    eid = enqueue(conn, "http", "https://x.example/\x1b[0m", {}, key=key)
+    query(conn, "UPDATE effect_outbox SET state = 'unknown', attempts = 1, "
+                "last_error = %s WHERE effect_id = %s", ("boom\x1b[2K\r", eid))
+    r = run_ctl(["--db", db, "unknown", "list"])
+    assert r.returncode == 0, r.stderr
+    no_control(r.stdout)
+    assert "\\e[2J\\e[1;31mFAKE: all effects resolved\\e]0;pwned\\x07" in r.stdout
+    assert "\\u009b31m" in r.stdout and "\\u0085" in r.stdout
+    r = run_ctl(["--db", db, "unknown", "list", "--json"])
+    assert r.returncode == 0, r.stderr
+    rows = json.loads(r.stdout)
+    assert rows[0]["idempotency_key"] == EVIL + C1
+
+
+def test_kill_switch_status_escapes_the_operator(db, conn):
+    kill_switch(conn, False, operator="mallory\x1b]0;pwned\x07", reason="r\x1b[2J")
+    r = run_ctl(["--db", db, "kill-switch", "status"])
+    assert r.returncode == 0, r.stderr
+    no_control(r.stdout)
+    assert "mallory\\e]0;pwned\\x07" in r.stdout
+    r = run_ctl(["--db", db, "kill-switch", "status", "--json"])
+    assert json.loads(r.stdout)["changed_by"] == "mallory\x1b]0;pwned\x07"
+    r = run_ctl(["--db", db, "kill-switch", "on", "--operator", "eve\x1b[2J", "--reason", "x\x9b"])
+    assert r.returncode == 0, r.stderr
+    no_control(r.stdout)
+
+
+def test_errors_escape_what_they_echo(db):
+    r = run_ctl(["--db", db, "unknown", "resolve", "\x1b[2Jx"])
+    assert r.returncode != 0
+    no_control(r.stderr)
+    r = run_ctl(["--db", db, "sideways\x1b]0;x\x07"])
+    no_control(r.stderr)
+
+
+def test_cannot_connect_error_hides_encoded_passwords():
+    for dsn in ("postgresql://worker@127.0.0.1:1/db?pass%77ord=SECRET",
+                "postgresql://worker@127.0.0.1:1/db?sslmode=disable&%70assword=SECRET",
+                "postgresql://worker@127.0.0.1:1/db?PASSWORD=SECRET"):
+        r = run_ctl(["--db", dsn, "status"])
+        assert r.returncode == 3
+        assert "cannot connect" in r.stderr
+        assert "SECRET" not in r.stderr, r.stderr
+
+
+def test_db_password_is_not_in_ps():
+    """--db's password is overwritten in argv once parsed: a server that
+    accepts and never answers keeps outboxctl waiting while we look."""
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(1)
+    port = srv.getsockname()[1]
+    dsn = f"postgresql://worker:SECRET1@127.0.0.1:{port}/db?password=SECRET2&connect_timeout=20"
+    p = subprocess.Popen([os.path.join(BUILD_DIR, "outboxctl"), "--db", dsn, "status"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        conn, _ = srv.accept()          # outboxctl has parsed its arguments by now
+        cmdline = wait_for(lambda: open(f"/proc/{p.pid}/cmdline", "rb").read(), what="cmdline")
+        assert b"SECRET" not in cmdline, cmdline
+        assert b"status" in cmdline and b"127.0.0.1" in cmdline
+        conn.close()
+    finally:
+        p.kill()
+        p.communicate()
+        srv.close()
+
+
+def test_worker_ready_line_hides_encoded_passwords(db, tmp_path):
+    """The `ready` log line shows the conninfo with every password masked,
+    however its key is spelled (issue 17, bug 3)."""
+    from outbox_test import Dispatcher
+    params = dict(kv.split("=", 1) for kv in db.split())
+    url = (f"postgresql://{params['user']}@{params['host']}:{params['port']}/{params['dbname']}"
+           "?pass%77ord=SECRET1&%70assword=SECRET2&PASSWORD=SECRET3&application_name=w")
+    w = Dispatcher(url, tmp_path, {"dispatcher": {"providers": "http"},
+                                   "provider.http": {"allow_hosts": "127.0.0.1"}}, name="ready").start()
+    try:
+        ready = [e for e in w.events() if e.get("event") == "ready"]
+        assert ready, "the worker logged ready"
+    finally:
+        w.stop()
+    log = open(w.log_path, "rb").read()
+    assert b"SECRET" not in log
+    assert b"pass%77ord=********" in log
