@@ -50,6 +50,7 @@
 #include <time.h>
 
 #include "lib/curl_loop.h"
+#include "lib/http_lookup.h"
 #include "lib/json_text.h"
 #include "lib/netrules.h"
 #include "lib/sign.h"
@@ -80,6 +81,7 @@ static const struct outbox_conf_key http_keys[] = {
 	{ "proxy", CONF_STR, "", 0, 0, "HTTP proxy URL; empty: none (environment proxies ignored)" },
 	{ "keepalive_idle_seconds", CONF_INT, "1", 0, 60,
 	  "reuse a connection idle at most this long; 0: one connection per call" },
+	HTTP_LOOKUP_KEYS,
 	{ NULL, CONF_STR, NULL, 0, 0, NULL },
 };
 
@@ -105,6 +107,7 @@ struct http_provider {
 	long secret_len;
 	CURL *pool[HTTP_EASY_POOL]; /* idle easy handles, reset */
 	int pool_len;
+	struct http_lookup *lookup; /* reconciliation (lib/http_lookup.c); NULL: off */
 };
 
 /* One send in flight (kept small: a worker may hold a thousand). */
@@ -835,8 +838,14 @@ static void *http_init(const struct outbox_host *host, const struct outbox_conf 
 	/* Never more connections than sends in flight; idle ones still close
 	 * after keepalive_idle_seconds. */
 	curl_loop_keep_connections(hp->loop, host->conf_int(conf, "max_in_flight"));
+	hp->lookup = http_lookup_new(host, conf, hp->rules, hp->ca_file, hp->proxy, hp->user_agent,
+	                             err, errlen);
+	if (hp->lookup == NULL && err[0])
+		goto fail;
 	return hp;
 fail:
+	if (hp->loop)
+		curl_loop_free(hp->loop, NULL);
 	netrules_free(hp->rules);
 	free(hp->id_header);
 	free(hp->id_json);
@@ -857,6 +866,7 @@ static void http_shutdown(void *self)
 {
 	struct http_provider *hp = self;
 
+	http_lookup_free(hp->lookup);
 	curl_loop_free(hp->loop, release_call);
 	while (hp->pool_len > 0)
 		curl_easy_cleanup(hp->pool[--hp->pool_len]);
@@ -872,18 +882,32 @@ static void http_shutdown(void *self)
 	free(hp);
 }
 
+/* An `unknown` effect: ask the target's API, when a lookup is configured
+ * (the worker asks only then: OUTBOX_CAP_RECONCILE_IF_CONFIGURED). */
+static bool http_reconcile(void *self, const struct outbox_effect *e, outbox_recon_fn done,
+                           void *token, char *err, size_t errlen)
+{
+	struct http_provider *hp = self;
+
+	if (hp->lookup == NULL) {
+		snprintf(err, errlen, "no lookup configured ([provider.http] reconcile_url)");
+		return false;
+	}
+	return http_lookup_ask(hp->lookup, e, done, token, err, errlen);
+}
+
 /* The body leaves as written: the worker need not parse it. */
 static const char *const http_text_members[] = { "body", NULL };
 
 static const struct outbox_provider http_provider = {
 	.abi = OUTBOX_PROVIDER_ABI,
 	.name = "http",
-	.caps = 0,
+	.caps = OUTBOX_CAP_RECONCILE | OUTBOX_CAP_RECONCILE_IF_CONFIGURED,
 	.keys = http_keys,
 	.init = http_init,
 	.validate = http_validate,
 	.send = http_send,
-	.reconcile = NULL,
+	.reconcile = http_reconcile,
 	.shutdown = http_shutdown,
 	.text_members = http_text_members,
 };
