@@ -26,7 +26,7 @@ import uuid
 
 import pytest
 
-from outbox_test import (attempts, effect, enqueue, kill_switch, query, run_ctl, scalar,
+from outbox_test import (effect, enqueue, kill_switch, query, run_ctl, scalar,
                          wait_for)
 
 OWNER = "11111111-1111-4111-8111-111111111111"

@@ -3,8 +3,8 @@
  * target's API whether it holds an effect, by its key, and answer
  * sent / not sent / cannot tell (docs/http.md "Asking the provider").
  *
- * Off unless [provider.http] reconcile_url is set.  The keys below are
- * spliced into http.c's key table.
+ * Off unless [provider.http] reconcile_url is set (its reconcile_* keys
+ * are in http.c's key table).
  */
 #ifndef OUTBOX_HTTP_LOOKUP_H
 #define OUTBOX_HTTP_LOOKUP_H
@@ -17,24 +17,6 @@
 struct netrules;
 struct http_lookup;
 
-#define HTTP_LOOKUP_KEYS \
-	{ "reconcile_url", CONF_STR, "", 0, 0, \
-	  "lookup URL for unknown effects ({key}, {effect_id}, {origin}); empty: no lookup" }, \
-	{ "reconcile_targets", CONF_STR, "", 0, 0, \
-	  "targets the lookup answers for: URL prefixes or host names, comma or space separated" }, \
-	{ "reconcile_method", CONF_STR, "GET", 0, 0, "lookup request method" }, \
-	{ "reconcile_found_status", CONF_STR, "200", 0, 0, "statuses meaning found (comma separated)" }, \
-	{ "reconcile_not_found_status", CONF_STR, "404", 0, 0, \
-	  "statuses meaning definitively not found (comma separated)" }, \
-	{ "reconcile_id_json", CONF_STR, "/id", 0, 0, \
-	  "JSON pointer to the provider id in a found answer; empty: not read" }, \
-	{ "reconcile_id_header", CONF_STR, "", 0, 0, \
-	  "response header holding the provider id in a found answer (before the JSON)" }, \
-	{ "reconcile_header", CONF_SECRET, "", 0, 0, \
-	  "one extra request header for the lookup, e.g. env:LOOKUP_AUTH = Authorization: Bearer ..." }, \
-	{ "reconcile_min_age_seconds", CONF_INT, "300", 1, 604800, \
-	  "not found counts only this long after the last attempt started" }, \
-	{ "reconcile_timeout_ms", CONF_INT, "5000", 10, 600000, "whole lookup timeout" }
 
 /* NULL with err[0] == '\0': no lookup configured.  NULL with err set: a
  * bad key (err names it).  rules, ca_file, proxy and user_agent are the
