@@ -429,7 +429,9 @@ static bool pg_ok(PGresult *r, const char *what)
 
 /* ---- logging of one attempt -------------------------------------------- */
 
-static void log_attempt(struct worker *w, struct effect *e, bool applied)
+/* resolved: the state change applied to an `unknown` effect the reaper
+ * had made of this attempt (sql/017), not under the lease. */
+static void log_attempt(struct worker *w, struct effect *e, bool applied, const char *resolved)
 {
 	enum outbox_log_level level = !applied ? OLOG_WARN
 	                              : e->result.outcome == OUTCOME_ACCEPTED ? OLOG_INFO
@@ -447,12 +449,14 @@ static void log_attempt(struct worker *w, struct effect *e, bool applied)
 	                      "next_state", applied ? next_state_name(e->decision.next) : "lease_lost",
 	                      "provider_status", e->result.status,
 	                      "duration_ms", (json_int_t)(e->ended_mono_ms - e->started_mono_ms),
-	                      "retry_count", e->view.attempt - 1, "lease_held", applied);
+	                      "retry_count", e->view.attempt - 1, "lease_held", applied && !resolved);
 
 	if (e->result.provider_id[0])
 		json_object_set_new(f, "provider_id", json_string(e->result.provider_id));
 	if (e->result.error[0])
 		json_object_set_new(f, "error", json_string(e->result.error));
+	if (resolved)
+		json_object_set_new(f, "resolved", json_string(resolved));
 	if (e->metadata)
 		json_object_set(f, "metadata", e->metadata);
 	if (e->approved_by)
@@ -511,7 +515,7 @@ static void on_complete(struct db *db, PGresult *r, void *arg)
 					resolved = PQgetvalue(r, row, 3);
 				break;
 			}
-		log_attempt(w, e, applied);
+		log_attempt(w, e, applied, resolved);
 		if (resolved)
 			log_resolved(e, resolved);
 		if (!applied)

@@ -938,7 +938,10 @@ class Checks:
                 events.append((r["t"], eid, "request"))
         for eid, atts in self.attempts.items():
             for a in atts:
-                if a["worker"] and not a["worker"].startswith("reaper:") and a["outcome"] != "not_sent":
+                # Not reconciliation answers: a lookup is a read (GET, no
+                # body), allowed while the switch is off, like crm's.
+                if a["worker"] and not a["worker"].startswith("reaper:") and \
+                        a["outcome"] != "not_sent" and a["outcome"] not in RECONCILE_CLASSES:
                     events.append((a["started"], eid, "call"))
         for t, eid, what in events:
             for w in wins:
