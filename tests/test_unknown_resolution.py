@@ -80,10 +80,10 @@ def test_late_acceptance_completes_with_the_providers_id(conn, dispatchers, sink
     SIGCONT: the 2xx arrives and completes the effect, sent once."""
     kill_switch(conn, True)
     port = free_port()
-    w = dispatchers({"dispatcher": {"lease_seconds": 2},
+    w = dispatchers({"dispatcher": {"lease_seconds": 4},
                      "metrics": {"listen": f"127.0.0.1:{port}"},
                      "provider.http": {"timeout_ms": 60000}})
-    eid = str(enqueue(conn, "http", f"{sink.url}/delay/1500", {"body": {"n": 1}}))
+    eid = str(enqueue(conn, "http", f"{sink.url}/delay/3000", {"body": {"n": 1}}))
     key = key_of(conn, eid)
     wait_for(lambda: sink.count(key) == 1, what="the sink to take the request")
     w.signal(signal.SIGSTOP)
@@ -131,7 +131,7 @@ def test_mark_confirmed_too_late_goes_back_to_pending_and_is_sent_once(conn, dis
     kill_switch(conn, True)
     query(conn, SLOW_MARK)
     port = free_port()
-    w = dispatchers({"dispatcher": {"lease_seconds": 2},
+    w = dispatchers({"dispatcher": {"lease_seconds": 4},
                      "metrics": {"listen": f"127.0.0.1:{port}"}})
     eid = str(enqueue(conn, "http", f"{sink.url}/ok", {"body": {"n": 2}}))
     key = key_of(conn, eid)
