@@ -13,7 +13,9 @@
  *                call, lost rows are dropped
  *   send         provider->send(); its done callback records the outcome
  *   record       outbox_complete(): attempts-log row + CAS to the state
- *                policy_decide() chose (completed, pending, failed, unknown)
+ *                policy_decide() chose (completed, pending, failed, unknown);
+ *                a late acceptance or not-sent of an attempt the reaper
+ *                made `unknown` resolves it there (sql/017)
  *
  * Two connections: `db` (the lease connection: lease, mark, renew,
  * release; LISTEN) and `rec` (the records connection: housekeeping,
