@@ -161,6 +161,24 @@ void metrics_heartbeat(void)
 }
 
 /* The slot for a provider name: an existing one, a free one, or "other". */
+/* outbox_unknown_resolved_total{how}: `unknown` effects this worker
+ * resolved from evidence (sql/017, sql/006), by mechanism.  A fixed label
+ * set, so every series is present from the start (at 0). */
+static const char *const resolved_hows[] = {
+	"late_accepted", "late_not_sent", "lookup_sent", "lookup_not_sent",
+};
+#define N_RESOLVED_HOWS (sizeof(resolved_hows) / sizeof(resolved_hows[0]))
+static unsigned long long resolved_counts[N_RESOLVED_HOWS];
+
+void metrics_count_unknown_resolved(const char *how)
+{
+	for (size_t i = 0; how && i < N_RESOLVED_HOWS; i++)
+		if (strcmp(how, resolved_hows[i]) == 0) {
+			resolved_counts[i]++;
+			return;
+		}
+}
+
 static struct provider_stats *provider_slot(const char *provider)
 {
 	struct provider_stats *other = &M.providers[METRICS_MAX_PROVIDERS - 1];
@@ -359,6 +377,13 @@ char *metrics_render(void)
 		sb_label(&b, p->name);
 		sb_printf(&b, "\"} %llu\n", p->count);
 	}
+
+	sb_header(&b, "outbox_unknown_resolved_total", "counter",
+	          "Effects this worker moved out of unknown on evidence: late_accepted, late_not_sent "
+	          "(the attempt's own late outcome), lookup_sent, lookup_not_sent (the provider asked).");
+	for (i = 0; i < N_RESOLVED_HOWS; i++)
+		sb_printf(&b, "outbox_unknown_resolved_total{how=\"%s\"} %llu\n", resolved_hows[i],
+		          resolved_counts[i]);
 	return b.s;
 }
 

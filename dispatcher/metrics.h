@@ -58,6 +58,9 @@ void metrics_inc(enum metric_counter c, unsigned long by);
 void metrics_set(enum metric_gauge g, double v);
 /* outbox_sends_total{provider,outcome}: outcome is a failure-class name. */
 void metrics_count_send(const char *provider, const char *outcome);
+/* outbox_unknown_resolved_total{how}: how is late_accepted, late_not_sent,
+ * lookup_sent or lookup_not_sent (others are ignored). */
+void metrics_count_unknown_resolved(const char *how);
 /* outbox_send_duration_seconds histogram per provider. */
 void metrics_observe_send(const char *provider, double seconds);
 /* The loop calls this every pass of its housekeeping timer: /healthz says

@@ -112,6 +112,11 @@ static bool load_one(struct provider_slot *slot, struct config *cfg, const char 
 	slot->conf.own = ops->keys;
 	slot->honours_keys = slot->policy.honours_keys >= 0 ? slot->policy.honours_keys != 0
 	                                                    : (ops->caps & OUTBOX_CAP_HONOURS_KEYS) != 0;
+	slot->can_reconcile = (ops->caps & OUTBOX_CAP_RECONCILE) && ops->reconcile;
+	if (slot->can_reconcile && (ops->caps & OUTBOX_CAP_RECONCILE_IF_CONFIGURED)) {
+		const struct conf_entry *ce = config_find(cfg, slot->conf.section, "reconcile_url");
+		slot->can_reconcile = ce != NULL && ce->value[0] != '\0';
+	}
 	slot->self = ops->init(&provider_host, &slot->conf, perr, sizeof(perr));
 	if (slot->self == NULL) {
 		snprintf(err, errlen, "provider \"%s\": init failed: %s", name,
@@ -121,7 +126,7 @@ static bool load_one(struct provider_slot *slot, struct config *cfg, const char 
 	log_event(OLOG_INFO, "provider_loaded",
 	          json_pack("{s:s,s:s,s:b,s:b,s:I,s:I}", "provider", name, "path", path,
 	                    "honours_idempotency_keys", slot->honours_keys, "can_reconcile",
-	                    (ops->caps & OUTBOX_CAP_RECONCILE) && ops->reconcile,
+	                    slot->can_reconcile,
 	                    "timeout_ms", (json_int_t)slot->policy.timeout_ms, "max_attempts",
 	                    (json_int_t)slot->policy.max_attempts));
 	return true;

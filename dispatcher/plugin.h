@@ -22,6 +22,7 @@ struct provider_slot {
 	struct outbox_conf conf;
 	struct provider_policy policy;
 	bool honours_keys;            /* config, else the capability bit */
+	bool can_reconcile;           /* a reconcile hook, and (if optional) configured */
 	int in_flight;
 };
 

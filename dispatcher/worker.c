@@ -13,7 +13,9 @@
  *                call, lost rows are dropped
  *   send         provider->send(); its done callback records the outcome
  *   record       outbox_complete(): attempts-log row + CAS to the state
- *                policy_decide() chose (completed, pending, failed, unknown)
+ *                policy_decide() chose (completed, pending, failed, unknown);
+ *                a late acceptance or not-sent of an attempt the reaper
+ *                made `unknown` resolves it there (sql/017)
  *
  * Two connections: `db` (the lease connection: lease, mark, renew,
  * release; LISTEN) and `rec` (the records connection: housekeeping,
@@ -329,6 +331,7 @@ static void effect_fill_view(struct effect *e, int attempt)
 		.effect_type = e->type, .target = e->target, .payload = e->payload,
 		.payload_hash = e->payload_hash, .attempt = attempt,
 		.payload_text = e->payload_text ? e->payload_text : "", .payload_len = e->payload_len,
+		.attempt_age_ms = -1,
 	};
 }
 
@@ -432,7 +435,9 @@ static bool pg_ok(PGresult *r, const char *what)
 
 /* ---- logging of one attempt -------------------------------------------- */
 
-static void log_attempt(struct worker *w, struct effect *e, bool applied)
+/* resolved: the state change applied to an `unknown` effect the reaper
+ * had made of this attempt (sql/017), not under the lease. */
+static void log_attempt(struct worker *w, struct effect *e, bool applied, const char *resolved)
 {
 	enum outbox_log_level level = !applied ? OLOG_WARN
 	                              : e->result.outcome == OUTCOME_ACCEPTED ? OLOG_INFO
@@ -450,12 +455,14 @@ static void log_attempt(struct worker *w, struct effect *e, bool applied)
 	                      "next_state", applied ? next_state_name(e->decision.next) : "lease_lost",
 	                      "provider_status", e->result.status,
 	                      "duration_ms", (json_int_t)(e->ended_mono_ms - e->started_mono_ms),
-	                      "retry_count", e->view.attempt - 1, "lease_held", applied);
+	                      "retry_count", e->view.attempt - 1, "lease_held", applied && !resolved);
 
 	if (e->result.provider_id[0])
 		json_object_set_new(f, "provider_id", json_string(e->result.provider_id));
 	if (e->result.error[0])
 		json_object_set_new(f, "error", json_string(e->result.error));
+	if (resolved)
+		json_object_set_new(f, "resolved", json_string(resolved));
 	if (e->metadata)
 		json_object_set(f, "metadata", e->metadata);
 	if (e->approved_by)
@@ -468,6 +475,21 @@ static void log_attempt(struct worker *w, struct effect *e, bool applied)
 }
 
 /* ---- recording outcomes ------------------------------------------------- */
+
+/* This attempt's late outcome resolved the `unknown` effect the reaper had
+ * made of it (sql/017): counted and logged once, when the database says
+ * so. */
+static void log_resolved(struct effect *e, const char *how)
+{
+	metrics_count_unknown_resolved(how);
+	log_event(OLOG_INFO, "unknown_resolved",
+	          json_pack("{s:s,s:s,s:s,s:s,s:i,s:s,s:s}", "effect_id", e->id, "run_key", e->run_key,
+	                    "type", e->type, "how", how, "attempt", e->view.attempt, "provider_id",
+	                    e->result.provider_id, "msg",
+	                    strcmp(how, "late_accepted") == 0
+	                            ? "the provider's late acceptance completed the unknown effect"
+	                            : "the attempt given up on was not sent: back to pending, same key"));
+}
 
 static void on_complete(struct db *db, PGresult *r, void *arg)
 {
@@ -490,13 +512,18 @@ static void on_complete(struct db *db, PGresult *r, void *arg)
 	for (size_t i = 0; i < b->n; i++) {
 		struct effect *e = b->items[i];
 		bool applied = false;
+		const char *resolved = NULL;
 
 		for (int row = 0; row < PQntuples(r); row++)
 			if (strcmp(PQgetvalue(r, row, 0), e->id) == 0) {
 				applied = PQgetvalue(r, row, 1)[0] == 't';
+				if (PQnfields(r) > 3 && !PQgetisnull(r, row, 3))
+					resolved = PQgetvalue(r, row, 3);
 				break;
 			}
-		log_attempt(w, e, applied);
+		log_attempt(w, e, applied, resolved);
+		if (resolved)
+			log_resolved(e, resolved);
 		if (!applied)
 			metrics_inc(M_LEASE_LOST, 1);
 		else if (e->decision.exhausted && e->decision.next == NEXT_FAILED)
@@ -586,7 +613,7 @@ static void flush_completions(struct worker *w)
 	params[2] = js.s;
 	w->complete_busy = true;
 	/* Safe to repeat after a lost connection: CAS + unique attempt rows. */
-	db_query(outcomes_db(w), "SELECT effect_id, applied, state FROM outbox_complete($1, $2, $3)", 3,
+	db_query(outcomes_db(w), "SELECT effect_id, applied, state, resolved FROM outbox_complete($1, $2, $3)", 3,
 	         params, on_complete, b, DBQ_RETRY);
 	free(js.s);
 }
@@ -1055,7 +1082,18 @@ static void on_recon_recorded(struct db *db, PGresult *r, void *arg)
 	struct worker *w = b->w;
 
 	(void)db;
-	pg_ok(r, "outbox_reconcile_record");
+	/* Count what the answers resolved (applied: the effect was still
+	 * unknown and ours to move). */
+	if (pg_ok(r, "outbox_reconcile_record"))
+		for (int row = 0; row < PQntuples(r); row++) {
+			const char *st = PQgetvalue(r, row, 2);
+			if (PQgetvalue(r, row, 1)[0] != 't')
+				continue;
+			if (strcmp(st, "completed") == 0)
+				metrics_count_unknown_resolved("lookup_sent");
+			else if (strcmp(st, "pending") == 0)
+				metrics_count_unknown_resolved("lookup_not_sent");
+		}
 	for (size_t i = 0; i < b->n; i++)
 		effect_free(b->items[i]);
 	free(b);
@@ -1150,13 +1188,15 @@ static void on_recon_leased(struct db *db, PGresult *r, void *arg)
 		e->phase = PH_RECONCILING;
 		w->n_reconciling++;
 		e->payload = payload_parse(e, &jerr);
-		if (e->prov == NULL || e->prov->ops->reconcile == NULL || e->payload == NULL) {
+		if (e->prov == NULL || !e->prov->can_reconcile || e->payload == NULL) {
 			struct outbox_recon_result rr = { .verdict = RECON_CANNOT_TELL };
 			str_copy(rr.error, "no provider here can reconcile it", sizeof(rr.error));
 			on_recon_done(e, &rr);
 			continue;
 		}
 		effect_fill_view(e, e->prior_attempts);
+		if (PQnfields(r) > 8 && !PQgetisnull(r, row, 8))
+			e->view.attempt_age_ms = strtoll(PQgetvalue(r, row, 8), NULL, 10);
 		if (!e->prov->ops->reconcile(e->prov->self, &e->view, on_recon_done, e, err, sizeof(err))) {
 			struct outbox_recon_result rr = { .verdict = RECON_CANNOT_TELL };
 			snprintf(rr.error, sizeof(rr.error), "could not ask: %.480s", err);
@@ -1197,7 +1237,7 @@ static void reconcile_pass(struct worker *w, bool asked)
 	w->recon_requested = false;
 	db_query(w->rec,
 	         "SELECT effect_id, idempotency_key, effect_type, target, payload, payload_hash, "
-	         "effect_key, attempts FROM outbox_reconcile_lease($1, $2, $3, $4, $5)",
+	         "effect_key, attempts, attempt_age_ms FROM outbox_reconcile_lease($1, $2, $3, $4, $5)",
 	         5, params, on_recon_leased, w, 0);
 }
 
@@ -1735,7 +1775,7 @@ static void build_type_arrays(struct worker *w)
 		if (p->honours_keys)
 			b += (size_t)snprintf(w->idem_array + b, sizeof(w->idem_array) - b, "%s\"%s\"",
 			                      b > 1 ? "," : "", p->name);
-		if ((p->ops->caps & OUTBOX_CAP_RECONCILE) && p->ops->reconcile)
+		if (p->can_reconcile)
 			c += (size_t)snprintf(w->recon_array + c, sizeof(w->recon_array) - c, "%s\"%s\"",
 			                      c > 1 ? "," : "", p->name);
 	}

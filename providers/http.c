@@ -50,6 +50,7 @@
 #include <time.h>
 
 #include "lib/curl_loop.h"
+#include "lib/http_lookup.h"
 #include "lib/json_text.h"
 #include "lib/netrules.h"
 #include "lib/sign.h"
@@ -83,6 +84,24 @@ static const struct outbox_conf_key http_keys[] = {
 	{ "proxy", CONF_STR, "", 0, 0, "HTTP proxy URL; empty: none (environment proxies ignored)" },
 	{ "keepalive_idle_seconds", CONF_INT, "1", 0, 60,
 	  "reuse a connection idle at most this long; 0: one connection per call" },
+	/* reconciliation by lookup (lib/http_lookup.c); off while reconcile_url is empty */
+	{ "reconcile_url", CONF_STR, "", 0, 0,
+	  "lookup URL for unknown effects ({key}, {effect_id}, {origin}); empty: no lookup" },
+	{ "reconcile_targets", CONF_STR, "", 0, 0,
+	  "targets the lookup answers for: URL prefixes or host names, comma or space separated" },
+	{ "reconcile_method", CONF_STR, "GET", 0, 0, "lookup request method" },
+	{ "reconcile_found_status", CONF_STR, "200", 0, 0, "statuses meaning found (comma separated)" },
+	{ "reconcile_not_found_status", CONF_STR, "404", 0, 0,
+	  "statuses meaning definitively not found (comma separated)" },
+	{ "reconcile_id_json", CONF_STR, "/id", 0, 0,
+	  "JSON pointer to the provider id in a found answer; empty: not read" },
+	{ "reconcile_id_header", CONF_STR, "", 0, 0,
+	  "response header holding the provider id in a found answer (before the JSON)" },
+	{ "reconcile_header", CONF_SECRET, "", 0, 0,
+	  "one extra lookup request header \"Name: value\" (e.g. Authorization); file: or env: too" },
+	{ "reconcile_min_age_seconds", CONF_INT, "300", 1, 604800,
+	  "not found counts only this long after the last attempt started" },
+	{ "reconcile_timeout_ms", CONF_INT, "5000", 10, 600000, "whole lookup timeout" },
 	{ NULL, CONF_STR, NULL, 0, 0, NULL },
 };
 
@@ -108,6 +127,7 @@ struct http_provider {
 	long secret_len;
 	CURL *pool[HTTP_EASY_POOL]; /* idle easy handles, reset */
 	int pool_len;
+	struct http_lookup *lookup; /* reconciliation (lib/http_lookup.c); NULL: off */
 };
 
 /* One send in flight (kept small: a worker may hold a thousand). */
@@ -860,8 +880,14 @@ static void *http_init(const struct outbox_host *host, const struct outbox_conf 
 	/* Never more connections than sends in flight; idle ones still close
 	 * after keepalive_idle_seconds. */
 	curl_loop_keep_connections(hp->loop, host->conf_int(conf, "max_in_flight"));
+	hp->lookup = http_lookup_new(host, conf, hp->rules, hp->ca_file, hp->proxy, hp->user_agent,
+	                             err, errlen);
+	if (hp->lookup == NULL && err[0])
+		goto fail;
 	return hp;
 fail:
+	if (hp->loop)
+		curl_loop_free(hp->loop, NULL);
 	netrules_free(hp->rules);
 	free(hp->id_header);
 	free(hp->id_json);
@@ -882,6 +908,7 @@ static void http_shutdown(void *self)
 {
 	struct http_provider *hp = self;
 
+	http_lookup_free(hp->lookup);
 	curl_loop_free(hp->loop, release_call);
 	while (hp->pool_len > 0)
 		curl_easy_cleanup(hp->pool[--hp->pool_len]);
@@ -897,18 +924,32 @@ static void http_shutdown(void *self)
 	free(hp);
 }
 
+/* An `unknown` effect: ask the target's API, when a lookup is configured
+ * (the worker asks only then: OUTBOX_CAP_RECONCILE_IF_CONFIGURED). */
+static bool http_reconcile(void *self, const struct outbox_effect *e, outbox_recon_fn done,
+                           void *token, char *err, size_t errlen)
+{
+	struct http_provider *hp = self;
+
+	if (hp->lookup == NULL) {
+		snprintf(err, errlen, "no lookup configured ([provider.http] reconcile_url)");
+		return false;
+	}
+	return http_lookup_ask(hp->lookup, e, done, token, err, errlen);
+}
+
 /* The body leaves as written: the worker need not parse it. */
 static const char *const http_text_members[] = { "body", NULL };
 
 static const struct outbox_provider http_provider = {
 	.abi = OUTBOX_PROVIDER_ABI,
 	.name = "http",
-	.caps = 0,
+	.caps = OUTBOX_CAP_RECONCILE | OUTBOX_CAP_RECONCILE_IF_CONFIGURED,
 	.keys = http_keys,
 	.init = http_init,
 	.validate = http_validate,
 	.send = http_send,
-	.reconcile = NULL,
+	.reconcile = http_reconcile,
 	.shutdown = http_shutdown,
 	.text_members = http_text_members,
 };

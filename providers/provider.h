@@ -55,6 +55,11 @@ enum outbox_recon {
  * `honours_idempotency_keys`, which defaults to the capability bit. */
 #define OUTBOX_CAP_HONOURS_KEYS  0x1u
 #define OUTBOX_CAP_RECONCILE     0x2u
+/* With OUTBOX_CAP_RECONCILE: the provider can reconcile only when its
+ * section sets the key `reconcile_url` (a lookup is optional, as http's
+ * is).  Without it, no `unknown` effect of its type is leased to be asked
+ * about. */
+#define OUTBOX_CAP_RECONCILE_IF_CONFIGURED 0x4u
 
 /* One effect, as leased.  Read-only for the provider. */
 struct outbox_effect {
@@ -72,6 +77,13 @@ struct outbox_effect {
 	 * (lib/json_text.h).  Since ABI 2. */
 	const char *payload_text;
 	size_t payload_len;
+	/* reconcile() only: milliseconds since the effect's last attempt
+	 * started, by the database's clock (-1: unknown).  A provider whose
+	 * "not found" needs time to become definitive (a request may still
+	 * be on its way or in processing) compares it with its minimum age.
+	 * Appended within ABI 2: the dispatcher allocates this struct, so a
+	 * plugin built before it never reads it. */
+	long long attempt_age_ms;
 };
 
 #define OUTBOX_PROVIDER_ID_MAX 256

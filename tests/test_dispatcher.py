@@ -504,15 +504,20 @@ def test_total_lease_cap_makes_an_overlong_send_unknown(conn, dispatchers, sink)
                                     "maintenance_interval_ms": 200},
                      **http_cfg(timeout_ms=10000)})
     assert final(conn, eid)["state"] == "unknown"
-    # The send still finishes; its outcome goes to the log, not the state.
+    # The send still finishes; its late acceptance is evidence from the
+    # attempt the reaper gave up on: it completes the effect (sql/017).
     log = wait_for(lambda: (lambda a: a if len(a) == 2 else None)(attempts(conn, eid)),
                    what="the late outcome in the attempts log")
     assert log[0]["outcome_class"] == "ambiguous" and log[0]["worker"].startswith("reaper:")
-    assert log[1]["outcome_class"] == "accepted" and log[1]["cas_applied"] is False
-    assert effect(conn, eid)["state"] == "unknown"
+    assert log[1]["outcome_class"] == "accepted" and log[1]["cas_applied"] is True
+    assert effect(conn, eid)["state"] == "completed"
+    assert effect(conn, eid)["provider_id"] == log[1]["provider_id"]
+    assert scalar(conn, "SELECT resolution FROM effect_attempts WHERE effect_id = %s "
+                        "AND outcome_class = 'accepted'", (eid,)) == "late_accepted"
     # The worker logs the attempt once outbox_complete has answered, a
     # moment after the row above is visible.
     wait_for(lambda: any(e.get("event") == "attempt" and e.get("lease_held") is False
+                         and e.get("resolved") == "late_accepted"
                          for e in w.events()), what="the attempt line with lease_held false")
 
 

@@ -16,6 +16,16 @@ Environment:
   CHAOS_SEED       seed of the schedule and of the servers' faults (random)
   CHAOS_KINDS      comma-separated effect types (http,email,crm: those built)
   CHAOS_DIR        working directory (logs, receipts, report.json)
+  CHAOS_LOOKUP     1 (default): http effects' unknowns are looked up at the
+                   server (reconcile_url); 0: no lookup
+
+`unknown` effects are resolved automatically where evidence exists (sql/017:
+a late acceptance or a late not-sent of the attempt the reaper gave up on;
+the http lookup).  After the drain the harness asks the fleet for one
+reconciliation pass (outboxctl reconcile, as the workers' own 60 s pass
+would) once the youngest unknown is past the lookup's minimum age, and the
+report splits what stays unknown by cause: never reached the provider,
+reached it, plus how many were resolved automatically and how.
 
 Exit status 0 only when every invariant holds.  The last line is
 "N passed, N failed".
@@ -50,6 +60,11 @@ DOMAIN = "outbox-dispatcher.invalid"
 LEASE_SECONDS = 5
 MAINT_MS = 500
 EMAIL_TIMEOUT_MS = 3000
+LOOKUP = os.environ.get("CHAOS_LOOKUP", "1") == "1"
+# Longer than the longest SIGSTOP (4 leases, act_stop): a frozen worker's
+# request still on its way is never taken for "not found".
+LOOKUP_MIN_AGE_S = 25
+RECONCILE_CLASSES = ("reconciled_sent", "reconciled_not_sent", "reconcile_unknown")
 
 T0 = time.time()
 
@@ -263,6 +278,12 @@ class Chaos:
         }
         if "http" in self.kinds:
             self.cfg["provider.http"] = dict(common, allow_hosts="127.0.0.1")
+            if LOOKUP:
+                base = f"http://127.0.0.1:{ports['http']}"
+                self.cfg["provider.http"].update(
+                    reconcile_url=base + "/lookup?key={key}", reconcile_targets=base + "/hook/",
+                    reconcile_id_json="/data/id", reconcile_min_age_seconds=LOOKUP_MIN_AGE_S,
+                    reconcile_timeout_ms=2000)
         if "email" in self.kinds:
             self.cfg["provider.email"] = dict(common, server=f"127.0.0.1:{ports['smtp']}",
                                               starttls="off", threads=16, timeout_ms=EMAIL_TIMEOUT_MS,
@@ -509,6 +530,8 @@ class Chaos:
             say(f"drained: {self.states()}")
         except TimeoutError as e:
             say(f"drain incomplete: {e}")
+        if LOOKUP and "http" in self.kinds:
+            self.reconcile_pass()
         # Survivors: idle, every outcome recorded and a maintenance pass done.
         self.survivors = [w for w in self.live(False) if w.name not in self.kill_times]
         for w in self.survivors:
@@ -524,11 +547,33 @@ class Chaos:
             except OSError as e:
                 say(f"scrape {w.name}: {e}")
 
+    def reconcile_pass(self):
+        """What the workers' periodic pass does, once, when the youngest http
+        unknown is past the lookup's minimum age; then the requeued ones drain."""
+        age = self.db.q("SELECT coalesce(min(extract(epoch FROM now() - o.updated_at)), 1e9) "
+                        "FROM effect_outbox o WHERE o.state = 'unknown' AND o.effect_type = 'http'")[0][0]
+        if age >= 1e9:
+            return
+        wait_s = max(0.0, LOOKUP_MIN_AGE_S + 1 - float(age))
+        say(f"reconciliation pass in {wait_s:.0f}s (lookup minimum age {LOOKUP_MIN_AGE_S}s)")
+        time.sleep(wait_s)
+        with self.dblock:
+            r = ctl("reconcile", "--wait", "90", timeout=120)
+        tail = [ln for ln in r.stdout.splitlines() if ln.strip()][-1:] or [r.stderr.strip()]
+        say(f"outboxctl reconcile: exit {r.returncode}: {tail[0][:200]}")
+        self.counts["reconcile_passes"] += 1
+        try:
+            wait_for(lambda: (lambda s: s.get("pending", 0) + s.get("sending", 0) == 0)(self.states()),
+                     60, "requeued effects to settle", interval=0.5)
+        except TimeoutError as e:
+            say(f"drain after reconciliation incomplete: {e}")
+
     def metrics_settled(self, w):
         m = w.metrics()
         inflight = m.get(("outbox_sends_in_flight", ()), -1)
         sends = sum(v for (k, _), v in m.items() if k == "outbox_sends_total")
-        rows = self.db.q("SELECT count(*) FROM effect_attempts WHERE worker = %s", (w.name,))[0][0]
+        rows = self.db.q("SELECT count(*) FROM effect_attempts WHERE worker = %s "
+                         "AND outcome_class <> ALL (%s)", (w.name, list(RECONCILE_CLASSES)))[0][0]
         unknown_gauge = m.get(("outbox_unknown_effects", ()), -1)
         unknown = self.db.q("SELECT count(*) FROM effect_outbox WHERE state = 'unknown'")[0][0]
         return inflight == 0 and sends == rows and unknown_gauge == unknown
@@ -584,10 +629,12 @@ class Checks:
         for r in db.q("SELECT effect_id::text, attempt, worker, outcome_class, provider_status, "
                       "provider_id, error_text, cas_applied, "
                       "extract(epoch FROM started_at)::float8, lease_owner::text, "
-                      "extract(epoch FROM ended_at)::float8 FROM effect_attempts "
-                      "ORDER BY attempt_id"):
+                      "extract(epoch FROM ended_at)::float8, "
+                      + ("resolution" if self.has_resolution() else "NULL") +
+                      " FROM effect_attempts ORDER BY attempt_id"):
             self.attempts[r[0]].append(dict(zip(("attempt", "worker", "outcome", "status", "provider_id",
-                                                 "error", "cas", "started", "owner", "ended"), r[1:])))
+                                                 "error", "cas", "started", "owner", "ended",
+                                                 "resolution"), r[1:])))
         self.receipts = collections.defaultdict(list)   # effect id -> receipts
         self.stray = []
         with open(os.path.join(WORK, "receipts.jsonl")) as f:
@@ -603,6 +650,10 @@ class Checks:
                 self.receipts[e["id"]].append(r)
         with open(os.path.join(WORK, "crm_records.json")) as f:
             self.crm_records = json.load(f)
+
+    def has_resolution(self):
+        return bool(self.db.q("SELECT 1 FROM information_schema.columns WHERE "
+                              "table_name = 'effect_attempts' AND column_name = 'resolution'"))
 
     @staticmethod
     def sends(rs):
@@ -670,6 +721,25 @@ class Checks:
         self.record("every unknown effect has an ambiguous attempt in the log", not no_amb,
                     f"{st['unknown']} unknown, {len(no_amb)} without an ambiguous attempt")
 
+        # 3b. no effect stays unknown when the log holds definitive evidence
+        # about the attempt the reaper gave up on: that attempt's own late
+        # outcome (same owner, same attempt) was an acceptance or not-sent
+        held = []
+        for e in E.values():
+            if e["state"] != "unknown":
+                continue
+            atts = self.attempts[e["id"]]
+            given_up = {(a["attempt"], a["owner"]) for a in atts
+                        if (a["worker"] or "").startswith("reaper:")}
+            ev = [a for a in atts if not (a["worker"] or "").startswith("reaper:")
+                  and a["outcome"] in ("accepted", "not_sent") and a["attempt"] == e["attempts"]
+                  and (a["attempt"], a["owner"]) in given_up]
+            if ev:
+                held.append((e["id"], [(a["outcome"], a["attempt"]) for a in ev]))
+        self.record("no effect stays unknown while the log holds its attempt's late acceptance "
+                    "or not-sent", not held,
+                    f"{st['unknown']} unknown; {len(held)} with such evidence {held[:3] if held else ''}")
+
         # 4. every completed effect: provider id and exactly one accepted attempt that
         # applied (a late outcome after a lost lease is logged with cas_applied=false)
         bad = []
@@ -715,7 +785,8 @@ class Checks:
         report = {"seed": SEED, "effects": len(E), "states": dict(st),
                   "by_kind": {f"{k}/{s}": v for (k, s), v in by_kind.items()},
                   "chaos": dict(self.ch.counts), "invariants": [(n, ok, d) for n, ok, d in self.results],
-                  "unknown_causes": self.causes, "elapsed_s": round(time.time() - T0, 1),
+                  "unknown_causes": self.causes, "unknown_split": self.split,
+                  "elapsed_s": round(time.time() - T0, 1),
                   "faults": self.faults, "off_windows": [
                       {k: (sorted(v) if isinstance(v, set) else v) for k, v in w.items() if k != "listed"}
                       | {"listed": len(w["listed"])} for w in self.ch.off_windows],
@@ -802,7 +873,7 @@ class Checks:
                 w = a["worker"] or ""
                 if w.startswith("reaper:"):
                     reaped[w[7:]] += 1
-                else:
+                elif a["outcome"] not in RECONCILE_CLASSES:
                     rows[(w, t, a["outcome"])] += 1
         bad = []
         n_sends = 0
@@ -867,7 +938,10 @@ class Checks:
                 events.append((r["t"], eid, "request"))
         for eid, atts in self.attempts.items():
             for a in atts:
-                if a["worker"] and not a["worker"].startswith("reaper:") and a["outcome"] != "not_sent":
+                # Not reconciliation answers: a lookup is a read (GET, no
+                # body), allowed while the switch is off, like crm's.
+                if a["worker"] and not a["worker"].startswith("reaper:") and \
+                        a["outcome"] != "not_sent" and a["outcome"] not in RECONCILE_CLASSES:
                     events.append((a["started"], eid, "call"))
         for t, eid, what in events:
             for w in wins:
@@ -888,7 +962,41 @@ class Checks:
                     f"expired send, {abandoned_hits} of SMTP sessions given up on before the off, "
                     f"{len(viol)} violations {viol[:3] if viol else ''}")
 
+    def unknown_split(self):
+        """What stays unknown, by whether the provider was reached (the
+        servers' receipts: a request processed), and what was resolved
+        automatically, by how (the attempts log)."""
+        split = collections.Counter()
+        for e in self.effects.values():
+            if e["state"] != "unknown":
+                continue
+            reached = any(r.get("processed") for r in self.receipts[e["id"]])
+            split[f"{e['type']}/{'reached the provider' if reached else 'never reached the provider'}"] += 1
+        resolved = collections.Counter()
+        for e in self.effects.values():
+            for a in self.attempts[e["id"]]:
+                if a["resolution"] and a["cas"]:
+                    resolved[f"{e['type']}/{a['resolution']}"] += 1
+                elif a["outcome"] in ("reconciled_sent", "reconciled_not_sent") and a["cas"] \
+                        and not (a["worker"] or "").startswith("operator"):
+                    resolved[f"{e['type']}/lookup_{a['outcome'].split('_', 1)[1]}"] += 1
+        n = len(self.effects) or 1
+        unknown = sum(split.values())
+        auto = sum(resolved.values())
+        self.split = {"unknown": unknown, "unknown_by_cause": dict(split),
+                      "resolved_automatically": auto, "resolved_by_how": dict(resolved),
+                      "unknown_share": round(unknown / n, 5),
+                      "unknown_share_without_resolution": round((unknown + auto) / n, 5)}
+        print("\n== unknown: what stays, and what was resolved automatically")
+        for k, v in sorted(split.items()):
+            print(f"  {v:6d}  stays unknown: {k}")
+        for k, v in sorted(resolved.items()):
+            print(f"  {v:6d}  resolved automatically: {k}")
+        print(f"  unknown {unknown}/{n} = {100.0 * unknown / n:.2f} %; without the automatic "
+              f"resolutions {unknown + auto}/{n} = {100.0 * (unknown + auto) / n:.2f} %")
+
     def unknown_causes(self, late_unknown):
+        self.unknown_split()
         causes = collections.Counter()
         killed = set(self.ch.kill_times)
         stopped = set(self.ch.stop_windows)

@@ -14,7 +14,7 @@ Every request is appended to DIR/receipts.jsonl at once (one JSON object
 a line, flushed), so the counts survive anything that happens to the
 dispatchers.  Fields:
 
-  kind       http | crm | crm_get | smtp
+  kind       http | http_lookup | crm | crm_get | smtp
   key        see above;   n   that key's request number (1, 2, ...)
   fault      what the server does (FAULTS below)
   processed  the server acted on the request (the webhook ran, the record
@@ -23,6 +23,11 @@ dispatchers.  Fields:
              counts these
   reply_id   the id the client is told (2xx / 250) if it gets an answer
   t          arrival (time.time(), the same clock as the harness)
+
+http_lookup is GET /lookup?key=K, the http provider's reconciliation
+(reconcile_url): 200 {"id": reply id} when a request of K was processed,
+404 when none was, with faults of its own (a 500, a hang past the
+lookup's timeout) that must leave the effect unknown.
 
 SMTP writes one line at RCPT (fault decided, processed false) and, if the
 client reaches the end of data, a second line with stage "data".
@@ -50,6 +55,7 @@ from aiosmtpd.smtp import SMTP
 FAULTS = {
     "http": [("status503", 0.04), ("status429", 0.01), ("slow", 0.06), ("hang", 0.006),
              ("drop", 0.006), ("status500", 0.003), ("drop_before_read", 0.004)],
+    "http_lookup": [("status500", 0.05), ("hang", 0.03)],
     "crm": [("status503", 0.04), ("status429", 0.01), ("slow", 0.05), ("hang", 0.01),
             ("close", 0.01), ("close_nostore", 0.01), ("status500", 0.01)],
     "smtp": [("tempfail_rcpt", 0.04), ("drop_rcpt", 0.01), ("tempfail_data", 0.02),
@@ -127,11 +133,34 @@ def drop(h):
 # -- HTTP webhook sink -----------------------------------------------------------
 
 def http_server(rec, hang_s, stopping):
+    taken = {}  # key -> reply id of its first processed request
+    taken_lock = threading.Lock()
+
     class H(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
 
         def log_message(self, *a):
             pass
+
+        def do_GET(self):
+            t = time.time()
+            m = re.match(r"^/lookup\?key=([0-9a-f]+)$", self.path)
+            if not m:
+                return reply(self, 404, {"error": "no such path"})
+            key = m.group(1)
+            n, fault, _, _ = rec.draw("http_lookup", key)
+            with taken_lock:
+                rid = taken.get(key)
+            rec.write({"kind": "http_lookup", "key": key, "n": n, "fault": fault,
+                       "processed": False, "found": rid, "t": t})
+            if fault == "status500":
+                return reply(self, 500, {"error": "lookup broke"})
+            if fault == "hang":
+                stopping.wait(hang_s)
+                return drop(self)
+            if rid:
+                return reply(self, 200, {"data": {"id": rid, "external_id": key}})
+            return reply(self, 404, {"error": "not found"})
 
         def do_POST(self):
             t = time.time()
@@ -149,6 +178,9 @@ def http_server(rec, hang_s, stopping):
             rid = f"h-{seq}"
             rec.write({"kind": "http", "key": key, "n": n, "fault": fault,
                        "processed": fault in PROCESSED["http"], "reply_id": rid, "t": t})
+            if fault in PROCESSED["http"]:
+                with taken_lock:
+                    taken.setdefault(key, rid)
             if fault == "status503":
                 return reply(self, 503, {"error": "busy"}, {"Retry-After": str(rnd % 2)})
             if fault == "status429":

@@ -17,6 +17,15 @@ The path picks the behaviour (query parameters tune it):
   /flaky/<n>/<code>        the first <n> requests for a key get <code>, then 200
   /idem                    an idempotency-aware endpoint: a repeated key gets the
                            first answer again (and is counted as a replay)
+  /drop-unread/<n>         the first <n> requests for a key: close after the headers,
+                           the body never read (the request is not taken); then 200
+  /lookup?key=K            what a provider's "find by external id" answers: 200
+                           {"id": ...} when a request with Idempotency-Key K was
+                           taken (read and processed: ok, delay, hang, close, idem,
+                           2xx statuses), else 404
+
+A request is "taken" when the sink read it and acted on it (processed(key)
+counts them); a 4xx/5xx refusal, a 429/503 or a drop before reading is not.
 
 Every request is recorded (method, path, headers, body, key, the client's
 port and its number on its connection), and counted per Idempotency-Key, so
@@ -43,6 +52,8 @@ class Sink:
         self.by_key = {}
         self.flaky_seen = {}
         self.idem_answers = {}
+        self.taken = {}  # key -> [provider ids of the requests taken]
+        self.drop_seen = {}
         self.replays = 0
         self.active = 0
         self.max_active = 0
@@ -103,6 +114,16 @@ class Sink:
         with self.lock:
             return list(self.requests)
 
+    def processed(self, key):
+        """Requests with this Idempotency-Key the sink took (read and acted on)."""
+        with self.lock:
+            return len(self.taken.get(key, []))
+
+    def _take(self, key, pid):
+        if key:
+            with self.lock:
+                self.taken.setdefault(key, []).append(pid)
+
     # -- behaviour --------------------------------------------------------
     def _handle(self, h):
         with self.lock:
@@ -115,9 +136,26 @@ class Sink:
                 self.active -= 1
 
     def _serve(self, h):
+        url = urlsplit(h.path)
+        if url.path.startswith("/drop-unread/"):
+            key = h.headers.get("Idempotency-Key")
+            with self.lock:
+                seen = self.drop_seen.get(key, 0) + 1
+                self.drop_seen[key] = seen
+            if seen <= int(url.path.split("/")[2]):
+                # The headers were read (by the server), the body never:
+                # nothing was taken.  Recorded, with no body.
+                with self.lock:
+                    n = len(self.requests) + 1
+                    self.requests.append({"n": n, "method": h.command, "path": url.path,
+                                          "key": key, "headers": {}, "body": None,
+                                          "t": time.time(), "client_port": h.client_address[1],
+                                          "conn_request": 0})
+                    if key:
+                        self.by_key[key] = self.by_key.get(key, 0) + 1
+                return self._drop(h)
         length = int(h.headers.get("Content-Length") or 0)
         body = h.rfile.read(length) if length else b""
-        url = urlsplit(h.path)
         q = parse_qs(url.query)
         key = h.headers.get("Idempotency-Key")
         h.conn_requests += 1
@@ -136,8 +174,17 @@ class Sink:
         parts = [p for p in url.path.split("/") if p]
         kind = parts[0] if parts else "ok"
 
-        if kind == "ok":
+        if kind in ("ok", "delay", "close", "hang", "drop-unread") or (kind == "status" and 200 <= int(parts[1]) < 300):
+            self._take(key, f"sink-{n}")
+        if kind in ("ok", "drop-unread"):
             return self._reply(h, 200, {"id": f"sink-{n}"})
+        if kind == "lookup":
+            want = q.get("key", [""])[0]
+            with self.lock:
+                ids = self.taken.get(want)
+            if ids:
+                return self._reply(h, 200, {"id": ids[0], "external_id": want})
+            return self._reply(h, 404, {"error": "not found"})
         if kind == "status":
             code = int(parts[1])
             extra = {}
@@ -187,6 +234,7 @@ class Sink:
                     return self._reply(h, 200, self.idem_answers[key])
                 ans = {"id": f"idem-{n}"}
                 self.idem_answers[key] = ans
+            self._take(key, ans["id"])
             return self._reply(h, 200, ans)
         return self._reply(h, 404, {"error": "no such path"})
 
