@@ -291,16 +291,22 @@ def test_dispatcher_cannot_add_attempts_for_effects_it_never_leased(conn, login_
                  (stranger, json.dumps([result(eid)])))
     assert rows == [(False,)]
     assert scalar(conn, "SELECT count(*) FROM effect_attempts WHERE effect_id = %s", (eid,)) == 0
-    # The holder's late outcome after the reaper moved the row is still evidence.
+    # A stranger cannot resolve it after the reaper moved the row either...
     query(conn, "UPDATE effect_outbox SET lease_expires_at = now() - interval '1 second' "
                 "WHERE effect_id = %s", (eid,))
     assert query(d, "SELECT state FROM outbox_reap('r', 10)") == [("unknown",)]
+    rows = query(d, "SELECT applied FROM outbox_complete(%s, 'evil', %s)",
+                 (stranger, json.dumps([result(eid)])))
+    assert rows == [(False,)]
+    assert scalar(conn, "SELECT state FROM effect_outbox WHERE effect_id = %s", (eid,)) == "unknown"
+    # ...while the holder's late acceptance is evidence that resolves it.
     rows = query(d, "SELECT applied FROM outbox_complete(%s, 'w1', %s)",
                  (holder, json.dumps([result(eid)])))
-    assert rows == [(False,)]
-    assert query(conn, "SELECT worker, outcome_class, cas_applied FROM effect_attempts "
+    assert rows == [(True,)]
+    assert query(conn, "SELECT worker, outcome_class, cas_applied, resolution FROM effect_attempts "
                        "WHERE effect_id = %s ORDER BY attempt_id", (eid,)) == \
-        [("reaper:r", "ambiguous", True), ("w1", "accepted", False)]
+        [("reaper:r", "ambiguous", True, None), ("w1", "accepted", True, "late_accepted")]
+    assert scalar(conn, "SELECT state FROM effect_outbox WHERE effect_id = %s", (eid,)) == "completed"
 
 
 @pytest.mark.parametrize("name", ["", "HTTP", "a b", "x" * 33, "../x", "http\n"])
