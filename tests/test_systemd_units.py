@@ -133,8 +133,10 @@ def test_systemd_template_hardening():
     assert one("Service", "Type") == "notify"
     assert one("Service", "NotifyAccess") == "main"
     assert one("Service", "WatchdogSec") == "30"
+    # One config for every instance; the instance number picks the worker
+    # name and the metrics port (--instance).
     assert one("Service", "ExecStart") == \
-        "@PREFIX@/bin/outbox-dispatcher --config /etc/outbox-dispatcher/%i.ini"
+        "@PREFIX@/bin/outbox-dispatcher --config /etc/outbox-dispatcher/dispatcher.ini --instance %i"
     assert one("Service", "ExecReload") == "/bin/kill -HUP $MAINPID"
     assert one("Service", "Restart") == "on-failure"
     assert one("Service", "KillMode") == "mixed"
