@@ -16,7 +16,9 @@
 #                          by PID), remove its cgroups, unmount, remove DIR
 #
 # Needs root.  Reusable: any test may boot one and run what it wants in it
-# (make install, dpkg -i, systemctl ...).
+# (make install, systemctl ...).  SDBOX_OVERLAYS="/usr /opt" (at start) adds
+# copy-on-write overlays over more directories: installing a .deb writes
+# to /usr, which is the host's unless overlaid.
 set -eu
 
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -45,12 +47,17 @@ boot_inside() {   # runs as PID 1 of the new namespaces; execs systemd
     dir=$1
     # Private state on a tmpfs: overlays' upper layers and the log.
     mount -t tmpfs -o mode=0755 tmpfs "$dir/fs"
-    for d in etc usr-local var; do
-        mkdir -p "$dir/fs/$d.up" "$dir/fs/$d.work"
+    # Shortest path first: /usr before /usr/local, or it would hide it.
+    for d in $(printf '%s\n' /etc /usr/local /var ${SDBOX_OVERLAYS:-} | awk '{ print length, $0 }' | sort -n | uniq | cut -d' ' -f2); do
+        [ -d "$d" ] || continue
+        n=$(echo "$d" | tr / -)
+        mkdir -p "$dir/fs/$n.up" "$dir/fs/$n.work"
+        mount -t overlay overlay -o "lowerdir=$d,upperdir=$dir/fs/$n.up,workdir=$dir/fs/$n.work" "$d"
     done
-    mount -t overlay overlay -o "lowerdir=/etc,upperdir=$dir/fs/etc.up,workdir=$dir/fs/etc.work" /etc
-    mount -t overlay overlay -o "lowerdir=/usr/local,upperdir=$dir/fs/usr-local.up,workdir=$dir/fs/usr-local.work" /usr/local
-    mount -t overlay overlay -o "lowerdir=/var,upperdir=$dir/fs/var.up,workdir=$dir/fs/var.work" /var
+    # Never boot with a host directory writable by mistake.
+    for d in /etc /usr/local /var ${SDBOX_OVERLAYS:-}; do
+        [ "$(findmnt -n -o FSTYPE --mountpoint "$d")" = overlay ] || { echo "sdbox: $d is not overlaid" >&2; exit 1; }
+    done
     mount -t tmpfs -o mode=0755 tmpfs /run
     mount -t tmpfs -o mode=1777 tmpfs /tmp
     # The kernel's settings are the host's: read-only.
