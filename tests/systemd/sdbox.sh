@@ -56,7 +56,7 @@ boot_inside() {   # runs as PID 1 of the new namespaces; execs systemd
     done
     # Never boot with a host directory writable by mistake.
     for d in /etc /usr/local /var ${SDBOX_OVERLAYS:-}; do
-        [ "$(findmnt -n -o FSTYPE --mountpoint "$d")" = overlay ] || { echo "sdbox: $d is not overlaid" >&2; exit 1; }
+        [ ! -d "$d" ] || [ "$(findmnt -n -o FSTYPE --mountpoint "$d")" = overlay ] || { echo "sdbox: $d is not overlaid" >&2; exit 1; }
     done
     mount -t tmpfs -o mode=0755 tmpfs /run
     mount -t tmpfs -o mode=1777 tmpfs /tmp
