@@ -124,7 +124,7 @@ install: all
 	install -m 0644 dispatcher.ini.example systemd/environment.example $(DESTDIR)$(PREFIX)/share/outbox-dispatcher/
 	install -d -m 0700 $(DESTDIR)/etc/outbox-dispatcher/credentials
 	[ -f $(DESTDIR)/etc/outbox-dispatcher/environment ] || \
-	  install -m 0600 systemd/environment.example $(DESTDIR)/etc/outbox-dispatcher/environment
+	  install -m 0644 systemd/environment.example $(DESTDIR)/etc/outbox-dispatcher/environment
 	for u in systemd/*.service systemd/*.target; do [ -f "$$u" ] || continue; \
 	  sed 's#@PREFIX@#$(PREFIX)#g' "$$u" > $(DESTDIR)$(PREFIX)/lib/systemd/system/$$(basename $$u); done
 

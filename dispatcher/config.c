@@ -358,13 +358,30 @@ static bool resolve_secret(struct conf_entry *e, const char *path, char *err, si
 	const char *v = e->value;
 
 	if (strncmp(v, "file:", 5) == 0) {
-		FILE *fp = fopen(v + 5, "r");
+		static const char cred_var[] = "${CREDENTIALS_DIRECTORY}";
+		char file[4096];
+		FILE *fp;
 		char buf[4096];
 		size_t n;
 
+		/* systemd's per-unit credentials directory differs per instance
+		 * (/run/credentials/outbox-dispatcher@N.service): one config
+		 * for N instances names it this way. */
+		if (strncmp(v + 5, cred_var, sizeof(cred_var) - 1) == 0) {
+			const char *dir = getenv("CREDENTIALS_DIRECTORY");
+			if (dir == NULL || dir[0] == '\0') {
+				snprintf(err, errlen, "%s:%d: [%s] %s: %s is not set (it is inside a unit "
+				         "with LoadCredential=)", path, e->line, e->section, e->key, cred_var);
+				return false;
+			}
+			snprintf(file, sizeof(file), "%s%s", dir, v + 5 + sizeof(cred_var) - 1);
+		} else {
+			snprintf(file, sizeof(file), "%s", v + 5);
+		}
+		fp = fopen(file, "r");
 		if (fp == NULL) {
 			snprintf(err, errlen, "%s:%d: [%s] %s: cannot read secret file %s: %s", path,
-			         e->line, e->section, e->key, v + 5, strerror(errno));
+			         e->line, e->section, e->key, file, strerror(errno));
 			return false;
 		}
 		n = fread(buf, 1, sizeof(buf) - 1, fp);
@@ -595,6 +612,47 @@ bool config_provider(struct config *cfg, const char *name, const struct outbox_c
 			         cfg->path, e->line, section, p->backoff_cap_ms);
 		return false;
 	}
+	return true;
+}
+
+bool config_instance(const struct core_settings *s, const char *instance, char *name,
+                     size_t namelen, char *listen, size_t listenlen, char *err, size_t errlen)
+{
+	long n = 0, port;
+	const char *colon;
+	char *end;
+
+	if (instance == NULL) {
+		snprintf(name, namelen, "%s", s->worker_name);
+		snprintf(listen, listenlen, "%s", s->metrics_listen);
+		return true;
+	}
+	if (instance[0] < '1' || instance[0] > '9' || !parse_long(instance, &n) ||
+	    n > CONFIG_MAX_INSTANCE) {
+		snprintf(err, errlen, "--instance \"%.64s\": must be a number from 1 to %d (the metrics "
+		         "port is [metrics] listen's + N - 1); give a named instance a config file of "
+		         "its own and no --instance", instance, CONFIG_MAX_INSTANCE);
+		return false;
+	}
+	if (s->worker_name[0])
+		snprintf(name, namelen, "%s-%ld", s->worker_name, n);
+	else
+		name[0] = '\0';
+	if (s->metrics_listen[0] == '\0') {
+		listen[0] = '\0';
+		return true;
+	}
+	colon = strrchr(s->metrics_listen, ':');
+	errno = 0;
+	port = colon ? strtol(colon + 1, &end, 10) : -1;
+	if (colon == NULL || errno || end == colon + 1 || *end != '\0' || port < 1 ||
+	    port + n - 1 > 65535) {
+		snprintf(err, errlen, "[metrics] listen: instance %ld needs host:port with port + %ld "
+		         "at most 65535 (got \"%.64s\")", n, n - 1, s->metrics_listen);
+		return false;
+	}
+	snprintf(listen, listenlen, "%.*s:%ld", (int)(colon - s->metrics_listen), s->metrics_listen,
+	         port + n - 1);
 	return true;
 }
 

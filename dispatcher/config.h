@@ -76,6 +76,18 @@ void config_free(struct config *cfg);
  * into cfg).  Also refuses unknown sections other than [provider.*]. */
 bool config_core(struct config *cfg, struct core_settings *out, char *err, size_t errlen) WARN_UNUSED;
 
+/* One config file for N instances: `outbox-dispatcher --instance N` (the
+ * systemd template passes %i) runs as worker "<worker_name>-N" (empty
+ * worker_name: "<host>-N") with its metrics on [metrics] listen's port
+ * + N - 1.  N is a number from 1 to CONFIG_MAX_INSTANCE; NULL: no
+ * instance, both as written.  Writes the results to name and listen
+ * (name "" when worker_name is empty and there is no instance); false
+ * with err for a bad instance or a port past 65535. */
+#define CONFIG_MAX_INSTANCE 1000
+bool config_instance(const struct core_settings *s, const char *instance, char *name,
+                     size_t namelen, char *listen, size_t listenlen, char *err,
+                     size_t errlen) WARN_UNUSED;
+
 /* Check [provider.NAME] against the common keys plus the provider's own
  * (NULL for none), resolve secrets, fill *policy. */
 bool config_provider(struct config *cfg, const char *name,

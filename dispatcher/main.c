@@ -1,7 +1,11 @@
 /*
  * main.c: outbox-dispatcher, one worker of the fleet.
  *
- *   outbox-dispatcher --config FILE [--check-config]
+ *   outbox-dispatcher --config FILE [--instance N] [--check-config]
+ *
+ * --instance N (the systemd template passes %i) lets N instances share
+ * one config file: worker "<worker_name>-N" (or "<host>-N"), metrics on
+ * [metrics] listen's port + N - 1.
  *
  * Runs in the foreground until SIGTERM (graceful: stop leasing, finish
  * in-flight sends within shutdown_grace_ms, release unstarted leases);
@@ -22,26 +26,30 @@
 static void usage(FILE *out)
 {
 	fprintf(out,
-	        "usage: outbox-dispatcher --config FILE [--check-config]\n"
+	        "usage: outbox-dispatcher --config FILE [--instance N] [--check-config]\n"
 	        "  --config FILE    dispatcher.ini (see dispatcher.ini.example)\n"
+	        "  --instance N     instance N (1..1000) of a config shared by N workers: worker\n"
+	        "                   name <worker_name or host>-N, metrics port listen + N - 1\n"
 	        "  --check-config   load the config and the providers, then exit 0 or 1\n"
+	        "                   (binds no port, connects to no database)\n"
 	        "  --version\n"
 	        "Sends only when AI_ACTIONS_ENABLED=true and the fleet kill switch is on.\n");
 }
 
 int main(int argc, char **argv)
 {
-	const char *config = NULL;
-	bool check_only = false;
+	struct worker_options opt = { 0 };
 	struct event_base *base;
 	struct worker *w;
 	int rc;
 
 	for (int i = 1; i < argc; i++) {
 		if (strcmp(argv[i], "--config") == 0 && i + 1 < argc) {
-			config = argv[++i];
+			opt.config_path = argv[++i];
+		} else if (strcmp(argv[i], "--instance") == 0 && i + 1 < argc) {
+			opt.instance = argv[++i];
 		} else if (strcmp(argv[i], "--check-config") == 0) {
-			check_only = true;
+			opt.check_only = true;
 		} else if (strcmp(argv[i], "--version") == 0) {
 			printf("outbox-dispatcher %s\n", OUTBOX_VERSION);
 			return 0;
@@ -54,7 +62,7 @@ int main(int argc, char **argv)
 			return 2;
 		}
 	}
-	if (config == NULL) {
+	if (opt.config_path == NULL) {
 		usage(stderr);
 		return 2;
 	}
@@ -71,14 +79,14 @@ int main(int argc, char **argv)
 		fprintf(stderr, "outbox-dispatcher: cannot create the event loop\n");
 		return 1;
 	}
-	w = worker_new(base, config);
+	w = worker_new(base, &opt);
 	if (w == NULL) {
 		event_base_free(base);
 		curl_global_cleanup();
 		return 1;
 	}
-	if (check_only) {
-		log_msg(OLOG_INFO, "config_ok", "%s: config and providers load", config);
+	if (opt.check_only) {
+		log_msg(OLOG_INFO, "config_ok", "%s: config and providers load", opt.config_path);
 		rc = 0;
 	} else {
 		rc = worker_run(w);

@@ -68,6 +68,8 @@ static const struct metric_desc counter_desc[M_COUNTER_MAX] = {
 		"Provider answers 'same idempotency key, different payload' (422): an alert." },
 	[M_MAINT_PASSES] = { "outbox_maintenance_passes_total",
 		"Housekeeping passes (reaper, sweep, gauges) this worker finished." },
+	[M_LEASE_ERRORS] = { "outbox_lease_errors_total",
+		"Lease, mark, renew and complete statements the database refused (3 in a row fail /healthz)." },
 };
 
 static const struct metric_desc gauge_desc[G_GAUGE_MAX] = {

@@ -24,6 +24,7 @@ enum metric_counter {
 	M_BREAKER_OPENED,
 	M_KEY_CONFLICTS,         /* 422 same key, different payload: an alert */
 	M_MAINT_PASSES,          /* housekeeping passes finished (reaper, sweep, gauges) */
+	M_LEASE_ERRORS,          /* lease/mark/renew/complete refused by the database */
 	M_COUNTER_MAX
 };
 

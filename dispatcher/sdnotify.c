@@ -1,7 +1,12 @@
 /*
  * sdnotify.c: systemd notifications through libsystemd's sd_notify.
  *
- *   READY=1 + STATUS      once the worker serves (and again after a reload)
+ *   STATUS                while starting: why the worker cannot serve yet
+ *                         (database unreachable, permission denied, schema
+ *                         too old), so that `systemctl status` says it
+ *   READY=1 + STATUS      once the worker serves: both database connections
+ *                         up and the schema checked (and again after a
+ *                         reload); until then TimeoutStartSec= applies
  *   RELOADING=1           on SIGHUP, with MONOTONIC_USEC (systemd >= 253
  *                         wants it for Type=notify-reload; older ignore it)
  *   STOPPING=1            on SIGTERM

@@ -100,6 +100,10 @@
 /* The weekly figures (an aggregate over this week's rows, sql/014) are recomputed
  * by one worker of the fleet at most this often; the others read them. */
 #define WEEKLY_REFRESH_S "300"
+/* Lease, mark, renew or complete statements refused in a row after which
+ * /healthz fails: one refusal is a blip (a deadlock victim, a statement
+ * timeout), three in a row a worker that cannot do its job. */
+#define LEASE_ERRORS_UNHEALTHY 3
 
 enum effect_phase {
 	PH_WAITING,     /* leased, valid, waiting for a slot */
@@ -172,11 +176,24 @@ struct worker {
 	struct db *rec;
 	char owner[37];
 	char name[128];
+	char *instance;               /* --instance N, or NULL */
+	char listen[128];             /* [metrics] listen for this instance */
+	char name_cfg[128];           /* [dispatcher] worker_name for this instance */
 	char types_array[1024];       /* {http,email}: types this worker serves */
 	char idem_array[1024];        /* types whose provider honours keys */
 	char recon_array[1024];       /* types whose provider reconciles */
 	bool env_enabled;
 	bool schema_ok;
+	/* Readiness: READY=1 goes to systemd once, when both connections are
+	 * up and the schema check passed; until then STATUS= says why not. */
+	bool ready_sent;
+	char schema_error[256];       /* the schema check's last failure */
+	/* Health: lease, mark, renew and complete statements the database
+	 * refused in a row (not lost connections: those are db_up's).  At
+	 * LEASE_ERRORS_UNHEALTHY the worker cannot do its job: /healthz fails
+	 * and STATUS= says why. */
+	int lease_error_streak;
+	char lease_error[256];
 	bool stopping;
 	int exit_code;
 
@@ -433,6 +450,78 @@ static bool pg_ok(PGresult *r, const char *what)
 	return false;
 }
 
+/* ---- readiness and health ------------------------------------------------ */
+
+/* The first line of a result's error, for STATUS= and /healthz. */
+static void error_line(PGresult *r, char *buf, size_t len)
+{
+	str_copy(buf, r ? PQresultErrorMessage(r) : "connection lost", len);
+	buf[strcspn(buf, "\r\n")] = '\0';
+	if (strncmp(buf, "ERROR:  ", 8) == 0)
+		memmove(buf, buf + 8, strlen(buf + 8) + 1);
+}
+
+/* pg_ok() for the statements a worker needs to do its job (lease, mark,
+ * renew, complete): counts the database's refusals for /healthz, STATUS=
+ * and outbox_lease_errors_total.  A lost connection (r == NULL) is not
+ * counted here: db_up and the reconnects say that. */
+static bool job_ok(struct worker *w, PGresult *r, const char *what)
+{
+	if (pg_ok(r, what)) {
+		if (w->lease_error_streak >= LEASE_ERRORS_UNHEALTHY)
+			sdnotify_status("serving again after %d refused statements", w->lease_error_streak);
+		w->lease_error_streak = 0;
+		return true;
+	}
+	if (r != NULL) {
+		char line[200];
+
+		error_line(r, line, sizeof(line));
+		snprintf(w->lease_error, sizeof(w->lease_error), "%s: %s", what, line);
+		metrics_inc(M_LEASE_ERRORS, 1);
+		if (++w->lease_error_streak == LEASE_ERRORS_UNHEALTHY)
+			sdnotify_status("cannot lease: %s", w->lease_error);
+	}
+	return false;
+}
+
+/* Why the worker cannot serve, or false when it can.  Shared by /healthz
+ * and the STATUS= shown while it starts. */
+static bool worker_why_not(const struct worker *w, char *why, size_t len)
+{
+	if (!db_is_up(w->db) || !db_is_up(w->rec)) {
+		snprintf(why, len, "database unreachable: %s",
+		         db_last_error(db_is_up(w->db) ? w->rec : w->db));
+		return true;
+	}
+	if (!w->schema_ok) {
+		snprintf(why, len, "%s", w->schema_error[0] ? w->schema_error : "checking the database schema");
+		return true;
+	}
+	if (w->lease_error_streak >= LEASE_ERRORS_UNHEALTHY) {
+		snprintf(why, len, "cannot lease: %s", w->lease_error);
+		return true;
+	}
+	return false;
+}
+
+/* READY=1 once, when the worker can serve; before that, STATUS= says what
+ * it waits for (database unreachable, permission denied, schema too old). */
+static void readiness_update(struct worker *w)
+{
+	char why[512];
+
+	if (w->ready_sent || w->stopping)
+		return;
+	if (worker_why_not(w, why, sizeof(why))) {
+		sdnotify_status("starting: %s", why);
+		return;
+	}
+	w->ready_sent = true;
+	log_msg(OLOG_INFO, "serving", "both database connections up and the schema checked: serving");
+	sdnotify_ready(w->env_enabled ? "ready" : "ready; AI_ACTIONS_ENABLED is not true: not sending");
+}
+
 /* ---- logging of one attempt -------------------------------------------- */
 
 /* resolved: the state change applied to an `unknown` effect the reaper
@@ -497,7 +586,7 @@ static void on_complete(struct db *db, PGresult *r, void *arg)
 	struct worker *w = b->w;
 
 	(void)db;
-	if (!pg_ok(r, "outbox_complete")) {
+	if (!job_ok(w, r, "outbox_complete")) {
 		/* Keep the evidence: back to the queue, tried again after a
 		 * pause (the database refused it; do not spin). */
 		for (size_t i = b->n; i-- > 0;) {
@@ -697,7 +786,7 @@ static void on_marked(struct db *db, PGresult *r, void *arg)
 
 	(void)db;
 	w->mark_busy = false;
-	if (!pg_ok(r, "outbox_mark_sending")) {
+	if (!job_ok(w, r, "outbox_mark_sending")) {
 		/* Not sent, not marked (or the retry will find them): the leases
 		 * expire and the rows are leased again; nothing was sent. */
 		for (size_t i = 0; i < b->n; i++) {
@@ -926,7 +1015,7 @@ static void on_leased(struct db *db, PGresult *r, void *arg)
 		w->lease_busy = false;
 	w->leasing_rows -= limit;
 	free(b);
-	if (!pg_ok(r, "outbox_lease")) {
+	if (!job_ok(w, r, "outbox_lease")) {
 		w->more_due = false;
 		return;
 	}
@@ -1285,7 +1374,7 @@ static void on_renewed(struct db *db, PGresult *r, void *arg)
 	struct effect *e, *next;
 
 	(void)db;
-	if (!pg_ok(r, "outbox_renew")) {
+	if (!job_ok(w, r, "outbox_renew")) {
 		free(b);
 		return;
 	}
@@ -1462,20 +1551,36 @@ static void on_schema(struct db *db, PGresult *r, void *arg)
 	int have;
 
 	(void)db;
-	if (!pg_ok(r, "schema version"))
+	if (!pg_ok(r, "schema version")) {
+		char line[200];
+
+		if (r == NULL)
+			return;   /* connection lost: checked again on reconnect */
+		/* e.g. "permission denied for table schema_migrations": the
+		 * login lacks a grant (outbox_dispatcher, migration 016). */
+		error_line(r, line, sizeof(line));
+		snprintf(w->schema_error, sizeof(w->schema_error), "schema check failed: %s", line);
+		readiness_update(w);
 		return;
+	}
 	have = atoi(PQgetvalue(r, 0, 0));
 	if (have < migrate_latest_version()) {
 		w->schema_ok = false;
+		snprintf(w->schema_error, sizeof(w->schema_error),
+		         "database schema behind (too old: version %d, this worker needs %d): "
+		         "run outboxctl migrate", have, migrate_latest_version());
 		log_msg(OLOG_ERROR, "schema_behind",
 		        "database schema is at version %d, this worker needs %d: run 'outboxctl migrate'",
 		        have, migrate_latest_version());
+		readiness_update(w);
 		return;
 	}
+	w->schema_error[0] = '\0';
 	if (!w->schema_ok) {
 		w->schema_ok = true;
 		register_providers(w);
 	}
+	readiness_update(w);
 	w->lease_wanted = true;
 	worker_kick(w);
 }
@@ -1492,6 +1597,9 @@ static void on_maintenance(evutil_socket_t fd, short what, void *arg)
 	metrics_heartbeat();
 	metrics_set(G_DB_UP, db_is_up(w->db) && db_is_up(w->rec));
 	metrics_set(G_IN_FLIGHT, w->n_sending);
+	/* A connection that never came up calls no state callback: say why
+	 * the worker still is not ready on every pass. */
+	readiness_update(w);
 	if (!w->schema_ok) {
 		if (db_is_up(w->db))
 			db_query(w->db, MIGRATE_VERSION_SQL, 0, NULL, on_schema, w, 0);
@@ -1566,13 +1674,19 @@ static void on_db_state(struct db *db, bool up, void *arg)
 		 * (on_leased() cleared it); a queued one survives the
 		 * reconnect and clears it when it is answered. */
 		metrics_inc(M_DB_RECONNECTS, 1);
-		sdnotify_status("database connection lost: %s", db_last_error(db));
+		if (w->ready_sent)
+			sdnotify_status("database connection lost: %s", db_last_error(db));
+		else
+			readiness_update(w);
 		return;
 	}
 	lease_cursor_reset(w);
 	/* Urgent, so that no lease issued after the reconnect passes it. */
 	db_query(db, MIGRATE_VERSION_SQL, 0, NULL, on_schema, w, DBQ_URGENT);
-	sdnotify_status("connected; %s", w->env_enabled ? "sending" : "AI_ACTIONS_ENABLED is not true: not sending");
+	if (w->ready_sent)
+		sdnotify_status("connected; %s", w->env_enabled ? "sending" : "AI_ACTIONS_ENABLED is not true: not sending");
+	else
+		readiness_update(w);
 	worker_kick(w);
 }
 
@@ -1585,9 +1699,13 @@ static void on_rec_state(struct db *db, bool up, void *arg)
 		metrics_inc(M_DB_RECONNECTS, 1);
 		w->maint_lost = true;
 		w->maint_due_mono = 0;
-		sdnotify_status("database connection (records) lost: %s", db_last_error(db));
+		if (w->ready_sent)
+			sdnotify_status("database connection (records) lost: %s", db_last_error(db));
+		else
+			readiness_update(w);
 		return;
 	}
+	readiness_update(w);
 	worker_kick(w);
 }
 
@@ -1709,21 +1827,28 @@ static void on_sighup(evutil_socket_t sig, short what, void *arg)
 	char err[1024];
 	struct config *fresh;
 	struct core_settings s;
+	char name[sizeof(w->name_cfg)], listen[sizeof(w->listen)];
 
 	(void)sig;
 	(void)what;
-	sdnotify_reloading();
+	/* Before READY=1 systemd has nothing to reload (and would take a
+	 * READY=1 ending the reload as the end of the start). */
+	if (w->ready_sent)
+		sdnotify_reloading();
 	fresh = config_load(w->config_path, err, sizeof(err));
 	if (fresh == NULL || !config_core(fresh, &s, err, sizeof(err)) ||
+	    !config_instance(&s, w->instance, name, sizeof(name), listen, sizeof(listen), err,
+	                     sizeof(err)) ||
 	    !providers_reload_policy(&w->providers, fresh, err, sizeof(err))) {
 		log_msg(OLOG_ERROR, "reload_failed", "config not reloaded, keeping the old one: %s", err);
 		config_free(fresh);
-		sdnotify_ready("reload failed; running with the old config");
+		if (w->ready_sent)
+			sdnotify_ready("reload failed; running with the old config");
 		return;
 	}
-	if (strcmp(s.conninfo, w->s.conninfo) || strcmp(s.metrics_listen, w->s.metrics_listen) ||
+	if (strcmp(s.conninfo, w->s.conninfo) || strcmp(listen, w->s.metrics_listen) ||
 	    strcmp(s.provider_dir, w->s.provider_dir) || strcmp(s.providers, w->s.providers) ||
-	    strcmp(s.worker_name, w->s.worker_name))
+	    strcmp(name, w->s.worker_name))
 		log_msg(OLOG_WARN, "reload_partial",
 		        "conninfo, metrics listen, worker_name, provider_dir and providers change only "
 		        "on restart; the other settings are applied");
@@ -1734,31 +1859,24 @@ static void on_sighup(evutil_socket_t sig, short what, void *arg)
 	config_free(w->cfg);
 	w->cfg = fresh;
 	w->s = s;
+	/* Restart-only: the running name and address stay. */
+	w->s.worker_name = w->name_cfg;
+	w->s.metrics_listen = w->listen;
 	build_type_arrays(w);   /* honours_idempotency_keys may have changed */
 	log_set_min_level(!strcmp(w->s.log_level, "debug") ? OLOG_DEBUG
 	                  : !strcmp(w->s.log_level, "warn") ? OLOG_WARN
 	                  : !strcmp(w->s.log_level, "error") ? OLOG_ERROR : OLOG_INFO);
 	apply_timers(w);
 	log_msg(OLOG_INFO, "reloaded", "config reloaded from %s", w->config_path);
-	sdnotify_ready("config reloaded");
+	if (w->ready_sent)
+		sdnotify_ready("config reloaded");
 }
 
 /* ---- life cycle ---------------------------------------------------------- */
 
 static bool worker_ready(void *arg, char *why, size_t len)
 {
-	struct worker *w = arg;
-
-	if (!db_is_up(w->db) || !db_is_up(w->rec)) {
-		snprintf(why, len, "database unreachable: %s",
-		         db_last_error(db_is_up(w->db) ? w->rec : w->db));
-		return false;
-	}
-	if (!w->schema_ok) {
-		snprintf(why, len, "database schema behind: run outboxctl migrate");
-		return false;
-	}
-	return true;
+	return !worker_why_not(arg, why, len);
 }
 
 static void build_type_arrays(struct worker *w)
@@ -1784,20 +1902,37 @@ static void build_type_arrays(struct worker *w)
 	snprintf(w->recon_array + c, sizeof(w->recon_array) - c, "}");
 }
 
-struct worker *worker_new(struct event_base *base, const char *config_path)
+/* The instance's worker name and metrics address replace the file's. */
+static bool apply_instance(struct worker *w, struct core_settings *s, char *err, size_t errlen)
+{
+	char name[sizeof(w->name_cfg)], listen[sizeof(w->listen)];
+
+	if (!config_instance(s, w->instance, name, sizeof(name), listen, sizeof(listen), err, errlen))
+		return false;
+	memcpy(w->name_cfg, name, sizeof(name));
+	memcpy(w->listen, listen, sizeof(listen));
+	s->worker_name = w->name_cfg;
+	s->metrics_listen = w->listen;
+	return true;
+}
+
+struct worker *worker_new(struct event_base *base, const struct worker_options *opt)
 {
 	struct worker *w = xcalloc(1, sizeof(*w));
 	char err[1024], dir[4096], shown[512], host[64];
 	const char *env = getenv("AI_ACTIONS_ENABLED");
+	const char *config_path = opt->config_path;
 
 	w->base = base;
 	w->config_path = xstrdup(config_path);
+	w->instance = opt->instance ? xstrdup(opt->instance) : NULL;
 	TAILQ_INIT(&w->waiting);
 	TAILQ_INIT(&w->sending);
 	TAILQ_INIT(&w->done_q);
 	TAILQ_INIT(&w->recon_q);
 	w->cfg = config_load(config_path, err, sizeof(err));
-	if (w->cfg == NULL || !config_core(w->cfg, &w->s, err, sizeof(err))) {
+	if (w->cfg == NULL || !config_core(w->cfg, &w->s, err, sizeof(err)) ||
+	    !apply_instance(w, &w->s, err, sizeof(err))) {
 		log_msg(OLOG_ERROR, "config_error", "%s", err);
 		worker_free(w);
 		return NULL;
@@ -1812,7 +1947,10 @@ struct worker *worker_new(struct event_base *base, const char *config_path)
 		if (gethostname(host, sizeof(host)) != 0)
 			str_copy(host, "host", sizeof(host));
 		host[sizeof(host) - 1] = '\0';
-		snprintf(w->name, sizeof(w->name), "%s-%d", host, (int)getpid());
+		if (w->instance)
+			snprintf(w->name, sizeof(w->name), "%s-%s", host, w->instance);
+		else
+			snprintf(w->name, sizeof(w->name), "%s-%d", host, (int)getpid());
 	}
 	log_set_worker(w->name);
 	metrics_init(w->name);
@@ -1837,6 +1975,8 @@ struct worker *worker_new(struct event_base *base, const char *config_path)
 			        p->name, p->policy.timeout_ms, w->s.max_lease_seconds);
 	}
 	build_type_arrays(w);
+	if (opt->check_only)
+		return w;   /* no listener, no connection: see worker_options */
 	w->hosts = hosts_new();
 	if (!metrics_start(base, w->s.metrics_listen, worker_ready, w, err, sizeof(err))) {
 		log_msg(OLOG_ERROR, "metrics_error", "%s", err);
@@ -1882,7 +2022,9 @@ struct worker *worker_new(struct event_base *base, const char *config_path)
 	                    w->s.metrics_listen));
 	sdnotify_init(base);
 	metrics_heartbeat();
-	sdnotify_ready(w->env_enabled ? "ready" : "ready; AI_ACTIONS_ENABLED is not true: not sending");
+	/* READY=1 waits for both connections and the schema check
+	 * (readiness_update); TimeoutStartSec= applies until then. */
+	sdnotify_status("starting: connecting to the database");
 	db_start(w->db);
 	db_start(w->rec);
 	return w;
@@ -1941,5 +2083,6 @@ void worker_free(struct worker *w)
 		event_free(w->sighup_ev);
 	config_free(w->cfg);
 	free(w->config_path);
+	free(w->instance);
 	free(w);
 }

@@ -12,9 +12,18 @@
 struct worker;
 struct event_base;
 
+struct worker_options {
+	const char *config_path;
+	const char *instance;      /* --instance N, or NULL (config_instance()) */
+	/* --check-config: load the config and the plugins, then stop: no
+	 * metrics listener, no database connection (so it works beside a
+	 * running instance and without a database). */
+	bool check_only;
+};
+
 /* Load config and plugins and connect.  Returns NULL after logging one
  * clear error (bad config, missing plugin...). */
-struct worker *worker_new(struct event_base *base, const char *config_path);
+struct worker *worker_new(struct event_base *base, const struct worker_options *opt);
 /* Run the loop until the worker has stopped; returns the exit code. */
 int worker_run(struct worker *w);
 void worker_free(struct worker *w);

@@ -7,7 +7,10 @@ PKGS="build-essential pkg-config git ca-certificates openssl
       libinih-dev libsystemd-dev libssl-dev libcmocka-dev
       postgresql postgresql-contrib
       python3 python3-pytest python3-pytest-xdist python3-psycopg2 python3-aiosmtpd
-      clang libclang-rt-14-dev cppcheck systemd valgrind"
+      clang libclang-rt-14-dev cppcheck systemd valgrind
+      jq curl util-linux"
+# (jq, curl, util-linux: tests/systemd boots systemd with unshare/nsenter and
+# runs the docs' journalctl | jq and curl commands.)
 SUDO=
 [ "$(id -u)" = 0 ] || SUDO=sudo
 export DEBIAN_FRONTEND=noninteractive

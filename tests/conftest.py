@@ -15,7 +15,7 @@ import pytest
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "lib"))
 
 from outbox_test import (  # noqa: E402
-    BUILD_DIR, Dispatcher, admin_dsn, dsn_for, run_ctl,
+    BUILD_DIR, Dispatcher, admin_dsn, dsn_for, ensure_test_roles, run_ctl,
 )
 
 TEMPLATE = "outbox_tpl"
@@ -42,6 +42,8 @@ def template_db():
             cur.execute(f"CREATE DATABASE {TEMPLATE}")
             r = run_ctl(["--db", dsn_for(TEMPLATE), "migrate"])
             assert r.returncode == 0, r.stderr
+        # The login roles workers, outboxctl and producers use.
+        ensure_test_roles(conn)
         cur.execute("SELECT pg_advisory_unlock(727)")
     conn.close()
     return TEMPLATE
@@ -77,12 +79,13 @@ def conn(db):
 @pytest.fixture
 def dispatchers(db, tmp_path):
     """Factory: dispatchers(n=1, **config) starts workers on the test's
-    database; all are stopped (SIGTERM, then SIGKILL) at teardown."""
+    database (logged in as the worker role); all are stopped (SIGTERM,
+    then SIGKILL) at teardown."""
     started = []
 
-    def start(config=None, env=None, name=None):
+    def start(config=None, env=None, name=None, args=()):
         d = Dispatcher(db, tmp_path, config or {}, env=env,
-                       name=name or f"w{len(started) + 1}")
+                       name=name or f"w{len(started) + 1}", args=args)
         d.start()
         started.append(d)
         return d

@@ -32,3 +32,5 @@ def test_make_install_layout(tmp_path):
     assert creds.is_dir() and (creds.stat().st_mode & 0o777) == 0o700
     env = dest / "etc/outbox-dispatcher/environment"
     assert "AI_ACTIONS_ENABLED=false" in env.read_text()
+    # As the docs say: no secrets in it, readable (0644).
+    assert (env.stat().st_mode & 0o777) == 0o644

@@ -21,7 +21,7 @@ import pytest
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "lib"))
 
 from outbox_test import (  # noqa: E402
-    BUILD_DIR, ROOT, Dispatcher, enqueue, kill_switch, query, scalar, wait_for,
+    BUILD_DIR, ROOT, Dispatcher, enqueue, kill_switch, query, scalar, wait_for, worker_dsn,
 )
 
 UNIT_DIR = os.path.join(ROOT, "systemd")
@@ -133,8 +133,10 @@ def test_systemd_template_hardening():
     assert one("Service", "Type") == "notify"
     assert one("Service", "NotifyAccess") == "main"
     assert one("Service", "WatchdogSec") == "30"
+    # One config for every instance; the instance number picks the worker
+    # name and the metrics port (--instance).
     assert one("Service", "ExecStart") == \
-        "@PREFIX@/bin/outbox-dispatcher --config /etc/outbox-dispatcher/%i.ini"
+        "@PREFIX@/bin/outbox-dispatcher --config /etc/outbox-dispatcher/dispatcher.ini --instance %i"
     assert one("Service", "ExecReload") == "/bin/kill -HUP $MAINPID"
     assert one("Service", "Restart") == "on-failure"
     assert one("Service", "KillMode") == "mixed"
@@ -601,3 +603,163 @@ def test_systemd_sandbox_fits_the_worker(conn, db, tmp_path):
     wx = [line for line in text.splitlines()
           if re.search(r"\b(mmap|mprotect)\(", line) and "PROT_WRITE" in line and "PROT_EXEC" in line]
     assert not wx, f"writable+executable mappings (MemoryDenyWriteExecute=yes): {wx[:3]}"
+
+
+# ---- truthful readiness and health ------------------------------------------
+
+class Forwarder:
+    """A TCP forwarder from a loopback port to PostgreSQL: the database
+    "appears" at that port once it starts."""
+
+    def __init__(self, port, to_port):
+        self.port, self.to_port = port, to_port
+        self.srv = None
+
+    def start(self):
+        self.srv = socket.socket()
+        self.srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.srv.bind(("127.0.0.1", self.port))
+        self.srv.listen(16)
+        threading.Thread(target=self._accept, daemon=True).start()
+        return self
+
+    def _accept(self):
+        while True:
+            try:
+                c, _ = self.srv.accept()
+            except OSError:
+                return
+            u = socket.create_connection(("127.0.0.1", self.to_port))
+            for a, b in ((c, u), (u, c)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pipe(a, b):
+        try:
+            while True:
+                d = a.recv(65536)
+                if not d:
+                    break
+                b.sendall(d)
+        except OSError:
+            pass
+        finally:
+            for s in (a, b):
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+    def close(self):
+        if self.srv:
+            self.srv.close()
+
+
+def notify_socket():
+    sockdir = tempfile.mkdtemp(prefix="outbox-notify-")     # short: sun_path is 108 bytes
+    return sockdir, NotifySocket(os.path.join(sockdir, "notify"))
+
+
+def statuses(ns):
+    return [m for m in list(ns.messages) if m.startswith("STATUS=")]
+
+
+@needs_worker
+def test_ready_only_once_the_database_answers(db, tmp_path):
+    """Database down at start: no READY=1 (so TimeoutStartSec= applies),
+    STATUS= says the database is unreachable; READY=1 once it answers."""
+    port = free_port()
+    sockdir, ns = notify_socket()
+    fwd = None
+    dsn = re.sub(r"port=\d+", f"port={port}", db) + " connect_timeout=2"
+    d = Dispatcher(db, tmp_path, {"database": {"conninfo": worker_dsn(dsn)},
+                                  "dispatcher": {"maintenance_interval_ms": 200}},
+                   env={"NOTIFY_SOCKET": ns.path})
+    try:
+        d.start()
+        wait_for(lambda: any("database unreachable" in m for m in statuses(ns)), timeout=30,
+                 what="STATUS= database unreachable")
+        # Two reconnect rounds later, still not ready.
+        n = len(statuses(ns))
+        wait_for(lambda: len(statuses(ns)) >= n + 2, timeout=30, what="more STATUS= while waiting")
+        assert not [m for m in ns.messages if m.startswith("READY=1")], ns.messages
+        fwd = Forwarder(port, int(os.environ["PGPORT"])).start()
+        wait_for(lambda: any(m.startswith("READY=1\nSTATUS=ready") for m in ns.messages), timeout=30,
+                 what="READY=1 once the database answers")
+        assert any(e.get("event") == "serving" for e in d.events())
+    finally:
+        d.stop()
+        ns.close()
+        shutil.rmtree(sockdir, ignore_errors=True)
+        if fwd:
+            fwd.close()
+
+
+@needs_worker
+def test_ready_waits_for_schema_permission_and_version(conn, db, tmp_path):
+    """A worker login that may not read the schema version, then a schema
+    too old: no READY=1, STATUS= and /healthz say which; READY=1 once
+    fixed."""
+    port = free_port()
+    sockdir, ns = notify_socket()
+    newest = query(conn, "SELECT version, name, checksum FROM schema_migrations ORDER BY version DESC LIMIT 1")[0]
+    query(conn, "REVOKE SELECT ON schema_migrations FROM outbox_dispatcher")
+    d = Dispatcher(db, tmp_path, {"metrics": {"listen": f"127.0.0.1:{port}"},
+                                  "dispatcher": {"maintenance_interval_ms": 200}},
+                   env={"NOTIFY_SOCKET": ns.path})
+    try:
+        d.start()
+        wait_for(lambda: any("permission denied for table schema_migrations" in m for m in statuses(ns)),
+                 timeout=30, what="STATUS= permission denied")
+        code, body, _ = http_get(port, "/healthz")
+        assert code == 503 and "permission denied" in body, (code, body)
+        # Fixed grant, but the schema is one migration behind.
+        query(conn, "DELETE FROM schema_migrations WHERE version = %s", (newest[0],))
+        query(conn, "GRANT SELECT ON schema_migrations TO outbox_dispatcher")
+        wait_for(lambda: any("too old" in m for m in statuses(ns)), timeout=30, what="STATUS= schema too old")
+        code, body, _ = http_get(port, "/healthz")
+        assert code == 503 and "outboxctl migrate" in body, (code, body)
+        assert not [m for m in ns.messages if m.startswith("READY=1")], ns.messages
+        query(conn, "INSERT INTO schema_migrations (version, name, checksum) VALUES (%s, %s, %s)", newest)
+        wait_for(lambda: any(m.startswith("READY=1") for m in ns.messages), timeout=30, what="READY=1")
+        wait_for(lambda: http_get(port, "/healthz")[:2] == (200, "ok"), timeout=30, what="/healthz 200")
+    finally:
+        d.stop()
+        ns.close()
+        shutil.rmtree(sockdir, ignore_errors=True)
+
+
+@needs_worker
+def test_healthz_fails_while_leases_are_refused(conn, db, tmp_path):
+    """Connected, but the database refuses the lease (a lost grant): after
+    three refusals in a row /healthz is 503 with the reason, STATUS= says
+    it, outbox_lease_errors_total counts them; healthy again once fixed."""
+    port = free_port()
+    sockdir, ns = notify_socket()
+    lease_fn = "outbox_lease(uuid, text, integer, integer, text[], boolean, timestamptz, uuid)"
+    kill_switch(conn, True)
+    d = Dispatcher(db, tmp_path, {"metrics": {"listen": f"127.0.0.1:{port}"},
+                                  "dispatcher": {"maintenance_interval_ms": 200}},
+                   env={"NOTIFY_SOCKET": ns.path})
+    try:
+        d.start()
+        wait_for(lambda: http_get(port, "/healthz")[:2] == (200, "ok"), timeout=30, what="healthy")
+        query(conn, f"REVOKE EXECUTE ON FUNCTION {lease_fn} FROM outbox_dispatcher")
+        with Sink() as sink:
+            eid = enqueue(conn, "http", sink.url("/ok/after"), {"body": {}})
+            code, body, _ = wait_for(
+                lambda: (lambda r: r if r[0] == 503 else None)(http_get(port, "/healthz")),
+                timeout=30, what="/healthz 503 while leases are refused")
+            assert "cannot lease" in body and "permission denied for function outbox_lease" in body, body
+            s = parse_metrics(http_get(port, "/metrics")[1])
+            assert metric(s, "outbox_lease_errors_total") >= 3
+            assert metric(s, "outbox_db_up") == 1
+            assert any("cannot lease" in m for m in statuses(ns)), ns.messages
+            query(conn, f"GRANT EXECUTE ON FUNCTION {lease_fn} TO outbox_dispatcher")
+            wait_for(lambda: scalar(conn, "SELECT state FROM effect_outbox WHERE effect_id = %s",
+                                    (eid,)) == "completed", timeout=30, what="sent once the grant is back")
+            wait_for(lambda: http_get(port, "/healthz")[:2] == (200, "ok"), timeout=30, what="healthy again")
+    finally:
+        d.stop()
+        ns.close()
+        shutil.rmtree(sockdir, ignore_errors=True)

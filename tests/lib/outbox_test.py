@@ -6,6 +6,7 @@ polls a condition with a deadline and fails with what it last saw.
 """
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -26,11 +27,64 @@ def dsn_for(dbname):
     return admin_dsn(dbname)
 
 
+# Least privilege, as the docs deploy it: workers, outboxctl and producers
+# log in as roles that are members of one group role each (sql/004), so a
+# missing grant fails a test.  Roles are cluster-wide: made once per
+# cluster (ensure_test_roles, from conftest).  Inspection and setup queries
+# of the tests themselves stay superuser.
+WORKER_ROLE = "outbox_test_worker"       # member of outbox_dispatcher only
+OPERATOR_ROLE = "outbox_test_operator"   # member of outbox_operator (outboxctl except migrate)
+PRODUCER_ROLE = "outbox_test_producer"   # member of outbox_producer
+TEST_ROLES = ((WORKER_ROLE, "outbox_dispatcher"), (OPERATOR_ROLE, "outbox_operator"),
+              (PRODUCER_ROLE, "outbox_producer"))
+
+
+def ensure_test_roles(conn):
+    """Create the login roles once per cluster (the group roles exist once
+    a database was migrated)."""
+    with conn.cursor() as cur:
+        for role, group in TEST_ROLES:
+            cur.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (role,))
+            if not cur.fetchone():
+                cur.execute(f"CREATE ROLE {role} LOGIN IN ROLE {group}")
+
+
+def dsn_as(dsn, role):
+    """The same key=value conninfo, logging in as `role`, if it logs in as
+    the admin user now (a conninfo naming another user, or a URL, is kept)."""
+    admin = os.environ.get("PGUSER", "postgres")
+    m = re.search(r"(^|\s)user=(\S+)", dsn)
+    if "://" in dsn or (m and m.group(2) != admin):
+        return dsn
+    if m:
+        return dsn[:m.start(2)] + role + dsn[m.end(2):]
+    return f"{dsn} user={role}"
+
+
+def worker_dsn(dsn):
+    return dsn_as(dsn, WORKER_ROLE)
+
+
+def operator_dsn(dsn):
+    return dsn_as(dsn, OPERATOR_ROLE)
+
+
+def producer_dsn(dsn):
+    return dsn_as(dsn, PRODUCER_ROLE)
+
+
 def run_ctl(args, env=None, timeout=60, input=None):
+    """outboxctl as the operator role (migrate as the owner, the admin)."""
+    args = list(args)
     e = dict(os.environ)
+    if "migrate" not in args:
+        for i in range(len(args) - 1):
+            if args[i] == "--db":
+                args[i + 1] = operator_dsn(args[i + 1])
+        e["PGUSER"] = OPERATOR_ROLE
     if env:
         e.update(env)
-    return subprocess.run([os.path.join(BUILD_DIR, "outboxctl")] + list(args),
+    return subprocess.run([os.path.join(BUILD_DIR, "outboxctl")] + args,
                           capture_output=True, text=True, env=e, timeout=timeout,
                           input=input)
 
@@ -69,17 +123,32 @@ def make_run(conn, key=None, state="processing"):
     return key
 
 
+def as_producer(conn, sql, args=None):
+    """Run one statement on conn as the producer role (SET ROLE: the same
+    privilege checks as its login, on the caller's connection and
+    transaction); returns its first column of the first row."""
+    with conn.cursor() as cur:
+        cur.execute(f"SET ROLE {PRODUCER_ROLE}")
+        try:
+            cur.execute(sql, args)
+            row = cur.fetchone() if cur.description else None
+        finally:
+            if conn.get_transaction_status() != psycopg2.extensions.TRANSACTION_STATUS_INERROR:
+                cur.execute("RESET ROLE")
+    return row[0] if row else None
+
+
 def enqueue(conn, effect_type, target, payload, key=None, metadata=None):
-    """Create a run and one effect with the plain four-column INSERT path;
-    returns the effect id."""
+    """Create a run and one effect with the plain four-column INSERT path,
+    as the producer role; returns the effect id."""
     key = key or make_run(conn)
     if metadata is None:
-        return scalar(conn, "INSERT INTO effect_outbox (idempotency_key, effect_type, target, payload) "
-                            "VALUES (%s, %s, %s, %s) RETURNING effect_id",
-                      (key, effect_type, target, json.dumps(payload)))
-    return scalar(conn, "INSERT INTO effect_outbox (idempotency_key, effect_type, target, payload, metadata) "
-                        "VALUES (%s, %s, %s, %s, %s) RETURNING effect_id",
-                  (key, effect_type, target, json.dumps(payload), json.dumps(metadata)))
+        return as_producer(conn, "INSERT INTO effect_outbox (idempotency_key, effect_type, target, payload) "
+                                 "VALUES (%s, %s, %s, %s) RETURNING effect_id",
+                           (key, effect_type, target, json.dumps(payload)))
+    return as_producer(conn, "INSERT INTO effect_outbox (idempotency_key, effect_type, target, payload, metadata) "
+                             "VALUES (%s, %s, %s, %s, %s) RETURNING effect_id",
+                       (key, effect_type, target, json.dumps(payload), json.dumps(metadata)))
 
 
 def kill_switch(conn, enabled, operator="test", reason="test"):
@@ -126,16 +195,17 @@ class Dispatcher:
     """One outbox-dispatcher process with a generated config.
 
     config: {"section": {"key": value}} merged over test defaults (fast
-    polling, metrics off, short leases, the loopback sink allowed)."""
+    polling, metrics off, short leases, the loopback sink allowed); the
+    worker logs in as WORKER_ROLE.  args: extra command-line arguments."""
 
-    def __init__(self, dsn, tmp_path, config, env=None, name="w1"):
+    def __init__(self, dsn, tmp_path, config, env=None, name="w1", args=()):
         self.dsn = dsn
         self.name = name
         self.tmp = tmp_path
         self.config_path = str(tmp_path / f"{name}.ini")
         self.log_path = str(tmp_path / f"{name}.log")
         sections = {
-            "database": {"conninfo": dsn},
+            "database": {"conninfo": worker_dsn(dsn)},
             "dispatcher": {"worker_name": name, "provider_dir": os.path.join(BUILD_DIR, "providers"),
                            "poll_interval_ms": 200, "lease_seconds": 10},
             "metrics": {"listen": ""},
@@ -157,12 +227,13 @@ class Dispatcher:
                     self.env.pop(k, None)
                 else:
                     self.env[k] = v
+        self.args = list(args)
         self.proc = None
 
     def start(self, wait_ready=True):
         self.logf = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
-            [os.path.join(BUILD_DIR, "outbox-dispatcher"), "--config", self.config_path],
+            [os.path.join(BUILD_DIR, "outbox-dispatcher"), "--config", self.config_path] + self.args,
             stdout=self.logf, stderr=self.logf, env=self.env)
         if wait_ready:
             wait_for(lambda: self.ready() or self.proc.poll() is not None, timeout=30,

@@ -772,6 +772,40 @@ static void test_example_config_loads(void **state)
 	config_free(cfg);
 }
 
+/* --instance N: one file for N workers (name NAME-N, port base + N - 1). */
+static void test_instance(void **state)
+{
+	char err[512], name[128], listen[128];
+	struct core_settings s;
+	struct config *cfg = load_ok("[dispatcher]\nworker_name = web3\n"
+	                             "[metrics]\nlisten = [::1]:9464\n");
+
+	(void)state;
+	assert_true(config_core(cfg, &s, err, sizeof(err)));
+	assert_true(config_instance(&s, NULL, name, sizeof(name), listen, sizeof(listen), err, sizeof(err)));
+	assert_string_equal(name, "web3");
+	assert_string_equal(listen, "[::1]:9464");
+	assert_true(config_instance(&s, "1", name, sizeof(name), listen, sizeof(listen), err, sizeof(err)));
+	assert_string_equal(name, "web3-1");
+	assert_string_equal(listen, "[::1]:9464");
+	assert_true(config_instance(&s, "12", name, sizeof(name), listen, sizeof(listen), err, sizeof(err)));
+	assert_string_equal(name, "web3-12");
+	assert_string_equal(listen, "[::1]:9475");
+	assert_false(config_instance(&s, "eu-1", name, sizeof(name), listen, sizeof(listen), err, sizeof(err)));
+	assert_non_null(strstr(err, "--instance \"eu-1\""));
+	assert_false(config_instance(&s, "0", name, sizeof(name), listen, sizeof(listen), err, sizeof(err)));
+	assert_false(config_instance(&s, "1001", name, sizeof(name), listen, sizeof(listen), err, sizeof(err)));
+	s.metrics_listen = "127.0.0.1:65535";
+	assert_false(config_instance(&s, "2", name, sizeof(name), listen, sizeof(listen), err, sizeof(err)));
+	assert_non_null(strstr(err, "65535"));
+	s.metrics_listen = "";
+	s.worker_name = "";
+	assert_true(config_instance(&s, "3", name, sizeof(name), listen, sizeof(listen), err, sizeof(err)));
+	assert_string_equal(name, "");      /* the worker makes it HOST-3 */
+	assert_string_equal(listen, "");    /* off stays off */
+	config_free(cfg);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -801,6 +835,7 @@ int main(void)
 		cmocka_unit_test(test_provider_view),
 		cmocka_unit_test(test_spec_stable_keys_run),
 		cmocka_unit_test(test_example_config_loads),
+		cmocka_unit_test(test_instance),
 	};
 
 	return cmocka_run_group_tests(tests, group_setup, group_teardown);

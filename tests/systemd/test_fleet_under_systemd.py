@@ -1,0 +1,288 @@
+"""The documented deployment, walked under a real systemd (PID 1 of its own
+namespaces, tests/systemd/sdbox.sh), the way a new operator would.
+
+Every shell command comes from docs/running-a-fleet.md: the blocks marked
+<!-- systemd-test: NAME --> are read from the file and run as they are,
+inside the box, with only the database's address and the webhook host
+replaced (host=db.internal -> this test's PostgreSQL, hooks.internal ->
+127.0.0.1) and a `sudo` that just runs its command (the box is root).  So
+the docs cannot drift from what is tested.
+
+What it proves: make install + daemon-reload; a login granted only
+outbox_dispatcher; three instances enabled from one config file, which
+become ready only once the database answers (started with it stopped);
+every effect delivered exactly once to a local sink; SIGKILL -> restart;
+a stopped loop (SIGSTOP) -> watchdog restart; `systemctl reload` with a
+broken file refused; stopping the fleet drains an in-flight send; the
+unit's `systemd-analyze security` exposure <= 2.0; the docs' journalctl
+command.  Everything it started is stopped by PID (the box by its PID 1).
+"""
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+
+import psycopg2
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "lib"))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "servers"))
+
+from outbox_test import ROOT, wait_for  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SDBOX = os.path.join(HERE, "sdbox.sh")
+DOC = os.path.join(ROOT, "docs", "running-a-fleet.md")
+INSTANCES = (1, 2, 3)
+BASE_PORT = 9464          # [metrics] listen of the shipped example
+
+pytestmark = [
+    pytest.mark.exclusive,   # the whole machine: ports 9464.., a second PostgreSQL, a build
+    pytest.mark.skipif(os.geteuid() != 0, reason="boots systemd in namespaces: needs root"),
+]
+
+
+def doc_blocks():
+    """{name: shell text} of the blocks marked for this test."""
+    text = open(DOC).read()
+    out = {}
+    for m in re.finditer(r"<!-- systemd-test: ([a-z-]+) -->\s*```sh\n(.*?)```", text, re.S):
+        out[m.group(1)] = m.group(2)
+    return out
+
+
+class Box:
+    """A booted systemd; run() executes a command inside it."""
+
+    def __init__(self):
+        self.dir = tempfile.mkdtemp(prefix="sdbox.")
+        r = subprocess.run(["sh", SDBOX, "start", self.dir], capture_output=True, text=True, timeout=120)
+        if r.returncode != 0:
+            self.close()
+            raise AssertionError(f"systemd did not boot: {r.stderr}")
+        # The docs say sudo; the box is root already.
+        self.run("mkdir -p /run/sdbox-bin && printf '#!/bin/sh\\nexec \"$@\"\\n' > /run/sdbox-bin/sudo "
+                 "&& chmod 755 /run/sdbox-bin/sudo")
+
+    def run(self, script, check=True, timeout=300, env=None):
+        e = {k: v for k, v in os.environ.items() if not k.startswith("PG")}
+        e["PATH"] = "/run/sdbox-bin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+        e.update(env or {})
+        r = subprocess.run(["sh", SDBOX, "run", self.dir, "bash", "-eo", "pipefail", "-c", script],
+                           capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=e)
+        if check:
+            assert r.returncode == 0, f"{script}\n--- rc {r.returncode}\n{r.stdout}\n{r.stderr}"
+        return r
+
+    def popen(self, script):
+        e = {k: v for k, v in os.environ.items() if not k.startswith("PG")}
+        e["PATH"] = "/run/sdbox-bin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+        return subprocess.Popen(["sh", SDBOX, "run", self.dir, "bash", "-eo", "pipefail", "-c", script],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+                                env=e)
+
+    def prop(self, unit, name):
+        return self.run(f"systemctl show -P {name} {unit}").stdout.strip()
+
+    def close(self):
+        subprocess.run(["sh", SDBOX, "stop", self.dir], capture_output=True, timeout=60)
+
+
+class Postgres:
+    """A PostgreSQL of this test's own (tests/lib/pg.sh), on a fixed port
+    so that it can be stopped and started again under the workers."""
+
+    def __init__(self):
+        self.dir = tempfile.mkdtemp(prefix="outbox-sd-pg.")
+        os.chmod(self.dir, 0o755)
+        self.port = None
+        out = self.sh("pg_start \"$D/pg\" && echo \"port=$PGPORT\"")
+        self.port = int(re.search(r"port=(\d+)", out).group(1))
+
+    def sh(self, cmd):
+        env = {k: v for k, v in os.environ.items() if not k.startswith("PG")}
+        env["D"] = self.dir
+        if self.port:
+            env["PGPORT_FIXED"] = str(self.port)
+        r = subprocess.run(["sh", "-c", f". tests/lib/pg.sh && {cmd}"], cwd=ROOT, env=env,
+                           capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stdout + r.stderr
+        return r.stdout
+
+    def start(self):
+        self.sh("pg_start \"$D/pg\"")
+
+    def stop(self):
+        self.sh("pg_stop \"$D/pg\"")
+
+    def dsn(self, user="postgres", db="outbox"):
+        return f"host=127.0.0.1 port={self.port} dbname={db} user={user}"
+
+    def close(self):
+        try:
+            self.stop()
+        finally:
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def healthz(port):
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=3) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+    except OSError as e:
+        return None, str(e)
+
+
+@pytest.fixture
+def box():
+    b = Box()
+    yield b
+    b.close()
+
+
+@pytest.fixture
+def pg():
+    p = Postgres()
+    yield p
+    p.close()
+
+
+def test_documented_fleet_under_real_systemd(box, pg):
+    from http_sink import Sink
+    t0 = time.monotonic()
+    blocks = doc_blocks()
+    for name in ("install", "database", "host", "enable", "kill-switch", "reload", "stop", "journal"):
+        assert name in blocks, f"docs/running-a-fleet.md has no <!-- systemd-test: {name} --> block"
+
+    def doc(name, **kw):
+        text = blocks[name].replace("host=db.internal", f"host=127.0.0.1 port={pg.port}")
+        text = text.replace("hooks.internal", "127.0.0.1")
+        return box.run(text, **kw)
+
+    admin = psycopg2.connect(pg.dsn(db="postgres"))
+    admin.autocommit = True
+    admin.cursor().execute("CREATE DATABASE outbox")
+    admin.close()
+
+    # Install, migrate, roles, host files: as documented.
+    doc("install", env={"MAKEFLAGS": "-j2"}, timeout=600)
+    doc("database")
+    doc("host")
+    assert box.run("stat -c %a /etc/outbox-dispatcher/environment").stdout.strip() == "644"
+
+    sink = Sink().start()
+    conn = None
+    try:
+        # The database is down when the fleet starts: nobody is ready, and
+        # systemd is told why.
+        pg.stop()
+        enabling = box.popen(blocks["enable"])
+        units = [f"outbox-dispatcher@{i}.service" for i in INSTANCES]
+        wait_for(lambda: all("database unreachable" in box.prop(u, "StatusText") for u in units),
+                 timeout=60, what="STATUS= database unreachable on every instance")
+        assert {box.prop(u, "ActiveState") for u in units} == {"activating"}
+        assert enabling.poll() is None, "enable --now returned before the workers were ready"
+        pg.start()
+        out, err = enabling.communicate(timeout=90)
+        assert enabling.returncode == 0, out + err
+        for u in units:
+            assert box.prop(u, "ActiveState") == "active"
+            assert box.prop(u, "StatusText").startswith("ready")
+        for i in INSTANCES:
+            wait_for(lambda: healthz(BASE_PORT + i - 1) == (200, "ok"), timeout=30,
+                     what=f"instance {i} /healthz on {BASE_PORT + i - 1}")
+
+        # Sends: the kill switch on (host half in the environment file,
+        # fleet half with outboxctl as an operator login), then rows from a
+        # producer login, each delivered exactly once.
+        doc("kill-switch")
+        conn = psycopg2.connect(pg.dsn(user="n8n"))      # the producer's login
+        conn.autocommit = True
+        cur = conn.cursor()
+        insp = psycopg2.connect(pg.dsn())                 # the test's own reads
+        insp.autocommit = True
+        icur = insp.cursor()
+
+        def produce(n, path):
+            keys = []
+            for k in range(n):
+                key = f"sd-{path.strip('/').replace('/', '-')}-{k}-{time.monotonic_ns()}"
+                cur.execute("SELECT status FROM outbox_claim_run(%s, 'h', gen_random_uuid(), 300)", (key,))
+                cur.execute("SELECT * FROM outbox_enqueue(%s, 'http', %s, %s::jsonb)",
+                            (key, sink.url + path, '{"body": {"n": 1}}'))
+                keys.append(key)
+            return keys
+
+        def states(keys):
+            icur.execute("SELECT state, count(*) FROM effect_outbox WHERE idempotency_key = ANY(%s) "
+                         "GROUP BY 1", (keys,))
+            return dict(icur.fetchall())
+
+        keys = produce(30, "/ok")
+        wait_for(lambda: states(keys) == {"completed": 30}, timeout=60, what="30 effects completed")
+        counts = sink.count()
+        assert len(sink.received()) == 30 and all(v == 1 for v in sink.keys().values()), counts
+        icur.execute("SELECT DISTINCT worker FROM effect_attempts")
+        host = box.run("hostname").stdout.strip()
+        assert {r[0] for r in icur.fetchall()} <= {f"{host}-{i}" for i in INSTANCES}
+
+        # SIGKILL: systemd restarts the instance; it serves again.
+        u1 = units[0]
+        pid = box.prop(u1, "MainPID")
+        box.run(f"systemctl kill -s SIGKILL {u1}")
+        wait_for(lambda: box.prop(u1, "MainPID") not in ("0", pid) and box.prop(u1, "ActiveState") == "active",
+                 timeout=60, what="restart after SIGKILL")
+        wait_for(lambda: healthz(BASE_PORT) == (200, "ok"), timeout=30, what="@1 healthy after SIGKILL")
+
+        # A stopped loop: the watchdog (shortened to 3 s by a drop-in)
+        # aborts and restarts it.
+        u2 = units[1]
+        box.run(f"mkdir -p /etc/systemd/system/{u2}.d && printf '[Service]\\nWatchdogSec=3\\n' > "
+                f"/etc/systemd/system/{u2}.d/watchdog.conf && systemctl daemon-reload && systemctl restart {u2}")
+        pid = box.prop(u2, "MainPID")
+        assert box.prop(u2, "WatchdogUSec") == "3s"
+        box.run(f"kill -STOP {pid}")
+        wait_for(lambda: box.prop(u2, "MainPID") not in ("0", pid) and box.prop(u2, "ActiveState") == "active",
+                 timeout=60, what="watchdog restart after SIGSTOP")
+        assert "watchdog" in box.run(f"journalctl -u {u2} -o cat --no-pager").stdout.lower()
+
+        # A broken file on reload is refused; the worker keeps running.
+        pid = box.prop(u1, "MainPID")
+        box.run("cp /etc/outbox-dispatcher/dispatcher.ini /run/good.ini && "
+                "printf '\\n[dispatcher]\\nlease_seconds = many\\n' >> /etc/outbox-dispatcher/dispatcher.ini")
+        doc("reload")
+        wait_for(lambda: "reload failed" in box.prop(u1, "StatusText"), timeout=30, what="reload refused")
+        assert box.prop(u1, "MainPID") == pid and box.prop(u1, "ActiveState") == "active"
+        box.run("cp /run/good.ini /etc/outbox-dispatcher/dispatcher.ini")
+
+        # Stop drains: a send in flight when the fleet stops is finished and
+        # recorded, not left to the reaper; the documented stop waits for it.
+        slow = produce(1, "/delay/3000")
+        wait_for(lambda: states(slow) == {"sending": 1}, timeout=30, what="a slow send in flight")
+        doc("stop")
+        assert states(slow) == {"completed": 1}, states(slow)
+        for u in units:
+            assert box.prop(u, "ActiveState") == "inactive", u
+
+        # The unit's sandbox, rated by systemd itself.
+        r = box.run(f"systemd-analyze security {u1}", check=False)
+        m = re.search(r"Overall exposure level for \S+: (\d+\.\d+)", r.stdout + r.stderr)
+        assert m and float(m.group(1)) <= 2.0, r.stdout + r.stderr
+
+        # The docs' journalctl command: one JSON object per attempt.
+        out = doc("journal").stdout
+        attempts = [line for line in out.splitlines() if '"event"' in line]
+        assert len(attempts) >= 31 and all('"attempt"' in a for a in attempts), out[-2000:]
+        assert time.monotonic() - t0 < 600
+    finally:
+        if conn:
+            conn.close()
+            insp.close()
+        sink.stop()
