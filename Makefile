@@ -3,7 +3,7 @@
 #   make              build/outbox-dispatcher, build/outboxctl, build/providers/*.so
 #   make test         sanitizer build + every suite against a throwaway PostgreSQL
 #   make install PREFIX=/usr/local [DESTDIR=...]
-#   make bench / make bench-quick / make chaos
+#   make bench / make bench-quick / make bench-email / make chaos
 #   make cppcheck     static analysis (kept clean)
 #
 # BUILD=dir puts objects elsewhere (the test build uses build-asan), so two
@@ -47,7 +47,7 @@ UNIT_BIN  := $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(UNIT_SRC))
 
 MIGRATIONS := $(sort $(wildcard sql/[0-9]*.sql))
 
-.PHONY: all clean install test unit cppcheck bench bench-quick chaos demo fuzz
+.PHONY: all clean install test unit cppcheck bench bench-quick bench-email chaos demo fuzz
 all: $(BUILD)/outbox-dispatcher $(BUILD)/outboxctl $(PLUGINS)
 
 $(BUILD)/obj/%.o: %.c $(wildcard dispatcher/*.h providers/*.h providers/*/*.h) Makefile
@@ -115,6 +115,10 @@ bench: all
 
 bench-quick: all
 	QUICK=1 sh bench/run.sh
+
+# The email provider: sessions reused vs one session per message (bench/README.md).
+bench-email: all
+	sh bench/email_run.sh
 
 chaos: all
 	sh tests/chaos/run.sh

@@ -18,8 +18,12 @@ def tables():
         body = src.split(f"{name}[] = {{", 1)[1].split("};", 1)[0]
         out[section] = TABLE.findall(body)
     for f in os.listdir(os.path.join(ROOT, "providers")):
+        path = os.path.join(ROOT, "providers", f)
+        if os.path.isfile(os.path.join(path, f + ".c")):
+            # A plugin split into providers/NAME/: its key table is in NAME.c.
+            path, f = os.path.join(path, f + ".c"), f + ".c"
         if f.endswith(".c"):
-            body = open(os.path.join(ROOT, "providers", f)).read()
+            body = open(path).read()
             m = re.search(r"struct outbox_conf_key \w+\[\] = \{(.*?)\n\};", body, re.S)
             if m:
                 out["provider." + f[:-2]] = TABLE.findall(m.group(1))

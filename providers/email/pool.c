@@ -199,7 +199,7 @@ static void on_wake(evutil_socket_t fd, short what, void *arg)
 		;
 	TAILQ_INIT(&done_list);
 	pthread_mutex_lock(&em->mu);
-	TAILQ_FOREACH(j, &em->running, link) {
+	for (j = TAILQ_FIRST(&em->running); j != NULL; j = TAILQ_NEXT(j, link)) {
 		if (j->arm_pending && j->timer)
 			timer_arm(j, running_due(j), now);
 		j->arm_pending = false;
@@ -311,7 +311,7 @@ void email_pool_stop(struct email *em)
 	/* Running jobs belong to their threads, which free them; they may
 	 * not reach the end of data any more, and their timers (the loop's)
 	 * go now. */
-	TAILQ_FOREACH(j, &em->running, link) {
+	for (j = TAILQ_FIRST(&em->running); j != NULL; j = TAILQ_NEXT(j, link)) {
 		j->cancel = true;
 		if (j->timer) {
 			event_free(j->timer);

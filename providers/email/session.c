@@ -11,12 +11,15 @@
  * looks for the next message only after that callback has returned
  * (next_message() follows the event in protocol.c), so the new message
  * goes over the same connection: MAIL FROM right after a 250, RSET first
- * after a refused DATA or end of data (libesmtp's rule; a 250 or a
- * refused MAIL FROM already leaves the relay with no transaction, RFC
- * 5321 4.1.1).  No job within the idle time, session_max_messages
- * reached, or a message given up on: the callback adds nothing and
- * libesmtp sends QUIT.  PIPELINING is libesmtp's: when the relay offers
- * it, RCPT TO and DATA go in one write.
+ * after a refused end of data (libesmtp's rule; a 250 or a refused MAIL
+ * FROM already leaves the relay with no transaction, RFC 5321 4.1.1).  A
+ * refused DATA command is the exception: libesmtp picks its next message
+ * before it reports that one, finds none and QUITs; the job taken then
+ * finds its session gone and runs on a fresh one (run_again_locked).  No
+ * job within the idle time, session_max_messages reached, or a message
+ * given up on: the callback adds nothing and libesmtp sends QUIT.
+ * PIPELINING is libesmtp's: when the relay offers it, RCPT TO and DATA go
+ * in one write.
  *
  * The commit point stays per message: one message is in flight per
  * connection, and the next is added only after the relay answered the
