@@ -170,7 +170,7 @@ def per_message_run(n, port):
 def main():
     log("machine: %d CPUs, load %s (shared: figures move with other work)"
         % (os.cpu_count(), open("/proc/loadavg").read().split()[:3]))
-    smtp = Smtp()
+    smtp = Smtp("--pipelining")
     try:
         per_message_run(min(200, N), smtp.port)            # warm-up
         plain = per_message_run(N, smtp.port)
@@ -183,7 +183,7 @@ def main():
     log("email ratio: %.2f  (provider %.1f and %.1f emails/s, per-message client %.1f and %.1f; "
         "target >= 3)" % (ratio, prov, prov2, plain, plain2))
 
-    slow = Smtp("--slow-greeting", "20:5000")
+    slow = Smtp("--slow-greeting", "20:5000", "--pipelining")
     try:
         # Sessions of 5 messages, so that many greetings happen (with the
         # default 100 a run this size opens a handful of sessions).

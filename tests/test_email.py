@@ -361,8 +361,8 @@ def test_slow_relay_before_data_beyond_timeout_is_retried(conn, dispatchers, smt
     answer (libesmtp waits a little longer than the loop) and reach DATA:
     they must not transfer the message (no end of data once given up on)."""
     kill_switch(conn, True)
-    dispatchers(email_cfg(smtp, timeout_ms=1000, max_attempts=2))
-    eid = enqueue(conn, "email", "bob+slow-rcpt-1300@example.com", payload())
+    dispatchers(email_cfg(smtp, timeout_ms=2000, max_attempts=2))
+    eid = enqueue(conn, "email", "bob+slow-rcpt-2300@example.com", payload())
     e = wait_state(conn, eid, "failed")
     assert [c for c, _ in classes(conn, eid)] == ["retry", "retry"]
     assert "RCPT TO" in e["last_error"] and "nothing sent" in e["last_error"]
