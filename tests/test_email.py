@@ -305,7 +305,7 @@ def test_mixed_results_direct(direct, smtp):
 @pytest.mark.parametrize("mode,cfg", [
     ("drop-after-data", {}),
     ("silent-after-data", {"timeout_ms": 2500}),
-    ("slow-data-3000", {"timeout_ms": 2500}),
+    ("slow-data-2700", {"timeout_ms": 2500}),
 ], ids=["disconnect", "no-reply", "reply-too-late"])
 def test_no_answer_after_data_is_unknown_and_never_resent(conn, dispatchers, smtp, mode, cfg):
     kill_switch(conn, True)
