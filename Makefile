@@ -3,7 +3,7 @@
 #   make              build/outbox-dispatcher, build/outboxctl, build/providers/*.so
 #   make test         sanitizer build + every suite against a throwaway PostgreSQL
 #   make install PREFIX=/usr/local [DESTDIR=...]
-#   make bench / make bench-quick / make chaos
+#   make bench / make bench-quick / make bench-email / make chaos
 #   make cppcheck     static analysis (kept clean)
 #
 # BUILD=dir puts objects elsewhere (the test build uses build-asan), so two
@@ -29,10 +29,13 @@ DAEMON_SRC := dispatcher/main.c dispatcher/worker.c dispatcher/plugin.c dispatch
               dispatcher/policy.c dispatcher/metrics.c dispatcher/sdnotify.c \
               providers/lib/json_text.c
 CTL_SRC   := $(sort $(wildcard dispatcher/outboxctl*.c))
-# Every providers/NAME.c is one plugin; providers/lib/*.c is linked into each.
+# A plugin is providers/NAME.c or the files providers/NAME/*.c;
+# providers/lib/*.c is linked into each.
 PROV_SRC  := $(sort $(wildcard providers/*.c))
+PROV_DIRS := $(filter-out lib,$(notdir $(patsubst %/,%,$(sort $(dir $(wildcard providers/*/*.c))))))
 PROV_LIB_SRC := $(sort $(wildcard providers/lib/*.c))
-PLUGINS   := $(patsubst providers/%.c,$(BUILD)/providers/outbox_%.so,$(PROV_SRC))
+PLUGINS   := $(patsubst providers/%.c,$(BUILD)/providers/outbox_%.so,$(PROV_SRC)) \
+             $(patsubst %,$(BUILD)/providers/outbox_%.so,$(PROV_DIRS))
 
 CORE_OBJ  := $(patsubst %.c,$(BUILD)/obj/%.o,$(CORE_SRC)) $(BUILD)/obj/migrations.o
 DAEMON_OBJ := $(patsubst %.c,$(BUILD)/obj/%.o,$(DAEMON_SRC))
@@ -44,10 +47,10 @@ UNIT_BIN  := $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(UNIT_SRC))
 
 MIGRATIONS := $(sort $(wildcard sql/[0-9]*.sql))
 
-.PHONY: all clean install test unit cppcheck bench bench-quick chaos demo fuzz
+.PHONY: all clean install test unit cppcheck bench bench-quick bench-email chaos demo fuzz
 all: $(BUILD)/outbox-dispatcher $(BUILD)/outboxctl $(PLUGINS)
 
-$(BUILD)/obj/%.o: %.c $(wildcard dispatcher/*.h providers/*.h providers/lib/*.h) Makefile
+$(BUILD)/obj/%.o: %.c $(wildcard dispatcher/*.h providers/*.h providers/*/*.h) Makefile
 	@mkdir -p $(dir $@)
 	@echo "  CC      $<"
 	@$(CC) $(CFLAGS) -c -o $@ $<
@@ -71,7 +74,8 @@ $(BUILD)/outboxctl: $(CTL_OBJ) $(CORE_OBJ)
 	@echo "  LD      $@"
 	@$(CC) $(CFLAGS) -o $@ $^ $(LDFLAGS) $(PKG_LIBS) -lm
 
-$(BUILD)/providers/outbox_%.so: $(BUILD)/obj/providers/%.o $(PROV_LIB_OBJ)
+.SECONDEXPANSION:
+$(BUILD)/providers/outbox_%.so: $$(patsubst %.c,$(BUILD)/obj/%.o,$$(wildcard providers/$$*.c providers/$$*/*.c)) $(PROV_LIB_OBJ)
 	@mkdir -p $(dir $@)
 	@echo "  LD      $@"
 	@$(CC) $(CFLAGS) -shared -o $@ $^ $(LDFLAGS) $(PKG_LIBS) -lpthread
@@ -82,6 +86,14 @@ $(BUILD)/tests/test_%: tests/unit/test_%.c $(CORE_OBJ) $(BUILD)/obj/dispatcher/p
 	@mkdir -p $(dir $@)
 	@echo "  LD      $@"
 	@$(CC) $(CFLAGS) -o $@ $(filter-out dispatcher/% providers/%,$^) $(LDFLAGS) $(PKG_LIBS) $(shell pkg-config --libs cmocka) -lm
+
+# A plugin's own unit tests (tests/unit/test_NAME_PART.c) also link the
+# objects of providers/NAME/ but its glue (NAME.c).
+$(BUILD)/tests/test_email_%: tests/unit/test_email_%.c $(CORE_OBJ) $(PROV_LIB_OBJ) \
+  $$(patsubst %.c,$(BUILD)/obj/%.o,$$(filter-out providers/email/email.c,$$(wildcard providers/email/*.c)))
+	@mkdir -p $(dir $@)
+	@echo "  LD      $@"
+	@$(CC) $(CFLAGS) -o $@ $^ $(LDFLAGS) $(PKG_LIBS) $(shell pkg-config --libs cmocka) -lpthread -lm
 
 unit: $(UNIT_BIN)
 	@set -e; for t in $(UNIT_BIN); do echo "== $$t"; $$t; done
@@ -103,6 +115,10 @@ bench: all
 
 bench-quick: all
 	QUICK=1 sh bench/run.sh
+
+# The email provider: sessions reused vs one session per message (bench/README.md).
+bench-email: all
+	sh bench/email_run.sh
 
 chaos: all
 	sh tests/chaos/run.sh

@@ -578,7 +578,9 @@ bool config_provider(struct config *cfg, const char *name, const struct outbox_c
 	snprintf(section, sizeof(section), "provider.%s", name);
 	if (!check_section(cfg, section, provider_common_keys, own, err, errlen))
 		return false;
-#define I(k) int_of(cfg, section, provider_common_keys, k)
+	/* A provider may redeclare a common key to give it its own default
+	 * (email: max_in_flight); type and bounds stay the common table's. */
+#define I(k) int_of(cfg, section, key_lookup(own, k) ? own : provider_common_keys, k)
 	p->timeout_ms = I("timeout_ms");
 	p->connect_timeout_ms = I("connect_timeout_ms");
 	p->max_attempts = I("max_attempts");

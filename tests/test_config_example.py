@@ -34,8 +34,12 @@ def tables():
         body = src.split(f"{name}[] = {{", 1)[1].split("};", 1)[0]
         out[section] = {k: d for k, _t, d in TABLE.findall(body)}
     for f in sorted(os.listdir(os.path.join(ROOT, "providers"))):
+        path = os.path.join(ROOT, "providers", f)
+        if os.path.isfile(os.path.join(path, f + ".c")):
+            # A plugin split into providers/NAME/: its key table is in NAME.c.
+            path, f = os.path.join(path, f + ".c"), f + ".c"
         if f.endswith(".c"):
-            body = open(os.path.join(ROOT, "providers", f)).read()
+            body = open(path).read()
             m = re.search(r"struct outbox_conf_key \w+\[\] = \{(.*?)\n\};", body, re.S)
             if m:
                 out["provider." + f[:-2]] = {k: d for k, _t, d in TABLE.findall(m.group(1))}
@@ -46,7 +50,8 @@ def provider_default(provider, key, common):
     """A common key's default for one provider: a value the provider's
     sources give that key (its own table, or a table of defaults of its
     own), else the common table's."""
-    for path in sorted(glob.glob(os.path.join(ROOT, "providers", provider + "*.c"))):
+    for path in sorted(glob.glob(os.path.join(ROOT, "providers", provider + "*.c")) +
+                       glob.glob(os.path.join(ROOT, "providers", provider, "*.c"))):
         m = re.search(r'\{\s*"' + key + r'",\s*(?:CONF_[A-Z]+,\s*)?"([^"]*)"', open(path).read())
         if m:
             return m.group(1)

@@ -1,4 +1,4 @@
-"""The email provider (providers/email.c) against a real SMTP peer
+"""The email provider (providers/email/) against a real SMTP peer
 (tests/servers/smtp_server.py, aiosmtpd scripted per recipient).
 
 Two ways in:
@@ -304,8 +304,8 @@ def test_mixed_results_direct(direct, smtp):
 
 @pytest.mark.parametrize("mode,cfg", [
     ("drop-after-data", {}),
-    ("silent-after-data", {"timeout_ms": 1000}),
-    ("slow-data-1300", {"timeout_ms": 1000}),
+    ("silent-after-data", {"timeout_ms": 2500}),
+    ("slow-data-2700", {"timeout_ms": 2500}),
 ], ids=["disconnect", "no-reply", "reply-too-late"])
 def test_no_answer_after_data_is_unknown_and_never_resent(conn, dispatchers, smtp, mode, cfg):
     kill_switch(conn, True)
@@ -332,7 +332,7 @@ def test_no_answer_after_data_is_unknown_and_never_resent(conn, dispatchers, smt
 
 
 def test_no_answer_after_data_direct(direct, smtp):
-    res = direct.run(direct_cfg(smtp, timeout_ms=1000), [
+    res = direct.run(direct_cfg(smtp, timeout_ms=2500), [
         eff(1, "a+drop-after-data@example.com"),
         eff(2, "b+silent-after-data@example.com"),
     ])
@@ -361,8 +361,8 @@ def test_slow_relay_before_data_beyond_timeout_is_retried(conn, dispatchers, smt
     answer (libesmtp waits a little longer than the loop) and reach DATA:
     they must not transfer the message (no end of data once given up on)."""
     kill_switch(conn, True)
-    dispatchers(email_cfg(smtp, timeout_ms=1000, max_attempts=2))
-    eid = enqueue(conn, "email", "bob+slow-rcpt-1300@example.com", payload())
+    dispatchers(email_cfg(smtp, timeout_ms=2000, max_attempts=2))
+    eid = enqueue(conn, "email", "bob+slow-rcpt-2300@example.com", payload())
     e = wait_state(conn, eid, "failed")
     assert [c for c, _ in classes(conn, eid)] == ["retry", "retry"]
     assert "RCPT TO" in e["last_error"] and "nothing sent" in e["last_error"]
@@ -390,14 +390,14 @@ def test_reload_applies_new_timeouts(conn, dispatchers, smtp):
     """timeout_ms is a common key: SIGHUP changes it for the next sends."""
     import signal as sig
     kill_switch(conn, True)
-    w = dispatchers(email_cfg(smtp, timeout_ms=800))
-    a = enqueue(conn, "email", "a+slow-data-1500@example.com", payload())
+    w = dispatchers(email_cfg(smtp, timeout_ms=2500))
+    a = enqueue(conn, "email", "a+slow-data-3000@example.com", payload())
     assert wait_state(conn, a, "unknown")["last_error_class"] == "ambiguous"
     w.sections["provider.email"]["timeout_ms"] = 5000
     write_config(w.config_path, w.sections)
     w.signal(sig.SIGHUP)
     wait_for(lambda: any(e.get("event") == "reloaded" for e in w.events()), what="the reload")
-    b = enqueue(conn, "email", "b+slow-data-1500@example.com", payload())
+    b = enqueue(conn, "email", "b+slow-data-3000@example.com", payload())
     assert wait_state(conn, b, "completed")["provider_id"]
 
 
@@ -611,8 +611,10 @@ INJECTIONS = [
     ("bob@-example.com", {}, "target: the recipient address has an invalid domain"),
     (".bob@example.com", {}, "target: the recipient address has a local part"),
     ("b\u00f6b@example.com", {}, "SMTPUTF8 is not supported"),
-    ("<bob@example.com>", {}, "target: the recipient address"),
-    ("bob@example.com, eve@example.com", {}, "target: the recipient address"),
+    ("<bob@example.com>", {}, "target: one address per effect (a list / display name is not allowed)"),
+    ("bob@example.com, eve@example.com", {},
+     "target: one address per effect (a list / display name is not allowed)"),
+    ("Bob <bob@example.com>", {}, "target: one address per effect (a list / display name is not allowed)"),
 ]
 
 
@@ -722,11 +724,12 @@ def test_config_defaults_and_secret_never_logged(direct, smtp, tmp_path):
 
 def test_saturated_pool_reports_not_sent(direct, smtp):
     """One thread, held by a relay that never answers the end of data: the
-    queued second message is not started within timeout_ms."""
-    res = direct.run(direct_cfg(smtp, threads=1, timeout_ms=1000),
+    queued second message is not started within queue_timeout_ms."""
+    res = direct.run(direct_cfg(smtp, threads=1, timeout_ms=2500, queue_timeout_ms=1000),
                      [eff(1, "a+silent-after-data@example.com"), eff(2, "b@example.com")])
     assert res["e1"]["outcome"] == "ambiguous"
     assert res["e2"]["outcome"] == "not_sent" and "SMTP threads busy" in res["e2"]["error"]
+    assert "queue_timeout_ms" in res["e2"]["error"] and res["e2"]["elapsed_ms"] < 2000
     assert smtp.by_rcpt("b@example.com") == []
 
 
@@ -751,3 +754,148 @@ def test_worker_stops_with_a_session_hanging(conn, dispatchers, smtp):
     assert w.stop(timeout=60) == 0
     assert time.monotonic() - t0 < 45
     assert effect(conn, eid)["state"] in ("sending", "unknown")
+
+
+# -- issue 19: queue wait, the margin before the terminator, session reuse ------
+
+def test_queue_wait_does_not_eat_the_smtp_budget(direct, smtp):
+    """One thread, two messages that each take 2 s to be answered, timeout
+    3 s: the second waits 2 s in the queue and still gets its whole budget
+    (timeout_ms counts from the moment a thread takes it)."""
+    res = direct.run(direct_cfg(smtp, threads=1, timeout_ms=3000, queue_timeout_ms=10000),
+                     [eff(1, "a+slow-data-2000@example.com"), eff(2, "b+slow-data-2000@example.com")])
+    assert {k: v["outcome"] for k, v in res.items()} == {"e1": "accepted", "e2": "accepted"}, res
+    assert res["e2"]["elapsed_ms"] >= 3500, "it did wait in the queue"
+
+
+def test_no_terminator_without_the_margin(direct):
+    """A greeting that leaves less than the margin (max(1 s, timeout/5)) of
+    timeout_ms before the end of data: the message is aborted before its
+    terminator (not_sent), and the relay has nothing."""
+    s = SmtpServer(greeting_delay_ms=2300)
+    s.start()
+    try:
+        res = direct.run(direct_cfg(s, timeout_ms=3000), [eff(1, "bob@example.com")])
+    finally:
+        s.stop()
+    r = res["e1"]
+    assert r["outcome"] == "not_sent", r
+    assert "before the end-of-data terminator" in r["error"] and "margin" in r["error"], r
+    assert s.received() == [] and s.data_commands == 1
+
+
+def test_slow_greetings_end_no_effect_unknown(conn, dispatchers):
+    """Every third session's greeting takes 2.5 s (timeout 4 s, one session
+    per message so that many greetings happen, more sends than threads):
+    every effect is delivered exactly once and none ends unknown."""
+    s = SmtpServer(slow_greeting=(3, 2500))
+    s.start()
+    try:
+        kill_switch(conn, True)
+        dispatchers(email_cfg(s, timeout_ms=4000, threads=2, max_in_flight=6, session_idle_ms=0,
+                              max_attempts=5))
+        ids = [enqueue(conn, "email", f"u{n}@example.com", payload()) for n in range(12)]
+        for eid in ids:
+            wait_state(conn, eid, "completed", "failed", "unknown", timeout=90)
+        states = {str(eid): effect(conn, eid)["state"] for eid in ids}
+        assert set(states.values()) == {"completed"}, states
+        for eid in ids:
+            assert s.count(msgid(key_of(conn, eid))) == 1
+            assert "ambiguous" not in [c for c, _ in classes(conn, eid)]
+        assert s.connections >= 12 and any(n % 3 == 0 for n in s.sessions)
+    finally:
+        s.stop()
+
+
+def test_sessions_are_reused(direct, smtp):
+    """20 messages, 2 threads: a few SMTP sessions carry them all, each
+    message its own transaction with its own queue id."""
+    res = direct.run(direct_cfg(smtp, threads=2, session_idle_ms=2000),
+                     [eff(n, f"u{n}@example.com") for n in range(1, 21)])
+    assert {v["outcome"] for v in res.values()} == {"accepted"}, res
+    assert smtp.connections <= 4, smtp.sessions
+    assert sum(smtp.sessions.values()) == 20 and max(smtp.sessions.values()) >= 5
+    qids = {m["rcpt_tos"][0]: m["queue_id"] for m in smtp.received()}
+    assert all(res[f"e{n}"]["provider_id"] == qids[f"u{n}@example.com"] for n in range(1, 21))
+
+
+def test_session_max_messages_and_idle_zero(direct, smtp):
+    res = direct.run(direct_cfg(smtp, threads=1, session_max_messages=3),
+                     [eff(n, f"u{n}@example.com") for n in range(1, 8)])
+    assert {v["outcome"] for v in res.values()} == {"accepted"}
+    assert sorted(smtp.sessions.values()) == [1, 3, 3]
+
+
+def test_relay_closing_after_message_k_of_a_session(direct):
+    """The relay ends every session right after answering its 3rd message:
+    the next message notices the closed connection before any byte of it
+    was taken and goes over a fresh one; every message is accepted once."""
+    s = SmtpServer(close_after=3)
+    s.start()
+    try:
+        res = direct.run(direct_cfg(s, threads=1), [eff(n, f"u{n}@example.com") for n in range(1, 11)])
+    finally:
+        s.stop()
+    assert {v["outcome"] for v in res.values()} == {"accepted"}, res
+    assert sorted(s.sessions.values()) == [1, 3, 3, 3], s.sessions
+    assert all(s.count(msgid(f"{n:064x}")) == 1 for n in range(1, 11))
+
+
+def test_lost_connection_after_message_k_makes_only_k_unknown(direct, smtp):
+    """One thread, one session: message 3's terminator is answered by a
+    closed connection.  Only 3 is ambiguous; 1 and 2 have their 250, and
+    4 and 5 (not yet handed to libesmtp) go over a new session."""
+    res = direct.run(direct_cfg(smtp, threads=1), [
+        eff(1, "a@example.com"), eff(2, "b@example.com"), eff(3, "c+drop-after-data@example.com"),
+        eff(4, "d@example.com"), eff(5, "e@example.com")])
+    got = {k: v["outcome"] for k, v in res.items()}
+    assert got == {"e1": "accepted", "e2": "accepted", "e3": "ambiguous", "e4": "accepted",
+                   "e5": "accepted"}, res
+    assert all(smtp.count(msgid(f"{n:064x}")) == 1 for n in range(1, 6))
+    assert smtp.connections == 2
+
+
+def test_refused_transaction_then_next_message_in_the_same_session(direct, smtp):
+    """A 550 RCPT, a 554 after the data and a 553 MAIL FROM in the middle of
+    reused sessions: each message gets its own answer.  After the 554 and
+    the 553 the session goes on (RSET after the refused end of data); a
+    refused DATA command (here: no valid recipient) makes libesmtp decide
+    to QUIT before it reports the transaction, so the next message goes
+    over a new connection."""
+    res = direct.run(direct_cfg(smtp, threads=1), [
+        eff(1, "a@example.com"), eff(2, "b+reject-rcpt@example.com"),
+        eff(3, "c+reject-data@example.com"),
+        eff(4, "d@example.com", payload=payload(**{"from": "x+reject-mail@example.com"})),
+        eff(5, "e@example.com")])
+    got = {k: (v["outcome"], v["status"]) for k, v in res.items()}
+    assert got == {"e1": ("accepted", 250), "e2": ("terminal", 550), "e3": ("terminal", 554),
+                   "e4": ("terminal", 553), "e5": ("accepted", 250)}, res
+    assert [t["conn"] for t in smtp.transactions] == [1, 1, 2, 2, 2]
+
+
+@pytest.mark.parametrize("offered", [True, False], ids=["offered", "not-offered"])
+def test_pipelining_when_offered(direct, offered):
+    s = SmtpServer(pipelining=offered)
+    s.start()
+    try:
+        res = direct.run(direct_cfg(s, threads=1), [eff(n, f"u{n}@example.com") for n in range(1, 6)])
+    finally:
+        s.stop()
+    assert {v["outcome"] for v in res.values()} == {"accepted"}
+    if offered:
+        assert s.pipelined >= 3, "RCPT TO arrived with DATA behind it"
+    else:
+        assert s.pipelined == 0
+
+
+@pytest.mark.parametrize("fmt", ["postfix", "exim", "opensmtpd", "sendmail", "microsoft", "ses",
+                                 "gmail", "plain"])
+def test_provider_id_from_the_relays_reply(direct, smtp, fmt):
+    res = direct.run(direct_cfg(smtp), [eff(1, f"bob+fmt-{fmt}@example.com")])
+    [m] = smtp.received()
+    r = res["e1"]
+    assert r["outcome"] == "accepted", r
+    if fmt == "plain":   # no known format: the whole text
+        assert r["provider_id"] == f"{m['queue_id']} accepted", (r, m["replied"])
+    else:
+        assert r["provider_id"] == m["queue_id"], (r, m["replied"])

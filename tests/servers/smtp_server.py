@@ -22,10 +22,24 @@ several effects different answers in one run:
     tempfail-mail         (sender) MAIL FROM -> 451 4.3.2 busy
     reject-mail           (sender) MAIL FROM -> 553 5.7.1 sender refused
 
+    fmt-NAME              end of data -> 250 in the format of MTA NAME
+                          (REPLY_FORMATS: postfix, exim, opensmtpd,
+                          sendmail, microsoft, ses, gmail, plain); the id
+                          it names is the record's "queue_id"
+
 Server-wide options: tls=(certfile, keyfile) offers STARTTLS;
 require_starttls; auth={"user": "pass"} offers AUTH (PLAIN, LOGIN) and
 requires it; greeting="421 ..." answers every connection with that line
-and closes; greeting_delay_ms; ehlo_reply="554 ..." answers EHLO so.
+and closes; greeting_delay_ms (every connection), or slow_greeting=(every,
+ms): every `every`-th connection (1-based: the every-th, 2*every-th, ...)
+waits ms before its greeting; ehlo_reply="554 ..." answers EHLO so;
+close_after=k closes a connection right after its k-th answered message
+(a relay ending a reused session); pipelining=True offers PIPELINING and
+counts, in .pipelined, commands that arrived while an earlier one of the
+same write was still unanswered (RCPT TO with DATA behind it).
+
+Per connection: .sessions lists, for each connection, how many messages
+got an answer on it.
 
 Every message that reaches the end of data is recorded (even those that
 get no reply): SmtpServer.messages, .count(message_id).  .transactions
@@ -50,6 +64,31 @@ from aiosmtpd.smtp import SMTP, AuthResult, LoginPassword, TLSSetupException, sy
 MODE_RE = re.compile(r"\+([a-z0-9-]+)@")
 
 
+# The 250 after the end of data, as common MTAs word it ({id}: the queue id).
+REPLY_FORMATS = {
+    "postfix": "250 2.0.0 Ok: queued as {id}",
+    "exim": "250 OK id={id}",
+    "opensmtpd": "250 2.0.0 {id} Message accepted for delivery",
+    "sendmail": "250 2.0.0 {id} Message accepted for delivery",
+    "microsoft": "250 2.6.0 <{id}> [InternalId=1236950581346, Hostname=AM0PR01MB1234."
+                 "eurprd01.prod.exchangelabs.com] 9154 bytes in 0.112, 79.489 KB/sec "
+                 "Queued mail for delivery",
+    "ses": "250 Ok {id}",
+    "gmail": "250 2.0.0 OK  1700000000 {id} - gsmtp",
+    "plain": "250 {id} accepted",
+}
+REPLY_IDS = {
+    "postfix": lambda q: q[:10],
+    "exim": lambda q: f"1r{q[:4]}-000{q[4:7]}-AB",
+    "opensmtpd": lambda q: q[:8].lower(),
+    "sendmail": lambda q: f"4BK{q[:11]}",
+    "microsoft": lambda q: f"{q}@AM0PR01MB1234.eurprd01.prod.exchangelabs.com",
+    "ses": lambda q: f"0100018c{q.lower()}-00000000",
+    "gmail": lambda q: f"{q[:6].lower()}.12",
+    "plain": lambda q: q,
+}
+
+
 def mode_of(address):
     m = MODE_RE.search(address or "")
     return m.group(1) if m else ""
@@ -72,12 +111,15 @@ class Handler:
         session.host_name = hostname
         if self.srv.ehlo_reply:
             return [self.srv.ehlo_reply]
+        if self.srv.pipelining:
+            responses.insert(-1, "250-PIPELINING")
         return responses
 
     async def handle_MAIL(self, server, session, envelope, address, mail_options):
         mode = mode_of(address)
         with self.srv.lock:
-            self.srv.transactions.append({"mail_from": address, "auth": bool(session.authenticated),
+            self.srv.transactions.append({"mail_from": address, "conn": server.conn_no,
+                                          "auth": bool(session.authenticated),
                                           "tls": server._tls_protocol is not None})
         if mode == "tempfail-mail":
             return "451 4.3.2 system busy, try later"
@@ -109,6 +151,9 @@ class Handler:
         content = envelope.original_content or b""
         msg = email.message_from_bytes(content, policy=email.policy.default)
         queue_id = uuid.uuid4().hex[:12].upper()
+        fmt = mode[4:] if mode.startswith("fmt-") else None
+        if fmt:
+            queue_id = REPLY_IDS[fmt](queue_id)
         rec = {"mail_from": envelope.mail_from, "rcpt_tos": list(envelope.rcpt_tos),
                "data": content, "message_id": msg.get("Message-ID"), "msg": msg,
                "queue_id": queue_id, "mode": mode, "replied": None}
@@ -129,18 +174,36 @@ class Handler:
             d = delay_of(mode, "slow-data-")
             if d:
                 await asyncio.sleep(d)
-            reply = f"250 2.0.0 Ok: queued as {queue_id}"
+            reply = (REPLY_FORMATS[fmt] if fmt else REPLY_FORMATS["postfix"]).format(id=queue_id)
         rec["replied"] = reply
+        if reply.startswith("250"):
+            server.answered += 1
+            with self.srv.lock:
+                self.srv.sessions[server.conn_no] = server.answered
+            if self.srv.close_after and server.answered >= self.srv.close_after:
+                # The reply first, then the connection goes (a relay that
+                # ends a session after k messages).
+                await server.push(reply)
+                server.transport.close()
+                await asyncio.sleep(3600)
         return reply
 
 
 class ScriptedSMTP(SMTP):
+    answered = 0
+    conn_no = 0
+
     async def _handle_client(self):
         srv = self.event_handler.srv
         with srv.lock:
             srv.connections += 1
-        if srv.greeting_delay_ms:
-            await asyncio.sleep(srv.greeting_delay_ms / 1000.0)
+            self.conn_no = srv.connections
+            srv.sessions[self.conn_no] = 0
+        delay = srv.greeting_delay_ms
+        if srv.slow_greeting and self.conn_no % srv.slow_greeting[0] == 0:
+            delay = srv.slow_greeting[1]
+        if delay:
+            await asyncio.sleep(delay / 1000.0)
         if srv.greeting:
             await self.push(srv.greeting)
             self.transport.close()
@@ -171,6 +234,13 @@ class ScriptedSMTP(SMTP):
         except Exception as error:
             raise TLSSetupException() from error
 
+    async def smtp_RCPT(self, arg):
+        srv = self.event_handler.srv
+        if srv.pipelining and len(getattr(self._reader, "_buffer", b"")) > 0:
+            with srv.lock:
+                srv.pipelined += 1
+        await super().smtp_RCPT(arg)
+
     async def smtp_DATA(self, arg):
         srv = self.event_handler.srv
         with srv.lock:
@@ -187,7 +257,8 @@ class ScriptedSMTP(SMTP):
 
 class SmtpServer:
     def __init__(self, host="127.0.0.1", port=0, tls=None, require_starttls=False, auth=None,
-                 greeting=None, greeting_delay_ms=0, ehlo_reply=None):
+                 greeting=None, greeting_delay_ms=0, ehlo_reply=None, slow_greeting=None,
+                 close_after=0, pipelining=False):
         self.host = host
         self.port = port
         self.tls = tls
@@ -196,6 +267,11 @@ class SmtpServer:
         self.greeting = greeting
         self.greeting_delay_ms = greeting_delay_ms
         self.ehlo_reply = ehlo_reply
+        self.slow_greeting = slow_greeting
+        self.close_after = close_after
+        self.pipelining = pipelining
+        self.pipelined = 0
+        self.sessions = {}
         self.lock = threading.Lock()
         self.messages = []
         self.transactions = []
@@ -278,8 +354,12 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=0)
+    ap.add_argument("--slow-greeting", default="",
+                    help="EVERY:MS: every EVERY-th connection waits MS before its greeting")
+    ap.add_argument("--pipelining", action="store_true")
     a = ap.parse_args()
-    s = SmtpServer(a.host, a.port)
+    slow = tuple(int(x) for x in a.slow_greeting.split(":")) if a.slow_greeting else None
+    s = SmtpServer(a.host, a.port, slow_greeting=slow, pipelining=a.pipelining)
     print(s.start(), flush=True)
     try:
         threading.Event().wait()
