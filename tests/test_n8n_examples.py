@@ -138,6 +138,58 @@ def test_every_webhook_path_responds(path):
     assert seen == set(by_name), f"unreachable nodes: {set(by_name) - seen}"
 
 
+def config_values():
+    """(file, node, key, value) of every Config node assignment."""
+    for path in FILES:
+        with open(path) as f:
+            wf = json.load(f)
+        for n in wf["nodes"]:
+            if n["type"] == "n8n-nodes-base.set" and n["name"].startswith("Config"):
+                for a in n["parameters"]["assignments"]["assignments"]:
+                    yield os.path.basename(path), n["name"], a["name"], a["value"]
+
+
+def test_settings_json_is_the_one_place_for_the_settings(tmp_path):
+    """settings.json holds every Config node's key with the value the files
+    ship; apply-settings.py writes a changed value into every Config node
+    that has the key, and refuses unknown keys and wrong types."""
+    with open(os.path.join(EXAMPLES, "settings.json")) as f:
+        settings = {k: v for k, v in json.load(f).items() if not k.startswith("_")}
+    seen = set()
+    for fname, nname, key, value in config_values():
+        assert key in settings, f"{fname}:{nname}: {key} missing from settings.json"
+        assert settings[key] == value, f"{fname}:{nname}: {key} = {value!r}, settings.json {settings[key]!r}"
+        seen.add(key)
+    assert seen == set(settings), f"unused in the workflows: {set(settings) - seen}"
+
+    tool = os.path.join(EXAMPLES, "apply-settings.py")
+    mine = tmp_path / "mine.json"
+    mine.write_text(json.dumps({"approval_page_url": "https://n8n.test/webhook/outbox/approval",
+                                "window_seconds": 30, "_note": "comment"}))
+    out = tmp_path / "out"
+    r = subprocess.run(["/usr/bin/python3", tool, str(mine), str(out)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert "approval_page_url: approve-before-act.json, approve-by-exception.json" in r.stdout
+    got = {}
+    for path in sorted(out.glob("*.json")):
+        wf = json.loads(path.read_text())
+        for n in wf["nodes"]:
+            if n["type"] == "n8n-nodes-base.set":
+                for a in n["parameters"]["assignments"]["assignments"]:
+                    got.setdefault(a["name"], set()).add(json.dumps(a["value"]))
+    assert got["approval_page_url"] == {'"https://n8n.test/webhook/outbox/approval"'}
+    assert got["window_seconds"] == {"30"}
+    assert got["deliver_url"] == {json.dumps(settings["deliver_url"])}
+    assert sorted(p.name for p in out.glob("*.json")) == sorted(os.path.basename(f) for f in FILES)
+    for bad, msg in (({"aproval_page_url": "x"}, "unknown setting(s): aproval_page_url"),
+                     ({"window_seconds": "30"}, "window_seconds: must be a number")):
+        mine.write_text(json.dumps(bad))
+        r = subprocess.run(["/usr/bin/python3", tool, str(mine), str(tmp_path / "x")],
+                           capture_output=True, text=True)
+        assert r.returncode == 1 and msg in r.stderr, r.stderr
+        assert not (tmp_path / "x").exists()
+
+
 def test_webhook_paths_are_unique_across_workflows():
     seen = {}
     for path in FILES:
