@@ -317,10 +317,10 @@ def expressions(value):
 
 @pytest.mark.parametrize("path", FILES, ids=os.path.basename)
 def test_expressions_stay_simple(path):
-    """Outside Code nodes, an expression only reads values ($json,
-    $('Node').first().json, literals): no JSON.stringify, no functions, no
-    `{{ }}` in the middle of text, which the two engines need not treat
-    alike."""
+    """Outside Code nodes, an expression only reads the item it gets
+    ($json, literals, object literals of those): no $('Node') (which the vm
+    engine resolved to nothing), no JSON.stringify, no functions, no `{{ }}`
+    in the middle of text, which the two engines need not treat alike."""
     with open(path) as f:
         wf = json.load(f)
     for n in wf["nodes"]:
@@ -329,6 +329,9 @@ def test_expressions_stay_simple(path):
         for e in expressions(n["parameters"]):
             assert e.startswith("={{") and e.rstrip().endswith("}}"), f"{n['name']}: {e!r}"
             assert len(EXPRESSION.findall(e)) == 1, f"{n['name']}: one expression per field: {e!r}"
+            # n8n's vm engine does not resolve $('Node') in a node parameter
+            # (Code nodes are plain JavaScript and may): read $json only.
+            assert "$(" not in e and "$node" not in e, f"{n['name']}: only $json in {e!r}"
             for banned in ("JSON.stringify", "JSON.parse", ".join(", ".map(", "=>", "function"):
                 assert banned not in e, f"{n['name']}: {banned} in {e!r}: build it in a Code node"
 
@@ -565,7 +568,8 @@ def test_validation_failure_ends_failed_terminal(step, conn):
     c = claim(step, "approve-before-act", ev)
     errs = {"validation_errors": ["intent: one of reply, escalate, ignore"], "model_output": "Sure!"}
     assert step("approve-before-act", "Mark failed_terminal", *lease_of(c), "failed_terminal",
-                json.dumps(errs)) == [{"version": 1}]
+                json.dumps(errs)) == [{"version": 1, "idempotency_key": "crm:lead-5",
+                                       "errors": errs["validation_errors"]}]
     again = claim(step, "approve-before-act", ev)
     assert (again["status"], again["state"], again["result"]) == ("done", "failed_terminal", errs)
     assert scalar(conn, "SELECT count(*) FROM effect_outbox") == 0
@@ -575,7 +579,9 @@ def test_model_failure_is_retryable(step, conn):
     ev = event(6)
     c = claim(step, "approve-before-act", ev)
     assert step("approve-before-act", "Mark failed_retryable", *lease_of(c), "failed_retryable",
-                json.dumps({"error": "model call failed", "detail": "timeout"})) == [{"version": 1}]
+                json.dumps({"error": "Draft with model failed", "failed_step": "Draft with model",
+                            "detail": "timeout"})) == \
+        [{"version": 1, "idempotency_key": "crm:lead-6", "failed_step": "Draft with model"}]
     # Re-delivery or a re-run from n8n's history takes it over at once.
     again = claim(step, "approve-before-act", ev)
     assert again["status"] == "reclaimed" and again["version"] == 2 and again["lease_owner"]
@@ -689,13 +695,14 @@ def test_act_with_window_enqueue_and_cancel(step, conn):
     assert scalar(conn, "SELECT available_at > now() + interval '590 seconds' FROM effect_outbox")
     # Cancelled before the window closes: never sent.
     assert step("act-with-window", "Cancel effect", eid, "customer changed mind",
-                "n8n:alice@example.com") == [{"cancelled": True}]
+                "n8n:alice@example.com") == [{"cancelled": True, "effect_id": eid}]
     st, err = query(conn, "SELECT state, last_error FROM effect_outbox WHERE effect_id = %s", (eid,))[0]
     assert st == "failed" and err.startswith("cancelled")
     assert scalar(conn, "SELECT state FROM workflow_runs") == "failed_terminal"
-    assert step("act-with-window", "Cancel effect", eid, "again", "n8n:x") == [{"cancelled": False}]
-    assert step("act-with-window", "Cancel effect", str(uuid.uuid4()), "none", "n8n:x") == \
-        [{"cancelled": False}]
+    assert step("act-with-window", "Cancel effect", eid, "again", "n8n:x") == [{"cancelled": False, "effect_id": eid}]
+    other = str(uuid.uuid4())
+    assert step("act-with-window", "Cancel effect", other, "none", "n8n:x") == \
+        [{"cancelled": False, "effect_id": other}]
 
 
 def test_act_with_window_cannot_cancel_a_sending_effect(step, conn):
@@ -703,7 +710,8 @@ def test_act_with_window_cannot_cancel_a_sending_effect(step, conn):
     eid = step("act-with-window", "Approve and enqueue with window", *lease_of(c), "{}",
                *auto_effect(), 1, 300)[0]["effect_id"]
     query(conn, "UPDATE effect_outbox SET state = 'sending' WHERE effect_id = %s", (eid,))
-    assert step("act-with-window", "Cancel effect", eid, "too late", "n8n:x") == [{"cancelled": False}]
+    assert step("act-with-window", "Cancel effect", eid, "too late", "n8n:x") == \
+        [{"cancelled": False, "effect_id": eid}]
     assert scalar(conn, "SELECT state FROM effect_outbox") == "sending"
 
 
@@ -918,7 +926,8 @@ def test_a_failed_step_releases_the_run(step, conn):
     p = run_code(wf, "Retryable parameters", {"Claim run": [c]},
                  [{"error": "permission denied for function outbox_create_approval"}], prev="Create approval")
     assert p["failed_step"] == "Create approval"
-    assert step(wf, "Mark failed_retryable", *p["params"]) == [{"version": 1}]
+    assert step(wf, "Mark failed_retryable", *p["params"]) == \
+        [{"version": 1, "idempotency_key": "crm:lead-31", "failed_step": "Create approval"}]
     st, result = query(conn, "SELECT state, result FROM workflow_runs")[0]
     assert st == "failed_retryable" and result["failed_step"] == "Create approval"
     assert "permission denied" in result["detail"]

@@ -97,7 +97,7 @@ def ready():
     code, body = http("GET", f"{HOOK}/outbox/approval?token=probe")
     out.append(code == 404 and "not valid" in str(body))
     return all(out)
-check("n8n answers on every production webhook", lambda: wait_for(ready, 300, "webhooks") and None)
+check("n8n answers on every production webhook", lambda: wait_for(ready, 900, "webhooks") and None)
 T_READY = time.monotonic() - T0
 
 state = {}

@@ -43,7 +43,9 @@
 #      approver's chat webhook and the helpdesk API effects are delivered to;
 #   3. build/outbox-dispatcher (AI_ACTIONS_ENABLED=true, [provider.http]
 #      allow_hosts = 127.0.0.1 since the sink is on loopback);
-#   4. n8n in its own user folder: settings applied with apply-settings.py,
+#   4. n8n in its own user folder, its data in a database of that PostgreSQL
+#      (so the check does not depend on n8n's sqlite module), settings
+#      applied with apply-settings.py,
 #      the credential and the four workflows imported with the CLI, each
 #      activated with update:workflow --id=..., then started;
 #   5. examples/n8n/check-scenarios.py drives every path (see its header)
@@ -150,6 +152,7 @@ trap 'exit 130' INT TERM
 # 1. PostgreSQL, schema, the producer login, kill switch on.
 pg_start "$work/pg" >/dev/null
 "$PG_BIN/createdb" outbox
+"$PG_BIN/createdb" n8n        # n8n's own data (workflows, executions)
 DB="host=$PGHOST port=$PGPORT dbname=outbox user=postgres"
 "$BUILD_DIR/outboxctl" --db "$DB" migrate
 "$PG_BIN/psql" -X -q -v ON_ERROR_STOP=1 -d outbox <<'SQL'
@@ -188,6 +191,8 @@ PIDS="$PIDS $!"
 # 4. n8n: its own user folder, telemetry off, the kit imported and activated.
 N8N_PORT=${N8N_PORT:-$(free_port)}
 export N8N_USER_FOLDER="$work/n8n" N8N_PORT N8N_LISTEN_ADDRESS=127.0.0.1 N8N_HOST=127.0.0.1 \
+    DB_TYPE=postgresdb DB_POSTGRESDB_HOST=127.0.0.1 DB_POSTGRESDB_PORT="$PGPORT" \
+    DB_POSTGRESDB_DATABASE=n8n DB_POSTGRESDB_USER=postgres \
     N8N_PROTOCOL=http WEBHOOK_URL="http://127.0.0.1:$N8N_PORT/" \
     N8N_DIAGNOSTICS_ENABLED=false \
     N8N_VERSION_NOTIFICATIONS_ENABLED=false N8N_TEMPLATES_ENABLED=false \
