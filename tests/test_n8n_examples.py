@@ -259,6 +259,10 @@ def test_postgres_nodes_use_query_parameters(wf, n):
         assert m.group(1) == "::", f"uncast placeholder in {sql!r}"
     cred = n.get("credentials", {}).get("postgres", {})
     assert cred.get("name") == PRODUCER_CREDENTIAL and cred.get("id")
+    # "Always Output Data" also fires next to the error output when the
+    # statement fails (a database error then answered "lease lost"): a
+    # statement that may do nothing returns one row of NULLs instead.
+    assert not n.get("alwaysOutputData"), "use the one-row wrapper, not alwaysOutputData"
 
 
 @pytest.mark.parametrize("wf,n", postgres_nodes())
@@ -447,6 +451,12 @@ def event(n=1, **kw):
     return e
 
 
+def nothing(rows):
+    """What a statement that did nothing returns: one row of NULLs (the kit's
+    statements always return a row, so the node after them always runs)."""
+    return len(rows) == 1 and all(v is None for v in rows[0].values())
+
+
 def claim(step, wf, ev, lease=300):
     rows = step(wf, "Claim run", f"{ev['source']}:{ev['event_id']}", json.dumps(ev), lease)
     assert len(rows) == 1
@@ -514,9 +524,9 @@ def test_approve_before_act_to_delivery_queue(step, conn):
         [("pending", "alice@example.com", EFFECTS[0]["metadata"])]
     assert scalar(conn, "SELECT state FROM workflow_runs") == "approved"
     # A second POST (double click, replay) does nothing.
-    assert step("approval", "Consume approval", tok_hash, "approve", "alice@example.com") == []
-    assert step("approval", "Consume approval", tok_hash, "reject", "bob@example.com") == []
-    assert step("approval", "Peek approval", tok_hash) == []
+    assert nothing(step("approval", "Consume approval", tok_hash, "approve", "alice@example.com"))
+    assert nothing(step("approval", "Consume approval", tok_hash, "reject", "bob@example.com"))
+    assert nothing(step("approval", "Peek approval", tok_hash))
     assert scalar(conn, "SELECT count(*) FROM effect_outbox") == 1
     assert claim(step, "approve-before-act", ev)["state"] == "approved"
 
@@ -527,10 +537,10 @@ def test_approval_reject_and_bad_tokens(step, conn):
     tok, tok_hash = token()
     step("approve-before-act", "Create approval", *lease_of(c), tok_hash, 60, json.dumps(EFFECTS),
          None, None)
-    assert step("approval", "Peek approval", hashlib.sha256(b"guess").hexdigest()) == []
-    assert step("approval", "Consume approval", hashlib.sha256(b"guess").hexdigest(), "approve",
-                "mallory@example.com") == []
-    assert step("approval", "Consume approval", tok_hash, "delete", "alice@example.com") == []
+    assert nothing(step("approval", "Peek approval", hashlib.sha256(b"guess").hexdigest()))
+    assert nothing(step("approval", "Consume approval", hashlib.sha256(b"guess").hexdigest(), "approve",
+                "mallory@example.com"))
+    assert nothing(step("approval", "Consume approval", tok_hash, "delete", "alice@example.com"))
     assert scalar(conn, "SELECT consumed_at FROM approvals") is None
     got = step("approval", "Consume approval", tok_hash, "reject", "alice@example.com")
     assert got == [{"idempotency_key": "crm:lead-2", "decision": "reject", "effect_id": None,
@@ -547,8 +557,8 @@ def test_expired_approval_enqueues_nothing(step, conn):
     step("approve-before-act", "Create approval", *lease_of(c), tok_hash, 60, json.dumps(EFFECTS),
          None, None)
     query(conn, "UPDATE approvals SET expires_at = now() - interval '1 second'")
-    assert step("approval", "Peek approval", tok_hash) == []
-    assert step("approval", "Consume approval", tok_hash, "approve", "alice@example.com") == []
+    assert nothing(step("approval", "Peek approval", tok_hash))
+    assert nothing(step("approval", "Consume approval", tok_hash, "approve", "alice@example.com"))
     assert scalar(conn, "SELECT count(*) FROM effect_outbox") == 0
     assert scalar(conn, "SELECT state FROM workflow_runs") == "awaiting_human"
 
@@ -557,8 +567,8 @@ def test_create_approval_after_losing_the_lease_does_nothing(step, conn):
     c = claim(step, "approve-before-act", event(4))
     _, tok_hash = token()
     stale = [c["idempotency_key"], str(uuid.uuid4()), str(c["version"])]
-    assert step("approve-before-act", "Create approval", *stale, tok_hash, 60, json.dumps(EFFECTS),
-                None, None) == []
+    assert nothing(step("approve-before-act", "Create approval", *stale, tok_hash, 60, json.dumps(EFFECTS),
+                None, None))
     assert scalar(conn, "SELECT count(*) FROM approvals") == 0
     assert scalar(conn, "SELECT state FROM workflow_runs") == "processing"
 
@@ -586,8 +596,8 @@ def test_model_failure_is_retryable(step, conn):
     again = claim(step, "approve-before-act", ev)
     assert again["status"] == "reclaimed" and again["version"] == 2 and again["lease_owner"]
     # The old execution's lease is void.
-    assert step("approve-before-act", "Mark failed_terminal", *lease_of(c), "failed_terminal",
-                "{}") == []
+    assert nothing(step("approve-before-act", "Mark failed_terminal", *lease_of(c), "failed_terminal",
+                "{}"))
 
 
 def auto_effect():
@@ -609,8 +619,8 @@ def test_approve_by_exception_enqueues_once(step, conn):
     assert scalar(conn, "SELECT state FROM workflow_runs") == "approved"
     # The same statement again (a retried node) is refused by the CAS and
     # enqueues nothing more.
-    assert step("approve-by-exception", "Approve and enqueue", *lease_of(c),
-                json.dumps({"decided": "auto"}), *auto_effect(), 0, 300) == []
+    assert nothing(step("approve-by-exception", "Approve and enqueue", *lease_of(c),
+                json.dumps({"decided": "auto"}), *auto_effect(), 0, 300))
     assert scalar(conn, "SELECT count(*) FROM effect_outbox") == 1
     assert claim(step, "approve-by-exception", ev)["status"] == "done"
 
@@ -670,7 +680,7 @@ def test_plain_insert_needs_the_run_row_first(step, conn):
 def test_approve_by_exception_without_the_lease_enqueues_nothing(step, conn):
     c = claim(step, "approve-by-exception", event(8, category="opening_hours"))
     stale = [c["idempotency_key"], str(uuid.uuid4()), "0"]
-    assert step("approve-by-exception", "Approve and enqueue", *stale, "{}", *auto_effect(), 0, 300) == []
+    assert nothing(step("approve-by-exception", "Approve and enqueue", *stale, "{}", *auto_effect(), 0, 300))
     assert scalar(conn, "SELECT count(*) FROM effect_outbox") == 0
     assert scalar(conn, "SELECT state FROM workflow_runs") == "processing"
 

@@ -25,8 +25,9 @@
 #                              there.  Otherwise DIR must be empty or absent
 #                              and n8n N8N_VERSION (default 1.123.81) is
 #                              installed into it with npm (Node >= 20.19):
-#                              measured here 6 to 16 minutes and 1.8 GB,
-#                              most of it compiling native modules.
+#                              1.8 GB; 16 minutes on a quiet 2-core machine,
+#                              over 50 on one shared with other builds (most
+#                              of it compiling sqlite3 and isolated-vm).
 #   The npm overrides of that install: xlsx 0.18.5 (n8n's own pin fetches it
 #   from a host outside the npm registry) and isolated-vm 5.0.4 (6.x needs
 #   Node 22); the vm engine runs on that isolated-vm.
@@ -97,7 +98,7 @@ install_n8n() {
 }
 EOF
     t=$(now)
-    echo "installing n8n $N8N_VERSION into $N8N_HOME (6 to 16 minutes, 1.8 GB)..."
+    echo "installing n8n $N8N_VERSION into $N8N_HOME (1.8 GB; 16 minutes or more)..."
     (cd "$N8N_HOME" && npm install --no-audit --no-fund)
     echo "$N8N_VERSION" > "$N8N_HOME/.installed"
     echo "installed n8n $N8N_VERSION in $(( $(now) - t )) s"
