@@ -1,8 +1,11 @@
 """The n8n kit (examples/n8n/*.json) without n8n: every workflow file has
-the structure n8n 1.x imports, every Postgres node's statement runs against
-the migrated schema as the producer role with sample parameters and does
-what its step claims, and the Code nodes' JavaScript (validation, pages)
-behaves, run with node when it is installed.
+the structure n8n 1.x imports; it keeps to what both of n8n's expression
+engines (the default `vm` and `legacy`) evaluate alike (values built in
+Code nodes, node parameters only reference them); a step that fails leads
+to an error answer; every Postgres node's statement runs against the
+migrated schema as the producer role and does what its step claims; and
+the Code nodes' JavaScript (parameters, validation, pages) behaves, run
+with node when it is installed.
 
 Parameters are substituted the way n8n's Postgres node (v2.5, pg-promise)
 does it: each $n becomes an escaped literal, never spliced by hand.
@@ -23,7 +26,8 @@ import pytest
 from outbox_test import ROOT, query, scalar
 
 EXAMPLES = os.path.join(ROOT, "examples", "n8n")
-FILES = sorted(glob.glob(os.path.join(EXAMPLES, "*.json")))
+FILES = sorted(f for f in glob.glob(os.path.join(EXAMPLES, "*.json"))
+               if os.path.basename(f) != "settings.json")
 PRODUCER_CREDENTIAL = "outbox producer"
 
 
@@ -134,6 +138,58 @@ def test_every_webhook_path_responds(path):
     assert seen == set(by_name), f"unreachable nodes: {set(by_name) - seen}"
 
 
+def config_values():
+    """(file, node, key, value) of every Config node assignment."""
+    for path in FILES:
+        with open(path) as f:
+            wf = json.load(f)
+        for n in wf["nodes"]:
+            if n["type"] == "n8n-nodes-base.set" and n["name"].startswith("Config"):
+                for a in n["parameters"]["assignments"]["assignments"]:
+                    yield os.path.basename(path), n["name"], a["name"], a["value"]
+
+
+def test_settings_json_is_the_one_place_for_the_settings(tmp_path):
+    """settings.json holds every Config node's key with the value the files
+    ship; apply-settings.py writes a changed value into every Config node
+    that has the key, and refuses unknown keys and wrong types."""
+    with open(os.path.join(EXAMPLES, "settings.json")) as f:
+        settings = {k: v for k, v in json.load(f).items() if not k.startswith("_")}
+    seen = set()
+    for fname, nname, key, value in config_values():
+        assert key in settings, f"{fname}:{nname}: {key} missing from settings.json"
+        assert settings[key] == value, f"{fname}:{nname}: {key} = {value!r}, settings.json {settings[key]!r}"
+        seen.add(key)
+    assert seen == set(settings), f"unused in the workflows: {set(settings) - seen}"
+
+    tool = os.path.join(EXAMPLES, "apply-settings.py")
+    mine = tmp_path / "mine.json"
+    mine.write_text(json.dumps({"approval_page_url": "https://n8n.test/webhook/outbox/approval",
+                                "window_seconds": 30, "_note": "comment"}))
+    out = tmp_path / "out"
+    r = subprocess.run(["/usr/bin/python3", tool, str(mine), str(out)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert "approval_page_url: approve-before-act.json, approve-by-exception.json" in r.stdout
+    got = {}
+    for path in sorted(out.glob("*.json")):
+        wf = json.loads(path.read_text())
+        for n in wf["nodes"]:
+            if n["type"] == "n8n-nodes-base.set":
+                for a in n["parameters"]["assignments"]["assignments"]:
+                    got.setdefault(a["name"], set()).add(json.dumps(a["value"]))
+    assert got["approval_page_url"] == {'"https://n8n.test/webhook/outbox/approval"'}
+    assert got["window_seconds"] == {"30"}
+    assert got["deliver_url"] == {json.dumps(settings["deliver_url"])}
+    assert sorted(p.name for p in out.glob("*.json")) == sorted(os.path.basename(f) for f in FILES)
+    for bad, msg in (({"aproval_page_url": "x"}, "unknown setting(s): aproval_page_url"),
+                     ({"window_seconds": "30"}, "window_seconds: must be a number")):
+        mine.write_text(json.dumps(bad))
+        r = subprocess.run(["/usr/bin/python3", tool, str(mine), str(tmp_path / "x")],
+                           capture_output=True, text=True)
+        assert r.returncode == 1 and msg in r.stderr, r.stderr
+        assert not (tmp_path / "x").exists()
+
+
 def test_webhook_paths_are_unique_across_workflows():
     seen = {}
     for path in FILES:
@@ -148,41 +204,6 @@ def test_webhook_paths_are_unique_across_workflows():
 PLACEHOLDER = re.compile(r"\$([1-9][0-9]{0,16})(?![0-9])(\^|~|#|:raw|:alias|:name|:json|:csv|:list|:value)?")
 
 
-def split_array_expression(expr):
-    """'={{ [ a, f(b, c), 'x,y' ] }}' -> ['a', 'f(b, c)', "'x,y'"]."""
-    m = re.fullmatch(r"=\{\{\s*\[(.*)\]\s*\}\}", expr, re.S)
-    assert m, f"queryReplacement must be an array expression: {expr!r}"
-    body, parts, depth, cur, quote = m.group(1), [], 0, "", None
-    i = 0
-    while i < len(body):
-        ch = body[i]
-        if quote:
-            cur += ch
-            if ch == "\\":
-                cur += body[i + 1]
-                i += 1
-            elif ch == quote:
-                quote = None
-        elif ch in "'\"`":
-            quote = ch
-            cur += ch
-        elif ch in "([{":
-            depth += 1
-            cur += ch
-        elif ch in ")]}":
-            depth -= 1
-            cur += ch
-        elif ch == "," and depth == 0:
-            parts.append(cur.strip())
-            cur = ""
-        else:
-            cur += ch
-        i += 1
-    if cur.strip():
-        parts.append(cur.strip())
-    return parts
-
-
 def postgres_nodes():
     out = []
     for path in FILES:
@@ -194,6 +215,32 @@ def postgres_nodes():
     return out
 
 
+def predecessors(wf, name):
+    return [src for src, kinds in wf["connections"].items()
+            for out in kinds["main"] for c in out if c["node"] == name]
+
+
+def builders(wf, name):
+    """The nodes whose output item reaches `name`, looking through Switch
+    nodes (which pass items on unchanged)."""
+    by_name = {n["name"]: n for n in wf["nodes"]}
+    out, todo, seen = [], list(predecessors(wf, name)), set()
+    while todo:
+        src = todo.pop()
+        if src in seen:
+            continue
+        seen.add(src)
+        if by_name[src]["type"] == "n8n-nodes-base.switch":
+            todo.extend(predecessors(wf, src))
+        else:
+            out.append(by_name[src])
+    return out
+
+
+def placeholders(sql):
+    return {int(m.group(1)) for m in PLACEHOLDER.finditer(sql)}
+
+
 @pytest.mark.parametrize("wf,n", postgres_nodes())
 def test_postgres_nodes_use_query_parameters(wf, n):
     p = n["parameters"]
@@ -203,17 +250,138 @@ def test_postgres_nodes_use_query_parameters(wf, n):
     assert "{{" not in sql, "no value may be spliced into the SQL text"
     assert ";" not in sql.rstrip().rstrip(";"), "one statement per step"
     assert re.match(r"\s*SELECT\b", sql, re.I)
-    used = {int(m.group(1)) for m in PLACEHOLDER.finditer(sql)}
+    used = placeholders(sql)
     assert all(m.group(2) is None for m in PLACEHOLDER.finditer(sql)), "no pg-promise filters"
     assert used == set(range(1, max(used) + 1)), f"placeholders {sorted(used)} must be $1..$n"
-    args = split_array_expression(p["options"]["queryReplacement"])
-    assert len(args) == max(used), f"{len(args)} parameters for {max(used)} placeholders"
     # Every placeholder is cast: the statement does not depend on how a
     # value's type was guessed.
     for m in re.finditer(r"\$[0-9]+(?![0-9])(.{0,2})", sql):
         assert m.group(1) == "::", f"uncast placeholder in {sql!r}"
     cred = n.get("credentials", {}).get("postgres", {})
     assert cred.get("name") == PRODUCER_CREDENTIAL and cred.get("id")
+    # "Always Output Data" also fires next to the error output when the
+    # statement fails (a database error then answered "lease lost"): a
+    # statement that may do nothing returns one row of NULLs instead.
+    assert not n.get("alwaysOutputData"), "use the one-row wrapper, not alwaysOutputData"
+
+
+@pytest.mark.parametrize("wf,n", postgres_nodes())
+def test_query_parameters_are_an_array_built_in_code(wf, n):
+    """n8n's default expression engine (vm) broke an array literal written
+    in the Query Parameters field ("Query Parameters must be a string of
+    comma-separated values or an array of values").  The array is built by
+    a Code node (plain JavaScript, the same on every engine) and the field
+    only references it; the Code node names every placeholder."""
+    assert n["parameters"]["options"]["queryReplacement"] == "={{ $json.params }}"
+    srcs = builders(wf, n["name"])
+    assert srcs, "no node feeds this statement"
+    for src in srcs:
+        assert src["type"] == "n8n-nodes-base.code", f"{src['name']} must be the Code node building params"
+        assert re.search(r"\bparams\s*:", src["parameters"]["jsCode"]), f"{src['name']} builds no params"
+
+
+def http_nodes():
+    out = []
+    for path in FILES:
+        with open(path) as f:
+            wf = json.load(f)
+        for n in wf["nodes"]:
+            if n["type"] == "n8n-nodes-base.httpRequest":
+                out.append(pytest.param(wf, n, id=f"{os.path.basename(path)}:{n['name']}"))
+    return out
+
+
+@pytest.mark.parametrize("wf,n", http_nodes())
+def test_http_bodies_are_objects_built_in_code(wf, n):
+    """The vm engine failed the model call with "JSON parameter needs to be
+    valid JSON": no JSON text is assembled by an expression.  The body is an
+    object a Code node builds, and the node sends it as it is."""
+    p = n["parameters"]
+    assert p.get("sendBody") is True and p.get("specifyBody") == "json"
+    assert p["jsonBody"] == "={{ $json.body }}"
+    for src in builders(wf, n["name"]):
+        assert src["type"] == "n8n-nodes-base.code", src["name"]
+        assert re.search(r"\bbody\s*:", src["parameters"]["jsCode"]), src["name"]
+
+
+EXPRESSION = re.compile(r"\{\{(.*?)\}\}", re.S)
+
+
+def expressions(value):
+    if isinstance(value, str):
+        if value.startswith("="):
+            yield value
+    elif isinstance(value, dict):
+        for v in value.values():
+            yield from expressions(v)
+    elif isinstance(value, list):
+        for v in value:
+            yield from expressions(v)
+
+
+@pytest.mark.parametrize("path", FILES, ids=os.path.basename)
+def test_expressions_stay_simple(path):
+    """Outside Code nodes, an expression only reads the item it gets
+    ($json, literals, object literals of those): no $('Node') (which the vm
+    engine resolved to nothing), no JSON.stringify, no functions, no `{{ }}`
+    in the middle of text, which the two engines need not treat alike."""
+    with open(path) as f:
+        wf = json.load(f)
+    for n in wf["nodes"]:
+        if n["type"] == "n8n-nodes-base.code":
+            continue
+        for e in expressions(n["parameters"]):
+            assert e.startswith("={{") and e.rstrip().endswith("}}"), f"{n['name']}: {e!r}"
+            assert len(EXPRESSION.findall(e)) == 1, f"{n['name']}: one expression per field: {e!r}"
+            # n8n's vm engine does not resolve $('Node') in a node parameter
+            # (Code nodes are plain JavaScript and may): read $json only.
+            assert "$(" not in e and "$node" not in e, f"{n['name']}: only $json in {e!r}"
+            for banned in ("JSON.stringify", "JSON.parse", ".join(", ".map(", "=>", "function"):
+                assert banned not in e, f"{n['name']}: {banned} in {e!r}: build it in a Code node"
+
+
+CAN_FAIL = {"n8n-nodes-base.code", "n8n-nodes-base.postgres", "n8n-nodes-base.crypto",
+            "n8n-nodes-base.httpRequest"}
+
+
+@pytest.mark.parametrize("path", FILES, ids=os.path.basename)
+def test_a_failing_step_answers_an_error(path):
+    """A node that fails before the webhook has answered must lead to an
+    answer with an error status (n8n otherwise answered an empty 200 and the
+    run stayed `processing` until its lease expired): every such node sends
+    its errors down its error output, and that path reaches a Respond node
+    with a 5xx status."""
+    with open(path) as f:
+        wf = json.load(f)
+    by_name = {n["name"]: n for n in wf["nodes"]}
+    conns = wf["connections"]
+
+    def outs(name, k):
+        m = conns.get(name, {"main": []})["main"]
+        return [c["node"] for c in m[k]] if len(m) > k else []
+
+    def succ(name):
+        return [c["node"] for out in conns.get(name, {"main": []})["main"] for c in out]
+
+    def error_answer(name, seen=()):
+        n = by_name[name]
+        if n["type"] == "n8n-nodes-base.respondToWebhook":
+            return n["parameters"]["options"]["responseCode"] >= 500
+        return any(error_answer(s, seen + (name,)) for s in succ(name) if s not in seen)
+
+    def walk(name, responded, seen):
+        n = by_name[name]
+        responded = responded or n["type"] == "n8n-nodes-base.respondToWebhook"
+        if not responded and n["type"] in CAN_FAIL:
+            assert n.get("onError") == "continueErrorOutput", f"{name}: a failure would answer nothing"
+            err = outs(name, 1)
+            assert err and all(error_answer(e) for e in err), f"{name}: its error output must answer 5xx"
+        for s in outs(name, 0) if n.get("onError") == "continueErrorOutput" else succ(name):
+            if s not in seen:
+                walk(s, responded, seen | {s})
+
+    for h in triggers(wf):
+        walk(h["name"], False, {h["name"]})
 
 
 # --- running the statements ----------------------------------------------------------------
@@ -251,8 +419,7 @@ class Step:
         wf = self.wfs.setdefault(workflow, load(workflow))
         n = node(wf, name)
         sql = n["parameters"]["query"]
-        args = split_array_expression(n["parameters"]["options"]["queryReplacement"])
-        assert len(values) == len(args), f"{name}: {len(args)} parameters expected"
+        assert len(values) == max(placeholders(sql)), f"{name}: {max(placeholders(sql))} parameters expected"
         with self.conn.cursor() as cur:
             cur.execute(pgp_format(sql, list(values)).replace("%", "%%"))
             cols = [d[0] for d in cur.description]
@@ -282,6 +449,12 @@ def event(n=1, **kw):
          "message": "Hello, I would like a quote."}
     e.update(kw)
     return e
+
+
+def nothing(rows):
+    """What a statement that did nothing returns: one row of NULLs (the kit's
+    statements always return a row, so the node after them always runs)."""
+    return len(rows) == 1 and all(v is None for v in rows[0].values())
 
 
 def claim(step, wf, ev, lease=300):
@@ -351,9 +524,9 @@ def test_approve_before_act_to_delivery_queue(step, conn):
         [("pending", "alice@example.com", EFFECTS[0]["metadata"])]
     assert scalar(conn, "SELECT state FROM workflow_runs") == "approved"
     # A second POST (double click, replay) does nothing.
-    assert step("approval", "Consume approval", tok_hash, "approve", "alice@example.com") == []
-    assert step("approval", "Consume approval", tok_hash, "reject", "bob@example.com") == []
-    assert step("approval", "Peek approval", tok_hash) == []
+    assert nothing(step("approval", "Consume approval", tok_hash, "approve", "alice@example.com"))
+    assert nothing(step("approval", "Consume approval", tok_hash, "reject", "bob@example.com"))
+    assert nothing(step("approval", "Peek approval", tok_hash))
     assert scalar(conn, "SELECT count(*) FROM effect_outbox") == 1
     assert claim(step, "approve-before-act", ev)["state"] == "approved"
 
@@ -364,10 +537,10 @@ def test_approval_reject_and_bad_tokens(step, conn):
     tok, tok_hash = token()
     step("approve-before-act", "Create approval", *lease_of(c), tok_hash, 60, json.dumps(EFFECTS),
          None, None)
-    assert step("approval", "Peek approval", hashlib.sha256(b"guess").hexdigest()) == []
-    assert step("approval", "Consume approval", hashlib.sha256(b"guess").hexdigest(), "approve",
-                "mallory@example.com") == []
-    assert step("approval", "Consume approval", tok_hash, "delete", "alice@example.com") == []
+    assert nothing(step("approval", "Peek approval", hashlib.sha256(b"guess").hexdigest()))
+    assert nothing(step("approval", "Consume approval", hashlib.sha256(b"guess").hexdigest(), "approve",
+                "mallory@example.com"))
+    assert nothing(step("approval", "Consume approval", tok_hash, "delete", "alice@example.com"))
     assert scalar(conn, "SELECT consumed_at FROM approvals") is None
     got = step("approval", "Consume approval", tok_hash, "reject", "alice@example.com")
     assert got == [{"idempotency_key": "crm:lead-2", "decision": "reject", "effect_id": None,
@@ -384,8 +557,8 @@ def test_expired_approval_enqueues_nothing(step, conn):
     step("approve-before-act", "Create approval", *lease_of(c), tok_hash, 60, json.dumps(EFFECTS),
          None, None)
     query(conn, "UPDATE approvals SET expires_at = now() - interval '1 second'")
-    assert step("approval", "Peek approval", tok_hash) == []
-    assert step("approval", "Consume approval", tok_hash, "approve", "alice@example.com") == []
+    assert nothing(step("approval", "Peek approval", tok_hash))
+    assert nothing(step("approval", "Consume approval", tok_hash, "approve", "alice@example.com"))
     assert scalar(conn, "SELECT count(*) FROM effect_outbox") == 0
     assert scalar(conn, "SELECT state FROM workflow_runs") == "awaiting_human"
 
@@ -394,8 +567,8 @@ def test_create_approval_after_losing_the_lease_does_nothing(step, conn):
     c = claim(step, "approve-before-act", event(4))
     _, tok_hash = token()
     stale = [c["idempotency_key"], str(uuid.uuid4()), str(c["version"])]
-    assert step("approve-before-act", "Create approval", *stale, tok_hash, 60, json.dumps(EFFECTS),
-                None, None) == []
+    assert nothing(step("approve-before-act", "Create approval", *stale, tok_hash, 60, json.dumps(EFFECTS),
+                None, None))
     assert scalar(conn, "SELECT count(*) FROM approvals") == 0
     assert scalar(conn, "SELECT state FROM workflow_runs") == "processing"
 
@@ -405,7 +578,8 @@ def test_validation_failure_ends_failed_terminal(step, conn):
     c = claim(step, "approve-before-act", ev)
     errs = {"validation_errors": ["intent: one of reply, escalate, ignore"], "model_output": "Sure!"}
     assert step("approve-before-act", "Mark failed_terminal", *lease_of(c), "failed_terminal",
-                json.dumps(errs)) == [{"version": 1}]
+                json.dumps(errs)) == [{"version": 1, "idempotency_key": "crm:lead-5",
+                                       "errors": errs["validation_errors"]}]
     again = claim(step, "approve-before-act", ev)
     assert (again["status"], again["state"], again["result"]) == ("done", "failed_terminal", errs)
     assert scalar(conn, "SELECT count(*) FROM effect_outbox") == 0
@@ -415,13 +589,15 @@ def test_model_failure_is_retryable(step, conn):
     ev = event(6)
     c = claim(step, "approve-before-act", ev)
     assert step("approve-before-act", "Mark failed_retryable", *lease_of(c), "failed_retryable",
-                json.dumps({"error": "model call failed", "detail": "timeout"})) == [{"version": 1}]
+                json.dumps({"error": "Draft with model failed", "failed_step": "Draft with model",
+                            "detail": "timeout"})) == \
+        [{"version": 1, "idempotency_key": "crm:lead-6", "failed_step": "Draft with model"}]
     # Re-delivery or a re-run from n8n's history takes it over at once.
     again = claim(step, "approve-before-act", ev)
     assert again["status"] == "reclaimed" and again["version"] == 2 and again["lease_owner"]
     # The old execution's lease is void.
-    assert step("approve-before-act", "Mark failed_terminal", *lease_of(c), "failed_terminal",
-                "{}") == []
+    assert nothing(step("approve-before-act", "Mark failed_terminal", *lease_of(c), "failed_terminal",
+                "{}"))
 
 
 def auto_effect():
@@ -434,7 +610,7 @@ def test_approve_by_exception_enqueues_once(step, conn):
     ev = event(7, category="opening_hours")
     c = claim(step, "approve-by-exception", ev)
     rows = step("approve-by-exception", "Approve and enqueue", *lease_of(c),
-                json.dumps({"decided": "auto"}), *auto_effect(), 0)
+                json.dumps({"decided": "auto"}), *auto_effect(), 0, 300)
     assert len(rows) == 1 and rows[0]["inserted"] is True and rows[0]["state"] == "pending"
     assert rows[0]["version"] == 1
     st, approved_by, meta = query(conn, "SELECT state, approved_by, metadata FROM effect_outbox")[0]
@@ -443,16 +619,68 @@ def test_approve_by_exception_enqueues_once(step, conn):
     assert scalar(conn, "SELECT state FROM workflow_runs") == "approved"
     # The same statement again (a retried node) is refused by the CAS and
     # enqueues nothing more.
-    assert step("approve-by-exception", "Approve and enqueue", *lease_of(c),
-                json.dumps({"decided": "auto"}), *auto_effect(), 0) == []
+    assert nothing(step("approve-by-exception", "Approve and enqueue", *lease_of(c),
+                json.dumps({"decided": "auto"}), *auto_effect(), 0, 300))
     assert scalar(conn, "SELECT count(*) FROM effect_outbox") == 1
     assert claim(step, "approve-by-exception", ev)["status"] == "done"
+
+
+@pytest.fixture
+def processing_gate(conn):
+    """The rule the database enforces for producers' effects, as a trigger
+    in this test's database: an effect row is accepted only while its run
+    is `processing` (held by the producer that inserts it), or from inside
+    outbox_consume_approval (which names the approver)."""
+    query(conn, """
+        CREATE FUNCTION t_processing_gate() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN
+            IF NEW.approved_by IS NULL AND (SELECT state FROM workflow_runs
+                                             WHERE idempotency_key = NEW.idempotency_key)
+                                            IS DISTINCT FROM 'processing' THEN
+                RAISE EXCEPTION 'effect for a run that is not processing';
+            END IF;
+            RETURN NEW;
+        END $$;
+        CREATE TRIGGER t_processing_gate BEFORE INSERT ON effect_outbox
+            FOR EACH ROW EXECUTE FUNCTION t_processing_gate()""")
+
+
+@pytest.mark.parametrize("wf,name,delay", [("approve-by-exception", "Approve and enqueue", 0),
+                                           ("act-with-window", "Approve and enqueue with window", 60)])
+def test_direct_enqueue_happens_while_the_run_is_processing(step, conn, processing_gate, wf, name, delay):
+    """The effect is inserted while the run is still `processing` and only
+    then is the run moved to `approved`, in one statement: an insert after
+    the move (the kit's earlier order) is what the database refuses."""
+    c = claim(step, wf, event(20, category="opening_hours"))
+    rows = step(wf, name, *lease_of(c), "{}", *auto_effect(), delay, 300)
+    assert len(rows) == 1 and rows[0]["inserted"] and rows[0]["version"] == 1
+    assert scalar(conn, "SELECT state FROM workflow_runs") == "approved"
+    assert scalar(conn, "SELECT result->>'effect_id' FROM workflow_runs") == rows[0]["effect_id"]
+    # The gate is live: a plain INSERT for the run, now approved, is refused.
+    with pytest.raises(psycopg2.Error, match="not processing"), step.conn.cursor() as cur:
+        cur.execute("INSERT INTO effect_outbox (idempotency_key, effect_type, target, payload) "
+                    "VALUES (%s, 'http', 'https://other.example.com/', '{}')", (c["idempotency_key"],))
+
+
+def test_plain_insert_needs_the_run_row_first(step, conn):
+    """docs/n8n.md: the plain four-column INSERT references workflow_runs,
+    so the run must be claimed first (and, with the database's approval
+    gate, still be `processing`)."""
+    sql = ("INSERT INTO effect_outbox (idempotency_key, effect_type, target, payload) "
+           "VALUES (%s, 'http', 'https://helpdesk.example.com/api/replies', '{}') ON CONFLICT DO NOTHING")
+    with pytest.raises(psycopg2.errors.ForeignKeyViolation), step.conn.cursor() as cur:
+        cur.execute(sql, ("crm:lead-22",))
+    c = claim(step, "approve-by-exception", event(22, category="opening_hours"))
+    with step.conn.cursor() as cur:
+        cur.execute(sql, (c["idempotency_key"],))
+        cur.execute(sql, (c["idempotency_key"],))
+    assert scalar(conn, "SELECT count(*) FROM effect_outbox") == 1
 
 
 def test_approve_by_exception_without_the_lease_enqueues_nothing(step, conn):
     c = claim(step, "approve-by-exception", event(8, category="opening_hours"))
     stale = [c["idempotency_key"], str(uuid.uuid4()), "0"]
-    assert step("approve-by-exception", "Approve and enqueue", *stale, "{}", *auto_effect(), 0) == []
+    assert nothing(step("approve-by-exception", "Approve and enqueue", *stale, "{}", *auto_effect(), 0, 300))
     assert scalar(conn, "SELECT count(*) FROM effect_outbox") == 0
     assert scalar(conn, "SELECT state FROM workflow_runs") == "processing"
 
@@ -471,27 +699,29 @@ def test_act_with_window_enqueue_and_cancel(step, conn):
     ev = event(10)
     c = claim(step, "act-with-window", ev)
     rows = step("act-with-window", "Approve and enqueue with window", *lease_of(c),
-                json.dumps({"decided": "window"}), *auto_effect(), 600)
+                json.dumps({"decided": "window"}), *auto_effect(), 600, 300)
     assert len(rows) == 1 and rows[0]["inserted"]
     eid = rows[0]["effect_id"]
     assert scalar(conn, "SELECT available_at > now() + interval '590 seconds' FROM effect_outbox")
     # Cancelled before the window closes: never sent.
     assert step("act-with-window", "Cancel effect", eid, "customer changed mind",
-                "n8n:alice@example.com") == [{"cancelled": True}]
+                "n8n:alice@example.com") == [{"cancelled": True, "effect_id": eid}]
     st, err = query(conn, "SELECT state, last_error FROM effect_outbox WHERE effect_id = %s", (eid,))[0]
     assert st == "failed" and err.startswith("cancelled")
     assert scalar(conn, "SELECT state FROM workflow_runs") == "failed_terminal"
-    assert step("act-with-window", "Cancel effect", eid, "again", "n8n:x") == [{"cancelled": False}]
-    assert step("act-with-window", "Cancel effect", str(uuid.uuid4()), "none", "n8n:x") == \
-        [{"cancelled": False}]
+    assert step("act-with-window", "Cancel effect", eid, "again", "n8n:x") == [{"cancelled": False, "effect_id": eid}]
+    other = str(uuid.uuid4())
+    assert step("act-with-window", "Cancel effect", other, "none", "n8n:x") == \
+        [{"cancelled": False, "effect_id": other}]
 
 
 def test_act_with_window_cannot_cancel_a_sending_effect(step, conn):
     c = claim(step, "act-with-window", event(11))
     eid = step("act-with-window", "Approve and enqueue with window", *lease_of(c), "{}",
-               *auto_effect(), 1)[0]["effect_id"]
+               *auto_effect(), 1, 300)[0]["effect_id"]
     query(conn, "UPDATE effect_outbox SET state = 'sending' WHERE effect_id = %s", (eid,))
-    assert step("act-with-window", "Cancel effect", eid, "too late", "n8n:x") == [{"cancelled": False}]
+    assert step("act-with-window", "Cancel effect", eid, "too late", "n8n:x") == \
+        [{"cancelled": False, "effect_id": eid}]
     assert scalar(conn, "SELECT state FROM effect_outbox") == "sending"
 
 
@@ -502,24 +732,24 @@ needs_node = pytest.mark.skipif(NODE is None, reason="node is not installed")
 
 HARNESS = r"""
 const fs = require('fs');
-const { code, nodes, input } = JSON.parse(fs.readFileSync(0, 'utf8'));
+const { code, nodes, input, prev } = JSON.parse(fs.readFileSync(0, 'utf8'));
 const wrap = (arr) => ({ first: () => ({ json: arr[0] }), all: () => arr.map((json) => ({ json })),
                          item: { json: arr[0] } });
 const $ = (name) => { if (!(name in nodes)) throw new Error('no node ' + name); return wrap(nodes[name]); };
 const $input = wrap(input);
 const AsyncFunction = Object.getPrototypeOf(async function () {}).constructor;
-new AsyncFunction('$', '$input', code)($, $input)
+new AsyncFunction('$', '$input', '$prevNode', code)($, $input, prev ? { name: prev } : undefined)
   .then((r) => process.stdout.write(JSON.stringify(r.map((i) => i.json))))
   .catch((e) => { process.stderr.write(String(e && e.stack || e)); process.exit(1); });
 """
 
 
-def run_code(workflow, name, nodes=None, input=None):
+def run_code(workflow, name, nodes=None, input=None, prev=None):
     wf = load(workflow)
     js = node(wf, name)["parameters"]["jsCode"]
     r = subprocess.run([NODE, "-e", HARNESS], input=json.dumps(
-        {"code": js, "nodes": nodes or {}, "input": input or [{}]}), capture_output=True,
-        text=True, timeout=30)
+        {"code": js, "nodes": nodes or {}, "input": input or [{}], "prev": prev}, default=str),
+        capture_output=True, text=True, timeout=30)
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     assert len(out) == 1
@@ -527,6 +757,12 @@ def run_code(workflow, name, nodes=None, input=None):
 
 
 CFG = {"max_subject_chars": 120, "max_reply_chars": 2000, "llm_model": "local-model"}
+
+
+def config_of(workflow, name="Config"):
+    """The Config node's values as the workflow file ships them."""
+    return {a["name"]: a["value"]
+            for a in node(load(workflow), name)["parameters"]["assignments"]["assignments"]}
 
 
 def model_says(content):
@@ -563,9 +799,11 @@ def test_validate_draft_without_choices():
 @pytest.mark.parametrize("workflow,hook", [("approve-before-act", "Lead webhook"),
                                            ("act-with-window", "Schedule webhook")])
 def test_check_event(workflow, hook):
-    ok = run_code(workflow, "Check event", {hook: [{"body": event()}]})
+    cfg = {"Config": [config_of(workflow)]}
+    ok = run_code(workflow, "Check event", dict(cfg, **{hook: [{"body": event()}]}))
     assert ok["ok"] and ok["key"] == "crm:lead-1"
-    bad = run_code(workflow, "Check event", {hook: [{"body": {"source": "crm x", "email": "nope"}}]})
+    assert ok["params"] == ["crm:lead-1", json.dumps(event(), separators=(",", ":")), 300]
+    bad = run_code(workflow, "Check event", dict(cfg, **{hook: [{"body": {"source": "crm x", "email": "nope"}}]}))
     assert not bad["ok"] and len(bad["errors"]) == 4
 
 
@@ -649,3 +887,81 @@ def test_auto_rules():
     assert not rules(category="opening_hours", customer_tier="enterprise")["auto"]
     assert not rules(category="opening_hours", message="x" * 501)["auto"]
     assert not rules(category="opening_hours", attachments=["a.pdf"])["auto"]
+
+
+# --- the Code nodes build what each statement and request takes -------------------------------
+
+def pg_row(row):
+    """A row as n8n's Postgres node hands it on (bigint as text, uuids as
+    text, timestamps as ISO text)."""
+    return {k: (str(v) if isinstance(v, (int,)) and k == "version" else v) for k, v in row.items()}
+
+
+@needs_node
+def test_approve_before_act_code_builds_every_parameter(step, conn):
+    wf = "approve-before-act"
+    cfg = config_of(wf)
+    nodes = {"Config": [cfg], "Lead webhook": [{"body": event(30)}]}
+    ev = run_code(wf, "Check event", nodes)
+    c = pg_row(step(wf, "Claim run", *ev["params"])[0])
+    assert c["status"] == "claimed"
+    nodes.update({"Check event": [ev], "Claim run": [c]})
+    # The model's request is an object, the user's message as it came.
+    req = run_code(wf, "Model request", nodes)["body"]
+    assert req["model"] == cfg["llm_model"] and req["messages"][1]["content"] == event(30)["message"]
+    assert '{"intent": "reply" | "escalate" | "ignore"' in req["messages"][0]["content"]
+    bad = run_code(wf, "Validate draft", {"Config": [cfg]}, model_says("Sure!"))
+    nodes["Model request"] = [{"body": req}]
+    rep = run_code(wf, "Repair request", nodes, [bad])["body"]
+    assert [m["role"] for m in rep["messages"]] == ["system", "user", "assistant", "user"]
+    assert rep["messages"][2]["content"] == "Sure!" and "not JSON" in rep["messages"][3]["content"]
+    # Approval: parameters from the Code node, statement as the producer.
+    v = run_code(wf, "Validate draft", {"Config": [cfg]},
+                 model_says('{"intent": "reply", "subject": "Quote", "reply": "Hi"}'))
+    b = run_code(wf, "Build approval", dict(nodes, Config=[dict(cfg, deliver_url="https://h.example.com/r")]), [v])
+    nodes["Build approval"] = [b]
+    tok, tok_hash = token()
+    p = run_code(wf, "Approval parameters", nodes, [{"approval_token": tok, "token_sha256": tok_hash}])
+    created = step(wf, "Create approval", *p["params"])
+    assert len(created) == 1 and scalar(conn, "SELECT state FROM workflow_runs") == "awaiting_human"
+    nodes.update({"Create approval": [pg_row(created[0])], "Generate token": [{"approval_token": tok}]})
+    msg = run_code(wf, "Approval message", nodes, [pg_row(created[0])])["body"]
+    assert msg["approval_url"] == cfg["approval_page_url"] + "?token=" + tok and msg["key"] == "crm:lead-30"
+
+
+@needs_node
+def test_a_failed_step_releases_the_run(step, conn):
+    wf = "approve-before-act"
+    c = pg_row(claim(step, wf, event(31)))
+    p = run_code(wf, "Retryable parameters", {"Claim run": [c]},
+                 [{"error": "permission denied for function outbox_create_approval"}], prev="Create approval")
+    assert p["failed_step"] == "Create approval"
+    assert step(wf, "Mark failed_retryable", *p["params"]) == \
+        [{"version": 1, "idempotency_key": "crm:lead-31", "failed_step": "Create approval"}]
+    st, result = query(conn, "SELECT state, result FROM workflow_runs")[0]
+    assert st == "failed_retryable" and result["failed_step"] == "Create approval"
+    assert "permission denied" in result["detail"]
+    assert claim(step, wf, event(31))["status"] == "reclaimed"
+
+
+@needs_node
+@pytest.mark.parametrize("wf", ["approve-by-exception", "act-with-window"])
+def test_direct_enqueue_code_builds_every_parameter(step, conn, wf):
+    cfg = config_of(wf)
+    hook = {"approve-by-exception": "Ticket webhook", "act-with-window": "Schedule webhook"}[wf]
+    nodes = {"Config": [cfg], hook: [{"body": event(32, category="opening_hours")}]}
+    ev = run_code(wf, "Check event", nodes)
+    c = pg_row(step(wf, "Claim run", *ev["params"])[0])
+    nodes.update({"Check event": [ev], "Claim run": [c]})
+    if wf == "approve-by-exception":
+        rules = run_code(wf, "Apply rules", nodes)
+        assert rules["auto"]
+        p = run_code(wf, "Enqueue parameters", nodes, [rules])["params"]
+        rows = step(wf, "Approve and enqueue", *p)
+    else:
+        p = run_code(wf, "Build effect", nodes)["params"]
+        rows = step(wf, "Approve and enqueue with window", *p)
+    assert len(rows) == 1 and rows[0]["inserted"]
+    assert scalar(conn, "SELECT state FROM workflow_runs") == "approved"
+    delay = scalar(conn, "SELECT extract(epoch FROM available_at - created_at)::int FROM effect_outbox")
+    assert delay == (cfg["window_seconds"] if wf == "act-with-window" else 0)
