@@ -8,6 +8,9 @@ PKGS="build-essential pkg-config git ca-certificates openssl
       postgresql postgresql-contrib
       python3 python3-pytest python3-pytest-xdist python3-psycopg2 python3-aiosmtpd
       clang libclang-rt-14-dev cppcheck systemd valgrind"
+# PgBouncer (1.18): tests/test_pgbouncer.py and bench/scaling.sh start their
+# own, in transaction mode on a free loopback port.
+PKGS="$PKGS pgbouncer"
 SUDO=
 [ "$(id -u)" = 0 ] || SUDO=sudo
 export DEBIAN_FRONTEND=noninteractive
@@ -15,3 +18,8 @@ $SUDO apt-get update -q
 # shellcheck disable=SC2086
 $SUDO apt-get install -y -q --no-install-recommends $PKGS
 # The Debian package starts a cluster of its own; the tests never use it.
+# The pgbouncer package enables a service of its own (localhost:6432, no
+# databases); nothing here uses it, so it is stopped where systemd runs.
+if [ -d /run/systemd/system ]; then
+    $SUDO systemctl disable --now pgbouncer.service >/dev/null 2>&1 || true
+fi
