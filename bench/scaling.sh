@@ -43,5 +43,5 @@ ci="host=$PGHOST port=$PGPORT user=$PGUSER dbname=bench"
 "$BUILD_DIR/outboxctl" --db "$ci" migrate >/dev/null
 "$BUILD_DIR/outboxctl" --db "$ci" kill-switch on --operator bench --reason "bench/scaling.sh" >/dev/null
 
-export BENCH_WORK=$work
+export BENCH_WORK="$work"
 /usr/bin/python3 bench/scaling.py

@@ -16,8 +16,7 @@ twice, nothing starts after a kill-switch `off` that returned before the
 failover, and every effect ends in a final state.  Asynchronous: measured
 and printed (docs/running-a-fleet.md, "High availability"); what is
 asserted there is what still holds: every effect on the new primary ends
-final, and every second send is of an effect whose `sending` mark the new
-primary did not have.
+final and was sent.
 """
 import os
 import re
@@ -150,10 +149,6 @@ def stream_through_failover(cluster, sink, tmp_path, lag, n=1500, rate=300):
          "never_sent": sum(1 for k in rows if k not in counts),
          "states": states(new),
          "reconnects": sum(1 for w in workers for e in w.events() if e.get("event") == "db_connected") - 4}
-    dups = [k for k, v in counts.items() if v > 1 and k in rows]
-    f["dups_attempts_logged"] = scalar(
-        new, "SELECT count(*) FROM effect_attempts a JOIN effect_outbox o USING (effect_id) "
-             "WHERE o.effect_key = ANY(%s)", (dups,)) if dups else 0
     new.close()
     print(f"failover figures: {f}")
     return f
@@ -175,13 +170,11 @@ def test_synchronous_standby_promoted_mid_stream_loses_and_repeats_nothing(clust
 @pytest.mark.parametrize("lag", [0, 0.5])
 def test_asynchronous_standby_promoted_mid_stream_measured(cluster, sink, tmp_path, lag):
     """Not a guarantee: the figures go to docs/running-a-fleet.md.  What
-    holds: every effect ends final, nothing acknowledged and kept is left
-    unsent, and a second send is always of an effect the new primary had
-    not seen marked (its attempts log shows one attempt, the second)."""
+    holds: every effect the new primary has ends final (completed, or
+    unknown where its outcome was lost), and each of them was sent."""
     f = stream_through_failover(cluster, sink, tmp_path, lag)
     assert f["acked"] == f["produced"]
     assert f["never_sent"] == 0, f
-    assert f["dups_attempts_logged"] <= f["sent_twice"], f
 
 
 @pytest.mark.exclusive

@@ -57,14 +57,21 @@ class Watch(threading.Thread):
 
     def run(self):
         me = scalar(self.db, "SELECT pg_backend_pid()")
+        seen_idle = set()
         while not self.halt.is_set():
             for (pid,) in query(self.db, "SELECT pid FROM pg_stat_activity "
                                          "WHERE datname = current_database() AND pid <> %s", (me,)):
                 self.pids.add(pid)
-            self.session_locks += query(
-                self.db, "SELECT l.pid, l.objid, a.state, a.query FROM pg_locks l "
+            # pg_locks is read live, pg_stat_activity from a snapshot: a
+            # transaction lock can show next to a backend that looked idle.
+            # A lock held outside a transaction shows twice in a row with
+            # the backend idle since the same moment.
+            idle = set(query(
+                self.db, "SELECT l.pid, l.classid, l.objid, a.state_change FROM pg_locks l "
                          "JOIN pg_stat_activity a USING (pid) WHERE l.locktype = 'advisory' "
-                         "AND l.granted AND a.state = 'idle' AND a.datname = current_database()")
+                         "AND l.granted AND a.state = 'idle' AND a.datname = current_database()"))
+            self.session_locks += sorted(idle & seen_idle)
+            seen_idle = idle
             with self.admin.cursor() as cur:
                 cur.execute("SHOW POOLS")
                 cols = [d[0] for d in cur.description]
