@@ -53,8 +53,8 @@ def one_run(sink, k, label, bouncer=None):
     r["bouncer_cpu_per_1k"] = bcpu.total() / r["effects"] * 1000 if bouncer and r["effects"] else 0.0
     r["label"], r["load"] = label, load
     # What did not end completed, and why (a loaded machine times sends out).
-    r["not_completed"] = bench.q("SELECT state, last_error_class, count(*) FROM effect_outbox"
-                                 " WHERE state <> 'completed' GROUP BY 1, 2 ORDER BY 3 DESC")
+    r["not_completed"] = bench.q("SELECT state, last_error_class, left(last_error, 120), count(*) FROM effect_outbox"
+                                 " WHERE state <> 'completed' GROUP BY 1, 2, 3 ORDER BY 4 DESC")
     if r["not_completed"]:
         bench.log("  %s: not completed: %s" % (label, r["not_completed"]))
     # PostgreSQL CPU seconds per wall second of the run: cores kept busy.
