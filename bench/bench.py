@@ -27,6 +27,9 @@ Environment:
                    and [dispatcher] sections ("key = value; key = value"), to
                    measure a config change
   BENCH_REPEAT     runs of the best worker and client counts; the ratio uses their means (2; QUICK 1)
+  BENCH_WORKER_CONNINFO, BENCH_DATABASE_CONF  the workers' conninfo (default: the
+                   server's) and extra [database] lines: workers through PgBouncer
+                   (bench/scaling.py)
   BENCH_ONLY       the parts to run: throughput ceiling latency inflight variants durable
                    (variants = big held; either alone needs throughput, for its baseline)
 """
@@ -313,6 +316,7 @@ class Worker:
         with open(self.ini, "w") as f:
             f.write("""[database]
 conninfo = {ci}
+{dbconf}
 [dispatcher]
 worker_name = {name}
 provider_dir = {prov}
@@ -324,7 +328,9 @@ level = {lvl}
 [provider.http]
 allow_hosts = 127.0.0.1
 {http}
-""".format(ci=conninfo(), name=name, prov=os.path.join(BUILD, "providers"), lvl=LOG_LEVEL,
+""".format(ci=os.environ.get("BENCH_WORKER_CONNINFO") or conninfo(), name=name,
+           dbconf="\n".join(x.strip() for x in os.environ.get("BENCH_DATABASE_CONF", "").split(";")),
+           prov=os.path.join(BUILD, "providers"), lvl=LOG_LEVEL,
            http=http, disp=dispatcher))
         env = dict(os.environ, AI_ACTIONS_ENABLED="true")
         self.err = open(self.logf, "w")
