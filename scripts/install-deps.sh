@@ -8,6 +8,9 @@ PKGS="build-essential pkg-config git ca-certificates openssl
       postgresql postgresql-contrib
       python3 python3-pytest python3-pytest-xdist python3-psycopg2 python3-aiosmtpd
       clang libclang-rt-14-dev cppcheck systemd valgrind"
+# The Debian package (make deb, tests/test_package.py) and the monitoring
+# tests (tests/test_monitoring.py: python3-yaml reads the rules).
+PKGS="$PKGS debhelper dpkg-dev fakeroot lintian help2man man-db python3-yaml"
 SUDO=
 [ "$(id -u)" = 0 ] || SUDO=sudo
 export DEBIAN_FRONTEND=noninteractive
@@ -15,3 +18,14 @@ $SUDO apt-get update -q
 # shellcheck disable=SC2086
 $SUDO apt-get install -y -q --no-install-recommends $PKGS
 # The Debian package starts a cluster of its own; the tests never use it.
+
+# promtool (tests/test_monitoring.py) comes from Debian's prometheus
+# package, but only that one static binary is taken out of it: installing
+# the package would add a user and start a Prometheus server.
+if ! command -v promtool >/dev/null 2>&1; then
+    tmp=$(mktemp -d)
+    (cd "$tmp" && $SUDO apt-get download -q prometheus)
+    dpkg-deb --fsys-tarfile "$tmp"/prometheus_*.deb | tar -x -C "$tmp" ./usr/bin/promtool
+    $SUDO install -m 0755 "$tmp/usr/bin/promtool" /usr/local/bin/promtool
+    rm -rf "$tmp"
+fi
