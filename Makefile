@@ -2,7 +2,9 @@
 #
 #   make              build/outbox-dispatcher, build/outboxctl, build/providers/*.so
 #   make test         sanitizer build + every suite against a throwaway PostgreSQL
-#   make install PREFIX=/usr/local [DESTDIR=...]
+#   make install PREFIX=/usr/local [DESTDIR=...] [LIBDIR=...] [UNITDIR=...]
+#   make man          build/man/*.8 from the --help texts (help2man)
+#   make deb          build/deb/outbox-dispatcher_VERSION_ARCH.deb (debian/)
 #   make bench / make bench-quick / make bench-email / make chaos
 #   make cppcheck     static analysis (kept clean)
 #
@@ -10,6 +12,12 @@
 # builds never share object files.
 
 PREFIX    ?= /usr/local
+# The plugin directory is compiled in (the worker's default provider_dir).
+# The Debian package sets LIBDIR=/usr/lib/<multiarch triplet>.
+LIBDIR    ?= $(PREFIX)/lib
+PLUGINDIR ?= $(LIBDIR)/outbox-dispatcher/providers
+UNITDIR   ?= $(PREFIX)/lib/systemd/system
+VERSION   := $(shell sed -n 's/^\#define OUTBOX_VERSION "\(.*\)"/\1/p' dispatcher/main.c)
 BUILD     ?= build
 CC        ?= cc
 PKGS      := libpq libcurl libesmtp-1.0 jansson libevent libevent_pthreads inih libsystemd libssl libcrypto
@@ -19,7 +27,7 @@ PKG_LIBS   := $(shell pkg-config --libs $(PKGS))
 WARN      := -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wmissing-prototypes \
              -Wno-unused-parameter -Wformat=2
 OPT       ?= -O2 -g
-CFLAGS    := $(OPT) -DOUTBOX_LIBDIR=\"$(PREFIX)/lib/outbox-dispatcher/providers\" -std=c11 -D_GNU_SOURCE $(WARN) -fPIC -Idispatcher -Iproviders $(PKG_CFLAGS) $(EXTRA_CFLAGS)
+CFLAGS    := $(OPT) -DOUTBOX_LIBDIR=\"$(PLUGINDIR)\" -std=c11 -D_GNU_SOURCE $(WARN) -fPIC -Idispatcher -Iproviders $(PKG_CFLAGS) $(EXTRA_CFLAGS)
 LDFLAGS   += $(EXTRA_LDFLAGS)
 
 # Core objects shared by the daemon and outboxctl.
@@ -47,7 +55,7 @@ UNIT_BIN  := $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(UNIT_SRC))
 
 MIGRATIONS := $(sort $(wildcard sql/[0-9]*.sql))
 
-.PHONY: all clean install test unit cppcheck bench bench-quick bench-email chaos demo fuzz
+.PHONY: all clean install test unit cppcheck bench bench-quick bench-email chaos demo fuzz man deb
 all: $(BUILD)/outbox-dispatcher $(BUILD)/outboxctl $(PLUGINS)
 
 $(BUILD)/obj/%.o: %.c $(wildcard dispatcher/*.h providers/*.h providers/*/*.h) Makefile
@@ -131,18 +139,40 @@ fuzz:
 	sh tests/fuzz/run.sh
 
 install: all
-	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib/outbox-dispatcher/providers \
+	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PLUGINDIR) \
 	  $(DESTDIR)$(PREFIX)/share/outbox-dispatcher/sql $(DESTDIR)/etc/outbox-dispatcher \
-	  $(DESTDIR)$(PREFIX)/lib/systemd/system
+	  $(DESTDIR)$(UNITDIR)
 	install -m 0755 $(BUILD)/outbox-dispatcher $(BUILD)/outboxctl $(DESTDIR)$(PREFIX)/bin/
-	install -m 0644 $(PLUGINS) $(DESTDIR)$(PREFIX)/lib/outbox-dispatcher/providers/
+	install -m 0644 $(PLUGINS) $(DESTDIR)$(PLUGINDIR)/
 	install -m 0644 $(MIGRATIONS) $(DESTDIR)$(PREFIX)/share/outbox-dispatcher/sql/
 	install -m 0644 dispatcher.ini.example systemd/environment.example $(DESTDIR)$(PREFIX)/share/outbox-dispatcher/
 	install -d -m 0700 $(DESTDIR)/etc/outbox-dispatcher/credentials
 	[ -f $(DESTDIR)/etc/outbox-dispatcher/environment ] || \
 	  install -m 0644 systemd/environment.example $(DESTDIR)/etc/outbox-dispatcher/environment
 	for u in systemd/*.service systemd/*.target; do [ -f "$$u" ] || continue; \
-	  sed 's#@PREFIX@#$(PREFIX)#g' "$$u" > $(DESTDIR)$(PREFIX)/lib/systemd/system/$$(basename $$u); done
+	  sed 's#@PREFIX@#$(PREFIX)#g' "$$u" > $(DESTDIR)$(UNITDIR)/$$(basename $$u); done
+
+# Man pages from the binaries' own --help texts plus docs/man/NAME.h2m
+# (description, files, environment, signals): help2man, see docs/man/README.
+MANPAGES := $(BUILD)/man/outbox-dispatcher.8 $(BUILD)/man/outboxctl.8
+man: $(MANPAGES)
+
+$(BUILD)/man/%.8: $(BUILD)/% docs/man/%.h2m
+	@mkdir -p $(dir $@)
+	help2man --no-info --section=8 --version-string="$(VERSION)" \
+	  --include=docs/man/$*.h2m --output=$@.tmp $< && mv $@.tmp $@
+
+# The Debian package, built from a copy of the tree under $(BUILD)/deb/src
+# (dpkg-buildpackage writes beside its source and cleans its own build dir,
+# so the working tree and its build trees stay untouched).
+DEB_JOBS ?= 2
+deb:
+	rm -rf $(BUILD)/deb && mkdir -p $(BUILD)/deb/src
+	tar -c --exclude=./.git --exclude='./build' --exclude='./build-*' --exclude=./bench/out . \
+	  | tar -x -C $(BUILD)/deb/src
+	cd $(BUILD)/deb/src && env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL \
+	  dpkg-buildpackage -us -uc -b -J$(DEB_JOBS)
+	@ls $(BUILD)/deb/*.deb
 
 clean:
 	rm -rf build build-asan build-*

@@ -14,6 +14,9 @@ PKGS="build-essential pkg-config git ca-certificates openssl
 # PgBouncer (1.18): tests/test_pgbouncer.py and bench/scaling.sh start their
 # own, in transaction mode on a free loopback port.
 PKGS="$PKGS pgbouncer"
+# The Debian package (make deb, tests/test_package.py) and the monitoring
+# tests (tests/test_monitoring.py: python3-yaml reads the rules).
+PKGS="$PKGS debhelper dpkg-dev fakeroot lintian help2man man-db python3-yaml"
 SUDO=
 [ "$(id -u)" = 0 ] || SUDO=sudo
 export DEBIAN_FRONTEND=noninteractive
@@ -25,4 +28,15 @@ $SUDO apt-get install -y -q --no-install-recommends $PKGS
 # databases); nothing here uses it, so it is stopped where systemd runs.
 if [ -d /run/systemd/system ]; then
     $SUDO systemctl disable --now pgbouncer.service >/dev/null 2>&1 || true
+fi
+
+# promtool (tests/test_monitoring.py) comes from Debian's prometheus
+# package, but only that one static binary is taken out of it: installing
+# the package would add a user and start a Prometheus server.
+if ! command -v promtool >/dev/null 2>&1; then
+    tmp=$(mktemp -d)
+    (cd "$tmp" && $SUDO apt-get download -q prometheus)
+    dpkg-deb --fsys-tarfile "$tmp"/prometheus_*.deb | tar -x -C "$tmp" ./usr/bin/promtool
+    $SUDO install -m 0755 "$tmp/usr/bin/promtool" /usr/local/bin/promtool
+    rm -rf "$tmp"
 fi
