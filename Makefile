@@ -54,6 +54,7 @@ UNIT_SRC  := $(sort $(wildcard tests/unit/test_*.c))
 UNIT_BIN  := $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(UNIT_SRC))
 
 MIGRATIONS := $(sort $(wildcard sql/[0-9]*.sql))
+FUNCTION_SQL := $(sort $(wildcard sql/functions/*.sql))
 
 .PHONY: all clean install test unit cppcheck bench bench-quick bench-email chaos demo fuzz man deb
 all: $(BUILD)/outbox-dispatcher $(BUILD)/outboxctl $(PLUGINS)
@@ -65,9 +66,9 @@ $(BUILD)/obj/%.o: %.c $(wildcard dispatcher/*.h providers/*.h providers/*/*.h) M
 
 # The migrations are compiled into outboxctl: an installed binary always
 # carries the schema it was built for.
-$(BUILD)/gen/migrations.c: $(MIGRATIONS) dispatcher/gen_migrations.sh
+$(BUILD)/gen/migrations.c: $(MIGRATIONS) $(FUNCTION_SQL) dispatcher/gen_migrations.sh
 	@mkdir -p $(dir $@)
-	sh dispatcher/gen_migrations.sh $(MIGRATIONS) > $@.tmp && mv $@.tmp $@
+	sh dispatcher/gen_migrations.sh $(MIGRATIONS) $(FUNCTION_SQL) > $@.tmp && mv $@.tmp $@
 
 $(BUILD)/obj/migrations.o: $(BUILD)/gen/migrations.c dispatcher/migrate.h
 	@mkdir -p $(dir $@)
@@ -140,11 +141,12 @@ fuzz:
 
 install: all
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PLUGINDIR) \
-	  $(DESTDIR)$(PREFIX)/share/outbox-dispatcher/sql $(DESTDIR)/etc/outbox-dispatcher \
+	  $(DESTDIR)$(PREFIX)/share/outbox-dispatcher/sql/functions $(DESTDIR)/etc/outbox-dispatcher \
 	  $(DESTDIR)$(UNITDIR)
 	install -m 0755 $(BUILD)/outbox-dispatcher $(BUILD)/outboxctl $(DESTDIR)$(PREFIX)/bin/
 	install -m 0644 $(PLUGINS) $(DESTDIR)$(PLUGINDIR)/
 	install -m 0644 $(MIGRATIONS) $(DESTDIR)$(PREFIX)/share/outbox-dispatcher/sql/
+	install -m 0644 $(FUNCTION_SQL) $(DESTDIR)$(PREFIX)/share/outbox-dispatcher/sql/functions/
 	install -m 0644 dispatcher.ini.example systemd/environment.example $(DESTDIR)$(PREFIX)/share/outbox-dispatcher/
 	install -d -m 0700 $(DESTDIR)/etc/outbox-dispatcher/credentials
 	[ -f $(DESTDIR)/etc/outbox-dispatcher/environment ] || \

@@ -401,7 +401,7 @@ def load(n, target, prefix="t"):
     the one inserted before it, as a backlog that built up over time is:
     leases then walk the table in the order its rows were written, a batch
     takes every row of the pages it touches, and a lease is HOT only if the
-    page kept room for all of them (sql/012).  With one due time for all
+    page kept room for all of them (sql/100_baseline.sql).  With one due time for all
     (before session 4) leases went in effect_id order, i.e. at random over
     the pages, which hid that: at fillfactor 80, WAL 2,377 bytes per effect
     with one due time, 3,240 in insertion order (1 worker 6,000-7,100 vs
@@ -533,7 +533,7 @@ def throughput(k, label, prefix="t", hold_xmin=False, profile=False):
         log("  WARNING: %d effects not completed" % bad)
     attempts = q1("SELECT count(*) FROM effect_attempts")
     # What the run left on disk (heap, without indexes): the price of the
-    # fillfactor (sql/012) is paid here.
+    # fillfactor (sql/100_baseline.sql) is paid here.
     heap_mib = q1("SELECT pg_relation_size('effect_outbox')") / 1048576.0
     r = {"workers": k, "heap_mib": heap_mib, "effects": n, "seconds": span, "wall": wall, "rate": rate,
          "rss_kb": [w.hwm_kb for w in workers],

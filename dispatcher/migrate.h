@@ -1,9 +1,13 @@
 /*
- * migrate.h: the schema migrations compiled into the binaries (generated
- * from sql/NNN_name.sql by gen_migrations.sh) and the code that applies
- * them: in order, each once, recorded in schema_migrations with a
- * checksum, under a transaction-level advisory lock so that any number of
- * hosts may run `outboxctl migrate` at once.
+ * migrate.h: the schema compiled into the binaries (generated from sql/ by
+ * gen_migrations.sh) and the code that applies it, all in one transaction
+ * under an advisory lock so that any number of hosts may run `outboxctl
+ * migrate` at once:
+ *   - numbered migrations (sql/NNN_name.sql: tables, indexes, roles) in
+ *     order, each once, recorded in schema_migrations with a checksum;
+ *   - then the function files (sql/functions/NAME.sql: functions, triggers,
+ *     views), each re-applied whenever its text changed, recorded in
+ *     schema_functions.
  */
 #ifndef OUTBOX_MIGRATE_H
 #define OUTBOX_MIGRATE_H
@@ -19,15 +23,22 @@ struct migration {
 	const char *sql;
 };
 
+struct function_file {
+	const char *name;
+	const char *sql;
+};
+
 extern const struct migration migrations[];
 extern const int migrations_count;
+extern const struct function_file function_files[];
+extern const int function_files_count;
 
 /* The newest version these binaries know. */
 int migrate_latest_version(void);
 
-/* Apply what is pending; print one line per applied migration to out.
- * Returns the number applied, or -1 with err set (nothing applied then:
- * it is all one transaction). */
+/* Apply what is pending; print one line per applied migration or function
+ * file to out.  Returns the number applied, or -1 with err set (nothing
+ * applied then: it is all one transaction). */
 int migrate_apply(PGconn *conn, FILE *out, char *err, size_t errlen);
 
 /* SQL returning the applied version (0 when none): for workers checking

@@ -1,4 +1,4 @@
-"""A lease writes no index entry (sql/009_hot_lease.sql).
+"""A lease writes no index entry (send_deadline in sql/100_baseline.sql).
 
 The reaper's index is on send_deadline, derived from lease_expires_at only
 while a row is `sending`; leasing or renewing a pending row changes no
@@ -36,7 +36,7 @@ def test_a_lease_is_a_hot_update(conn):
 
 
 def test_a_batch_that_takes_whole_pages_is_leased_hot(conn):
-    """sql/012_lease_room.sql: a backlog is leased in the order it was
+    """fillfactor 45 (sql/100_baseline.sql): a backlog is leased in the order it was
     written, so a batch takes every row of the pages it touches, in one
     transaction: none of their old versions can be pruned before the new
     ones are placed, and the lease is HOT only if the fillfactor kept room

@@ -20,7 +20,8 @@ def test_make_install_layout(tmp_path):
               "lib/outbox-dispatcher/providers/outbox_http.so",
               "lib/outbox-dispatcher/providers/outbox_email.so",
               "lib/outbox-dispatcher/providers/outbox_crm.so",
-              "share/outbox-dispatcher/sql/001_schema.sql",
+              "share/outbox-dispatcher/sql/100_baseline.sql",
+              "share/outbox-dispatcher/sql/functions/30_dispatcher.sql",
               "share/outbox-dispatcher/dispatcher.ini.example",
               "lib/systemd/system/outbox-dispatcher@.service",
               "lib/systemd/system/outbox-dispatcher.target"):

@@ -1,5 +1,5 @@
 """Leasing from a position in the due index, and the fleet-wide sweep
-(sql/007_lease_cursor.sql, lease_batch() in dispatcher/worker.c).
+(outbox_lease in sql/functions/30_dispatcher.sql, lease_batch() in dispatcher/worker.c).
 
 A worker leases from just after the last row it leased, so that a lease
 does not walk the dead entries earlier rows left at the head of the index

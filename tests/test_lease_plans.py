@@ -1,5 +1,5 @@
 """The lease keeps using the due index when the table grows under a worker's
-session (sql/008_lease_plans.sql).
+session (plan_cache_mode in sql/functions/30_dispatcher.sql).
 
 PL/pgSQL caches a generic plan of a statement after five calls.  Cached
 while effect_outbox was empty, the lease's plan read the whole table on
@@ -73,7 +73,7 @@ def test_complete_finds_its_rows_by_key_not_by_the_index_of_rows_in_flight(conn)
     flight for it (it looks tiny in the statistics) and read all of it on
     every call: under a snapshot held for a minute, every dead entry of every
     effect sent so far (21,000 pages, 58 ms per call).  Since
-    sql/010_sending_index.sql that index cannot answer this query."""
+    its predicate (sql/100_baseline.sql) that index cannot answer this query."""
     kill_switch(conn, True)
     owner = str(uuid.uuid4())
     ids = finished_rows_and_some_in_flight(conn, owner, pending=50, in_flight=50)
@@ -93,7 +93,7 @@ def test_complete_finds_its_rows_by_key_not_by_the_index_of_rows_in_flight(conn)
 def test_kill_switch_lists_every_row_in_flight_from_indexes(conn):
     """outbox_kill_switch_set lists the effects in flight while it holds
     the kill-switch lock that every outbox_mark_sending waits for.  Since
-    sql/011_inflight_list.sql the list reads two partial indexes (rows in
+    sql/100_baseline.sql the list reads two partial indexes (rows in
     flight with a deadline, and the ones someone set to `sending` by hand
     without one), not the whole table, and still lists both kinds.
     (`outboxctl status` counts the same two ways: its count is checked in
@@ -114,7 +114,7 @@ def test_kill_switch_lists_every_row_in_flight_from_indexes(conn):
 
 
 def test_weekly_figures_read_only_this_weeks_rows(conn):
-    """The workers' weekly figures (sql/014) read this week's effects through
+    """The workers' weekly figures (outbox_weekly_figures) read this week's effects through
     the created_at block-range index, not the whole table: with the view's
     26 weeks they read every row kept, some twenty seconds at two million."""
     key = make_run(conn)

@@ -1,5 +1,5 @@
--- 005_operator.sql: the operator's acts behind outboxctl (SPEC.md
--- "Operations") and the seeds' weekly figures.
+-- functions/40_operator.sql: the operator's acts behind outboxctl
+-- (docs/design.md, "Operations"; docs/operating.md).
 --
 -- Each act is one SECURITY DEFINER function: it locks the effect, checks
 -- its state, changes it and records who did it and why in
@@ -18,7 +18,7 @@
 -- never edited.
 
 -- The checks every act shares.
-CREATE FUNCTION outbox_op_check(p_fn text, p_operator text, p_reason text)
+CREATE OR REPLACE FUNCTION outbox_op_check(p_fn text, p_operator text, p_reason text)
 RETURNS void
 LANGUAGE plpgsql AS $$
 BEGIN
@@ -28,19 +28,12 @@ BEGIN
     END IF;
 END $$;
 
--- Replacements are found by the original they name: the foreign key check
--- when pruning an original, and prune's own "is it still referenced" test,
--- would otherwise scan the whole table per row.  Few rows carry it, so the
--- index is small (and quick to build on an upgraded database).
-CREATE INDEX effect_outbox_replaces_idx ON effect_outbox (replaces_effect)
-    WHERE replaces_effect IS NOT NULL;
-
 -- unknown -> completed (the provider has it) or pending with the same key
 -- (the provider proves it never received it).  Never anything automatic:
--- this is the operator's recorded decision (SPEC.md "Effect states").
+-- this is the operator's recorded decision (docs/design.md, "Effect states").
 -- A sent effect with no provider id gets a local reference to the
 -- decision, so every completed effect has one.
-CREATE FUNCTION outbox_resolve_unknown(p_effect_id uuid, p_sent boolean, p_operator text,
+CREATE OR REPLACE FUNCTION outbox_resolve_unknown(p_effect_id uuid, p_sent boolean, p_operator text,
                                        p_reason text, p_provider_id text DEFAULT NULL)
 RETURNS TABLE (applied boolean, state text, idempotency_key text, provider_id text,
                run_state text)
@@ -121,7 +114,7 @@ END $$;
 -- workflow is not re-run, only the approved effect's delivery) once no
 -- other effect of it is failed, so its completion is recorded.  Called
 -- with the row already locked and checked; not granted to anyone.
-CREATE FUNCTION outbox_requeue_locked(p_effect_id uuid, p_operator text, p_reason text,
+CREATE OR REPLACE FUNCTION outbox_requeue_locked(p_effect_id uuid, p_operator text, p_reason text,
                                       p_detail jsonb)
 RETURNS text
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
@@ -159,7 +152,7 @@ BEGIN
     RETURN coalesce(run_after, run_before);
 END $$;
 
-CREATE FUNCTION outbox_requeue(p_effect_id uuid, p_operator text, p_reason text)
+CREATE OR REPLACE FUNCTION outbox_requeue(p_effect_id uuid, p_operator text, p_reason text)
 RETURNS TABLE (applied boolean, state text, idempotency_key text, last_error_class text,
                run_state text)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
@@ -185,7 +178,7 @@ END $$;
 
 -- Every failed effect that failed at or after p_since, oldest first.
 -- Cancelled effects are left alone: someone decided they must not go.
-CREATE FUNCTION outbox_requeue_failed_since(p_since timestamptz, p_operator text, p_reason text)
+CREATE OR REPLACE FUNCTION outbox_requeue_failed_since(p_since timestamptz, p_operator text, p_reason text)
 RETURNS TABLE (effect_id uuid, idempotency_key text, effect_type text, target text,
                last_error_class text, run_state text)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
@@ -231,7 +224,7 @@ END $$;
 --          wrong_state the original may still be sent (pending, sending,
 --                      unknown): cancel or resolve it first
 --          key_taken   the new key belongs to another run (state = its state)
-CREATE FUNCTION outbox_replace(p_effect_id uuid, p_new_key text, p_operator text, p_reason text,
+CREATE OR REPLACE FUNCTION outbox_replace(p_effect_id uuid, p_new_key text, p_operator text, p_reason text,
                                p_target text DEFAULT NULL, p_payload jsonb DEFAULT NULL)
 RETURNS TABLE (status text, state text, new_effect_id uuid, new_key text, original_key text)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
@@ -315,7 +308,7 @@ END $$;
 -- Never pending, sending or unknown rows; never the attempts log (the
 -- evidence is append-only); never an original whose replacement is still
 -- here (its link would break).
-CREATE FUNCTION outbox_prune(p_older_than interval, p_batch integer, p_operator text,
+CREATE OR REPLACE FUNCTION outbox_prune(p_older_than interval, p_batch integer, p_operator text,
                              p_reason text)
 RETURNS integer
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
@@ -350,89 +343,20 @@ BEGIN
     RETURN n;
 END $$;
 
--- The seeds' weekly figures, one row per week (Monday 00:00 UTC) for the
--- last 26 weeks, newest first.  Effect figures only reach back as far as
--- retention keeps effects.
---   duplicate_share      claims that found the key already taken / claims
---   approval_wait_*      consumed_at - created_at of approvals consumed
---                        that week, in seconds (our measurements)
---   validation_failure_share  effects failed as 'invalid' / effects created
---   automatic / human_approved  effects created without / with an approver
---   retries_exhausted    effects that failed that week after retryable or
---                        ambiguous outcomes used up their attempts
-CREATE VIEW outbox_weekly_stats AS
--- Weeks are computed on UTC wall time (timestamp, not timestamptz) so that
--- a session's time zone, and its DST changes, cannot shift them.
-WITH bounds AS (
-    SELECT s AS since_utc, s AT TIME ZONE 'UTC' AS since
-      FROM (SELECT date_trunc('week', now() AT TIME ZONE 'UTC') - interval '25 weeks') AS t(s)),
-weeks AS (
-    SELECT generate_series(b.since_utc, date_trunc('week', now() AT TIME ZONE 'UTC'),
-                           interval '1 week') AS week
-      FROM bounds b),
-claims AS (
-    SELECT date_trunc('week', c.claimed_at AT TIME ZONE 'UTC') AS week, count(*) AS claims,
-           count(*) FILTER (WHERE c.outcome <> 'claimed') AS duplicates
-      FROM run_claims c, bounds b WHERE c.claimed_at >= b.since GROUP BY 1),
-waits AS (
-    SELECT date_trunc('week', a.consumed_at AT TIME ZONE 'UTC') AS week, count(*) AS approvals,
-           percentile_cont(0.5) WITHIN GROUP (
-               ORDER BY extract(epoch FROM a.consumed_at - a.created_at)) AS p50,
-           percentile_cont(0.95) WITHIN GROUP (
-               ORDER BY extract(epoch FROM a.consumed_at - a.created_at)) AS p95
-      FROM approvals a, bounds b WHERE a.consumed_at >= b.since GROUP BY 1),
-created AS (
-    SELECT date_trunc('week', o.created_at AT TIME ZONE 'UTC') AS week, count(*) AS effects,
-           count(*) FILTER (WHERE o.state = 'failed' AND o.last_error_class = 'invalid') AS invalid,
-           count(*) FILTER (WHERE o.approved_by IS NULL) AS automatic,
-           count(*) FILTER (WHERE o.approved_by IS NOT NULL) AS human
-      FROM effect_outbox o, bounds b WHERE o.created_at >= b.since GROUP BY 1),
-exhausted AS (
-    SELECT date_trunc('week', o.completed_at AT TIME ZONE 'UTC') AS week, count(*) AS n
-      FROM effect_outbox o, bounds b
-     WHERE o.state = 'failed' AND o.last_error_class IN ('retry', 'not_sent', 'ambiguous')
-       AND o.completed_at >= b.since
-     GROUP BY 1)
-SELECT w.week AT TIME ZONE 'UTC' AS week_start,
-       coalesce(c.claims, 0) AS claims,
-       coalesce(c.duplicates, 0) AS duplicate_claims,
-       round(c.duplicates::numeric / nullif(c.claims, 0), 4) AS duplicate_share,
-       coalesce(a.approvals, 0) AS approvals_consumed,
-       round(a.p50::numeric, 3) AS approval_wait_p50_seconds,
-       round(a.p95::numeric, 3) AS approval_wait_p95_seconds,
-       coalesce(e.effects, 0) AS effects_created,
-       coalesce(e.invalid, 0) AS validation_failures,
-       round(e.invalid::numeric / nullif(e.effects, 0), 4) AS validation_failure_share,
-       coalesce(e.automatic, 0) AS automatic,
-       coalesce(e.human, 0) AS human_approved,
-       round(e.automatic::numeric / nullif(e.effects, 0), 4) AS automatic_share,
-       coalesce(x.n, 0) AS retries_exhausted
-  FROM weeks w
-  LEFT JOIN claims c ON c.week = w.week
-  LEFT JOIN waits a ON a.week = w.week
-  LEFT JOIN created e ON e.week = w.week
-  LEFT JOIN exhausted x ON x.week = w.week
- ORDER BY w.week DESC;
-
--- Functions are executable by PUBLIC when created: take that back, and
--- give the acts to the operator role only.
+-- Nobody may call these but the roles named here.
 REVOKE EXECUTE ON FUNCTION
     outbox_op_check(text, text, text),
     outbox_resolve_unknown(uuid, boolean, text, text, text),
     outbox_requeue_locked(uuid, text, text, jsonb),
     outbox_requeue(uuid, text, text),
-    outbox_requeue_failed_since(timestamptz, text, text),
+    outbox_requeue_failed_since(timestamp with time zone, text, text),
     outbox_replace(uuid, text, text, text, text, jsonb),
     outbox_prune(interval, integer, text, text)
     FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION
     outbox_resolve_unknown(uuid, boolean, text, text, text),
     outbox_requeue(uuid, text, text),
-    outbox_requeue_failed_since(timestamptz, text, text),
+    outbox_requeue_failed_since(timestamp with time zone, text, text),
     outbox_replace(uuid, text, text, text, text, jsonb),
     outbox_prune(interval, integer, text, text)
     TO outbox_operator;
-GRANT SELECT ON outbox_weekly_stats TO outbox_operator;
--- Workers export the current week's figures as metrics.  The view runs with
--- its owner's rights, so this exposes aggregates, not approvals.
-GRANT SELECT ON outbox_weekly_stats TO outbox_dispatcher;

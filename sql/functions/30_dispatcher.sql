@@ -1,60 +1,89 @@
--- 003_dispatcher.sql: the statements the workers run, as functions, and
--- the kill switch.
+-- functions/30_dispatcher.sql: the statements the workers run, as
+-- functions, and the kill switch.
 --
 -- Each takes arrays or a JSON batch so that a worker spends one round trip
 -- per batch, not per effect.  The batch functions plan every statement for
 -- the batch at hand (plan_cache_mode): a generic plan cached while the
--- table was small turns key lookups into scans of the whole table later.  Every transition is a compare-and-set on
+-- table was small turns key lookups into scans of the whole table later
+-- (docs/performance.md).  Every transition is a compare-and-set on
 -- (effect, lease owner, state): a worker whose lease is gone changes nothing.
 
 -- The kill-switch lock.  mark_sending holds it shared for the length of its
 -- transaction; turning the switch off takes it exclusively.  So once the
 -- "off" has committed, every mark_sending either committed before (its rows
--- are listed as in flight) or reads "off" (SPEC.md "Kill switch").
-CREATE FUNCTION outbox_kill_switch_lock_key() RETURNS bigint
+-- are listed as in flight) or reads "off" (docs/design.md, "Kill switch").
+CREATE OR REPLACE FUNCTION outbox_kill_switch_lock_key() RETURNS bigint
 LANGUAGE sql IMMUTABLE AS $$ SELECT 7262935012345678901::bigint $$;
 
--- Lease up to p_limit due pending rows.  Returns nothing while the kill
--- switch is off (env flag or control row): leasing then would only cost a
--- release.  The authoritative check is in outbox_mark_sending.
-CREATE FUNCTION outbox_lease(p_owner uuid, p_worker text, p_limit integer,
+-- Lease up to p_limit due pending rows, in (available_at, effect_id) order,
+-- starting after (p_after_at, p_after_id) when given (at most 50 ms ago).  Rows come back in
+-- that order, with available_at, so the caller's next position is the last
+-- row.  Returns nothing while the kill switch is off (env flag or control
+-- row): leasing then would only cost a release.  The authoritative check is
+-- in outbox_mark_sending.
+CREATE OR REPLACE FUNCTION outbox_lease(p_owner uuid, p_worker text, p_limit integer,
                              p_lease_seconds integer, p_types text[],
-                             p_env_enabled boolean)
+                             p_env_enabled boolean,
+                             p_after_at timestamptz DEFAULT NULL,
+                             p_after_id uuid DEFAULT NULL)
 RETURNS TABLE (effect_id uuid, idempotency_key text, effect_type text, target text,
                payload text, payload_hash text, effect_key text, attempts integer,
-               metadata text, approved_by text, retry_base integer)
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
+               metadata text, approved_by text, retry_base integer,
+               available_at timestamptz)
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp
+    SET plan_cache_mode = force_custom_plan AS $$
 #variable_conflict use_column
+DECLARE
+    after_at timestamptz := p_after_at;
+    after_id uuid := p_after_id;
 BEGIN
     IF NOT p_env_enabled OR NOT (SELECT c.enabled FROM outbox_control c WHERE c.id = 1) THEN
         RETURN;
     END IF;
+    -- A position less than 50 ms old moves back to 50 ms ago: producers'
+    -- transactions that commit a little out of order put rows just behind
+    -- the last one leased.  (Not a look-back from the last row: one bulk
+    -- insert gives all its rows the same available_at.)
+    IF after_at > now() - interval '50 milliseconds' THEN
+        after_at := now() - interval '50 milliseconds';
+        after_id := NULL;
+    END IF;
+    -- One statement shape whether or not a position is given, so that its
+    -- cached plan is always the index range scan.
+    after_at := coalesce(after_at, '-infinity');
+    after_id := coalesce(after_id, '00000000-0000-0000-0000-000000000000');
     RETURN QUERY
     WITH due AS (
         SELECT o.effect_id FROM effect_outbox o
          WHERE o.state = 'pending'
+           AND (o.available_at, o.effect_id) > (after_at, after_id)
            AND o.available_at <= now()
            AND (o.lease_expires_at IS NULL OR o.lease_expires_at < now())
            AND o.effect_type = ANY (p_types)
-         ORDER BY o.available_at
+         ORDER BY o.available_at, o.effect_id
          LIMIT p_limit
-         FOR UPDATE SKIP LOCKED)
-    UPDATE effect_outbox o
-       SET lease_owner = p_owner, lease_worker = p_worker, leased_at = now(),
-           lease_expires_at = now() + make_interval(secs => p_lease_seconds)
-      FROM due
-     WHERE o.effect_id = due.effect_id
-    RETURNING o.effect_id, o.idempotency_key, o.effect_type, o.target, o.payload::text,
-              o.payload_hash, o.effect_key, o.attempts, o.metadata::text, o.approved_by,
-              o.retry_base;
+         FOR UPDATE SKIP LOCKED),
+    leased AS (
+        UPDATE effect_outbox o
+           SET lease_owner = p_owner, lease_worker = p_worker, leased_at = now(),
+               lease_expires_at = now() + make_interval(secs => p_lease_seconds)
+          FROM due
+         WHERE o.effect_id = due.effect_id
+        RETURNING o.effect_id, o.idempotency_key, o.effect_type, o.target, o.payload::text,
+                  o.payload_hash, o.effect_key, o.attempts, o.metadata::text, o.approved_by,
+                  o.retry_base, o.available_at)
+    SELECT * FROM leased l ORDER BY l.available_at, l.effect_id;
 END $$;
 
--- pending + lease -> sending, by CAS, with the kill switch read under its
--- lock.  Spends one attempt per row.  When the switch is off, the leases
--- are released (no attempt spent) and every id comes back with blocked.
-CREATE FUNCTION outbox_mark_sending(p_owner uuid, p_ids uuid[], p_env_enabled boolean,
-                                    p_idempotent_types text[], p_lease_seconds integer,
-                                    p_call uuid DEFAULT NULL)
+-- The commit point (docs/design.md, "Effect states"): leased rows of
+-- p_owner move to `sending` only while the kill switch allows it, read
+-- under its shared lock.  Blocked rows go back to pending without spending
+-- an attempt.  A call repeated after a lost connection (same p_call) gets
+-- back the rows it already moved; that second half is read only when some
+-- id did not move.
+CREATE OR REPLACE FUNCTION outbox_mark_sending(p_owner uuid, p_ids uuid[], p_env_enabled boolean,
+                                               p_idempotent_types text[], p_lease_seconds integer,
+                                               p_call uuid DEFAULT NULL)
 RETURNS TABLE (effect_id uuid, attempts integer, blocked boolean)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp
     SET plan_cache_mode = force_custom_plan AS $$
@@ -90,23 +119,24 @@ BEGIN
         RETURNING o.effect_id, o.attempts)
     SELECT coalesce(array_agg(u.effect_id), '{}'), coalesce(array_agg(u.attempts), '{}')
       INTO ids, atts FROM u;
+    RETURN QUERY SELECT x.id, x.att, false FROM unnest(ids, atts) AS x(id, att);
     -- Rows this very call already moved to `sending` come back too: the
     -- call is repeated (same p_call) after a lost connection, when the first
     -- one may have committed, and its answer was never seen, so nothing was
     -- sent.  Another call never gets them.
-    RETURN QUERY
-    SELECT x.id, x.att, false FROM unnest(ids, atts) AS x(id, att)
-    UNION ALL
-    SELECT o.effect_id, o.attempts, false FROM effect_outbox o
-     WHERE o.effect_id = ANY (p_ids) AND NOT o.effect_id = ANY (ids)
-       AND o.lease_owner = p_owner AND o.state = 'sending'
-       AND p_call IS NOT NULL AND o.mark_token = p_call;
+    IF p_call IS NOT NULL AND cardinality(ids) < cardinality(p_ids) THEN
+        RETURN QUERY
+        SELECT o.effect_id, o.attempts, false FROM effect_outbox o
+         WHERE o.effect_id = ANY (p_ids) AND NOT o.effect_id = ANY (ids)
+           AND o.lease_owner = p_owner AND o.state = 'sending'
+           AND o.mark_token = p_call;
+    END IF;
 END $$;
 
 -- Heartbeat: extend the leases this worker still holds, never past
 -- sending_since + p_max_lease_seconds (the cap on total lease time).
 -- Returns the ids renewed; an id missing from the answer has been lost.
-CREATE FUNCTION outbox_renew(p_owner uuid, p_ids uuid[], p_lease_seconds integer,
+CREATE OR REPLACE FUNCTION outbox_renew(p_owner uuid, p_ids uuid[], p_lease_seconds integer,
                              p_max_lease_seconds integer)
 RETURNS TABLE (effect_id uuid, lease_expires_at timestamptz)
 LANGUAGE sql SECURITY DEFINER SET search_path = public, pg_temp AS $$
@@ -123,9 +153,10 @@ $$;
 
 -- Give back leased rows that were not sent (shutdown, breaker open, host
 -- busy): no attempt spent, optionally not due again before p_delay_ms.
-CREATE FUNCTION outbox_release(p_owner uuid, p_ids uuid[], p_delay_ms bigint DEFAULT 0)
+CREATE OR REPLACE FUNCTION outbox_release(p_owner uuid, p_ids uuid[], p_delay_ms bigint DEFAULT 0)
 RETURNS integer
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp
+    SET plan_cache_mode = force_custom_plan AS $$
 #variable_conflict use_column
 DECLARE
     n integer;
@@ -143,7 +174,7 @@ END $$;
 -- becomes failed_terminal; a run whose effects are all completed becomes
 -- completed.  Locks the runs in key order first, so two workers finishing
 -- the last two effects of one run cannot both miss the other's commit.
-CREATE FUNCTION outbox_advance_runs(p_failed text[], p_completed text[])
+CREATE OR REPLACE FUNCTION outbox_advance_runs(p_failed text[], p_completed text[])
 RETURNS void
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp
     SET plan_cache_mode = force_custom_plan AS $$
@@ -174,7 +205,7 @@ END $$;
 -- next_state.  Every element becomes an attempts-log row, whether or not
 -- the CAS still matches (a worker that lost its lease still leaves its
 -- evidence).  Returns, per element, whether the state change applied.
-CREATE FUNCTION outbox_complete(p_owner uuid, p_worker text, p_results jsonb)
+CREATE OR REPLACE FUNCTION outbox_complete(p_owner uuid, p_worker text, p_results jsonb)
 RETURNS TABLE (effect_id uuid, applied boolean, state text)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp
     SET plan_cache_mode = force_custom_plan AS $$
@@ -254,7 +285,7 @@ END $$;
 -- invalid target, unknown type): nothing reached a provider, so no
 -- attempt is spent and no attempt row is written; the reason is stored.
 -- p_items: JSON array of {effect_id, error_class, error}.
-CREATE FUNCTION outbox_fail_invalid(p_owner uuid, p_items jsonb)
+CREATE OR REPLACE FUNCTION outbox_fail_invalid(p_owner uuid, p_items jsonb)
 RETURNS TABLE (effect_id uuid)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp
     SET plan_cache_mode = force_custom_plan AS $$
@@ -279,23 +310,22 @@ BEGIN
     RETURN QUERY SELECT unnest(ids);
 END $$;
 
--- The reaper, safe with every worker running it (SKIP LOCKED):
---  - a `sending` row whose lease expired belonged to a worker that died,
---    stopped or lost its database: it goes to `unknown`, or back to
---    `pending` with the same key when the provider honours keys; an
---    ambiguous attempt row records why;
---  - an expired lease on a `pending` row is simply freed.
-CREATE FUNCTION outbox_reap(p_worker text, p_limit integer DEFAULT 500)
+-- The reaper: a `sending` row whose send_deadline passed belonged to a
+-- worker that died or stalled mid-send.  It goes to `unknown`, or back to
+-- pending with the same key where the provider honours keys; never simply
+-- re-sent.
+CREATE OR REPLACE FUNCTION outbox_reap(p_worker text, p_limit integer DEFAULT 500)
 RETURNS TABLE (effect_id uuid, state text, lost_worker text)
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp
+    SET plan_cache_mode = force_custom_plan AS $$
 #variable_conflict use_column
 BEGIN
     RETURN QUERY
     WITH expired AS (
         SELECT o.effect_id, o.lease_worker, o.lease_owner, o.attempts, o.sending_since
           FROM effect_outbox o
-         WHERE o.state = 'sending' AND o.lease_expires_at < now()
-         ORDER BY o.lease_expires_at
+         WHERE o.state = 'sending' AND o.send_deadline < now()
+         ORDER BY o.send_deadline
          LIMIT p_limit
            FOR UPDATE SKIP LOCKED),
     moved AS (
@@ -320,17 +350,11 @@ BEGIN
                || ' lost; state ' || m.state, true, m.metadata
           FROM moved m)
     SELECT m.effect_id, m.state, m.lease_worker FROM moved m;
-
-    UPDATE effect_outbox o
-       SET lease_owner = NULL, lease_expires_at = NULL, lease_worker = NULL
-     WHERE o.effect_id IN (SELECT p.effect_id FROM effect_outbox p
-                            WHERE p.state = 'pending' AND p.lease_expires_at < now()
-                            LIMIT p_limit FOR UPDATE SKIP LOCKED);
 END $$;
 
 -- Workers say which effect types they serve; rows of a type no worker has
 -- served are failed after a grace period instead of waiting forever.
-CREATE FUNCTION outbox_register_providers(p_names text[], p_reconcilable text[])
+CREATE OR REPLACE FUNCTION outbox_register_providers(p_names text[], p_reconcilable text[])
 RETURNS void
 LANGUAGE sql SECURITY DEFINER SET search_path = public, pg_temp AS $$
     INSERT INTO outbox_providers (name, can_reconcile, last_seen)
@@ -338,7 +362,7 @@ LANGUAGE sql SECURITY DEFINER SET search_path = public, pg_temp AS $$
     ON CONFLICT (name) DO UPDATE SET last_seen = now(), can_reconcile = EXCLUDED.can_reconcile;
 $$;
 
-CREATE FUNCTION outbox_fail_unknown_types(p_grace_seconds integer, p_limit integer DEFAULT 500)
+CREATE OR REPLACE FUNCTION outbox_fail_unknown_types(p_grace_seconds integer, p_limit integer DEFAULT 500)
 RETURNS TABLE (effect_id uuid, effect_type text)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 #variable_conflict use_column
@@ -370,11 +394,7 @@ BEGIN
     RETURN QUERY SELECT * FROM unnest(ids, types);
 END $$;
 
--- Turn the kill switch on or off, with who and why in the history.  Turning
--- it off takes the kill-switch lock exclusively, which waits for every
--- mark_sending in progress; the effects in flight are read after that, in
--- the same transaction, so the list is complete.
-CREATE FUNCTION outbox_kill_switch_set(p_enabled boolean, p_operator text, p_reason text)
+CREATE OR REPLACE FUNCTION outbox_kill_switch_set(p_enabled boolean, p_operator text, p_reason text)
 RETURNS TABLE (effect_id uuid, effect_key text, effect_type text, target text,
                worker text, sending_since timestamptz)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
@@ -394,6 +414,41 @@ BEGIN
         PERFORM pg_notify('effect_outbox', 'kill-switch-on');
     END IF;
     RETURN QUERY
-    SELECT o.effect_id, o.effect_key, o.effect_type, o.target, o.lease_worker, o.sending_since
-      FROM effect_outbox o WHERE o.state = 'sending' ORDER BY o.sending_since;
+    SELECT i.effect_id, i.effect_key, i.effect_type, i.target, i.lease_worker, i.sending_since
+      FROM (SELECT o.effect_id, o.effect_key, o.effect_type, o.target, o.lease_worker, o.sending_since
+              FROM effect_outbox o WHERE o.state = 'sending' AND o.send_deadline IS NOT NULL
+            UNION ALL
+            SELECT o.effect_id, o.effect_key, o.effect_type, o.target, o.lease_worker, o.sending_since
+              FROM effect_outbox o WHERE o.state = 'sending' AND o.send_deadline IS NULL) i
+     ORDER BY i.sending_since;
 END $$;
+
+-- Nobody may call these but the roles named here.
+REVOKE EXECUTE ON FUNCTION
+    outbox_kill_switch_lock_key(),
+    outbox_lease(uuid, text, integer, integer, text[], boolean, timestamp with time zone, uuid),
+    outbox_mark_sending(uuid, uuid[], boolean, text[], integer, uuid),
+    outbox_renew(uuid, uuid[], integer, integer),
+    outbox_release(uuid, uuid[], bigint),
+    outbox_advance_runs(text[], text[]),
+    outbox_complete(uuid, text, jsonb),
+    outbox_fail_invalid(uuid, jsonb),
+    outbox_reap(text, integer),
+    outbox_register_providers(text[], text[]),
+    outbox_fail_unknown_types(integer, integer),
+    outbox_kill_switch_set(boolean, text, text)
+    FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION
+    outbox_lease(uuid, text, integer, integer, text[], boolean, timestamp with time zone, uuid),
+    outbox_mark_sending(uuid, uuid[], boolean, text[], integer, uuid),
+    outbox_renew(uuid, uuid[], integer, integer),
+    outbox_release(uuid, uuid[], bigint),
+    outbox_complete(uuid, text, jsonb),
+    outbox_fail_invalid(uuid, jsonb),
+    outbox_reap(text, integer),
+    outbox_register_providers(text[], text[]),
+    outbox_fail_unknown_types(integer, integer)
+    TO outbox_dispatcher;
+GRANT EXECUTE ON FUNCTION
+    outbox_kill_switch_set(boolean, text, text)
+    TO outbox_operator;

@@ -1,5 +1,6 @@
--- 006_reconcile.sql: reconciliation of `unknown` effects (SPEC.md "Effect
--- states": unknown -> completed / pending, never an automatic re-send).
+-- functions/50_reconcile.sql: reconciliation of `unknown` effects
+-- (docs/design.md, "Effect states": unknown -> completed / pending, never
+-- an automatic re-send).
 --
 -- A worker's reconcile pass (periodic, or at once on NOTIFY effect_outbox
 -- 'reconcile', which `outboxctl reconcile` sends) leases a batch of
@@ -12,18 +13,19 @@
 
 -- Seconds a reconcile lease lasts.  Longer than any provider lookup should
 -- take (the provider's timeout_ms bounds each lookup).
-CREATE FUNCTION outbox_reconcile_lease_seconds() RETURNS integer
+CREATE OR REPLACE FUNCTION outbox_reconcile_lease_seconds() RETURNS integer
 LANGUAGE sql IMMUTABLE AS $$ SELECT 60 $$;
 
 -- Lease up to p_limit `unknown` rows of p_types that nobody is reconciling
 -- and that were not asked about in the last p_min_interval_seconds (0: any).
 -- The least recently asked come first, so a batch of "cannot tell" answers
 -- does not starve the rest.
-CREATE FUNCTION outbox_reconcile_lease(p_owner uuid, p_worker text, p_types text[],
+CREATE OR REPLACE FUNCTION outbox_reconcile_lease(p_owner uuid, p_worker text, p_types text[],
                                        p_limit integer, p_min_interval_seconds integer)
 RETURNS TABLE (effect_id uuid, idempotency_key text, effect_type text, target text,
                payload text, payload_hash text, effect_key text, attempts integer)
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp
+    SET plan_cache_mode = force_custom_plan AS $$
 BEGIN
     IF p_owner IS NULL OR p_limit IS NULL OR p_limit < 1 THEN
         RETURN;
@@ -69,9 +71,10 @@ END $$;
 --
 -- Returns, per element, whether the state change applied and the state it
 -- set (NULL when it did not apply).
-CREATE FUNCTION outbox_reconcile_record(p_owner uuid, p_worker text, p_results jsonb)
+CREATE OR REPLACE FUNCTION outbox_reconcile_record(p_owner uuid, p_worker text, p_results jsonb)
 RETURNS TABLE (effect_id uuid, applied boolean, state text)
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp
+    SET plan_cache_mode = force_custom_plan AS $$
 DECLARE
     bad text;
     done_ids uuid[];
@@ -169,6 +172,7 @@ BEGIN
      ORDER BY x.n;
 END $$;
 
+-- Nobody may call these but the roles named here.
 REVOKE EXECUTE ON FUNCTION
     outbox_reconcile_lease_seconds(),
     outbox_reconcile_lease(uuid, text, text[], integer, integer),

@@ -1,5 +1,6 @@
--- 002_producer.sql: the functions n8n workflows (and other producers) call,
--- one statement per step of the seeds' reference sequence.
+-- functions/20_producer.sql: the functions n8n workflows (and other
+-- producers) call, one statement per step of the reference sequence
+-- (README, "From n8n, step by step").
 --
 -- All are SECURITY DEFINER with a fixed search_path: the producer role gets
 -- EXECUTE on them and nothing that lets it change an effect's state.
@@ -13,7 +14,7 @@
 --                    (awaiting_human, approved, completed, failed_terminal):
 --                    return `state`/`result` to the caller, do nothing else
 --   payload_mismatch same key, different payload hash: stop and investigate
-CREATE FUNCTION outbox_claim_run(p_key text, p_payload_hash text, p_owner uuid,
+CREATE OR REPLACE FUNCTION outbox_claim_run(p_key text, p_payload_hash text, p_owner uuid,
                                  p_lease_seconds integer DEFAULT 300)
 RETURNS TABLE (status text, idempotency_key text, state text, lease_owner uuid,
                version bigint, result jsonb)
@@ -72,7 +73,7 @@ END $$;
 -- is processing, and each renewal at most a day ahead.  There is no cap on
 -- the total time yet (that needs the claim time, which workflow_runs does
 -- not record): a workflow must not renew forever.
-CREATE FUNCTION outbox_renew_run(p_key text, p_owner uuid, p_version bigint,
+CREATE OR REPLACE FUNCTION outbox_renew_run(p_key text, p_owner uuid, p_version bigint,
                                  p_lease_seconds integer DEFAULT 300)
 RETURNS bigint
 LANGUAGE sql SECURITY DEFINER SET search_path = public, pg_temp AS $$
@@ -90,7 +91,7 @@ $$;
 -- that has left `processing` (awaiting a human, approved, finished) is not
 -- held by it, so its former owner cannot move it on (an approval, the
 -- dispatcher or a new claim of a failed_retryable run does).
-CREATE FUNCTION outbox_transition_run(p_key text, p_owner uuid, p_version bigint,
+CREATE OR REPLACE FUNCTION outbox_transition_run(p_key text, p_owner uuid, p_version bigint,
                                       p_state text, p_result jsonb DEFAULT NULL)
 RETURNS TABLE (version bigint)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
@@ -117,7 +118,7 @@ END $$;
 -- Step 6: CAS the run to awaiting_human and create a one-time approval.
 -- Only the SHA-256 of the token is passed and stored; the raw token exists
 -- only in the message to the approver.  No row: the caller lost its lease.
-CREATE FUNCTION outbox_create_approval(p_key text, p_owner uuid, p_version bigint,
+CREATE OR REPLACE FUNCTION outbox_create_approval(p_key text, p_owner uuid, p_version bigint,
                                        p_token_sha256 bytea,
                                        p_allowed_decisions text[],
                                        p_expires_in_seconds integer,
@@ -186,7 +187,7 @@ END $$;
 
 -- What a confirmation page may show (GET changes nothing): no hash, no
 -- other approvals, nothing once the token is used or expired.
-CREATE FUNCTION outbox_peek_approval(p_token_sha256 bytea)
+CREATE OR REPLACE FUNCTION outbox_peek_approval(p_token_sha256 bytea)
 RETURNS TABLE (idempotency_key text, allowed_decisions text[], expires_at timestamptz,
                approver_audience text, proposed_effects jsonb, run_state text)
 LANGUAGE sql STABLE SECURITY DEFINER SET search_path = public, pg_temp AS $$
@@ -204,7 +205,7 @@ $$;
 -- or set failed_terminal with the reason (reject).  No row back: the token
 -- is unknown, used, expired, the decision is not allowed, or the run moved
 -- on, and nothing was consumed or enqueued.  Any error rolls all of it back.
-CREATE FUNCTION outbox_consume_approval(p_token_sha256 bytea, p_decision text,
+CREATE OR REPLACE FUNCTION outbox_consume_approval(p_token_sha256 bytea, p_decision text,
                                         p_approver text)
 RETURNS TABLE (idempotency_key text, decision text, effect_id uuid,
                effect_type text, target text)
@@ -271,7 +272,7 @@ END $$;
 -- Approve-by-exception and act-with-window: enqueue one effect directly.
 -- A duplicate (key, type, target) inserts nothing and returns the existing
 -- effect with inserted = false, so at-least-once producers can call it twice.
-CREATE FUNCTION outbox_enqueue(p_key text, p_effect_type text, p_target text,
+CREATE OR REPLACE FUNCTION outbox_enqueue(p_key text, p_effect_type text, p_target text,
                                p_payload jsonb, p_metadata jsonb DEFAULT NULL,
                                p_delay_seconds integer DEFAULT 0)
 RETURNS TABLE (effect_id uuid, inserted boolean, state text, available_at timestamptz)
@@ -306,7 +307,7 @@ END $$;
 -- run ends failed_terminal with the reason (it would otherwise wait in
 -- `approved` for an effect that will never be sent); a changed mind is a
 -- new event with its own key (re-run protocol step 3).
-CREATE FUNCTION outbox_cancel(p_effect_id uuid, p_reason text DEFAULT 'cancelled',
+CREATE OR REPLACE FUNCTION outbox_cancel(p_effect_id uuid, p_reason text DEFAULT 'cancelled',
                               p_actor text DEFAULT 'producer')
 RETURNS boolean
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
@@ -334,3 +335,25 @@ BEGIN
             coalesce(nullif(p_reason, ''), 'cancelled'));
     RETURN true;
 END $$;
+
+-- Nobody may call these but the roles named here.
+REVOKE EXECUTE ON FUNCTION
+    outbox_claim_run(text, text, uuid, integer),
+    outbox_renew_run(text, uuid, bigint, integer),
+    outbox_transition_run(text, uuid, bigint, text, jsonb),
+    outbox_create_approval(text, uuid, bigint, bytea, text[], integer, jsonb, text, jsonb),
+    outbox_peek_approval(bytea),
+    outbox_consume_approval(bytea, text, text),
+    outbox_enqueue(text, text, text, jsonb, jsonb, integer),
+    outbox_cancel(uuid, text, text)
+    FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION
+    outbox_claim_run(text, text, uuid, integer),
+    outbox_renew_run(text, uuid, bigint, integer),
+    outbox_transition_run(text, uuid, bigint, text, jsonb),
+    outbox_create_approval(text, uuid, bigint, bytea, text[], integer, jsonb, text, jsonb),
+    outbox_peek_approval(bytea),
+    outbox_consume_approval(bytea, text, text),
+    outbox_enqueue(text, text, text, jsonb, jsonb, integer),
+    outbox_cancel(uuid, text, text)
+    TO outbox_producer;

@@ -1,0 +1,157 @@
+-- functions/60_housekeeping.sql: what one worker of the fleet runs for all
+-- of it, at most every few seconds or minutes (an advisory lock and a
+-- timestamp row decide who): failing rows of effect types nobody serves,
+-- and this week's figures; and the operators' view of the weekly figures.
+
+-- Fail pending rows of types no worker has registered for p_grace_seconds.
+-- Expired leases of pending rows are left alone: every reader treats an
+-- expired lease as none and the next lease overwrites the columns, while
+-- clearing them would read the whole outbox.
+CREATE OR REPLACE FUNCTION outbox_sweep(p_worker text, p_grace_seconds integer,
+                                        p_every_seconds integer, p_limit integer DEFAULT 500)
+RETURNS TABLE (effect_id uuid, effect_type text)
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
+#variable_conflict use_column
+BEGIN
+    IF NOT pg_try_advisory_xact_lock(7262935012345678902) THEN
+        RETURN;
+    END IF;
+    UPDATE outbox_sweeps s SET last_run = now(), last_worker = p_worker
+     WHERE s.id = 1 AND s.last_run <= now() - make_interval(secs => greatest(p_every_seconds, 0));
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    RETURN QUERY SELECT * FROM outbox_fail_unknown_types(p_grace_seconds, p_limit);
+END $$;
+
+-- The workers' figures: this week only.
+CREATE OR REPLACE FUNCTION outbox_weekly_figures(p_worker text, p_every_seconds integer)
+RETURNS TABLE (duplicate_share numeric, approval_wait_p50_seconds numeric,
+               approval_wait_p95_seconds numeric, validation_failure_share numeric,
+               automatic_share numeric, retries_exhausted bigint, refreshed_at timestamptz)
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
+#variable_conflict use_column
+BEGIN
+    IF pg_try_advisory_xact_lock(7262935012345678903)
+       AND (SELECT c.refreshed_at FROM outbox_weekly_cache c WHERE c.id = 1)
+           <= now() - make_interval(secs => greatest(p_every_seconds, 0)) THEN
+        UPDATE outbox_weekly_cache c
+           SET (refreshed_at, refreshed_by, duplicate_share, approval_wait_p50_seconds,
+                approval_wait_p95_seconds, validation_failure_share, automatic_share,
+                retries_exhausted) =
+               (SELECT now(), p_worker, s.duplicate_share, s.approval_wait_p50_seconds,
+                       s.approval_wait_p95_seconds, s.validation_failure_share,
+                       s.automatic_share, s.retries_exhausted
+                  FROM outbox_weekly_stats_since(date_trunc('week', now() AT TIME ZONE 'UTC')) s
+                 ORDER BY s.week_start DESC LIMIT 1)
+         WHERE c.id = 1;
+    END IF;
+    RETURN QUERY
+    SELECT c.duplicate_share, c.approval_wait_p50_seconds, c.approval_wait_p95_seconds,
+           c.validation_failure_share, c.automatic_share, c.retries_exhausted, c.refreshed_at
+      FROM outbox_weekly_cache c WHERE c.id = 1;
+END $$;
+
+-- The view's figures for the weeks from p_since (UTC wall time; its week)
+-- to the current one, newest first, at most two years back (the workers
+-- and operators may call it: a far-off p_since must not become a scan of
+-- thousands of empty weeks).
+CREATE OR REPLACE FUNCTION outbox_weekly_stats_since(p_since timestamp)
+RETURNS TABLE (week_start timestamptz, claims bigint, duplicate_claims bigint,
+               duplicate_share numeric, approvals_consumed bigint,
+               approval_wait_p50_seconds numeric, approval_wait_p95_seconds numeric,
+               effects_created bigint, validation_failures bigint,
+               validation_failure_share numeric, automatic bigint, human_approved bigint,
+               automatic_share numeric, retries_exhausted bigint)
+LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = public, pg_temp
+-- planned with p_since at hand, so that a week's scan uses the indexes
+SET plan_cache_mode = force_custom_plan AS $$
+#variable_conflict use_column
+DECLARE
+    this_week timestamp := date_trunc('week', now() AT TIME ZONE 'UTC');
+    first_week timestamp := greatest(date_trunc('week', p_since), this_week - interval '104 weeks');
+    since timestamptz := first_week AT TIME ZONE 'UTC';
+BEGIN
+    RETURN QUERY
+    WITH weeks AS (
+        SELECT generate_series(first_week, this_week, interval '1 week') AS week),
+    claims AS (
+        SELECT date_trunc('week', c.claimed_at AT TIME ZONE 'UTC') AS week, count(*) AS claims,
+               count(*) FILTER (WHERE c.outcome <> 'claimed') AS duplicates
+          FROM run_claims c WHERE c.claimed_at >= since GROUP BY 1),
+    waits AS (
+        SELECT date_trunc('week', a.consumed_at AT TIME ZONE 'UTC') AS week, count(*) AS approvals,
+               percentile_cont(0.5) WITHIN GROUP (
+                   ORDER BY extract(epoch FROM a.consumed_at - a.created_at)) AS p50,
+               percentile_cont(0.95) WITHIN GROUP (
+                   ORDER BY extract(epoch FROM a.consumed_at - a.created_at)) AS p95
+          FROM approvals a WHERE a.consumed_at >= since GROUP BY 1),
+    created AS (
+        SELECT date_trunc('week', o.created_at AT TIME ZONE 'UTC') AS week, count(*) AS effects,
+               count(*) FILTER (WHERE o.state = 'failed' AND o.last_error_class = 'invalid') AS invalid,
+               count(*) FILTER (WHERE o.approved_by IS NULL) AS automatic,
+               count(*) FILTER (WHERE o.approved_by IS NOT NULL) AS human
+          FROM effect_outbox o WHERE o.created_at >= since GROUP BY 1),
+    exhausted AS (
+        SELECT date_trunc('week', o.completed_at AT TIME ZONE 'UTC') AS week, count(*) AS n
+          FROM effect_outbox o
+         WHERE o.state = 'failed' AND o.last_error_class IN ('retry', 'not_sent', 'ambiguous')
+           AND o.completed_at >= since
+         GROUP BY 1)
+    SELECT w.week AT TIME ZONE 'UTC',
+           coalesce(c.claims, 0),
+           coalesce(c.duplicates, 0),
+           round(c.duplicates::numeric / nullif(c.claims, 0), 4),
+           coalesce(a.approvals, 0),
+           round(a.p50::numeric, 3),
+           round(a.p95::numeric, 3),
+           coalesce(e.effects, 0),
+           coalesce(e.invalid, 0),
+           round(e.invalid::numeric / nullif(e.effects, 0), 4),
+           coalesce(e.automatic, 0),
+           coalesce(e.human, 0),
+           round(e.automatic::numeric / nullif(e.effects, 0), 4),
+           coalesce(x.n, 0)
+      FROM weeks w
+      LEFT JOIN claims c ON c.week = w.week
+      LEFT JOIN waits a ON a.week = w.week
+      LEFT JOIN created e ON e.week = w.week
+      LEFT JOIN exhausted x ON x.week = w.week
+     ORDER BY w.week DESC;
+END $$;
+
+-- The weekly figures, one row per week (Monday 00:00 UTC) for the last 26
+-- weeks, newest first.  Effect figures only reach back as far as retention
+-- keeps effects.
+--   duplicate_share      claims that found the key already taken / claims
+--   approval_wait_*      consumed_at - created_at of approvals consumed
+--                        that week, in seconds
+--   validation_failure_share  effects failed as 'invalid' / effects created
+--   automatic / human_approved  effects created without / with an approver
+--   retries_exhausted    effects that failed that week after retryable or
+--                        ambiguous outcomes used up their attempts
+CREATE OR REPLACE VIEW outbox_weekly_stats AS
+SELECT * FROM outbox_weekly_stats_since(date_trunc('week', now() AT TIME ZONE 'UTC')
+                                        - interval '25 weeks')
+ ORDER BY week_start DESC;
+
+GRANT SELECT ON outbox_weekly_stats TO outbox_operator;
+
+-- Workers export the current week's figures as metrics.  The view runs with
+-- its owner's rights, so this exposes aggregates, not approvals.
+GRANT SELECT ON outbox_weekly_stats TO outbox_dispatcher;
+
+-- Nobody may call these but the roles named here.
+REVOKE EXECUTE ON FUNCTION
+    outbox_sweep(text, integer, integer, integer),
+    outbox_weekly_figures(text, integer),
+    outbox_weekly_stats_since(timestamp without time zone)
+    FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION
+    outbox_sweep(text, integer, integer, integer),
+    outbox_weekly_figures(text, integer),
+    outbox_weekly_stats_since(timestamp without time zone)
+    TO outbox_dispatcher;
+GRANT EXECUTE ON FUNCTION
+    outbox_weekly_stats_since(timestamp without time zone)
+    TO outbox_operator;
