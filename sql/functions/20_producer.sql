@@ -5,6 +5,38 @@
 -- All are SECURITY DEFINER with a fixed search_path: the producer role gets
 -- EXECUTE on them and nothing that lets it change an effect's state.
 
+-- A run that becomes failed_terminal (its approver's rejection, its lease
+-- holder's transition) cancels its still-pending effects in the same
+-- transaction: defence in depth, with no check on the send path.
+
+-- Cancel the pending effects of a run that has just been refused (leased
+-- ones too: the worker's CAS to `sending` then finds them gone).  The
+-- caller locks them first, in effect_id order, before the run row (the
+-- order outbox_complete and outbox_fail_invalid use: effects, then runs).
+CREATE OR REPLACE FUNCTION outbox_cancel_pending_of_run(p_key text, p_why text)
+RETURNS integer
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
+DECLARE
+    n integer;
+BEGIN
+    UPDATE effect_outbox o
+       SET state = 'failed', last_error_class = 'cancelled', last_error = 'cancelled: ' || p_why,
+           lease_owner = NULL, lease_expires_at = NULL, lease_worker = NULL,
+           completed_at = now(), updated_at = now()
+     WHERE o.idempotency_key = p_key AND o.state = 'pending';
+    GET DIAGNOSTICS n = ROW_COUNT;
+    RETURN n;
+END $$;
+
+CREATE OR REPLACE FUNCTION outbox_lock_pending_of_run(p_key text)
+RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
+BEGIN
+    PERFORM 1 FROM effect_outbox o
+     WHERE o.idempotency_key = p_key AND o.state = 'pending'
+     ORDER BY o.effect_id FOR UPDATE;
+END $$;
+
 -- Step 2: claim a run.  The seed's INSERT ... ON CONFLICT ... WHERE, plus a
 -- row that always comes back so a workflow can branch on `status`:
 --   claimed          new key, lease granted
@@ -85,23 +117,23 @@ LANGUAGE sql SECURITY DEFINER SET search_path = public, pg_temp AS $$
     RETURNING version;
 $$;
 
--- The seed's compare-and-set: only the live lease owner at the expected
--- version moves the run.  Returns the new version, or no row: the caller
--- lost ownership and must not act.  The lease is a processing lease: a run
--- that has left `processing` (awaiting a human, approved, finished) is not
--- held by it, so its former owner cannot move it on (an approval, the
--- dispatcher or a new claim of a failed_retryable run does).
+-- CAS transition of a run by its lease holder; a transition to
+-- failed_terminal cancels the run's pending effects.
 CREATE OR REPLACE FUNCTION outbox_transition_run(p_key text, p_owner uuid, p_version bigint,
-                                      p_state text, p_result jsonb DEFAULT NULL)
+                                                 p_state text, p_result jsonb DEFAULT NULL)
 RETURNS TABLE (version bigint)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
+DECLARE
+    v bigint;
 BEGIN
     IF p_state NOT IN ('processing', 'awaiting_human', 'approved', 'completed',
                        'failed_retryable', 'failed_terminal') THEN
         RAISE EXCEPTION 'outbox_transition_run: unknown state %', p_state
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    RETURN QUERY
+    IF p_state = 'failed_terminal' THEN
+        PERFORM outbox_lock_pending_of_run(p_key);
+    END IF;
     UPDATE workflow_runs w
        SET state = p_state,
            version = w.version + 1,
@@ -112,7 +144,14 @@ BEGIN
        AND w.version = p_version
        AND w.lease_expires_at > now()
        AND w.state = 'processing'
-    RETURNING w.version;
+    RETURNING w.version INTO v;
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    IF p_state = 'failed_terminal' THEN
+        PERFORM outbox_cancel_pending_of_run(p_key, 'the run was moved to failed_terminal');
+    END IF;
+    RETURN QUERY SELECT v;
 END $$;
 
 -- Step 6: CAS the run to awaiting_human and create a one-time approval.
@@ -199,14 +238,11 @@ LANGUAGE sql STABLE SECURITY DEFINER SET search_path = public, pg_temp AS $$
        AND a.expires_at > now();
 $$;
 
--- Step 7 (and 9): consume the approval and act on it, all in this one
--- statement's transaction: consume the token, lock the run, check it is
--- still awaiting_human, set approved and insert the outbox rows (approve),
--- or set failed_terminal with the reason (reject).  No row back: the token
--- is unknown, used, expired, the decision is not allowed, or the run moved
--- on, and nothing was consumed or enqueued.  Any error rolls all of it back.
+-- Consume an approval (one transaction: token once, run awaiting_human ->
+-- approved, the proposed effects inserted); a rejection cancels the run's
+-- pending effects instead.
 CREATE OR REPLACE FUNCTION outbox_consume_approval(p_token_sha256 bytea, p_decision text,
-                                        p_approver text)
+                                                   p_approver text)
 RETURNS TABLE (idempotency_key text, decision text, effect_id uuid,
                effect_type text, target text)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
@@ -229,6 +265,9 @@ BEGIN
         RETURN;
     END IF;
 
+    IF p_decision = 'reject' THEN
+        PERFORM outbox_lock_pending_of_run(a.idempotency_key);
+    END IF;
     SELECT w.state INTO run_state FROM workflow_runs w
      WHERE w.idempotency_key = a.idempotency_key FOR UPDATE;
     IF run_state IS DISTINCT FROM 'awaiting_human' THEN
@@ -244,6 +283,7 @@ BEGIN
            SET state = 'failed_terminal', version = w.version + 1,
                failure_reason = 'rejected by ' || p_approver, updated_at = now()
          WHERE w.idempotency_key = a.idempotency_key;
+        PERFORM outbox_cancel_pending_of_run(a.idempotency_key, 'rejected by ' || p_approver);
         RETURN QUERY SELECT a.idempotency_key, p_decision, NULL::uuid, NULL::text, NULL::text;
         RETURN;
     END IF;
@@ -260,8 +300,6 @@ BEGIN
       FROM jsonb_array_elements(a.proposed_effects) AS e
     RETURNING o.idempotency_key, p_decision, o.effect_id, o.effect_type, o.target;
     IF NOT FOUND THEN
-        -- Approved with nothing to send: the run is done, and the caller
-        -- still learns that the approval was consumed.
         UPDATE workflow_runs w
            SET state = 'completed', version = w.version + 1, updated_at = now()
          WHERE w.idempotency_key = a.idempotency_key;
@@ -301,40 +339,58 @@ BEGIN
     END IF;
 END $$;
 
--- Act-with-window: cancel an effect that has not started sending.  A row
--- that is leased but not yet `sending` can still be cancelled: the worker's
--- CAS to `sending` then finds it gone.  Returns true when cancelled.  The
--- run ends failed_terminal with the reason (it would otherwise wait in
--- `approved` for an effect that will never be sent); a changed mind is a
--- new event with its own key (re-run protocol step 3).
-CREATE OR REPLACE FUNCTION outbox_cancel(p_effect_id uuid, p_reason text DEFAULT 'cancelled',
-                              p_actor text DEFAULT 'producer')
+CREATE OR REPLACE FUNCTION outbox_cancel_as(p_effect_id uuid, p_owner uuid, p_reason text, p_actor text)
 RETURNS boolean
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 DECLARE
-    k text;
+    o effect_outbox%ROWTYPE;
+    holder uuid;
+    why text := coalesce(nullif(p_reason, ''), 'no reason given');
 BEGIN
-    UPDATE effect_outbox o
-       SET state = 'failed', last_error_class = 'cancelled',
-           last_error = 'cancelled: ' || coalesce(nullif(p_reason, ''), 'no reason given'),
-           lease_owner = NULL, lease_expires_at = NULL, lease_worker = NULL,
-           completed_at = now(), updated_at = now()
-     WHERE o.effect_id = p_effect_id AND o.state = 'pending'
-    RETURNING o.idempotency_key INTO k;
-    IF NOT FOUND THEN
+    SELECT * INTO o FROM effect_outbox x WHERE x.effect_id = p_effect_id FOR UPDATE;
+    IF NOT FOUND OR o.state <> 'pending' THEN
         RETURN false;
     END IF;
+    SELECT w.lease_owner INTO holder FROM workflow_runs w WHERE w.idempotency_key = o.idempotency_key;
+    IF NOT (pg_has_role(session_user, 'outbox_operator', 'MEMBER')
+            OR (p_owner IS NOT NULL AND holder IS NOT DISTINCT FROM p_owner)
+            OR o.available_at > now()) THEN
+        RAISE EXCEPTION 'outbox_cancel: refused: effect % of run "%" is due; only the run''s lease holder (outbox_cancel with its owner) or the operator role may cancel it; a producer may cancel inside the effect''s delay window only',
+                        p_effect_id, o.idempotency_key
+            USING ERRCODE = 'insufficient_privilege';
+    END IF;
+    UPDATE effect_outbox x
+       SET state = 'failed', last_error_class = 'cancelled', last_error = 'cancelled: ' || why,
+           lease_owner = NULL, lease_expires_at = NULL, lease_worker = NULL,
+           completed_at = now(), updated_at = now()
+     WHERE x.effect_id = p_effect_id;
     UPDATE workflow_runs w
        SET state = 'failed_terminal', version = w.version + 1,
-           failure_reason = coalesce(w.failure_reason, 'effect ' || p_effect_id || ' cancelled: '
-                                     || coalesce(nullif(p_reason, ''), 'no reason given')),
+           failure_reason = coalesce(w.failure_reason, 'effect ' || p_effect_id || ' cancelled: ' || why),
            updated_at = now()
-     WHERE w.idempotency_key = k AND w.state NOT IN ('completed', 'failed_terminal');
-    INSERT INTO operator_actions (action, effect_id, run_key, operator, reason)
-    VALUES ('cancel', p_effect_id, k, coalesce(p_actor, 'producer'),
-            coalesce(nullif(p_reason, ''), 'cancelled'));
+     WHERE w.idempotency_key = o.idempotency_key AND w.state NOT IN ('completed', 'failed_terminal');
+    INSERT INTO operator_actions (action, effect_id, run_key, operator, reason, detail)
+    VALUES ('cancel', p_effect_id, o.idempotency_key, coalesce(p_actor, 'producer'),
+            coalesce(nullif(p_reason, ''), 'cancelled'),
+            jsonb_build_object('as', CASE WHEN p_owner IS NOT NULL AND holder = p_owner
+                                          THEN 'lease holder'
+                                          WHEN pg_has_role(session_user, 'outbox_operator', 'MEMBER')
+                                          THEN 'operator' ELSE 'inside the window' END));
     RETURN true;
 END $$;
+
+CREATE OR REPLACE FUNCTION outbox_cancel(p_effect_id uuid, p_reason text DEFAULT 'cancelled',
+                                         p_actor text DEFAULT 'producer')
+RETURNS boolean
+LANGUAGE sql SECURITY DEFINER SET search_path = public, pg_temp
+RETURN outbox_cancel_as(p_effect_id, NULL, p_reason, p_actor);
+
+-- The lease holder's cancel: p_owner is the run's lease owner from the
+-- claim (no producer can read another execution's owner: see 6).
+CREATE OR REPLACE FUNCTION outbox_cancel(p_effect_id uuid, p_owner uuid, p_reason text, p_actor text)
+RETURNS boolean
+LANGUAGE sql SECURITY DEFINER SET search_path = public, pg_temp
+RETURN outbox_cancel_as(p_effect_id, p_owner, p_reason, p_actor);
 
 -- Nobody may call these but the roles named here.
 REVOKE EXECUTE ON FUNCTION
@@ -345,8 +401,13 @@ REVOKE EXECUTE ON FUNCTION
     outbox_peek_approval(bytea),
     outbox_consume_approval(bytea, text, text),
     outbox_enqueue(text, text, text, jsonb, jsonb, integer),
-    outbox_cancel(uuid, text, text)
+    outbox_cancel(uuid, text, text),
+    outbox_cancel_pending_of_run(text, text),
+    outbox_lock_pending_of_run(text),
+    outbox_cancel_as(uuid, uuid, text, text),
+    outbox_cancel(uuid, uuid, text, text)
     FROM PUBLIC;
+
 GRANT EXECUTE ON FUNCTION
     outbox_claim_run(text, text, uuid, integer),
     outbox_renew_run(text, uuid, bigint, integer),
@@ -355,5 +416,6 @@ GRANT EXECUTE ON FUNCTION
     outbox_peek_approval(bytea),
     outbox_consume_approval(bytea, text, text),
     outbox_enqueue(text, text, text, jsonb, jsonb, integer),
-    outbox_cancel(uuid, text, text)
+    outbox_cancel(uuid, text, text),
+    outbox_cancel(uuid, uuid, text, text)
     TO outbox_producer;

@@ -77,8 +77,9 @@ END $$;
 
 -- The commit point (docs/design.md, "Effect states"): leased rows of
 -- p_owner move to `sending` only while the kill switch allows it, read
--- under its shared lock.  Blocked rows go back to pending without spending
--- an attempt.  A call repeated after a lost connection (same p_call) gets
+-- under its shared lock; blocked rows go back to pending without spending
+-- an attempt.  Rows are locked in effect_id order first, as in every batch
+-- function.  A call repeated after a lost connection (same p_call) gets
 -- back the rows it already moved; that second half is read only when some
 -- id did not move.
 CREATE OR REPLACE FUNCTION outbox_mark_sending(p_owner uuid, p_ids uuid[], p_env_enabled boolean,
@@ -94,9 +95,8 @@ DECLARE
     atts integer[];
 BEGIN
     PERFORM pg_advisory_xact_lock_shared(outbox_kill_switch_lock_key());
-    -- A fresh snapshot for this statement: taken after the lock, so an "off"
-    -- that committed while we waited is seen.
     SELECT c.enabled INTO allowed FROM outbox_control c WHERE c.id = 1;
+    PERFORM outbox_lock_owned(p_owner, p_ids);      -- lock order: effect_id
     IF NOT (coalesce(allowed, false) AND p_env_enabled) THEN
         RETURN QUERY
         UPDATE effect_outbox o
@@ -120,10 +120,6 @@ BEGIN
     SELECT coalesce(array_agg(u.effect_id), '{}'), coalesce(array_agg(u.attempts), '{}')
       INTO ids, atts FROM u;
     RETURN QUERY SELECT x.id, x.att, false FROM unnest(ids, atts) AS x(id, att);
-    -- Rows this very call already moved to `sending` come back too: the
-    -- call is repeated (same p_call) after a lost connection, when the first
-    -- one may have committed, and its answer was never seen, so nothing was
-    -- sent.  Another call never gets them.
     IF p_call IS NOT NULL AND cardinality(ids) < cardinality(p_ids) THEN
         RETURN QUERY
         SELECT o.effect_id, o.attempts, false FROM effect_outbox o
@@ -133,13 +129,15 @@ BEGIN
     END IF;
 END $$;
 
--- Heartbeat: extend the leases this worker still holds, never past
--- sending_since + p_max_lease_seconds (the cap on total lease time).
--- Returns the ids renewed; an id missing from the answer has been lost.
 CREATE OR REPLACE FUNCTION outbox_renew(p_owner uuid, p_ids uuid[], p_lease_seconds integer,
-                             p_max_lease_seconds integer)
+                                        p_max_lease_seconds integer)
 RETURNS TABLE (effect_id uuid, lease_expires_at timestamptz)
-LANGUAGE sql SECURITY DEFINER SET search_path = public, pg_temp AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp
+    SET plan_cache_mode = force_custom_plan AS $$
+#variable_conflict use_column
+BEGIN
+    PERFORM outbox_lock_owned(p_owner, p_ids);      -- lock order: effect_id
+    RETURN QUERY
     UPDATE effect_outbox o
        SET lease_expires_at = least(now() + make_interval(secs => p_lease_seconds),
                                     coalesce(o.sending_since, o.leased_at)
@@ -149,10 +147,8 @@ LANGUAGE sql SECURITY DEFINER SET search_path = public, pg_temp AS $$
        AND o.state IN ('pending', 'sending')
        AND o.lease_expires_at > now()
     RETURNING o.effect_id, o.lease_expires_at;
-$$;
+END $$;
 
--- Give back leased rows that were not sent (shutdown, breaker open, host
--- busy): no attempt spent, optionally not due again before p_delay_ms.
 CREATE OR REPLACE FUNCTION outbox_release(p_owner uuid, p_ids uuid[], p_delay_ms bigint DEFAULT 0)
 RETURNS integer
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp
@@ -161,6 +157,7 @@ LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp
 DECLARE
     n integer;
 BEGIN
+    PERFORM outbox_lock_owned(p_owner, p_ids);      -- lock order: effect_id
     UPDATE effect_outbox o
        SET lease_owner = NULL, lease_expires_at = NULL, lease_worker = NULL,
            available_at = greatest(o.available_at,
@@ -202,19 +199,51 @@ END $$;
 --   {effect_id, attempt, started_at, outcome, status, provider_id, error,
 --    next_state, retry_delay_ms}
 -- where the worker has already applied the failure-class matrix to pick
--- next_state.  Every element becomes an attempts-log row, whether or not
--- the CAS still matches (a worker that lost its lease still leaves its
--- evidence).  Returns, per element, whether the state change applied.
+-- next_state.  Every element of an attempt this worker held the lease of
+-- becomes an attempts-log row, whether or not the CAS still matches (a
+-- worker that lost its lease still leaves its evidence).  Returns, per
+-- element, whether the state change applied, the state it set and, when
+-- it resolved an `unknown` effect, how (late_accepted, late_not_sent).
 CREATE OR REPLACE FUNCTION outbox_complete(p_owner uuid, p_worker text, p_results jsonb)
-RETURNS TABLE (effect_id uuid, applied boolean, state text)
+RETURNS TABLE (effect_id uuid, applied boolean, state text, resolved text)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp
     SET plan_cache_mode = force_custom_plan AS $$
 #variable_conflict use_column
 DECLARE
+    ids uuid[];
+    late_ids uuid[];
     done_ids uuid[];
     failed_keys text[];
     completed_keys text[];
+    requeued integer;
 BEGIN
+    SELECT coalesce(array_agg(DISTINCT r.effect_id), '{}') INTO ids
+      FROM jsonb_to_recordset(p_results) AS r(effect_id uuid);
+
+    -- Lock the batch's rows in effect_id order, the order every batch
+    -- function takes them in, so two batches cannot wait on each other.
+    -- The `unknown` rows whose unknown-ness came from this worker's lease
+    -- on exactly the attempt being recorded are the candidates for a late
+    -- resolution (rare: only then is the attempts log probed, by index).
+    WITH locked AS MATERIALIZED (
+        SELECT o.effect_id, o.state, o.attempts FROM effect_outbox o
+         WHERE o.effect_id = ANY (ids)
+         ORDER BY o.effect_id
+           FOR UPDATE)
+    SELECT coalesce(array_agg(l.effect_id) FILTER (
+               WHERE l.state = 'unknown'
+                 AND ((r.outcome = 'accepted' AND r.next_state = 'completed')
+                      OR (r.outcome = 'not_sent' AND r.next_state IN ('pending', 'failed')))
+                 AND l.attempts = r.attempt
+                 AND EXISTS (SELECT 1 FROM effect_attempts a
+                              WHERE a.effect_id = l.effect_id AND a.attempt = r.attempt
+                                AND a.lease_owner = p_owner AND a.worker LIKE 'reaper:%')), '{}')
+      INTO late_ids
+      FROM locked l
+      JOIN jsonb_to_recordset(p_results) AS r(effect_id uuid, attempt integer, outcome text,
+                                              next_state text)
+        ON r.effect_id = l.effect_id;
+
     WITH u AS (
         UPDATE effect_outbox o
            SET state = r.next_state,
@@ -225,7 +254,10 @@ BEGIN
                                    THEN now() + make_interval(secs => greatest(r.retry_delay_ms, 0) / 1000.0)
                                    ELSE o.available_at END,
                last_error_class = CASE WHEN r.outcome = 'accepted' THEN NULL ELSE r.outcome END,
-               last_error = r.error,
+               last_error = CASE WHEN o.effect_id = ANY (late_ids) AND r.outcome = 'not_sent'
+                                 THEN 'late evidence: the attempt given up on was not sent ('
+                                      || coalesce(r.error, 'no detail') || ')'
+                                 ELSE r.error END,
                last_status = r.status,
                completed_at = CASE WHEN r.next_state IN ('completed', 'failed') THEN now() END,
                updated_at = now()
@@ -234,29 +266,42 @@ BEGIN
                status integer, provider_id text, error text, next_state text,
                retry_delay_ms bigint)
          WHERE o.effect_id = r.effect_id
-           AND o.lease_owner = p_owner
-           AND o.state = 'sending'
            AND o.attempts = r.attempt
            AND r.next_state IN ('completed', 'pending', 'failed', 'unknown')
+           AND ((o.lease_owner = p_owner AND o.state = 'sending')
+                OR (o.state = 'unknown' AND o.effect_id = ANY (late_ids)))
         RETURNING o.effect_id, o.idempotency_key, o.state)
     SELECT coalesce(array_agg(u.effect_id), '{}'),
            coalesce(array_agg(u.idempotency_key) FILTER (WHERE u.state = 'failed'), '{}'),
-           coalesce(array_agg(u.idempotency_key) FILTER (WHERE u.state = 'completed'), '{}')
-      INTO done_ids, failed_keys, completed_keys
+           coalesce(array_agg(u.idempotency_key) FILTER (WHERE u.state = 'completed'), '{}'),
+           count(*) FILTER (WHERE u.state = 'pending' AND u.effect_id = ANY (late_ids))
+      INTO done_ids, failed_keys, completed_keys, requeued
       FROM u;
 
-    -- ON CONFLICT: the same batch sent again after a lost connection (the
-    -- first may have committed) records each provider call once.
+    -- Evidence only from the worker that held this attempt's lease: the
+    -- lease owner now, or the owner the reaper's row for the attempt names
+    -- (a worker that resumes after its lease was reaped).  ON CONFLICT: the
+    -- same batch sent again after a lost connection (the first may have
+    -- committed) records each provider call once.
     INSERT INTO effect_attempts (effect_id, attempt, lease_owner, worker, started_at,
                                  outcome_class, provider_status, provider_id,
-                                 error_text, cas_applied, metadata)
+                                 error_text, cas_applied, metadata, resolution)
     SELECT r.effect_id, r.attempt, p_owner, p_worker, coalesce(r.started_at, now()),
            r.outcome, r.status, r.provider_id, r.error, r.effect_id = ANY (done_ids),
-           (SELECT o.metadata FROM effect_outbox o WHERE o.effect_id = r.effect_id)
+           o.metadata,
+           CASE WHEN r.effect_id = ANY (done_ids) AND r.effect_id = ANY (late_ids)
+                THEN CASE WHEN r.outcome = 'accepted' THEN 'late_accepted'
+                          ELSE 'late_not_sent' END END
       FROM jsonb_to_recordset(p_results) AS r(
                effect_id uuid, attempt integer, started_at timestamptz, outcome text,
                status integer, provider_id text, error text, next_state text,
                retry_delay_ms bigint)
+      JOIN effect_outbox o ON o.effect_id = r.effect_id
+     WHERE r.effect_id = ANY (done_ids)
+        OR o.lease_owner = p_owner
+        OR EXISTS (SELECT 1 FROM effect_attempts a
+                    WHERE a.effect_id = r.effect_id AND a.attempt = r.attempt
+                      AND a.lease_owner = p_owner AND a.worker LIKE 'reaper:%')
     ON CONFLICT (effect_id, attempt, lease_owner) WHERE worker NOT LIKE 'reaper:%'
                                                     AND lease_owner IS NOT NULL
     DO NOTHING;
@@ -264,27 +309,32 @@ BEGIN
     IF cardinality(failed_keys) > 0 OR cardinality(completed_keys) > 0 THEN
         PERFORM outbox_advance_runs(failed_keys, completed_keys);
     END IF;
+    IF requeued > 0 THEN
+        PERFORM pg_notify('effect_outbox', '');
+    END IF;
 
     -- "applied" also when an earlier delivery of this same batch applied it
     -- (the rare case: only then is the attempts log probed, by its index).
     RETURN QUERY
-    SELECT r.effect_id, x.applied, CASE WHEN x.applied THEN r.next_state END
+    SELECT r.effect_id, r.effect_id = ANY (done_ids) OR coalesce(prev.applied, false),
+           CASE WHEN r.effect_id = ANY (done_ids) OR coalesce(prev.applied, false) THEN r.next_state END,
+           CASE WHEN NOT r.effect_id = ANY (done_ids) THEN prev.resolution
+                WHEN r.effect_id = ANY (late_ids)
+                THEN CASE WHEN r.outcome = 'accepted' THEN 'late_accepted'
+                          ELSE 'late_not_sent' END END
       FROM jsonb_to_recordset(p_results) AS r(
-               effect_id uuid, attempt integer, started_at timestamptz, outcome text,
-               status integer, provider_id text, error text, next_state text,
-               retry_delay_ms bigint)
-      CROSS JOIN LATERAL (
-          SELECT r.effect_id = ANY (done_ids)
-                 OR EXISTS (SELECT 1 FROM effect_attempts a
-                             WHERE a.effect_id = r.effect_id AND a.attempt = r.attempt
-                               AND a.lease_owner = p_owner AND a.cas_applied
-                               AND a.worker NOT LIKE 'reaper:%') AS applied) x;
+               effect_id uuid, attempt integer, outcome text, next_state text)
+      LEFT JOIN LATERAL (
+          SELECT true AS applied, a.resolution FROM effect_attempts a
+           WHERE NOT r.effect_id = ANY (done_ids)
+             AND a.effect_id = r.effect_id AND a.attempt = r.attempt
+             AND a.lease_owner = p_owner AND a.cas_applied
+             AND a.worker NOT LIKE 'reaper:%'
+           LIMIT 1) prev ON true;
 END $$;
 
--- Fail leased pending rows that can never be sent (malformed payload,
--- invalid target, unknown type): nothing reached a provider, so no
--- attempt is spent and no attempt row is written; the reason is stored.
--- p_items: JSON array of {effect_id, error_class, error}.
+-- Rows the worker found invalid before sending: failed with the reason,
+-- locked in effect_id order first.
 CREATE OR REPLACE FUNCTION outbox_fail_invalid(p_owner uuid, p_items jsonb)
 RETURNS TABLE (effect_id uuid)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp
@@ -294,6 +344,8 @@ DECLARE
     keys text[];
     ids uuid[];
 BEGIN
+    PERFORM outbox_lock_owned(p_owner, ARRAY(SELECT x.effect_id FROM
+                              jsonb_to_recordset(p_items) AS x(effect_id uuid)));
     WITH u AS (
         UPDATE effect_outbox o
            SET state = 'failed', last_error_class = coalesce(x.error_class, 'invalid'),
@@ -352,15 +404,28 @@ BEGIN
     SELECT m.effect_id, m.state, m.lease_worker FROM moved m;
 END $$;
 
--- Workers say which effect types they serve; rows of a type no worker has
--- served are failed after a grace period instead of waiting forever.
+-- Provider names some worker serves (only provider-like names).
 CREATE OR REPLACE FUNCTION outbox_register_providers(p_names text[], p_reconcilable text[])
 RETURNS void
-LANGUAGE sql SECURITY DEFINER SET search_path = public, pg_temp AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
+DECLARE
+    bad text;
+BEGIN
+    SELECT n INTO bad FROM unnest(p_names) AS n
+     WHERE n IS NULL OR n !~ '^[a-z][a-z0-9_]{0,31}$' LIMIT 1;
+    IF FOUND THEN
+        RAISE EXCEPTION 'outbox_register_providers: % is not a provider name (a-z, 0-9, _; at most 32)',
+                        coalesce(quote_literal(bad), 'NULL')
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF cardinality(p_names) > 64 THEN
+        RAISE EXCEPTION 'outbox_register_providers: at most 64 providers per worker'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
     INSERT INTO outbox_providers (name, can_reconcile, last_seen)
     SELECT DISTINCT n, n = ANY (p_reconcilable), now() FROM unnest(p_names) AS n
     ON CONFLICT (name) DO UPDATE SET last_seen = now(), can_reconcile = EXCLUDED.can_reconcile;
-$$;
+END $$;
 
 CREATE OR REPLACE FUNCTION outbox_fail_unknown_types(p_grace_seconds integer, p_limit integer DEFAULT 500)
 RETURNS TABLE (effect_id uuid, effect_type text)
@@ -423,6 +488,22 @@ BEGIN
      ORDER BY i.sending_since;
 END $$;
 
+-- 5 and 6. One lock order; attempts only from the lease holder ---------------
+
+-- Lock the rows of p_ids that p_owner holds, in effect_id order.  Every
+-- batch function that updates several effect rows calls it first, so two
+-- batches overlapping in any order wait for each other instead of
+-- deadlocking (renew and complete did, in both directions).
+CREATE OR REPLACE FUNCTION outbox_lock_owned(p_owner uuid, p_ids uuid[])
+RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp
+    SET plan_cache_mode = force_custom_plan AS $$
+BEGIN
+    PERFORM 1 FROM effect_outbox o
+     WHERE o.effect_id = ANY (p_ids) AND o.lease_owner = p_owner
+     ORDER BY o.effect_id FOR UPDATE;
+END $$;
+
 -- Nobody may call these but the roles named here.
 REVOKE EXECUTE ON FUNCTION
     outbox_kill_switch_lock_key(),
@@ -436,7 +517,8 @@ REVOKE EXECUTE ON FUNCTION
     outbox_reap(text, integer),
     outbox_register_providers(text[], text[]),
     outbox_fail_unknown_types(integer, integer),
-    outbox_kill_switch_set(boolean, text, text)
+    outbox_kill_switch_set(boolean, text, text),
+    outbox_lock_owned(uuid, uuid[])
     FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION
     outbox_lease(uuid, text, integer, integer, text[], boolean, timestamp with time zone, uuid),

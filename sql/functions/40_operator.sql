@@ -109,13 +109,10 @@ BEGIN
                   WHERE x.effect_id = o.effect_id;
 END $$;
 
--- failed -> pending with the same key, due now.  The run, failed_terminal
--- because of this effect, goes back to approved (not processing: the
--- workflow is not re-run, only the approved effect's delivery) once no
--- other effect of it is failed, so its completion is recorded.  Called
--- with the row already locked and checked; not granted to anyone.
+-- Put a failed or not-sent effect back with the same key, behind the gate (outbox_requeue reaches
+-- it; outbox_requeue_failed_since skips such effects, below).
 CREATE OR REPLACE FUNCTION outbox_requeue_locked(p_effect_id uuid, p_operator text, p_reason text,
-                                      p_detail jsonb)
+                                                 p_detail jsonb)
 RETURNS text
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 #variable_conflict use_column
@@ -124,6 +121,9 @@ DECLARE
     run_before text;
     run_after text;
 BEGIN
+    PERFORM outbox_operator_gate('outbox_requeue',
+                                 (SELECT x.idempotency_key FROM effect_outbox x
+                                   WHERE x.effect_id = p_effect_id));
     UPDATE effect_outbox x
        SET state = 'pending', available_at = now(), retry_base = x.attempts,
            lease_owner = NULL, lease_expires_at = NULL, lease_worker = NULL,
@@ -176,9 +176,10 @@ BEGIN
     RETURN QUERY SELECT true, 'pending'::text, o.idempotency_key, o.last_error_class, rs;
 END $$;
 
--- Every failed effect that failed at or after p_since, oldest first.
--- Cancelled effects are left alone: someone decided they must not go.
-CREATE OR REPLACE FUNCTION outbox_requeue_failed_since(p_since timestamptz, p_operator text, p_reason text)
+-- Requeue every failed effect since a time, skipping effects whose run the
+-- gate refuses.
+CREATE OR REPLACE FUNCTION outbox_requeue_failed_since(p_since timestamptz, p_operator text,
+                                                       p_reason text)
 RETURNS TABLE (effect_id uuid, idempotency_key text, effect_type text, target text,
                last_error_class text, run_state text)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
@@ -196,6 +197,7 @@ BEGIN
                FROM effect_outbox x
               WHERE x.state = 'failed' AND x.completed_at >= p_since
                 AND x.last_error_class IS DISTINCT FROM 'cancelled'
+                AND outbox_operator_refusal(x.idempotency_key) IS NULL
               ORDER BY x.completed_at, x.effect_id
                 FOR UPDATE LOOP
         rs := outbox_requeue_locked(o.effect_id, p_operator, p_reason,
@@ -224,7 +226,7 @@ END $$;
 --          wrong_state the original may still be sent (pending, sending,
 --                      unknown): cancel or resolve it first
 --          key_taken   the new key belongs to another run (state = its state)
-CREATE OR REPLACE FUNCTION outbox_replace(p_effect_id uuid, p_new_key text, p_operator text, p_reason text,
+CREATE OR REPLACE FUNCTION outbox_replace_ungated(p_effect_id uuid, p_new_key text, p_operator text, p_reason text,
                                p_target text DEFAULT NULL, p_payload jsonb DEFAULT NULL)
 RETURNS TABLE (status text, state text, new_effect_id uuid, new_key text, original_key text)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
@@ -301,6 +303,21 @@ BEGIN
     RETURN QUERY SELECT 'created'::text, 'pending'::text, nid, p_new_key, o.idempotency_key;
 END $$;
 
+-- `outboxctl replace`: the gate first (outbox_operator_gate: not for a run
+-- awaiting its human or rejected by its approver), then the replacement
+-- itself, which only this function may call.
+CREATE OR REPLACE FUNCTION outbox_replace(p_effect_id uuid, p_new_key text, p_operator text, p_reason text,
+                               p_target text DEFAULT NULL, p_payload jsonb DEFAULT NULL)
+RETURNS TABLE (status text, state text, new_effect_id uuid, new_key text, original_key text)
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
+BEGIN
+    PERFORM outbox_operator_gate('outbox_replace',
+                                 (SELECT x.idempotency_key FROM effect_outbox x
+                                   WHERE x.effect_id = p_effect_id));
+    RETURN QUERY SELECT * FROM outbox_replace_ungated(p_effect_id, p_new_key, p_operator,
+                                                      p_reason, p_target, p_payload);
+END $$;
+
 -- Retention: delete up to p_batch completed or failed effects that ended
 -- more than p_older_than ago, and return how many went.  outboxctl calls
 -- it in a loop, one short transaction per batch, so the workers never wait
@@ -343,6 +360,36 @@ BEGIN
     RETURN n;
 END $$;
 
+-- Why an operator may not put an effect of this run back on the way to a
+-- provider, or NULL when it may: a run still waiting for its human, or one
+-- the human rejected (its effects were cancelled by the rejection).  Any
+-- other failed_terminal run is the ordinary case of requeue and replace
+-- (an effect failed); the operator's act is recorded.
+CREATE OR REPLACE FUNCTION outbox_operator_refusal(p_key text)
+RETURNS text
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = public, pg_temp AS $$
+    SELECT CASE
+        WHEN w.state = 'awaiting_human'
+            THEN format('run "%s" is awaiting_human: its approval decides', w.idempotency_key)
+        WHEN EXISTS (SELECT 1 FROM approvals a
+                      WHERE a.idempotency_key = w.idempotency_key AND a.decision = 'reject')
+            THEN format('run "%s" is %s: its approver rejected it', w.idempotency_key, w.state)
+        END
+      FROM workflow_runs w WHERE w.idempotency_key = p_key;
+$$;
+
+CREATE OR REPLACE FUNCTION outbox_operator_gate(p_fn text, p_key text)
+RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
+DECLARE
+    why text := outbox_operator_refusal(p_key);
+BEGIN
+    IF why IS NOT NULL THEN
+        RAISE EXCEPTION '%: refused: %', p_fn, why
+            USING ERRCODE = 'object_not_in_prerequisite_state';
+    END IF;
+END $$;
+
 -- Nobody may call these but the roles named here.
 REVOKE EXECUTE ON FUNCTION
     outbox_op_check(text, text, text),
@@ -350,8 +397,11 @@ REVOKE EXECUTE ON FUNCTION
     outbox_requeue_locked(uuid, text, text, jsonb),
     outbox_requeue(uuid, text, text),
     outbox_requeue_failed_since(timestamp with time zone, text, text),
+    outbox_replace_ungated(uuid, text, text, text, text, jsonb),
     outbox_replace(uuid, text, text, text, text, jsonb),
-    outbox_prune(interval, integer, text, text)
+    outbox_prune(interval, integer, text, text),
+    outbox_operator_refusal(text),
+    outbox_operator_gate(text, text)
     FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION
     outbox_resolve_unknown(uuid, boolean, text, text, text),

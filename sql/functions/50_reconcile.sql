@@ -16,14 +16,11 @@
 CREATE OR REPLACE FUNCTION outbox_reconcile_lease_seconds() RETURNS integer
 LANGUAGE sql IMMUTABLE AS $$ SELECT 60 $$;
 
--- Lease up to p_limit `unknown` rows of p_types that nobody is reconciling
--- and that were not asked about in the last p_min_interval_seconds (0: any).
--- The least recently asked come first, so a batch of "cannot tell" answers
--- does not starve the rest.
 CREATE OR REPLACE FUNCTION outbox_reconcile_lease(p_owner uuid, p_worker text, p_types text[],
                                        p_limit integer, p_min_interval_seconds integer)
 RETURNS TABLE (effect_id uuid, idempotency_key text, effect_type text, target text,
-               payload text, payload_hash text, effect_key text, attempts integer)
+               payload text, payload_hash text, effect_key text, attempts integer,
+               attempt_age_ms bigint)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp
     SET plan_cache_mode = force_custom_plan AS $$
 BEGIN
@@ -41,14 +38,27 @@ BEGIN
                    <= now() - make_interval(secs => greatest(coalesce(p_min_interval_seconds, 0), 0)))
          ORDER BY o.last_reconciled_at NULLS FIRST, o.created_at
          LIMIT p_limit
-         FOR UPDATE SKIP LOCKED)
-    UPDATE effect_outbox o
-       SET lease_owner = p_owner, lease_worker = p_worker, leased_at = now(),
-           lease_expires_at = now() + make_interval(secs => outbox_reconcile_lease_seconds())
-      FROM due
-     WHERE o.effect_id = due.effect_id
-    RETURNING o.effect_id, o.idempotency_key, o.effect_type, o.target, o.payload::text,
-              o.payload_hash, o.effect_key, o.attempts;
+         FOR UPDATE SKIP LOCKED),
+    leased AS (
+        UPDATE effect_outbox o
+           SET lease_owner = p_owner, lease_worker = p_worker, leased_at = now(),
+               lease_expires_at = now() + make_interval(secs => outbox_reconcile_lease_seconds())
+          FROM due
+         WHERE o.effect_id = due.effect_id
+        RETURNING o.effect_id, o.idempotency_key, o.effect_type, o.target, o.payload::text,
+                  o.payload_hash, o.effect_key, o.attempts, o.updated_at)
+    SELECT l.effect_id, l.idempotency_key, l.effect_type, l.target, l.payload, l.payload_hash,
+           l.effect_key, l.attempts,
+           -- The latest start of a send of the current attempt (the
+           -- reaper's row carries the sending time); reconciliation and
+           -- operator rows are not sends.
+           (extract(epoch FROM now() - coalesce(
+                (SELECT max(a.started_at) FROM effect_attempts a
+                  WHERE a.effect_id = l.effect_id AND a.attempt = l.attempts
+                    AND a.outcome_class IN ('accepted', 'not_sent', 'retry', 'terminal',
+                                            'ambiguous', 'lease_lost')),
+                l.updated_at)) * 1000)::bigint
+      FROM leased l;
 END $$;
 
 -- Record a batch of reconciliation answers.  p_results is a JSON array of
