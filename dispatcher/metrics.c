@@ -164,7 +164,7 @@ void metrics_heartbeat(void)
 
 /* The slot for a provider name: an existing one, a free one, or "other". */
 /* outbox_unknown_resolved_total{how}: `unknown` effects this worker
- * resolved from evidence (sql/017, sql/006), by mechanism.  A fixed label
+ * resolved from evidence (outbox_complete, outbox_reconcile_record), by mechanism.  A fixed label
  * set, so every series is present from the start (at 0). */
 static const char *const resolved_hows[] = {
 	"late_accepted", "late_not_sent", "lookup_sent", "lookup_not_sent",

@@ -126,7 +126,7 @@ int cmd_status(struct ctl *ctl, int argc, char **argv)
 	             "SELECT"
 	             " (SELECT count(*) FROM effect_outbox WHERE state = 'pending'),"
 	             /* Two partial indexes together hold every `sending` row
-	              * (sql/011): no read of the whole table. */
+	              * (sql/100_baseline.sql): no read of the whole table. */
 	             " (SELECT count(*) FROM effect_outbox WHERE state = 'sending' AND send_deadline IS NOT NULL)"
 	             " + (SELECT count(*) FROM effect_outbox WHERE state = 'sending' AND send_deadline IS NULL),"
 	             " (SELECT count(*) FROM effect_outbox WHERE state = 'completed'),"

@@ -2,8 +2,8 @@
  * outboxctl_ops.c: the operator's acts on effects: unknown list/resolve,
  * requeue, replace, prune and cancel.
  *
- * Each act is one call of a function from sql/005_operator.sql (cancel:
- * outbox_cancel from 002), which checks the effect's state under a row
+ * Each act is one call of a function from sql/functions/40_operator.sql (cancel:
+ * outbox_cancel from sql/functions/20_producer.sql), which checks the effect's state under a row
  * lock and records the operator and reason in operator_actions in the
  * same transaction; this file only parses, calls and explains.  Exit
  * codes (outboxctl.h): a malformed argument is 2 before any connection

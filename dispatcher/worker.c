@@ -15,7 +15,7 @@
  *   record       outbox_complete(): attempts-log row + CAS to the state
  *                policy_decide() chose (completed, pending, failed, unknown);
  *                a late acceptance or not-sent of an attempt the reaper
- *                made `unknown` resolves it there (sql/017)
+ *                made `unknown` resolves it there (outbox_complete)
  *
  * Two connections: `db` (the lease connection: lease, mark, renew,
  * release; LISTEN) and `rec` (the records connection: housekeeping,
@@ -97,7 +97,7 @@
 #endif
 /* The fleet-wide sweep of the pending backlog runs at most this often. */
 #define SWEEP_MAX_EVERY_S 30
-/* The weekly figures (an aggregate over this week's rows, sql/014) are recomputed
+/* The weekly figures (an aggregate over this week's rows, outbox_weekly_figures) are recomputed
  * by one worker of the fleet at most this often; the others read them. */
 #define WEEKLY_REFRESH_S "300"
 /* Lease, mark, renew or complete statements refused in a row after which
@@ -525,7 +525,7 @@ static void readiness_update(struct worker *w)
 /* ---- logging of one attempt -------------------------------------------- */
 
 /* resolved: the state change applied to an `unknown` effect the reaper
- * had made of this attempt (sql/017), not under the lease. */
+ * had made of this attempt (outbox_complete), not under the lease. */
 static void log_attempt(struct worker *w, struct effect *e, bool applied, const char *resolved)
 {
 	enum outbox_log_level level = !applied ? OLOG_WARN
@@ -566,7 +566,7 @@ static void log_attempt(struct worker *w, struct effect *e, bool applied, const 
 /* ---- recording outcomes ------------------------------------------------- */
 
 /* This attempt's late outcome resolved the `unknown` effect the reaper had
- * made of it (sql/017): counted and logged once, when the database says
+ * made of it (outbox_complete): counted and logged once, when the database says
  * so. */
 static void log_resolved(struct effect *e, const char *how)
 {

@@ -1,4 +1,4 @@
-"""The approval gate (sql/015_security_gate.sql), exercised as real LOGIN
+"""The approval gate (sql/functions/10_triggers.sql), exercised as real LOGIN
 members of the producer, dispatcher and operator roles.
 
 An effect row is accepted only for a run in `processing`, or approved by

@@ -72,7 +72,7 @@ def crm_effect(conn, payload, target=TARGET, state=None, attempts_=0):
                           "VALUES (%s, 'crm', %s, %s, %s, %s, 'ambiguous', 'arranged by the test') "
                           "RETURNING effect_id, effect_key",
                     (run, target, text, state, attempts_))
-    # Approved once its effect is in (sql/015 admits effects while processing).
+    # Approved once its effect is in (the approval gate admits effects while processing).
     query(conn, "UPDATE workflow_runs SET state = 'approved' WHERE idempotency_key = %s", (run,))
     return str(row[0][0]), row[0][1]
 

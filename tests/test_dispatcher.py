@@ -505,7 +505,7 @@ def test_total_lease_cap_makes_an_overlong_send_unknown(conn, dispatchers, sink)
                      **http_cfg(timeout_ms=10000)})
     assert final(conn, eid)["state"] == "unknown"
     # The send still finishes; its late acceptance is evidence from the
-    # attempt the reaper gave up on: it completes the effect (sql/017).
+    # attempt the reaper gave up on: it completes the effect (outbox_complete).
     log = wait_for(lambda: (lambda a: a if len(a) == 2 else None)(attempts(conn, eid)),
                    what="the late outcome in the attempts log")
     assert log[0]["outcome_class"] == "ambiguous" and log[0]["worker"].startswith("reaper:")

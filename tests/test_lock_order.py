@@ -1,4 +1,4 @@
-"""One lock order for effect rows (sql/015): outbox_renew and
+"""One lock order for effect rows (sql/functions/30_dispatcher.sql): outbox_renew and
 outbox_complete deadlocked under chaos (issue 17, bug 5), each locking a
 batch in its own order.  Every batch function now locks the rows it will
 update in effect_id order first.  Here the heartbeat and the completion of

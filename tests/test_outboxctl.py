@@ -50,7 +50,7 @@ def arrange(conn, eid, state, **cols):
 
 
 def new_effect(conn, key=None, target=None, payload=None, effect_type="http"):
-    """An effect of an approved run (the approval gate of sql/015 admits
+    """An effect of an approved run (the approval gate, admits
     effects while the run is processing: the run is arranged around it)."""
     key = key or make_run(conn)
     before = run_state(conn, key)
@@ -238,7 +238,7 @@ def test_outboxctl_status_counts_match_the_database(db, conn):
     ids = [new_effect(conn) for _ in range(10)]
     arrange(conn, ids[0], "sending", lease_owner=str(uuid.uuid4()), lease_worker="w1",
             sending_since="SQL:now()", lease_expires_at="SQL:now() + interval '1 minute'")
-    # Set to `sending` by hand, without a deadline: still in flight (sql/011).
+    # Set to `sending` by hand, without a deadline: still in flight (sql/100_baseline.sql).
     arrange(conn, ids[9], "sending")
     for i in ids[1:3]:
         arrange(conn, i, "completed", completed_at="SQL:now()")
@@ -726,7 +726,7 @@ def test_outboxctl_weekly_stats_view(db, conn):
 
 
 def test_workers_weekly_figures_are_the_views_current_week(db, conn, login):
-    """The workers compute this week only (sql/014); the figures they export
+    """The workers compute this week only (outbox_weekly_figures); the figures they export
     are the view's newest row, and rows of earlier weeks count in neither."""
     for ago in ("0", "3 weeks"):
         for outcome in ("claimed", "busy", "claimed"):

@@ -1,4 +1,4 @@
-"""Approvals (sql/002_producer.sql): only the token's SHA-256 is stored, a
+"""Approvals (sql/functions/20_producer.sql): only the token's SHA-256 is stored, a
 token is consumed once, and consuming it moves the run and enqueues the
 effects in one transaction or not at all.
 """

@@ -1,5 +1,5 @@
 """Producer SQL: claiming runs, the CAS transition, the re-run protocol, and
-the direct enqueue/cancel path (sql/002_producer.sql).
+the direct enqueue/cancel path (sql/functions/20_producer.sql).
 
 Each test names the behaviour it guards; the lease and expiry cases move
 time by writing lease_expires_at in the past instead of sleeping.

@@ -1,4 +1,4 @@
-"""Least-privilege roles (sql/004_roles.sql), exercised by logging in as
+"""Least-privilege roles (sql/100_baseline.sql, sql/101_gate_and_evidence.sql), exercised by logging in as
 real LOGIN members of each group role.
 
 Roles are cluster-wide: each test creates uniquely named login roles and

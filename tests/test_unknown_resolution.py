@@ -1,4 +1,4 @@
-"""`unknown` effects resolved from evidence (sql/017, providers/lib/http_lookup.c):
+"""`unknown` effects resolved from evidence (outbox_complete, providers/lib/http_lookup.c):
 
 - late acceptance: a worker stopped past its lease, whose provider's 2xx
   arrives after the reaper made the effect `unknown` -> completed with the

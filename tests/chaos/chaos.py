@@ -19,7 +19,7 @@ Environment:
   CHAOS_LOOKUP     1 (default): http effects' unknowns are looked up at the
                    server (reconcile_url); 0: no lookup
 
-`unknown` effects are resolved automatically where evidence exists (sql/017:
+`unknown` effects are resolved automatically where evidence exists (outbox_complete:
 a late acceptance or a late not-sent of the attempt the reaper gave up on;
 the http lookup).  After the drain the harness asks the fleet for one
 reconciliation pass (outboxctl reconcile, as the workers' own 60 s pass

@@ -28,7 +28,7 @@ def dsn_for(dbname):
 
 
 # Least privilege, as the docs deploy it: workers, outboxctl and producers
-# log in as roles that are members of one group role each (sql/004), so a
+# log in as roles that are members of one group role each (sql/100_baseline.sql), so a
 # missing grant fails a test.  Roles are cluster-wide: made once per
 # cluster (ensure_test_roles, from conftest).  Inspection and setup queries
 # of the tests themselves stay superuser.
@@ -116,7 +116,7 @@ def scalar(conn, sql, args=None):
 
 def make_run(conn, key=None, state="processing"):
     """Create a workflow run directly, in `processing` (the state in which
-    effects may be added: sql/015's gate)."""
+    effects may be added: the approval gate)."""
     key = key or "run-" + uuid.uuid4().hex[:10]
     query(conn, "INSERT INTO workflow_runs (idempotency_key, state, payload_hash) "
                 "VALUES (%s, %s, 'h')", (key, state))
