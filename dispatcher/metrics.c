@@ -99,7 +99,7 @@ static const struct metric_desc gauge_desc[G_GAUGE_MAX] = {
 		"This week: effects failed after using up their attempts." },
 };
 
-/* The failure classes of SPEC.md, as outboxctl and the attempts log name
+/* The failure classes of docs/design.md, as outboxctl and the attempts log name
  * them, and a catch-all. */
 static const char *const outcome_names[] = {
 	"accepted", "not_sent", "retry", "terminal", "ambiguous", "other",

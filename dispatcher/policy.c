@@ -1,5 +1,5 @@
 /*
- * policy.c: SPEC.md's failure classes → next state.
+ * policy.c: the failure classes of docs/design.md → next state.
  *
  *   accepted             completed
  *   not sent, retry      pending after backoff (Retry-After honoured within

@@ -1,5 +1,5 @@
 /*
- * policy.h: the failure-class matrix of SPEC.md as one function: given a
+ * policy.h: the failure-class matrix of docs/design.md as one function: given a
  * provider's outcome, the attempt number and the provider's policy, which
  * state the effect goes to next and when it is due again.
  */

@@ -725,7 +725,7 @@ static void on_send_done(void *token, const struct outbox_result *res)
 	e->ended_mono_ms = now;
 	e->decision = policy_decide(&e->result, e->view.attempt - e->retry_base, &p->policy,
 	                            p->honours_keys);
-	/* Every completed effect has a provider id (SPEC.md "Providers"). */
+	/* Every completed effect has a provider id (docs/design.md, "Providers"). */
 	if (e->result.outcome == OUTCOME_ACCEPTED && e->result.provider_id[0] == '\0')
 		snprintf(e->result.provider_id, sizeof(e->result.provider_id), "local:%s:%d:a%d",
 		         p->name, e->result.status, e->view.attempt);

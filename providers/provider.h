@@ -32,7 +32,7 @@ struct event_base;
 /* Bump when anything below changes layout or meaning. */
 #define OUTBOX_PROVIDER_ABI 2
 
-/* The failure classes of SPEC.md.  The dispatcher, not the provider, maps a
+/* The failure classes of docs/design.md.  The dispatcher, not the provider, maps a
  * class to the next state (it knows attempts, max_attempts and whether
  * keys are honoured). */
 enum outbox_outcome {

@@ -6,7 +6,7 @@
  * section, over-long lines, syntax errors, missing secret files and
  * environment variables, max_lease_seconds < lease_seconds,
  * backoff_cap_ms < backoff_base_ms, unknown log level.  Also defaults,
- * secrets, the provider's view (conf_*) and the stable key set of SPEC.md.
+ * secrets, the provider's view (conf_*) and the stable key set of docs/design.md.
  */
 #include <stdarg.h>
 #include <stddef.h>
@@ -730,7 +730,7 @@ static void test_provider_view(void **state)
 
 static void test_spec_stable_keys_run(void **state)
 {
-	/* SPEC.md: "A config of just those keys runs." */
+	/* docs/design.md: "A config of just those keys runs." */
 	char err[512];
 	struct core_settings s;
 	struct provider_policy p;

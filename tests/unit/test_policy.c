@@ -1,5 +1,5 @@
 /*
- * test_policy.c: dispatcher/policy.c, SPEC.md's failure-class matrix:
+ * test_policy.c: dispatcher/policy.c, the failure-class matrix of docs/design.md:
  * every outcome × attempts left / exhausted × provider honours keys or
  * not, backoff with full jitter, and Retry-After within and beyond
  * retry_after_max_ms.
@@ -50,7 +50,7 @@ static int64_t ceiling_of(const struct provider_policy *p, int attempt)
 	return c < p->backoff_cap_ms ? c : p->backoff_cap_ms;
 }
 
-/* The matrix, written out: SPEC.md "Failure classes" and "Effect states". */
+/* The matrix, written out: docs/design.md, "Failure classes" and "Effect states". */
 static const struct row {
 	enum outbox_outcome outcome;
 	bool attempts_left;
