@@ -52,9 +52,12 @@
 #   5. examples/n8n/check-scenarios.py drives every path (see its header)
 #      and waits for the dispatcher to deliver each approved effect.
 # It ends with "n8n check (engine ...): N passed, N failed" and the time
-# each part took.  Measured here (2 shared cores): n8n's first start and
-# webhook registration 30 to 90 s, the scenarios about 60 s, one whole
-# check 2 to 3 minutes.
+# each part of that run took.  Most of it is n8n's own start-up: each of
+# the six CLI runs (import, activate) boots n8n, and the first runs n8n's
+# database migrations.  Measured with n8n 1.123.81 on 2 cores shared with
+# other builds: 7.5 minutes per engine at a load of about 10 (CLI import
+# and activation 5.6 min, n8n's start to registered webhooks 1 min, the
+# scenarios 25 to 36 s), 22 minutes at a load above 20.
 set -eu
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 KIT=$ROOT/examples/n8n
