@@ -140,13 +140,15 @@ def test_every_function_is_defined_once_in_the_tree():
     defined = {}
     for path in sorted(glob.glob(os.path.join(ROOT, "sql", "**", "*.sql"), recursive=True)):
         text = open(path).read()
-        for name in re.findall(r"^\s*CREATE\s+(?:OR\s+REPLACE\s+)?FUNCTION\s+(\w+)",
-                               text, re.M | re.I):
-            defined.setdefault(name, []).append(os.path.relpath(path, ROOT))
+        for name, args in re.findall(r"^\s*CREATE\s+(?:OR\s+REPLACE\s+)?FUNCTION\s+(\w+)\(([^)]*)\)",
+                                     text, re.M | re.I):
+            # Overloads are different functions: name and argument count.
+            key = f"{name}/{len([a for a in args.split(',') if a.strip()])}"
+            defined.setdefault(key, []).append(os.path.relpath(path, ROOT))
     assert defined, "no function found under sql/"
     twice = {n: p for n, p in defined.items() if len(p) > 1}
     assert not twice, twice
     # Functions live in sql/functions/, but for the hash behind two
     # generated columns (a column's expression must exist before its table).
     outside = {n: p for n, p in defined.items() if not p[0].startswith("sql/functions/")}
-    assert outside == {"outbox_sha256_hex": ["sql/100_baseline.sql"]}, outside
+    assert outside == {"outbox_sha256_hex/1": ["sql/100_baseline.sql"]}, outside

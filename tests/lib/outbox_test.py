@@ -128,6 +128,19 @@ def as_producer(conn, sql, args=None):
     privilege checks as its login, on the caller's connection and
     transaction); returns its first column of the first row."""
     with conn.cursor() as cur:
+        if conn.autocommit:
+            # Its own transaction with SET LOCAL: nothing outlives it, even
+            # on a server connection that PgBouncer hands to someone else.
+            cur.execute("BEGIN")
+            try:
+                cur.execute(f"SET LOCAL ROLE {PRODUCER_ROLE}")
+                cur.execute(sql, args)
+                row = cur.fetchone() if cur.description else None
+            except BaseException:
+                cur.execute("ROLLBACK")
+                raise
+            cur.execute("COMMIT")
+            return row[0] if row else None
         cur.execute(f"SET ROLE {PRODUCER_ROLE}")
         try:
             cur.execute(sql, args)
