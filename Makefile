@@ -26,9 +26,13 @@ PKG_LIBS   := $(shell pkg-config --libs $(PKGS))
 
 WARN      := -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wmissing-prototypes \
              -Wno-unused-parameter -Wformat=2
-OPT       ?= -O2 -g
-CFLAGS    := $(OPT) -DOUTBOX_LIBDIR=\"$(PLUGINDIR)\" -std=c11 -D_GNU_SOURCE $(WARN) -fPIC -Idispatcher -Iproviders $(PKG_CFLAGS) $(EXTRA_CFLAGS)
-LDFLAGS   += $(EXTRA_LDFLAGS)
+# CFLAGS, CPPFLAGS and LDFLAGS are the user's (make CFLAGS=-O0 works);
+# what the build needs is added to them, never replaced by them.
+CFLAGS    ?= -O2 -g
+REQ_CFLAGS := -std=c11 -D_GNU_SOURCE $(WARN) -fPIC -Idispatcher -Iproviders \
+              -DOUTBOX_LIBDIR=\"$(PLUGINDIR)\" $(PKG_CFLAGS)
+ALL_CFLAGS = $(REQ_CFLAGS) $(CPPFLAGS) $(CFLAGS) $(EXTRA_CFLAGS)
+ALL_LDFLAGS = $(LDFLAGS) $(EXTRA_LDFLAGS)
 
 # Core objects shared by the daemon and outboxctl.
 CORE_SRC  := dispatcher/util.c dispatcher/log.c dispatcher/config.c dispatcher/db.c \
@@ -59,10 +63,11 @@ FUNCTION_SQL := $(sort $(wildcard sql/functions/*.sql))
 .PHONY: all clean install test unit cppcheck bench bench-quick bench-email chaos demo fuzz man deb
 all: $(BUILD)/outbox-dispatcher $(BUILD)/outboxctl $(PLUGINS)
 
-$(BUILD)/obj/%.o: %.c $(wildcard dispatcher/*.h providers/*.h providers/*/*.h) Makefile
+# -MMD -MP: each object's header dependencies, read back below.
+$(BUILD)/obj/%.o: %.c Makefile
 	@mkdir -p $(dir $@)
 	@echo "  CC      $<"
-	@$(CC) $(CFLAGS) -c -o $@ $<
+	@$(CC) $(ALL_CFLAGS) -MMD -MP -c -o $@ $<
 
 # The migrations are compiled into outboxctl: an installed binary always
 # carries the schema it was built for.
@@ -70,31 +75,31 @@ $(BUILD)/gen/migrations.c: $(MIGRATIONS) $(FUNCTION_SQL) dispatcher/gen_migratio
 	@mkdir -p $(dir $@)
 	sh dispatcher/gen_migrations.sh $(MIGRATIONS) $(FUNCTION_SQL) > $@.tmp && mv $@.tmp $@
 
-$(BUILD)/obj/migrations.o: $(BUILD)/gen/migrations.c dispatcher/migrate.h
+$(BUILD)/obj/migrations.o: $(BUILD)/gen/migrations.c dispatcher/migrate.h Makefile
 	@mkdir -p $(dir $@)
 	@echo "  CC      $<"
-	@$(CC) $(CFLAGS) -c -o $@ $<
+	@$(CC) $(ALL_CFLAGS) -c -o $@ $<
 
 $(BUILD)/outbox-dispatcher: $(DAEMON_OBJ) $(CORE_OBJ)
 	@echo "  LD      $@"
-	@$(CC) $(CFLAGS) -rdynamic -o $@ $^ $(LDFLAGS) $(PKG_LIBS) -ldl -lpthread -lm
+	@$(CC) $(ALL_CFLAGS) -rdynamic -o $@ $^ $(ALL_LDFLAGS) $(PKG_LIBS) -ldl -lpthread -lm
 
 $(BUILD)/outboxctl: $(CTL_OBJ) $(CORE_OBJ)
 	@echo "  LD      $@"
-	@$(CC) $(CFLAGS) -o $@ $^ $(LDFLAGS) $(PKG_LIBS) -lm
+	@$(CC) $(ALL_CFLAGS) -o $@ $^ $(ALL_LDFLAGS) $(PKG_LIBS) -lm
 
 .SECONDEXPANSION:
 $(BUILD)/providers/outbox_%.so: $$(patsubst %.c,$(BUILD)/obj/%.o,$$(wildcard providers/$$*.c providers/$$*/*.c)) $(PROV_LIB_OBJ)
 	@mkdir -p $(dir $@)
 	@echo "  LD      $@"
-	@$(CC) $(CFLAGS) -shared -o $@ $^ $(LDFLAGS) $(PKG_LIBS) -lpthread
+	@$(CC) $(ALL_CFLAGS) -shared -o $@ $^ $(ALL_LDFLAGS) $(PKG_LIBS) -lpthread
 
 # Unit tests (cmocka) link the core objects they test.
 # (Some tests #include the .c they test, hence the sources as prerequisites.)
 $(BUILD)/tests/test_%: tests/unit/test_%.c $(CORE_OBJ) $(BUILD)/obj/dispatcher/policy.o $(BUILD)/obj/dispatcher/hosts.o $(PROV_LIB_OBJ) $(wildcard dispatcher/*.c dispatcher/*.h providers/*.c)
 	@mkdir -p $(dir $@)
 	@echo "  LD      $@"
-	@$(CC) $(CFLAGS) -o $@ $(filter-out dispatcher/% providers/%,$^) $(LDFLAGS) $(PKG_LIBS) $(shell pkg-config --libs cmocka) -lm
+	@$(CC) $(ALL_CFLAGS) -o $@ $(filter-out dispatcher/% providers/%,$^) $(ALL_LDFLAGS) $(PKG_LIBS) $(shell pkg-config --libs cmocka) -lm
 
 # A plugin's own unit tests (tests/unit/test_NAME_PART.c) also link the
 # objects of providers/NAME/ but its glue (NAME.c).
@@ -102,7 +107,7 @@ $(BUILD)/tests/test_email_%: tests/unit/test_email_%.c $(CORE_OBJ) $(PROV_LIB_OB
   $$(patsubst %.c,$(BUILD)/obj/%.o,$$(filter-out providers/email/email.c,$$(wildcard providers/email/*.c)))
 	@mkdir -p $(dir $@)
 	@echo "  LD      $@"
-	@$(CC) $(CFLAGS) -o $@ $^ $(LDFLAGS) $(PKG_LIBS) $(shell pkg-config --libs cmocka) -lpthread -lm
+	@$(CC) $(ALL_CFLAGS) -o $@ $^ $(ALL_LDFLAGS) $(PKG_LIBS) $(shell pkg-config --libs cmocka) -lpthread -lm
 
 unit: $(UNIT_BIN)
 	@set -e; for t in $(UNIT_BIN); do echo "== $$t"; $$t; done
@@ -111,7 +116,7 @@ unit: $(UNIT_BIN)
 # objects; tests/run.sh starts PostgreSQL and runs every suite.
 SAN_FLAGS := -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all
 test:
-	$(MAKE) BUILD=build-asan OPT="$(SAN_FLAGS)" EXTRA_LDFLAGS="-fsanitize=address,undefined" all $(patsubst $(BUILD)/%,build-asan/%,$(UNIT_BIN))
+	$(MAKE) BUILD=build-asan CFLAGS="$(SAN_FLAGS)" EXTRA_LDFLAGS="-fsanitize=address,undefined" all $(patsubst $(BUILD)/%,build-asan/%,$(UNIT_BIN))
 	BUILD_DIR=build-asan sh tests/run.sh
 
 cppcheck:
@@ -178,3 +183,8 @@ deb:
 
 clean:
 	rm -rf build build-asan build-*
+
+# Objects are kept between builds (pattern-rule intermediates otherwise go),
+# and every object's header dependencies come from its .d file.
+.SECONDARY:
+-include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)

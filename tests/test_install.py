@@ -35,3 +35,26 @@ def test_make_install_layout(tmp_path):
     assert "AI_ACTIONS_ENABLED=false" in env.read_text()
     # As the docs say: no secrets in it, readable (0644).
     assert (env.stat().st_mode & 0o777) == 0o644
+
+
+def test_users_flags_are_added_to_not_replacing_the_builds(tmp_path):
+    """make CFLAGS=-O0 CPPFLAGS=... builds: the includes, warnings and
+    -Werror the build needs are added to the user's flags; and a header
+    change rebuilds what includes it (-MMD -MP)."""
+    build = tmp_path / "build"
+    r = subprocess.run(["make", "-s", "-j2", f"BUILD={build}", "CFLAGS=-O0 -g",
+                        "CPPFLAGS=-DOUTBOX_TEST_CPPFLAG=1", str(build / "outboxctl")],
+                       cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    deps = (build / "obj" / "dispatcher" / "util.d").read_text()
+    assert "dispatcher/util.h" in deps, deps
+    # Nothing to do the second time; a dependency's timestamp moving
+    # forward rebuilds the objects that include it.
+    r = subprocess.run(["make", "-n", f"BUILD={build}", "CFLAGS=-O0 -g",
+                        "CPPFLAGS=-DOUTBOX_TEST_CPPFLAG=1", str(build / "outboxctl")],
+                       cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and "util.c" not in r.stdout, r.stdout
+    r = subprocess.run(["make", "-n", f"BUILD={build}", "CFLAGS=-O0 -g", "-W", "dispatcher/util.h",
+                        str(build / "outboxctl")],
+                       cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and "dispatcher/util.c" in r.stdout, r.stdout

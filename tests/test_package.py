@@ -69,6 +69,8 @@ def test_package_contents(deb):
     for sql in sorted(os.listdir(os.path.join(ROOT, "sql"))):
         if re.match(r"\d+_.*\.sql$", sql):
             expected[f"/usr/share/outbox-dispatcher/sql/{sql}"] = "-rw-r--r--"
+    for sql in sorted(os.listdir(os.path.join(ROOT, "sql", "functions"))):
+        expected[f"/usr/share/outbox-dispatcher/sql/functions/{sql}"] = "-rw-r--r--"
     for path, perm in expected.items():
         assert path in entries, f"{path} missing from the package:\n{listing}"
         assert entries[path] == (perm, "root/root"), (path, entries[path])
