@@ -15,7 +15,7 @@ import pytest
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "lib"))
 
 from outbox_test import (  # noqa: E402
-    BUILD_DIR, Dispatcher, admin_dsn, dsn_for, ensure_test_roles, run_ctl,
+    BUILD_DIR, Dispatcher, admin_dsn, dsn_for, ensure_test_roles, query, run_ctl,
 )
 
 TEMPLATE = "outbox_tpl"
@@ -108,3 +108,31 @@ def sink():
     s = Sink().start()
     yield s
     s.stop()
+
+
+@pytest.fixture
+def login_as(db, conn):
+    """login_as(group) -> an autocommit connection as a fresh LOGIN role
+    that is a member of `group` only; the roles are dropped afterwards."""
+    made = []
+
+    def make(group):
+        name = f"t_{group.replace('outbox_', '')}_{uuid.uuid4().hex[:8]}"
+        query(conn, f'CREATE ROLE "{name}" LOGIN IN ROLE {group}')
+        c = psycopg2.connect(db, user=name)
+        c.autocommit = True
+        made.append((name, c))
+        return c
+
+    yield make
+    for name, c in made:
+        # The server drops a closed session's temporary objects after the
+        # client has gone; DROP ROLE would race it.  DISCARD TEMP drops them
+        # now.
+        try:
+            with c.cursor() as cur:
+                cur.execute("DISCARD TEMP")
+        except psycopg2.Error:
+            pass
+        c.close()
+        query(conn, f'DROP ROLE IF EXISTS "{name}"')

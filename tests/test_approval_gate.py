@@ -23,24 +23,6 @@ STATES = ["processing", "awaiting_human", "approved", "completed", "failed_retry
           "failed_terminal"]
 
 
-@pytest.fixture
-def login_as(db, conn):
-    made = []
-
-    def make(group):
-        name = f"t_{group.replace('outbox_', '')}_{uuid.uuid4().hex[:8]}"
-        query(conn, f'CREATE ROLE "{name}" LOGIN IN ROLE {group}')
-        c = psycopg2.connect(db, user=name)
-        c.autocommit = True
-        made.append((name, c))
-        return c
-
-    yield make
-    for name, c in made:
-        c.close()
-        query(conn, f'DROP ROLE IF EXISTS "{name}"')
-
-
 def run_in(conn, state):
     key = make_run(conn)
     query(conn, "UPDATE workflow_runs SET state = %s WHERE idempotency_key = %s", (state, key))

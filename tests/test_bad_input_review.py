@@ -164,24 +164,6 @@ def test_long_header_and_deep_nesting_fail_clearly_and_nothing_is_cut(db, conn, 
 
 # -- database roles ------------------------------------------------------------------------
 
-@pytest.fixture
-def login_as(db, conn):
-    made = []
-
-    def make(group):
-        name = f"t_{group.replace('outbox_', '')}_{uuid.uuid4().hex[:8]}"
-        query(conn, f'CREATE ROLE "{name}" LOGIN IN ROLE {group}')
-        c = psycopg2.connect(db, user=name)
-        c.autocommit = True
-        made.append((name, c))
-        return c
-
-    yield make
-    for name, c in made:
-        c.close()
-        query(conn, f'DROP ROLE IF EXISTS "{name}"')
-
-
 ESCALATIONS = [
     "SET ROLE outbox_operator",
     "SET ROLE postgres",

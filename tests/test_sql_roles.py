@@ -16,26 +16,6 @@ from outbox_test import make_run, query, scalar
 DENIED = psycopg2.errors.InsufficientPrivilege
 
 
-@pytest.fixture
-def login_as(db, conn):
-    """login_as(group) -> an autocommit connection as a fresh LOGIN role
-    that is a member of `group`."""
-    made = []
-
-    def make(group):
-        name = f"t_{group.replace('outbox_', '')}_{uuid.uuid4().hex[:8]}"
-        query(conn, f'CREATE ROLE "{name}" LOGIN IN ROLE {group}')
-        c = psycopg2.connect(db, user=name)
-        c.autocommit = True
-        made.append((name, c))
-        return c
-
-    yield make
-    for name, c in made:
-        c.close()
-        query(conn, f'DROP ROLE IF EXISTS "{name}"')
-
-
 def denied(c, sql, args=None):
     with pytest.raises(DENIED):
         query(c, sql, args)
