@@ -90,7 +90,8 @@ def test_units_and_maintainer_scripts(deb, tmp_path):
     run(["dpkg-deb", "-R", deb, str(tmp_path / "x")])
     x = tmp_path / "x"
     unit = (x / "lib/systemd/system/outbox-dispatcher@.service").read_text()
-    assert "ExecStart=/usr/bin/outbox-dispatcher --config /etc/outbox-dispatcher/%i.ini" in unit
+    assert ("ExecStart=/usr/bin/outbox-dispatcher --config /etc/outbox-dispatcher/dispatcher.ini "
+            "--instance %i") in unit
     assert "@PREFIX@" not in unit
     assert "DynamicUser=yes" in unit   # so the package creates no system user
     conffiles = (x / "DEBIAN/conffiles").read_text().split()
@@ -177,17 +178,18 @@ def test_installs_into_a_throwaway_root_and_runs(deb, db, conn, sink, tmp_path):
     assert f"{PLUGIN_DIR}/outbox_http.so" in r.stderr, r.stderr
 
     # The shipped example, with the installed plugin directory (this root
-    # is not /): used as is, it stops at the crm section, which needs an
-    # instance_url; with only the sections of the providers in use (as its
-    # header says), it passes.
+    # is not /), passes as it is (email and crm are opt-in, commented out);
+    # with the email section switched on, both plugins load.
     example = open(os.path.join(root, "etc/outbox-dispatcher/dispatcher.ini.example")).read()
     assert example.count("\nprovider_dir =\n") == 1
     shipped = tmp_path / "shipped.ini"
     shipped.write_text(example.replace("\nprovider_dir =\n", f"\nprovider_dir = {plugins}\n"))
     r = run([f"{root}/usr/bin/outbox-dispatcher", "--config", str(shipped), "--check-config"], env=env)
-    assert r.returncode == 1 and "[provider.crm] instance_url: required" in r.stderr, r.stderr
+    assert r.returncode == 0, r.stderr
+    assert f'"path":"{plugins}/outbox_http.so"' in r.stderr, r.stderr
     mine = tmp_path / "example.ini"
-    mine.write_text(shipped.read_text().split("\n[provider.crm]\n")[0] + "\n")
+    assert shipped.read_text().count("\n;[provider.email]\n") == 1
+    mine.write_text(shipped.read_text().replace("\n;[provider.email]\n", "\n[provider.email]\n"))
     r = run([f"{root}/usr/bin/outbox-dispatcher", "--config", str(mine), "--check-config"], env=env)
     assert r.returncode == 0, r.stderr
     for p in ("http", "email"):
