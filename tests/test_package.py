@@ -189,7 +189,8 @@ def test_installs_into_a_throwaway_root_and_runs(deb, db, conn, sink, tmp_path):
     assert f'"path":"{plugins}/outbox_http.so"' in r.stderr, r.stderr
     mine = tmp_path / "example.ini"
     assert shipped.read_text().count("\n;[provider.email]\n") == 1
-    mine.write_text(shipped.read_text().replace("\n;[provider.email]\n", "\n[provider.email]\n"))
+    mine.write_text(shipped.read_text().replace("\n;[provider.email]\n", "\n[provider.email]\n")
+                    .replace("\n;server = 127.0.0.1:25\n", "\nserver = 127.0.0.1:25\n"))
     r = run([f"{root}/usr/bin/outbox-dispatcher", "--config", str(mine), "--check-config"], env=env)
     assert r.returncode == 0, r.stderr
     for p in ("http", "email"):
