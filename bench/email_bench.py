@@ -104,7 +104,7 @@ starttls = off
 
 def load(n, prefix):
     q("INSERT INTO workflow_runs (idempotency_key, state, payload_hash)"
-      " SELECT %s || g, 'approved', 'h' FROM generate_series(1, %s) g", (prefix, n))
+      " SELECT %s || g, 'processing', 'h' FROM generate_series(1, %s) g", (prefix, n))
     q("INSERT INTO effect_outbox (idempotency_key, effect_type, target, payload, available_at)"
       " SELECT %s || g, 'email', 'user' || g || '@example.com', %s::jsonb,"
       " now() - interval '1 hour' + g * interval '1 microsecond'"
