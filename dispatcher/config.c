@@ -46,7 +46,10 @@ const struct outbox_conf_key core_keys_dispatcher[] = {
 	{ "shutdown_grace_ms", CONF_INT, "10000", 0, 600000, "SIGTERM: wait this long for sends" },
 	{ "max_payload_bytes", CONF_INT, "262144", 64, 67108864, "larger payloads fail as invalid" },
 	{ "unknown_type_grace_seconds", CONF_INT, "60", 0, 86400, "fail rows of a type nobody serves after this" },
-	{ "kill_switch_recheck_ms", CONF_INT, "1000", 50, 60000, "recheck period while the switch is off" },
+	/* Ignored: a lease while the switch is off returns nothing and the
+	 * worker polls (poll_interval_ms) or wakes on the NOTIFY of "on".
+	 * Accepted so that files written for earlier versions still load. */
+	{ "kill_switch_recheck_ms", CONF_INT, "1000", 50, 60000, "ignored (kept so older files load)" },
 	{ "lease_head_slow_ms", CONF_INT, "10", 0, 60000,
 	  "a lease from the due index's head slower than this: lease from the last position; 0: always" },
 	{ NULL, CONF_STR, NULL, 0, 0, NULL },
@@ -541,7 +544,6 @@ bool config_core(struct config *cfg, struct core_settings *s, char *err, size_t 
 	s->shutdown_grace_ms = I("dispatcher", core_keys_dispatcher, "shutdown_grace_ms");
 	s->max_payload_bytes = I("dispatcher", core_keys_dispatcher, "max_payload_bytes");
 	s->unknown_type_grace_seconds = I("dispatcher", core_keys_dispatcher, "unknown_type_grace_seconds");
-	s->kill_switch_recheck_ms = I("dispatcher", core_keys_dispatcher, "kill_switch_recheck_ms");
 	s->metrics_listen = S("metrics", core_keys_metrics, "listen");
 	s->log_level = S("log", core_keys_log, "level");
 #undef S

@@ -42,7 +42,7 @@ struct core_settings {
 	long batch_size, max_in_flight, complete_batch;
 	long poll_interval_ms, maintenance_interval_ms;
 	long shutdown_grace_ms, max_payload_bytes;
-	long unknown_type_grace_seconds, kill_switch_recheck_ms;
+	long unknown_type_grace_seconds;
 	long lease_head_slow_ms;
 
 	const char *metrics_listen;

@@ -195,7 +195,6 @@ struct worker {
 	int lease_error_streak;
 	char lease_error[256];
 	bool stopping;
-	int exit_code;
 
 	struct effect_list waiting, sending, done_q, recon_q;
 	/* Every effect this worker holds, by id: a row whose lease expired
@@ -2033,7 +2032,11 @@ struct worker *worker_new(struct event_base *base, const struct worker_options *
 int worker_run(struct worker *w)
 {
 	event_base_dispatch(w->base);
-	return w->exit_code;
+	/* Only a signal ends the loop: a stop, drained or not.  Sends cut off
+	 * by the grace period or a second signal are the reaper's (their
+	 * leases expire), not a failure of this process: systemd must not
+	 * count a requested stop as one. */
+	return 0;
 }
 
 void worker_free(struct worker *w)

@@ -24,7 +24,8 @@ struct worker_options {
 /* Load config and plugins and connect.  Returns NULL after logging one
  * clear error (bad config, missing plugin...). */
 struct worker *worker_new(struct event_base *base, const struct worker_options *opt);
-/* Run the loop until the worker has stopped; returns the exit code. */
+/* Run the loop until a signal has stopped the worker; returns its exit
+ * code, 0 (errors before the loop are worker_new's). */
 int worker_run(struct worker *w);
 void worker_free(struct worker *w);
 

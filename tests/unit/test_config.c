@@ -579,7 +579,6 @@ static void test_defaults(void **state)
 	assert_int_equal(s.shutdown_grace_ms, 10000);
 	assert_int_equal(s.max_payload_bytes, 262144);
 	assert_int_equal(s.unknown_type_grace_seconds, 60);
-	assert_int_equal(s.kill_switch_recheck_ms, 1000);
 	assert_int_equal(s.lease_head_slow_ms, 10);
 	assert_string_equal(s.metrics_listen, "127.0.0.1:9464");  /* loopback by default */
 	assert_string_equal(s.log_level, "info");
