@@ -605,7 +605,7 @@ static void on_complete(struct db *db, PGresult *r, void *arg)
 		for (int row = 0; row < PQntuples(r); row++)
 			if (strcmp(PQgetvalue(r, row, 0), e->id) == 0) {
 				applied = PQgetvalue(r, row, 1)[0] == 't';
-				if (PQnfields(r) > 3 && !PQgetisnull(r, row, 3))
+				if (!PQgetisnull(r, row, 3))
 					resolved = PQgetvalue(r, row, 3);
 				break;
 			}
@@ -1283,7 +1283,7 @@ static void on_recon_leased(struct db *db, PGresult *r, void *arg)
 			continue;
 		}
 		effect_fill_view(e, e->prior_attempts);
-		if (PQnfields(r) > 8 && !PQgetisnull(r, row, 8))
+		if (!PQgetisnull(r, row, 8))
 			e->view.attempt_age_ms = strtoll(PQgetvalue(r, row, 8), NULL, 10);
 		if (!e->prov->ops->reconcile(e->prov->self, &e->view, on_recon_done, e, err, sizeof(err))) {
 			struct outbox_recon_result rr = { .verdict = RECON_CANNOT_TELL };
@@ -1556,7 +1556,7 @@ static void on_schema(struct db *db, PGresult *r, void *arg)
 		if (r == NULL)
 			return;   /* connection lost: checked again on reconnect */
 		/* e.g. "permission denied for table schema_migrations": the
-		 * login lacks a grant (outbox_dispatcher, migration 016). */
+		 * login lacks a grant (sql/101_gate_and_evidence.sql gives it). */
 		error_line(r, line, sizeof(line));
 		snprintf(w->schema_error, sizeof(w->schema_error), "schema check failed: %s", line);
 		readiness_update(w);

@@ -545,18 +545,13 @@ static CURL *make_easy(struct crm_call *k, const char *url, bool patch, const ch
 	k->resp = NULL;
 	k->resp_len = 0;
 	curl_easy_setopt(easy, CURLOPT_URL, url);
-	curl_easy_setopt(easy, CURLOPT_PROTOCOLS_STR, c->protocols);
-	curl_easy_setopt(easy, CURLOPT_FOLLOWLOCATION, 0L);
+	curl_loop_safe_options(easy, c->protocols, c->ca_file);
 	curl_easy_setopt(easy, CURLOPT_NOSIGNAL, 1L);
 	/* One connection per call: on a reused connection that dies before the
 	 * answer, libcurl silently sends the request again, and the attempts
 	 * log would no longer be one row per call. */
 	curl_easy_setopt(easy, CURLOPT_FORBID_REUSE, 1L);
 	curl_easy_setopt(easy, CURLOPT_FRESH_CONNECT, 1L);
-	curl_easy_setopt(easy, CURLOPT_SSL_VERIFYPEER, 1L);
-	curl_easy_setopt(easy, CURLOPT_SSL_VERIFYHOST, 2L);
-	if (c->ca_file)
-		curl_easy_setopt(easy, CURLOPT_CAINFO, c->ca_file);
 	curl_easy_setopt(easy, CURLOPT_TIMEOUT_MS, c->host->conf_int(c->conf, "timeout_ms"));
 	curl_easy_setopt(easy, CURLOPT_CONNECTTIMEOUT_MS,
 	                 c->host->conf_int(c->conf, "connect_timeout_ms"));

@@ -807,12 +807,7 @@ static bool http_send(void *self, const struct outbox_effect *e, outbox_done_fn 
 	 * connection would carry up to max_per_host sends at once, and one
 	 * reset would make every one of them ambiguous. */
 	curl_easy_setopt(easy, CURLOPT_HTTP_VERSION, (long)CURL_HTTP_VERSION_1_1);
-	curl_easy_setopt(easy, CURLOPT_FOLLOWLOCATION, 0L);
-	curl_easy_setopt(easy, CURLOPT_PROTOCOLS_STR, "http,https");
-	curl_easy_setopt(easy, CURLOPT_SSL_VERIFYPEER, 1L);
-	curl_easy_setopt(easy, CURLOPT_SSL_VERIFYHOST, 2L);
-	if (hp->ca_file[0])
-		curl_easy_setopt(easy, CURLOPT_CAINFO, hp->ca_file);
+	curl_loop_safe_options(easy, "http,https", hp->ca_file);
 	curl_easy_setopt(easy, CURLOPT_PROXY, hp->proxy);
 	curl_easy_setopt(easy, CURLOPT_OPENSOCKETFUNCTION, open_socket);
 	curl_easy_setopt(easy, CURLOPT_OPENSOCKETDATA, c);

@@ -164,6 +164,16 @@ void curl_loop_keep_connections(struct curl_loop *cl, long n)
 	curl_multi_setopt(cl->multi, CURLMOPT_MAXCONNECTS, n);
 }
 
+void curl_loop_safe_options(CURL *easy, const char *protocols, const char *ca_file)
+{
+	curl_easy_setopt(easy, CURLOPT_PROTOCOLS_STR, protocols);
+	curl_easy_setopt(easy, CURLOPT_FOLLOWLOCATION, 0L);
+	curl_easy_setopt(easy, CURLOPT_SSL_VERIFYPEER, 1L);
+	curl_easy_setopt(easy, CURLOPT_SSL_VERIFYHOST, 2L);
+	if (ca_file && ca_file[0])
+		curl_easy_setopt(easy, CURLOPT_CAINFO, ca_file);
+}
+
 bool curl_loop_add(struct curl_loop *cl, CURL *easy, curl_loop_done_fn done, void *arg)
 {
 	struct transfer *t = calloc(1, sizeof(*t));

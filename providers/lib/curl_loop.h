@@ -21,6 +21,11 @@ struct curl_loop *curl_loop_new(struct event_base *base);
  * transfers running at the moment, so a dip between two batches closed
  * connections the next batch had to open again). */
 void curl_loop_keep_connections(struct curl_loop *cl, long n);
+/* What every request a plugin makes must have, in one place: only the
+ * given protocols, no redirects (a redirect would reach an address that
+ * was never checked), TLS peer and host verified, against ca_file when it
+ * is set (NULL or empty: the system's CAs). */
+void curl_loop_safe_options(CURL *easy, const char *protocols, const char *ca_file);
 /* Start a transfer; false if libcurl refused it (done is then not called). */
 bool curl_loop_add(struct curl_loop *cl, CURL *easy, curl_loop_done_fn done, void *arg);
 /* Transfers in progress. */

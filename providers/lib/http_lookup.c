@@ -511,12 +511,7 @@ bool http_lookup_ask(struct http_lookup *lk, const struct outbox_effect *e, outb
 	curl_easy_setopt(easy, CURLOPT_TIMEOUT_MS, lk->timeout_ms);
 	curl_easy_setopt(easy, CURLOPT_NOSIGNAL, 1L);
 	curl_easy_setopt(easy, CURLOPT_FORBID_REUSE, 1L);
-	curl_easy_setopt(easy, CURLOPT_FOLLOWLOCATION, 0L);
-	curl_easy_setopt(easy, CURLOPT_PROTOCOLS_STR, "http,https");
-	curl_easy_setopt(easy, CURLOPT_SSL_VERIFYPEER, 1L);
-	curl_easy_setopt(easy, CURLOPT_SSL_VERIFYHOST, 2L);
-	if (lk->ca_file[0])
-		curl_easy_setopt(easy, CURLOPT_CAINFO, lk->ca_file);
+	curl_loop_safe_options(easy, "http,https", lk->ca_file);
 	curl_easy_setopt(easy, CURLOPT_PROXY, lk->proxy);
 	curl_easy_setopt(easy, CURLOPT_OPENSOCKETFUNCTION, open_socket);
 	curl_easy_setopt(easy, CURLOPT_OPENSOCKETDATA, c);
