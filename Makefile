@@ -37,8 +37,11 @@ ALL_LDFLAGS = $(LDFLAGS) $(EXTRA_LDFLAGS)
 # Core objects shared by the daemon and outboxctl.
 CORE_SRC  := dispatcher/util.c dispatcher/log.c dispatcher/config.c dispatcher/db.c \
              dispatcher/migrate.c
-DAEMON_SRC := dispatcher/main.c dispatcher/worker.c dispatcher/plugin.c dispatcher/hosts.c \
-              dispatcher/policy.c dispatcher/metrics.c dispatcher/sdnotify.c \
+DAEMON_SRC := dispatcher/main.c dispatcher/worker.c dispatcher/health.c dispatcher/effect.c \
+              dispatcher/lease.c dispatcher/send.c dispatcher/reconcile.c \
+              dispatcher/housekeeping.c dispatcher/worker_sql.c \
+              dispatcher/plugin.c dispatcher/hosts.c dispatcher/policy.c \
+              dispatcher/metrics.c dispatcher/sdnotify.c \
               providers/lib/json_text.c
 CTL_SRC   := $(sort $(wildcard dispatcher/outboxctl*.c))
 # A plugin is providers/NAME.c or the files providers/NAME/*.c;

@@ -15,6 +15,7 @@
 #include <event2/event.h>
 #include <event2/thread.h>
 #include <signal.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -41,6 +42,7 @@ int main(int argc, char **argv)
 	struct worker_options opt = { 0 };
 	struct event_base *base;
 	struct worker *w;
+	bool check_only = false;
 	int rc;
 
 	for (int i = 1; i < argc; i++) {
@@ -49,7 +51,7 @@ int main(int argc, char **argv)
 		} else if (strcmp(argv[i], "--instance") == 0 && i + 1 < argc) {
 			opt.instance = argv[++i];
 		} else if (strcmp(argv[i], "--check-config") == 0) {
-			opt.check_only = true;
+			check_only = true;
 		} else if (strcmp(argv[i], "--version") == 0) {
 			printf("outbox-dispatcher %s\n", OUTBOX_VERSION);
 			return 0;
@@ -79,15 +81,17 @@ int main(int argc, char **argv)
 		fprintf(stderr, "outbox-dispatcher: cannot create the event loop\n");
 		return 1;
 	}
-	w = worker_new(base, &opt);
+	w = worker_load(base, &opt);
 	if (w == NULL) {
 		event_base_free(base);
 		curl_global_cleanup();
 		return 1;
 	}
-	if (opt.check_only) {
+	if (check_only) {
 		log_msg(OLOG_INFO, "config_ok", "%s: config and providers load", opt.config_path);
 		rc = 0;
+	} else if (!worker_start(w)) {
+		rc = 1;
 	} else {
 		rc = worker_run(w);
 	}

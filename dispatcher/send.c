@@ -1,0 +1,470 @@
+/*
+ * send.c: an effect from a slot to its recorded outcome.  mark_ready()
+ * picks waiting effects whose provider and host have room and makes them
+ * `sending` in one outbox_mark_sending() call, the commit point that reads
+ * the kill switch (on_marked()); start_send() hands each to its provider;
+ * on_send_done() takes the answer and policy_decide()'s next state;
+ * flush_completions() records outcomes in batches (outbox_complete(),
+ * on_complete()).
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "db.h"
+#include "hosts.h"
+#include "log.h"
+#include "metrics.h"
+#include "util.h"
+#include "worker_internal.h"
+#include "worker_sql.h"
+
+/* Full leases in a row that make a backlog: outcomes then go on the lease
+ * connection (outcomes_db()).  One full lease is a burst of a steady load,
+ * whose medians suffer when outcomes queue behind leases; three are ~200
+ * rows waiting. */
+#ifndef BACKLOG_FULL_LEASES
+#define BACKLOG_FULL_LEASES 3
+#endif
+
+/* ---- logging of one attempt -------------------------------------------- */
+
+static json_t *attempt_fields(struct effect *e, bool applied, const char *resolved)
+{
+	return json_pack("{s:s,s:s,s:s,s:s,s:s,s:i,s:s,s:s,s:i,s:I,s:i,s:b}",
+	                 "run_key", e->run_key, "effect_id", e->id, "type", e->type,
+	                 "target_class", e->host_key, "payload_hash", e->payload_hash ? e->payload_hash : "",
+	                 "attempt", e->view.attempt, "outcome", outcome_name(e->result.outcome),
+	                 "next_state", applied ? next_state_name(e->decision.next) : "lease_lost",
+	                 "provider_status", e->result.status,
+	                 "duration_ms", (json_int_t)(e->ended_mono_ms - e->started_mono_ms),
+	                 "retry_count", e->view.attempt - 1, "lease_held", applied && !resolved);
+}
+
+/* resolved: the state change applied to an `unknown` effect the reaper
+ * had made of this attempt (outbox_complete), not under the lease. */
+static void log_attempt(struct effect *e, bool applied, const char *resolved)
+{
+	enum outbox_log_level level = !applied ? OLOG_WARN
+	                              : e->result.outcome == OUTCOME_ACCEPTED ? OLOG_INFO
+	                              : e->result.key_conflict ? OLOG_ERROR : OLOG_WARN;
+	json_t *f;
+
+	/* On the hot path: at [log] level = warn, accepted attempts are not
+	 * printed, so their line is not built either. */
+	if (!log_wants(level))
+		return;
+	f = attempt_fields(e, applied, resolved);
+	if (e->result.provider_id[0])
+		json_object_set_new(f, "provider_id", json_string(e->result.provider_id));
+	if (e->result.error[0])
+		json_object_set_new(f, "error", json_string(e->result.error));
+	if (resolved)
+		json_object_set_new(f, "resolved", json_string(resolved));
+	if (e->metadata)
+		json_object_set(f, "metadata", e->metadata);
+	if (e->approved_by)
+		json_object_set_new(f, "approver", json_string(e->approved_by));
+	if (e->decision.next == NEXT_PENDING && applied)
+		json_object_set_new(f, "retry_in_ms", json_integer(e->decision.delay_ms));
+	if (e->decision.exhausted)
+		json_object_set_new(f, "retries_exhausted", json_true());
+	log_event(level, "attempt", f);
+}
+
+/* This attempt's late outcome resolved the `unknown` effect the reaper had
+ * made of it (outbox_complete): counted and logged once, when the database says
+ * so. */
+static void log_resolved(struct effect *e, const char *how)
+{
+	metrics_count_unknown_resolved(how);
+	log_event(OLOG_INFO, "unknown_resolved",
+	          json_pack("{s:s,s:s,s:s,s:s,s:i,s:s,s:s}", "effect_id", e->id, "run_key", e->run_key,
+	                    "type", e->type, "how", how, "attempt", e->view.attempt, "provider_id",
+	                    e->result.provider_id, "msg",
+	                    strcmp(how, "late_accepted") == 0
+	                            ? "the provider's late acceptance completed the unknown effect"
+	                            : "the attempt given up on was not sent: back to pending, same key"));
+}
+
+/* ---- recording outcomes ------------------------------------------------- */
+
+/* One recorded effect: its row in outbox_complete()'s answer says whether
+ * the CAS applied (and whether it resolved an `unknown`). */
+static void completed_one(struct worker *w, struct effect *e, PGresult *r)
+{
+	bool applied = false;
+	const char *resolved = NULL;
+
+	for (int row = 0; row < PQntuples(r); row++)
+		if (strcmp(PQgetvalue(r, row, COL_COMPLETE_EFFECT_ID), e->id) == 0) {
+			applied = PQgetvalue(r, row, COL_COMPLETE_APPLIED)[0] == 't';
+			if (!PQgetisnull(r, row, COL_COMPLETE_RESOLVED))
+				resolved = PQgetvalue(r, row, COL_COMPLETE_RESOLVED);
+			break;
+		}
+	log_attempt(e, applied, resolved);
+	if (resolved)
+		log_resolved(e, resolved);
+	if (!applied)
+		metrics_inc(M_LEASE_LOST, 1);
+	else if (e->decision.exhausted && e->decision.next == NEXT_FAILED)
+		metrics_inc(M_RETRIES_EXHAUSTED, 1);
+	effect_free(e);
+}
+
+static void on_complete(struct db *db, PGresult *r, void *arg)
+{
+	struct batch *b = arg;
+	struct worker *w = b->w;
+
+	(void)db;
+	if (!job_ok(w, r, worker_sql[SQL_COMPLETE].name)) {
+		/* Keep the evidence: back to the queue, tried again after a
+		 * pause (the database refused it; do not spin). */
+		for (size_t i = b->n; i-- > 0;)
+			effect_set_phase(w, b->items[i], PH_DONE);
+		free(b);
+		w->send.complete_busy = false;
+		w->send.complete_retry_mono = now_mono_ms() + 1000;
+		return;
+	}
+	for (size_t i = 0; i < b->n; i++)
+		completed_one(w, b->items[i], r);
+	free(b);
+	w->send.complete_busy = false;
+	worker_kick(w);
+}
+
+/* One outcome as an element of outbox_complete()'s p_results (the keys of
+ * its jsonb_to_recordset; status, provider_id and error only when set).
+ * Written as text: json_pack + json_dumps per batch cost the worker a
+ * noticeable share of its instructions (docs/performance.md). */
+static void completion_json(struct strbuf *sb, const struct effect *e)
+{
+	char ts[40];
+
+	format_iso8601(e->started_wall_ms, ts, sizeof(ts));
+	sb_puts(sb, "{\"effect_id\":");
+	sb_json_string(sb, e->id);
+	sb_puts(sb, ",\"attempt\":");
+	sb_int(sb, e->view.attempt);
+	sb_puts(sb, ",\"started_at\":");
+	sb_json_string(sb, ts);
+	sb_puts(sb, ",\"outcome\":");
+	sb_json_string(sb, outcome_name(e->result.outcome));
+	sb_puts(sb, ",\"next_state\":");
+	sb_json_string(sb, next_state_name(e->decision.next));
+	sb_puts(sb, ",\"retry_delay_ms\":");
+	sb_int(sb, e->decision.delay_ms);
+	if (e->result.status) {
+		sb_puts(sb, ",\"status\":");
+		sb_int(sb, e->result.status);
+	}
+	/* Both are valid UTF-8 (on_send_done() sees to it). */
+	if (e->result.provider_id[0]) {
+		sb_puts(sb, ",\"provider_id\":");
+		sb_json_string(sb, e->result.provider_id);
+	}
+	if (e->result.error[0]) {
+		sb_puts(sb, ",\"error\":");
+		sb_json_string(sb, e->result.error);
+	}
+	sb_append(sb, "}", 1);
+}
+
+/* Where outcomes are recorded.  In a backlog (BACKLOG_FULL_LEASES full
+ * leases in a row), on the lease connection, behind the latency path's urgent
+ * queries: one busy backend per worker instead of two, which costs the
+ * database less CPU and WAL per effect (docs/performance.md).  Otherwise
+ * on the records connection, so that a lease never waits for an outcome
+ * on the wire. */
+static struct db *outcomes_db(const struct worker *w)
+{
+	return w->s.busy_connections == 1 && w->lease.full_leases >= BACKLOG_FULL_LEASES &&
+	               db_is_up(w->db)
+	               ? w->db : w->rec;
+}
+
+void flush_completions(struct worker *w)
+{
+	struct effect *e;
+	struct batch *b;
+	struct strbuf js;
+	const char *params[3];
+	size_t n = 0;
+
+	if (w->send.complete_busy || TAILQ_EMPTY(&w->fx.done_q) || !db_is_up(outcomes_db(w)) ||
+	    now_mono_ms() < w->send.complete_retry_mono)
+		return;
+	b = batch_new(w, (size_t)w->s.complete_batch);
+	sb_init(&js, 4096);
+	sb_append(&js, "[", 1);
+	while ((e = TAILQ_FIRST(&w->fx.done_q)) != NULL && n < (size_t)w->s.complete_batch) {
+		effect_set_phase(w, e, PH_RECORDING);
+		b->items[n++] = e;
+		if (n > 1)
+			sb_append(&js, ",", 1);
+		completion_json(&js, e);
+	}
+	sb_append(&js, "]", 1);
+	b->n = n;
+	params[0] = w->owner;
+	params[1] = w->name;
+	params[2] = js.s;
+	w->send.complete_busy = true;
+	/* Safe to repeat after a lost connection: CAS + unique attempt rows. */
+	worker_query(outcomes_db(w), SQL_COMPLETE, params, on_complete, b, DBQ_RETRY);
+	free(js.s);
+}
+
+/* ---- sending ------------------------------------------------------------- */
+
+/* The provider's texts cut to their buffers and valid UTF-8 (they go into
+ * JSON and the database). */
+static void result_sanitize(struct outbox_result *res)
+{
+	res->provider_id[sizeof(res->provider_id) - 1] = '\0';
+	res->error[sizeof(res->error) - 1] = '\0';
+	if (!utf8_valid(res->error, strlen(res->error)))
+		str_copy(res->error, "(provider error text was not UTF-8)", sizeof(res->error));
+	if (!utf8_valid(res->provider_id, strlen(res->provider_id)))
+		res->provider_id[0] = '\0';
+}
+
+/* The provider's answer, on the loop thread. */
+static void on_send_done(void *token, const struct outbox_result *res)
+{
+	struct effect *e = token;
+	struct worker *w = e->w;
+	struct provider_slot *p = e->prov;
+	int64_t now = now_mono_ms();
+
+	e->result = *res;
+	result_sanitize(&e->result);
+	e->ended_mono_ms = now;
+	e->decision = policy_decide(&e->result, e->view.attempt - e->retry_base, &p->policy,
+	                            p->honours_keys);
+	/* Every completed effect has a provider id (docs/design.md, "Providers"). */
+	if (e->result.outcome == OUTCOME_ACCEPTED && e->result.provider_id[0] == '\0')
+		snprintf(e->result.provider_id, sizeof(e->result.provider_id), "local:%s:%d:a%d",
+		         p->name, e->result.status, e->view.attempt);
+	p->in_flight--;
+	if (host_send_done(e->host, &e->result, (int)p->policy.breaker_failures,
+	                   p->policy.breaker_open_ms, now)) {
+		metrics_inc(M_BREAKER_OPENED, 1);
+		log_event(OLOG_WARN, "breaker_open",
+		          json_pack("{s:s,s:s,s:I}", "provider", p->name, "host", e->host_key,
+		                    "open_ms", (json_int_t)p->policy.breaker_open_ms));
+	}
+	if (e->result.key_conflict)
+		metrics_inc(M_KEY_CONFLICTS, 1);
+	metrics_count_send(p->name, outcome_name(e->result.outcome));
+	metrics_observe_send(p->name, (double)(now - e->started_mono_ms) / 1000.0);
+	effect_set_phase(w, e, PH_DONE);
+	worker_kick(w);
+}
+
+/* Hand the effect to its provider; with `refuse`, record it as not sent
+ * instead (the same bookkeeping, no call). */
+static void start_send(struct worker *w, struct effect *e, int attempt, const char *refuse)
+{
+	char err[OUTBOX_ERROR_MAX] = "";
+
+	effect_fill_view(e, attempt);
+	e->started_wall_ms = now_wall_ms();
+	e->started_mono_ms = now_mono_ms();
+	e->prov->in_flight++;
+	host_send_started(e->host);
+	effect_set_phase(w, e, PH_SENDING);
+	if (refuse) {
+		struct outbox_result r = { .outcome = OUTCOME_NOT_SENT, .retry_after_ms = -1 };
+		snprintf(r.error, sizeof(r.error), "not sent: %.480s", refuse);
+		on_send_done(e, &r);
+	} else if (!e->prov->ops->send(e->prov->self, &e->view, on_send_done, e, err, sizeof(err))) {
+		struct outbox_result r = { .outcome = OUTCOME_NOT_SENT, .retry_after_ms = -1 };
+		snprintf(r.error, sizeof(r.error), "could not start: %.480s", err[0] ? err : "provider refused");
+		on_send_done(e, &r);
+	}
+}
+
+/* ---- the sending transition --------------------------------------------- */
+
+static int mark_row(PGresult *r, const struct effect *e)
+{
+	for (int k = 0; k < PQntuples(r); k++)
+		if (strcmp(PQgetvalue(r, k, COL_MARK_EFFECT_ID), e->id) == 0)
+			return k;
+	return -1;
+}
+
+static void log_blocked(size_t blocked, json_t *blocked_ids)
+{
+	metrics_inc(M_KILL_SWITCH_BLOCKED, blocked);
+	metrics_set(G_KILL_SWITCH_ON, 0);
+	log_event(OLOG_WARN, "kill_switch_blocked",
+	          json_pack("{s:I,s:o,s:s}", "count", (json_int_t)blocked, "effect_ids",
+	                    blocked_ids, "msg",
+	                    "kill switch is off: leases released, no attempt spent"));
+}
+
+/* One effect of a mark batch, by its row of the answer: lost, blocked by
+ * the kill switch (counted in *blocked, its id kept in *blocked_ids), or
+ * sent. */
+static void marked_one(struct worker *w, struct batch *b, struct effect *e, PGresult *r,
+                       size_t *blocked, json_t **blocked_ids)
+{
+	int row = mark_row(r, e);
+
+	if (row < 0) {
+		/* CAS found the lease gone (expired, cancelled, taken). */
+		metrics_inc(M_LEASE_LOST, 1);
+		log_event(OLOG_WARN, "lease_lost",
+		          json_pack("{s:s,s:s,s:s}", "effect_id", e->id, "run_key", e->run_key,
+		                    "phase", "mark_sending"));
+		unmark_probe(e);
+		effect_free(e);
+	} else if (PQgetvalue(r, row, COL_MARK_BLOCKED)[0] == 't') {
+		(*blocked)++;
+		if (*blocked_ids == NULL)
+			*blocked_ids = json_array();
+		if (json_array_size(*blocked_ids) < 20)
+			json_array_append_new(*blocked_ids, json_string(e->id));
+		unmark_probe(e);
+		effect_free(e);
+	} else {
+		/* An answer that came so late (a stopped process, a stalled
+		 * database) that the lease may have lapsed, and the reaper or a
+		 * kill switch turned off meanwhile moved on: send nothing,
+		 * record it as not sent. */
+		bool late = now_mono_ms() - b->sent_mono > w->s.lease_seconds * 1000 * 2 / 3;
+		start_send(w, e, atoi(PQgetvalue(r, row, COL_MARK_ATTEMPTS)),
+		           late ? "the sending transition was confirmed too late to act on" : NULL);
+	}
+}
+
+static void on_marked(struct db *db, PGresult *r, void *arg)
+{
+	struct batch *b = arg;
+	struct worker *w = b->w;
+	size_t blocked = 0;
+	json_t *blocked_ids = NULL;
+
+	(void)db;
+	w->send.mark_busy = false;
+	if (!job_ok(w, r, worker_sql[SQL_MARK_SENDING].name)) {
+		/* Not sent, not marked (or the retry will find them): the leases
+		 * expire and the rows are leased again; nothing was sent. */
+		for (size_t i = 0; i < b->n; i++) {
+			unmark_probe(b->items[i]);
+			effect_free(b->items[i]);
+		}
+		free(b);
+		worker_kick(w);
+		return;
+	}
+	for (size_t i = 0; i < b->n; i++)
+		marked_one(w, b, b->items[i], r, &blocked, &blocked_ids);
+	if (blocked)
+		log_blocked(blocked, blocked_ids);
+	free(b);
+	worker_kick(w);
+}
+
+/* Waiting effects whose host's breaker is open go back, due when the
+ * breaker half-opens; no attempt is spent. */
+static void release_open_breakers(struct worker *w, struct batch *rel, int64_t delay_ms)
+{
+	char delay[24];
+	char *ids = ids_array(rel->items, rel->n);
+	const char *params[3] = { w->owner, ids, delay };
+
+	snprintf(delay, sizeof(delay), "%lld", (long long)delay_ms);
+	worker_query(w->db, SQL_RELEASE, params, NULL, NULL, DBQ_RETRY);
+	free(ids);
+	for (size_t i = 0; i < rel->n; i++)
+		effect_free(rel->items[i]);
+	free(rel);
+}
+
+/* Whether e's provider and host have room beside the batch b being built;
+ * *wait_ms > 0 when its host's breaker is open. */
+static bool slot_free(const struct batch *b, const struct effect *e, int64_t now, int64_t *wait_ms)
+{
+	int pending_for_host = 0, pending_for_prov = 0;
+
+	*wait_ms = 0;
+	for (size_t i = 0; i < b->n; i++) {
+		pending_for_host += b->items[i]->host == e->host;
+		pending_for_prov += b->items[i]->prov == e->prov;
+	}
+	if (e->prov->in_flight + pending_for_prov >= e->prov->policy.max_in_flight)
+		return false;
+	return host_may_send(e->host, (int)e->prov->policy.max_per_host - pending_for_host, now,
+	                     wait_ms);
+}
+
+/* Waiting effects that have a slot into b (PH_MARKING); those whose
+ * breaker is open into *rel (still waiting, freed when released). */
+static void mark_pick(struct worker *w, struct batch *b, struct batch **rel, int64_t *rel_delay)
+{
+	struct effect *e, *next;
+	int64_t now = now_mono_ms(), wait_ms;
+
+	for (e = TAILQ_FIRST(&w->fx.waiting); e && b->n < (size_t)w->s.batch_size * 4; e = next) {
+		next = TAILQ_NEXT(e, link);
+		if (!slot_free(b, e, now, &wait_ms)) {
+			if (wait_ms > 0) {
+				if (*rel == NULL)
+					*rel = batch_new(w, (size_t)w->fx.n_active + 1);
+				(*rel)->items[(*rel)->n++] = e;
+				if (wait_ms > *rel_delay)
+					*rel_delay = wait_ms;
+			}
+			continue;
+		}
+		effect_set_phase(w, e, PH_MARKING);
+		b->items[b->n++] = e;
+		/* Count a half-open probe now so only one goes through. */
+		if (e->host->breaker == BREAKER_HALF_OPEN)
+			e->host->probe_in_flight = true;
+	}
+}
+
+/* Move effects whose provider and host have room from waiting to a mark
+ * batch; release those whose host's breaker is open. */
+void mark_ready(struct worker *w)
+{
+	struct batch *b, *rel = NULL;
+	int64_t rel_delay = 0;
+	char *ids, lease[16];
+	const char *params[6];
+
+	/* Both connections: a send needs its lease renewed and its outcome
+	 * recorded, which happen on the other one. */
+	if (w->send.mark_busy || TAILQ_EMPTY(&w->fx.waiting) || !db_is_up(w->db) ||
+	    !db_is_up(w->rec) || w->life.stopping)
+		return;
+	b = batch_new(w, (size_t)w->s.batch_size * 4);
+	mark_pick(w, b, &rel, &rel_delay);
+	if (rel)
+		release_open_breakers(w, rel, rel_delay);
+	if (b->n == 0) {
+		free(b);
+		return;
+	}
+	ids = ids_array(b->items, b->n);
+	snprintf(lease, sizeof(lease), "%ld", w->s.lease_seconds);
+	uuid_v4(b->call);
+	b->sent_mono = now_mono_ms();
+	params[0] = w->owner;
+	params[1] = ids;
+	params[2] = w->env_enabled ? "true" : "false";
+	params[3] = w->idem_array;
+	params[4] = lease;
+	params[5] = b->call;
+	w->send.mark_busy = true;
+	/* Repeatable: the same call token gets its own rows back. */
+	worker_query(w->db, SQL_MARK_SENDING, params, on_marked, b, DBQ_RETRY | DBQ_URGENT);
+	free(ids);
+}

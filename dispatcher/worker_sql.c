@@ -1,0 +1,58 @@
+/*
+ * worker_sql.c: the text of every statement the worker runs (see
+ * worker_sql.h for their names and columns).  The functions they call are
+ * defined in sql/functions/; the column lists here are what the callbacks'
+ * COL_* indexes count.
+ */
+#include "worker_sql.h"
+
+#include "migrate.h"
+
+const struct worker_sql worker_sql[SQL_STATEMENTS] = {
+	[SQL_LEASE] = { "outbox_lease",
+		"SELECT effect_id, idempotency_key, effect_type, target, payload, payload_hash, "
+		"effect_key, attempts, metadata, approved_by, retry_base, available_at "
+		"FROM outbox_lease($1, $2, $3, $4, $5, $6, $7, $8)", 8 },
+	[SQL_FAIL_INVALID] = { "outbox_fail_invalid",
+		"SELECT effect_id FROM outbox_fail_invalid($1, $2)", 2 },
+	[SQL_RELEASE] = { "outbox_release",
+		"SELECT outbox_release($1, $2, $3)", 3 },
+	[SQL_MARK_SENDING] = { "outbox_mark_sending",
+		"SELECT effect_id, attempts, blocked FROM outbox_mark_sending($1, $2, $3, $4, $5, $6)", 6 },
+	[SQL_COMPLETE] = { "outbox_complete",
+		"SELECT effect_id, applied, state, resolved FROM outbox_complete($1, $2, $3)", 3 },
+	[SQL_RENEW] = { "outbox_renew",
+		"SELECT effect_id FROM outbox_renew($1, $2, $3, $4)", 4 },
+	[SQL_RECONCILE_LEASE] = { "outbox_reconcile_lease",
+		"SELECT effect_id, idempotency_key, effect_type, target, payload, payload_hash, "
+		"effect_key, attempts, attempt_age_ms FROM outbox_reconcile_lease($1, $2, $3, $4, $5)", 5 },
+	[SQL_RECONCILE_RECORD] = { "outbox_reconcile_record",
+		"SELECT * FROM outbox_reconcile_record($1, $2, $3)", 3 },
+	[SQL_REAP] = { "outbox_reap",
+		"SELECT effect_id, state, coalesce(lost_worker, '') FROM outbox_reap($1, $2)", 2 },
+	[SQL_SWEEP] = { "outbox_sweep",
+		"SELECT effect_id, effect_type FROM outbox_sweep($1, $2, $3, $4)", 4 },
+	[SQL_REGISTER_PROVIDERS] = { "outbox_register_providers",
+		"SELECT outbox_register_providers($1, $2)", 2 },
+	[SQL_WEEKLY_FIGURES] = { "outbox_weekly_figures",
+		"SELECT duplicate_share, approval_wait_p50_seconds, approval_wait_p95_seconds,"
+		" validation_failure_share, automatic_share, retries_exhausted"
+		" FROM outbox_weekly_figures($1, $2)", 2 },
+	[SQL_GAUGES_WITH_LAG] = { "gauges",
+		"SELECT coalesce((SELECT extract(epoch FROM now() - min(available_at)) FROM effect_outbox "
+		"  WHERE state = 'pending' AND available_at <= now()), 0),"
+		" (SELECT count(*) FROM effect_outbox WHERE state = 'unknown'),"
+		" (SELECT enabled FROM outbox_control WHERE id = 1)", 0 },
+	[SQL_GAUGES] = { "gauges",
+		"SELECT NULL, (SELECT count(*) FROM effect_outbox WHERE state = 'unknown'),"
+		" (SELECT enabled FROM outbox_control WHERE id = 1)", 0 },
+	[SQL_SCHEMA_VERSION] = { "schema version", MIGRATE_VERSION_SQL, 0 },
+};
+
+void worker_query(struct db *db, enum worker_stmt stmt, const char *const *params,
+                  db_result_fn cb, void *arg, unsigned flags)
+{
+	const struct worker_sql *q = &worker_sql[stmt];
+
+	db_query(db, q->text, q->nparams, params, cb, arg, flags);
+}
