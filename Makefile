@@ -112,6 +112,14 @@ $(BUILD)/tests/test_email_%: tests/unit/test_email_%.c $(CORE_OBJ) $(PROV_LIB_OB
 	@echo "  LD      $@"
 	@$(CC) $(ALL_CFLAGS) -o $@ $^ $(ALL_LDFLAGS) $(PKG_LIBS) $(shell pkg-config --libs cmocka) -lpthread -lm
 
+# effect.c's phase mover, with what effect.c calls (hosts, metrics, the
+# provider lookup).
+$(BUILD)/tests/test_effect: tests/unit/test_effect.c $(CORE_OBJ) $(PROV_LIB_OBJ) \
+  $(patsubst %,$(BUILD)/obj/dispatcher/%.o,effect hosts metrics plugin)
+	@mkdir -p $(dir $@)
+	@echo "  LD      $@"
+	@$(CC) $(ALL_CFLAGS) -o $@ $^ $(ALL_LDFLAGS) $(PKG_LIBS) $(shell pkg-config --libs cmocka) -ldl -lm
+
 unit: $(UNIT_BIN)
 	@set -e; for t in $(UNIT_BIN); do echo "== $$t"; $$t; done
 
