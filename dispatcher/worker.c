@@ -137,6 +137,9 @@ struct effect {
 	struct outbox_recon_result recon;
 	uint64_t renew_gen;
 	bool lease_lost;
+	/* The provider's acceptance that came after its ambiguous verdict,
+	 * before that verdict was recorded: resolved once it is. */
+	struct outbox_result *late;
 };
 TAILQ_HEAD(effect_list, effect);
 
@@ -304,6 +307,7 @@ static void effect_free(struct effect *e)
 	free(e->approved_by);
 	json_decref(e->payload);
 	json_decref(e->metadata);
+	free(e->late);
 	free(e);
 }
 
@@ -579,6 +583,84 @@ static void log_resolved(struct effect *e, const char *how)
 	                            : "the attempt given up on was not sent: back to pending, same key"));
 }
 
+/* ---- a provider's late acceptance (host->late_result) -------------------- */
+
+struct late_call {
+	struct worker *w;
+	char id[40];
+	int attempt;
+	char provider_id[OUTBOX_PROVIDER_ID_MAX];
+};
+
+static void on_late_resolved(struct db *db, PGresult *r, void *arg)
+{
+	struct late_call *lc = arg;
+
+	(void)db;
+	if (pg_ok(r, "outbox_resolve_late_accepted") && PQntuples(r) == 1) {
+		bool applied = !PQgetisnull(r, 0, 0);
+
+		if (applied)
+			metrics_count_unknown_resolved("late_accepted");
+		log_event(applied ? OLOG_INFO : OLOG_WARN, applied ? "unknown_resolved" : "late_acceptance_unused",
+		          json_pack("{s:s,s:s,s:i,s:s,s:s}", "effect_id", lc->id, "how", "late_accepted",
+		                    "attempt", lc->attempt, "provider_id", lc->provider_id, "msg",
+		                    applied ? "the provider's late acceptance completed the unknown effect"
+		                            : "the provider's late acceptance came for an effect that had "
+		                              "moved on (not unknown from this attempt): nothing changed"));
+	}
+	free(lc);
+}
+
+/* Safe to repeat (DBQ_RETRY): the database changes the effect only while
+ * it is `unknown` because of this very attempt of this owner. */
+static void resolve_late(struct worker *w, const char *id, int attempt, const struct outbox_result *res)
+{
+	struct late_call *lc = xcalloc(1, sizeof(*lc));
+	char att[16], status[16];
+	const char *params[6];
+
+	lc->w = w;
+	str_copy(lc->id, id, sizeof(lc->id));
+	lc->attempt = attempt;
+	str_copy(lc->provider_id, res->provider_id, sizeof(lc->provider_id));
+	if (!utf8_valid(lc->provider_id, strlen(lc->provider_id)))
+		lc->provider_id[0] = '\0';
+	snprintf(att, sizeof(att), "%d", attempt);
+	snprintf(status, sizeof(status), "%d", res->status);
+	params[0] = w->owner;
+	params[1] = w->name;
+	params[2] = lc->id;
+	params[3] = att;
+	params[4] = status;
+	params[5] = lc->provider_id;
+	db_query(w->rec, "SELECT outbox_resolve_late_accepted($1, $2, $3, $4, $5, $6)", 6, params,
+	         on_late_resolved, lc, DBQ_RETRY);
+}
+
+static void on_late_result(void *arg, const char *provider, const char *effect_id, int attempt,
+                           const struct outbox_result *res)
+{
+	struct worker *w = arg;
+	struct effect *e;
+
+	if (res->outcome != OUTCOME_ACCEPTED)
+		return;
+	log_event(OLOG_INFO, "late_acceptance",
+	          json_pack("{s:s,s:s,s:i,s:i}", "provider", provider, "effect_id", effect_id,
+	                    "attempt", attempt, "status", res->status));
+	e = held_find(w, effect_id);
+	if (e != NULL && e->view.attempt == attempt) {
+		/* Its ambiguous verdict is not recorded yet (queued or on the
+		 * wire): resolve once on_complete() has it. */
+		if (e->late == NULL)
+			e->late = xmalloc(sizeof(*e->late));
+		*e->late = *res;
+		return;
+	}
+	resolve_late(w, effect_id, attempt, res);
+}
+
 static void on_complete(struct db *db, PGresult *r, void *arg)
 {
 	struct batch *b = arg;
@@ -612,6 +694,8 @@ static void on_complete(struct db *db, PGresult *r, void *arg)
 		log_attempt(w, e, applied, resolved);
 		if (resolved)
 			log_resolved(e, resolved);
+		if (e->late)
+			resolve_late(w, e->id, e->view.attempt, e->late);
 		if (!applied)
 			metrics_inc(M_LEASE_LOST, 1);
 		else if (e->decision.exhausted && e->decision.next == NEXT_FAILED)
@@ -1959,6 +2043,7 @@ struct worker *worker_new(struct event_base *base, const struct worker_options *
 		str_copy(dir, w->s.provider_dir, sizeof(dir));
 	else
 		providers_default_dir(dir, sizeof(dir));
+	providers_on_late_result(on_late_result, w);
 	if (!providers_load(&w->providers, w->cfg, dir, w->s.providers, base, w->name, err,
 	                    sizeof(err))) {
 		log_msg(OLOG_ERROR, "provider_error", "%s", err);
@@ -2047,6 +2132,7 @@ void worker_free(struct worker *w)
 		return;
 	/* Effects still with a provider are abandoned by its shutdown(). */
 	providers_unload(&w->providers);
+	providers_on_late_result(NULL, NULL);
 	while ((e = TAILQ_FIRST(&w->sending)) != NULL) {
 		TAILQ_REMOVE(&w->sending, e, link);
 		effect_free(e);
