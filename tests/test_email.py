@@ -333,7 +333,7 @@ def test_no_answer_after_data_is_unknown_and_never_resent(conn, dispatchers, smt
         assert str(eid) in [ln for ln in w.log().splitlines() if qid in ln][0]
         e = wait_state(conn, eid, "completed")
         assert e["provider_id"] == qid
-        assert [a["outcome_class"] for a in attempts(conn, eid)] == ["ambiguous", "accepted"]
+        assert [a["outcome_class"] for a in attempts(conn, eid)] == ["ambiguous", "reconciled_sent"]
 
 
 def test_no_answer_after_data_direct(direct, smtp):

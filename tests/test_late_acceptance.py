@@ -100,7 +100,7 @@ def test_relays_late_250_completes_the_unknown_email(conn, dispatchers, smtp, tm
     got = rows(conn, eid)
     assert [(r[0], r[1], r[3], r[4]) for r in got] == [
         (1, "ambiguous", None, False),
-        (1, "accepted", "late_accepted", True)], got
+        (1, "reconciled_sent", "late_accepted", True)], got
     assert got[1][5] == qid[0]
     assert run_state(conn, eid) == "completed"
     wait_for(lambda: metric(port, "late_accepted") == 1, what="the late_accepted counter")
@@ -145,7 +145,7 @@ def test_sql_late_acceptance_resolves_only_its_own_ambiguous_attempt(conn):
     assert run_state(conn, a) == "completed"
     assert late(conn, a, pid="Q2") is None, "a repeated call changes nothing"
     assert effect(conn, a)["provider_id"] == "Q1"
-    assert [(r[1], r[3]) for r in rows(conn, a)] == [("ambiguous", None), ("accepted", "late_accepted")]
+    assert [(r[1], r[3]) for r in rows(conn, a)] == [("ambiguous", None), ("reconciled_sent", "late_accepted")]
     # Another owner's evidence: not its attempt.
     assert late(conn, b, owner=OTHER) is None
     # Another attempt (an operator requeued it and it went again): no.

@@ -188,8 +188,9 @@ END $$;
 -- once: an `unknown` effect whose unknown-ness comes from exactly this
 -- attempt of this lease owner (its own ambiguous row, or the reaper's row
 -- naming it) becomes `completed` with the provider id, and the attempts
--- log gets a resolution row (lease_owner NULL, like reconciliation rows,
--- so the provider call itself stays one row).  Anything else (the row
+-- log gets a resolution row shaped like a lookup's (reconciled_sent,
+-- lease_owner NULL: evidence about the call, so the call itself stays one
+-- row, the worker's ambiguous one) with resolution = late_accepted.  Anything else (the row
 -- moved on, a later attempt, another owner): nothing changes, NULL.
 CREATE OR REPLACE FUNCTION outbox_resolve_late_accepted(p_owner uuid, p_worker text,
                                                         p_effect_id uuid, p_attempt integer,
@@ -222,7 +223,7 @@ BEGIN
     INSERT INTO effect_attempts (effect_id, attempt, lease_owner, worker, started_at,
                                  outcome_class, provider_status, provider_id, error_text,
                                  cas_applied, metadata, resolution)
-    VALUES (p_effect_id, p_attempt, NULL, p_worker, now(), 'accepted', p_status,
+    VALUES (p_effect_id, p_attempt, NULL, p_worker, now(), 'reconciled_sent', p_status,
             nullif(p_provider_id, ''),
             'late evidence: the provider accepted the call after it had been given up on',
             true, meta, 'late_accepted');
