@@ -197,6 +197,7 @@ void effect_free(struct effect *e)
 	free(e->approved_by);
 	json_decref(e->payload);
 	json_decref(e->metadata);
+	free(e->late);
 	free(e);
 }
 

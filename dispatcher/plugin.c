@@ -34,6 +34,23 @@ static void host_log(enum outbox_log_level level, const char *provider, const ch
 	log_event(level, "provider", json_pack("{s:s,s:s}", "provider", provider, "msg", buf));
 }
 
+/* Late results go to whoever registered (the worker; one per process). */
+static providers_late_fn late_fn;
+static void *late_arg;
+
+void providers_on_late_result(providers_late_fn fn, void *arg)
+{
+	late_fn = fn;
+	late_arg = arg;
+}
+
+static void host_late_result(const char *provider, const char *effect_id, int attempt,
+                             const struct outbox_result *res)
+{
+	if (late_fn && provider && effect_id && res)
+		late_fn(late_arg, provider, effect_id, attempt, res);
+}
+
 static struct outbox_host host_template = {
 	.abi = OUTBOX_PROVIDER_ABI,
 	.log = host_log,
@@ -41,6 +58,7 @@ static struct outbox_host host_template = {
 	.conf_int = conf_int,
 	.conf_bool = conf_bool,
 	.conf_where = conf_where,
+	.late_result = host_late_result,
 };
 static struct outbox_host provider_host;
 

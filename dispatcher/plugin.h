@@ -47,6 +47,12 @@ bool providers_reload_policy(struct provider_set *set, struct config *cfg, char 
 void providers_rebind(struct provider_set *set, struct config *cfg);
 void providers_unload(struct provider_set *set);
 
+/* Where a provider's late result (host->late_result: an acceptance after
+ * the call was reported ambiguous) is handed; NULL fn: dropped. */
+typedef void (*providers_late_fn)(void *arg, const char *provider, const char *effect_id,
+                                  int attempt, const struct outbox_result *res);
+void providers_on_late_result(providers_late_fn fn, void *arg);
+
 /* The default provider_dir: <dir of the executable>/providers when it
  * exists (a build tree), else the installed library folder. */
 void providers_default_dir(char *buf, size_t len);

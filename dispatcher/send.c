@@ -110,6 +110,8 @@ static void completed_one(struct worker *w, struct effect *e, PGresult *r)
 		metrics_inc(M_LEASE_LOST, 1);
 	else if (e->decision.exhausted && e->decision.next == NEXT_FAILED)
 		metrics_inc(M_RETRIES_EXHAUSTED, 1);
+	if (e->late)
+		late_resolve_recorded(w, e);
 	effect_free(e);
 }
 

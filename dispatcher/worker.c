@@ -354,6 +354,7 @@ static bool load_providers(struct worker *w, char *err, size_t errlen)
 		str_copy(dir, w->s.provider_dir, sizeof(dir));
 	else
 		providers_default_dir(dir, sizeof(dir));
+	providers_on_late_result(on_late_result, w);
 	if (!providers_load(&w->providers, w->cfg, dir, w->s.providers, w->base, w->name, err,
 	                    errlen))
 		return false;
@@ -498,6 +499,7 @@ void worker_free(struct worker *w)
 		return;
 	/* Effects still with a provider are abandoned by its shutdown(). */
 	providers_unload(&w->providers);
+	providers_on_late_result(NULL, NULL);
 	effects_free_all(w);
 	db_free(w->db);
 	db_free(w->rec);

@@ -81,6 +81,9 @@ struct effect {
 	struct outbox_recon_result recon;
 	uint64_t renew_gen;
 	bool lease_lost;
+	/* The provider's acceptance that came after its ambiguous verdict,
+	 * before that verdict was recorded: resolved once it is (late.c). */
+	struct outbox_result *late;
 };
 TAILQ_HEAD(effect_list, effect);
 
@@ -167,6 +170,11 @@ struct worker_recon {
 	int64_t pass_start_mono;
 	int64_t next_mono;            /* the next periodic pass */
 };
+
+/* late.c */
+void on_late_result(void *arg, const char *provider, const char *effect_id, int attempt,
+                    const struct outbox_result *res);
+void late_resolve_recorded(struct worker *w, struct effect *e);
 
 /* housekeeping.c */
 struct worker_hk {

@@ -47,6 +47,8 @@ const struct worker_sql worker_sql[SQL_STATEMENTS] = {
 		"SELECT NULL, (SELECT count(*) FROM effect_outbox WHERE state = 'unknown'),"
 		" (SELECT enabled FROM outbox_control WHERE id = 1)", 0 },
 	[SQL_SCHEMA_VERSION] = { "schema version", MIGRATE_VERSION_SQL, 0 },
+	[SQL_RESOLVE_LATE] = { "outbox_resolve_late_accepted",
+		"SELECT outbox_resolve_late_accepted($1, $2, $3, $4, $5, $6)", 6 },
 };
 
 void worker_query(struct db *db, enum worker_stmt stmt, const char *const *params,

@@ -24,6 +24,7 @@ enum worker_stmt {
 	SQL_GAUGES_WITH_LAG,     /* queue lag, unknown count, kill switch */
 	SQL_GAUGES,              /* unknown count, kill switch (lag NULL) */
 	SQL_SCHEMA_VERSION,      /* the applied migration version */
+	SQL_RESOLVE_LATE,        /* outbox_resolve_late_accepted: a late acceptance */
 	SQL_STATEMENTS
 };
 
@@ -52,6 +53,7 @@ enum weekly_col { COL_WEEK_DUPLICATE_SHARE, COL_WEEK_APPROVAL_WAIT_P50, COL_WEEK
                   COL_WEEK_RETRIES_EXHAUSTED, COL_WEEK_COLUMNS };
 enum gauges_col { COL_GAUGE_QUEUE_LAG, COL_GAUGE_UNKNOWN, COL_GAUGE_KILL_SWITCH };
 enum schema_col { COL_SCHEMA_VERSION };
+enum resolve_late_col { COL_LATE_RESOLVED };
 
 struct worker_sql {
 	const char *name;   /* for logs: the function called */

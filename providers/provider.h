@@ -141,6 +141,16 @@ struct outbox_host {
 	/* "file:line" of a key (or of the section when the key is unset), for
 	 * errors a provider finds in init(). */
 	const char *(*conf_where)(const struct outbox_conf *c, const char *key);
+	/* The provider's acceptance of a call it has already reported through
+	 * done() as ambiguous (the relay's 250 arriving after the provider
+	 * gave up waiting for it).  Called on the loop thread with the
+	 * effect_id and attempt of that call; only OUTCOME_ACCEPTED is acted
+	 * on: the dispatcher completes the effect with res->provider_id if it
+	 * is still `unknown` because of exactly that attempt, and records how
+	 * in the attempts log.  Appended within ABI 2 (the dispatcher
+	 * allocates this struct); may be NULL. */
+	void (*late_result)(const char *provider, const char *effect_id, int attempt,
+	                    const struct outbox_result *res);
 };
 
 struct outbox_provider {

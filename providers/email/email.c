@@ -231,6 +231,7 @@ static bool email_send(void *self, const struct outbox_effect *e, outbox_done_fn
 	if (j->connect_timeout_ms > j->timeout_ms)
 		j->connect_timeout_ms = j->timeout_ms;
 	text_copy(j->effect_id, e->effect_id, sizeof(j->effect_id));
+	j->attempt = e->attempt;
 	j->from_addr = text_strdup(m.from_addr);
 	j->rcpt = text_strdup(e->target);
 	j->message = email_build(e, &m, em->msgid_domain, &j->message_len);

@@ -42,6 +42,7 @@ struct email_job {
 
 	/* Immutable copies (the effect may be gone before the thread is). */
 	char effect_id[65];
+	int attempt;                    /* for a late acceptance's report */
 	char *from_addr, *rcpt;
 	char *message;
 	size_t message_len;

@@ -14,7 +14,8 @@
  * A thread that takes or restarts a job sets arm_pending and wakes the
  * loop, which re-arms the job's timer.  A job the timer gives up on is
  * reported at once; its thread finishes in the background (never past the
- * commit point) and its late answer is logged for the operator.
+ * commit point); a late 250 is logged and handed to the dispatcher
+ * (host->late_result) as evidence.
  */
 #include <dlfcn.h>
 #include <errno.h>
@@ -173,14 +174,19 @@ static void on_timer(evutil_socket_t fd, short what, void *arg)
 
 /* ---- results ------------------------------------------------------------ */
 
-static void log_late(struct email *em, struct email_job *j)
+/* A job given up on (already reported) that ended anyway.  A 250 is the
+ * relay's proof of acceptance: handed to the dispatcher, which completes
+ * the effect if it is `unknown` because of this very attempt. */
+static void report_late(struct email *em, struct email_job *j)
 {
-	if (j->result.outcome == OUTCOME_ACCEPTED)
+	if (j->result.outcome == OUTCOME_ACCEPTED) {
 		em->host->log(OLOG_WARN, EMAIL_NAME,
 		              "effect %s: the relay accepted the message after the attempt had been "
 		              "given up on: %d, provider id %s (evidence for resolving it)",
 		              j->effect_id, j->result.status, j->result.provider_id);
-	else
+		if (em->host->late_result)
+			em->host->late_result(EMAIL_NAME, j->effect_id, j->attempt, &j->result);
+	} else
 		em->host->log(OLOG_INFO, EMAIL_NAME,
 		              "effect %s: the SMTP session given up on ended: %s", j->effect_id,
 		              j->result.error);
@@ -209,7 +215,7 @@ static void on_wake(evutil_socket_t fd, short what, void *arg)
 	while ((j = TAILQ_FIRST(&done_list)) != NULL) {
 		TAILQ_REMOVE(&done_list, j, link);
 		if (j->reported) {
-			log_late(em, j);
+			report_late(em, j);
 		} else {
 			j->reported = true;
 			if (j->timer) {

@@ -182,13 +182,64 @@ BEGIN
      ORDER BY x.n;
 END $$;
 
+-- A provider's acceptance that arrived after the worker had already
+-- recorded the call as ambiguous (the relay's 250 after the email
+-- provider's own timeout).  The acceptance is proof the effect was sent
+-- once: an `unknown` effect whose unknown-ness comes from exactly this
+-- attempt of this lease owner (its own ambiguous row, or the reaper's row
+-- naming it) becomes `completed` with the provider id, and the attempts
+-- log gets a resolution row shaped like a lookup's (reconciled_sent,
+-- lease_owner NULL: evidence about the call, so the call itself stays one
+-- row, the worker's ambiguous one) with resolution = late_accepted.  Anything else (the row
+-- moved on, a later attempt, another owner): nothing changes, NULL.
+CREATE OR REPLACE FUNCTION outbox_resolve_late_accepted(p_owner uuid, p_worker text,
+                                                        p_effect_id uuid, p_attempt integer,
+                                                        p_status integer, p_provider_id text)
+RETURNS text
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
+DECLARE
+    k text;
+    meta jsonb;
+BEGIN
+    SELECT o.idempotency_key, o.metadata INTO k, meta
+      FROM effect_outbox o
+     WHERE o.effect_id = p_effect_id AND o.state = 'unknown' AND o.attempts = p_attempt
+       AND EXISTS (SELECT 1 FROM effect_attempts a
+                    WHERE a.effect_id = p_effect_id AND a.attempt = p_attempt
+                      AND a.lease_owner = p_owner
+                      AND (a.worker LIKE 'reaper:%' OR a.outcome_class = 'ambiguous'))
+       FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN NULL;
+    END IF;
+    UPDATE effect_outbox o
+       SET state = 'completed',
+           provider_id = coalesce(nullif(p_provider_id, ''), o.provider_id),
+           completed_at = now(), last_error_class = NULL,
+           last_error = NULL, last_status = p_status,
+           lease_owner = NULL, lease_expires_at = NULL, lease_worker = NULL,
+           updated_at = now()
+     WHERE o.effect_id = p_effect_id;
+    INSERT INTO effect_attempts (effect_id, attempt, lease_owner, worker, started_at,
+                                 outcome_class, provider_status, provider_id, error_text,
+                                 cas_applied, metadata, resolution)
+    VALUES (p_effect_id, p_attempt, NULL, p_worker, now(), 'reconciled_sent', p_status,
+            nullif(p_provider_id, ''),
+            'late evidence: the provider accepted the call after it had been given up on',
+            true, meta, 'late_accepted');
+    PERFORM outbox_advance_runs('{}', ARRAY[k]);
+    RETURN 'late_accepted';
+END $$;
+
 -- Nobody may call these but the roles named here.
 REVOKE EXECUTE ON FUNCTION
     outbox_reconcile_lease_seconds(),
     outbox_reconcile_lease(uuid, text, text[], integer, integer),
-    outbox_reconcile_record(uuid, text, jsonb)
+    outbox_reconcile_record(uuid, text, jsonb),
+    outbox_resolve_late_accepted(uuid, text, uuid, integer, integer, text)
     FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION
     outbox_reconcile_lease(uuid, text, text[], integer, integer),
-    outbox_reconcile_record(uuid, text, jsonb)
+    outbox_reconcile_record(uuid, text, jsonb),
+    outbox_resolve_late_accepted(uuid, text, uuid, integer, integer, text)
     TO outbox_dispatcher;
