@@ -17,7 +17,6 @@ proves the worker went on polling meanwhile.
 import json
 import os
 import subprocess
-import sys
 import time
 
 import pytest
@@ -25,7 +24,6 @@ import pytest
 from outbox_test import (BUILD_DIR, ROOT, Dispatcher, attempts, effect, enqueue, kill_switch,
                          make_run, query, scalar, wait_for, write_config)
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "servers"))
 from smtp_server import SmtpServer  # noqa: E402
 
 PASSWORD = "s3cret-Pa55word-for-the-relay"

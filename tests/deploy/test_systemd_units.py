@@ -9,7 +9,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import tempfile
 import threading
 import urllib.error
@@ -18,7 +17,6 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "lib"))
 
 from outbox_test import (  # noqa: E402
     BUILD_DIR, ROOT, Dispatcher, enqueue, kill_switch, query, scalar, wait_for, worker_dsn,

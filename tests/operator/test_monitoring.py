@@ -14,7 +14,6 @@ import socket
 import subprocess
 import urllib.request
 
-import pytest
 import yaml
 
 from outbox_test import ROOT, enqueue, kill_switch, states, wait_for

@@ -10,15 +10,8 @@ connections and that keepalive_idle_seconds = 0 does not.
 """
 import socket
 
-from outbox_test import attempts, effect, enqueue, kill_switch, make_run, query, states, wait_for
-
-FAST = {"backoff_base_ms": 10, "backoff_cap_ms": 50, "max_attempts": 3}
-
-
-def http_cfg(**kw):
-    c = dict(FAST)
-    c.update(kw)
-    return {"provider.http": c}
+from outbox_test import (attempts, effect, enqueue, http_cfg, kill_switch, make_run, query, states,
+                         wait_for)
 
 
 def enqueue_many(conn, url, n):
