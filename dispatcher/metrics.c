@@ -36,7 +36,6 @@
 #include "log.h"
 #include "util.h"
 
-#define METRICS_MAX_PROVIDERS 8        /* the last slot is "other" */
 #define METRICS_PROVIDER_LEN 48
 #define METRICS_STALL_MS 30000         /* /healthz: heartbeat older than this */
 
@@ -111,6 +110,7 @@ static const double bucket_bounds[] = {
 	0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30,
 };
 #define N_BUCKETS (sizeof(bucket_bounds) / sizeof(bucket_bounds[0]))
+_Static_assert(N_BUCKETS == METRICS_HISTOGRAM_BUCKETS, "metrics.h says how many buckets");
 
 struct provider_stats {
 	char name[METRICS_PROVIDER_LEN];
@@ -145,6 +145,16 @@ void metrics_init(const char *worker)
 	M.heartbeat_ms = 0;
 }
 
+const char *metrics_counter_name(enum metric_counter c)
+{
+	return (unsigned)c < M_COUNTER_MAX ? counter_desc[c].name : NULL;
+}
+
+const char *metrics_gauge_name(enum metric_gauge g)
+{
+	return (unsigned)g < G_GAUGE_MAX ? gauge_desc[g].name : NULL;
+}
+
 void metrics_inc(enum metric_counter c, unsigned long by)
 {
 	if ((unsigned)c < M_COUNTER_MAX)
@@ -157,9 +167,14 @@ void metrics_set(enum metric_gauge g, double v)
 		M.gauges[g] = v;
 }
 
+void metrics_heartbeat_at(int64_t mono_ms)
+{
+	M.heartbeat_ms = mono_ms;
+}
+
 void metrics_heartbeat(void)
 {
-	M.heartbeat_ms = now_mono_ms();
+	metrics_heartbeat_at(now_mono_ms());
 }
 
 /* The slot for a provider name: an existing one, a free one, or "other". */
