@@ -109,6 +109,14 @@ $(BUILD)/tests/test_email_%: tests/unit/test_email_%.c $(CORE_OBJ) $(PROV_LIB_OB
 	@echo "  LD      $@"
 	@$(CC) $(ALL_CFLAGS) -o $@ $^ $(ALL_LDFLAGS) $(PKG_LIBS) $(shell pkg-config --libs cmocka) -lpthread -lm
 
+# Likewise the http provider's (tests/unit/test_http_PART.c): providers/http/
+# but its glue (http.c).
+$(BUILD)/tests/test_http_%: tests/unit/test_http_%.c $(CORE_OBJ) $(PROV_LIB_OBJ) \
+  $$(patsubst %.c,$(BUILD)/obj/%.o,$$(filter-out providers/http/http.c,$$(wildcard providers/http/*.c)))
+	@mkdir -p $(dir $@)
+	@echo "  LD      $@"
+	@$(CC) $(ALL_CFLAGS) -o $@ $^ $(ALL_LDFLAGS) $(PKG_LIBS) $(shell pkg-config --libs cmocka) -lm
+
 unit: $(UNIT_BIN)
 	@set -e; for t in $(UNIT_BIN); do echo "== $$t"; $$t; done
 

@@ -30,6 +30,7 @@
 #include <strings.h>
 #include <sys/socket.h>
 
+#include "curl_io.h"
 #include "curl_loop.h"
 #include "netrules.h"
 
@@ -56,11 +57,10 @@ struct lookup_call {
 	void *token;
 	char *url;
 	struct curl_slist *headers;
-	char *resp;
-	size_t resp_len;
+	struct curl_body resp;
 	char *hdr_id;
 	long long age_ms;
-	bool host_listed, refused;
+	struct curl_guard guard;   /* the SSRF rules at connect time */
 };
 
 /* ---- configuration ------------------------------------------------------ */
@@ -314,56 +314,12 @@ static char *fill_template(const char *tpl, const char *key, const char *id, con
 	return out;
 }
 
-static curl_socket_t open_socket(void *arg, curlsocktype purpose, struct curl_sockaddr *a)
-{
-	struct lookup_call *c = arg;
-	curl_socket_t fd;
-
-	(void)purpose;
-	if (!c->host_listed && !netrules_addr_allowed(c->lk->rules, &a->addr)) {
-		c->refused = true;
-		return CURL_SOCKET_BAD;
-	}
-	fd = socket(a->family, a->socktype, a->protocol);
-	return fd < 0 ? CURL_SOCKET_BAD : fd;
-}
-
-static size_t on_body(char *ptr, size_t size, size_t nmemb, void *arg)
-{
-	struct lookup_call *c = arg;
-	size_t n = size * nmemb;
-	char *grown;
-
-	if (c->resp_len + n > LOOKUP_MAX_RESPONSE)
-		return 0; /* too big to be an answer about one effect: an error */
-	grown = realloc(c->resp, c->resp_len + n + 1);
-	if (grown == NULL)
-		return 0;
-	c->resp = grown;
-	memcpy(c->resp + c->resp_len, ptr, n);
-	c->resp_len += n;
-	c->resp[c->resp_len] = '\0';
-	return n;
-}
-
 static size_t on_header(char *line, size_t size, size_t nitems, void *arg)
 {
 	struct lookup_call *c = arg;
-	size_t n = size * nitems, namelen = strlen(c->lk->id_header);
-	const char *v, *end = line + n;
 
-	if (namelen == 0 || n <= namelen || line[namelen] != ':' ||
-	    strncasecmp(line, c->lk->id_header, namelen) != 0)
-		return n;
-	v = line + namelen + 1;
-	while (v < end && (*v == ' ' || *v == '\t'))
-		v++;
-	while (end > v && (end[-1] == '\r' || end[-1] == '\n' || end[-1] == ' '))
-		end--;
-	free(c->hdr_id);
-	c->hdr_id = strndup(v, (size_t)(end - v) < OUTBOX_PROVIDER_ID_MAX - 1
-	                               ? (size_t)(end - v) : OUTBOX_PROVIDER_ID_MAX - 1);
-	return n;
+	curl_header_take(line, size * nitems, c->lk->id_header, &c->hdr_id);
+	return size * nitems;
 }
 
 bool http_lookup_pointer_id(const char *json, size_t len, const char *pointer, char *out,
@@ -412,7 +368,7 @@ static void call_free(struct lookup_call *c)
 {
 	curl_slist_free_all(c->headers);
 	free(c->url);
-	free(c->resp);
+	curl_body_free(&c->resp);
 	free(c->hdr_id);
 	free(c);
 }
@@ -428,12 +384,12 @@ static void on_done(CURL *easy, CURLcode rc, void *arg)
 	r.status = (int)status;
 	if (rc != CURLE_OK) {
 		snprintf(r.error, sizeof(r.error), "lookup failed: %s%s", curl_easy_strerror(rc),
-		         c->refused ? " (address refused by the SSRF rules)" : "");
+		         c->guard.refused ? " (address refused by the SSRF rules)" : "");
 	} else if (status_in(status, lk->found, lk->n_found)) {
 		if (c->hdr_id && c->hdr_id[0])
 			snprintf(r.provider_id, sizeof(r.provider_id), "%s", c->hdr_id);
-		else if (lk->id_pointer[0] && c->resp)
-			http_lookup_pointer_id(c->resp, c->resp_len, lk->id_pointer, r.provider_id,
+		else if (lk->id_pointer[0] && c->resp.data)
+			http_lookup_pointer_id(c->resp.data, c->resp.len, lk->id_pointer, r.provider_id,
 			                       sizeof(r.provider_id));
 		if (r.provider_id[0])
 			r.verdict = RECON_SENT;
@@ -490,7 +446,10 @@ bool http_lookup_ask(struct http_lookup *lk, const struct outbox_effect *e, outb
 		call_free(c);
 		return false;
 	}
-	c->host_listed = netrules_host_listed(lk->rules, url_host);
+	c->guard.rules = lk->rules;
+	c->guard.host_listed = netrules_host_listed(lk->rules, url_host);
+	c->resp.max = LOOKUP_MAX_RESPONSE;
+	c->resp.fail_past_max = true;   /* too big to be an answer about one effect */
 	c->headers = curl_slist_append(NULL, "Accept: application/json");
 	if (c->headers && lk->extra_header[0])
 		c->headers = curl_slist_append(c->headers, lk->extra_header);
@@ -513,10 +472,10 @@ bool http_lookup_ask(struct http_lookup *lk, const struct outbox_effect *e, outb
 	curl_easy_setopt(easy, CURLOPT_FORBID_REUSE, 1L);
 	curl_loop_safe_options(easy, "http,https", lk->ca_file);
 	curl_easy_setopt(easy, CURLOPT_PROXY, lk->proxy);
-	curl_easy_setopt(easy, CURLOPT_OPENSOCKETFUNCTION, open_socket);
-	curl_easy_setopt(easy, CURLOPT_OPENSOCKETDATA, c);
-	curl_easy_setopt(easy, CURLOPT_WRITEFUNCTION, on_body);
-	curl_easy_setopt(easy, CURLOPT_WRITEDATA, c);
+	curl_easy_setopt(easy, CURLOPT_OPENSOCKETFUNCTION, curl_guard_open_socket);
+	curl_easy_setopt(easy, CURLOPT_OPENSOCKETDATA, &c->guard);
+	curl_easy_setopt(easy, CURLOPT_WRITEFUNCTION, curl_body_write);
+	curl_easy_setopt(easy, CURLOPT_WRITEDATA, &c->resp);
 	curl_easy_setopt(easy, CURLOPT_HEADERFUNCTION, on_header);
 	curl_easy_setopt(easy, CURLOPT_HEADERDATA, c);
 	if (!curl_loop_add(lk->loop, easy, on_done, c)) {

@@ -40,7 +40,7 @@ CFLAGS="-g -O1 -fno-omit-frame-pointer -fsanitize=fuzzer,address,undefined -fno-
 sources() {
     case "$1" in
     fuzz_config)  echo "dispatcher/config.c dispatcher/util.c dispatcher/log.c" ;;
-    fuzz_payload) echo "providers/http.c providers/lib/netrules.c providers/lib/sign.c providers/lib/curl_loop.c providers/lib/json_text.c providers/lib/http_lookup.c" ;;
+    fuzz_payload) echo providers/http/*.c providers/lib/*.c ;;
     *)            echo "" ;;
     esac
 }

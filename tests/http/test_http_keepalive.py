@@ -2,7 +2,7 @@
 request is still never sent twice.
 
 libcurl re-sends a request by itself when a *reused* connection dies before
-any response byte (a POST too).  providers/http.c refuses that resend in
+any response byte (a POST too).  providers/http/send.c refuses that resend in
 CURLOPT_PREREQFUNCTION; these tests hold it to that with the sink's
 /close-reused fault (a server that takes a request on a reused connection
 and closes without answering), and check that keep-alive really reuses
