@@ -36,7 +36,7 @@ ALL_LDFLAGS = $(LDFLAGS) $(EXTRA_LDFLAGS)
 
 # Core objects shared by the daemon and outboxctl.
 CORE_SRC  := dispatcher/util.c dispatcher/log.c dispatcher/config.c dispatcher/db.c \
-             dispatcher/migrate.c
+             dispatcher/migrate.c dispatcher/config_read.c
 DAEMON_SRC := dispatcher/main.c dispatcher/worker.c dispatcher/plugin.c dispatcher/hosts.c \
               dispatcher/policy.c dispatcher/metrics.c dispatcher/sdnotify.c \
               providers/lib/json_text.c

@@ -142,14 +142,84 @@ bool http_target_parse(struct http_provider *hp, const char *url, char *scheme, 
 	return true;
 }
 
+/* payload.headers: an object of at most HTTP_MAX_HEADERS strings, with
+ * token names, no control characters, none the dispatcher sets itself, and
+ * no line that would be cut. */
+static bool check_headers(const json_t *headers, char *err, size_t errlen)
+{
+	const char *k;
+	json_t *v;
+
+	if (headers == NULL || json_is_null(headers))
+		return true;
+	if (!json_is_object(headers)) {
+		snprintf(err, errlen, "payload.headers must be an object of strings");
+		return false;
+	}
+	if (json_object_size(headers) > HTTP_MAX_HEADERS) {
+		snprintf(err, errlen, "payload.headers has more than %d headers", HTTP_MAX_HEADERS);
+		return false;
+	}
+	json_object_foreach((json_t *)headers, k, v) {
+		if (k[0] == '\0' || strlen(k) > 256) {
+			snprintf(err, errlen, "payload.headers: empty or overlong header name");
+			return false;
+		}
+		for (const char *c = k; *c; c++)
+			if (!token_char(*c)) {
+				snprintf(err, errlen, "payload.headers: header name \"%.64s\" has invalid characters (CR/LF injection?)", k);
+				return false;
+			}
+		if (!json_is_string(v)) {
+			snprintf(err, errlen, "payload.headers.%.64s must be a string", k);
+			return false;
+		}
+		if (has_ctl(json_string_value(v))) {
+			snprintf(err, errlen, "payload.headers.%.64s contains CR/LF or control characters", k);
+			return false;
+		}
+		if (reserved_header(k)) {
+			snprintf(err, errlen, "payload.headers.%.64s is set by the dispatcher", k);
+			return false;
+		}
+		if (strlen(k) + 2 + strlen(json_string_value(v)) > HTTP_MAX_HEADER_LINE) {
+			snprintf(err, errlen, "payload.headers.%.64s: the header line is longer than "
+			         "%d bytes (it would be cut)", k, HTTP_MAX_HEADER_LINE);
+			return false;
+		}
+	}
+	return true;
+}
+
+/* Any JSON value or string is a valid body (and jsonb made it valid
+ * JSON): it is read from the text when sent, see body_text() in
+ * request.c.  A string body is decoded then; one jansson cannot decode
+ * (bytes that are not UTF-8, in a database whose encoding let them in)
+ * fails here, before any attempt, rather than at every send. */
+static bool check_body(const struct outbox_effect *e, char *err, size_t errlen)
+{
+	const char *raw;
+	size_t raw_len;
+
+	if (e->payload_text && json_text_member(e->payload_text, e->payload_len, "body", &raw, &raw_len) &&
+	    raw[0] == '"') {
+		json_t *str = json_loadb(raw, raw_len, JSON_DECODE_ANY, NULL);
+		bool is_string = json_is_string(str);
+
+		json_decref(str);
+		if (!is_string) {
+			snprintf(err, errlen, "payload.body is not a valid JSON string (not UTF-8?)");
+			return false;
+		}
+	}
+	return true;
+}
+
 bool http_validate(void *self, const struct outbox_effect *e, char *host_key,
                    size_t host_keylen, char *err, size_t errlen)
 {
 	struct http_provider *hp = self;
-	const json_t *method, *headers;
-	const char *k, *raw;
-	size_t raw_len;
-	json_t *v;
+	const json_t *method;
 	char scheme[16], host[256];
 	long port;
 
@@ -172,61 +242,9 @@ bool http_validate(void *self, const struct outbox_effect *e, char *host_key,
 		snprintf(err, errlen, "payload.method must be one of POST, PUT, PATCH, DELETE");
 		return false;
 	}
-	headers = json_object_get(e->payload, "headers");
-	if (headers && !json_is_null(headers)) {
-		if (!json_is_object(headers)) {
-			snprintf(err, errlen, "payload.headers must be an object of strings");
-			return false;
-		}
-		if (json_object_size(headers) > HTTP_MAX_HEADERS) {
-			snprintf(err, errlen, "payload.headers has more than %d headers", HTTP_MAX_HEADERS);
-			return false;
-		}
-		json_object_foreach((json_t *)headers, k, v) {
-			if (k[0] == '\0' || strlen(k) > 256) {
-				snprintf(err, errlen, "payload.headers: empty or overlong header name");
-				return false;
-			}
-			for (const char *c = k; *c; c++)
-				if (!token_char(*c)) {
-					snprintf(err, errlen, "payload.headers: header name \"%.64s\" has invalid characters (CR/LF injection?)", k);
-					return false;
-				}
-			if (!json_is_string(v)) {
-				snprintf(err, errlen, "payload.headers.%.64s must be a string", k);
-				return false;
-			}
-			if (has_ctl(json_string_value(v))) {
-				snprintf(err, errlen, "payload.headers.%.64s contains CR/LF or control characters", k);
-				return false;
-			}
-			if (reserved_header(k)) {
-				snprintf(err, errlen, "payload.headers.%.64s is set by the dispatcher", k);
-				return false;
-			}
-			if (strlen(k) + 2 + strlen(json_string_value(v)) > HTTP_MAX_HEADER_LINE) {
-				snprintf(err, errlen, "payload.headers.%.64s: the header line is longer than "
-				         "%d bytes (it would be cut)", k, HTTP_MAX_HEADER_LINE);
-				return false;
-			}
-		}
-	}
-	/* Any JSON value or string is a valid body (and jsonb made it valid
-	 * JSON): it is read from the text when sent, see body_text() in request.c.  A
-	 * string body is decoded then; one jansson cannot decode (bytes that
-	 * are not UTF-8, in a database whose encoding let them in) fails here,
-	 * before any attempt, rather than at every send. */
-	if (e->payload_text && json_text_member(e->payload_text, e->payload_len, "body", &raw, &raw_len) &&
-	    raw[0] == '"') {
-		json_t *str = json_loadb(raw, raw_len, JSON_DECODE_ANY, NULL);
-		bool is_string = json_is_string(str);
-
-		json_decref(str);
-		if (!is_string) {
-			snprintf(err, errlen, "payload.body is not a valid JSON string (not UTF-8?)");
-			return false;
-		}
-	}
+	if (!check_headers(json_object_get(e->payload, "headers"), err, errlen) ||
+	    !check_body(e, err, errlen))
+		return false;
 	snprintf(host_key, host_keylen, "%s://%s:%ld", scheme, host, port);
 	return true;
 }
