@@ -535,10 +535,8 @@ static CURL *make_easy(struct crm_call *k, const char *url, bool patch, const ch
 	                 c->host->conf_int(c->conf, "connect_timeout_ms"));
 	curl_easy_setopt(easy, CURLOPT_USERAGENT, "outbox-dispatcher-crm/1");
 	curl_easy_setopt(easy, CURLOPT_HTTPHEADER, k->headers);
-	curl_easy_setopt(easy, CURLOPT_WRITEFUNCTION, curl_body_write);
-	curl_easy_setopt(easy, CURLOPT_WRITEDATA, &k->resp);
-	curl_easy_setopt(easy, CURLOPT_HEADERFUNCTION, on_header);
-	curl_easy_setopt(easy, CURLOPT_HEADERDATA, k);
+	/* The instance URL is the operator's own: no per-address SSRF check. */
+	curl_io_attach(easy, NULL, &k->resp, on_header, k);
 	curl_easy_setopt(easy, CURLOPT_ERRORBUFFER, k->errbuf);
 	if (patch) {
 		curl_easy_setopt(easy, CURLOPT_CUSTOMREQUEST, "PATCH");

@@ -229,12 +229,7 @@ static void set_options(struct http_call *c, CURL *easy, const char *method)
 	curl_easy_setopt(easy, CURLOPT_HTTP_VERSION, (long)CURL_HTTP_VERSION_1_1);
 	curl_loop_safe_options(easy, "http,https", hp->ca_file);
 	curl_easy_setopt(easy, CURLOPT_PROXY, hp->proxy);
-	curl_easy_setopt(easy, CURLOPT_OPENSOCKETFUNCTION, curl_guard_open_socket);
-	curl_easy_setopt(easy, CURLOPT_OPENSOCKETDATA, &c->guard);
-	curl_easy_setopt(easy, CURLOPT_WRITEFUNCTION, curl_body_write);
-	curl_easy_setopt(easy, CURLOPT_WRITEDATA, &c->resp);
-	curl_easy_setopt(easy, CURLOPT_HEADERFUNCTION, on_header);
-	curl_easy_setopt(easy, CURLOPT_HEADERDATA, c);
+	curl_io_attach(easy, &c->guard, &c->resp, on_header, c);
 }
 
 bool http_send(void *self, const struct outbox_effect *e, outbox_done_fn done, void *token,

@@ -84,3 +84,16 @@ bool curl_header_take(const char *line, size_t n, const char *name, char **out)
 	}
 	return true;
 }
+
+void curl_io_attach(CURL *easy, struct curl_guard *guard, struct curl_body *body,
+                    curl_write_callback header_fn, void *header_arg)
+{
+	if (guard != NULL) {
+		curl_easy_setopt(easy, CURLOPT_OPENSOCKETFUNCTION, curl_guard_open_socket);
+		curl_easy_setopt(easy, CURLOPT_OPENSOCKETDATA, guard);
+	}
+	curl_easy_setopt(easy, CURLOPT_WRITEFUNCTION, curl_body_write);
+	curl_easy_setopt(easy, CURLOPT_WRITEDATA, body);
+	curl_easy_setopt(easy, CURLOPT_HEADERFUNCTION, header_fn);
+	curl_easy_setopt(easy, CURLOPT_HEADERDATA, header_arg);
+}

@@ -47,4 +47,10 @@ void curl_body_free(struct curl_body *b);
  * for any other line. */
 bool curl_header_take(const char *line, size_t n, const char *name, char **out);
 
+/* Sets the callbacks on easy: the guard's socket check (guard NULL: none,
+ * for a server the configuration names), the body, and header_fn called
+ * with header_arg for each response header line. */
+void curl_io_attach(CURL *easy, struct curl_guard *guard, struct curl_body *body,
+                    curl_write_callback header_fn, void *header_arg);
+
 #endif

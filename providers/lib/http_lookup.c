@@ -472,12 +472,7 @@ bool http_lookup_ask(struct http_lookup *lk, const struct outbox_effect *e, outb
 	curl_easy_setopt(easy, CURLOPT_FORBID_REUSE, 1L);
 	curl_loop_safe_options(easy, "http,https", lk->ca_file);
 	curl_easy_setopt(easy, CURLOPT_PROXY, lk->proxy);
-	curl_easy_setopt(easy, CURLOPT_OPENSOCKETFUNCTION, curl_guard_open_socket);
-	curl_easy_setopt(easy, CURLOPT_OPENSOCKETDATA, &c->guard);
-	curl_easy_setopt(easy, CURLOPT_WRITEFUNCTION, curl_body_write);
-	curl_easy_setopt(easy, CURLOPT_WRITEDATA, &c->resp);
-	curl_easy_setopt(easy, CURLOPT_HEADERFUNCTION, on_header);
-	curl_easy_setopt(easy, CURLOPT_HEADERDATA, c);
+	curl_io_attach(easy, &c->guard, &c->resp, on_header, c);
 	if (!curl_loop_add(lk->loop, easy, on_done, c)) {
 		curl_easy_cleanup(easy);
 		snprintf(err, errlen, "libcurl refused the lookup");
