@@ -165,15 +165,49 @@ static bool is_loopback_host(const char *h)
 /* ---------------------------------------------------------------------- */
 /* init / shutdown                                                        */
 
+/* "v59.0": a v, digits and at least one inner dot, 4 to 8 characters. */
+static bool api_version_ok(const char *v)
+{
+	size_t n = strlen(v);
+
+	return n >= 4 && n <= 8 && v[0] == 'v' && isdigit((unsigned char)v[1]) &&
+	       strspn(v + 1, "0123456789.") == n - 1 && strchr(v, '.') != NULL && v[n - 1] != '.';
+}
+
+/* c->sobjects_url: {instance_url}/services/data/{api_version}/sobjects/,
+ * from the parsed URL without its trailing slashes. */
+static bool set_sobjects_url(struct crm *c, CURLU *u, const char *api_version, char *err,
+                             size_t errlen)
+{
+	char *base = NULL;
+	size_t n;
+
+	if (curl_url_get(u, CURLUPART_URL, &base, 0) != CURLUE_OK) {
+		fmt(err, errlen, "%s: cannot rebuild the URL", c->host->conf_where(c->conf, "instance_url"));
+		return false;
+	}
+	n = strlen(base);
+	while (n > 0 && base[n - 1] == '/')
+		base[--n] = '\0';
+	c->sobjects_url = malloc(n + strlen(api_version) + 32);
+	if (c->sobjects_url == NULL) {
+		fmt(err, errlen, "out of memory");
+		curl_free(base);
+		return false;
+	}
+	sprintf(c->sobjects_url, "%s/services/data/%s/sobjects/", base, api_version);
+	curl_free(base);
+	return true;
+}
+
 static bool parse_instance_url(struct crm *c, const char *url, const char *api_version,
                                char *err, size_t errlen)
 {
 	const struct outbox_host *h = c->host;
 	CURLU *u = curl_url();
 	char *scheme = NULL, *hostname = NULL, *port = NULL, *path = NULL, *query = NULL,
-	     *frag = NULL, *user = NULL, *base = NULL;
+	     *frag = NULL, *user = NULL;
 	bool ok = false;
-	size_t n;
 
 	if (u == NULL) {
 		fmt(err, errlen, "out of memory");
@@ -214,27 +248,13 @@ static bool parse_instance_url(struct crm *c, const char *url, const char *api_v
 		    h->conf_where(c->conf, "instance_url"), url);
 		goto out;
 	}
-	n = strlen(api_version);
-	if (n < 4 || n > 8 || api_version[0] != 'v' || !isdigit((unsigned char)api_version[1]) ||
-	    strspn(api_version + 1, "0123456789.") != n - 1 || strchr(api_version, '.') == NULL ||
-	    api_version[n - 1] == '.') {
+	if (!api_version_ok(api_version)) {
 		fmt(err, errlen, "%s: must look like v59.0, got \"%.32s\"",
 		    h->conf_where(c->conf, "api_version"), api_version);
 		goto out;
 	}
-	if (curl_url_get(u, CURLUPART_URL, &base, 0) != CURLUE_OK) {
-		fmt(err, errlen, "%s: cannot rebuild the URL", h->conf_where(c->conf, "instance_url"));
+	if (!set_sobjects_url(c, u, api_version, err, errlen))
 		goto out;
-	}
-	n = strlen(base);
-	while (n > 0 && base[n - 1] == '/')
-		base[--n] = '\0';
-	c->sobjects_url = malloc(n + strlen(api_version) + 32);
-	if (c->sobjects_url == NULL) {
-		fmt(err, errlen, "out of memory");
-		goto out;
-	}
-	sprintf(c->sobjects_url, "%s/services/data/%s/sobjects/", base, api_version);
 	fmt(c->host_key, sizeof(c->host_key), "%s:%s", hostname, port);
 	ok = true;
 out:
@@ -245,7 +265,6 @@ out:
 	curl_free(query);
 	curl_free(frag);
 	curl_free(user);
-	curl_free(base);
 	curl_url_cleanup(u);
 	return ok;
 }

@@ -139,6 +139,75 @@ static bool parse_targets(struct http_lookup *lk, const char *text, char *err, s
 	return true;
 }
 
+/* The three texts checked before anything is allocated: the URL
+ * template, the method and the extra header. */
+static bool check_texts(const struct outbox_host *host, const struct outbox_conf *conf,
+                        const char *tpl, const char *method, const char *hdr, char *err,
+                        size_t errlen)
+{
+	if (strncmp(tpl, "http://", 7) != 0 && strncmp(tpl, "https://", 8) != 0 &&
+	    strncmp(tpl, "{origin}", 8) != 0) {
+		snprintf(err, errlen, "%s: must start with http://, https:// or {origin}",
+		         host->conf_where(conf, "reconcile_url"));
+		return false;
+	}
+	for (const char *c = tpl; *c; c++)
+		if ((unsigned char)*c <= 0x20 || *c == 0x7f) {
+			snprintf(err, errlen, "%s: no spaces or control characters in the URL",
+			         host->conf_where(conf, "reconcile_url"));
+			return false;
+		}
+	for (const char *c = method; *c; c++)
+		if (!isupper((unsigned char)*c)) {
+			snprintf(err, errlen, "%s: an upper-case HTTP method (GET, HEAD, ...)",
+			         host->conf_where(conf, "reconcile_method"));
+			return false;
+		}
+	if (method[0] == '\0') {
+		snprintf(err, errlen, "%s: empty", host->conf_where(conf, "reconcile_method"));
+		return false;
+	}
+	if (hdr[0] && (strchr(hdr, ':') == NULL || strpbrk(hdr, "\r\n") != NULL)) {
+		/* The value may be a secret: never echoed. */
+		snprintf(err, errlen, "%s: one header as \"Name: value\", on one line",
+		         host->conf_where(conf, "reconcile_header"));
+		return false;
+	}
+	return true;
+}
+
+/* What a found answer is read from (id pointer, id header), the targets
+ * asked about and the statuses that mean found and not found. */
+static bool check_answers(struct http_lookup *lk, const struct outbox_host *host,
+                          const struct outbox_conf *conf, char *err, size_t errlen)
+{
+	if (lk->id_pointer[0] && lk->id_pointer[0] != '/') {
+		snprintf(err, errlen, "%s: a JSON pointer (\"/id\", \"/data/0/id\") or empty",
+		         host->conf_where(conf, "reconcile_id_json"));
+		return false;
+	}
+	if (lk->id_pointer[0] == '\0' && lk->id_header[0] == '\0') {
+		snprintf(err, errlen, "%s: a found answer must name the provider id: set "
+		         "reconcile_id_json or reconcile_id_header", host->conf_where(conf, "reconcile_id_json"));
+		return false;
+	}
+	if (!parse_targets(lk, host->conf_str(conf, "reconcile_targets"), err, errlen,
+	                   host->conf_where(conf, "reconcile_targets")) ||
+	    !parse_statuses(host->conf_str(conf, "reconcile_found_status"), lk->found, &lk->n_found,
+	                    err, errlen, host->conf_where(conf, "reconcile_found_status")) ||
+	    !parse_statuses(host->conf_str(conf, "reconcile_not_found_status"), lk->not_found,
+	                    &lk->n_not_found, err, errlen,
+	                    host->conf_where(conf, "reconcile_not_found_status")))
+		return false;
+	for (int i = 0; i < lk->n_found; i++)
+		if (status_in(lk->found[i], lk->not_found, lk->n_not_found)) {
+			snprintf(err, errlen, "%s: status %ld cannot mean both found and not found",
+			         host->conf_where(conf, "reconcile_not_found_status"), lk->found[i]);
+			return false;
+		}
+	return true;
+}
+
 struct http_lookup *http_lookup_new(const struct outbox_host *host, const struct outbox_conf *conf,
                                     const struct netrules *rules, const char *ca_file,
                                     const char *proxy, const char *user_agent, char *err,
@@ -152,34 +221,8 @@ struct http_lookup *http_lookup_new(const struct outbox_host *host, const struct
 	err[0] = '\0';
 	if (tpl[0] == '\0')
 		return NULL;
-	if (strncmp(tpl, "http://", 7) != 0 && strncmp(tpl, "https://", 8) != 0 &&
-	    strncmp(tpl, "{origin}", 8) != 0) {
-		snprintf(err, errlen, "%s: must start with http://, https:// or {origin}",
-		         host->conf_where(conf, "reconcile_url"));
+	if (!check_texts(host, conf, tpl, method, hdr, err, errlen))
 		return NULL;
-	}
-	for (const char *c = tpl; *c; c++)
-		if ((unsigned char)*c <= 0x20 || *c == 0x7f) {
-			snprintf(err, errlen, "%s: no spaces or control characters in the URL",
-			         host->conf_where(conf, "reconcile_url"));
-			return NULL;
-		}
-	for (const char *c = method; *c; c++)
-		if (!isupper((unsigned char)*c)) {
-			snprintf(err, errlen, "%s: an upper-case HTTP method (GET, HEAD, ...)",
-			         host->conf_where(conf, "reconcile_method"));
-			return NULL;
-		}
-	if (method[0] == '\0') {
-		snprintf(err, errlen, "%s: empty", host->conf_where(conf, "reconcile_method"));
-		return NULL;
-	}
-	if (hdr[0] && (strchr(hdr, ':') == NULL || strpbrk(hdr, "\r\n") != NULL)) {
-		/* The value may be a secret: never echoed. */
-		snprintf(err, errlen, "%s: one header as \"Name: value\", on one line",
-		         host->conf_where(conf, "reconcile_header"));
-		return NULL;
-	}
 	lk = calloc(1, sizeof(*lk));
 	if (lk == NULL) {
 		snprintf(err, errlen, "out of memory");
@@ -203,30 +246,8 @@ struct http_lookup *http_lookup_new(const struct outbox_host *host, const struct
 		snprintf(err, errlen, "out of memory");
 		goto fail;
 	}
-	if (lk->id_pointer[0] && lk->id_pointer[0] != '/') {
-		snprintf(err, errlen, "%s: a JSON pointer (\"/id\", \"/data/0/id\") or empty",
-		         host->conf_where(conf, "reconcile_id_json"));
+	if (!check_answers(lk, host, conf, err, errlen))
 		goto fail;
-	}
-	if (lk->id_pointer[0] == '\0' && lk->id_header[0] == '\0') {
-		snprintf(err, errlen, "%s: a found answer must name the provider id: set "
-		         "reconcile_id_json or reconcile_id_header", host->conf_where(conf, "reconcile_id_json"));
-		goto fail;
-	}
-	if (!parse_targets(lk, host->conf_str(conf, "reconcile_targets"), err, errlen,
-	                   host->conf_where(conf, "reconcile_targets")) ||
-	    !parse_statuses(host->conf_str(conf, "reconcile_found_status"), lk->found, &lk->n_found,
-	                    err, errlen, host->conf_where(conf, "reconcile_found_status")) ||
-	    !parse_statuses(host->conf_str(conf, "reconcile_not_found_status"), lk->not_found,
-	                    &lk->n_not_found, err, errlen,
-	                    host->conf_where(conf, "reconcile_not_found_status")))
-		goto fail;
-	for (int i = 0; i < lk->n_found; i++)
-		if (status_in(lk->found[i], lk->not_found, lk->n_not_found)) {
-			snprintf(err, errlen, "%s: status %ld cannot mean both found and not found",
-			         host->conf_where(conf, "reconcile_not_found_status"), lk->found[i]);
-			goto fail;
-		}
 	return lk;
 fail:
 	http_lookup_free(lk);
