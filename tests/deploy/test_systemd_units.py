@@ -19,7 +19,8 @@ import pytest
 
 
 from outbox_test import (  # noqa: E402
-    BUILD_DIR, ROOT, Dispatcher, enqueue, kill_switch, query, scalar, wait_for, worker_dsn,
+    BUILD_DIR, ROOT, Dispatcher, enqueue, free_port, kill_switch, query, scalar, wait_for,
+    worker_dsn,
 )
 
 UNIT_DIR = os.path.join(ROOT, "systemd")
@@ -214,14 +215,6 @@ def parse_metrics(text):
 
 def metric(samples, name, **labels):
     return samples.get((name, frozenset(labels.items())))
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 def http_get(port, path):

@@ -6,7 +6,7 @@ as metrics, and a slow or cut housekeeping pass never stops the next.
 import re
 import time
 
-from outbox_test import (closed_port, effect, enqueue, http_cfg, kill_switch, make_run, plans_of,
+from outbox_test import (effect, enqueue, free_port, http_cfg, kill_switch, make_run, plans_of,
                          query, scalar, states, wait_for)
 
 
@@ -15,7 +15,7 @@ def test_weekly_figures_are_exported_as_metrics(conn, dispatchers, sink):
     kill_switch(conn, True)
     for i in range(3):
         enqueue(conn, "http", sink.url + f"/ok?{i}", {})
-    port = closed_port()
+    port = free_port()
     dispatchers({"metrics": {"listen": f"127.0.0.1:{port}"}, **http_cfg()})
     wait_for(lambda: states(conn).get("completed") == 3, what="delivered")
 
@@ -62,7 +62,7 @@ def test_a_slow_housekeeping_pass_spaces_the_next_ones(conn, db, dispatchers):
     kill_switch(conn, True)
     # The first pass waits at the sweep.
     holder = hold_the_sweep(conn, db)
-    port = closed_port()
+    port = free_port()
     # lease_seconds 30: the backoff is capped at half of it.
     dispatchers({"metrics": {"listen": f"127.0.0.1:{port}"},
                  "dispatcher": {"maintenance_interval_ms": 100, "lease_seconds": 30}, **http_cfg()})
@@ -97,7 +97,7 @@ def test_a_pass_cut_by_a_lost_connection_does_not_pause_housekeeping(conn, db, d
     configured interval."""
     kill_switch(conn, True)
     holder = hold_the_sweep(conn, db)
-    port = closed_port()
+    port = free_port()
     dispatchers({"metrics": {"listen": f"127.0.0.1:{port}"},
                  "dispatcher": {"maintenance_interval_ms": 500, "lease_seconds": 60},
                  "database": {"reconnect_min_ms": 20, "reconnect_max_ms": 200}, **http_cfg()})

@@ -334,7 +334,9 @@ def final(conn, eid, timeout=20):
         effect(conn, eid)), timeout=timeout, what=f"effect {eid} to settle")
 
 
-def closed_port():
+def free_port():
+    """A loopback port nothing listens on right now: for a server to bind
+    next, or left alone, a port that refuses connections."""
     s = socket.socket()
     s.bind(("127.0.0.1", 0))
     port = s.getsockname()[1]

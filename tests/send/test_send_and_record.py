@@ -16,7 +16,7 @@ import json
 
 import pytest
 
-from outbox_test import (attempts, closed_port, effect, enqueue, final, http_cfg, kill_switch,
+from outbox_test import (attempts, effect, enqueue, final, free_port, http_cfg, kill_switch,
                          make_run, query, run_ctl, scalar, states, wait_for)
 
 
@@ -76,7 +76,7 @@ def test_failure_class_matrix(conn, dispatchers, sink, path, pcfg, state, n_atte
 
 def test_connection_refused_is_not_sent_and_retried(conn, dispatchers):
     kill_switch(conn, True)
-    eid = enqueue(conn, "http", f"http://127.0.0.1:{closed_port()}/x", {})
+    eid = enqueue(conn, "http", f"http://127.0.0.1:{free_port()}/x", {})
     dispatchers(http_cfg(breaker_failures=100))
     e = final(conn, eid)
     assert e["state"] == "failed" and e["attempts"] == 3
@@ -203,7 +203,7 @@ def test_per_host_concurrency_limit(conn, dispatchers, sink):
 
 def test_circuit_breaker_holds_effects_without_spending_attempts(conn, dispatchers):
     kill_switch(conn, True)
-    port = closed_port()
+    port = free_port()
     ids = [enqueue(conn, "http", f"http://127.0.0.1:{port}/x?{i}", {}) for i in range(10)]
     w = dispatchers(http_cfg(breaker_failures=2, breaker_open_ms=60000, max_per_host=1,
                              max_attempts=50))
