@@ -36,7 +36,7 @@ ALL_LDFLAGS = $(LDFLAGS) $(EXTRA_LDFLAGS)
 
 # Core objects shared by the daemon and outboxctl.
 CORE_SRC  := dispatcher/util.c dispatcher/log.c dispatcher/config.c dispatcher/db.c \
-             dispatcher/migrate.c
+             dispatcher/migrate.c dispatcher/config_read.c
 DAEMON_SRC := dispatcher/main.c dispatcher/worker.c dispatcher/health.c dispatcher/effect.c \
               dispatcher/lease.c dispatcher/send.c dispatcher/reconcile.c \
               dispatcher/housekeeping.c dispatcher/late.c dispatcher/worker_sql.c \
@@ -97,12 +97,12 @@ $(BUILD)/providers/outbox_%.so: $$(patsubst %.c,$(BUILD)/obj/%.o,$$(wildcard pro
 	@echo "  LD      $@"
 	@$(CC) $(ALL_CFLAGS) -shared -o $@ $^ $(ALL_LDFLAGS) $(PKG_LIBS) -lpthread
 
-# Unit tests (cmocka) link the core objects they test.
-# (Some tests #include the .c they test, hence the sources as prerequisites.)
-$(BUILD)/tests/test_%: tests/unit/test_%.c $(CORE_OBJ) $(BUILD)/obj/dispatcher/policy.o $(BUILD)/obj/dispatcher/hosts.o $(PROV_LIB_OBJ) $(wildcard dispatcher/*.c dispatcher/*.h providers/*.c)
+# Unit tests (cmocka) link the objects they test; none includes a .c file.
+UNIT_DAEMON_OBJ := $(patsubst %,$(BUILD)/obj/dispatcher/%.o,policy hosts metrics sdnotify)
+$(BUILD)/tests/test_%: tests/unit/test_%.c $(CORE_OBJ) $(UNIT_DAEMON_OBJ) $(PROV_LIB_OBJ)
 	@mkdir -p $(dir $@)
 	@echo "  LD      $@"
-	@$(CC) $(ALL_CFLAGS) -o $@ $(filter-out dispatcher/% providers/%,$^) $(ALL_LDFLAGS) $(PKG_LIBS) $(shell pkg-config --libs cmocka) -lm
+	@$(CC) $(ALL_CFLAGS) -o $@ $^ $(ALL_LDFLAGS) $(PKG_LIBS) $(shell pkg-config --libs cmocka) -lm
 
 # A plugin's own unit tests (tests/unit/test_NAME_PART.c) also link the
 # objects of providers/NAME/ but its glue (NAME.c).
@@ -119,6 +119,14 @@ $(BUILD)/tests/test_effect: tests/unit/test_effect.c $(CORE_OBJ) $(PROV_LIB_OBJ)
 	@mkdir -p $(dir $@)
 	@echo "  LD      $@"
 	@$(CC) $(ALL_CFLAGS) -o $@ $^ $(ALL_LDFLAGS) $(PKG_LIBS) $(shell pkg-config --libs cmocka) -ldl -lm
+
+# Likewise the http provider's (tests/unit/test_http_PART.c): providers/http/
+# but its glue (http.c).
+$(BUILD)/tests/test_http_%: tests/unit/test_http_%.c $(CORE_OBJ) $(PROV_LIB_OBJ) \
+  $$(patsubst %.c,$(BUILD)/obj/%.o,$$(filter-out providers/http/http.c,$$(wildcard providers/http/*.c)))
+	@mkdir -p $(dir $@)
+	@echo "  LD      $@"
+	@$(CC) $(ALL_CFLAGS) -o $@ $^ $(ALL_LDFLAGS) $(PKG_LIBS) $(shell pkg-config --libs cmocka) -lm
 
 unit: $(UNIT_BIN)
 	@set -e; for t in $(UNIT_BIN); do echo "== $$t"; $$t; done

@@ -36,7 +36,6 @@
 #include "log.h"
 #include "util.h"
 
-#define METRICS_MAX_PROVIDERS 8        /* the last slot is "other" */
 #define METRICS_PROVIDER_LEN 48
 #define METRICS_STALL_MS 30000         /* /healthz: heartbeat older than this */
 
@@ -111,6 +110,7 @@ static const double bucket_bounds[] = {
 	0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30,
 };
 #define N_BUCKETS (sizeof(bucket_bounds) / sizeof(bucket_bounds[0]))
+_Static_assert(N_BUCKETS == METRICS_HISTOGRAM_BUCKETS, "metrics.h says how many buckets");
 
 struct provider_stats {
 	char name[METRICS_PROVIDER_LEN];
@@ -145,6 +145,16 @@ void metrics_init(const char *worker)
 	M.heartbeat_ms = 0;
 }
 
+const char *metrics_counter_name(enum metric_counter c)
+{
+	return (unsigned)c < M_COUNTER_MAX ? counter_desc[c].name : NULL;
+}
+
+const char *metrics_gauge_name(enum metric_gauge g)
+{
+	return (unsigned)g < G_GAUGE_MAX ? gauge_desc[g].name : NULL;
+}
+
 void metrics_inc(enum metric_counter c, unsigned long by)
 {
 	if ((unsigned)c < M_COUNTER_MAX)
@@ -157,9 +167,14 @@ void metrics_set(enum metric_gauge g, double v)
 		M.gauges[g] = v;
 }
 
+void metrics_heartbeat_at(int64_t mono_ms)
+{
+	M.heartbeat_ms = mono_ms;
+}
+
 void metrics_heartbeat(void)
 {
-	M.heartbeat_ms = now_mono_ms();
+	metrics_heartbeat_at(now_mono_ms());
 }
 
 /* The slot for a provider name: an existing one, a free one, or "other". */
@@ -299,91 +314,111 @@ static void sb_header(struct sbuf *b, const char *name, const char *type, const 
 	sb_printf(b, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
 }
 
-char *metrics_render(void)
+/* The worker's identity, start time and loop heartbeat. */
+static void render_process(struct sbuf *b)
 {
-	struct sbuf b = { xmalloc(4096), 0, 4096 };
-	int64_t now = now_mono_ms();
-	size_t i, j;
+	sb_header(b, "outbox_worker_info", "gauge", "The worker this endpoint belongs to.");
+	sb_printf(b, "outbox_worker_info{worker=\"");
+	sb_label(b, M.worker);
+	sb_printf(b, "\"} 1\n");
 
-	b.s[0] = '\0';
-	sb_header(&b, "outbox_worker_info", "gauge", "The worker this endpoint belongs to.");
-	sb_printf(&b, "outbox_worker_info{worker=\"");
-	sb_label(&b, M.worker);
-	sb_printf(&b, "\"} 1\n");
-
-	sb_header(&b, "outbox_process_start_time_seconds", "gauge",
+	sb_header(b, "outbox_process_start_time_seconds", "gauge",
 	          "Start time of the worker since the Unix epoch, in seconds.");
-	sb_printf(&b, "outbox_process_start_time_seconds ");
-	sb_value(&b, (double)M.start_wall_ms / 1000.0);
-	sb_printf(&b, "\n");
+	sb_printf(b, "outbox_process_start_time_seconds ");
+	sb_value(b, (double)M.start_wall_ms / 1000.0);
+	sb_printf(b, "\n");
 
-	sb_header(&b, "outbox_loop_heartbeat_age_seconds", "gauge",
+	sb_header(b, "outbox_loop_heartbeat_age_seconds", "gauge",
 	          "Seconds since the event loop's housekeeping timer last ran (/healthz fails above 30).");
-	sb_printf(&b, "outbox_loop_heartbeat_age_seconds ");
+	sb_printf(b, "outbox_loop_heartbeat_age_seconds ");
 	if (M.heartbeat_ms)
-		sb_value(&b, (double)(now - M.heartbeat_ms) / 1000.0);
+		sb_value(b, (double)(now_mono_ms() - M.heartbeat_ms) / 1000.0);
 	else
-		sb_printf(&b, "NaN");
-	sb_printf(&b, "\n");
+		sb_printf(b, "NaN");
+	sb_printf(b, "\n");
+}
+
+/* The label-less counters and gauges of the two tables. */
+static void render_counters_and_gauges(struct sbuf *b)
+{
+	size_t i;
 
 	for (i = 0; i < M_COUNTER_MAX; i++) {
-		sb_header(&b, counter_desc[i].name, "counter", counter_desc[i].help);
-		sb_printf(&b, "%s %llu\n", counter_desc[i].name, M.counters[i]);
+		sb_header(b, counter_desc[i].name, "counter", counter_desc[i].help);
+		sb_printf(b, "%s %llu\n", counter_desc[i].name, M.counters[i]);
 	}
 	for (i = 0; i < G_GAUGE_MAX; i++) {
-		sb_header(&b, gauge_desc[i].name, "gauge", gauge_desc[i].help);
-		sb_printf(&b, "%s ", gauge_desc[i].name);
-		sb_value(&b, M.gauges[i]);
-		sb_printf(&b, "\n");
+		sb_header(b, gauge_desc[i].name, "gauge", gauge_desc[i].help);
+		sb_printf(b, "%s ", gauge_desc[i].name);
+		sb_value(b, M.gauges[i]);
+		sb_printf(b, "\n");
 	}
+}
 
-	sb_header(&b, "outbox_sends_total", "counter",
+/* outbox_sends_total{provider,outcome}. */
+static void render_sends(struct sbuf *b)
+{
+	sb_header(b, "outbox_sends_total", "counter",
 	          "Provider calls by provider and outcome class "
 	          "(accepted, not_sent, retry, terminal, ambiguous).");
-	for (i = 0; i < METRICS_MAX_PROVIDERS; i++) {
+	for (size_t i = 0; i < METRICS_MAX_PROVIDERS; i++) {
 		const struct provider_stats *p = &M.providers[i];
 		if (!p->used)
 			continue;
-		for (j = 0; j < N_OUTCOMES; j++) {
+		for (size_t j = 0; j < N_OUTCOMES; j++) {
 			if (j == N_OUTCOMES - 1 && p->sends[j] == 0)
 				continue;   /* "other" only when something odd was counted */
-			sb_printf(&b, "outbox_sends_total{provider=\"");
-			sb_label(&b, p->name);
-			sb_printf(&b, "\",outcome=\"%s\"} %llu\n", outcome_names[j], p->sends[j]);
+			sb_printf(b, "outbox_sends_total{provider=\"");
+			sb_label(b, p->name);
+			sb_printf(b, "\",outcome=\"%s\"} %llu\n", outcome_names[j], p->sends[j]);
 		}
 	}
+}
 
-	sb_header(&b, "outbox_send_duration_seconds", "histogram",
+/* outbox_send_duration_seconds{provider}: cumulative buckets, sum, count. */
+static void render_durations(struct sbuf *b)
+{
+	sb_header(b, "outbox_send_duration_seconds", "histogram",
 	          "Provider call duration by provider, in seconds.");
-	for (i = 0; i < METRICS_MAX_PROVIDERS; i++) {
+	for (size_t i = 0; i < METRICS_MAX_PROVIDERS; i++) {
 		const struct provider_stats *p = &M.providers[i];
 		unsigned long long cum = 0;
 		if (!p->used)
 			continue;
-		for (j = 0; j <= N_BUCKETS; j++) {
+		for (size_t j = 0; j <= N_BUCKETS; j++) {
 			cum += p->buckets[j];
-			sb_printf(&b, "outbox_send_duration_seconds_bucket{provider=\"");
-			sb_label(&b, p->name);
-			sb_printf(&b, "\",le=\"");
+			sb_printf(b, "outbox_send_duration_seconds_bucket{provider=\"");
+			sb_label(b, p->name);
+			sb_printf(b, "\",le=\"");
 			if (j < N_BUCKETS)
-				sb_value(&b, bucket_bounds[j]);
+				sb_value(b, bucket_bounds[j]);
 			else
-				sb_printf(&b, "+Inf");
-			sb_printf(&b, "\"} %llu\n", cum);
+				sb_printf(b, "+Inf");
+			sb_printf(b, "\"} %llu\n", cum);
 		}
-		sb_printf(&b, "outbox_send_duration_seconds_sum{provider=\"");
-		sb_label(&b, p->name);
-		sb_printf(&b, "\"} ");
-		sb_value(&b, p->sum);
-		sb_printf(&b, "\noutbox_send_duration_seconds_count{provider=\"");
-		sb_label(&b, p->name);
-		sb_printf(&b, "\"} %llu\n", p->count);
+		sb_printf(b, "outbox_send_duration_seconds_sum{provider=\"");
+		sb_label(b, p->name);
+		sb_printf(b, "\"} ");
+		sb_value(b, p->sum);
+		sb_printf(b, "\noutbox_send_duration_seconds_count{provider=\"");
+		sb_label(b, p->name);
+		sb_printf(b, "\"} %llu\n", p->count);
 	}
+}
 
+char *metrics_render(void)
+{
+	struct sbuf b = { xmalloc(4096), 0, 4096 };
+
+	b.s[0] = '\0';
+	render_process(&b);
+	render_counters_and_gauges(&b);
+	render_sends(&b);
+	render_durations(&b);
 	sb_header(&b, "outbox_unknown_resolved_total", "counter",
 	          "Effects this worker moved out of unknown on evidence: late_accepted, late_not_sent "
 	          "(the attempt's own late outcome), lookup_sent, lookup_not_sent (the provider asked).");
-	for (i = 0; i < N_RESOLVED_HOWS; i++)
+	for (size_t i = 0; i < N_RESOLVED_HOWS; i++)
 		sb_printf(&b, "outbox_unknown_resolved_total{how=\"%s\"} %llu\n", resolved_hows[i],
 		          resolved_counts[i]);
 	return b.s;

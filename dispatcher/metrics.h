@@ -8,8 +8,15 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 struct event_base;
+
+/* Provider label values kept apart; the last slot is "other", so the
+ * series stay bounded whatever names plugins use. */
+#define METRICS_MAX_PROVIDERS 8
+/* Finite buckets of outbox_send_duration_seconds (+Inf comes on top). */
+#define METRICS_HISTOGRAM_BUCKETS 12
 
 /* Counters without labels. */
 enum metric_counter {
@@ -55,6 +62,10 @@ bool metrics_start(struct event_base *base, const char *listen, metrics_ready_fn
                    void *arg, char *err, size_t errlen);
 void metrics_stop(void);
 
+/* The exported family name of a counter or gauge (NULL out of range). */
+const char *metrics_counter_name(enum metric_counter c);
+const char *metrics_gauge_name(enum metric_gauge g);
+
 void metrics_inc(enum metric_counter c, unsigned long by);
 void metrics_set(enum metric_gauge g, double v);
 /* outbox_sends_total{provider,outcome}: outcome is a failure-class name. */
@@ -67,6 +78,10 @@ void metrics_observe_send(const char *provider, double seconds);
 /* The loop calls this every pass of its housekeeping timer: /healthz says
  * "stalled" when it has not been called for a while. */
 void metrics_heartbeat(void);
+/* The same, as of mono_ms (now_mono_ms() time): metrics_heartbeat() is this
+ * at now; an earlier time makes the loop look stalled (the unit tests use
+ * it instead of waiting 30 s). */
+void metrics_heartbeat_at(int64_t mono_ms);
 
 /* The text /metrics serves (caller frees); for tests and outboxctl. */
 char *metrics_render(void);

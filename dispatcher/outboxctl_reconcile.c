@@ -94,34 +94,31 @@ static bool print_verdicts(struct ctl *ctl, const char *start, char *last, size_
 	return true;
 }
 
-int cmd_reconcile(struct ctl *ctl, int argc, char **argv)
+/* --wait=SECONDS, 0 to 86400; false (after saying why) otherwise. */
+static bool parse_wait(const char *wait_arg, long *wait_s)
 {
-	static const char *const allowed[] = { "--wait=", NULL };
-	const char *wait_arg = ctl_opt(argc, argv, "--wait");
-	struct verdict_counts counts = { 0 };
-	char start[64], last[32] = "0", *end;
-	const char *params[2];
-	long wait_s = RECONCILE_WAIT_DEFAULT;
-	long long deadline;
-	long total, remaining = 0, others;
+	char *end;
+
+	if (wait_arg == NULL)
+		return true;
+	errno = 0;
+	*wait_s = strtol(wait_arg, &end, 10);
+	if (errno || end == wait_arg || *end || *wait_s < 0 || *wait_s > 86400) {
+		fprintf(stderr, "outboxctl: reconcile: --wait takes seconds from 0 to 86400, not '%s'\n",
+		        tv(wait_arg));
+		return false;
+	}
+	return true;
+}
+
+/* Counts the effects to wait for (unknown now, of a type some worker can
+ * reconcile; those of other types need an operator), writes the
+ * database's clock to start and asks the fleet to reconcile. */
+static bool ask_fleet(struct ctl *ctl, char *start, size_t startlen)
+{
+	long total, others;
 	PGresult *r;
 
-	if (!ctl_check_opts(argc, argv, allowed))
-		return CTL_USAGE;
-	if (wait_arg) {
-		errno = 0;
-		wait_s = strtol(wait_arg, &end, 10);
-		if (errno || end == wait_arg || *end || wait_s < 0 || wait_s > 86400) {
-			fprintf(stderr, "outboxctl: reconcile: --wait takes seconds from 0 to 86400, not '%s'\n",
-			        tv(wait_arg));
-			return CTL_USAGE;
-		}
-	}
-	if (ctl_connect(ctl) == NULL)
-		return CTL_DB;
-
-	/* The effects to wait for: unknown now, of a type some worker can
-	 * reconcile.  Those of other types need an operator. */
 	r = ctl_exec(ctl, "reconcile",
 	             "SELECT clock_timestamp()::text,"
 	             " (SELECT count(*) FROM effect_outbox o JOIN outbox_providers p"
@@ -131,8 +128,8 @@ int cmd_reconcile(struct ctl *ctl, int argc, char **argv)
 	             "       WHERE p.name = o.effect_type AND p.can_reconcile))",
 	             0, NULL);
 	if (r == NULL)
-		return CTL_DB;
-	snprintf(start, sizeof(start), "%s", PQgetvalue(r, 0, 0));
+		return false;
+	snprintf(start, startlen, "%s", PQgetvalue(r, 0, 0));
 	total = strtol(PQgetvalue(r, 0, 1), NULL, 10);
 	others = strtol(PQgetvalue(r, 0, 2), NULL, 10);
 	PQclear(r);
@@ -140,21 +137,32 @@ int cmd_reconcile(struct ctl *ctl, int argc, char **argv)
 	r = ctl_exec(ctl, "reconcile: notifying the workers",
 	             "SELECT pg_notify('effect_outbox', 'reconcile')", 0, NULL);
 	if (r == NULL)
-		return CTL_DB;
+		return false;
 	PQclear(r);
 	printf("asked the fleet to reconcile %ld unknown effect%s\n", total, total == 1 ? "" : "s");
 	if (others > 0)
 		printf("%ld unknown effect%s of types that cannot reconcile need an operator "
 		       "(outboxctl unknown list)\n", others, others == 1 ? "" : "s");
 	fflush(stdout);
+	return true;
+}
 
-	/* Wait: every effect that was unknown at the start, of a reconcilable
-	 * type, is either no longer unknown or has been asked since. */
-	params[0] = start;
-	deadline = mono_ms() + wait_s * 1000;
+/* Waits until every effect that was unknown at start, of a reconcilable
+ * type, is no longer unknown or has been asked since, printing verdicts as
+ * they land; the effects still not asked at the deadline, or -1 when the
+ * database failed. */
+static long wait_for_fleet(struct ctl *ctl, const char *start, long wait_s,
+                           struct verdict_counts *counts)
+{
+	const char *params[1] = { start };
+	long long deadline = mono_ms() + wait_s * 1000;
+	char last[32] = "0";
+	long remaining;
+	PGresult *r;
+
 	for (;;) {
-		if (!print_verdicts(ctl, start, last, sizeof(last), &counts))
-			return CTL_DB;
+		if (!print_verdicts(ctl, start, last, sizeof(last), counts))
+			return -1;
 		r = ctl_exec(ctl, "reconcile: checking progress",
 		             "SELECT count(*) FROM effect_outbox o JOIN outbox_providers p"
 		             "  ON p.name = o.effect_type AND p.can_reconcile"
@@ -162,7 +170,7 @@ int cmd_reconcile(struct ctl *ctl, int argc, char **argv)
 		             "   AND (o.last_reconciled_at IS NULL OR o.last_reconciled_at < $1::timestamptz)",
 		             1, params);
 		if (r == NULL)
-			return CTL_DB;
+			return -1;
 		remaining = strtol(PQgetvalue(r, 0, 0), NULL, 10);
 		PQclear(r);
 		if (remaining == 0 || mono_ms() >= deadline)
@@ -170,7 +178,28 @@ int cmd_reconcile(struct ctl *ctl, int argc, char **argv)
 		sleep_ms(RECONCILE_POLL_MS);
 	}
 	/* Verdicts that landed with the last check. */
-	if (!print_verdicts(ctl, start, last, sizeof(last), &counts))
+	if (!print_verdicts(ctl, start, last, sizeof(last), counts))
+		return -1;
+	return remaining;
+}
+
+int cmd_reconcile(struct ctl *ctl, int argc, char **argv)
+{
+	static const char *const allowed[] = { "--wait=", NULL };
+	struct verdict_counts counts = { 0 };
+	char start[64];
+	long wait_s = RECONCILE_WAIT_DEFAULT, remaining;
+
+	if (!ctl_check_opts(argc, argv, allowed))
+		return CTL_USAGE;
+	if (!parse_wait(ctl_opt(argc, argv, "--wait"), &wait_s))
+		return CTL_USAGE;
+	if (ctl_connect(ctl) == NULL)
+		return CTL_DB;
+	if (!ask_fleet(ctl, start, sizeof(start)))
+		return CTL_DB;
+	remaining = wait_for_fleet(ctl, start, wait_s, &counts);
+	if (remaining < 0)
 		return CTL_DB;
 
 	printf("%d sent (completed), %d not sent (pending again), %d cannot tell (still unknown)\n",

@@ -155,3 +155,13 @@ void sdnotify_shutdown(void)
 	}
 	S.watchdog_usec = 0;
 }
+
+bool sdnotify_enabled(void)
+{
+	return S.enabled;
+}
+
+uint64_t sdnotify_watchdog_usec(void)
+{
+	return S.watchdog ? S.watchdog_usec : 0;
+}

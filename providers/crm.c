@@ -28,6 +28,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "lib/curl_io.h"
 #include "lib/curl_loop.h"
 #include "lib/json_text.h"
 #include "provider.h"
@@ -77,8 +78,7 @@ struct crm_call {
 	char *record_url;          /* .../sobjects/Object/Field/key */
 	char *body;                /* the upsert's JSON; NULL for GETs */
 	struct curl_slist *headers;
-	char *resp;
-	size_t resp_len;
+	struct curl_body resp;     /* the first CRM_RESP_MAX bytes: a size never fails a call */
 	long retry_after_ms;       /* -1: no Retry-After on the last response */
 	int upsert_status;         /* CALL_UPSERT_LOOKUP: what the PATCH answered */
 	char local_ref[OUTBOX_PROVIDER_ID_MAX];
@@ -165,15 +165,49 @@ static bool is_loopback_host(const char *h)
 /* ---------------------------------------------------------------------- */
 /* init / shutdown                                                        */
 
+/* "v59.0": a v, digits and at least one inner dot, 4 to 8 characters. */
+static bool api_version_ok(const char *v)
+{
+	size_t n = strlen(v);
+
+	return n >= 4 && n <= 8 && v[0] == 'v' && isdigit((unsigned char)v[1]) &&
+	       strspn(v + 1, "0123456789.") == n - 1 && strchr(v, '.') != NULL && v[n - 1] != '.';
+}
+
+/* c->sobjects_url: {instance_url}/services/data/{api_version}/sobjects/,
+ * from the parsed URL without its trailing slashes. */
+static bool set_sobjects_url(struct crm *c, CURLU *u, const char *api_version, char *err,
+                             size_t errlen)
+{
+	char *base = NULL;
+	size_t n;
+
+	if (curl_url_get(u, CURLUPART_URL, &base, 0) != CURLUE_OK) {
+		fmt(err, errlen, "%s: cannot rebuild the URL", c->host->conf_where(c->conf, "instance_url"));
+		return false;
+	}
+	n = strlen(base);
+	while (n > 0 && base[n - 1] == '/')
+		base[--n] = '\0';
+	c->sobjects_url = malloc(n + strlen(api_version) + 32);
+	if (c->sobjects_url == NULL) {
+		fmt(err, errlen, "out of memory");
+		curl_free(base);
+		return false;
+	}
+	sprintf(c->sobjects_url, "%s/services/data/%s/sobjects/", base, api_version);
+	curl_free(base);
+	return true;
+}
+
 static bool parse_instance_url(struct crm *c, const char *url, const char *api_version,
                                char *err, size_t errlen)
 {
 	const struct outbox_host *h = c->host;
 	CURLU *u = curl_url();
 	char *scheme = NULL, *hostname = NULL, *port = NULL, *path = NULL, *query = NULL,
-	     *frag = NULL, *user = NULL, *base = NULL;
+	     *frag = NULL, *user = NULL;
 	bool ok = false;
-	size_t n;
 
 	if (u == NULL) {
 		fmt(err, errlen, "out of memory");
@@ -214,27 +248,13 @@ static bool parse_instance_url(struct crm *c, const char *url, const char *api_v
 		    h->conf_where(c->conf, "instance_url"), url);
 		goto out;
 	}
-	n = strlen(api_version);
-	if (n < 4 || n > 8 || api_version[0] != 'v' || !isdigit((unsigned char)api_version[1]) ||
-	    strspn(api_version + 1, "0123456789.") != n - 1 || strchr(api_version, '.') == NULL ||
-	    api_version[n - 1] == '.') {
+	if (!api_version_ok(api_version)) {
 		fmt(err, errlen, "%s: must look like v59.0, got \"%.32s\"",
 		    h->conf_where(c->conf, "api_version"), api_version);
 		goto out;
 	}
-	if (curl_url_get(u, CURLUPART_URL, &base, 0) != CURLUE_OK) {
-		fmt(err, errlen, "%s: cannot rebuild the URL", h->conf_where(c->conf, "instance_url"));
+	if (!set_sobjects_url(c, u, api_version, err, errlen))
 		goto out;
-	}
-	n = strlen(base);
-	while (n > 0 && base[n - 1] == '/')
-		base[--n] = '\0';
-	c->sobjects_url = malloc(n + strlen(api_version) + 32);
-	if (c->sobjects_url == NULL) {
-		fmt(err, errlen, "out of memory");
-		goto out;
-	}
-	sprintf(c->sobjects_url, "%s/services/data/%s/sobjects/", base, api_version);
 	fmt(c->host_key, sizeof(c->host_key), "%s:%s", hostname, port);
 	ok = true;
 out:
@@ -245,7 +265,6 @@ out:
 	curl_free(query);
 	curl_free(frag);
 	curl_free(user);
-	curl_free(base);
 	curl_url_cleanup(u);
 	return ok;
 }
@@ -324,7 +343,7 @@ static void call_free(struct crm_call *k)
 	curl_slist_free_all(k->headers);
 	free(k->record_url);
 	free(k->body);
-	free(k->resp);
+	curl_body_free(&k->resp);
 	free(k);
 }
 
@@ -442,27 +461,6 @@ static bool crm_validate(void *self, const struct outbox_effect *e, char *host_k
 /* ---------------------------------------------------------------------- */
 /* transfers                                                              */
 
-static size_t on_body(char *data, size_t size, size_t nmemb, void *arg)
-{
-	struct crm_call *k = arg;
-	size_t n = size * nmemb, keep = n;
-
-	/* Never fail the transfer over its size: that would turn a clear answer
-	 * into an ambiguous one.  Keep the first CRM_RESP_MAX bytes. */
-	if (k->resp_len + keep > CRM_RESP_MAX)
-		keep = CRM_RESP_MAX - k->resp_len;
-	if (keep > 0) {
-		char *grown = realloc(k->resp, k->resp_len + keep + 1);
-		if (grown == NULL)
-			return n;
-		memcpy(grown + k->resp_len, data, keep);
-		k->resp = grown;
-		k->resp_len += keep;
-		k->resp[k->resp_len] = '\0';
-	}
-	return n;
-}
-
 /* Retry-After: delta-seconds or an HTTP-date.  Only the last response's
  * headers count (a status line starts a new response). */
 static size_t on_header(char *data, size_t size, size_t nmemb, void *arg)
@@ -541,9 +539,8 @@ static CURL *make_easy(struct crm_call *k, const char *url, bool patch, const ch
 	}
 	k->errbuf[0] = '\0';
 	k->retry_after_ms = -1;
-	free(k->resp);
-	k->resp = NULL;
-	k->resp_len = 0;
+	curl_body_free(&k->resp);
+	k->resp.max = CRM_RESP_MAX;
 	curl_easy_setopt(easy, CURLOPT_URL, url);
 	curl_loop_safe_options(easy, c->protocols, c->ca_file);
 	curl_easy_setopt(easy, CURLOPT_NOSIGNAL, 1L);
@@ -557,10 +554,8 @@ static CURL *make_easy(struct crm_call *k, const char *url, bool patch, const ch
 	                 c->host->conf_int(c->conf, "connect_timeout_ms"));
 	curl_easy_setopt(easy, CURLOPT_USERAGENT, "outbox-dispatcher-crm/1");
 	curl_easy_setopt(easy, CURLOPT_HTTPHEADER, k->headers);
-	curl_easy_setopt(easy, CURLOPT_WRITEFUNCTION, on_body);
-	curl_easy_setopt(easy, CURLOPT_WRITEDATA, k);
-	curl_easy_setopt(easy, CURLOPT_HEADERFUNCTION, on_header);
-	curl_easy_setopt(easy, CURLOPT_HEADERDATA, k);
+	/* The instance URL is the operator's own: no per-address SSRF check. */
+	curl_io_attach(easy, NULL, &k->resp, on_header, k);
 	curl_easy_setopt(easy, CURLOPT_ERRORBUFFER, k->errbuf);
 	if (patch) {
 		curl_easy_setopt(easy, CURLOPT_CUSTOMREQUEST, "PATCH");
@@ -689,7 +684,7 @@ static bool crm_reconcile(void *self, const struct outbox_effect *e, outbox_reco
  * array (or the body's start when it is something else). */
 static void sf_error_text(const struct crm_call *k, long status, char *dst, size_t len)
 {
-	json_t *j = k->resp ? json_loadb(k->resp, k->resp_len, 0, NULL) : NULL;
+	json_t *j = k->resp.data ? json_loadb(k->resp.data, k->resp.len, 0, NULL) : NULL;
 	json_t *first = json_is_array(j) ? json_array_get(j, 0) : j;
 	const char *code = json_string_value(json_object_get(first, "errorCode"));
 	const char *msg = json_string_value(json_object_get(first, "message"));
@@ -699,8 +694,8 @@ static void sf_error_text(const struct crm_call *k, long status, char *dst, size
 		char tmp[OUTBOX_ERROR_MAX];
 		fmt(tmp, sizeof(tmp), "HTTP %ld %s: %s", status, code ? code : "ERROR", msg ? msg : "");
 		copy_printable(dst, len, tmp, strlen(tmp));
-	} else if (k->resp_len) {
-		copy_printable(body, sizeof(body), k->resp, k->resp_len);
+	} else if (k->resp.len) {
+		copy_printable(body, sizeof(body), k->resp.data, k->resp.len);
 		fmt(dst, len, "HTTP %ld: %s", status, body);
 	} else {
 		fmt(dst, len, "HTTP %ld", status);
@@ -710,7 +705,7 @@ static void sf_error_text(const struct crm_call *k, long status, char *dst, size
 
 static bool sf_error_code_is(const struct crm_call *k, const char *code)
 {
-	json_t *j = k->resp ? json_loadb(k->resp, k->resp_len, 0, NULL) : NULL;
+	json_t *j = k->resp.data ? json_loadb(k->resp.data, k->resp.len, 0, NULL) : NULL;
 	json_t *first = json_is_array(j) ? json_array_get(j, 0) : j;
 	const char *c = json_string_value(json_object_get(first, "errorCode"));
 	bool is = c && strcmp(c, code) == 0;
@@ -722,7 +717,7 @@ static bool sf_error_code_is(const struct crm_call *k, const char *code)
 /* The record id from {"id": ...} (upsert) or {"Id": ...} (lookup). */
 static bool body_id(const struct crm_call *k, const char *name, char *dst, size_t len)
 {
-	json_t *j = k->resp ? json_loadb(k->resp, k->resp_len, 0, NULL) : NULL;
+	json_t *j = k->resp.data ? json_loadb(k->resp.data, k->resp.len, 0, NULL) : NULL;
 	const char *id = json_string_value(json_object_get(j, name));
 	bool ok = id_ok(id);
 

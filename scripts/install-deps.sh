@@ -11,11 +11,11 @@ PKGS="build-essential pkg-config git ca-certificates openssl
       jq curl util-linux"
 # (jq, curl, util-linux: tests/systemd boots systemd with unshare/nsenter and
 # runs the docs' journalctl | jq and curl commands.)
-# PgBouncer (1.18): tests/test_pgbouncer.py and bench/scaling.sh start their
+# PgBouncer (1.18): tests/resilience/test_pgbouncer.py and bench/scaling.sh start their
 # own, in transaction mode on a free loopback port.
 PKGS="$PKGS pgbouncer"
-# The Debian package (make deb, tests/test_package.py) and the monitoring
-# tests (tests/test_monitoring.py: python3-yaml reads the rules).
+# The Debian package (make deb, tests/deploy/test_package.py) and the monitoring
+# tests (tests/operator/test_monitoring.py: python3-yaml reads the rules).
 PKGS="$PKGS debhelper dpkg-dev fakeroot lintian help2man man-db python3-yaml"
 SUDO=
 [ "$(id -u)" = 0 ] || SUDO=sudo
@@ -30,7 +30,7 @@ if [ -d /run/systemd/system ]; then
     $SUDO systemctl disable --now pgbouncer.service >/dev/null 2>&1 || true
 fi
 
-# promtool (tests/test_monitoring.py) comes from Debian's prometheus
+# promtool (tests/operator/test_monitoring.py) comes from Debian's prometheus
 # package, but only that one static binary is taken out of it: installing
 # the package would add a user and start a Prometheus server.
 if ! command -v promtool >/dev/null 2>&1; then

@@ -12,7 +12,10 @@ import uuid
 import psycopg2
 import pytest
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "lib"))
+# The helpers (tests/lib) and the test servers (tests/servers) import by
+# name from every test folder.
+for _folder in ("lib", "servers"):
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), _folder))
 
 from outbox_test import (  # noqa: E402
     BUILD_DIR, Dispatcher, admin_dsn, dsn_for, ensure_test_roles, query, run_ctl,
@@ -103,7 +106,6 @@ def build_dir():
 @pytest.fixture
 def sink():
     """A fault-injecting HTTP server on a free loopback port."""
-    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "servers"))
     from http_sink import Sink
     s = Sink().start()
     yield s

@@ -30,6 +30,7 @@
 #include <strings.h>
 #include <sys/socket.h>
 
+#include "curl_io.h"
 #include "curl_loop.h"
 #include "netrules.h"
 
@@ -56,11 +57,10 @@ struct lookup_call {
 	void *token;
 	char *url;
 	struct curl_slist *headers;
-	char *resp;
-	size_t resp_len;
+	struct curl_body resp;
 	char *hdr_id;
 	long long age_ms;
-	bool host_listed, refused;
+	struct curl_guard guard;   /* the SSRF rules at connect time */
 };
 
 /* ---- configuration ------------------------------------------------------ */
@@ -139,6 +139,75 @@ static bool parse_targets(struct http_lookup *lk, const char *text, char *err, s
 	return true;
 }
 
+/* The three texts checked before anything is allocated: the URL
+ * template, the method and the extra header. */
+static bool check_texts(const struct outbox_host *host, const struct outbox_conf *conf,
+                        const char *tpl, const char *method, const char *hdr, char *err,
+                        size_t errlen)
+{
+	if (strncmp(tpl, "http://", 7) != 0 && strncmp(tpl, "https://", 8) != 0 &&
+	    strncmp(tpl, "{origin}", 8) != 0) {
+		snprintf(err, errlen, "%s: must start with http://, https:// or {origin}",
+		         host->conf_where(conf, "reconcile_url"));
+		return false;
+	}
+	for (const char *c = tpl; *c; c++)
+		if ((unsigned char)*c <= 0x20 || *c == 0x7f) {
+			snprintf(err, errlen, "%s: no spaces or control characters in the URL",
+			         host->conf_where(conf, "reconcile_url"));
+			return false;
+		}
+	for (const char *c = method; *c; c++)
+		if (!isupper((unsigned char)*c)) {
+			snprintf(err, errlen, "%s: an upper-case HTTP method (GET, HEAD, ...)",
+			         host->conf_where(conf, "reconcile_method"));
+			return false;
+		}
+	if (method[0] == '\0') {
+		snprintf(err, errlen, "%s: empty", host->conf_where(conf, "reconcile_method"));
+		return false;
+	}
+	if (hdr[0] && (strchr(hdr, ':') == NULL || strpbrk(hdr, "\r\n") != NULL)) {
+		/* The value may be a secret: never echoed. */
+		snprintf(err, errlen, "%s: one header as \"Name: value\", on one line",
+		         host->conf_where(conf, "reconcile_header"));
+		return false;
+	}
+	return true;
+}
+
+/* What a found answer is read from (id pointer, id header), the targets
+ * asked about and the statuses that mean found and not found. */
+static bool check_answers(struct http_lookup *lk, const struct outbox_host *host,
+                          const struct outbox_conf *conf, char *err, size_t errlen)
+{
+	if (lk->id_pointer[0] && lk->id_pointer[0] != '/') {
+		snprintf(err, errlen, "%s: a JSON pointer (\"/id\", \"/data/0/id\") or empty",
+		         host->conf_where(conf, "reconcile_id_json"));
+		return false;
+	}
+	if (lk->id_pointer[0] == '\0' && lk->id_header[0] == '\0') {
+		snprintf(err, errlen, "%s: a found answer must name the provider id: set "
+		         "reconcile_id_json or reconcile_id_header", host->conf_where(conf, "reconcile_id_json"));
+		return false;
+	}
+	if (!parse_targets(lk, host->conf_str(conf, "reconcile_targets"), err, errlen,
+	                   host->conf_where(conf, "reconcile_targets")) ||
+	    !parse_statuses(host->conf_str(conf, "reconcile_found_status"), lk->found, &lk->n_found,
+	                    err, errlen, host->conf_where(conf, "reconcile_found_status")) ||
+	    !parse_statuses(host->conf_str(conf, "reconcile_not_found_status"), lk->not_found,
+	                    &lk->n_not_found, err, errlen,
+	                    host->conf_where(conf, "reconcile_not_found_status")))
+		return false;
+	for (int i = 0; i < lk->n_found; i++)
+		if (status_in(lk->found[i], lk->not_found, lk->n_not_found)) {
+			snprintf(err, errlen, "%s: status %ld cannot mean both found and not found",
+			         host->conf_where(conf, "reconcile_not_found_status"), lk->found[i]);
+			return false;
+		}
+	return true;
+}
+
 struct http_lookup *http_lookup_new(const struct outbox_host *host, const struct outbox_conf *conf,
                                     const struct netrules *rules, const char *ca_file,
                                     const char *proxy, const char *user_agent, char *err,
@@ -152,34 +221,8 @@ struct http_lookup *http_lookup_new(const struct outbox_host *host, const struct
 	err[0] = '\0';
 	if (tpl[0] == '\0')
 		return NULL;
-	if (strncmp(tpl, "http://", 7) != 0 && strncmp(tpl, "https://", 8) != 0 &&
-	    strncmp(tpl, "{origin}", 8) != 0) {
-		snprintf(err, errlen, "%s: must start with http://, https:// or {origin}",
-		         host->conf_where(conf, "reconcile_url"));
+	if (!check_texts(host, conf, tpl, method, hdr, err, errlen))
 		return NULL;
-	}
-	for (const char *c = tpl; *c; c++)
-		if ((unsigned char)*c <= 0x20 || *c == 0x7f) {
-			snprintf(err, errlen, "%s: no spaces or control characters in the URL",
-			         host->conf_where(conf, "reconcile_url"));
-			return NULL;
-		}
-	for (const char *c = method; *c; c++)
-		if (!isupper((unsigned char)*c)) {
-			snprintf(err, errlen, "%s: an upper-case HTTP method (GET, HEAD, ...)",
-			         host->conf_where(conf, "reconcile_method"));
-			return NULL;
-		}
-	if (method[0] == '\0') {
-		snprintf(err, errlen, "%s: empty", host->conf_where(conf, "reconcile_method"));
-		return NULL;
-	}
-	if (hdr[0] && (strchr(hdr, ':') == NULL || strpbrk(hdr, "\r\n") != NULL)) {
-		/* The value may be a secret: never echoed. */
-		snprintf(err, errlen, "%s: one header as \"Name: value\", on one line",
-		         host->conf_where(conf, "reconcile_header"));
-		return NULL;
-	}
 	lk = calloc(1, sizeof(*lk));
 	if (lk == NULL) {
 		snprintf(err, errlen, "out of memory");
@@ -203,30 +246,8 @@ struct http_lookup *http_lookup_new(const struct outbox_host *host, const struct
 		snprintf(err, errlen, "out of memory");
 		goto fail;
 	}
-	if (lk->id_pointer[0] && lk->id_pointer[0] != '/') {
-		snprintf(err, errlen, "%s: a JSON pointer (\"/id\", \"/data/0/id\") or empty",
-		         host->conf_where(conf, "reconcile_id_json"));
+	if (!check_answers(lk, host, conf, err, errlen))
 		goto fail;
-	}
-	if (lk->id_pointer[0] == '\0' && lk->id_header[0] == '\0') {
-		snprintf(err, errlen, "%s: a found answer must name the provider id: set "
-		         "reconcile_id_json or reconcile_id_header", host->conf_where(conf, "reconcile_id_json"));
-		goto fail;
-	}
-	if (!parse_targets(lk, host->conf_str(conf, "reconcile_targets"), err, errlen,
-	                   host->conf_where(conf, "reconcile_targets")) ||
-	    !parse_statuses(host->conf_str(conf, "reconcile_found_status"), lk->found, &lk->n_found,
-	                    err, errlen, host->conf_where(conf, "reconcile_found_status")) ||
-	    !parse_statuses(host->conf_str(conf, "reconcile_not_found_status"), lk->not_found,
-	                    &lk->n_not_found, err, errlen,
-	                    host->conf_where(conf, "reconcile_not_found_status")))
-		goto fail;
-	for (int i = 0; i < lk->n_found; i++)
-		if (status_in(lk->found[i], lk->not_found, lk->n_not_found)) {
-			snprintf(err, errlen, "%s: status %ld cannot mean both found and not found",
-			         host->conf_where(conf, "reconcile_not_found_status"), lk->found[i]);
-			goto fail;
-		}
 	return lk;
 fail:
 	http_lookup_free(lk);
@@ -314,56 +335,12 @@ static char *fill_template(const char *tpl, const char *key, const char *id, con
 	return out;
 }
 
-static curl_socket_t open_socket(void *arg, curlsocktype purpose, struct curl_sockaddr *a)
-{
-	struct lookup_call *c = arg;
-	curl_socket_t fd;
-
-	(void)purpose;
-	if (!c->host_listed && !netrules_addr_allowed(c->lk->rules, &a->addr)) {
-		c->refused = true;
-		return CURL_SOCKET_BAD;
-	}
-	fd = socket(a->family, a->socktype, a->protocol);
-	return fd < 0 ? CURL_SOCKET_BAD : fd;
-}
-
-static size_t on_body(char *ptr, size_t size, size_t nmemb, void *arg)
-{
-	struct lookup_call *c = arg;
-	size_t n = size * nmemb;
-	char *grown;
-
-	if (c->resp_len + n > LOOKUP_MAX_RESPONSE)
-		return 0; /* too big to be an answer about one effect: an error */
-	grown = realloc(c->resp, c->resp_len + n + 1);
-	if (grown == NULL)
-		return 0;
-	c->resp = grown;
-	memcpy(c->resp + c->resp_len, ptr, n);
-	c->resp_len += n;
-	c->resp[c->resp_len] = '\0';
-	return n;
-}
-
 static size_t on_header(char *line, size_t size, size_t nitems, void *arg)
 {
 	struct lookup_call *c = arg;
-	size_t n = size * nitems, namelen = strlen(c->lk->id_header);
-	const char *v, *end = line + n;
 
-	if (namelen == 0 || n <= namelen || line[namelen] != ':' ||
-	    strncasecmp(line, c->lk->id_header, namelen) != 0)
-		return n;
-	v = line + namelen + 1;
-	while (v < end && (*v == ' ' || *v == '\t'))
-		v++;
-	while (end > v && (end[-1] == '\r' || end[-1] == '\n' || end[-1] == ' '))
-		end--;
-	free(c->hdr_id);
-	c->hdr_id = strndup(v, (size_t)(end - v) < OUTBOX_PROVIDER_ID_MAX - 1
-	                               ? (size_t)(end - v) : OUTBOX_PROVIDER_ID_MAX - 1);
-	return n;
+	curl_header_take(line, size * nitems, c->lk->id_header, &c->hdr_id);
+	return size * nitems;
 }
 
 bool http_lookup_pointer_id(const char *json, size_t len, const char *pointer, char *out,
@@ -412,7 +389,7 @@ static void call_free(struct lookup_call *c)
 {
 	curl_slist_free_all(c->headers);
 	free(c->url);
-	free(c->resp);
+	curl_body_free(&c->resp);
 	free(c->hdr_id);
 	free(c);
 }
@@ -428,12 +405,12 @@ static void on_done(CURL *easy, CURLcode rc, void *arg)
 	r.status = (int)status;
 	if (rc != CURLE_OK) {
 		snprintf(r.error, sizeof(r.error), "lookup failed: %s%s", curl_easy_strerror(rc),
-		         c->refused ? " (address refused by the SSRF rules)" : "");
+		         c->guard.refused ? " (address refused by the SSRF rules)" : "");
 	} else if (status_in(status, lk->found, lk->n_found)) {
 		if (c->hdr_id && c->hdr_id[0])
 			snprintf(r.provider_id, sizeof(r.provider_id), "%s", c->hdr_id);
-		else if (lk->id_pointer[0] && c->resp)
-			http_lookup_pointer_id(c->resp, c->resp_len, lk->id_pointer, r.provider_id,
+		else if (lk->id_pointer[0] && c->resp.data)
+			http_lookup_pointer_id(c->resp.data, c->resp.len, lk->id_pointer, r.provider_id,
 			                       sizeof(r.provider_id));
 		if (r.provider_id[0])
 			r.verdict = RECON_SENT;
@@ -490,7 +467,10 @@ bool http_lookup_ask(struct http_lookup *lk, const struct outbox_effect *e, outb
 		call_free(c);
 		return false;
 	}
-	c->host_listed = netrules_host_listed(lk->rules, url_host);
+	c->guard.rules = lk->rules;
+	c->guard.host_listed = netrules_host_listed(lk->rules, url_host);
+	c->resp.max = LOOKUP_MAX_RESPONSE;
+	c->resp.fail_past_max = true;   /* too big to be an answer about one effect */
 	c->headers = curl_slist_append(NULL, "Accept: application/json");
 	if (c->headers && lk->extra_header[0])
 		c->headers = curl_slist_append(c->headers, lk->extra_header);
@@ -513,12 +493,7 @@ bool http_lookup_ask(struct http_lookup *lk, const struct outbox_effect *e, outb
 	curl_easy_setopt(easy, CURLOPT_FORBID_REUSE, 1L);
 	curl_loop_safe_options(easy, "http,https", lk->ca_file);
 	curl_easy_setopt(easy, CURLOPT_PROXY, lk->proxy);
-	curl_easy_setopt(easy, CURLOPT_OPENSOCKETFUNCTION, open_socket);
-	curl_easy_setopt(easy, CURLOPT_OPENSOCKETDATA, c);
-	curl_easy_setopt(easy, CURLOPT_WRITEFUNCTION, on_body);
-	curl_easy_setopt(easy, CURLOPT_WRITEDATA, c);
-	curl_easy_setopt(easy, CURLOPT_HEADERFUNCTION, on_header);
-	curl_easy_setopt(easy, CURLOPT_HEADERDATA, c);
+	curl_io_attach(easy, &c->guard, &c->resp, on_header, c);
 	if (!curl_loop_add(lk->loop, easy, on_done, c)) {
 		curl_easy_cleanup(easy);
 		snprintf(err, errlen, "libcurl refused the lookup");

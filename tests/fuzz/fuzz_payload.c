@@ -5,7 +5,7 @@
  * (json_loadb, must be an object, as worker.c's effect_validate), the
  * payload as text (lib/json_text.c: each member found and compacted means
  * what jansson parsed), and the
- * http provider's validate() (URL, method, headers), with providers/http.c
+ * http provider's validate() (URL, method, headers), with providers/http/
  * compiled in and a fake outbox_host whose conf_* read a static table.
  *
  * Input: one flag byte (bit 0: public_targets for the fuzzed allow-list,

@@ -39,8 +39,8 @@ CFLAGS="-g -O1 -fno-omit-frame-pointer -fsanitize=fuzzer,address,undefined -fno-
 # Per target: the code under test, and the longest input worth trying.
 sources() {
     case "$1" in
-    fuzz_config)  echo "dispatcher/config.c dispatcher/util.c dispatcher/log.c" ;;
-    fuzz_payload) echo "providers/http.c providers/lib/netrules.c providers/lib/sign.c providers/lib/curl_loop.c providers/lib/json_text.c providers/lib/http_lookup.c" ;;
+    fuzz_config)  echo "dispatcher/config.c dispatcher/config_read.c dispatcher/util.c dispatcher/log.c" ;;
+    fuzz_payload) echo providers/http/*.c providers/lib/*.c ;;
     *)            echo "" ;;
     esac
 }

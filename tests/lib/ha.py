@@ -20,7 +20,7 @@ import subprocess
 import tempfile
 import time
 
-from outbox_test import wait_for
+from outbox_test import free_port, wait_for
 
 PG_BIN = os.environ.get("PG_BIN") or sorted(
     (os.path.join("/usr/lib/postgresql", v, "bin") for v in os.listdir("/usr/lib/postgresql")),
@@ -40,14 +40,6 @@ def rehost(dsn, hosts, **extra):
 
 def dsn_dbname(dsn):
     return re.search(r"\bdbname\s*=\s*(\S+)", dsn).group(1)
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 def as_postgres(cmd, check=True, **kw):

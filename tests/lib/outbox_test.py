@@ -8,6 +8,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import time
 import uuid
@@ -315,3 +316,74 @@ def pg_restart():
                        capture_output=True)
     else:
         subprocess.run(["sh", "-c", cmd], check=True, capture_output=True)
+
+
+# -- the http provider with fast retries, and rows arranged by SQL -------
+
+FAST = {"backoff_base_ms": 10, "backoff_cap_ms": 50, "max_attempts": 3}
+
+
+def http_cfg(**kw):
+    c = dict(FAST)
+    c.update(kw)
+    return {"provider.http": c}
+
+
+def final(conn, eid, timeout=20):
+    return wait_for(lambda: (lambda e: e if e["state"] not in ("pending", "sending") else None)(
+        effect(conn, eid)), timeout=timeout, what=f"effect {eid} to settle")
+
+
+def free_port():
+    """A loopback port nothing listens on right now: for a server to bind
+    next, or left alone, a port that refuses connections."""
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def add_due(conn, n, at="now() - interval '1 minute'"):
+    """n pending http effects of one run, all due at the same instant."""
+    key = make_run(conn)
+    ids = [str(r[0]) for r in query(
+        conn, "INSERT INTO effect_outbox (idempotency_key, effect_type, target, payload) "
+              "SELECT %s, 'http', 'http://127.0.0.1:9/' || g, '{}' FROM generate_series(1, %s) g "
+              "RETURNING effect_id", (key, n))]
+    query(conn, f"UPDATE effect_outbox SET available_at = {at} WHERE effect_id = ANY(%s::uuid[])",
+          (ids,))
+    return ids
+
+
+# -- query plans -----------------------------------------------------------
+
+def plans_of(conn, sql, args):
+    """The plans auto_explain reports for the statements sql runs,
+    nested ones included."""
+    query(conn, "LOAD 'auto_explain'")
+    for setting in ("auto_explain.log_min_duration = 0", "auto_explain.log_nested_statements = on",
+                    "auto_explain.log_level = notice", "client_min_messages = notice"):
+        query(conn, "SET " + setting)
+    del conn.notices[:]
+    query(conn, sql, args)
+    query(conn, "SET auto_explain.log_min_duration = -1")
+    return "\n".join(conn.notices)
+
+
+def finished_rows_and_some_in_flight(conn, owner, pending, in_flight):
+    """A table of some size: 20,000 completed rows, `pending` new ones of
+    which `in_flight` are leased by owner and moved to `sending`.  Returns
+    the ids in flight."""
+    key = make_run(conn)
+    query(conn, "INSERT INTO effect_outbox (idempotency_key, effect_type, target, payload, state, "
+                "completed_at) SELECT %s, 'http', 'http://127.0.0.1:9/done' || g, '{}', 'completed', "
+                "now() FROM generate_series(1, 20000) g", (key,))
+    query(conn, "INSERT INTO effect_outbox (idempotency_key, effect_type, target, payload) "
+                "SELECT %s, 'http', 'http://127.0.0.1:9/' || g, '{}' FROM generate_series(1, %s) g",
+          (key, pending))
+    ids = [r[0] for r in query(conn, "SELECT effect_id::text FROM outbox_lease(%s, 'w', %s, 30, "
+                                     "'{http}', true)", (owner, in_flight))]
+    query(conn, "SELECT * FROM outbox_mark_sending(%s, %s::uuid[], true, '{}', 30, %s)",
+          (owner, ids, str(uuid.uuid4())))
+    return ids

@@ -21,7 +21,8 @@
  * flight (they are abandoned, as at a dispatcher's stop).  Provider log
  * lines go to stderr as the dispatcher's JSON logs.
  *
- * Built by the tests: cc provider_send.c build/obj/dispatcher/{config,util,log}.o
+ * Built by the tests: cc provider_send.c
+ * build/obj/dispatcher/{config,config_read,util,log}.o
  */
 #include <dlfcn.h>
 #include <signal.h>

@@ -1,10 +1,9 @@
 /*
- * test_http_url.c: providers/http.c's cache of parsed target URLs
- * (target_parse): every answer must be parse_url()'s for the same text,
- * whatever the cache held before (hits, slots shared by two URLs, URLs too
- * long to keep, failures).
- *
- * http.c is included whole, so its static functions can be called.
+ * test_http_url.c: providers/http/target.c's cache of parsed target URLs
+ * (http_target_parse): every answer must be http_parse_url()'s for the
+ * same text, whatever the cache held before (hits, slots shared by two
+ * URLs, URLs too long to keep, failures).  Links the http provider's
+ * objects but its glue.
  */
 #include <stdarg.h>
 #include <stddef.h>
@@ -12,7 +11,11 @@
 #include <stdint.h>
 #include <cmocka.h>
 
-#include "../../providers/http.c"
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "http/http.h"
 
 struct parsed {
 	bool ok;
@@ -24,10 +27,10 @@ static void check_same(struct http_provider *hp, const char *url)
 {
 	struct parsed want = { 0 }, got = { 0 };
 
-	want.ok = parse_url(url, want.scheme, sizeof(want.scheme), want.host, sizeof(want.host),
-	                    &want.port, want.err, sizeof(want.err));
-	got.ok = target_parse(hp, url, got.scheme, sizeof(got.scheme), got.host, sizeof(got.host),
-	                      &got.port, got.err, sizeof(got.err));
+	want.ok = http_parse_url(url, want.scheme, sizeof(want.scheme), want.host, sizeof(want.host),
+	                         &want.port, want.err, sizeof(want.err));
+	got.ok = http_target_parse(hp, url, got.scheme, sizeof(got.scheme), got.host, sizeof(got.host),
+	                           &got.port, got.err, sizeof(got.err));
 	assert_int_equal(got.ok, want.ok);
 	if (want.ok) {
 		assert_string_equal(got.scheme, want.scheme);
@@ -63,8 +66,8 @@ static void test_answers_are_parse_url_s(void **state)
 	/* A failure is not kept. */
 	for (int i = 0; i < HTTP_URL_CACHE; i++)
 		if (hp->urls[i].url)
-			assert_true(parse_url(hp->urls[i].url, (char[16]){ 0 }, 16, (char[256]){ 0 }, 256,
-			                      &(long){ 0 }, (char[64]){ 0 }, 64));
+			assert_true(http_parse_url(hp->urls[i].url, (char[16]){ 0 }, 16, (char[256]){ 0 }, 256,
+			                           &(long){ 0 }, (char[64]){ 0 }, 64));
 	free_cache(hp);
 	free(hp);
 }

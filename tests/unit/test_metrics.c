@@ -4,9 +4,8 @@
  * loopback port, listen-address errors, and sd_notify messages against a
  * fake NOTIFY_SOCKET.
  *
- * metrics.c and sdnotify.c are included, not linked: the unit-test rule
- * links only the core objects, and the tests reach the modules' state
- * (the heartbeat clock) to simulate a stalled loop without waiting 30 s.
+ * metrics.o and sdnotify.o are linked like the daemon's; a stalled loop is
+ * simulated with metrics_heartbeat_at() instead of waiting 30 s.
  */
 #include <stdarg.h>
 #include <stddef.h>
@@ -28,8 +27,10 @@
 
 #include <event2/event.h>
 
-#include "../../dispatcher/metrics.c"
-#include "../../dispatcher/sdnotify.c"
+#include "log.h"
+#include "metrics.h"
+#include "sdnotify.h"
+#include "util.h"
 
 /* ---- a small parser for the text format ---- */
 
@@ -259,9 +260,9 @@ static void test_render_empty(void **state)
 	assert_string_equal(family_find(&P, "outbox_send_duration_seconds")->type, "histogram");
 	/* Every declared counter and gauge is exported. */
 	for (size_t i = 0; i < M_COUNTER_MAX; i++)
-		assert_non_null(family_find(&P, counter_desc[i].name));
+		assert_non_null(family_find(&P, metrics_counter_name(i)));
 	for (size_t i = 0; i < G_GAUGE_MAX; i++)
-		assert_non_null(family_find(&P, gauge_desc[i].name));
+		assert_non_null(family_find(&P, metrics_gauge_name(i)));
 }
 
 static void test_render_counters_and_gauges(void **state)
@@ -322,7 +323,7 @@ static void test_render_bounded_providers(void **state)
 		buckets += strcmp(P.s[i].name, "outbox_send_duration_seconds_bucket") == 0;
 	}
 	assert_int_equal(sends, METRICS_MAX_PROVIDERS * 5);
-	assert_int_equal(buckets, METRICS_MAX_PROVIDERS * (int)(N_BUCKETS + 1));
+	assert_int_equal(buckets, METRICS_MAX_PROVIDERS * (int)(METRICS_HISTOGRAM_BUCKETS + 1));
 	assert_true(value(&P, "outbox_sends_total", "provider", "p0", "outcome", "accepted") == 1);
 	assert_true(value(&P, "outbox_sends_total", "provider", "other", "outcome", "accepted") ==
 	            100 - (METRICS_MAX_PROVIDERS - 1));
@@ -363,7 +364,7 @@ static void test_render_histogram(void **state)
 			inf = s->value;
 		n++;
 	}
-	assert_int_equal(n, (int)N_BUCKETS + 1);
+	assert_int_equal(n, (int)METRICS_HISTOGRAM_BUCKETS + 1);
 	assert_true(isinf(prev_le));              /* +Inf is the last bucket */
 	assert_true(inf == value(&P, "outbox_send_duration_seconds_count", "provider", "http", NULL, NULL));
 	assert_true(inf == 12);
@@ -595,7 +596,7 @@ static void test_http_routes(void **state)
 
 	/* A loop that stopped reporting 31 s ago: stalled, even when ready. */
 	ready_ok = true;
-	M.heartbeat_ms = now_mono_ms() - 31000;
+	metrics_heartbeat_at(now_mono_ms() - 31000);
 	code = http_fetch(base, AF_INET, port, "GET /healthz HTTP/1.0\r\n\r\n", &f);
 	assert_int_equal(code, 503);
 	assert_non_null(strstr(body_of(&f), "stalled"));
@@ -767,7 +768,7 @@ static void test_sdnotify_messages(void **state)
 	(void)state;
 	sink_open(&s);
 	sdnotify_init(base);
-	assert_null(S.watchdog);        /* no WATCHDOG_USEC: no timer */
+	assert_int_equal(sdnotify_watchdog_usec(), 0);   /* no WATCHDOG_USEC: no timer */
 	sdnotify_ready("serving\nREADY=1");
 	sdnotify_status("%d in flight", 3);
 	sdnotify_reloading();
@@ -789,7 +790,7 @@ static void test_sdnotify_messages(void **state)
 	sdnotify_init(base);
 	sdnotify_ready("x");
 	sdnotify_stopping();
-	assert_false(S.enabled);
+	assert_false(sdnotify_enabled());
 	sdnotify_shutdown();
 	event_base_free(base);
 }
@@ -811,8 +812,7 @@ static void test_sdnotify_watchdog(void **state)
 	setenv("WATCHDOG_PID", pid, 1);
 	t0 = now_mono_ms();
 	sdnotify_init(base);
-	assert_non_null(S.watchdog);
-	assert_int_equal(S.watchdog_usec, 100000);
+	assert_int_equal(sdnotify_watchdog_usec(), 100000);
 	rd = event_new(base, s.fd, EV_READ | EV_PERSIST, sink_cb, &s);
 	to = evtimer_new(base, timeout_cb, &timed_out);
 	event_add(rd, NULL);
@@ -826,7 +826,7 @@ static void test_sdnotify_watchdog(void **state)
 	event_free(rd);
 	event_free(to);
 	sdnotify_shutdown();
-	assert_null(S.watchdog);
+	assert_int_equal(sdnotify_watchdog_usec(), 0);
 	sink_close(&s);
 
 	/* WATCHDOG_PID of another process: not ours, no timer. */
@@ -834,7 +834,7 @@ static void test_sdnotify_watchdog(void **state)
 	setenv("WATCHDOG_USEC", "100000", 1);
 	setenv("WATCHDOG_PID", "1", 1);
 	sdnotify_init(base);
-	assert_null(S.watchdog);
+	assert_int_equal(sdnotify_watchdog_usec(), 0);
 	sdnotify_shutdown();
 	sink_close(&s);
 	event_base_free(base);

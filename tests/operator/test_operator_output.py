@@ -7,7 +7,6 @@ import json
 import os
 import socket
 import subprocess
-import time
 
 from outbox_test import BUILD_DIR, enqueue, kill_switch, make_run, query, run_ctl, wait_for
 

@@ -2,7 +2,7 @@
 request is still never sent twice.
 
 libcurl re-sends a request by itself when a *reused* connection dies before
-any response byte (a POST too).  providers/http.c refuses that resend in
+any response byte (a POST too).  providers/http/send.c refuses that resend in
 CURLOPT_PREREQFUNCTION; these tests hold it to that with the sink's
 /close-reused fault (a server that takes a request on a reused connection
 and closes without answering), and check that keep-alive really reuses
@@ -10,15 +10,8 @@ connections and that keepalive_idle_seconds = 0 does not.
 """
 import socket
 
-from outbox_test import attempts, effect, enqueue, kill_switch, make_run, query, states, wait_for
-
-FAST = {"backoff_base_ms": 10, "backoff_cap_ms": 50, "max_attempts": 3}
-
-
-def http_cfg(**kw):
-    c = dict(FAST)
-    c.update(kw)
-    return {"provider.http": c}
+from outbox_test import (attempts, effect, enqueue, http_cfg, kill_switch, make_run, query, states,
+                         wait_for)
 
 
 def enqueue_many(conn, url, n):

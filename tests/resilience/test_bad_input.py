@@ -12,23 +12,21 @@ columns convert to UTF-8.  So non-UTF-8 text can never reach a worker
 through the table; control characters written as JSON escapes can, and are
 in the table below.
 
-tests/test_dispatcher.py has the http provider's own cases; test_email.py
+tests/resilience/test_bad_rows.py has the http provider's own cases; test_email.py
 and test_crm.py have each provider's full validation lists.  This file is
 the cross-kind view: the same kind of mistake made for every provider.
 """
 import json
 import os
-import sys
 import uuid
 
 import psycopg2
 import pytest
 
-from outbox_test import (BUILD_DIR, Dispatcher, admin_dsn, attempts, connect, dsn_for, effect,
+from outbox_test import (BUILD_DIR, ROOT, Dispatcher, admin_dsn, attempts, connect, dsn_for, effect,
                          make_run, query, run_ctl, scalar, wait_for)
 
-SERVERS = os.path.join(os.path.dirname(__file__), "servers")
-sys.path.insert(0, SERVERS)
+SERVERS = os.path.join(ROOT, "tests", "servers")
 
 TOKEN = "00Dbad!AQ4AQBadInputTestToken"
 LIMIT = 2048

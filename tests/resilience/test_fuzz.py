@@ -12,7 +12,8 @@ import subprocess
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from outbox_test import ROOT
+
 SECONDS = int(os.environ.get("FUZZ_SECONDS", "10"))
 
 

@@ -17,7 +17,6 @@ proves the worker went on polling meanwhile.
 import json
 import os
 import subprocess
-import sys
 import time
 
 import pytest
@@ -25,7 +24,6 @@ import pytest
 from outbox_test import (BUILD_DIR, ROOT, Dispatcher, attempts, effect, enqueue, kill_switch,
                          make_run, query, scalar, wait_for, write_config)
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "servers"))
 from smtp_server import SmtpServer  # noqa: E402
 
 PASSWORD = "s3cret-Pa55word-for-the-relay"
@@ -91,10 +89,11 @@ def no_secret_in(text):
 
 @pytest.fixture(scope="session")
 def provider_send(tmp_path_factory):
-    """Compile tests/tools/provider_send.c against the build's own config,
-    util and log objects (sanitizer flags when the build has them)."""
+    """Compile tests/tools/provider_send.c against the build's own config
+    (config, config_read), util and log objects (sanitizer flags when the build has them)."""
     out = tmp_path_factory.mktemp("tools") / "provider_send"
-    objs = [os.path.join(BUILD_DIR, "obj", "dispatcher", f"{n}.o") for n in ("config", "util", "log")]
+    objs = [os.path.join(BUILD_DIR, "obj", "dispatcher", f"{n}.o")
+            for n in ("config", "config_read", "util", "log")]
     pkgs = ["jansson", "libevent", "libevent_pthreads", "inih", "libcrypto", "libpq", "libsystemd"]
     flags = subprocess.run(["pkg-config", "--cflags", "--libs"] + pkgs, check=True,
                            capture_output=True, text=True).stdout.split()

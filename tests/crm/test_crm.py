@@ -7,11 +7,8 @@ Salesforce's upsert-by-external-id and lookup behaviour
 No fixed sleeps: every wait is a condition polled with a deadline.
 """
 import json
-import os
 import signal
 import subprocess
-import sys
-import uuid
 
 import psycopg2
 import pytest
@@ -19,7 +16,6 @@ import pytest
 from outbox_test import (attempts, connect, effect, kill_switch, make_run, query, run_ctl,
                          scalar, wait_for)
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "servers"))
 from crm_server import CrmServer  # noqa: E402
 
 TOKEN = "00Dxx0000001gPL!AQ4AQFakeTokenForTests.9b1d6f"

@@ -10,9 +10,7 @@ import os
 import re
 import socket
 import subprocess
-import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "lib"))
 
 from outbox_test import (  # noqa: E402
     BUILD_DIR, ROOT, Dispatcher, enqueue, kill_switch, query, scalar, wait_for, worker_dsn,

@@ -9,7 +9,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import tempfile
 import threading
 import urllib.error
@@ -18,10 +17,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "lib"))
 
 from outbox_test import (  # noqa: E402
-    BUILD_DIR, ROOT, Dispatcher, enqueue, kill_switch, query, scalar, wait_for, worker_dsn,
+    BUILD_DIR, ROOT, Dispatcher, enqueue, free_port, kill_switch, query, scalar, wait_for,
+    worker_dsn,
 )
 
 UNIT_DIR = os.path.join(ROOT, "systemd")
@@ -216,14 +215,6 @@ def parse_metrics(text):
 
 def metric(samples, name, **labels):
     return samples.get((name, frozenset(labels.items())))
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 def http_get(port, path):

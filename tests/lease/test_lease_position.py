@@ -1,36 +1,25 @@
-"""Leasing from a position in the due index, and the fleet-wide sweep
+"""Leasing from a position in the due index
 (outbox_lease in sql/functions/30_dispatcher.sql, lease_batch() in dispatcher/worker.c).
 
 A worker leases from just after the last row it leased, so that a lease
 does not walk the dead entries earlier rows left at the head of the index
 (they cannot be cleaned while a long transaction holds vacuum back).  Rows
 that become due behind the position are found by the worker's periodic
-scan from the head.
+scan from the head.  A lease a dead worker left on a pending row does not
+hold the row back.
 """
 import uuid
 
-from outbox_test import effect, enqueue, kill_switch, make_run, query, scalar, wait_for
+from outbox_test import add_due, effect, enqueue, kill_switch, make_run, query, scalar, wait_for
 
 LEASE = ("SELECT effect_id::text, available_at FROM outbox_lease(%s, 'w', %s, 30, '{http}', true, "
          "%s, %s)")
 
 
-def add(conn, n, at="now() - interval '1 minute'"):
-    """n pending http effects of one run, all due at the same instant."""
-    key = make_run(conn)
-    ids = [str(r[0]) for r in query(
-        conn, "INSERT INTO effect_outbox (idempotency_key, effect_type, target, payload) "
-              "SELECT %s, 'http', 'http://127.0.0.1:9/' || g, '{}' FROM generate_series(1, %s) g "
-              "RETURNING effect_id", (key, n))]
-    query(conn, f"UPDATE effect_outbox SET available_at = {at} WHERE effect_id = ANY(%s::uuid[])",
-          (ids,))
-    return ids
-
-
 def test_lease_comes_back_in_due_order_with_its_position(conn):
     kill_switch(conn, True)
-    early = add(conn, 3, "now() - interval '2 minutes'")
-    late = add(conn, 3, "now() - interval '1 minute'")
+    early = add_due(conn, 3, "now() - interval '2 minutes'")
+    late = add_due(conn, 3, "now() - interval '1 minute'")
     rows = query(conn, LEASE, (str(uuid.uuid4()), 10, None, None))
     got = [r[0] for r in rows]
     # Due order, then effect_id within one instant.
@@ -40,7 +29,7 @@ def test_lease_comes_back_in_due_order_with_its_position(conn):
 
 def test_lease_starts_after_the_position_given(conn):
     kill_switch(conn, True)
-    ids = sorted(add(conn, 6))
+    ids = sorted(add_due(conn, 6))
     at = scalar(conn, "SELECT available_at FROM effect_outbox WHERE effect_id = %s", (ids[2],))
     rows = query(conn, LEASE, (str(uuid.uuid4()), 10, at, ids[2]))
     # The same instant for all six: the position splits them by id.
@@ -56,7 +45,7 @@ def test_a_recent_position_still_finds_rows_that_committed_just_behind_it(conn):
     row leased, and committed after it, is still found.  One transaction,
     so that now() is the same for the rows and the lease."""
     kill_switch(conn, True)
-    behind, ahead = sorted(add(conn, 2))
+    behind, ahead = sorted(add_due(conn, 2))
     query(conn, "BEGIN")
     query(conn, "UPDATE effect_outbox SET available_at = now() - interval '10 milliseconds' "
                 "WHERE effect_id = %s", (behind,))
@@ -67,7 +56,7 @@ def test_a_recent_position_still_finds_rows_that_committed_just_behind_it(conn):
     query(conn, "COMMIT")
     assert [r[0] for r in rows] == [behind, ahead]
     # An old position is exact: nothing behind it comes back.
-    [old] = add(conn, 1, "now() - interval '1 hour'")
+    [old] = add_due(conn, 1, "now() - interval '1 hour'")
     at = scalar(conn, "SELECT available_at FROM effect_outbox WHERE effect_id = %s", (old,))
     assert query(conn, LEASE, (str(uuid.uuid4()), 10, at, old)) == []
 
@@ -75,10 +64,10 @@ def test_a_recent_position_still_finds_rows_that_committed_just_behind_it(conn):
 def test_position_does_not_hide_rows_due_later(conn):
     """A retry scheduled in the future is ahead of any position taken now."""
     kill_switch(conn, True)
-    ids = add(conn, 2)
+    ids = add_due(conn, 2)
     rows = query(conn, LEASE, (str(uuid.uuid4()), 10, None, None))
     last_at, last_id = rows[-1][1], rows[-1][0]
-    soon = add(conn, 1, "now() + interval '200 milliseconds'")
+    soon = add_due(conn, 1, "now() + interval '200 milliseconds'")
     assert query(conn, LEASE, (str(uuid.uuid4()), 10, last_at, last_id)) == []
     got = wait_for(lambda: query(conn, LEASE, (str(uuid.uuid4()), 10, last_at, last_id)),
                    timeout=10, what="the retry to become due")
@@ -159,30 +148,6 @@ def test_worker_sends_everything_in_a_stream_of_bulk_inserts(conn, dispatchers, 
     assert len(sink.keys()) == 200
 
 
-# -- the sweep -------------------------------------------------------------
-
-def test_sweep_runs_once_per_interval_for_the_whole_fleet(conn):
-    query(conn, "UPDATE outbox_sweeps SET last_run = '-infinity'")
-    key = make_run(conn)
-    old = scalar(conn, "INSERT INTO effect_outbox (idempotency_key, effect_type, target, payload, "
-                       "created_at) VALUES (%s, 'nobody-serves-this', 'x', '{}', "
-                       "now() - interval '1 hour') RETURNING effect_id", (key,))
-    assert query(conn, "SELECT * FROM outbox_sweep('a', 60, 30)") == [(old, "nobody-serves-this")]
-    assert scalar(conn, "SELECT last_worker FROM outbox_sweeps") == "a"
-    # Another worker within the interval: nothing done, nothing waited for.
-    key2 = make_run(conn)
-    old2 = scalar(conn, "INSERT INTO effect_outbox (idempotency_key, effect_type, target, payload, "
-                        "created_at) VALUES (%s, 'nobody-serves-this', 'y', '{}', "
-                        "now() - interval '1 hour') RETURNING effect_id", (key2,))
-    assert query(conn, "SELECT * FROM outbox_sweep('b', 60, 30)") == []
-    assert scalar(conn, "SELECT last_worker FROM outbox_sweeps") == "a"
-    assert effect(conn, old2)["state"] == "pending"
-    # Once the interval has passed, the next caller sweeps.
-    query(conn, "UPDATE outbox_sweeps SET last_run = now() - interval '31 seconds'")
-    assert query(conn, "SELECT * FROM outbox_sweep('b', 60, 30)") == [(old2, "nobody-serves-this")]
-    assert scalar(conn, "SELECT last_worker FROM outbox_sweeps") == "b"
-
-
 def test_an_expired_pending_lease_is_leased_again_and_neither_sweep_nor_reaper_touch_it(conn):
     """A worker that leased and died before marking leaves its lease on a
     pending row; the next lease takes the row as if it were free.  Since
@@ -191,7 +156,7 @@ def test_an_expired_pending_lease_is_leased_again_and_neither_sweep_nor_reaper_t
     HOT)."""
     kill_switch(conn, True)
     query(conn, "UPDATE outbox_sweeps SET last_run = '-infinity'")
-    [eid] = add(conn, 1)
+    [eid] = add_due(conn, 1)
     query(conn, "UPDATE effect_outbox SET lease_owner = gen_random_uuid(), lease_worker = 'gone', "
                 "lease_expires_at = now() - interval '1 second' WHERE effect_id = %s", (eid,))
     assert query(conn, "SELECT * FROM outbox_reap('w', 500)") == []
@@ -204,50 +169,3 @@ def test_an_expired_pending_lease_is_leased_again_and_neither_sweep_nor_reaper_t
     assert leased == [(eid,)]
     assert query(conn, "SELECT lease_owner::text, lease_worker, lease_expires_at > now() "
                        "FROM effect_outbox WHERE effect_id = %s", (eid,)) == [(owner, "w2", True)]
-
-
-def test_weekly_figures_are_computed_once_per_interval_for_the_fleet(conn):
-    """Workers read the cached figures; one recomputes them when they are
-    older than the interval."""
-    enqueue(conn, "http", "http://127.0.0.1:9/x", {})
-    first = query(conn, "SELECT automatic_share, refreshed_at FROM outbox_weekly_figures('a', 300)")
-    assert first[0][0] == 1
-    assert scalar(conn, "SELECT refreshed_by FROM outbox_weekly_cache") == "a"
-    # A human-approved effect halves the automatic share, but within the
-    # interval the cached figure is what every worker gets.
-    key = make_run(conn)
-    query(conn, "INSERT INTO effect_outbox (idempotency_key, effect_type, target, payload, approved_by) "
-                "VALUES (%s, 'http', 'http://127.0.0.1:9/y', '{}', 'alice')", (key,))
-    assert query(conn, "SELECT automatic_share, refreshed_at FROM outbox_weekly_figures('b', 300)") == first
-    assert scalar(conn, "SELECT refreshed_by FROM outbox_weekly_cache") == "a"
-    # Past the interval the next caller recomputes.
-    assert query(conn, "SELECT automatic_share FROM outbox_weekly_figures('b', 0)")[0][0] == 0.5
-    assert scalar(conn, "SELECT refreshed_by FROM outbox_weekly_cache") == "b"
-
-
-# -- the sending transition, repeated ---------------------------------------
-
-MARK = "SELECT effect_id::text, attempts, blocked FROM outbox_mark_sending(%s, %s::uuid[], true, '{}', 30, %s)"
-
-
-def test_a_repeated_mark_call_gets_its_own_rows_back_and_no_other_call_does(conn):
-    """The worker repeats outbox_mark_sending with the same call token after
-    a lost connection: the rows that call moved come back (the first answer
-    was never seen, nothing was sent); a different call gets nothing."""
-    kill_switch(conn, True)
-    owner = str(uuid.uuid4())
-    ids = sorted(add(conn, 3))
-    leased = sorted(r[0] for r in query(conn, LEASE, (owner, 10, None, None)))
-    assert leased == ids
-    call = str(uuid.uuid4())
-    first = sorted(query(conn, MARK, (owner, ids[:2], call)))
-    assert first == [(ids[0], 1, False), (ids[1], 1, False)]
-    # The same call again, now with the third id too: the two it moved come
-    # back unchanged (no second attempt), the third moves now.
-    again = sorted(query(conn, MARK, (owner, ids, call)))
-    assert again == [(ids[0], 1, False), (ids[1], 1, False), (ids[2], 1, False)]
-    # Another call (or no token) never gets rows already sending.
-    assert query(conn, MARK, (owner, ids, str(uuid.uuid4()))) == []
-    assert query(conn, MARK, (owner, ids, None)) == []
-    assert scalar(conn, "SELECT sum(attempts) FROM effect_outbox WHERE effect_id = ANY(%s::uuid[])",
-                  (ids,)) == 3

@@ -20,25 +20,16 @@ No fixed sleeps: every wait is a condition with a deadline.
 """
 import json
 import signal
-import socket
 import urllib.request
 import uuid
 
 import pytest
 
-from outbox_test import (effect, enqueue, kill_switch, query, run_ctl, scalar,
+from outbox_test import (effect, enqueue, free_port, kill_switch, query, run_ctl, scalar,
                          wait_for)
 
 OWNER = "11111111-1111-4111-8111-111111111111"
 OTHER = "22222222-2222-4222-8222-222222222222"
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 def wait_state(conn, eid, *states, timeout=30):

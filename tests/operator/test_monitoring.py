@@ -10,14 +10,12 @@ import json
 import os
 import re
 import shutil
-import socket
 import subprocess
 import urllib.request
 
-import pytest
 import yaml
 
-from outbox_test import ROOT, enqueue, kill_switch, states, wait_for
+from outbox_test import ROOT, enqueue, free_port, kill_switch, states, wait_for
 
 RULES = os.path.join(ROOT, "contrib", "prometheus", "outbox-dispatcher.rules.yml")
 RULE_TESTS = os.path.join(ROOT, "contrib", "prometheus", "tests.yml")
@@ -115,14 +113,6 @@ def test_dashboard_covers_the_issue_panels():
                  "outbox_loop_heartbeat_age_seconds"):
         assert name in exprs, name
     assert "by (provider, outcome)" in exprs
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 def test_every_metric_named_exists_on_a_live_worker(conn, dispatchers, sink):

@@ -1,0 +1,174 @@
+/*
+ * request.c: what the http provider sends for an effect: the payload's
+ * headers, Content-Type, Idempotency-Key, the Standard Webhooks signature
+ * when a secret is configured, and the body exactly as the producer wrote
+ * it.  A header that would be cut is an error, never sent.
+ */
+#include <jansson.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <time.h>
+
+#include "http/http.h"
+#include "lib/json_text.h"
+#include "lib/netrules.h"
+#include "lib/sign.h"
+
+static bool add_header(struct http_call *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static bool add_header(struct http_call *c, const char *fmt, ...)
+{
+	char line[8192];
+	struct curl_slist *l;
+	va_list ap;
+	int n;
+
+	va_start(ap, fmt);
+	n = vsnprintf(line, sizeof(line), fmt, ap);
+	va_end(ap);
+	if (n < 0 || (size_t)n >= sizeof(line))
+		return false;           /* never send a cut header */
+	l = curl_slist_append(c->headers, line);
+	if (l == NULL)
+		return false;
+	c->headers = l;
+	return true;
+}
+
+/* Standard Webhooks: v1,<base64 HMAC-SHA256(secret, id.timestamp.body)>. */
+static bool sign(struct http_call *c, const char *id, size_t body_len)
+{
+	char ts[24], sig[128];
+	unsigned char mac[32];
+	long now = (long)time(NULL);
+
+	snprintf(ts, sizeof(ts), "%ld", now);
+	webhook_hmac(c->hp->secret, (size_t)c->hp->secret_len, id, ts, c->body,
+	                             body_len, mac);
+	if (!b64_encode(mac, sizeof(mac), sig, sizeof(sig)))
+		return false;
+	return add_header(c, "webhook-id: %s", id) && add_header(c, "webhook-timestamp: %s", ts) &&
+	       add_header(c, "webhook-signature: v1,%s", sig);
+}
+
+/* The request body: a string body as its characters; any other JSON value
+ * as the producer wrote it, compacted (json_text.h: re-encoding through
+ * jansson would change numbers, 19.99 into 19.989999999999998); none or
+ * null, empty.  Read from the text (the worker leaves "body" out of
+ * e->payload: text_members below); from e->payload only when the text does
+ * not have it (a key spelled with escapes, which jsonb never prints). */
+static char *body_text(const struct outbox_effect *e, size_t *len, bool *is_string)
+{
+	const json_t *body = NULL;
+	json_t *parsed = NULL;
+	const char *raw;
+	size_t raw_len;
+	char *out;
+
+	*is_string = false;
+	if (e->payload_text && json_text_member(e->payload_text, e->payload_len, "body", &raw, &raw_len)) {
+		if (raw[0] != '"' && !(raw_len == 4 && memcmp(raw, "null", 4) == 0))
+			return json_text_compact(raw, raw_len, len);
+		if (raw[0] == '"') {
+			body = parsed = json_loadb(raw, raw_len, JSON_DECODE_ANY, NULL);
+			if (body == NULL)
+				return NULL;   /* not a JSON string after all */
+		}
+	} else {
+		body = json_object_get(e->payload, "body");
+	}
+	if (json_is_string(body)) {
+		*is_string = true;
+		*len = json_string_length(body);
+		out = malloc(*len + 1);
+		if (out) {
+			memcpy(out, json_string_value(body), *len);
+			out[*len] = '\0';
+		}
+	} else if (body == NULL || json_is_null(body)) {
+		*len = 0;
+		out = strdup("");
+	} else {
+		out = json_dumps(body, JSON_COMPACT | JSON_ENCODE_ANY);
+		*len = out ? strlen(out) : 0;
+	}
+	json_decref(parsed);
+	return out;
+}
+
+/* A call for e: its headers (the payload's, Content-Type, the key,
+ * the signature) and its body, ready to hand to libcurl. */
+struct http_call *http_call_new(struct http_provider *hp, const struct outbox_effect *e,
+                                outbox_done_fn done, void *token, char *err, size_t errlen)
+{
+	struct http_call *c = calloc(1, sizeof(*c));
+	const json_t *headers = json_object_get(e->payload, "headers");
+	const char *k;
+	json_t *v;
+	bool has_ctype = false;
+	char scheme[16], url_host[256];
+	long port;
+	size_t body_len;
+	bool body_is_string;
+
+	if (c == NULL) {
+		snprintf(err, errlen, "out of memory");
+		return NULL;
+	}
+	c->hp = hp;
+	c->done = done;
+	c->token = token;
+	c->attempt = e->attempt;
+	c->target = e->target;
+	c->effect_key = e->effect_key;
+	c->resp.max = (size_t)hp->max_response;
+	if (!http_target_parse(hp, e->target, scheme, sizeof(scheme), url_host, sizeof(url_host), &port,
+	                       err, errlen)) {
+		http_call_free(c);
+		return NULL;
+	}
+	c->guard.rules = hp->rules;
+	c->guard.host_listed = netrules_host_listed(hp->rules, url_host);
+
+	c->body = body_text(e, &body_len, &body_is_string);
+	if (c->body == NULL) {
+		snprintf(err, errlen, "cannot encode the body");
+		http_call_free(c);
+		return NULL;
+	}
+	c->body_len = body_len;
+
+	if (headers && json_is_object(headers)) {
+		json_object_foreach((json_t *)headers, k, v) {
+			if (strcasecmp(k, "content-type") == 0)
+				has_ctype = true;
+			if (!add_header(c, "%s: %s", k, json_string_value(v)))
+				goto oom;
+		}
+	}
+	if (!has_ctype && !add_header(c, "Content-Type: %s",
+	                              body_is_string ? "text/plain; charset=utf-8" : "application/json"))
+		goto oom;
+	if (!add_header(c, "Idempotency-Key: %s", e->effect_key) || !add_header(c, "Expect:"))
+		goto oom;
+	if (hp->secret_len > 0 && !sign(c, e->effect_key, body_len))
+		goto oom;
+	return c;
+oom:
+	snprintf(err, errlen, "out of memory building the request");
+	http_call_free(c);
+	return NULL;
+}
+
+void http_call_free(struct http_call *c)
+{
+	curl_slist_free_all(c->headers);
+	free(c->body);
+	curl_body_free(&c->resp);
+	free(c->hdr_id);
+	free(c->request_id);
+	free(c->location);
+	free(c);
+}

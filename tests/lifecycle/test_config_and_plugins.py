@@ -1,0 +1,123 @@
+"""Starting a worker: configuration errors name the file, line and key;
+plugins that are missing, of the wrong interface version or whose init
+fails are refused clearly; the minimal configuration of the stable keys
+runs.
+"""
+import os
+import re
+import signal
+import subprocess
+
+import pytest
+
+from outbox_test import BUILD_DIR, enqueue, final, kill_switch
+
+
+def start_expect_failure(tmp_path, text, env=None):
+    p = tmp_path / "bad.ini"
+    p.write_text(text)
+    e = dict(os.environ, AI_ACTIONS_ENABLED="true")
+    e.update(env or {})
+    r = subprocess.run([os.path.join(BUILD_DIR, "outbox-dispatcher"), "--config", str(p)],
+                       capture_output=True, text=True, timeout=20, env=e)
+    return r, str(p)
+
+
+CONFIG_ERRORS = [
+    ("[dispatcher]\nlease_seconds = abc\n", 2, "lease_seconds", "integer"),
+    ("[dispatcher]\nlease_seconds = 0\n", 2, "lease_seconds", "from 2 to"),
+    ("[dispatcher]\nno_such_key = 1\n", 2, "no_such_key", "unknown key"),
+    ("[nonsense]\na = 1\n", 2, "nonsense", "unknown section"),
+    ("[database]\npoll_only = maybe\n", 2, "poll_only", "true or false"),
+    ("[metrics]\nlisten =\n[dispatcher]\nbatch_size = 5\nbatch_size = 6\n", 5, "batch_size", "set twice"),
+    ("[provider.http]\ntimeout_ms = -1\n", 2, "timeout_ms", "integer"),
+    ("[provider.http]\nallow_hosts = 10.0.0.0/99\n", 2, "allow_hosts", "CIDR"),
+    ("[provider.http]\nbogus = 1\n", 2, "bogus", "unknown key"),
+    ("[provider.http]\nsigning_secret = env:NO_SUCH_ENV_VAR_X\n", 2, "signing_secret", "not set"),
+    ("this is not ini\n", 1, "", "syntax"),
+]
+
+
+@pytest.mark.parametrize("text,line,key,words", CONFIG_ERRORS, ids=[c[3] + "-" + c[2] for c in CONFIG_ERRORS])
+def test_config_errors_name_file_line_and_key(tmp_path, text, line, key, words):
+    r, path = start_expect_failure(tmp_path, "[metrics]\nlisten =\n" + text if not text.startswith("[metrics]") else text)
+    assert r.returncode == 1
+    shift = 0 if text.startswith("[metrics]") else 2
+    assert f"{path}:{line + shift}" in r.stderr, r.stderr
+    assert key in r.stderr and words in r.stderr, r.stderr
+
+
+def test_missing_plugin(tmp_path):
+    r, _ = start_expect_failure(tmp_path, "[metrics]\nlisten =\n[dispatcher]\nproviders = sms\n")
+    assert r.returncode == 1
+    assert "provider \\\"sms\\\": cannot load" in r.stderr or 'provider "sms": cannot load' in r.stderr
+    assert r.stderr.count("provider_error") == 1
+
+
+PLUGIN_SRC = r'''
+#include "provider.h"
+#include <stdio.h>
+static void *init(const struct outbox_host *h, const struct outbox_conf *c, char *err, size_t n)
+{ (void)h; (void)c; snprintf(err, n, "the relay password file is unreadable"); return NULL; }
+static bool validate(void *s, const struct outbox_effect *e, char *k, size_t kl, char *err, size_t n)
+{ (void)s; (void)e; (void)k; (void)kl; (void)err; (void)n; return true; }
+static bool send(void *s, const struct outbox_effect *e, outbox_done_fn d, void *t, char *err, size_t n)
+{ (void)s; (void)e; (void)d; (void)t; (void)err; (void)n; return false; }
+static void shut(void *s) { (void)s; }
+static const struct outbox_provider p = { ABI, "fake", 0, NULL, init, validate, send, NULL, shut };
+const struct outbox_provider *outbox_provider_entry(void) { return &p; }
+'''
+
+
+def provider_abi():
+    """OUTBOX_PROVIDER_ABI as providers/provider.h defines it."""
+    with open(os.path.join(os.path.dirname(BUILD_DIR), "providers", "provider.h")) as f:
+        return int(re.search(r"#define OUTBOX_PROVIDER_ABI (\d+)", f.read()).group(1))
+
+
+def build_plugin(tmp_path, abi):
+    src = tmp_path / "fake.c"
+    src.write_text(PLUGIN_SRC.replace("ABI", str(abi)))
+    d = tmp_path / "plugins"
+    d.mkdir(exist_ok=True)
+    inc = os.path.join(os.path.dirname(BUILD_DIR), "providers")
+    jansson = subprocess.run(["pkg-config", "--cflags", "jansson"], capture_output=True, text=True).stdout.split()
+    subprocess.run(["cc", "-shared", "-fPIC", "-I", inc, *jansson, "-o", str(d / "outbox_fake.so"), str(src)],
+                   check=True)
+    return d
+
+
+def test_plugin_with_wrong_interface_version(tmp_path):
+    d = build_plugin(tmp_path, 99)
+    r, _ = start_expect_failure(tmp_path, f"[metrics]\nlisten =\n[dispatcher]\nproviders = fake\n"
+                                          f"provider_dir = {d}\n")
+    assert r.returncode == 1
+    assert "built for provider interface 99" in r.stderr, r.stderr
+    assert f"speaks {provider_abi()}" in r.stderr, r.stderr
+
+
+def test_plugin_whose_init_fails(tmp_path):
+    d = build_plugin(tmp_path, provider_abi())
+    r, _ = start_expect_failure(tmp_path, f"[metrics]\nlisten =\n[dispatcher]\nproviders = fake\n"
+                                          f"provider_dir = {d}\n")
+    assert r.returncode == 1
+    assert "init failed: the relay password file is unreadable" in r.stderr, r.stderr
+    assert r.stderr.count("provider_error") == 1
+
+
+def test_minimal_config_of_the_stable_keys_runs(tmp_path, db, conn, sink):
+    kill_switch(conn, True)
+    eid = enqueue(conn, "http", sink.url + "/ok", {})
+    p = tmp_path / "min.ini"
+    p.write_text(f"[database]\nconninfo = {db}\n[provider.http]\nallow_hosts = 127.0.0.1\n"
+                 f"timeout_ms = 2000\n[metrics]\nlisten =\n[dispatcher]\nlease_seconds = 30\n"
+                 f"[provider.email]\nserver = 127.0.0.1:2525\ntimeout_ms = 5000\n")
+    e = dict(os.environ, AI_ACTIONS_ENABLED="true")
+    proc = subprocess.Popen([os.path.join(BUILD_DIR, "outbox-dispatcher"), "--config", str(p)],
+                            stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, env=e)
+    try:
+        assert final(conn, eid)["state"] == "completed"
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out = proc.communicate(timeout=20)[1].decode()
+    assert proc.returncode == 0, out
