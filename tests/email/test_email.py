@@ -324,7 +324,7 @@ def test_no_answer_after_data_is_unknown_and_never_resent(conn, dispatchers, smt
     else:
         # The relay did answer 250 in the end: logged, and the proof of
         # acceptance completes the effect with the relay's queue id
-        # (tests/test_late_acceptance.py has the details).
+        # (tests/reconcile/test_late_acceptance.py has the details).
         qid = wait_for(lambda: [m["queue_id"] for m in smtp.received() if m["replied"]
                                 and m["message_id"] == msgid(key)], timeout=15,
                        what="the late 250")[0]

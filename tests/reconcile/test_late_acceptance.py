@@ -16,18 +16,13 @@ Real workers, real PostgreSQL, the scripted SMTP peer
 (tests/servers/smtp_server.py).  No fixed sleeps.
 """
 import json
-import os
-import socket
-import sys
 import urllib.request
 
 import psycopg2
 import pytest
 
-from outbox_test import attempts, effect, enqueue, kill_switch, query, scalar, wait_for
-
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "servers"))
-from smtp_server import SmtpServer  # noqa: E402
+from outbox_test import attempts, effect, enqueue, free_port, kill_switch, query, scalar, wait_for
+from smtp_server import SmtpServer
 
 OWNER = "11111111-1111-4111-8111-111111111111"
 OTHER = "22222222-2222-4222-8222-222222222222"
@@ -40,14 +35,6 @@ def smtp():
     s.start()
     yield s
     s.stop()
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 def metric(port, how):
