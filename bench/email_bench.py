@@ -1,23 +1,40 @@
 """bench/email_bench.py (run by bench/email_run.sh, `make bench-email`).
 
-Three runs against the project's SMTP test server (aiosmtpd, its own
-process, loopback), each with N emails:
+Two relays, each its own process on loopback: a private OpenSMTPD
+(bench/opensmtpd_relay.py: Debian's opensmtpd 6.8, own queue, delivering
+to a maildir; skipped, with the reason, where it cannot run) and the
+project's SMTP test server (tests/servers/smtp_server.py, aiosmtpd,
+offering PIPELINING).  Against each, N emails per run, alternately:
 
-  provider     2 workers, [provider.email] at its defaults (4 threads,
-               sessions reused): N effects loaded as pending rows, rate =
-               completed / (last completed_at - first leased_at).
   per-message  a plain client opening one SMTP session per message
-               (Python smtplib: connect, EHLO, MAIL, RCPT, DATA, QUIT) with
-               as many sessions at once as the provider has threads in all
-               (2 workers x 4): rate = N / wall time.
-  slow         the provider again (sessions of at most 5 messages, so that
-               greetings are many), against a server whose every 20th
-               greeting stalls 5 s (timeout_ms 10000, the default): every
-               effect must end completed, none unknown.
+               (Python smtplib: connect, greeting, EHLO, MAIL, RCPT, DATA,
+               the message, QUIT; real SMTP, every reply awaited, no
+               pipelining), shaped like the provider side: 2 processes (the
+               2 workers) x CONC/2 sessions at once (their threads), the
+               same message bytes the provider writes.  Rate = N / (last
+               end - first start).
+  provider     2 workers, [provider.email] at its defaults (4 threads,
+               max_in_flight 32, sessions reused): N effects loaded as
+               pending rows, rate = completed / (last completed_at - first
+               leased_at).
+  provider-1spm  (once) the provider with session_idle_ms = 0: one session
+               per message through the same code.
 
-Prints `email ratio: X.XX` (provider / per-message) and
-`false unknowns: N`.  Knobs: BENCH_EMAIL_N (2000), BENCH_EMAIL_SLOW_N (600),
-BENCH_EMAIL_CONC (8), BENCH_EMAIL_CONF ("threads = 8; ..." extra lines).
+Each run also prints CPU ms per email of the sender side (the workers or
+the client processes), PostgreSQL and the relay, and database transactions
+per email: on a 2-core machine these, more than the rates, say where the
+time goes.  Then a slow run: the provider (sessions of at most 5 messages,
+so that greetings are many) against the test server with every 20th
+greeting stalling 5 s (timeout_ms 10000, the default): every effect must
+end completed, none unknown.
+
+Prints `email ratio (opensmtpd): X.XX`, `email ratio (python server): X.XX`
+(mean provider rate / mean per-message rate) and `false unknowns: N`.
+Knobs: BENCH_EMAIL_N (2000), BENCH_EMAIL_SLOW_N (600), BENCH_EMAIL_ROUNDS
+(2), BENCH_EMAIL_CONC (8: 2 x the default threads), BENCH_EMAIL_CONF
+("threads = 8; ..." extra provider lines), BENCH_EMAIL_RELAYS
+("opensmtpd,python"), BENCH_EMAIL_DELIVER (1; 0: OpenSMTPD queues without
+delivering, smtpd -P mda), BENCH_EMAIL_NO_REUSE_RUN (1).
 """
 import concurrent.futures
 import email.utils
@@ -202,8 +219,16 @@ def provider_run(label, n, port, extra="", timeout=600):
     retries = q("SELECT count(*) FROM effect_attempts a JOIN effect_outbox e USING (effect_id)"
                 " WHERE e.idempotency_key LIKE %s AND a.outcome_class <> 'accepted'",
                 (prefix + "%",))[0][0]
+    # The worker takes sends to `sending` in batches, one mark call each
+    # (outbox_mark_sending stamps its call's mark_token): how many emails a
+    # database round trip of that step carries.
+    marks = q("SELECT count(DISTINCT mark_token), max(c) FROM (SELECT mark_token, count(*) c"
+              " FROM effect_outbox WHERE idempotency_key LIKE %s GROUP BY 1) m",
+              (prefix + "%",))[0]
     log("%-12s %5d emails  %7.1f emails/s  states %s  non-accepted attempts %d, ambiguous %d;"
-        " %s" % (label, n, rate, states, retries, ambiguous, meter.report(n)))
+        " %s; emails per mark call %.1f (max %s)"
+        % (label, n, rate, states, retries, ambiguous, meter.report(n),
+           n / float(marks[0] or 1), marks[1]))
     return rate, states, ambiguous
 
 
