@@ -318,8 +318,9 @@ def main():
     else:
         relay = opensmtpd_relay.OpenSmtpd(WORK, deliver=DELIVER)
         try:
-            log("opensmtpd %s on 127.0.0.1:%d (private queue, maildir delivery)"
-                % (relay.version(), relay.port))
+            log("opensmtpd %s on 127.0.0.1:%d (private queue, %s)"
+                % (relay.version(), relay.port,
+                   "maildir delivery" if DELIVER else "delivery paused: smtpd -P mda"))
             ratios["opensmtpd"] = compare("opensmtpd", relay.port, relay.proc.pid, ROUNDS)
             log("opensmtpd: %d messages delivered to the maildir so far" % relay.delivered())
         finally:
