@@ -1,40 +1,65 @@
 """bench/email_bench.py (run by bench/email_run.sh, `make bench-email`).
 
-Three runs against the project's SMTP test server (aiosmtpd, its own
-process, loopback), each with N emails:
+Two relays, each its own process on loopback: a private OpenSMTPD
+(bench/opensmtpd_relay.py: Debian's opensmtpd 6.8, own queue, delivering
+to a maildir; skipped, with the reason, where it cannot run) and the
+project's SMTP test server (tests/servers/smtp_server.py, aiosmtpd,
+offering PIPELINING).  Against each, N emails per run, alternately:
 
-  provider     2 workers, [provider.email] at its defaults (4 threads,
-               sessions reused): N effects loaded as pending rows, rate =
-               completed / (last completed_at - first leased_at).
   per-message  a plain client opening one SMTP session per message
-               (Python smtplib: connect, EHLO, MAIL, RCPT, DATA, QUIT) with
-               as many sessions at once as the provider has threads in all
-               (2 workers x 4): rate = N / wall time.
-  slow         the provider again (sessions of at most 5 messages, so that
-               greetings are many), against a server whose every 20th
-               greeting stalls 5 s (timeout_ms 10000, the default): every
-               effect must end completed, none unknown.
+               (Python smtplib: connect, greeting, EHLO, MAIL, RCPT, DATA,
+               the message, QUIT; real SMTP, every reply awaited, no
+               pipelining), shaped like the provider side: 2 processes (the
+               2 workers) x CONC/2 sessions at once (their threads), the
+               same message bytes the provider writes.  Rate = N / (last
+               end - first start).
+  provider     2 workers, [provider.email] at its defaults (4 threads,
+               max_in_flight 32, sessions reused): N effects loaded as
+               pending rows, rate = completed / (last completed_at - first
+               leased_at).
+  provider-1spm  (once) the provider with session_idle_ms = 0: one session
+               per message through the same code.
 
-Prints `email ratio: X.XX` (provider / per-message) and
-`false unknowns: N`.  Knobs: BENCH_EMAIL_N (2000), BENCH_EMAIL_SLOW_N (600),
-BENCH_EMAIL_CONC (8), BENCH_EMAIL_CONF ("threads = 8; ..." extra lines).
+Each run also prints CPU ms per email of the sender side (the workers or
+the client processes), PostgreSQL and the relay, and database transactions
+per email: on a 2-core machine these, more than the rates, say where the
+time goes.  Then a slow run: the provider (sessions of at most 5 messages,
+so that greetings are many) against the test server with every 20th
+greeting stalling 5 s (timeout_ms 10000, the default): every effect must
+end completed, none unknown.
+
+Prints `email ratio (opensmtpd): X.XX`, `email ratio (python server): X.XX`
+(mean provider rate / mean per-message rate) and `false unknowns: N`.
+Knobs: BENCH_EMAIL_N (2000), BENCH_EMAIL_SLOW_N (600), BENCH_EMAIL_ROUNDS
+(2), BENCH_EMAIL_CONC (8: 2 x the default threads), BENCH_EMAIL_CONF
+("threads = 8; ..." extra provider lines), BENCH_EMAIL_RELAYS
+("opensmtpd,python"), BENCH_EMAIL_DELIVER (1; 0: OpenSMTPD queues without
+delivering, smtpd -P mda), BENCH_EMAIL_NO_REUSE_RUN (1).
 """
 import concurrent.futures
+import email.utils
 import os
 import signal
 import smtplib
 import subprocess
 import sys
 import time
+import uuid
 
 import psycopg2
 
+import opensmtpd_relay
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BUILD = os.path.join(ROOT, os.environ.get("BUILD_DIR", "build"))
-WORK = os.environ["BENCH_WORK"]
+WORK = os.environ.get("BENCH_WORK", "")
 N = int(os.environ.get("BENCH_EMAIL_N", "2000"))
 SLOW_N = int(os.environ.get("BENCH_EMAIL_SLOW_N", "600"))
 CONC = int(os.environ.get("BENCH_EMAIL_CONC", "8"))
+ROUNDS = int(os.environ.get("BENCH_EMAIL_ROUNDS", "2"))
+DELIVER = os.environ.get("BENCH_EMAIL_DELIVER", "1") != "0"
+RELAYS = os.environ.get("BENCH_EMAIL_RELAYS", "opensmtpd,python").split(",")
+NO_REUSE_RUN = os.environ.get("BENCH_EMAIL_NO_REUSE_RUN", "1") != "0"
 EXTRA = "\n".join(x.strip() for x in os.environ.get("BENCH_EMAIL_CONF", "").split(";") if x.strip())
 PAYLOAD = ('{"from": "Bench <bench@example.com>", "subject": "Your receipt",'
            ' "text": "Hello,\\nthis is a bench message of a typical size.\\n"}')
@@ -50,11 +75,14 @@ def conninfo():
         os.environ["PGHOST"], os.environ["PGPORT"], os.environ.get("PGUSER", "postgres"))
 
 
-DB = psycopg2.connect(conninfo())
-DB.autocommit = True
+DB = None     # connected on first use (the --client processes never use it)
 
 
 def q(sql, args=None):
+    global DB
+    if DB is None:
+        DB = psycopg2.connect(conninfo())
+        DB.autocommit = True
     with DB.cursor() as cur:
         cur.execute(sql, args)
         return cur.fetchall() if cur.description else None
@@ -74,6 +102,53 @@ class Smtp:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+
+
+def tree_cpu(root):
+    """CPU seconds used so far by process `root` and its descendants (those
+    alive, and those reaped: their time is in the parent's cutime)."""
+    parent, cpu = {}, {}
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open("/proc/%s/stat" % d) as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        parent[int(d)] = int(fields[1])
+        cpu[int(d)] = sum(int(x) for x in fields[11:15])
+    total, todo = 0, [root]
+    while todo:
+        p = todo.pop()
+        total += cpu.get(p, 0)
+        todo.extend(c for c, pp in parent.items() if pp == p)
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def postmaster_pid():
+    with open(os.path.join(os.environ["PG_TEST_DIR"], "data", "postmaster.pid")) as f:
+        return int(f.readline())
+
+
+class CpuMeter:
+    """CPU per email of the sender side (this script's children: the workers
+    or the client processes), PostgreSQL and the relay, over one run."""
+    relay_pid = None
+
+    def __init__(self):
+        t = os.times()
+        self.children = t.children_user + t.children_system
+        self.pg = tree_cpu(postmaster_pid())
+        self.relay = tree_cpu(self.relay_pid) if self.relay_pid else 0.0
+
+    def report(self, n):
+        t = os.times()
+        sender = t.children_user + t.children_system - self.children
+        pg = tree_cpu(postmaster_pid()) - self.pg
+        relay = (tree_cpu(self.relay_pid) - self.relay) if self.relay_pid else 0.0
+        return "CPU ms/email: sender %.2f, postgres %.2f, relay %.2f" % (
+            1000 * sender / n, 1000 * pg / n, 1000 * relay / n)
 
 
 def worker(name, port, extra=""):
@@ -114,6 +189,7 @@ def load(n, prefix):
 def provider_run(label, n, port, extra="", timeout=600):
     prefix = label + "-"
     load(n, prefix)
+    meter = CpuMeter()
     procs = [worker("%s-w%d" % (label, i), port, extra) for i in range(2)]
     deadline = time.time() + timeout
     try:
@@ -143,46 +219,120 @@ def provider_run(label, n, port, extra="", timeout=600):
     retries = q("SELECT count(*) FROM effect_attempts a JOIN effect_outbox e USING (effect_id)"
                 " WHERE e.idempotency_key LIKE %s AND a.outcome_class <> 'accepted'",
                 (prefix + "%",))[0][0]
-    log("%-12s %5d emails  %7.1f emails/s  states %s  non-accepted attempts %d, ambiguous %d"
-        % (label, n, rate, states, retries, ambiguous))
+    # The worker takes sends to `sending` in batches, one mark call each
+    # (outbox_mark_sending stamps its call's mark_token): how many emails a
+    # database round trip of that step carries.
+    marks = q("SELECT count(DISTINCT mark_token), max(c) FROM (SELECT mark_token, count(*) c"
+              " FROM effect_outbox WHERE idempotency_key LIKE %s GROUP BY 1) m",
+              (prefix + "%",))[0]
+    log("%-12s %5d emails  %7.1f emails/s  states %s  non-accepted attempts %d, ambiguous %d;"
+        " %s; emails per mark call %.1f (max %s)"
+        % (label, n, rate, states, retries, ambiguous, meter.report(n),
+           n / float(marks[0] or 1), marks[1]))
     return rate, states, ambiguous
 
 
 def one_session(port, i):
-    msg = ("From: bench@example.com\r\nTo: user%d@example.com\r\nSubject: Your receipt\r\n"
-           "Message-ID: <plain-%d@bench.invalid>\r\n\r\nHello,\r\nthis is a bench message of a "
-           "typical size.\r\n" % (i, i))
-    with smtplib.SMTP("127.0.0.1", port, timeout=30) as s:
-        s.ehlo("bench.invalid")
+    """One message, one SMTP session, as a plain client does it: connect, EHLO,
+    MAIL, RCPT, DATA, the message, QUIT (smtplib; the EHLO name is given, so
+    no name lookup happens per session)."""
+    # The message the provider writes for the bench's payload, header for
+    # header (message.c; libesmtp adds Date), so that both sides hand the
+    # relay the same bytes to parse and store.
+    msg = ("Date: %s\r\nFrom: Bench <bench@example.com>\r\nTo: user%d@example.com\r\n"
+           "Subject: Your receipt\r\nMessage-ID: <plain-%d@outbox-dispatcher.invalid>\r\n"
+           "X-Outbox-Effect-Id: %s\r\nMIME-Version: 1.0\r\n"
+           "Content-Type: text/plain; charset=utf-8\r\nContent-Transfer-Encoding: 7bit\r\n\r\n"
+           "Hello,\r\nthis is a bench message of a typical size.\r\n"
+           % (email.utils.formatdate(localtime=True), i, i, uuid.uuid4()))
+    with smtplib.SMTP("127.0.0.1", port, local_hostname="bench.invalid", timeout=30) as s:
         s.sendmail("bench@example.com", ["user%d@example.com" % i], msg)
 
 
-def per_message_run(n, port):
-    t0 = time.monotonic()
-    with concurrent.futures.ThreadPoolExecutor(CONC) as ex:
-        list(ex.map(lambda i: one_session(port, i), range(n)))
-    rate = n / (time.monotonic() - t0)
-    log("%-12s %5d emails  %7.1f emails/s  (%d sessions at once, one per message)"
-        % ("per-message", n, rate, CONC))
+def client_process(port, first, count, threads):
+    """One client process (run as `email_bench.py --client ...`): `threads`
+    sessions at once; prints its first start, last end and failures."""
+    t_first = time.time()
+    failures = 0
+    with concurrent.futures.ThreadPoolExecutor(threads) as ex:
+        for f in [ex.submit(one_session, port, i) for i in range(first, first + count)]:
+            try:
+                f.result()
+            except (OSError, smtplib.SMTPException):
+                failures += 1
+    print("%.6f %.6f %d" % (t_first, time.time(), failures), flush=True)
+
+
+def per_message_run(label, n, port):
+    """The plain client, shaped like the provider side: 2 processes (the 2
+    workers) with CONC/2 sessions at once each (their threads), so that the
+    GIL of one Python process is not its limit.  Rate = N / (last end -
+    first start) over both processes, as the provider's is over both
+    workers."""
+    procs, per = [], n // 2
+    meter = CpuMeter()
+    for k in range(2):
+        count = per if k == 0 else n - per
+        procs.append(subprocess.Popen(
+            [sys.executable, os.path.abspath(__file__), "--client", str(port), str(k * per),
+             str(count), str(max(1, CONC // 2))], stdout=subprocess.PIPE, text=True))
+    rows = [p.communicate()[0].split() for p in procs]
+    if any(p.returncode != 0 or len(r) != 3 for p, r in zip(procs, rows)):
+        sys.exit("bench-email: the per-message client failed")
+    start = min(float(r[0]) for r in rows)
+    end = max(float(r[1]) for r in rows)
+    failures = sum(int(r[2]) for r in rows)
+    rate = (n - failures) / (end - start)
+    log("%-12s %5d emails  %7.1f emails/s  (one session per message, 2 processes x %d sessions"
+        " at once, %d failed); %s" % (label, n, rate, max(1, CONC // 2), failures,
+                                     meter.report(n)))
     return rate
+
+
+def compare(relay_name, port, relay_pid, rounds):
+    """Provider and plain client alternately, `rounds` times each; then once
+    the provider with one session per message (session_idle_ms = 0)."""
+    CpuMeter.relay_pid = relay_pid
+    per_message_run("warm-up", min(200, N), port)
+    prov, plain = [], []
+    for r in range(rounds):
+        plain.append(per_message_run("per-message", N, port))
+        prov.append(provider_run("%s-provider%d" % (relay_name, r), N, port)[0])
+    once = provider_run("%s-provider-1spm" % relay_name, N, port,
+                        extra="session_idle_ms = 0")[0] if NO_REUSE_RUN else None
+    ratio = sum(prov) / sum(plain)
+    log("%s: email ratio %.2f (provider %s emails/s, per-message client %s; provider with one "
+        "session per message %s)" % (relay_name, ratio, " ".join("%.1f" % x for x in prov),
+                                     " ".join("%.1f" % x for x in plain),
+                                     "%.1f" % once if once else "not run"))
+    return ratio
 
 
 def main():
     log("machine: %d CPUs, load %s (shared: figures move with other work)"
         % (os.cpu_count(), open("/proc/loadavg").read().split()[:3]))
-    smtp = Smtp("--pipelining")
-    try:
-        per_message_run(min(200, N), smtp.port)            # warm-up
-        plain = per_message_run(N, smtp.port)
-        prov, _, _ = provider_run("provider", N, smtp.port)
-        plain2 = per_message_run(N, smtp.port)
-        prov2, _, _ = provider_run("provider2", N, smtp.port)
-    finally:
-        smtp.stop()
-    ratio = (prov + prov2) / (plain + plain2)
-    log("email ratio: %.2f  (provider %.1f and %.1f emails/s, per-message client %.1f and %.1f; "
-        "target >= 3)" % (ratio, prov, prov2, plain, plain2))
+    ratios = {}
+    why = opensmtpd_relay.unavailable() if "opensmtpd" in RELAYS else "not asked for"
+    if why:
+        log("opensmtpd: skipped: %s" % why)
+    else:
+        relay = opensmtpd_relay.OpenSmtpd(WORK, deliver=DELIVER)
+        try:
+            log("opensmtpd %s on 127.0.0.1:%d (private queue, %s)"
+                % (relay.version(), relay.port,
+                   "maildir delivery" if DELIVER else "delivery paused: smtpd -P mda"))
+            ratios["opensmtpd"] = compare("opensmtpd", relay.port, relay.proc.pid, ROUNDS)
+            log("opensmtpd: %d messages delivered to the maildir so far" % relay.delivered())
+        finally:
+            relay.stop()
+    if "python" in RELAYS:
+        smtp = Smtp("--pipelining")
+        try:
+            ratios["python"] = compare("python", smtp.port, smtp.proc.pid, ROUNDS)
+        finally:
+            smtp.stop()
 
+    CpuMeter.relay_pid = None
     slow = Smtp("--slow-greeting", "20:5000", "--pipelining")
     try:
         # Sessions of 5 messages, so that many greetings happen (with the
@@ -195,10 +345,17 @@ def main():
     log("slow greetings (1 in 20 stalls 5 s): %d emails, completed %d, unknown %d, failed %d, "
         "ambiguous attempts %d" % (SLOW_N, states.get("completed", 0), false_unknown,
                                    states.get("failed", 0), ambiguous))
-    print("email ratio: %.2f" % ratio)
+    log("load at the end %s" % open("/proc/loadavg").read().split()[:3])
+    if "opensmtpd" in ratios:
+        print("email ratio (opensmtpd): %.2f" % ratios["opensmtpd"])
+    if "python" in ratios:
+        print("email ratio (python server): %.2f" % ratios["python"])
     print("false unknowns: %d" % false_unknown)
     return 0 if false_unknown == 0 and states.get("completed", 0) == SLOW_N else 1
 
 
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["--client"]:
+        client_process(*(int(a) for a in sys.argv[2:6]))
+        sys.exit(0)
     sys.exit(main())

@@ -2,9 +2,12 @@
 # bench/email_run.sh: `make bench-email`: the email provider's throughput
 # with sessions reused against a one-session-per-message client, and a
 # slow-greeting run that must end with no false unknown.  A throwaway
-# PostgreSQL (tests/lib/pg.sh), the project's SMTP test server
-# (tests/servers/smtp_server.py) in its own process; bench/email_bench.py
-# does the measuring.  Needs python3-psycopg2 and python3-aiosmtpd.
+# PostgreSQL (tests/lib/pg.sh); two relays, each in its own process: a
+# private OpenSMTPD (bench/opensmtpd_relay.py: Debian's opensmtpd package,
+# root, loopback port, private queue; skipped with the reason when it
+# cannot run) and the project's SMTP test server
+# (tests/servers/smtp_server.py); bench/email_bench.py does the measuring.
+# Needs python3-psycopg2 and python3-aiosmtpd (and opensmtpd).
 set -eu
 cd "$(dirname "$0")/.."
 BUILD_DIR=${BUILD_DIR:-build}
@@ -32,5 +35,5 @@ psql -q -d postgres -c "CREATE DATABASE bench" >/dev/null
 ci="host=$PGHOST port=$PGPORT user=$PGUSER dbname=bench"
 "$BUILD_DIR/outboxctl" --db "$ci" migrate >/dev/null
 "$BUILD_DIR/outboxctl" --db "$ci" kill-switch on --operator bench --reason "make bench-email" >/dev/null
-export BENCH_WORK=$work
+export BENCH_WORK="$work"
 /usr/bin/python3 bench/email_bench.py

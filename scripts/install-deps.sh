@@ -30,6 +30,29 @@ if [ -d /run/systemd/system ]; then
     $SUDO systemctl disable --now pgbouncer.service >/dev/null 2>&1 || true
 fi
 
+# OpenSMTPD (bench only: make bench-email measures the email provider
+# against it; no test needs it).  bench/opensmtpd_relay.py runs its own
+# smtpd on a loopback port with a private queue; the package's service is
+# never used.  apt must not remove anything for it: opensmtpd replaces any
+# other MTA (postfix, exim4, ...), so on a machine that has one it is left
+# out (--no-remove) and bench-email skips its OpenSMTPD part.  When this
+# script installs it, the service it enables (port 25) is disabled and
+# stopped again; an opensmtpd that was already installed is left as it was.
+if ! dpkg-query -W -f='${Status}' opensmtpd 2>/dev/null | grep -q 'ok installed'; then
+    if $SUDO apt-get install -y -q --no-install-recommends --no-remove opensmtpd; then
+        if [ -d /run/systemd/system ]; then
+            $SUDO systemctl disable --now opensmtpd.service >/dev/null 2>&1 || true
+        else
+            $SUDO systemctl disable opensmtpd.service >/dev/null 2>&1 ||
+                $SUDO update-rc.d opensmtpd disable >/dev/null 2>&1 || true
+            $SUDO service opensmtpd stop >/dev/null 2>&1 || true
+        fi
+    else
+        echo "install-deps: opensmtpd left out (it would replace this machine's MTA);" \
+             "make bench-email skips its OpenSMTPD part" >&2
+    fi
+fi
+
 # promtool (tests/operator/test_monitoring.py) comes from Debian's prometheus
 # package, but only that one static binary is taken out of it: installing
 # the package would add a user and start a Prometheus server.

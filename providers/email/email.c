@@ -34,10 +34,15 @@ static const struct outbox_conf_key email_keys[] = {
 	{ "ca_file", CONF_STR, "", 0, 0, "PEM CA bundle the relay's certificate must chain to; "
 	  "empty: the system's CAs" },
 	{ "threads", CONF_INT, "4", 1, EMAIL_MAX_THREADS, "SMTP sessions at once" },
-	/* A common key with email's own default: sends beyond `threads` only
-	 * wait in the queue, so keep few of them (twice the default threads
-	 * keeps each thread's next message ready). */
-	{ "max_in_flight", CONF_INT, "8", 1, 100000, "sends in flight for this provider" },
+	/* A common key with email's own default.  Sends beyond `threads` wait
+	 * in the provider's queue, bounded by queue_timeout_ms and never
+	 * counted against timeout_ms, so a queue costs no SMTP budget; what
+	 * it buys is the worker's database cycle: a worker leases and records
+	 * outcomes in batches of at most this many sends, and at 8 (twice the
+	 * threads) the round trips per email, not SMTP, bounded throughput
+	 * (bench/email_bench.py: PostgreSQL CPU per email about halved at 32).
+	 * EMAIL_QUEUE_NOTE_RATIO x threads is where the note below starts. */
+	{ "max_in_flight", CONF_INT, "32", 1, 100000, "sends in flight for this provider" },
 	{ "queue_timeout_ms", CONF_INT, "10000", 10, 3600000,
 	  "longest wait for a free SMTP thread; a send not started by then is not_sent" },
 	{ "session_idle_ms", CONF_INT, "2000", 0, 300000,
@@ -175,11 +180,12 @@ static void *email_init(const struct outbox_host *host, const struct outbox_conf
 		snprintf(err, errlen, "%s: %s", host->conf_where(conf, "threads"), why);
 		goto fail;
 	}
-	if (host->conf_int(conf, "max_in_flight") > 2L * em->nthreads)
+	if (host->conf_int(conf, "max_in_flight") > (long)EMAIL_QUEUE_NOTE_RATIO * em->nthreads)
 		host->log(OLOG_INFO, EMAIL_NAME,
-		          "max_in_flight (%ld) is more than twice threads (%d): sends beyond %d wait in "
-		          "a queue (up to queue_timeout_ms, then not_sent)",
-		          host->conf_int(conf, "max_in_flight"), em->nthreads, em->nthreads);
+		          "max_in_flight (%ld) is more than %d times threads (%d): sends beyond %d wait "
+		          "in a queue (up to queue_timeout_ms, %ld ms, then not_sent)",
+		          host->conf_int(conf, "max_in_flight"), EMAIL_QUEUE_NOTE_RATIO, em->nthreads,
+		          em->nthreads, em->queue_timeout_ms);
 	if (host->conf_int(conf, "timeout_ms") < 2 * email_margin_ms(host->conf_int(conf, "timeout_ms")))
 		host->log(OLOG_WARN, EMAIL_NAME,
 		          "timeout_ms (%ld) leaves less than the %ld ms margin before the end of data is "
@@ -187,9 +193,11 @@ static void *email_init(const struct outbox_host *host, const struct outbox_conf
 		          host->conf_int(conf, "timeout_ms"),
 		          email_margin_ms(host->conf_int(conf, "timeout_ms")));
 	host->log(OLOG_INFO, EMAIL_NAME,
-	          "relay %s, starttls %s, auth %s, %d threads, timeout %ld ms, connect timeout %ld ms, "
-	          "queue timeout %ld ms, sessions kept idle %ld ms for up to %ld messages",
+	          "relay %s, starttls %s, auth %s, %d threads, max_in_flight %ld, timeout %ld ms, "
+	          "connect timeout %ld ms, queue timeout %ld ms, sessions kept idle %ld ms for up to "
+	          "%ld messages",
 	          em->server, tls, em->username ? "on (password: ********)" : "off", em->nthreads,
+	          host->conf_int(conf, "max_in_flight"),
 	          host->conf_int(conf, "timeout_ms"), host->conf_int(conf, "connect_timeout_ms"),
 	          em->queue_timeout_ms, em->idle_ms, em->max_per_session);
 	return em;

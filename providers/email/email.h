@@ -24,6 +24,9 @@
 
 #define EMAIL_NAME        "email"
 #define EMAIL_MAX_THREADS 256
+/* max_in_flight above this many times threads gets a note at start: the
+ * default is 8 times the default threads (email.c). */
+#define EMAIL_QUEUE_NOTE_RATIO 16
 
 enum job_state { JOB_QUEUED, JOB_RUNNING, JOB_FINISHED };
 

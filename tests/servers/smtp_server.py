@@ -39,7 +39,7 @@ counts, in .pipelined, commands that arrived while an earlier one of the
 same write was still unanswered (RCPT TO with DATA behind it).
 
 Per connection: .sessions lists, for each connection, how many messages
-got an answer on it.
+got an answer on it; .max_open is the most connections open at once.
 
 Every message that reaches the end of data is recorded (even those that
 get no reply): SmtpServer.messages, .count(message_id).  .transactions
@@ -199,16 +199,22 @@ class ScriptedSMTP(SMTP):
             srv.connections += 1
             self.conn_no = srv.connections
             srv.sessions[self.conn_no] = 0
-        delay = srv.greeting_delay_ms
-        if srv.slow_greeting and self.conn_no % srv.slow_greeting[0] == 0:
-            delay = srv.slow_greeting[1]
-        if delay:
-            await asyncio.sleep(delay / 1000.0)
-        if srv.greeting:
-            await self.push(srv.greeting)
-            self.transport.close()
-            return
-        await super()._handle_client()
+            srv.open_now += 1
+            srv.max_open = max(srv.max_open, srv.open_now)
+        try:
+            delay = srv.greeting_delay_ms
+            if srv.slow_greeting and self.conn_no % srv.slow_greeting[0] == 0:
+                delay = srv.slow_greeting[1]
+            if delay:
+                await asyncio.sleep(delay / 1000.0)
+            if srv.greeting:
+                await self.push(srv.greeting)
+                self.transport.close()
+                return
+            await super()._handle_client()
+        finally:
+            with srv.lock:
+                srv.open_now -= 1
 
     @syntax("STARTTLS", when="tls_context")
     async def smtp_STARTTLS(self, arg):
@@ -278,6 +284,8 @@ class SmtpServer:
         self.auth_attempts = []
         self.data_commands = 0
         self.connections = 0
+        self.open_now = 0
+        self.max_open = 0
         self._loop = None
         self._server = None
         self._thread = None
