@@ -1020,12 +1020,32 @@ def lat_cell(r):
     return "p50 %.1f / p95 %.1f / p99 %.1f ms" % (r["p50"], r["p95"], r["p99"])
 
 
+def headline():
+    """The headline figures: effects/s, PostgreSQL CPU and WAL per effect
+    of the best worker count (the one the ratio uses)."""
+    tp = results.get("throughput", {})
+    if not tp:
+        return None
+    k = results.get("ratio_workers") or max(tp, key=lambda x: tp[x]["rate"])
+    return {"workers": k, "effects_per_s": tp[k]["rate"],
+            "pg_cpu_ms_per_effect": tp[k]["pg_cpu_per_1k"], "wal_bytes_per_effect": tp[k]["wal_per_effect"]}
+
+
 def summary():
     tp, ceil = results.get("throughput", {}), results.get("ceiling", [])
     rows = []
 
     def samples(r):
         return "; mean of %s" % " and ".join("%.0f" % x for x in r["samples"]) if r.get("samples") else ""
+    head = headline()
+    if head:
+        rows.append(("effects/s, best worker count (%d)" % head["workers"],
+                     "%.0f effects/s" % head["effects_per_s"], "the dispatcher's throughput%s" % samples(tp[head["workers"]])))
+        rows.append(("PostgreSQL CPU per effect", "%.3f ms" % head["pg_cpu_ms_per_effect"],
+                     "every PostgreSQL process, %d workers: what the outbox takes from the database's cores" % head["workers"]))
+        rows.append(("WAL per effect", "%.0f bytes" % head["wal_bytes_per_effect"],
+                     "%d workers; row versions per effect: %s" % (head["workers"], writes_text(
+                         tp[head["workers"]].get("writes_per_effect", {})) or "n/a")))
     for k in sorted(tp):
         rows.append(("throughput, %d worker%s" % (k, "s" if k > 1 else ""), "%.0f effects/s" % tp[k]["rate"],
                      "CPU s/1000 effects: workers %.2f, PostgreSQL %.2f, sink %.2f; peak RSS %s MiB/worker%s" % (
@@ -1129,6 +1149,8 @@ def summary():
                 best_c["pg_cpu_per_1k"] + best_c.get("pgbench_cpu_per_1k", 0),
                 d["pg_cpu_per_1k"] + d["worker_cpu_per_1k"] + d["sink_cpu_per_1k"]))
     keep = os.environ.get("BENCH_RESULTS")
+    if head:
+        results["headline"] = head
     if keep:
         with open(keep, "w") as f:
             json.dump(results, f, indent=1, default=str)
