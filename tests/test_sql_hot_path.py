@@ -10,6 +10,7 @@ change and attempts rows in one statement) and the leftovers (lease lost,
 a batch delivered twice).
 """
 import json
+import re
 import uuid
 
 from outbox_test import kill_switch, query
@@ -58,24 +59,39 @@ def add_effects(conn, n, label):
           (label, n))
 
 
+def assert_index_reads_are_probes(plans):
+    lines = plans.splitlines()
+    scans = 0
+    for i, line in enumerate(lines):
+        if re.search(r"Index (Only )?Scan.* on (effect_outbox|workflow_runs|effect_attempts)", line):
+            scans += 1
+            nxt = lines[i + 1].strip() if i + 1 < len(lines) else ""
+            assert nxt.startswith("Index Cond:"), "no Index Cond under %r in:\n%s" % (line, plans)
+    assert scans > 0, plans
+
+
 def test_cached_plans_stay_key_lookups_after_the_table_grew(conn):
     kill_switch(conn, True)
     owner = str(uuid.uuid4())
     # A fresh install: empty tables, and statistics that say so.
     query(conn, "ANALYZE effect_outbox")
     query(conn, "ANALYZE workflow_runs")
-    # The session caches its plans on the first calls, on a tiny table.
+    # The session caches its plans on its first calls, on an empty table
+    # (ids that do not exist), then works on a tiny one.
+    mark(conn, owner, [str(uuid.uuid4())])
+    complete(conn, owner, outcomes([str(uuid.uuid4())]))
+    query(conn, "SELECT outbox_advance_runs('{}', '{nokey}')")
     for i in range(3):
         add_effects(conn, 2, "small%d-" % i)
         ids = lease(conn, owner, 2)
         mark(conn, owner, ids)
         complete(conn, owner, outcomes(ids))
-    # A busy morning before autoanalyze: 20,000 finished and 20,000
+    # A busy morning before autoanalyze: 10,000 finished and 10,000
     # pending effects, each with its run.
-    add_effects(conn, 20000, "big-")
+    add_effects(conn, 10000, "big-")
     query(conn, "UPDATE effect_outbox SET state = 'completed', completed_at = now() "
                 "WHERE idempotency_key LIKE 'big-%%'")
-    add_effects(conn, 20000, "next-")
+    add_effects(conn, 10000, "next-")
     ids = lease(conn, owner, 5)
     assert len(ids) == 5
     plans = plans_of(conn, "SELECT * FROM outbox_mark_sending(%s, %s::uuid[], true, '{}', 30, %s)",
@@ -87,6 +103,9 @@ def test_cached_plans_stay_key_lookups_after_the_table_grew(conn):
                 "effect_outbox_done_idx"):
         assert bad not in plans, "%s in:\n%s" % (bad, plans)
     assert "effect_outbox_pkey" in plans, plans
+    # Every index read is a probe: a scan of a whole index (with the keys
+    # as a filter) also reads the whole table's worth.
+    assert_index_reads_are_probes(plans)
     # The runs' "every effect completed" test probes by run key.
     assert "effect_outbox_idempotency_key_effect_type_target_key" in plans, plans
     assert query(conn, "SELECT count(*) FROM workflow_runs WHERE idempotency_key = ANY (%s) "
