@@ -1,7 +1,8 @@
 """The hot path's SQL (sql/functions/30_dispatcher.sql): outbox_mark_sending,
 outbox_complete and outbox_advance_runs run on plans cached once per
-session (force_generic_plan: planning every call cost about a fifth of
-PostgreSQL's CPU per effect, docs/performance.md "Cost per effect").  A
+session (force_generic_plan: planning on every call was about a fifth of
+PostgreSQL's CPU samples in a profile, docs/performance.md "Cost per
+effect in the database").  A
 cached plan must stay a lookup by key whatever the table held when it was
 made: these tests cache the plans on an empty table, grow the table under
 the same session without ANALYZE, and read the plans through auto_explain.

@@ -10,10 +10,12 @@
 -- most batch functions plan every statement for the batch at hand
 -- (force_custom_plan).  The three of the hot path that find rows only by
 -- key (outbox_mark_sending, outbox_complete, outbox_advance_runs) instead
--- cache one plan per session (force_generic_plan: planning each call cost
--- about a fifth of PostgreSQL's CPU per effect) that cannot be anything but
--- key lookups: no sequential scans, hash or merge joins (which would read a
--- whole table or index), and states compared with variables, not literals,
+-- cache one plan per session (force_generic_plan: planning on every call
+-- was about a fifth of PostgreSQL's CPU samples in a profile of the
+-- bench, docs/performance.md "Cost per effect in the database") that
+-- cannot be anything but key lookups: no sequential scans, hash or merge
+-- joins (which would read a whole table or index), and states compared
+-- with variables, not literals,
 -- so that a cached plan cannot pick a partial index whose predicate names a
 -- state (the due index for a lookup of pending rows by id).
 -- tests/test_sql_hot_path.py caches the plans on an empty table and reads
@@ -236,13 +238,14 @@ END $$;
 -- element, whether the state change applied, the state it set and, when
 -- it resolved an `unknown` effect, how (late_accepted, late_not_sent).
 --
--- The usual batch (every CAS applies) costs three statements: the row
+-- The usual batch (every CAS applies) costs four statements: the row
 -- locks, the state change with its attempts rows (one statement: the
 -- attempts rows are built from the UPDATE's RETURNING, no second read of
--- the effects), and the runs.  The rest runs only for what is left over:
+-- the effects), the runs, and the result rows (from the UPDATE's arrays).
+-- The rest runs only for what is left over:
 -- late evidence for `unknown` rows, and elements whose CAS did not apply
 -- (lease lost, a batch delivered twice) (docs/performance.md, "Cost per
--- effect").
+-- effect in the database").
 CREATE OR REPLACE FUNCTION outbox_complete(p_owner uuid, p_worker text, p_results jsonb)
 RETURNS TABLE (effect_id uuid, applied boolean, state text, resolved text)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp
