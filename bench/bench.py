@@ -459,6 +459,7 @@ def throughput(k, label, prefix="t", hold_xmin=False, profile=False):
     # was not).
     a0 = q1("SELECT CASE WHEN is_called THEN last_value ELSE last_value - 1 END"
             " FROM effect_attempts_attempt_id_seq")
+    tab0 = table_writes()
     workers = [Worker("%s-w%d" % (label, i + 1)) for i in range(k)]
     holder = None
     held_done = None
@@ -526,6 +527,7 @@ def throughput(k, label, prefix="t", hold_xmin=False, profile=False):
         w.stop()
     wal = wal_since(wal0)
     n, span, rate = drained_rate(prefix)
+    writes = table_writes_per_effect(tab0, n)
     if PGSS:
         top_statements(label)
     bad = q1("SELECT count(*) FROM effect_outbox WHERE state <> 'completed'")
@@ -540,14 +542,55 @@ def throughput(k, label, prefix="t", hold_xmin=False, profile=False):
          "worker_cpu_per_1k": sum(w.cpu for w in workers) / n * 1000 if n else 0,
          "pg_cpu_per_1k": pg_cpu / n * 1000 if n else 0, "attempt_rows": attempts,
          "sink_cpu_per_1k": sink_cpu / n * 1000 if n else 0,
-         "wal_per_effect": wal / n if n else 0,
+         "wal_per_effect": wal / n if n else 0, "writes_per_effect": writes,
          "held_seconds": held, "held_done": held_done,
          "held_rate": held_done / held if held else None}
     log("  %s: %d effects in %.1f s = %.0f effects/s (CPU s per 1000 effects: workers %.3f,"
         " PostgreSQL %.3f, sink %.3f; peak RSS %s MiB; WAL %.0f bytes/effect; heap %.0f MiB)" % (
             label, n, span, rate, r["worker_cpu_per_1k"], r["pg_cpu_per_1k"], r["sink_cpu_per_1k"],
             "/".join("%.1f" % (x / 1024.0) for x in r["rss_kb"] if x), r["wal_per_effect"], heap_mib))
+    log("  %s: per effect: %s" % (label, writes_text(writes)))
     return r
+
+
+WRITE_TABLES = ("effect_outbox", "effect_attempts", "workflow_runs")
+
+
+def table_writes():
+    """Row versions written so far to the hot-path tables (inserted,
+    updated, of which HOT) and the size of their indexes.  The workers'
+    backends report their counts when they exit, so this is read after
+    the workers have stopped and their sessions are gone."""
+    deadline = time.time() + 10
+    while set(pg_backend_pids()) - {POLL.get_backend_pid()} and time.time() < deadline:
+        time.sleep(0.05)
+    q("SELECT pg_stat_force_next_flush()")     # this session's own counts (the load)
+    q("SELECT pg_stat_clear_snapshot()")
+    rows = q("SELECT relname, n_tup_ins, n_tup_upd, n_tup_hot_upd,"
+             " pg_indexes_size(relid) FROM pg_stat_user_tables WHERE relname = ANY (%s)",
+             (list(WRITE_TABLES),))
+    return {r[0]: r[1:] for r in rows}
+
+
+def table_writes_per_effect(before, n):
+    """Per effect of the run: rows inserted, row versions from updates, how
+    many of those were HOT (no new index entries), per table; and index
+    bytes added.  A non-HOT update adds an entry to every index whose
+    predicate the new version satisfies."""
+    after = table_writes()
+    out = {}
+    for t in WRITE_TABLES:
+        if t not in before or t not in after or not n:
+            continue
+        b, a = before[t], after[t]
+        out[t] = {"ins": (a[0] - b[0]) / float(n), "upd": (a[1] - b[1]) / float(n),
+                  "hot": (a[2] - b[2]) / float(n), "index_bytes": (a[3] - b[3]) / float(n)}
+    return out
+
+
+def writes_text(w):
+    return "; ".join("%s ins %.2f upd %.2f (HOT %.2f) index +%.0f B" % (
+        t, v["ins"], v["upd"], v["hot"], v["index_bytes"]) for t, v in w.items())
 
 
 def wal_lsn():
@@ -567,7 +610,7 @@ def top_statements(label):
     for calls, tot, nrows, text in rows:
         log("    %7d %9.0f %7.3f %8d  %s" % (calls, tot, tot / max(calls, 1), nrows, text[:90]))
     rows = q("SELECT calls, total_exec_time, rows, regexp_replace(query, '\s+', ' ', 'g')"
-             " FROM pg_stat_statements WHERE NOT toplevel ORDER BY total_exec_time DESC LIMIT 8")
+             " FROM pg_stat_statements WHERE NOT toplevel ORDER BY total_exec_time DESC LIMIT 14")
     log("  %s: inside the functions:" % label)
     for calls, tot, nrows, text in rows:
         log("    %7d %9.0f %7.3f %8d  %s" % (calls, tot, tot / max(calls, 1), nrows, text[:110]))
@@ -977,12 +1020,32 @@ def lat_cell(r):
     return "p50 %.1f / p95 %.1f / p99 %.1f ms" % (r["p50"], r["p95"], r["p99"])
 
 
+def headline():
+    """The headline figures: effects/s, PostgreSQL CPU and WAL per effect
+    of the best worker count (the one the ratio uses)."""
+    tp = results.get("throughput", {})
+    if not tp:
+        return None
+    k = results.get("ratio_workers") or max(tp, key=lambda x: tp[x]["rate"])
+    return {"workers": k, "effects_per_s": tp[k]["rate"],
+            "pg_cpu_ms_per_effect": tp[k]["pg_cpu_per_1k"], "wal_bytes_per_effect": tp[k]["wal_per_effect"]}
+
+
 def summary():
     tp, ceil = results.get("throughput", {}), results.get("ceiling", [])
     rows = []
 
     def samples(r):
         return "; mean of %s" % " and ".join("%.0f" % x for x in r["samples"]) if r.get("samples") else ""
+    head = headline()
+    if head:
+        rows.append(("effects/s, best worker count (%d)" % head["workers"],
+                     "%.0f effects/s" % head["effects_per_s"], "the dispatcher's throughput%s" % samples(tp[head["workers"]])))
+        rows.append(("PostgreSQL CPU per effect", "%.3f ms" % head["pg_cpu_ms_per_effect"],
+                     "every PostgreSQL process, %d workers: what the outbox takes from the database's cores" % head["workers"]))
+        rows.append(("WAL per effect", "%.0f bytes" % head["wal_bytes_per_effect"],
+                     "%d workers; row versions per effect: %s" % (head["workers"], writes_text(
+                         tp[head["workers"]].get("writes_per_effect", {})) or "n/a")))
     for k in sorted(tp):
         rows.append(("throughput, %d worker%s" % (k, "s" if k > 1 else ""), "%.0f effects/s" % tp[k]["rate"],
                      "CPU s/1000 effects: workers %.2f, PostgreSQL %.2f, sink %.2f; peak RSS %s MiB/worker%s" % (
@@ -1086,6 +1149,8 @@ def summary():
                 best_c["pg_cpu_per_1k"] + best_c.get("pgbench_cpu_per_1k", 0),
                 d["pg_cpu_per_1k"] + d["worker_cpu_per_1k"] + d["sink_cpu_per_1k"]))
     keep = os.environ.get("BENCH_RESULTS")
+    if head:
+        results["headline"] = head
     if keep:
         with open(keep, "w") as f:
             json.dump(results, f, indent=1, default=str)
