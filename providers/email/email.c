@@ -80,32 +80,17 @@ static void email_shutdown(void *self);
 
 static pthread_once_t auth_once = PTHREAD_ONCE_INIT;
 
-static void *email_init(const struct outbox_host *host, const struct outbox_conf *conf, char *err,
-                        size_t errlen)
+/* The relay: server (host:port) and the STARTTLS policy. */
+static bool read_relay(struct email *em, const struct outbox_conf *conf, char *err, size_t errlen)
 {
-	struct email *em = text_alloc(sizeof(*em));
+	const struct outbox_host *host = em->host;
 	const char *server = host->conf_str(conf, "server");
 	const char *tls = host->conf_str(conf, "starttls");
-	const char *user = host->conf_str(conf, "username");
-	const char *pass = host->conf_str(conf, "password");
-	const char *helo = host->conf_str(conf, "helo_name");
-	const char *domain = host->conf_str(conf, "message_id_domain");
 	char why[160];
-
-	em->host = host;
-	em->base = host->base;
-	em->wake[0] = em->wake[1] = -1;
-	em->refs = 1;
-	pthread_mutex_init(&em->mu, NULL);
-	pthread_cond_init(&em->cv, NULL);
-	pthread_cond_init(&em->cv_session, NULL);
-	TAILQ_INIT(&em->queue);
-	TAILQ_INIT(&em->running);
-	TAILQ_INIT(&em->finished);
 
 	if (!valid_server(server, why, sizeof(why))) {
 		snprintf(err, errlen, "%s: \"%.64s\": %s", host->conf_where(conf, "server"), server, why);
-		goto fail;
+		return false;
 	}
 	text_copy(em->server, server, sizeof(em->server));
 	if (strcmp(tls, "required") == 0)
@@ -117,61 +102,142 @@ static void *email_init(const struct outbox_host *host, const struct outbox_conf
 	else {
 		snprintf(err, errlen, "%s: must be required, optional or off (got \"%.32s\")",
 		         host->conf_where(conf, "starttls"), tls);
-		goto fail;
+		return false;
 	}
+	return true;
+}
+
+/* AUTH: a user name and a password together, or neither. */
+static bool read_auth(struct email *em, const struct outbox_conf *conf, char *err, size_t errlen)
+{
+	const struct outbox_host *host = em->host;
+	const char *user = host->conf_str(conf, "username");
+	const char *pass = host->conf_str(conf, "password");
+
 	if (email_has_injection(user, strlen(user)) || email_has_control(user)) {
 		snprintf(err, errlen, "%s: contains control characters", host->conf_where(conf, "username"));
-		goto fail;
+		return false;
 	}
 	if (user[0] && pass[0] == '\0') {
 		snprintf(err, errlen, "%s: username is set but the password is empty",
 		         host->conf_where(conf, "password"));
-		goto fail;
+		return false;
 	}
 	if (user[0] == '\0' && pass[0]) {
 		snprintf(err, errlen, "%s: a password without a username", host->conf_where(conf, "username"));
-		goto fail;
+		return false;
 	}
 	if (user[0]) {
 		em->username = text_strdup(user);
 		em->password = text_strdup(pass);
 	}
+	return true;
+}
+
+/* The names this host writes: EHLO's and the Message-ID's domain. */
+static bool read_names(struct email *em, const struct outbox_conf *conf, char *err, size_t errlen)
+{
+	const struct outbox_host *host = em->host;
+	const char *helo = host->conf_str(conf, "helo_name");
+	const char *domain = host->conf_str(conf, "message_id_domain");
+
 	if (helo[0] && !email_valid_domain(helo, strlen(helo))) {
 		snprintf(err, errlen, "%s: not a valid host name or [address]",
 		         host->conf_where(conf, "helo_name"));
-		goto fail;
+		return false;
 	}
 	text_copy(em->helo, helo, sizeof(em->helo));
 	if (!email_valid_domain(domain, strlen(domain)) || domain[0] == '[') {
 		snprintf(err, errlen, "%s: not a valid domain name", host->conf_where(conf, "message_id_domain"));
-		goto fail;
+		return false;
 	}
 	text_copy(em->msgid_domain, domain, sizeof(em->msgid_domain));
-	{
-		/* Built (and ca_file checked) even with starttls = off: a broken
-		 * setting is refused now, not when someone turns TLS on. */
-		const char *ca = host->conf_str(conf, "ca_file");
-		/* Our own context rather than libesmtp's default: it trusts the
-		 * system's CAs (or ca_file), and it stops at TLS 1.2.  libesmtp
-		 * 1.1 polls for the EHLO reply before flushing EHLO; a TLS 1.3
-		 * relay's post-handshake NewSessionTicket makes that poll
-		 * succeed early and the session stalls until its timeout. */
-		em->tls = SSL_CTX_new(TLS_client_method());
-		if (em->tls == NULL || !SSL_CTX_set_min_proto_version(em->tls, TLS1_2_VERSION) ||
-		    !SSL_CTX_set_max_proto_version(em->tls, TLS1_2_VERSION)) {
-			snprintf(err, errlen, "email: cannot create a TLS context");
-			goto fail;
-		}
-		if (ca[0] ? SSL_CTX_load_verify_locations(em->tls, ca, NULL) != 1
-		          : SSL_CTX_set_default_verify_paths(em->tls) != 1) {
-			snprintf(err, errlen, "%s: cannot load CA certificates from \"%.200s\"",
-			         host->conf_where(conf, "ca_file"), ca[0] ? ca : "the system store");
-			goto fail;
-		}
+	return true;
+}
+
+/* Built (and ca_file checked) even with starttls = off: a broken setting
+ * is refused now, not when someone turns TLS on.  Our own context rather
+ * than libesmtp's default: it trusts the system's CAs (or ca_file), and it
+ * stops at TLS 1.2.  libesmtp 1.1 polls for the EHLO reply before flushing
+ * EHLO; a TLS 1.3 relay's post-handshake NewSessionTicket makes that poll
+ * succeed early and the session stalls until its timeout. */
+static bool make_tls_context(struct email *em, const struct outbox_conf *conf, char *err,
+                             size_t errlen)
+{
+	const char *ca = em->host->conf_str(conf, "ca_file");
+
+	em->tls = SSL_CTX_new(TLS_client_method());
+	if (em->tls == NULL || !SSL_CTX_set_min_proto_version(em->tls, TLS1_2_VERSION) ||
+	    !SSL_CTX_set_max_proto_version(em->tls, TLS1_2_VERSION)) {
+		snprintf(err, errlen, "email: cannot create a TLS context");
+		return false;
 	}
+	if (ca[0] ? SSL_CTX_load_verify_locations(em->tls, ca, NULL) != 1
+	          : SSL_CTX_set_default_verify_paths(em->tls) != 1) {
+		snprintf(err, errlen, "%s: cannot load CA certificates from \"%.200s\"",
+		         em->host->conf_where(conf, "ca_file"), ca[0] ? ca : "the system store");
+		return false;
+	}
+	return true;
+}
+
+/* At start: a note on a deep queue, a warning on a timeout too short for
+ * the margin, and the settings in one line (the password never). */
+static void log_settings(const struct email *em, const struct outbox_conf *conf)
+{
+	const struct outbox_host *host = em->host;
+	long max_in_flight = host->conf_int(conf, "max_in_flight");
+	long timeout_ms = host->conf_int(conf, "timeout_ms");
+
+	if (max_in_flight > (long)EMAIL_QUEUE_NOTE_RATIO * em->nthreads)
+		host->log(OLOG_INFO, EMAIL_NAME,
+		          "max_in_flight (%ld) is more than %d times threads (%d): sends beyond %d wait "
+		          "in a queue (up to queue_timeout_ms, %ld ms, then not_sent)",
+		          max_in_flight, EMAIL_QUEUE_NOTE_RATIO, em->nthreads,
+		          em->nthreads, em->queue_timeout_ms);
+	if (timeout_ms < 2 * email_margin_ms(timeout_ms))
+		host->log(OLOG_WARN, EMAIL_NAME,
+		          "timeout_ms (%ld) leaves less than the %ld ms margin before the end of data is "
+		          "sent: slow sessions end not_sent before their terminator",
+		          timeout_ms, email_margin_ms(timeout_ms));
+	host->log(OLOG_INFO, EMAIL_NAME,
+	          "relay %s, starttls %s, auth %s, %d threads, max_in_flight %ld, timeout %ld ms, "
+	          "connect timeout %ld ms, queue timeout %ld ms, sessions kept idle %ld ms for up to "
+	          "%ld messages",
+	          em->server, host->conf_str(conf, "starttls"),
+	          em->username ? "on (password: ********)" : "off", em->nthreads, max_in_flight,
+	          timeout_ms, host->conf_int(conf, "connect_timeout_ms"),
+	          em->queue_timeout_ms, em->idle_ms, em->max_per_session);
+}
+
+static struct email *email_new(const struct outbox_host *host)
+{
+	struct email *em = text_alloc(sizeof(*em));
+
+	em->host = host;
+	em->base = host->base;
+	em->wake[0] = em->wake[1] = -1;
+	em->refs = 1;
+	pthread_mutex_init(&em->mu, NULL);
+	pthread_cond_init(&em->cv, NULL);
+	pthread_cond_init(&em->cv_session, NULL);
+	TAILQ_INIT(&em->queue);
+	TAILQ_INIT(&em->running);
+	TAILQ_INIT(&em->finished);
+	return em;
+}
+
+static void *email_init(const struct outbox_host *host, const struct outbox_conf *conf, char *err,
+                        size_t errlen)
+{
+	struct email *em = email_new(host);
+	char why[160];
+
+	if (!read_relay(em, conf, err, errlen) || !read_auth(em, conf, err, errlen) ||
+	    !read_names(em, conf, err, errlen) || !make_tls_context(em, conf, err, errlen))
+		goto fail;
 	em->conf = conf;
 	em->nthreads = (int)host->conf_int(conf, "threads");
-
 	em->queue_timeout_ms = host->conf_int(conf, "queue_timeout_ms");
 	em->idle_ms = host->conf_int(conf, "session_idle_ms");
 	em->max_per_session = host->conf_int(conf, "session_max_messages");
@@ -180,26 +246,7 @@ static void *email_init(const struct outbox_host *host, const struct outbox_conf
 		snprintf(err, errlen, "%s: %s", host->conf_where(conf, "threads"), why);
 		goto fail;
 	}
-	if (host->conf_int(conf, "max_in_flight") > (long)EMAIL_QUEUE_NOTE_RATIO * em->nthreads)
-		host->log(OLOG_INFO, EMAIL_NAME,
-		          "max_in_flight (%ld) is more than %d times threads (%d): sends beyond %d wait "
-		          "in a queue (up to queue_timeout_ms, %ld ms, then not_sent)",
-		          host->conf_int(conf, "max_in_flight"), EMAIL_QUEUE_NOTE_RATIO, em->nthreads,
-		          em->nthreads, em->queue_timeout_ms);
-	if (host->conf_int(conf, "timeout_ms") < 2 * email_margin_ms(host->conf_int(conf, "timeout_ms")))
-		host->log(OLOG_WARN, EMAIL_NAME,
-		          "timeout_ms (%ld) leaves less than the %ld ms margin before the end of data is "
-		          "sent: slow sessions end not_sent before their terminator",
-		          host->conf_int(conf, "timeout_ms"),
-		          email_margin_ms(host->conf_int(conf, "timeout_ms")));
-	host->log(OLOG_INFO, EMAIL_NAME,
-	          "relay %s, starttls %s, auth %s, %d threads, max_in_flight %ld, timeout %ld ms, "
-	          "connect timeout %ld ms, queue timeout %ld ms, sessions kept idle %ld ms for up to "
-	          "%ld messages",
-	          em->server, tls, em->username ? "on (password: ********)" : "off", em->nthreads,
-	          host->conf_int(conf, "max_in_flight"),
-	          host->conf_int(conf, "timeout_ms"), host->conf_int(conf, "connect_timeout_ms"),
-	          em->queue_timeout_ms, em->idle_ms, em->max_per_session);
+	log_settings(em, conf);
 	return em;
 
 fail:

@@ -298,16 +298,13 @@ static bool key_chars(const char *s, size_t max)
 	return n > 0 && n <= max;
 }
 
-/* Everything validate() checks; send() runs it again (cheap) so that it
- * never builds a message from an effect it has not checked itself. */
-bool email_parse(const struct outbox_effect *e, struct email_msg *m, char *err, size_t errlen)
+/* The recipient (one bare address), and the key and id that go into the
+ * Message-ID and X-Outbox-Effect-Id headers. */
+static bool check_target(const struct outbox_effect *e, char *err, size_t errlen)
 {
-	static const char *const known[] = { "from", "subject", "text", "html", "headers", NULL };
-	const char *key, *from, *why;
-	const json_t *v;
-	size_t from_len = 0, subj_len = 0, tlen;
+	const char *why;
+	size_t tlen;
 
-	memset(m, 0, sizeof(*m));
 	if (e->target == NULL)
 		return email_fail(err, errlen, "target: missing (the recipient address)");
 	tlen = strlen(e->target);
@@ -325,9 +322,18 @@ bool email_parse(const struct outbox_effect *e, struct email_msg *m, char *err, 
 		return email_fail(err, errlen, "effect key: not usable in a Message-ID");
 	if (e->effect_id == NULL || !key_chars(e->effect_id, 64))
 		return email_fail(err, errlen, "effect id: not usable in a header");
-	if (!json_is_object(e->payload))
-		return email_fail(err, errlen, "payload: must be a JSON object");
-	json_object_foreach((json_t *)e->payload, key, v) {
+	return true;
+}
+
+/* A payload key outside the known ones is refused (a "to" or "cc" would
+ * otherwise be silently ignored). */
+static bool check_known_keys(const json_t *payload, char *err, size_t errlen)
+{
+	static const char *const known[] = { "from", "subject", "text", "html", "headers", NULL };
+	const char *key;
+	const json_t *v;
+
+	json_object_foreach((json_t *)payload, key, v) {
 		size_t i;
 		for (i = 0; known[i] && strcmp(known[i], key) != 0; i++)
 			;
@@ -337,6 +343,75 @@ bool email_parse(const struct outbox_effect *e, struct email_msg *m, char *err, 
 			            "target; known keys: from, subject, text, html, headers)",
 			            email_has_control(key) || !valid_utf8(key, strlen(key)) ? "?" : key);
 	}
+	return true;
+}
+
+/* One of payload.headers: a valid name the provider does not set itself,
+ * and a one-line UTF-8 string value. */
+static bool check_header(const char *name, const json_t *hv, char *err, size_t errlen)
+{
+	const char *val;
+	size_t vlen;
+
+	if (email_has_injection(name, strlen(name)))
+		return email_fail(err, errlen,
+		            "payload.headers: a header name contains CR or LF (header injection refused)");
+	if (!valid_header_name(name))
+		return email_fail(err, errlen,
+		            "payload.headers: \"%.64s\" is not a valid header name",
+		            is_ascii_printable(name) ? name : "?");
+	if (reserved_header(name))
+		return email_fail(err, errlen,
+		            "payload.headers.%s: set by the email provider, cannot be overridden",
+		            name);
+	if (!json_is_string(hv))
+		return email_fail(err, errlen, "payload.headers.%s: must be a string", name);
+	val = json_string_value(hv);
+	vlen = json_string_length(hv);
+	if (email_has_injection(val, vlen))
+		return email_fail(err, errlen,
+		            "payload.headers.%s: contains CR, LF or NUL (header injection refused)",
+		            name);
+	if (!valid_utf8(val, vlen))
+		return email_fail(err, errlen, "payload.headers.%s: not valid UTF-8", name);
+	if (email_has_control(val))
+		return email_fail(err, errlen, "payload.headers.%s: contains control characters", name);
+	return true;
+}
+
+/* payload.headers, optional: m->headers when every one is usable. */
+static bool parse_headers(const json_t *payload, struct email_msg *m, char *err, size_t errlen)
+{
+	const json_t *v = json_object_get(payload, "headers");
+	const json_t *hv;
+	const char *name;
+
+	if (v == NULL || json_is_null(v))
+		return true;
+	if (!json_is_object(v))
+		return email_fail(err, errlen, "payload.headers: must be an object of strings");
+	json_object_foreach((json_t *)v, name, hv) {
+		if (!check_header(name, hv, err, errlen))
+			return false;
+	}
+	m->headers = v;
+	return true;
+}
+
+/* Everything validate() checks; send() runs it again (cheap) so that it
+ * never builds a message from an effect it has not checked itself. */
+bool email_parse(const struct outbox_effect *e, struct email_msg *m, char *err, size_t errlen)
+{
+	const char *from;
+	size_t from_len = 0, subj_len = 0;
+
+	memset(m, 0, sizeof(*m));
+	if (!check_target(e, err, errlen))
+		return false;
+	if (!json_is_object(e->payload))
+		return email_fail(err, errlen, "payload: must be a JSON object");
+	if (!check_known_keys(e->payload, err, errlen))
+		return false;
 	if (!get_string(e->payload, "from", true, &from, &from_len, err, errlen) ||
 	    !get_string(e->payload, "subject", true, &m->subject, &subj_len, err, errlen) ||
 	    !get_string(e->payload, "text", true, &m->text, &m->text_len, err, errlen) ||
@@ -348,44 +423,7 @@ bool email_parse(const struct outbox_effect *e, struct email_msg *m, char *err, 
 		return email_fail(err, errlen, "payload.subject: contains control characters");
 	if (!parse_from(from, from_len, m, err, errlen))
 		return false;
-	v = json_object_get(e->payload, "headers");
-	if (v != NULL && !json_is_null(v)) {
-		const json_t *hv;
-		const char *name;
-
-		if (!json_is_object(v))
-			return email_fail(err, errlen, "payload.headers: must be an object of strings");
-		json_object_foreach((json_t *)v, name, hv) {
-			const char *val;
-			size_t vlen;
-
-			if (email_has_injection(name, strlen(name)))
-				return email_fail(err, errlen,
-				            "payload.headers: a header name contains CR or LF (header injection refused)");
-			if (!valid_header_name(name))
-				return email_fail(err, errlen,
-				            "payload.headers: \"%.64s\" is not a valid header name",
-				            is_ascii_printable(name) ? name : "?");
-			if (reserved_header(name))
-				return email_fail(err, errlen,
-				            "payload.headers.%s: set by the email provider, cannot be overridden",
-				            name);
-			if (!json_is_string(hv))
-				return email_fail(err, errlen, "payload.headers.%s: must be a string", name);
-			val = json_string_value(hv);
-			vlen = json_string_length(hv);
-			if (email_has_injection(val, vlen))
-				return email_fail(err, errlen,
-				            "payload.headers.%s: contains CR, LF or NUL (header injection refused)",
-				            name);
-			if (!valid_utf8(val, vlen))
-				return email_fail(err, errlen, "payload.headers.%s: not valid UTF-8", name);
-			if (email_has_control(val))
-				return email_fail(err, errlen, "payload.headers.%s: contains control characters", name);
-		}
-		m->headers = v;
-	}
-	return true;
+	return parse_headers(e->payload, m, err, errlen);
 }
 
 /* ---- building the message ------------------------------------------------ */
