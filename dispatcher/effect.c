@@ -183,11 +183,13 @@ bool effect_set_phase(struct worker *w, struct effect *e, enum effect_phase to)
 
 /* ---- one effect ---------------------------------------------------------- */
 
-/* Off its list and out of the held set, then freed. */
+/* Off its list and out of the held set, then freed.  (The refusal below
+ * cannot catch a second free: the memory is gone by then.  It keeps an
+ * effect whose phase says it left the lists from being unlinked twice.) */
 void effect_free(struct effect *e)
 {
 	if (!effect_set_phase(e->w, e, PH_GONE))
-		return;   /* freed already: logged */
+		return;   /* logged by effect_set_phase() */
 	free(e->run_key);
 	free(e->type);
 	free(e->target);

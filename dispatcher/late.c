@@ -81,9 +81,11 @@ void on_late_result(void *arg, const char *provider, const char *effect_id, int 
 	          json_pack("{s:s,s:s,s:i,s:i}", "provider", provider, "effect_id", effect_id,
 	                    "attempt", attempt, "status", res->status));
 	e = held_find(w, effect_id);
-	if (e != NULL && e->view.attempt == attempt) {
+	if (e != NULL && e->view.attempt == attempt &&
+	    (e->phase == PH_DONE || e->phase == PH_RECORDING)) {
 		/* Its ambiguous verdict is not recorded yet (queued or on the
-		 * wire): resolved once on_complete() has it. */
+		 * wire): resolved once on_complete() has it.  Held in any other
+		 * phase (being reconciled), the verdict is in the database. */
 		if (e->late == NULL)
 			e->late = xmalloc(sizeof(*e->late));
 		*e->late = *res;

@@ -109,11 +109,12 @@ static bool load_one(struct provider_slot *slot, struct config *cfg, const char 
 		return false;
 	}
 	ops = entry();
-	if (ops == NULL || ops->abi != OUTBOX_PROVIDER_ABI) {
+	if (ops == NULL || ops->abi < OUTBOX_PROVIDER_ABI_OLDEST || ops->abi > OUTBOX_PROVIDER_ABI) {
 		snprintf(err, errlen,
 		         "provider \"%s\": %s was built for provider interface %u, this dispatcher "
-		         "speaks %u: rebuild the plugin against this providers/provider.h",
-		         name, path, ops ? ops->abi : 0u, (unsigned)OUTBOX_PROVIDER_ABI);
+		         "speaks %u (and loads %u): rebuild the plugin against this providers/provider.h",
+		         name, path, ops ? ops->abi : 0u, (unsigned)OUTBOX_PROVIDER_ABI,
+		         (unsigned)OUTBOX_PROVIDER_ABI_OLDEST);
 		return false;
 	}
 	if (ops->name == NULL || strcmp(ops->name, name) != 0 || ops->init == NULL ||

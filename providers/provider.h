@@ -7,7 +7,7 @@
  *     const struct outbox_provider *outbox_provider_entry(void);
  *
  * The dispatcher dlopen()s it from `[dispatcher] provider_dir`, refuses it
- * unless `abi == OUTBOX_PROVIDER_ABI`, validates the `[provider.NAME]`
+ * unless OUTBOX_PROVIDER_ABI_OLDEST <= abi <= OUTBOX_PROVIDER_ABI, validates the `[provider.NAME]`
  * config section against the provider's key table, then calls init().
  *
  * Threading: every callback below is called on the worker's event loop
@@ -29,8 +29,13 @@
 
 struct event_base;
 
-/* Bump when anything below changes layout or meaning. */
-#define OUTBOX_PROVIDER_ABI 2
+/* Bump when anything below changes layout or meaning.  3: struct
+ * outbox_host gained late_result (a plugin built for 3 may read it, so a
+ * dispatcher that speaks only 2 refuses it).  The dispatcher still loads
+ * plugins built for OUTBOX_PROVIDER_ABI_OLDEST: every change since was an
+ * append to a struct the dispatcher allocates. */
+#define OUTBOX_PROVIDER_ABI 3
+#define OUTBOX_PROVIDER_ABI_OLDEST 2
 
 /* The failure classes of docs/design.md.  The dispatcher, not the provider, maps a
  * class to the next state (it knows attempts, max_attempts and whether
@@ -147,8 +152,7 @@ struct outbox_host {
 	 * effect_id and attempt of that call; only OUTCOME_ACCEPTED is acted
 	 * on: the dispatcher completes the effect with res->provider_id if it
 	 * is still `unknown` because of exactly that attempt, and records how
-	 * in the attempts log.  Appended within ABI 2 (the dispatcher
-	 * allocates this struct); may be NULL. */
+	 * in the attempts log.  Since ABI 3; may be NULL. */
 	void (*late_result)(const char *provider, const char *effect_id, int attempt,
 	                    const struct outbox_result *res);
 };

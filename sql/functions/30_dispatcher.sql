@@ -122,6 +122,23 @@ BEGIN
      WHERE o.effect_id = ANY (p_ids) AND o.lease_owner = p_owner
      ORDER BY o.effect_id FOR UPDATE;
     IF NOT (coalesce(allowed, false) AND p_env_enabled) THEN
+        -- The same call again (its first answer was lost with the
+        -- connection) after the switch went off: the rows that first call
+        -- moved were never seen as marked by the worker, so nothing was
+        -- sent.  They go back to pending with the attempt undone, instead
+        -- of waiting in `sending` for the reaper to call them unknown.
+        -- (Their lease is dropped, so the release below skips them.)
+        IF p_call IS NOT NULL THEN
+            RETURN QUERY
+            UPDATE effect_outbox o
+               SET state = st_pending, attempts = o.attempts - 1, sending_since = NULL,
+                   mark_token = NULL, sending_idempotent = false,
+                   lease_owner = NULL, lease_expires_at = NULL, lease_worker = NULL,
+                   updated_at = now()
+             WHERE o.effect_id = ANY (p_ids) AND o.lease_owner = p_owner
+               AND o.state = st_sending AND o.mark_token = p_call
+            RETURNING o.effect_id, o.attempts, true;
+        END IF;
         RETURN QUERY
         UPDATE effect_outbox o
            SET lease_owner = NULL, lease_expires_at = NULL, lease_worker = NULL

@@ -190,8 +190,11 @@ END $$;
 -- naming it) becomes `completed` with the provider id, and the attempts
 -- log gets a resolution row shaped like a lookup's (reconciled_sent,
 -- lease_owner NULL: evidence about the call, so the call itself stays one
--- row, the worker's ambiguous one) with resolution = late_accepted.  Anything else (the row
--- moved on, a later attempt, another owner): nothing changes, NULL.
+-- row, the worker's ambiguous one) with resolution = late_accepted.
+-- Called again for an attempt already resolved so (the first answer was
+-- lost with the connection): 'late_accepted' again, nothing changes.
+-- Anything else (the row moved on, a later attempt, another owner):
+-- nothing changes, NULL.
 CREATE OR REPLACE FUNCTION outbox_resolve_late_accepted(p_owner uuid, p_worker text,
                                                         p_effect_id uuid, p_attempt integer,
                                                         p_status integer, p_provider_id text)
@@ -210,7 +213,11 @@ BEGIN
                       AND (a.worker LIKE 'reaper:%' OR a.outcome_class = 'ambiguous'))
        FOR UPDATE;
     IF NOT FOUND THEN
-        RETURN NULL;
+        RETURN (SELECT 'late_accepted' FROM effect_attempts a
+                 WHERE a.effect_id = p_effect_id AND a.attempt = p_attempt
+                   AND a.resolution = 'late_accepted' AND a.lease_owner IS NULL
+                   AND a.worker = p_worker
+                 LIMIT 1);
     END IF;
     UPDATE effect_outbox o
        SET state = 'completed',

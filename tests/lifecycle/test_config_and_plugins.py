@@ -96,6 +96,19 @@ def test_plugin_with_wrong_interface_version(tmp_path):
     assert f"speaks {provider_abi()}" in r.stderr, r.stderr
 
 
+def test_plugin_of_the_oldest_interface_still_loads(tmp_path):
+    """ABI 3 only appended host->late_result: a plugin built for 2 loads
+    (its init runs and fails on purpose here)."""
+    with open(os.path.join(os.path.dirname(BUILD_DIR), "providers", "provider.h")) as f:
+        oldest = int(re.search(r"#define OUTBOX_PROVIDER_ABI_OLDEST (\d+)", f.read()).group(1))
+    assert oldest < provider_abi()
+    d = build_plugin(tmp_path, oldest)
+    r, _ = start_expect_failure(tmp_path, f"[metrics]\nlisten =\n[dispatcher]\nproviders = fake\n"
+                                          f"provider_dir = {d}\n")
+    assert "init failed: the relay password file is unreadable" in r.stderr, r.stderr
+    assert "provider interface" not in r.stderr
+
+
 def test_plugin_whose_init_fails(tmp_path):
     d = build_plugin(tmp_path, provider_abi())
     r, _ = start_expect_failure(tmp_path, f"[metrics]\nlisten =\n[dispatcher]\nproviders = fake\n"

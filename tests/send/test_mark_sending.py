@@ -32,3 +32,32 @@ def test_a_repeated_mark_call_gets_its_own_rows_back_and_no_other_call_does(conn
     assert query(conn, MARK, (owner, ids, None)) == []
     assert scalar(conn, "SELECT sum(attempts) FROM effect_outbox WHERE effect_id = ANY(%s::uuid[])",
                   (ids,)) == 3
+
+
+def test_a_repeated_mark_call_after_the_switch_went_off_puts_its_rows_back(conn):
+    """The first mark committed, its answer was lost with the connection,
+    then the kill switch went off: the repeated call (same token) finds the
+    switch off.  The worker never saw those rows marked, so nothing was
+    sent: they go back to pending with the attempt undone (not left in
+    `sending` for the reaper to make unknown)."""
+    kill_switch(conn, True)
+    owner = str(uuid.uuid4())
+    ids = sorted(add_due(conn, 3))
+    assert sorted(r[0] for r in query(conn, LEASE, (owner, 10, None, None))) == ids
+    call = str(uuid.uuid4())
+    assert sorted(query(conn, MARK, (owner, ids[:2], call))) == [(ids[0], 1, False), (ids[1], 1, False)]
+    kill_switch(conn, False)
+    again = sorted(query(conn, MARK, (owner, ids, call)))
+    assert again == [(ids[0], 0, True), (ids[1], 0, True), (ids[2], 0, True)], again
+    got = query(conn, "SELECT state, attempts, lease_owner, sending_since, mark_token, send_deadline "
+                      "FROM effect_outbox WHERE effect_id = ANY(%s::uuid[]) ORDER BY effect_id", (ids,))
+    assert got == [("pending", 0, None, None, None, None)] * 3, got
+    # Another call's rows are never touched by it: a row marked by a
+    # different token stays `sending` (that call's worker may be sending).
+    kill_switch(conn, True)
+    assert sorted(r[0] for r in query(conn, LEASE, (owner, 10, None, None))) == ids
+    other = str(uuid.uuid4())
+    assert query(conn, MARK, (owner, ids[:1], other)) == [(ids[0], 1, False)]
+    kill_switch(conn, False)
+    assert sorted(query(conn, MARK, (owner, ids, call))) == [(ids[1], 0, True), (ids[2], 0, True)]
+    assert scalar(conn, "SELECT state FROM effect_outbox WHERE effect_id = %s", (ids[0],)) == "sending"
