@@ -2,24 +2,11 @@
 -- functions, and the kill switch.
 --
 -- Each takes arrays or a JSON batch so that a worker spends one round trip
--- per batch, not per effect.  Every transition is a compare-and-set on
+-- per batch, not per effect.  The batch functions plan every statement for
+-- the batch at hand (plan_cache_mode): a generic plan cached while the
+-- table was small turns key lookups into scans of the whole table later
+-- (docs/performance.md).  Every transition is a compare-and-set on
 -- (effect, lease owner, state): a worker whose lease is gone changes nothing.
---
--- Plans.  A generic plan cached while the table was small turns key
--- lookups into scans of the whole table later (docs/performance.md), so
--- most batch functions plan every statement for the batch at hand
--- (force_custom_plan).  The three of the hot path that find rows only by
--- key (outbox_mark_sending, outbox_complete, outbox_advance_runs) instead
--- cache one plan per session (force_generic_plan: planning on every call
--- was about a fifth of PostgreSQL's CPU samples in a profile of the
--- bench, docs/performance.md "Cost per effect in the database") that
--- cannot be anything but key lookups: no sequential scans, hash or merge
--- joins (which would read a whole table or index), and states compared
--- with variables, not literals,
--- so that a cached plan cannot pick a partial index whose predicate names a
--- state (the due index for a lookup of pending rows by id).
--- tests/test_sql_hot_path.py caches the plans on an empty table and reads
--- them after it grew.
 
 -- The kill-switch lock.  mark_sending holds it shared for the length of its
 -- transaction; turning the switch off takes it exclusively.  So once the
@@ -50,9 +37,7 @@ DECLARE
     after_at timestamptz := p_after_at;
     after_id uuid := p_after_id;
 BEGIN
-    -- The control row is read in the lease statement itself (one
-    -- statement less to plan per call).
-    IF NOT p_env_enabled THEN
+    IF NOT p_env_enabled OR NOT (SELECT c.enabled FROM outbox_control c WHERE c.id = 1) THEN
         RETURN;
     END IF;
     -- A position less than 50 ms old moves back to 50 ms ago: producers'
@@ -75,7 +60,6 @@ BEGIN
            AND o.available_at <= now()
            AND (o.lease_expires_at IS NULL OR o.lease_expires_at < now())
            AND o.effect_type = ANY (p_types)
-           AND (SELECT c.enabled FROM outbox_control c WHERE c.id = 1)
          ORDER BY o.available_at, o.effect_id
          LIMIT p_limit
          FOR UPDATE SKIP LOCKED),
@@ -103,24 +87,16 @@ CREATE OR REPLACE FUNCTION outbox_mark_sending(p_owner uuid, p_ids uuid[], p_env
                                                p_call uuid DEFAULT NULL)
 RETURNS TABLE (effect_id uuid, attempts integer, blocked boolean)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp
-    SET plan_cache_mode = force_generic_plan SET enable_seqscan = off
-    SET enable_hashjoin = off SET enable_mergejoin = off AS $$
+    SET plan_cache_mode = force_custom_plan AS $$
 #variable_conflict use_column
 DECLARE
-    st_pending constant text := 'pending';     -- see "Plans" above
-    st_sending constant text := 'sending';
     allowed boolean;
     ids uuid[];
     atts integer[];
 BEGIN
     PERFORM pg_advisory_xact_lock_shared(outbox_kill_switch_lock_key());
     SELECT c.enabled INTO allowed FROM outbox_control c WHERE c.id = 1;
-    -- Lock order: effect_id (outbox_lock_owned, inlined: a call of a
-    -- SECURITY DEFINER function with SET clauses costs more than its
-    -- statement).
-    PERFORM 1 FROM effect_outbox o
-     WHERE o.effect_id = ANY (p_ids) AND o.lease_owner = p_owner
-     ORDER BY o.effect_id FOR UPDATE;
+    PERFORM outbox_lock_owned(p_owner, p_ids);      -- lock order: effect_id
     IF NOT (coalesce(allowed, false) AND p_env_enabled) THEN
         -- The same call again (its first answer was lost with the
         -- connection) after the switch went off: the rows that first call
@@ -131,18 +107,18 @@ BEGIN
         IF p_call IS NOT NULL THEN
             RETURN QUERY
             UPDATE effect_outbox o
-               SET state = st_pending, attempts = o.attempts - 1, sending_since = NULL,
+               SET state = 'pending', attempts = o.attempts - 1, sending_since = NULL,
                    mark_token = NULL, sending_idempotent = false,
                    lease_owner = NULL, lease_expires_at = NULL, lease_worker = NULL,
                    updated_at = now()
              WHERE o.effect_id = ANY (p_ids) AND o.lease_owner = p_owner
-               AND o.state = st_sending AND o.mark_token = p_call
+               AND o.state = 'sending' AND o.mark_token = p_call
             RETURNING o.effect_id, o.attempts, true;
         END IF;
         RETURN QUERY
         UPDATE effect_outbox o
            SET lease_owner = NULL, lease_expires_at = NULL, lease_worker = NULL
-         WHERE o.effect_id = ANY (p_ids) AND o.lease_owner = p_owner AND o.state = st_pending
+         WHERE o.effect_id = ANY (p_ids) AND o.lease_owner = p_owner AND o.state = 'pending'
         RETURNING o.effect_id, o.attempts, true;
         RETURN;
     END IF;
@@ -155,7 +131,7 @@ BEGIN
                updated_at = now()
          WHERE o.effect_id = ANY (p_ids)
            AND o.lease_owner = p_owner
-           AND o.state = st_pending
+           AND o.state = 'pending'
            AND o.lease_expires_at > now()
         RETURNING o.effect_id, o.attempts)
     SELECT coalesce(array_agg(u.effect_id), '{}'), coalesce(array_agg(u.attempts), '{}')
@@ -165,7 +141,7 @@ BEGIN
         RETURN QUERY
         SELECT o.effect_id, o.attempts, false FROM effect_outbox o
          WHERE o.effect_id = ANY (p_ids) AND NOT o.effect_id = ANY (ids)
-           AND o.lease_owner = p_owner AND o.state = st_sending
+           AND o.lease_owner = p_owner AND o.state = 'sending'
            AND o.mark_token = p_call;
     END IF;
 END $$;
@@ -215,34 +191,25 @@ END $$;
 CREATE OR REPLACE FUNCTION outbox_advance_runs(p_failed text[], p_completed text[])
 RETURNS void
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp
-    SET plan_cache_mode = force_generic_plan SET enable_seqscan = off
-    SET enable_hashjoin = off SET enable_mergejoin = off AS $$
+    SET plan_cache_mode = force_custom_plan AS $$
 #variable_conflict use_column
-DECLARE
-    st_completed constant text := 'completed';     -- see "Plans" above
 BEGIN
     PERFORM 1 FROM workflow_runs w
      WHERE w.idempotency_key = ANY (p_failed || p_completed)
      ORDER BY w.idempotency_key FOR UPDATE;
-    -- Each statement only when it has keys: planned for every call, an
-    -- empty one costs as much as a small one.
-    IF cardinality(p_failed) > 0 THEN
-        UPDATE workflow_runs w
-           SET state = 'failed_terminal', version = w.version + 1,
-               failure_reason = coalesce(w.failure_reason, 'an effect failed terminally'),
-               updated_at = now()
-         WHERE w.idempotency_key = ANY (p_failed)
-           AND w.state NOT IN ('completed', 'failed_terminal');
-    END IF;
-    IF cardinality(p_completed) > 0 THEN
-        UPDATE workflow_runs w
-           SET state = 'completed', version = w.version + 1, updated_at = now()
-         WHERE w.idempotency_key = ANY (p_completed)
-           AND w.state IN ('approved', 'processing')
-           AND NOT EXISTS (SELECT 1 FROM effect_outbox o
-                            WHERE o.idempotency_key = w.idempotency_key
-                              AND o.state <> st_completed);
-    END IF;
+    UPDATE workflow_runs w
+       SET state = 'failed_terminal', version = w.version + 1,
+           failure_reason = coalesce(w.failure_reason, 'an effect failed terminally'),
+           updated_at = now()
+     WHERE w.idempotency_key = ANY (p_failed)
+       AND w.state NOT IN ('completed', 'failed_terminal');
+    UPDATE workflow_runs w
+       SET state = 'completed', version = w.version + 1, updated_at = now()
+     WHERE w.idempotency_key = ANY (p_completed)
+       AND w.state IN ('approved', 'processing')
+       AND NOT EXISTS (SELECT 1 FROM effect_outbox o
+                        WHERE o.idempotency_key = w.idempotency_key
+                          AND o.state <> 'completed');
 END $$;
 
 -- Record a batch of provider outcomes.  p_results is a JSON array of
@@ -254,66 +221,46 @@ END $$;
 -- worker that lost its lease still leaves its evidence).  Returns, per
 -- element, whether the state change applied, the state it set and, when
 -- it resolved an `unknown` effect, how (late_accepted, late_not_sent).
---
--- The usual batch (every CAS applies) costs four statements: the row
--- locks, the state change with its attempts rows (one statement: the
--- attempts rows are built from the UPDATE's RETURNING, no second read of
--- the effects), the runs, and the result rows (from the UPDATE's arrays).
--- The rest runs only for what is left over:
--- late evidence for `unknown` rows, and elements whose CAS did not apply
--- (lease lost, a batch delivered twice) (docs/performance.md, "Cost per
--- effect in the database").
 CREATE OR REPLACE FUNCTION outbox_complete(p_owner uuid, p_worker text, p_results jsonb)
 RETURNS TABLE (effect_id uuid, applied boolean, state text, resolved text)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp
-    SET plan_cache_mode = force_generic_plan SET enable_seqscan = off
-    SET enable_hashjoin = off SET enable_mergejoin = off AS $$
+    SET plan_cache_mode = force_custom_plan AS $$
 #variable_conflict use_column
 DECLARE
-    st_sending constant text := 'sending';     -- see "Plans" above
-    st_unknown constant text := 'unknown';
     ids uuid[];
-    any_unknown boolean;
-    late_ids uuid[] := '{}';
+    late_ids uuid[];
     done_ids uuid[];
-    done_states text[];
-    done_outcomes text[];
     failed_keys text[];
     completed_keys text[];
     requeued integer;
 BEGIN
+    SELECT coalesce(array_agg(DISTINCT r.effect_id), '{}') INTO ids
+      FROM jsonb_to_recordset(p_results) AS r(effect_id uuid);
+
     -- Lock the batch's rows in effect_id order, the order every batch
     -- function takes them in, so two batches cannot wait on each other.
-    SELECT coalesce(array_agg(l.effect_id), '{}'), coalesce(bool_or(l.state = st_unknown), false)
-      INTO ids, any_unknown
-      FROM (SELECT o.effect_id, o.state FROM effect_outbox o
-             WHERE o.effect_id = ANY (ARRAY(SELECT (e ->> 'effect_id')::uuid
-                                              FROM jsonb_array_elements(p_results) e))
-             ORDER BY o.effect_id
-               FOR UPDATE) l;
-
     -- The `unknown` rows whose unknown-ness came from this worker's lease
     -- on exactly the attempt being recorded are the candidates for a late
     -- resolution (rare: only then is the attempts log probed, by index).
-    IF any_unknown THEN
-        SELECT coalesce(array_agg(o.effect_id), '{}') INTO late_ids
-          FROM effect_outbox o
-          JOIN jsonb_to_recordset(p_results) AS r(effect_id uuid, attempt integer, outcome text,
-                                                  next_state text)
-            ON r.effect_id = o.effect_id
-         WHERE o.effect_id = ANY (ids) AND o.state = st_unknown
-           AND ((r.outcome = 'accepted' AND r.next_state = 'completed')
-                OR (r.outcome = 'not_sent' AND r.next_state IN ('pending', 'failed')))
-           AND o.attempts = r.attempt
-           AND EXISTS (SELECT 1 FROM effect_attempts a
-                        WHERE a.effect_id = o.effect_id AND a.attempt = r.attempt
-                          AND a.lease_owner = p_owner AND a.worker LIKE 'reaper:%');
-    END IF;
+    WITH locked AS MATERIALIZED (
+        SELECT o.effect_id, o.state, o.attempts FROM effect_outbox o
+         WHERE o.effect_id = ANY (ids)
+         ORDER BY o.effect_id
+           FOR UPDATE)
+    SELECT coalesce(array_agg(l.effect_id) FILTER (
+               WHERE l.state = 'unknown'
+                 AND ((r.outcome = 'accepted' AND r.next_state = 'completed')
+                      OR (r.outcome = 'not_sent' AND r.next_state IN ('pending', 'failed')))
+                 AND l.attempts = r.attempt
+                 AND EXISTS (SELECT 1 FROM effect_attempts a
+                              WHERE a.effect_id = l.effect_id AND a.attempt = r.attempt
+                                AND a.lease_owner = p_owner AND a.worker LIKE 'reaper:%')), '{}')
+      INTO late_ids
+      FROM locked l
+      JOIN jsonb_to_recordset(p_results) AS r(effect_id uuid, attempt integer, outcome text,
+                                              next_state text)
+        ON r.effect_id = l.effect_id;
 
-    -- The state change and, in the same statement, the attempts row of
-    -- every element it applied to.  ON CONFLICT: the same batch sent again
-    -- after a lost connection (the first may have committed) records each
-    -- provider call once.
     WITH u AS (
         UPDATE effect_outbox o
            SET state = r.next_state,
@@ -335,57 +282,46 @@ BEGIN
                effect_id uuid, attempt integer, started_at timestamptz, outcome text,
                status integer, provider_id text, error text, next_state text,
                retry_delay_ms bigint)
-         WHERE o.effect_id = ANY (ids) AND o.effect_id = r.effect_id
+         WHERE o.effect_id = r.effect_id
            AND o.attempts = r.attempt
            AND r.next_state IN ('completed', 'pending', 'failed', 'unknown')
-           AND ((o.lease_owner = p_owner AND o.state = st_sending)
-                OR (o.state = st_unknown AND o.effect_id = ANY (late_ids)))
-        RETURNING o.effect_id, o.idempotency_key, o.state, o.metadata, r.attempt, r.started_at,
-                  r.outcome, r.status, r.provider_id AS r_provider_id, r.error),
-    logged AS (
-        INSERT INTO effect_attempts (effect_id, attempt, lease_owner, worker, started_at,
-                                     outcome_class, provider_status, provider_id,
-                                     error_text, cas_applied, metadata, resolution)
-        SELECT u.effect_id, u.attempt, p_owner, p_worker, coalesce(u.started_at, now()),
-               u.outcome, u.status, u.r_provider_id, u.error, true, u.metadata,
-               CASE WHEN u.effect_id = ANY (late_ids)
-                    THEN CASE WHEN u.outcome = 'accepted' THEN 'late_accepted'
-                              ELSE 'late_not_sent' END END
-          FROM u
-        ON CONFLICT (effect_id, attempt, lease_owner) WHERE worker NOT LIKE 'reaper:%'
-                                                        AND lease_owner IS NOT NULL
-        DO NOTHING)
-    SELECT coalesce(array_agg(u.effect_id), '{}'), coalesce(array_agg(u.state), '{}'),
-           coalesce(array_agg(u.outcome), '{}'),
+           AND ((o.lease_owner = p_owner AND o.state = 'sending')
+                OR (o.state = 'unknown' AND o.effect_id = ANY (late_ids)))
+        RETURNING o.effect_id, o.idempotency_key, o.state)
+    SELECT coalesce(array_agg(u.effect_id), '{}'),
            coalesce(array_agg(u.idempotency_key) FILTER (WHERE u.state = 'failed'), '{}'),
            coalesce(array_agg(u.idempotency_key) FILTER (WHERE u.state = 'completed'), '{}'),
            count(*) FILTER (WHERE u.state = 'pending' AND u.effect_id = ANY (late_ids))
-      INTO done_ids, done_states, done_outcomes, failed_keys, completed_keys, requeued
+      INTO done_ids, failed_keys, completed_keys, requeued
       FROM u;
 
-    -- Elements whose CAS did not apply: evidence only from the worker that
-    -- held this attempt's lease, the lease owner now or the owner the
-    -- reaper's row for the attempt names (a worker that resumes after its
-    -- lease was reaped).
-    IF cardinality(done_ids) < jsonb_array_length(p_results) THEN
-        INSERT INTO effect_attempts (effect_id, attempt, lease_owner, worker, started_at,
-                                     outcome_class, provider_status, provider_id,
-                                     error_text, cas_applied, metadata)
-        SELECT r.effect_id, r.attempt, p_owner, p_worker, coalesce(r.started_at, now()),
-               r.outcome, r.status, r.provider_id, r.error, false, o.metadata
-          FROM jsonb_to_recordset(p_results) AS r(
-                   effect_id uuid, attempt integer, started_at timestamptz, outcome text,
-                   status integer, provider_id text, error text)
-          JOIN effect_outbox o ON o.effect_id = r.effect_id
-         WHERE o.effect_id = ANY (ids) AND NOT r.effect_id = ANY (done_ids)
-           AND (o.lease_owner = p_owner
-                OR EXISTS (SELECT 1 FROM effect_attempts a
-                            WHERE a.effect_id = r.effect_id AND a.attempt = r.attempt
-                              AND a.lease_owner = p_owner AND a.worker LIKE 'reaper:%'))
-        ON CONFLICT (effect_id, attempt, lease_owner) WHERE worker NOT LIKE 'reaper:%'
-                                                        AND lease_owner IS NOT NULL
-        DO NOTHING;
-    END IF;
+    -- Evidence only from the worker that held this attempt's lease: the
+    -- lease owner now, or the owner the reaper's row for the attempt names
+    -- (a worker that resumes after its lease was reaped).  ON CONFLICT: the
+    -- same batch sent again after a lost connection (the first may have
+    -- committed) records each provider call once.
+    INSERT INTO effect_attempts (effect_id, attempt, lease_owner, worker, started_at,
+                                 outcome_class, provider_status, provider_id,
+                                 error_text, cas_applied, metadata, resolution)
+    SELECT r.effect_id, r.attempt, p_owner, p_worker, coalesce(r.started_at, now()),
+           r.outcome, r.status, r.provider_id, r.error, r.effect_id = ANY (done_ids),
+           o.metadata,
+           CASE WHEN r.effect_id = ANY (done_ids) AND r.effect_id = ANY (late_ids)
+                THEN CASE WHEN r.outcome = 'accepted' THEN 'late_accepted'
+                          ELSE 'late_not_sent' END END
+      FROM jsonb_to_recordset(p_results) AS r(
+               effect_id uuid, attempt integer, started_at timestamptz, outcome text,
+               status integer, provider_id text, error text, next_state text,
+               retry_delay_ms bigint)
+      JOIN effect_outbox o ON o.effect_id = r.effect_id
+     WHERE r.effect_id = ANY (done_ids)
+        OR o.lease_owner = p_owner
+        OR EXISTS (SELECT 1 FROM effect_attempts a
+                    WHERE a.effect_id = r.effect_id AND a.attempt = r.attempt
+                      AND a.lease_owner = p_owner AND a.worker LIKE 'reaper:%')
+    ON CONFLICT (effect_id, attempt, lease_owner) WHERE worker NOT LIKE 'reaper:%'
+                                                    AND lease_owner IS NOT NULL
+    DO NOTHING;
 
     IF cardinality(failed_keys) > 0 OR cardinality(completed_keys) > 0 THEN
         PERFORM outbox_advance_runs(failed_keys, completed_keys);
@@ -394,15 +330,6 @@ BEGIN
         PERFORM pg_notify('effect_outbox', '');
     END IF;
 
-    IF cardinality(done_ids) = jsonb_array_length(p_results) THEN
-        RETURN QUERY
-        SELECT x.id, true, x.st,
-               CASE WHEN x.id = ANY (late_ids)
-                    THEN CASE WHEN x.outcome = 'accepted' THEN 'late_accepted'
-                              ELSE 'late_not_sent' END END
-          FROM unnest(done_ids, done_states, done_outcomes) AS x(id, st, outcome);
-        RETURN;
-    END IF;
     -- "applied" also when an earlier delivery of this same batch applied it
     -- (the rare case: only then is the attempts log probed, by its index).
     RETURN QUERY
