@@ -17,7 +17,6 @@
 #include "worker_sql.h"
 
 struct late_call {
-	struct worker *w;
 	char id[40];
 	int attempt;
 	char provider_id[OUTBOX_PROVIDER_ID_MAX];
@@ -51,7 +50,6 @@ static void resolve_late(struct worker *w, const char *id, int attempt, const st
 	char att[16], status[16];
 	const char *params[6];
 
-	lc->w = w;
 	str_copy(lc->id, id, sizeof(lc->id));
 	lc->attempt = attempt;
 	str_copy(lc->provider_id, res->provider_id, sizeof(lc->provider_id));

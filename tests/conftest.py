@@ -104,6 +104,17 @@ def build_dir():
 
 
 @pytest.fixture
+def smtp():
+    """The scripted SMTP peer (tests/servers/smtp_server.py) on a free
+    loopback port, default options."""
+    from smtp_server import SmtpServer
+    s = SmtpServer()
+    s.start()
+    yield s
+    s.stop()
+
+
+@pytest.fixture
 def sink():
     """A fault-injecting HTTP server on a free loopback port."""
     from http_sink import Sink

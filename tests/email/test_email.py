@@ -43,14 +43,6 @@ def sanitizer_clean(tmp_path):
         assert "Sanitizer" not in text and "runtime error:" not in text, text[-4000:]
 
 
-@pytest.fixture
-def smtp():
-    s = SmtpServer()
-    s.start()
-    yield s
-    s.stop()
-
-
 def email_cfg(server, **kw):
     sec = {"server": f"127.0.0.1:{server.port}" if hasattr(server, "port") else server,
            "starttls": "off"}

@@ -387,3 +387,13 @@ def finished_rows_and_some_in_flight(conn, owner, pending, in_flight):
     query(conn, "SELECT * FROM outbox_mark_sending(%s, %s::uuid[], true, '{}', 30, %s)",
           (owner, ids, str(uuid.uuid4())))
     return ids
+
+
+def unknown_resolved(port, how):
+    """outbox_unknown_resolved_total{how} from a worker's /metrics."""
+    import urllib.request
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    for line in text.splitlines():
+        if line.startswith(f'outbox_unknown_resolved_total{{how="{how}"}} '):
+            return int(line.split()[-1])
+    raise AssertionError(f"no outbox_unknown_resolved_total{{how={how}}} in /metrics")

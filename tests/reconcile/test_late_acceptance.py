@@ -16,33 +16,16 @@ Real workers, real PostgreSQL, the scripted SMTP peer
 (tests/servers/smtp_server.py).  No fixed sleeps.
 """
 import json
-import urllib.request
 
 import psycopg2
 import pytest
 
-from outbox_test import attempts, effect, enqueue, free_port, kill_switch, query, scalar, wait_for
-from smtp_server import SmtpServer
+from outbox_test import (attempts, effect, enqueue, free_port, kill_switch, query, scalar,
+                         unknown_resolved, wait_for)
 
 OWNER = "11111111-1111-4111-8111-111111111111"
 OTHER = "22222222-2222-4222-8222-222222222222"
 DOMAIN = "outbox-dispatcher.invalid"
-
-
-@pytest.fixture
-def smtp():
-    s = SmtpServer()
-    s.start()
-    yield s
-    s.stop()
-
-
-def metric(port, how):
-    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
-    for line in text.splitlines():
-        if line.startswith(f'outbox_unknown_resolved_total{{how="{how}"}} '):
-            return int(line.split()[-1])
-    raise AssertionError(f"no outbox_unknown_resolved_total{{how={how}}} in /metrics")
 
 
 def rows(conn, eid):
@@ -90,7 +73,7 @@ def test_relays_late_250_completes_the_unknown_email(conn, dispatchers, smtp, tm
         (1, "reconciled_sent", "late_accepted", True)], got
     assert got[1][5] == qid[0]
     assert run_state(conn, eid) == "completed"
-    wait_for(lambda: metric(port, "late_accepted") == 1, what="the late_accepted counter")
+    wait_for(lambda: unknown_resolved(port, "late_accepted") == 1, what="the late_accepted counter")
     assert any(ev.get("event") == "unknown_resolved" and ev.get("how") == "late_accepted"
                and ev.get("effect_id") == eid for ev in w.events())
     # Never sent again: a later effect through the same worker goes first.

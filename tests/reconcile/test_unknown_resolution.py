@@ -20,13 +20,12 @@ No fixed sleeps: every wait is a condition with a deadline.
 """
 import json
 import signal
-import urllib.request
 import uuid
 
 import pytest
 
 from outbox_test import (effect, enqueue, free_port, kill_switch, query, run_ctl, scalar,
-                         wait_for)
+                         unknown_resolved, wait_for)
 
 OWNER = "11111111-1111-4111-8111-111111111111"
 OTHER = "22222222-2222-4222-8222-222222222222"
@@ -45,14 +44,6 @@ def rows(conn, eid):
     return query(conn, "SELECT attempt, outcome_class, cas_applied, resolution, "
                        "worker LIKE 'reaper:%%' FROM effect_attempts WHERE effect_id = %s "
                        "ORDER BY attempt_id", (eid,))
-
-
-def metric(port, how):
-    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
-    for line in text.splitlines():
-        if line.startswith(f'outbox_unknown_resolved_total{{how="{how}"}} '):
-            return int(line.split()[-1])
-    raise AssertionError(f"no outbox_unknown_resolved_total{{how={how}}} in /metrics")
 
 
 def reap_when_expired(conn, eid):
@@ -94,7 +85,7 @@ def test_late_acceptance_completes_with_the_providers_id(conn, dispatchers, sink
     assert scalar(conn, "SELECT w.state FROM workflow_runs w JOIN effect_outbox o "
                         "ON o.idempotency_key = w.idempotency_key WHERE o.effect_id = %s",
                   (eid,)) == "completed"
-    wait_for(lambda: metric(port, "late_accepted") == 1, what="the late_accepted counter")
+    wait_for(lambda: unknown_resolved(port, "late_accepted") == 1, what="the late_accepted counter")
     assert any(ev.get("event") == "unknown_resolved" and ev.get("how") == "late_accepted"
                for ev in w.events())
 
@@ -147,7 +138,7 @@ def test_mark_confirmed_too_late_goes_back_to_pending_and_is_sent_once(conn, dis
     err = scalar(conn, "SELECT error_text FROM effect_attempts WHERE effect_id = %s "
                        "AND outcome_class = 'not_sent'", (eid,))
     assert "confirmed too late" in err
-    wait_for(lambda: metric(port, "late_not_sent") == 1, what="the late_not_sent counter")
+    wait_for(lambda: unknown_resolved(port, "late_not_sent") == 1, what="the late_not_sent counter")
 
 
 # -- asking the provider (http lookup) ----------------------------------------
@@ -191,7 +182,7 @@ def test_lookup_finds_a_request_the_server_took_but_never_answered(conn, dispatc
     assert classes == ["ambiguous", "reconciled_sent"], classes
     lookups = [r for r in sink.received() if r["path"] == "/lookup"]
     assert lookups and lookups[0]["method"] == "GET" and lookups[0]["key"] is None
-    wait_for(lambda: metric(port, "lookup_sent") == 1, what="the lookup_sent counter")
+    wait_for(lambda: unknown_resolved(port, "lookup_sent") == 1, what="the lookup_sent counter")
 
 
 def test_lookup_not_found_requeues_only_after_the_minimum_age(conn, dispatchers, sink, db):
