@@ -44,6 +44,8 @@ const struct outbox_conf_key core_keys_dispatcher[] = {
 	 * worker polls (poll_interval_ms) or wakes on the NOTIFY of "on".
 	 * Accepted so that files written for earlier versions still load. */
 	{ "kill_switch_recheck_ms", CONF_INT, "1000", 50, 60000, "ignored (kept so older files load)" },
+	{ "claim", CONF_BOOL, "true", 0, 0,
+	  "lease and mark rows in one statement while they can all be sent at once" },
 	{ "lease_head_slow_ms", CONF_INT, "10", 0, 60000,
 	  "a lease from the due index's head slower than this: lease from the last position; 0: always" },
 	{ NULL, CONF_STR, NULL, 0, 0, NULL },
@@ -295,6 +297,7 @@ bool config_core(struct config *cfg, struct core_settings *s, char *err, size_t 
 	s->complete_batch = I("dispatcher", core_keys_dispatcher, "complete_batch");
 	s->poll_interval_ms = I("dispatcher", core_keys_dispatcher, "poll_interval_ms");
 	s->lease_head_slow_ms = I("dispatcher", core_keys_dispatcher, "lease_head_slow_ms");
+	s->claim = bool_of(cfg, "dispatcher", core_keys_dispatcher, "claim");
 	s->maintenance_interval_ms = I("dispatcher", core_keys_dispatcher, "maintenance_interval_ms");
 	s->shutdown_grace_ms = I("dispatcher", core_keys_dispatcher, "shutdown_grace_ms");
 	s->max_payload_bytes = I("dispatcher", core_keys_dispatcher, "max_payload_bytes");

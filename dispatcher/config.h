@@ -44,6 +44,7 @@ struct core_settings {
 	long shutdown_grace_ms, max_payload_bytes;
 	long unknown_type_grace_seconds;
 	long lease_head_slow_ms;
+	bool claim;                 /* outbox_claim for rows that can go at once */
 
 	const char *metrics_listen;
 	const char *log_level;

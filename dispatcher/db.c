@@ -380,6 +380,9 @@ static void db_lost(struct db *db, const char *why)
 			if (head->cb)
 				head->cb(db, NULL, head->arg);
 			query_free(head);
+		} else if ((head->flags & DBQ_REPEAT_FLAG) && head->nparams > 0) {
+			free(head->params[head->nparams - 1]);
+			head->params[head->nparams - 1] = xstrdup("true");
 		}
 	}
 	if (db->ever_up)

@@ -33,6 +33,11 @@ typedef void (*db_state_fn)(struct db *db, bool up, void *arg);
  * and earlier urgent ones): the latency path (lease, mark) does not wait
  * for recorded outcomes queued before it. */
 #define DBQ_URGENT 0x2u
+/* With DBQ_RETRY: the statement sent again after a reconnect has its last
+ * parameter set to "true" (the statement's own "this is a repeat" flag:
+ * outbox_claim's p_repeat), so that a repeat can do less than the first
+ * call whose answer was lost. */
+#define DBQ_REPEAT_FLAG 0x4u
 
 struct db *db_new(struct event_base *base, const char *conninfo, long backoff_min_ms,
                   long backoff_max_ms, const char *listen_channel);

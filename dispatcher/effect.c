@@ -74,8 +74,8 @@ static bool phase_move_allowed(enum effect_phase from, enum effect_phase to)
 	if (to == PH_GONE)
 		return from != PH_GONE;
 	switch (from) {
-	case PH_NEW:
-		return to == PH_WAITING || to == PH_RECONCILING;
+	case PH_NEW:   /* claimed rows (claim.c) go straight to marking */
+		return to == PH_WAITING || to == PH_MARKING || to == PH_RECONCILING;
 	case PH_WAITING:
 		return to == PH_MARKING;
 	case PH_MARKING:

@@ -43,6 +43,17 @@ static unsigned hash_key(const char *s)
 	return v;
 }
 
+int hosts_busiest(const struct hosts *h)
+{
+	int most = 0;
+
+	for (int i = 0; i < HOSTS_BUCKETS; i++)
+		for (const struct host_state *hs = h->bucket[i]; hs; hs = hs->next)
+			if (hs->in_flight > most)
+				most = hs->in_flight;
+	return most;
+}
+
 struct host_state *hosts_get(struct hosts *h, const char *key)
 {
 	unsigned b = hash_key(key) % HOSTS_BUCKETS;

@@ -1,5 +1,6 @@
 /*
  * lease.c: the effects a worker takes and keeps.  lease_batch() asks
+ * outbox_claim() (claim.c: rows that can all be sent at once) or
  * outbox_lease() for due rows (from the head of the due index, or from
  * the position after the last row leased while the head is slow:
  * lease_cursor_update()); on_leased() validates each row and queues it
@@ -81,7 +82,7 @@ static void head_scan_timed(struct worker *w, int64_t took, int64_t now)
  * In position mode a scan from the head only picks up what became due
  * behind the position, which stays where it is (ahead).  `took` is the
  * lease's time on the wire and in the server (not its wait in the queue). */
-static void lease_cursor_update(struct worker *w, PGresult *r, bool from_head, int64_t took)
+void lease_cursor_update(struct worker *w, PGresult *r, bool from_head, int64_t took)
 {
 	int n = PQntuples(r);
 	bool was_position = w->lease.from_position;
@@ -240,6 +241,24 @@ static bool lease_worth_it(const struct worker *w, int limit, int full)
 	return limit > 0 && (w->fx.n_active + w->lease.leasing_rows == 0 || limit * 2 >= full);
 }
 
+/* One lease of `limit` rows on `db`: a claim of as many as claim_limit()
+ * allows, else the old lease.  False when neither is worth it now. */
+static bool lease_or_claim(struct worker *w, struct db *db, bool from_head, int limit, int full)
+{
+	int claim = claim_limit(w, limit, full);
+
+	if (claim < 0)
+		return false;
+	if (claim > 0 && lease_worth_it(w, claim, full)) {
+		claim_send(w, db, from_head, claim);
+		return true;
+	}
+	if (claim > 0 || !lease_worth_it(w, limit, full))
+		return false;
+	lease_send(w, db, from_head, limit);
+	return true;
+}
+
 void lease_batch(struct worker *w)
 {
 	int full = w->s.max_in_flight < w->s.batch_size ? (int)w->s.max_in_flight : (int)w->s.batch_size;
@@ -265,16 +284,13 @@ void lease_batch(struct worker *w)
 	 * due behind it, on the other connection, so that its walk never holds
 	 * up the latency path. */
 	if (position && !w->lease.head_busy && now_mono_ms() >= w->lease.head_scan_due_mono &&
-	    lease_worth_it(w, limit, full)) {
-		lease_send(w, w->rec, true, limit);
+	    lease_or_claim(w, w->rec, true, limit, full)) {
 		issued = true;
-		room -= limit;
+		room = (int)w->s.max_in_flight - w->fx.n_active - w->lease.leasing_rows;
 		limit = room < full ? room : full;
 	}
-	if (!w->lease.busy && lease_worth_it(w, limit, full)) {
-		lease_send(w, w->db, !position, limit);
+	if (!w->lease.busy && lease_or_claim(w, w->db, !position, limit, full))
 		issued = true;
-	}
 	if (issued) {
 		w->lease.more_due = false;
 		w->lease.wanted = false;

@@ -55,6 +55,8 @@ static const struct metric_desc counter_desc[M_COUNTER_MAX] = {
 		"Database reconnections after a lost connection." },
 	[M_LEASED] = { "outbox_leased_total",
 		"Rows leased by this worker." },
+	[M_CLAIMED] = { "outbox_claimed_total",
+		"Rows of outbox_leased_total leased and marked sending in one statement (outbox_claim)." },
 	[M_REAPED_UNKNOWN] = { "outbox_reaped_unknown_total",
 		"Sending rows with an expired lease moved to unknown by this worker's reaper." },
 	[M_REAPED_PENDING] = { "outbox_reaped_pending_total",

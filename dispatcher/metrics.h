@@ -25,6 +25,7 @@ enum metric_counter {
 	M_RETRIES_EXHAUSTED,     /* failed because max_attempts was reached */
 	M_DB_RECONNECTS,
 	M_LEASED,                /* rows leased */
+	M_CLAIMED,               /* ... of which leased and marked in one statement */
 	M_REAPED_UNKNOWN,        /* sending rows the reaper moved to unknown */
 	M_REAPED_PENDING,        /* ... or back to pending (provider honours keys) */
 	M_INVALID,               /* rows failed before sending (bad payload, type) */

@@ -26,6 +26,11 @@
 #ifndef BACKLOG_FULL_LEASES
 #define BACKLOG_FULL_LEASES 3
 #endif
+/* In a backlog, outcomes wait at most this long for more to share their
+ * outbox_complete() call (gather_more()). */
+#ifndef BACKLOG_GATHER_MS
+#define BACKLOG_GATHER_MS 15
+#endif
 
 /* ---- logging of one attempt -------------------------------------------- */
 
@@ -188,6 +193,26 @@ static struct db *outcomes_db(const struct worker *w)
 	               ? w->db : w->rec;
 }
 
+/* In a backlog, whether to let outcomes gather into a bigger batch: each
+ * outbox_complete() call costs the database a fixed part (planning its
+ * statements, the function) besides its rows.  Only while sends or a
+ * lease or mark are in flight (their ends run this again) and for at most
+ * BACKLOG_GATHER_MS. */
+static bool gather_more(const struct worker *w)
+{
+	const struct effect *first = TAILQ_FIRST(&w->fx.done_q);
+	size_t queued = 0;
+
+	if (w->lease.full_leases < BACKLOG_FULL_LEASES ||
+	    (w->fx.n_sending == 0 && !w->lease.busy && !w->send.mark_busy) ||
+	    now_mono_ms() - first->ended_mono_ms >= BACKLOG_GATHER_MS)
+		return false;
+	TAILQ_FOREACH(first, &w->fx.done_q, link)
+		if (++queued * 2 >= (size_t)w->s.complete_batch)
+			return false;
+	return true;
+}
+
 void flush_completions(struct worker *w)
 {
 	struct effect *e;
@@ -197,7 +222,7 @@ void flush_completions(struct worker *w)
 	size_t n = 0;
 
 	if (w->send.complete_busy || TAILQ_EMPTY(&w->fx.done_q) || !db_is_up(outcomes_db(w)) ||
-	    now_mono_ms() < w->send.complete_retry_mono)
+	    now_mono_ms() < w->send.complete_retry_mono || gather_more(w))
 		return;
 	b = batch_new(w, (size_t)w->s.complete_batch);
 	sb_init(&js, 4096);
@@ -269,7 +294,7 @@ static void on_send_done(void *token, const struct outbox_result *res)
 
 /* Hand the effect to its provider; with `refuse`, record it as not sent
  * instead (the same bookkeeping, no call). */
-static void start_send(struct worker *w, struct effect *e, int attempt, const char *refuse)
+void start_send(struct worker *w, struct effect *e, int attempt, const char *refuse)
 {
 	char err[OUTBOX_ERROR_MAX] = "";
 
@@ -389,14 +414,14 @@ static void release_open_breakers(struct worker *w, struct batch *rel, int64_t d
 	free(rel);
 }
 
-/* Whether e's provider and host have room beside the batch b being built;
- * *wait_ms > 0 when its host's breaker is open. */
-static bool slot_free(const struct batch *b, const struct effect *e, int64_t now, int64_t *wait_ms)
+/* Whether e's provider and host have room beside the batch b being built
+ * (NULL: none); *wait_ms > 0 when its host's breaker is open. */
+bool slot_free(const struct batch *b, const struct effect *e, int64_t now, int64_t *wait_ms)
 {
 	int pending_for_host = 0, pending_for_prov = 0;
 
 	*wait_ms = 0;
-	for (size_t i = 0; i < b->n; i++) {
+	for (size_t i = 0; b && i < b->n; i++) {
 		pending_for_host += b->items[i]->host == e->host;
 		pending_for_prov += b->items[i]->prov == e->prov;
 	}

@@ -8,6 +8,7 @@
  *   health.c        readiness (READY=1, STATUS=) and /healthz
  *   effect.c        the effect, the held set, effect_set_phase()
  *   lease.c         leasing, the due-index position, lease renewal
+ *   claim.c         lease and mark in one call for rows that go at once
  *   send.c          mark (the kill-switch commit point), send, record
  *   reconcile.c     asking providers about `unknown` effects
  *   housekeeping.c  reaper, sweep, gauges, weekly figures, schema check
@@ -100,7 +101,7 @@ struct batch {
 	bool from_head;               /* a lease that scanned the due index from its head */
 	bool on_rec;                  /* a lease on the records connection (a head scan in position mode) */
 	int64_t sent_mono;            /* when the statement was queued */
-	char call[37];                /* outbox_mark_sending's call token */
+	char call[37];                /* outbox_mark_sending's or outbox_claim's call token */
 	size_t n;
 	struct effect *items[];
 };
@@ -254,11 +255,19 @@ void effects_free_all(struct worker *w);
 /* lease.c */
 void lease_batch(struct worker *w);
 void lease_cursor_reset(struct worker *w);
+void lease_cursor_update(struct worker *w, PGresult *r, bool from_head, int64_t took);
 void release_waiting(struct worker *w);
 void on_heartbeat(evutil_socket_t fd, short what, void *arg);
 
+/* claim.c: rows to claim for a lease of `limit` (batch `full`): > 0 claim
+ * that many, 0 lease the old way, -1 neither now (sends in flight will
+ * make room). */
+int claim_limit(struct worker *w, int limit, int full);
+void claim_send(struct worker *w, struct db *db, bool from_head, int limit);
 /* send.c */
 void mark_ready(struct worker *w);
+bool slot_free(const struct batch *b, const struct effect *e, int64_t now, int64_t *wait_ms);
+void start_send(struct worker *w, struct effect *e, int attempt, const char *refuse);
 void flush_completions(struct worker *w);
 
 /* reconcile.c */

@@ -13,6 +13,12 @@ const struct worker_sql worker_sql[SQL_STATEMENTS] = {
 		"SELECT effect_id, idempotency_key, effect_type, target, payload, payload_hash, "
 		"effect_key, attempts, metadata, approved_by, retry_base, available_at "
 		"FROM outbox_lease($1, $2, $3, $4, $5, $6, $7, $8)", 8 },
+	[SQL_CLAIM] = { "outbox_claim",
+		"SELECT effect_id, idempotency_key, effect_type, target, payload, payload_hash, "
+		"effect_key, attempts, metadata, approved_by, retry_base, available_at "
+		"FROM outbox_claim($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)", 11 },
+	[SQL_UNCLAIM] = { "outbox_unclaim",
+		"SELECT outbox_unclaim($1, $2, $3, $4, $5)", 5 },
 	[SQL_FAIL_INVALID] = { "outbox_fail_invalid",
 		"SELECT effect_id FROM outbox_fail_invalid($1, $2)", 2 },
 	[SQL_RELEASE] = { "outbox_release",

@@ -10,6 +10,8 @@
 
 enum worker_stmt {
 	SQL_LEASE,               /* outbox_lease: pending rows get our lease */
+	SQL_CLAIM,               /* outbox_claim: lease and mark in one (claim.c) */
+	SQL_UNCLAIM,             /* outbox_unclaim: claimed rows not sent, back */
 	SQL_FAIL_INVALID,        /* outbox_fail_invalid: rows that failed validation */
 	SQL_RELEASE,             /* outbox_release: leases given back, nothing sent */
 	SQL_MARK_SENDING,        /* outbox_mark_sending: the kill-switch commit point */
@@ -28,7 +30,8 @@ enum worker_stmt {
 	SQL_STATEMENTS
 };
 
-/* An effect's row: SQL_LEASE and SQL_RECONCILE_LEASE share the first eight
+/* An effect's row: SQL_LEASE (and SQL_CLAIM, the same columns) and
+ * SQL_RECONCILE_LEASE share the first eight
  * columns (effect_from_row()). */
 enum effect_row_col {
 	COL_EFFECT_ID, COL_IDEMPOTENCY_KEY, COL_EFFECT_TYPE, COL_TARGET, COL_PAYLOAD,

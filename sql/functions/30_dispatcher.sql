@@ -351,7 +351,8 @@ BEGIN
 END $$;
 
 -- Rows the worker found invalid before sending: failed with the reason,
--- locked in effect_id order first.
+-- locked in effect_id order first.  A claimed row (outbox_claim: already
+-- `sending`, never sent) gets its attempt undone: no provider was called.
 CREATE OR REPLACE FUNCTION outbox_fail_invalid(p_owner uuid, p_items jsonb)
 RETURNS TABLE (effect_id uuid)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp
@@ -367,9 +368,12 @@ BEGIN
         UPDATE effect_outbox o
            SET state = 'failed', last_error_class = coalesce(x.error_class, 'invalid'),
                last_error = x.error, lease_owner = NULL, lease_expires_at = NULL,
-               lease_worker = NULL, completed_at = now(), updated_at = now()
+               lease_worker = NULL, completed_at = now(), updated_at = now(),
+               attempts = CASE WHEN o.state = 'sending' THEN o.attempts - 1 ELSE o.attempts END,
+               sending_since = NULL, mark_token = NULL, sending_idempotent = false
           FROM jsonb_to_recordset(p_items) AS x(effect_id uuid, error_class text, error text)
-         WHERE o.effect_id = x.effect_id AND o.lease_owner = p_owner AND o.state = 'pending'
+         WHERE o.effect_id = x.effect_id AND o.lease_owner = p_owner
+           AND o.state IN ('pending', 'sending')
         RETURNING o.effect_id, o.idempotency_key)
     SELECT coalesce(array_agg(u.effect_id), '{}'), coalesce(array_agg(u.idempotency_key), '{}')
       INTO ids, keys FROM u;

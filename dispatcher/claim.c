@@ -1,0 +1,237 @@
+/*
+ * claim.c: the lease and the sending transition in one call
+ * (outbox_claim(), sql/functions/35_claim.sql) for rows this worker can
+ * send at once.  claim_limit() decides, for each lease lease_batch()
+ * issues, whether it is a claim and of how many rows: only while nothing
+ * waits for a slot and the providers and the busiest host have room for
+ * the rows asked for, so that every claimed row starts its send when the
+ * answer arrives, as a marked row does.  on_claimed() sends them; a row
+ * that cannot go after all (invalid, already held, its host's breaker
+ * open, the worker stopping) is failed or given back (outbox_unclaim(),
+ * attempt undone).  Everything else goes through outbox_lease and
+ * outbox_mark_sending as before (lease.c, send.c).
+ */
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "db.h"
+#include "hosts.h"
+#include "log.h"
+#include "metrics.h"
+#include "util.h"
+#include "worker_internal.h"
+#include "worker_sql.h"
+
+/* While the room is below half a batch and every send in flight started
+ * less than this long ago, wait for them to finish (each finish runs
+ * lease_batch() again) rather than lease ahead the old way: a fast host
+ * frees its slots within milliseconds; a slow one must not hold up the
+ * rows of the others. */
+#define CLAIM_WAIT_MS 100
+
+/* Rows the providers and the busiest host have room for beside what is in
+ * flight and what leases on the wire may bring. */
+static int claim_room(const struct worker *w)
+{
+	int room = INT_MAX, per_host = INT_MAX;
+
+	for (size_t i = 0; i < w->providers.n; i++) {
+		const struct provider_slot *p = &w->providers.slots[i];
+		int free_slots = (int)p->policy.max_in_flight - p->in_flight;
+
+		if (free_slots < room)
+			room = free_slots;
+		if ((int)p->policy.max_per_host < per_host)
+			per_host = (int)p->policy.max_per_host;
+	}
+	per_host -= hosts_busiest(w->hosts);
+	if (per_host < room)
+		room = per_host;
+	room -= w->lease.leasing_rows;
+	return room > 0 ? room : 0;
+}
+
+int claim_limit(struct worker *w, int limit, int full)
+{
+	const struct effect *oldest = TAILQ_FIRST(&w->fx.sending);
+	int room;
+
+	if (!w->s.claim || !TAILQ_EMPTY(&w->fx.waiting))
+		return 0;
+	/* A mark or a lease on the wire: its answer runs this again. */
+	if (w->send.mark_busy)
+		return -1;
+	room = claim_room(w);
+	if (room >= limit || room * 2 >= full)
+		return room < limit ? room : limit;
+	if (w->lease.leasing_rows > 0 ||
+	    (oldest && now_mono_ms() - oldest->started_mono_ms < CLAIM_WAIT_MS))
+		return -1;
+	return 0;
+}
+
+/* ---- the answer ----------------------------------------------------------- */
+
+/* Give claimed rows back: pending again, attempt undone; with `release`
+ * the lease too (due again after 100 ms), else kept for a later mark.  On
+ * the lease connection, ahead of queued marks (which must see them pending). */
+static void unclaim(struct worker *w, const char *call, struct effect **items, size_t n,
+                    bool release)
+{
+	char *ids = ids_array(items, n);
+	const char *params[5] = { w->owner, ids, call, release ? "true" : "false", "100" };
+
+	worker_query(w->db, SQL_UNCLAIM, params, NULL, NULL, DBQ_RETRY | DBQ_URGENT);
+	free(ids);
+}
+
+/* What became of the rows of one answer, by what is still to be done. */
+struct claimed {
+	json_t *invalid;                /* outbox_fail_invalid() items */
+	struct effect **back, **kept;   /* given back (freed after); kept, waiting */
+	size_t n_back, n_kept;
+};
+
+/* A new row: sent, failed as invalid, given back or kept waiting. */
+static void claimed_new(struct worker *w, struct batch *b, PGresult *r, int row,
+                        struct claimed *c)
+{
+	struct effect *e = effect_from_row(w, r, row, true);
+	char err[OUTBOX_ERROR_MAX];
+	int64_t wait_ms;
+
+	if (!effect_validate(w, e, err, sizeof(err))) {
+		if (c->invalid == NULL)
+			c->invalid = json_array();
+		json_array_append_new(c->invalid, json_pack("{s:s,s:s,s:s}", "effect_id", e->id,
+		                                            "error_class", "invalid", "error", err));
+		log_event(OLOG_WARN, "effect_invalid",
+		          json_pack("{s:s,s:s,s:s,s:s,s:s}", "effect_id", e->id, "run_key", e->run_key,
+		                    "type", e->type, "payload_hash",
+		                    e->payload_hash ? e->payload_hash : "", "error", err));
+		metrics_inc(M_INVALID, 1);
+		effect_free(e);
+	} else if (w->life.stopping) {
+		c->back[c->n_back++] = e;
+	} else if (!slot_free(NULL, e, now_mono_ms(), &wait_ms)) {
+		/* Its host filled up or its breaker opened since claim_limit():
+		 * it waits for a slot like a leased row (send.c releases it
+		 * while the breaker is open). */
+		effect_set_phase(w, e, PH_WAITING);
+		c->kept[c->n_kept++] = e;
+	} else {
+		/* As marked_one(): an answer so late that the lease may have
+		 * lapsed is recorded as not sent instead. */
+		bool late = now_mono_ms() - b->sent_mono > w->s.lease_seconds * 1000 * 2 / 3;
+
+		if (e->host->breaker == BREAKER_HALF_OPEN)
+			e->host->probe_in_flight = true;
+		effect_set_phase(w, e, PH_MARKING);
+		start_send(w, e, e->prior_attempts + 1,
+		           late ? "the sending transition was confirmed too late to act on" : NULL);
+	}
+}
+
+static void claimed_rows(struct worker *w, struct batch *b, PGresult *r)
+{
+	size_t n = (size_t)PQntuples(r);
+	struct claimed c = { .back = xcalloc(n + 1, sizeof(struct effect *)),
+	                     .kept = xcalloc(n + 1, sizeof(struct effect *)) };
+
+	for (int row = 0; row < PQntuples(r); row++) {
+		struct effect *held = held_find(w, PQgetvalue(r, row, COL_EFFECT_ID));
+
+		/* Held already: a retry whose outcome committed on the other
+		 * connection, or a waiting row whose lease lapsed.  Not a second
+		 * copy: back to the queue (the waiting copy's mark then finds its
+		 * lease gone). */
+		if (held)
+			c.back[c.n_back++] = held;
+		else
+			claimed_new(w, b, r, row, &c);
+	}
+	if (c.invalid) {
+		char *js = json_dumps(c.invalid, JSON_COMPACT);
+		const char *params[2] = { w->owner, js };
+		worker_query(w->rec, SQL_FAIL_INVALID, params, NULL, NULL, DBQ_RETRY);
+		free(js);
+		json_decref(c.invalid);
+	}
+	if (c.n_kept)
+		unclaim(w, b->call, c.kept, c.n_kept, false);
+	if (c.n_back) {
+		unclaim(w, b->call, c.back, c.n_back, true);
+		for (size_t i = 0; i < c.n_back; i++)
+			if (c.back[i]->phase == PH_NEW)
+				effect_free(c.back[i]);
+	}
+	free(c.back);
+	free(c.kept);
+}
+
+static void on_claimed(struct db *db, PGresult *r, void *arg)
+{
+	struct batch *b = arg;
+	struct worker *w = b->w;
+	int limit = (int)b->gen;
+
+	if (b->on_rec)
+		w->lease.head_busy = false;
+	else
+		w->lease.busy = false;
+	w->lease.leasing_rows -= limit;
+	if (!job_ok(w, r, worker_sql[SQL_CLAIM].name)) {
+		/* Rolled back: nothing claimed.  (A lost connection repeats the
+		 * call instead: DBQ_RETRY.) */
+		w->lease.more_due = false;
+		free(b);
+		return;
+	}
+	w->lease.more_due = PQntuples(r) >= limit;
+	if (!b->on_rec)
+		w->lease.full_leases = w->lease.more_due ? w->lease.full_leases + 1 : 0;
+	metrics_inc(M_LEASED, (unsigned long)PQntuples(r));
+	metrics_inc(M_CLAIMED, (unsigned long)PQntuples(r));
+	lease_cursor_update(w, r, b->from_head, now_mono_ms() - db_head_sent_mono(db));
+	claimed_rows(w, b, r);
+	free(b);
+	worker_kick(w);
+}
+
+/* One outbox_claim() call on `db`, from the head or from the position.
+ * Repeated with p_repeat = true if the connection breaks with it on the
+ * wire: the repeat returns the rows the first call moved. */
+void claim_send(struct worker *w, struct db *db, bool from_head, int limit)
+{
+	char lim[16], lease[16];
+	const char *params[11];
+	struct batch *b = batch_new(w, 0);
+
+	snprintf(lim, sizeof(lim), "%d", limit);
+	snprintf(lease, sizeof(lease), "%ld", w->s.lease_seconds);
+	uuid_v4(b->call);
+	b->sent_mono = now_mono_ms();
+	b->gen = (uint64_t)limit;
+	b->from_head = from_head;
+	b->on_rec = db == w->rec;
+	params[0] = w->owner;
+	params[1] = w->name;
+	params[2] = lim;
+	params[3] = lease;
+	params[4] = w->types_array;
+	params[5] = w->env_enabled ? "true" : "false";
+	params[6] = w->idem_array;
+	params[7] = b->call;
+	params[8] = from_head ? NULL : w->lease.after_at;
+	params[9] = from_head ? NULL : w->lease.after_id;
+	params[10] = "false";   /* p_repeat: DBQ_REPEAT_FLAG sets it on a repeat */
+	if (b->on_rec)
+		w->lease.head_busy = true;
+	else
+		w->lease.busy = true;
+	w->lease.leasing_rows += limit;
+	worker_query(db, SQL_CLAIM, params, on_claimed, b,
+	             DBQ_RETRY | DBQ_REPEAT_FLAG | (b->on_rec ? 0 : DBQ_URGENT));
+}

@@ -1,0 +1,161 @@
+-- functions/35_claim.sql: the lease and the sending transition in one
+-- statement, for the rows a worker can send at once (docs/design.md,
+-- "Effect states"; docs/performance.md, "The claim").
+--
+-- outbox_lease + outbox_mark_sending write two versions of each effect row
+-- (the lease, then `sending`) and take its lock twice, over two round
+-- trips.  A worker with free send slots for a whole batch calls
+-- outbox_claim instead: due rows go from pending straight to `sending`,
+-- under the kill switch's shared lock, in one statement.  The worker asks
+-- for no more rows than its provider and busiest host have room for, so a
+-- claimed row is sent as soon as the answer arrives, as a marked row is:
+-- a worker that dies holding claimed rows leaves no more never-sent
+-- `unknown` effects than one that dies holding marked ones.  A row that
+-- still cannot go (its host's breaker opened meanwhile, it was already
+-- held) is given back with outbox_unclaim, attempt undone.
+
+-- Lease up to p_limit due rows (as outbox_lease: in (available_at,
+-- effect_id) order, from the position when given) and move them to
+-- `sending` with the next attempt, p_call as their mark token.  Returns
+-- outbox_lease's columns; `attempts` is the count before this attempt.
+-- Nothing while the kill switch is off (read under its lock: this is the
+-- commit point, as in outbox_mark_sending).
+--
+-- p_repeat: the same call sent again after the connection broke with it
+-- on the wire (the worker sets it; its first answer may have committed).
+-- It leases nothing new: it returns the rows that call moved, or, when
+-- the kill switch went off since, puts them back to pending, attempt
+-- undone.  The call's advisory lock, taken first by both, makes a repeat
+-- wait for a first call still running on the old connection.
+CREATE OR REPLACE FUNCTION outbox_claim(p_owner uuid, p_worker text, p_limit integer,
+                                        p_lease_seconds integer, p_types text[],
+                                        p_env_enabled boolean, p_idempotent_types text[],
+                                        p_call uuid, p_after_at timestamptz DEFAULT NULL,
+                                        p_after_id uuid DEFAULT NULL,
+                                        p_repeat boolean DEFAULT false)
+RETURNS TABLE (effect_id uuid, idempotency_key text, effect_type text, target text,
+               payload text, payload_hash text, effect_key text, attempts integer,
+               metadata text, approved_by text, retry_base integer,
+               available_at timestamptz)
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp
+    SET plan_cache_mode = force_custom_plan AS $$
+#variable_conflict use_column
+DECLARE
+    allowed boolean;
+    after_at timestamptz := p_after_at;
+    after_id uuid := p_after_id;
+BEGIN
+    IF p_call IS NULL THEN
+        RAISE EXCEPTION 'outbox_claim: a call token is required'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    PERFORM pg_advisory_xact_lock(hashtextextended(p_call::text, 0));
+    PERFORM pg_advisory_xact_lock_shared(outbox_kill_switch_lock_key());
+    SELECT c.enabled INTO allowed FROM outbox_control c WHERE c.id = 1;
+    allowed := coalesce(allowed, false) AND p_env_enabled;
+    IF p_repeat THEN
+        IF NOT allowed THEN
+            PERFORM outbox_unclaim_call(p_owner, p_call);
+            RETURN;
+        END IF;
+        RETURN QUERY
+        SELECT o.effect_id, o.idempotency_key, o.effect_type, o.target, o.payload::text,
+               o.payload_hash, o.effect_key, o.attempts - 1, o.metadata::text, o.approved_by,
+               o.retry_base, o.available_at
+          FROM effect_outbox o
+         WHERE o.state = 'sending' AND o.send_deadline IS NOT NULL
+           AND o.lease_owner = p_owner AND o.mark_token = p_call
+         ORDER BY o.available_at, o.effect_id;
+        RETURN;
+    END IF;
+    IF NOT allowed THEN
+        RETURN;
+    END IF;
+    -- The position rules and the one statement shape of outbox_lease.
+    IF after_at > now() - interval '50 milliseconds' THEN
+        after_at := now() - interval '50 milliseconds';
+        after_id := NULL;
+    END IF;
+    after_at := coalesce(after_at, '-infinity');
+    after_id := coalesce(after_id, '00000000-0000-0000-0000-000000000000');
+    RETURN QUERY
+    WITH due AS (
+        SELECT o.effect_id FROM effect_outbox o
+         WHERE o.state = 'pending'
+           AND (o.available_at, o.effect_id) > (after_at, after_id)
+           AND o.available_at <= now()
+           AND (o.lease_expires_at IS NULL OR o.lease_expires_at < now())
+           AND o.effect_type = ANY (p_types)
+         ORDER BY o.available_at, o.effect_id
+         LIMIT p_limit
+         FOR UPDATE SKIP LOCKED),
+    claimed AS (
+        UPDATE effect_outbox o
+           SET state = 'sending', attempts = o.attempts + 1,
+               lease_owner = p_owner, lease_worker = p_worker, leased_at = now(),
+               lease_expires_at = now() + make_interval(secs => p_lease_seconds),
+               sending_since = now(), mark_token = p_call,
+               sending_idempotent = o.effect_type = ANY (p_idempotent_types),
+               updated_at = now()
+          FROM due
+         WHERE o.effect_id = due.effect_id
+        RETURNING o.effect_id, o.idempotency_key, o.effect_type, o.target, o.payload::text,
+                  o.payload_hash, o.effect_key, o.attempts - 1, o.metadata::text, o.approved_by,
+                  o.retry_base, o.available_at)
+    SELECT * FROM claimed c ORDER BY c.available_at, c.effect_id;
+END $$;
+
+-- Claimed rows of p_owner that were not sent go back to pending, the
+-- attempt undone (nothing left the worker).  With p_release the lease goes
+-- too and the row is due again after p_delay_ms; without it the worker
+-- keeps the lease and marks the row later with outbox_mark_sending.
+CREATE OR REPLACE FUNCTION outbox_unclaim(p_owner uuid, p_ids uuid[], p_call uuid,
+                                          p_release boolean, p_delay_ms bigint DEFAULT 0)
+RETURNS integer
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp
+    SET plan_cache_mode = force_custom_plan AS $$
+#variable_conflict use_column
+DECLARE
+    n integer;
+BEGIN
+    PERFORM outbox_lock_owned(p_owner, p_ids);      -- lock order: effect_id
+    UPDATE effect_outbox o
+       SET state = 'pending', attempts = o.attempts - 1, sending_since = NULL,
+           mark_token = NULL, sending_idempotent = false, updated_at = now(),
+           lease_owner = CASE WHEN p_release THEN NULL ELSE o.lease_owner END,
+           lease_worker = CASE WHEN p_release THEN NULL ELSE o.lease_worker END,
+           lease_expires_at = CASE WHEN p_release THEN NULL ELSE o.lease_expires_at END,
+           available_at = CASE WHEN p_release
+                               THEN greatest(o.available_at,
+                                             now() + make_interval(secs => greatest(p_delay_ms, 0) / 1000.0))
+                               ELSE o.available_at END
+     WHERE o.effect_id = ANY (p_ids) AND o.lease_owner = p_owner
+       AND o.state = 'sending' AND o.mark_token = p_call;
+    GET DIAGNOSTICS n = ROW_COUNT;
+    RETURN n;
+END $$;
+
+-- Every row one claim call moved, back to pending with its lease dropped
+-- (a repeated claim after the kill switch went off).  Found through the
+-- index of rows in flight: only a repeat after a lost connection gets here.
+CREATE OR REPLACE FUNCTION outbox_unclaim_call(p_owner uuid, p_call uuid)
+RETURNS integer
+LANGUAGE sql SECURITY DEFINER SET search_path = public, pg_temp AS $$
+    SELECT outbox_unclaim(p_owner,
+                          ARRAY(SELECT o.effect_id FROM effect_outbox o
+                                 WHERE o.state = 'sending' AND o.send_deadline IS NOT NULL
+                                   AND o.lease_owner = p_owner AND o.mark_token = p_call),
+                          p_call, true, 0);
+$$;
+
+REVOKE EXECUTE ON FUNCTION
+    outbox_claim(uuid, text, integer, integer, text[], boolean, text[], uuid,
+                 timestamp with time zone, uuid, boolean),
+    outbox_unclaim(uuid, uuid[], uuid, boolean, bigint),
+    outbox_unclaim_call(uuid, uuid)
+    FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION
+    outbox_claim(uuid, text, integer, integer, text[], boolean, text[], uuid,
+                 timestamp with time zone, uuid, boolean),
+    outbox_unclaim(uuid, uuid[], uuid, boolean, bigint)
+    TO outbox_dispatcher;

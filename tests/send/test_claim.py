@@ -1,0 +1,216 @@
+"""The claim (outbox_claim, outbox_unclaim in sql/functions/35_claim.sql;
+dispatcher/claim.c): due rows leased and moved to `sending` in one
+statement, under the kill switch's lock, for rows a worker can send at
+once; a repeat after a lost answer gets its own rows back; rows that cannot
+go after all go back with the attempt undone.
+"""
+import threading
+import uuid
+
+import psycopg2
+import pytest
+
+from outbox_test import (add_due, attempts, enqueue, free_port, http_cfg, kill_switch, query,
+                         scalar, states, wait_for, worker_dsn)
+
+CLAIM = ("SELECT effect_id::text, attempts FROM outbox_claim(%s, 'w', %s, 30, '{http}', %s, "
+         "'{}', %s, NULL, NULL, %s)")
+UNCLAIM = "SELECT outbox_unclaim(%s, %s::uuid[], %s, %s, %s)"
+ROW = ("SELECT state, attempts, lease_owner::text, mark_token::text, leased_at = sending_since, "
+       "send_deadline IS NOT NULL FROM effect_outbox WHERE effect_id = %s")
+
+
+def claim(conn, owner, call, limit=10, env=True, repeat=False):
+    return sorted(query(conn, CLAIM, (owner, limit, env, call, repeat)))
+
+
+def test_a_claim_moves_due_rows_to_sending_in_one_statement(conn):
+    kill_switch(conn, True)
+    owner, call = str(uuid.uuid4()), str(uuid.uuid4())
+    ids = sorted(add_due(conn, 3))
+    got = claim(conn, owner, call, limit=2)
+    # `attempts` is the count before this attempt, as outbox_lease returns it.
+    assert [a for _, a in got] == [0, 0]
+    for eid, _ in got:
+        assert query(conn, ROW, (eid,)) == [("sending", 1, owner, call, True, True)]
+    rest = [i for i in ids if i not in {e for e, _ in got}]
+    assert query(conn, ROW, (rest[0],))[0][0:3] == ("pending", 0, None)
+    # Rows in flight are listed by the kill switch like marked ones.
+    listed = {r[0] for r in query(conn, "SELECT effect_id::text FROM "
+                                        "outbox_kill_switch_set(false, 'test', 'test')")}
+    assert listed == {e for e, _ in got}
+
+
+@pytest.mark.parametrize("switch,env", [(False, True), (True, False)], ids=["control", "env"])
+def test_no_claim_while_the_kill_switch_is_off(conn, switch, env):
+    kill_switch(conn, switch)
+    ids = add_due(conn, 2)
+    assert claim(conn, str(uuid.uuid4()), str(uuid.uuid4()), env=env) == []
+    assert {query(conn, ROW, (i,))[0][0:3] for i in ids} == {("pending", 0, None)}
+
+
+def test_a_repeated_claim_returns_its_own_rows_and_leases_nothing_new(conn):
+    """The first answer was lost with the connection (the rows committed as
+    `sending`, the worker never saw them): the repeat returns exactly those
+    rows, with the same attempt, and takes no new ones."""
+    kill_switch(conn, True)
+    owner, call = str(uuid.uuid4()), str(uuid.uuid4())
+    add_due(conn, 4)
+    first = claim(conn, owner, call, limit=2)
+    assert len(first) == 2
+    assert claim(conn, owner, call, limit=2, repeat=True) == first
+    assert scalar(conn, "SELECT count(*) FROM effect_outbox WHERE state = 'sending'") == 2
+    assert scalar(conn, "SELECT sum(attempts) FROM effect_outbox") == 2
+    # Another call's repeat, or another owner's, gets nothing.
+    assert claim(conn, owner, str(uuid.uuid4()), repeat=True) == []
+    assert claim(conn, str(uuid.uuid4()), call, repeat=True) == []
+
+
+def test_a_repeated_claim_after_the_switch_went_off_puts_its_rows_back(conn):
+    kill_switch(conn, True)
+    owner, call = str(uuid.uuid4()), str(uuid.uuid4())
+    add_due(conn, 2)
+    first = claim(conn, owner, call)
+    other = claim(conn, owner, str(uuid.uuid4()))
+    kill_switch(conn, False)
+    assert claim(conn, owner, call, repeat=True) == []
+    for eid, _ in first:
+        assert query(conn, ROW, (eid,)) == [("pending", 0, None, None, None, False)]
+    # Only that call's rows: another call's stay `sending` (it may be sending).
+    assert other == [] or all(query(conn, ROW, (e,))[0][0] == "sending" for e, _ in other)
+
+
+def test_a_repeat_waits_for_a_first_call_still_running(conn, db):
+    """The first call still runs on the old connection (held here behind
+    the kill switch's lock) when the repeat arrives: the repeat waits for
+    it on the call's lock, then returns its rows."""
+    kill_switch(conn, True)
+    owner, call = str(uuid.uuid4()), str(uuid.uuid4())
+    add_due(conn, 2)
+    holder = psycopg2.connect(db)
+    holder.autocommit = True
+    query(holder, "SELECT pg_advisory_lock(outbox_kill_switch_lock_key())")
+    first_conn = psycopg2.connect(db)
+    first_conn.autocommit = True
+    results = {}
+    t1 = threading.Thread(target=lambda: results.update(first=claim(first_conn, owner, call)))
+    t1.start()
+    wait_for(lambda: scalar(conn, "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' "
+                                  "AND NOT granted") == 1, what="the first call waiting")
+    repeat_conn = psycopg2.connect(db)
+    repeat_conn.autocommit = True
+    t2 = threading.Thread(target=lambda: results.update(
+        repeat=claim(repeat_conn, owner, call, repeat=True)))
+    t2.start()
+    wait_for(lambda: scalar(conn, "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' "
+                                  "AND NOT granted") == 2, what="the repeat waiting")
+    query(holder, "SELECT pg_advisory_unlock(outbox_kill_switch_lock_key())")
+    t1.join(10)
+    t2.join(10)
+    assert len(results["first"]) == 2
+    assert results["repeat"] == results["first"]
+    for c in (holder, first_conn, repeat_conn):
+        c.close()
+
+
+def test_unclaim_keeps_or_releases_the_lease_and_undoes_the_attempt(conn):
+    kill_switch(conn, True)
+    owner, call = str(uuid.uuid4()), str(uuid.uuid4())
+    add_due(conn, 2)
+    (a, _), (b, _) = claim(conn, owner, call)
+    # Wrong call token or owner: nothing.
+    assert scalar(conn, UNCLAIM, (owner, [a, b], str(uuid.uuid4()), False, 0)) == 0
+    assert scalar(conn, UNCLAIM, (str(uuid.uuid4()), [a, b], call, False, 0)) == 0
+    # Kept: pending, attempt undone, still ours; the old mark path sends it.
+    assert scalar(conn, UNCLAIM, (owner, [a], call, False, 0)) == 1
+    assert query(conn, ROW, (a,)) == [("pending", 0, owner, None, None, False)]
+    marked = query(conn, "SELECT effect_id::text, attempts FROM outbox_mark_sending("
+                         "%s, %s::uuid[], true, '{}', 30, %s)", (owner, [a], str(uuid.uuid4())))
+    assert marked == [(a, 1)]
+    # Released: pending, no lease, due after the delay.
+    assert scalar(conn, UNCLAIM, (owner, [b], call, True, 60000)) == 1
+    assert query(conn, ROW, (b,)) == [("pending", 0, None, None, None, False)]
+    assert scalar(conn, "SELECT available_at > now() + interval '50 s' FROM effect_outbox "
+                        "WHERE effect_id = %s", (b,))
+    assert attempts(conn, a) == [] and attempts(conn, b) == []
+
+
+def test_an_invalid_claimed_row_fails_without_spending_an_attempt(conn):
+    kill_switch(conn, True)
+    owner, call = str(uuid.uuid4()), str(uuid.uuid4())
+    add_due(conn, 1)
+    ((eid, _),) = claim(conn, owner, call)
+    query(conn, "SELECT * FROM outbox_fail_invalid(%s, %s)",
+          (owner, f'[{{"effect_id": "{eid}", "error": "bad payload"}}]'))
+    assert scalar(conn, "SELECT state || ' ' || attempts || ' ' || last_error FROM effect_outbox "
+                        "WHERE effect_id = %s", (eid,)) == "failed 0 bad payload"
+
+
+def test_the_worker_role_may_claim_and_unclaim_and_no_one_else(conn, login_as):
+    kill_switch(conn, True)
+    add_due(conn, 1)
+    worker = login_as("outbox_dispatcher")
+    assert len(claim(worker, str(uuid.uuid4()), str(uuid.uuid4()))) == 1
+    producer = login_as("outbox_producer")
+    for sql, args in ((CLAIM, (str(uuid.uuid4()), 1, True, str(uuid.uuid4()), False)),
+                      (UNCLAIM, (str(uuid.uuid4()), [], str(uuid.uuid4()), True, 0)),
+                      ("SELECT outbox_unclaim_call(%s, %s)", (str(uuid.uuid4()), str(uuid.uuid4())))):
+        with pytest.raises(psycopg2.errors.InsufficientPrivilege):
+            query(producer, sql, args)
+    with pytest.raises(psycopg2.errors.InsufficientPrivilege):
+        query(worker, "SELECT outbox_unclaim_call(%s, %s)", (str(uuid.uuid4()), str(uuid.uuid4())))
+
+
+# -- through the worker --------------------------------------------------------
+
+def claimed_total(port):
+    import urllib.request
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    return {line.split()[0]: float(line.split()[1]) for line in text.splitlines()
+            if line.startswith(("outbox_claimed_total ", "outbox_leased_total "))}
+
+
+def test_the_worker_claims_by_default_and_leases_when_told_not_to(conn, dispatchers, sink):
+    """Rows a worker can send at once are claimed (outbox_claimed_total
+    counts them); with [dispatcher] claim = false they are leased, then
+    marked.  Either way each is sent once."""
+    kill_switch(conn, True)
+    port = free_port()
+    w = dispatchers({**http_cfg(), "metrics": {"listen": f"127.0.0.1:{port}"}})
+    for i in range(5):
+        enqueue(conn, "http", sink.url + f"/ok?{i}", {})
+    wait_for(lambda: states(conn).get("completed") == 5, what="claimed effects delivered")
+    assert claimed_total(port) == {"outbox_leased_total": 5, "outbox_claimed_total": 5}
+    w.stop()
+    port = free_port()
+    dispatchers({**http_cfg(), "metrics": {"listen": f"127.0.0.1:{port}"},
+                 "dispatcher": {"claim": False}})
+    for i in range(5):
+        enqueue(conn, "http", sink.url + f"/ok?b{i}", {})
+    wait_for(lambda: states(conn).get("completed") == 10, what="leased effects delivered")
+    assert claimed_total(port) == {"outbox_leased_total": 5, "outbox_claimed_total": 0}
+    assert scalar(conn, "SELECT count(*) FROM effect_attempts") == 10
+    assert len(sink.received()) == 10 and len(sink.keys()) == 10
+
+
+def test_a_claim_whose_answer_was_lost_is_repeated_and_its_rows_sent_once(conn, db, dispatchers,
+                                                                            sink):
+    """The claim commits, the connection breaks before its answer arrives
+    (a proxy withholds it): the worker repeats the call after reconnecting,
+    gets the same rows back and sends each once.  Without the repeat flag
+    the repeat would claim nothing new and the rows would sit in `sending`
+    until the reaper made them unknown."""
+    from pg_cut_proxy import CutProxy
+    proxy = CutProxy().start()
+    try:
+        kill_switch(conn, True)
+        ids = [enqueue(conn, "http", sink.url + f"/ok?{i}", {}) for i in range(5)]
+        proxy.arm(b"outbox_claim")
+        dispatchers({**http_cfg(), "database": {"conninfo": proxy.conninfo(worker_dsn(db)),
+                                                "reconnect_min_ms": 50}})
+        wait_for(lambda: states(conn).get("completed") == 5, timeout=20, what="all delivered")
+        assert proxy.cuts == 1
+        assert all(len(attempts(conn, i)) == 1 for i in ids)
+        assert len(sink.received()) == 5 and len(sink.keys()) == 5
+    finally:
+        proxy.stop()
