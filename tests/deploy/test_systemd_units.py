@@ -727,7 +727,10 @@ def test_healthz_fails_while_leases_are_refused(conn, db, tmp_path):
     it, outbox_lease_errors_total counts them; healthy again once fixed."""
     port = free_port()
     sockdir, ns = notify_socket()
-    lease_fn = "outbox_lease(uuid, text, integer, integer, text[], boolean, timestamptz, uuid)"
+    # The claim (lease and mark in one) is what an idle worker tries first.
+    lease_fn = ("outbox_lease(uuid, text, integer, integer, text[], boolean, timestamptz, uuid), "
+                "outbox_claim(uuid, text, integer, integer, text[], boolean, text[], uuid, "
+                "timestamptz, uuid, boolean)")
     kill_switch(conn, True)
     d = Dispatcher(db, tmp_path, {"metrics": {"listen": f"127.0.0.1:{port}"},
                                   "dispatcher": {"maintenance_interval_ms": 200}},
@@ -741,7 +744,7 @@ def test_healthz_fails_while_leases_are_refused(conn, db, tmp_path):
             code, body, _ = wait_for(
                 lambda: (lambda r: r if r[0] == 503 else None)(http_get(port, "/healthz")),
                 timeout=30, what="/healthz 503 while leases are refused")
-            assert "cannot lease" in body and "permission denied for function outbox_lease" in body, body
+            assert "cannot lease" in body and "permission denied for function outbox_claim" in body, body
             s = parse_metrics(http_get(port, "/metrics")[1])
             assert metric(s, "outbox_lease_errors_total") >= 3
             assert metric(s, "outbox_db_up") == 1

@@ -105,22 +105,25 @@ CREATE TRIGGER test_slow_mark BEFORE UPDATE ON effect_outbox
 """
 
 
-def test_mark_confirmed_too_late_goes_back_to_pending_and_is_sent_once(conn, dispatchers, sink):
-    """The worker is stopped while its `sending` transition commits; the
-    reaper makes it unknown; resumed, the worker reads a confirmation too
-    late to act on, sends nothing and records not sent: back to pending,
-    then sent once."""
+@pytest.mark.parametrize("claim,statement", [(False, "outbox_mark_sending("),
+                                             (True, "outbox_claim(")], ids=["mark", "claim"])
+def test_mark_confirmed_too_late_goes_back_to_pending_and_is_sent_once(conn, dispatchers, sink,
+                                                                        claim, statement):
+    """The worker is stopped while its `sending` transition commits (the
+    mark, or the claim that leases and marks in one); the reaper makes it
+    unknown; resumed, the worker reads a confirmation too late to act on,
+    sends nothing and records not sent: back to pending, then sent once."""
     kill_switch(conn, True)
     query(conn, SLOW_MARK)
     port = free_port()
-    w = dispatchers({"dispatcher": {"lease_seconds": 4},
+    w = dispatchers({"dispatcher": {"lease_seconds": 4, "claim": claim},
                      "metrics": {"listen": f"127.0.0.1:{port}"}})
     eid = str(enqueue(conn, "http", f"{sink.url}/ok", {"body": {"n": 2}}))
     key = key_of(conn, eid)
     wait_for(lambda: scalar(conn, "SELECT count(*) FROM pg_stat_activity WHERE state = 'active' "
-                                  "AND query LIKE '%%outbox_mark_sending(%%' "
-                                  "AND pid <> pg_backend_pid()"),
-             interval=0.005, what="the worker's mark in flight")
+                                  "AND query LIKE %s AND pid <> pg_backend_pid()",
+                            (f"%{statement}%",)),
+             interval=0.005, what="the worker's sending transition in flight")
     w.signal(signal.SIGSTOP)
     try:
         query(conn, "DROP TRIGGER test_slow_mark ON effect_outbox")

@@ -194,7 +194,8 @@ def test_two_poll_only_workers_through_pgbouncer_transaction_mode(db, conn, boun
     sets = [s for s in text if re.match(r"\s*SET\b", s, re.I)
             and not re.match(r"\s*SET\s+LOCAL\b", s, re.I) and not BOUNCER_SETS.match(s.strip())]
     assert sets == [], f"session SET statements: {sets[:5]}"
-    assert any("outbox_lease" in s for s in text) and any("outbox_kill_switch_set" in s for s in text)
+    assert any("outbox_claim" in s or "outbox_lease" in s for s in text)
+    assert any("outbox_kill_switch_set" in s for s in text)
     print(f"pgbouncer pool_size {POOL} for {WORKERS} workers + 2 producers + outboxctl: "
           f"peak sv_active {watch.peak['sv_active']}, peak cl_waiting {watch.peak['cl_waiting']}, "
           f"max wait {watch.peak['maxwait_ms']:.1f} ms; {len(watch.pids)} server connections, "
