@@ -4,12 +4,15 @@
  * send at once.  claim_limit() decides, for each lease lease_batch()
  * issues, whether it is a claim and of how many rows: only while nothing
  * waits for a slot and the providers and the busiest host have room for
- * the rows asked for, so that every claimed row starts its send when the
- * answer arrives, as a marked row does.  on_claimed() sends them; a row
- * that cannot go after all (invalid, already held, its host's breaker
- * open, the worker stopping) is failed or given back (outbox_unclaim(),
- * attempt undone).  Everything else goes through outbox_lease and
- * outbox_mark_sending as before (lease.c, send.c).
+ * every row asked for, so that each claimed row starts its send when the
+ * answer arrives, as a marked row does; and only for a worker whose every
+ * provider starts its sends at once (OUTBOX_CAP_STARTS_AT_ONCE; not
+ * email's thread pool, where a claimed row could wait `sending` in a
+ * queue).  on_claimed() sends them; a row that cannot go after all
+ * (invalid, already held, its host's breaker open, the worker stopping)
+ * is failed or given back (outbox_unclaim(), attempt undone).  Everything
+ * else goes through outbox_lease and outbox_mark_sending as before
+ * (lease.c, send.c).
  */
 #include <limits.h>
 #include <stdio.h>
@@ -58,7 +61,7 @@ int claim_limit(struct worker *w, int limit, int full)
 	const struct effect *oldest = TAILQ_FIRST(&w->fx.sending);
 	int room;
 
-	if (!w->s.claim || !TAILQ_EMPTY(&w->fx.waiting))
+	if (!w->s.claim || !w->claimable || !TAILQ_EMPTY(&w->fx.waiting))
 		return 0;
 	/* A mark or a lease on the wire: its answer runs this again. */
 	if (w->send.mark_busy)

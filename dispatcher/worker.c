@@ -226,7 +226,8 @@ static void apply_log_level(const struct worker *w)
 }
 
 /* {http,email}-style arrays of the types served, of those whose provider
- * honours idempotency keys, and of those it can reconcile. */
+ * honours idempotency keys, and of those it can reconcile; whether every
+ * provider starts its sends at once (claim.c). */
 static void build_type_arrays(struct worker *w)
 {
 	size_t a = 0, b = 0, c = 0;
@@ -234,8 +235,11 @@ static void build_type_arrays(struct worker *w)
 	w->types_array[a++] = '{';
 	w->idem_array[b++] = '{';
 	w->recon_array[c++] = '{';
+	w->claimable = w->providers.n > 0;
 	for (size_t i = 0; i < w->providers.n; i++) {
 		struct provider_slot *p = &w->providers.slots[i];
+		if (!(p->ops->caps & OUTBOX_CAP_STARTS_AT_ONCE))
+			w->claimable = false;
 		a += (size_t)snprintf(w->types_array + a, sizeof(w->types_array) - a, "%s\"%s\"",
 		                      a > 1 ? "," : "", p->name);
 		if (p->honours_keys)

@@ -218,6 +218,7 @@ struct worker {
 	char idem_array[1024];        /* types whose provider honours keys */
 	char recon_array[1024];       /* types whose provider reconciles */
 	bool env_enabled;             /* AI_ACTIONS_ENABLED=true */
+	bool claimable;               /* every provider OUTBOX_CAP_STARTS_AT_ONCE (claim.c) */
 
 	struct worker_effects fx;
 	struct worker_life life;

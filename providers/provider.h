@@ -65,6 +65,14 @@ enum outbox_recon {
  * is).  Without it, no `unknown` effect of its type is leased to be asked
  * about. */
 #define OUTBOX_CAP_RECONCILE_IF_CONFIGURED 0x4u
+/* send() starts the request at once: nothing waits inside the provider for
+ * a thread or a connection beyond its max_in_flight and max_per_host.  The
+ * worker then leases and marks rows for it in one statement (outbox_claim)
+ * when they can all start, as it would mark them; a provider that queues
+ * (email's thread pool) does not set it, so its rows are marked only as
+ * they start and a worker that dies leaves no queued row `sending`.  Older
+ * plugins do not set it: their rows are leased, then marked. */
+#define OUTBOX_CAP_STARTS_AT_ONCE 0x8u
 
 /* One effect, as leased.  Read-only for the provider. */
 struct outbox_effect {

@@ -138,7 +138,7 @@ fail:
 static const struct outbox_provider crm_provider = {
 	.abi = OUTBOX_PROVIDER_ABI,
 	.name = CRM_NAME,
-	.caps = OUTBOX_CAP_HONOURS_KEYS | OUTBOX_CAP_RECONCILE,
+	.caps = OUTBOX_CAP_HONOURS_KEYS | OUTBOX_CAP_RECONCILE | OUTBOX_CAP_STARTS_AT_ONCE,
 	.keys = crm_keys,
 	.init = crm_init,
 	.validate = crm_validate,
