@@ -214,3 +214,19 @@ def test_a_claim_whose_answer_was_lost_is_repeated_and_its_rows_sent_once(conn, 
         assert len(sink.received()) == 5 and len(sink.keys()) == 5
     finally:
         proxy.stop()
+
+
+def test_a_worker_that_also_serves_email_never_claims(conn, dispatchers, sink, smtp):
+    """email's thread pool queues sends (no OUTBOX_CAP_STARTS_AT_ONCE): a
+    claimed row could wait `sending` there, and a worker dying then would
+    leave a never-sent `unknown`.  A worker serving it leases, then marks."""
+    kill_switch(conn, True)
+    port = free_port()
+    dispatchers({**http_cfg(), "metrics": {"listen": f"127.0.0.1:{port}"},
+                 "provider.email": {"server": f"127.0.0.1:{smtp.port}", "starttls": "off"},
+                 "dispatcher": {"providers": "http,email"}})
+    enqueue(conn, "http", sink.url + "/ok?mixed", {})
+    enqueue(conn, "email", "someone@example.com",
+            {"from": "Outbox <noreply@example.com>", "subject": "s", "text": "t\n"})
+    wait_for(lambda: states(conn).get("completed") == 2, what="both delivered")
+    assert claimed_total(port) == {"outbox_leased_total": 2, "outbox_claimed_total": 0}
