@@ -4,6 +4,7 @@ statement, under the kill switch's lock, for rows a worker can send at
 once; a repeat after a lost answer gets its own rows back; rows that cannot
 go after all go back with the attempt undone.
 """
+import signal
 import threading
 import uuid
 
@@ -230,3 +231,32 @@ def test_a_worker_that_also_serves_email_never_claims(conn, dispatchers, sink, s
             {"from": "Outbox <noreply@example.com>", "subject": "s", "text": "t\n"})
     wait_for(lambda: states(conn).get("completed") == 2, what="both delivered")
     assert claimed_total(port) == {"outbox_leased_total": 2, "outbox_claimed_total": 0}
+
+
+def test_rows_claimed_while_the_worker_stops_go_back_unsent(conn, db, dispatchers, sink):
+    """SIGTERM with a claim on the wire (held here behind the kill switch's
+    lock): the claim commits, its answer finds the worker stopping, and the
+    rows go back to pending with the attempt undone; nothing is sent and
+    the worker exits cleanly."""
+    kill_switch(conn, True)
+    holder = psycopg2.connect(db)
+    holder.autocommit = True
+    try:
+        query(holder, "SELECT pg_advisory_lock(outbox_kill_switch_lock_key())")
+        w = dispatchers(http_cfg())
+        ids = [enqueue(conn, "http", sink.url + f"/ok?{i}", {}) for i in range(3)]
+        wait_for(lambda: scalar(conn, "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' "
+                                      "AND NOT granted"), what="the worker's claim waiting")
+        w.signal(signal.SIGTERM)
+        wait_for(lambda: any(e.get("event") == "stopping" for e in w.events()),
+                 what="the worker stopping")
+        query(holder, "SELECT pg_advisory_unlock(outbox_kill_switch_lock_key())")
+        assert w.wait(timeout=20) == 0, w.log()
+    finally:
+        holder.close()
+    # Claimed (leased_at set by the claim), then given back.
+    got = query(conn, "SELECT state, attempts, lease_owner, mark_token, leased_at IS NOT NULL "
+                      "FROM effect_outbox WHERE effect_id = ANY(%s::uuid[])", (ids,))
+    assert got == [("pending", 0, None, None, True)] * 3, got
+    assert scalar(conn, "SELECT count(*) FROM effect_attempts") == 0
+    assert sink.received() == []
