@@ -260,3 +260,25 @@ def test_rows_claimed_while_the_worker_stops_go_back_unsent(conn, db, dispatcher
     assert got == [("pending", 0, None, None, True)] * 3, got
     assert scalar(conn, "SELECT count(*) FROM effect_attempts") == 0
     assert sink.received() == []
+
+
+def test_a_claimed_row_behind_an_open_breaker_waits_without_spending_an_attempt(conn, dispatchers):
+    """The host's breaker opens between two claims: the next row claimed
+    for it cannot start, so it goes back (outbox_unclaim, attempt undone)
+    and waits, released until the breaker half-opens, like a leased row."""
+    kill_switch(conn, True)
+    port, mport = free_port(), free_port()
+    ids = [enqueue(conn, "http", f"http://127.0.0.1:{port}/x?{i}", {}) for i in range(6)]
+    # batch_size 2 with max_per_host 1: a claim of one row is half a batch.
+    w = dispatchers({**http_cfg(breaker_failures=2, breaker_open_ms=60000, max_per_host=1,
+                                max_attempts=50),
+                     "dispatcher": {"batch_size": 2},
+                     "metrics": {"listen": f"127.0.0.1:{mport}"}})
+    wait_for(lambda: any(e.get("event") == "breaker_open" for e in w.events()), what="breaker open")
+    wait_for(lambda: scalar(conn, "SELECT count(*) FROM effect_outbox WHERE attempts = 0 "
+                                  "AND lease_owner IS NULL AND available_at > now() + interval '30 s'")
+             >= len(ids) - 3, what="effects held behind the open breaker")
+    assert scalar(conn, "SELECT sum(attempts) FROM effect_outbox") <= 3
+    assert scalar(conn, "SELECT count(*) FROM effect_attempts") <= 3
+    m = claimed_total(mport)
+    assert m["outbox_claimed_total"] == m["outbox_leased_total"] > 3, m
