@@ -187,7 +187,11 @@ END $$;
 -- Move runs on after their effects moved: a run whose effect failed
 -- becomes failed_terminal; a run whose effects are all completed becomes
 -- completed.  Locks the runs in key order first, so two workers finishing
--- the last two effects of one run cannot both miss the other's commit.
+-- the last two effects of one run cannot both miss the other's commit (the
+-- lock is its own statement: the update after it reads with a snapshot
+-- taken once the lock is held, so it sees the other's committed effects).
+-- Each update runs only when it has keys: every statement here is planned
+-- on every call, and an empty one costs as much to plan as a small one.
 CREATE OR REPLACE FUNCTION outbox_advance_runs(p_failed text[], p_completed text[])
 RETURNS void
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp
@@ -197,19 +201,23 @@ BEGIN
     PERFORM 1 FROM workflow_runs w
      WHERE w.idempotency_key = ANY (p_failed || p_completed)
      ORDER BY w.idempotency_key FOR UPDATE;
-    UPDATE workflow_runs w
-       SET state = 'failed_terminal', version = w.version + 1,
-           failure_reason = coalesce(w.failure_reason, 'an effect failed terminally'),
-           updated_at = now()
-     WHERE w.idempotency_key = ANY (p_failed)
-       AND w.state NOT IN ('completed', 'failed_terminal');
-    UPDATE workflow_runs w
-       SET state = 'completed', version = w.version + 1, updated_at = now()
-     WHERE w.idempotency_key = ANY (p_completed)
-       AND w.state IN ('approved', 'processing')
-       AND NOT EXISTS (SELECT 1 FROM effect_outbox o
-                        WHERE o.idempotency_key = w.idempotency_key
-                          AND o.state <> 'completed');
+    IF cardinality(p_failed) > 0 THEN
+        UPDATE workflow_runs w
+           SET state = 'failed_terminal', version = w.version + 1,
+               failure_reason = coalesce(w.failure_reason, 'an effect failed terminally'),
+               updated_at = now()
+         WHERE w.idempotency_key = ANY (p_failed)
+           AND w.state NOT IN ('completed', 'failed_terminal');
+    END IF;
+    IF cardinality(p_completed) > 0 THEN
+        UPDATE workflow_runs w
+           SET state = 'completed', version = w.version + 1, updated_at = now()
+         WHERE w.idempotency_key = ANY (p_completed)
+           AND w.state IN ('approved', 'processing')
+           AND NOT EXISTS (SELECT 1 FROM effect_outbox o
+                            WHERE o.idempotency_key = w.idempotency_key
+                              AND o.state <> 'completed');
+    END IF;
 END $$;
 
 -- Record a batch of provider outcomes.  p_results is a JSON array of
@@ -221,6 +229,14 @@ END $$;
 -- worker that lost its lease still leaves its evidence).  Returns, per
 -- element, whether the state change applied, the state it set and, when
 -- it resolved an `unknown` effect, how (late_accepted, late_not_sent).
+--
+-- The usual batch (every CAS applies, no `unknown` row) costs four
+-- statements: the row locks; the state change with its attempts rows (one
+-- statement: they are built from the UPDATE's RETURNING, no second read of
+-- the effects); the runs; the result rows (from the UPDATE's arrays).  The
+-- rest runs only for what is left over: late evidence for `unknown` rows,
+-- and elements whose CAS did not apply (lease lost, a batch delivered
+-- twice) (docs/performance.md, "Cost per effect in the database").
 CREATE OR REPLACE FUNCTION outbox_complete(p_owner uuid, p_worker text, p_results jsonb)
 RETURNS TABLE (effect_id uuid, applied boolean, state text, resolved text)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp
@@ -228,39 +244,47 @@ LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp
 #variable_conflict use_column
 DECLARE
     ids uuid[];
-    late_ids uuid[];
+    any_unknown boolean;
+    late_ids uuid[] := '{}';
     done_ids uuid[];
+    done_states text[];
+    done_outcomes text[];
     failed_keys text[];
     completed_keys text[];
     requeued integer;
 BEGIN
-    SELECT coalesce(array_agg(DISTINCT r.effect_id), '{}') INTO ids
-      FROM jsonb_to_recordset(p_results) AS r(effect_id uuid);
-
     -- Lock the batch's rows in effect_id order, the order every batch
     -- function takes them in, so two batches cannot wait on each other.
+    SELECT coalesce(array_agg(l.effect_id), '{}'), coalesce(bool_or(l.state = 'unknown'), false)
+      INTO ids, any_unknown
+      FROM (SELECT o.effect_id, o.state FROM effect_outbox o
+             WHERE o.effect_id = ANY (ARRAY(SELECT (e ->> 'effect_id')::uuid
+                                              FROM jsonb_array_elements(p_results) e))
+             ORDER BY o.effect_id
+               FOR UPDATE) l;
+
     -- The `unknown` rows whose unknown-ness came from this worker's lease
     -- on exactly the attempt being recorded are the candidates for a late
     -- resolution (rare: only then is the attempts log probed, by index).
-    WITH locked AS MATERIALIZED (
-        SELECT o.effect_id, o.state, o.attempts FROM effect_outbox o
-         WHERE o.effect_id = ANY (ids)
-         ORDER BY o.effect_id
-           FOR UPDATE)
-    SELECT coalesce(array_agg(l.effect_id) FILTER (
-               WHERE l.state = 'unknown'
-                 AND ((r.outcome = 'accepted' AND r.next_state = 'completed')
-                      OR (r.outcome = 'not_sent' AND r.next_state IN ('pending', 'failed')))
-                 AND l.attempts = r.attempt
-                 AND EXISTS (SELECT 1 FROM effect_attempts a
-                              WHERE a.effect_id = l.effect_id AND a.attempt = r.attempt
-                                AND a.lease_owner = p_owner AND a.worker LIKE 'reaper:%')), '{}')
-      INTO late_ids
-      FROM locked l
-      JOIN jsonb_to_recordset(p_results) AS r(effect_id uuid, attempt integer, outcome text,
-                                              next_state text)
-        ON r.effect_id = l.effect_id;
+    IF any_unknown THEN
+        SELECT coalesce(array_agg(o.effect_id), '{}') INTO late_ids
+          FROM effect_outbox o
+          JOIN jsonb_to_recordset(p_results) AS r(effect_id uuid, attempt integer, outcome text,
+                                                  next_state text)
+            ON r.effect_id = o.effect_id
+         WHERE o.effect_id = ANY (ids) AND o.state = 'unknown'
+           AND ((r.outcome = 'accepted' AND r.next_state = 'completed')
+                OR (r.outcome = 'not_sent' AND r.next_state IN ('pending', 'failed')))
+           AND o.attempts = r.attempt
+           AND EXISTS (SELECT 1 FROM effect_attempts a
+                        WHERE a.effect_id = o.effect_id AND a.attempt = r.attempt
+                          AND a.lease_owner = p_owner AND a.worker LIKE 'reaper:%');
+    END IF;
 
+    -- The state change and, in the same statement, the attempts row of
+    -- every element it applied to.  ON CONFLICT: the same batch sent again
+    -- after a lost connection (the first may have committed) records each
+    -- provider call once.
     WITH u AS (
         UPDATE effect_outbox o
            SET state = r.next_state,
@@ -287,41 +311,52 @@ BEGIN
            AND r.next_state IN ('completed', 'pending', 'failed', 'unknown')
            AND ((o.lease_owner = p_owner AND o.state = 'sending')
                 OR (o.state = 'unknown' AND o.effect_id = ANY (late_ids)))
-        RETURNING o.effect_id, o.idempotency_key, o.state)
-    SELECT coalesce(array_agg(u.effect_id), '{}'),
+        RETURNING o.effect_id, o.idempotency_key, o.state, o.metadata, r.attempt, r.started_at,
+                  r.outcome, r.status, r.provider_id AS r_provider_id, r.error),
+    logged AS (
+        INSERT INTO effect_attempts (effect_id, attempt, lease_owner, worker, started_at,
+                                     outcome_class, provider_status, provider_id,
+                                     error_text, cas_applied, metadata, resolution)
+        SELECT u.effect_id, u.attempt, p_owner, p_worker, coalesce(u.started_at, now()),
+               u.outcome, u.status, u.r_provider_id, u.error, true, u.metadata,
+               CASE WHEN u.effect_id = ANY (late_ids)
+                    THEN CASE WHEN u.outcome = 'accepted' THEN 'late_accepted'
+                              ELSE 'late_not_sent' END END
+          FROM u
+        ON CONFLICT (effect_id, attempt, lease_owner,
+                     (CASE WHEN worker NOT LIKE 'reaper:%' THEN true END))
+        DO NOTHING)
+    SELECT coalesce(array_agg(u.effect_id), '{}'), coalesce(array_agg(u.state), '{}'),
+           coalesce(array_agg(u.outcome), '{}'),
            coalesce(array_agg(u.idempotency_key) FILTER (WHERE u.state = 'failed'), '{}'),
            coalesce(array_agg(u.idempotency_key) FILTER (WHERE u.state = 'completed'), '{}'),
            count(*) FILTER (WHERE u.state = 'pending' AND u.effect_id = ANY (late_ids))
-      INTO done_ids, failed_keys, completed_keys, requeued
+      INTO done_ids, done_states, done_outcomes, failed_keys, completed_keys, requeued
       FROM u;
 
-    -- Evidence only from the worker that held this attempt's lease: the
-    -- lease owner now, or the owner the reaper's row for the attempt names
-    -- (a worker that resumes after its lease was reaped).  ON CONFLICT: the
-    -- same batch sent again after a lost connection (the first may have
-    -- committed) records each provider call once.
-    INSERT INTO effect_attempts (effect_id, attempt, lease_owner, worker, started_at,
-                                 outcome_class, provider_status, provider_id,
-                                 error_text, cas_applied, metadata, resolution)
-    SELECT r.effect_id, r.attempt, p_owner, p_worker, coalesce(r.started_at, now()),
-           r.outcome, r.status, r.provider_id, r.error, r.effect_id = ANY (done_ids),
-           o.metadata,
-           CASE WHEN r.effect_id = ANY (done_ids) AND r.effect_id = ANY (late_ids)
-                THEN CASE WHEN r.outcome = 'accepted' THEN 'late_accepted'
-                          ELSE 'late_not_sent' END END
-      FROM jsonb_to_recordset(p_results) AS r(
-               effect_id uuid, attempt integer, started_at timestamptz, outcome text,
-               status integer, provider_id text, error text, next_state text,
-               retry_delay_ms bigint)
-      JOIN effect_outbox o ON o.effect_id = r.effect_id
-     WHERE r.effect_id = ANY (done_ids)
-        OR o.lease_owner = p_owner
-        OR EXISTS (SELECT 1 FROM effect_attempts a
-                    WHERE a.effect_id = r.effect_id AND a.attempt = r.attempt
-                      AND a.lease_owner = p_owner AND a.worker LIKE 'reaper:%')
-    ON CONFLICT (effect_id, attempt, lease_owner) WHERE worker NOT LIKE 'reaper:%'
-                                                    AND lease_owner IS NOT NULL
-    DO NOTHING;
+    -- Elements whose CAS did not apply: evidence only from the worker that
+    -- held this attempt's lease, the lease owner now or the owner the
+    -- reaper's row for the attempt names (a worker that resumes after its
+    -- lease was reaped).  ON CONFLICT as above.
+    IF cardinality(done_ids) < jsonb_array_length(p_results) THEN
+        INSERT INTO effect_attempts (effect_id, attempt, lease_owner, worker, started_at,
+                                     outcome_class, provider_status, provider_id,
+                                     error_text, cas_applied, metadata)
+        SELECT r.effect_id, r.attempt, p_owner, p_worker, coalesce(r.started_at, now()),
+               r.outcome, r.status, r.provider_id, r.error, false, o.metadata
+          FROM jsonb_to_recordset(p_results) AS r(
+                   effect_id uuid, attempt integer, started_at timestamptz, outcome text,
+                   status integer, provider_id text, error text)
+          JOIN effect_outbox o ON o.effect_id = r.effect_id
+         WHERE o.effect_id = ANY (ids) AND NOT r.effect_id = ANY (done_ids)
+           AND (o.lease_owner = p_owner
+                OR EXISTS (SELECT 1 FROM effect_attempts a
+                            WHERE a.effect_id = r.effect_id AND a.attempt = r.attempt
+                              AND a.lease_owner = p_owner AND a.worker LIKE 'reaper:%'))
+        ON CONFLICT (effect_id, attempt, lease_owner,
+                     (CASE WHEN worker NOT LIKE 'reaper:%' THEN true END))
+        DO NOTHING;
+    END IF;
 
     IF cardinality(failed_keys) > 0 OR cardinality(completed_keys) > 0 THEN
         PERFORM outbox_advance_runs(failed_keys, completed_keys);
@@ -330,6 +365,15 @@ BEGIN
         PERFORM pg_notify('effect_outbox', '');
     END IF;
 
+    IF cardinality(done_ids) = jsonb_array_length(p_results) THEN
+        RETURN QUERY
+        SELECT x.id, true, x.st,
+               CASE WHEN x.id = ANY (late_ids)
+                    THEN CASE WHEN x.outcome = 'accepted' THEN 'late_accepted'
+                              ELSE 'late_not_sent' END END
+          FROM unnest(done_ids, done_states, done_outcomes) AS x(id, st, outcome);
+        RETURN;
+    END IF;
     -- "applied" also when an earlier delivery of this same batch applied it
     -- (the rare case: only then is the attempts log probed, by its index).
     RETURN QUERY
