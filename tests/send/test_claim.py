@@ -243,8 +243,8 @@ def test_rows_claimed_while_the_worker_stops_go_back_unsent(conn, db, dispatcher
     holder.autocommit = True
     try:
         query(holder, "SELECT pg_advisory_lock(outbox_kill_switch_lock_key())")
-        w = dispatchers(http_cfg())
         ids = [enqueue(conn, "http", sink.url + f"/ok?{i}", {}) for i in range(3)]
+        w = dispatchers(http_cfg())
         wait_for(lambda: scalar(conn, "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' "
                                       "AND NOT granted"), what="the worker's claim waiting")
         w.signal(signal.SIGTERM)
