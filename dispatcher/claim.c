@@ -106,16 +106,7 @@ static void claimed_new(struct worker *w, struct batch *b, PGresult *r, int row,
 	int64_t wait_ms;
 
 	if (!effect_validate(w, e, err, sizeof(err))) {
-		if (c->invalid == NULL)
-			c->invalid = json_array();
-		json_array_append_new(c->invalid, json_pack("{s:s,s:s,s:s}", "effect_id", e->id,
-		                                            "error_class", "invalid", "error", err));
-		log_event(OLOG_WARN, "effect_invalid",
-		          json_pack("{s:s,s:s,s:s,s:s,s:s}", "effect_id", e->id, "run_key", e->run_key,
-		                    "type", e->type, "payload_hash",
-		                    e->payload_hash ? e->payload_hash : "", "error", err));
-		metrics_inc(M_INVALID, 1);
-		effect_free(e);
+		effect_invalid(e, err, &c->invalid);
 	} else if (w->life.stopping) {
 		c->back[c->n_back++] = e;
 	} else if (!slot_free(NULL, e, now_mono_ms(), &wait_ms)) {

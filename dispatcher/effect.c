@@ -332,6 +332,22 @@ bool effect_validate(struct worker *w, struct effect *e, char *err, size_t errle
 	return true;
 }
 
+/* A leased or claimed row that failed effect_validate(): logged, counted,
+ * added to *invalid (failed in one outbox_fail_invalid() call) and freed. */
+void effect_invalid(struct effect *e, const char *err, json_t **invalid)
+{
+	if (*invalid == NULL)
+		*invalid = json_array();
+	json_array_append_new(*invalid, json_pack("{s:s,s:s,s:s}", "effect_id", e->id,
+	                                          "error_class", "invalid", "error", err));
+	log_event(OLOG_WARN, "effect_invalid",
+	          json_pack("{s:s,s:s,s:s,s:s,s:s}", "effect_id", e->id, "run_key", e->run_key,
+	                    "type", e->type, "payload_hash",
+	                    e->payload_hash ? e->payload_hash : "", "error", err));
+	metrics_inc(M_INVALID, 1);
+	effect_free(e);
+}
+
 /* An effect picked for a mark batch that will not be sent after all: a
  * half-open breaker must not wait forever for its probe. */
 void unmark_probe(struct effect *e)

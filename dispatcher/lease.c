@@ -115,20 +115,10 @@ static void leased_new(struct worker *w, PGresult *r, int row, json_t **invalid)
 	struct effect *e = effect_from_row(w, r, row, true);
 	char err[OUTBOX_ERROR_MAX];
 
-	if (effect_validate(w, e, err, sizeof(err))) {
+	if (effect_validate(w, e, err, sizeof(err)))
 		effect_set_phase(w, e, PH_WAITING);
-		return;
-	}
-	if (*invalid == NULL)
-		*invalid = json_array();
-	json_array_append_new(*invalid, json_pack("{s:s,s:s,s:s}", "effect_id", e->id,
-	                                          "error_class", "invalid", "error", err));
-	log_event(OLOG_WARN, "effect_invalid",
-	          json_pack("{s:s,s:s,s:s,s:s,s:s}", "effect_id", e->id, "run_key", e->run_key,
-	                    "type", e->type, "payload_hash",
-	                    e->payload_hash ? e->payload_hash : "", "error", err));
-	metrics_inc(M_INVALID, 1);
-	effect_free(e);
+	else
+		effect_invalid(e, err, invalid);
 }
 
 /* Whether a leased row is one this worker holds past its send: a retry

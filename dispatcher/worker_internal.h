@@ -248,6 +248,7 @@ struct effect *held_find(struct worker *w, const char *id);
 void effect_fill_view(struct effect *e, int attempt);
 json_t *payload_parse(const struct effect *e, json_error_t *jerr);
 bool effect_validate(struct worker *w, struct effect *e, char *err, size_t errlen);
+void effect_invalid(struct effect *e, const char *err, json_t **invalid);
 void unmark_probe(struct effect *e);
 struct batch *batch_new(struct worker *w, size_t cap);
 char *ids_array(struct effect **items, size_t n);
