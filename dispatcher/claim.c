@@ -59,19 +59,26 @@ static int claim_room(const struct worker *w)
 int claim_limit(struct worker *w, int limit, int full)
 {
 	const struct effect *oldest = TAILQ_FIRST(&w->fx.sending);
-	int room;
+	int room, age;
 
-	if (!w->s.claim || !w->claimable || !TAILQ_EMPTY(&w->fx.waiting))
+	/* Behind an open breaker a claimed row would only be given back
+	 * (a non-HOT update each way): lease those. */
+	if (!w->s.claim || !w->claimable || !TAILQ_EMPTY(&w->fx.waiting) ||
+	    hosts_breakers_open(w->hosts) > 0)
 		return 0;
-	/* A mark or a lease on the wire: its answer runs this again. */
-	if (w->send.mark_busy)
+	/* A mark or a lease on the lease connection on the wire: its answer
+	 * runs this again.  (Not a head scan on the records connection: its
+	 * answer may queue behind outcomes.) */
+	if (w->send.mark_busy || w->lease.busy)
 		return -1;
 	room = claim_room(w);
 	if (room >= limit || room * 2 >= full)
 		return room < limit ? room : limit;
-	if (w->lease.leasing_rows > 0 ||
-	    (oldest && now_mono_ms() - oldest->started_mono_ms < CLAIM_WAIT_MS))
+	age = oldest ? (int)(now_mono_ms() - oldest->started_mono_ms) : CLAIM_WAIT_MS;
+	if (age < CLAIM_WAIT_MS) {
+		worker_kick_in(w, CLAIM_WAIT_MS - age);
 		return -1;
+	}
 	return 0;
 }
 
@@ -79,7 +86,8 @@ int claim_limit(struct worker *w, int limit, int full)
 
 /* Give claimed rows back: pending again, attempt undone; with `release`
  * the lease too (due again after 100 ms), else kept for a later mark.  On
- * the lease connection, ahead of queued marks (which must see them pending). */
+ * the lease connection, before any mark of the kept rows (issued later,
+ * and urgent queries keep their order). */
 static void unclaim(struct worker *w, const char *call, struct effect **items, size_t n,
                     bool release)
 {
@@ -106,8 +114,10 @@ static void claimed_new(struct worker *w, struct batch *b, PGresult *r, int row,
 	int64_t wait_ms;
 
 	if (!effect_validate(w, e, err, sizeof(err))) {
-		effect_invalid(e, err, &c->invalid);
-	} else if (w->life.stopping) {
+		effect_invalid(e, err, b->call, &c->invalid);
+	} else if (w->life.stopping || !db_is_up(w->db) || !db_is_up(w->rec)) {
+		/* No send starts unless both connections are up (its lease is
+		 * renewed on one, its outcome recorded on the other). */
 		c->back[c->n_back++] = e;
 	} else if (!slot_free(NULL, e, now_mono_ms(), &wait_ms)) {
 		/* Its host filled up or its breaker opened since claim_limit():
@@ -137,11 +147,13 @@ static void claimed_rows(struct worker *w, struct batch *b, PGresult *r)
 	for (int row = 0; row < PQntuples(r); row++) {
 		struct effect *held = held_find(w, PQgetvalue(r, row, COL_EFFECT_ID));
 
-		/* Held already: a retry whose outcome committed on the other
-		 * connection, or a waiting row whose lease lapsed.  Not a second
-		 * copy: back to the queue (the waiting copy's mark then finds its
-		 * lease gone). */
-		if (held)
+		/* Held already.  A waiting row whose lease lapsed: back to
+		 * pending with our lease, for its waiting copy to mark.  A retry
+		 * whose outcome committed on the other connection: back to the
+		 * queue, due again shortly.  Never a second copy. */
+		if (held && held->phase == PH_WAITING)
+			c.kept[c.n_kept++] = held;
+		else if (held)
 			c.back[c.n_back++] = held;
 		else
 			claimed_new(w, b, r, row, &c);
@@ -177,10 +189,18 @@ static void on_claimed(struct db *db, PGresult *r, void *arg)
 		w->lease.busy = false;
 	w->lease.leasing_rows -= limit;
 	if (!job_ok(w, r, worker_sql[SQL_CLAIM].name)) {
-		/* Rolled back: nothing claimed.  (A lost connection repeats the
-		 * call instead: DBQ_RETRY.) */
+		/* Refused, so rolled back.  But a refused repeat (DBQ_RETRY sets
+		 * p_repeat after a lost connection, and this callback cannot tell)
+		 * leaves what its first call claimed: give the call up, which
+		 * puts any such rows back and makes a late first call claim
+		 * nothing.  (NULL: the connection is being freed.) */
+		if (r != NULL) {
+			const char *params[2] = { w->owner, b->call };
+			worker_query(w->db, SQL_UNCLAIM_CALL, params, NULL, NULL, DBQ_RETRY | DBQ_URGENT);
+		}
 		w->lease.more_due = false;
 		free(b);
+		worker_kick(w);
 		return;
 	}
 	w->lease.more_due = PQntuples(r) >= limit;

@@ -333,13 +333,15 @@ bool effect_validate(struct worker *w, struct effect *e, char *err, size_t errle
 }
 
 /* A leased or claimed row that failed effect_validate(): logged, counted,
- * added to *invalid (failed in one outbox_fail_invalid() call) and freed. */
-void effect_invalid(struct effect *e, const char *err, json_t **invalid)
+ * added to *invalid (failed in one outbox_fail_invalid() call, which fails
+ * a claimed row only under its claim's call token) and freed. */
+void effect_invalid(struct effect *e, const char *err, const char *call, json_t **invalid)
 {
 	if (*invalid == NULL)
 		*invalid = json_array();
-	json_array_append_new(*invalid, json_pack("{s:s,s:s,s:s}", "effect_id", e->id,
-	                                          "error_class", "invalid", "error", err));
+	json_array_append_new(*invalid, json_pack("{s:s,s:s,s:s,s:s?}", "effect_id", e->id,
+	                                          "error_class", "invalid", "error", err,
+	                                          "call", call));
 	log_event(OLOG_WARN, "effect_invalid",
 	          json_pack("{s:s,s:s,s:s,s:s,s:s}", "effect_id", e->id, "run_key", e->run_key,
 	                    "type", e->type, "payload_hash",

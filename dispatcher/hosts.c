@@ -54,6 +54,16 @@ int hosts_busiest(const struct hosts *h)
 	return most;
 }
 
+int hosts_breakers_open(const struct hosts *h)
+{
+	int n = 0;
+
+	for (int i = 0; i < HOSTS_BUCKETS; i++)
+		for (const struct host_state *hs = h->bucket[i]; hs; hs = hs->next)
+			n += hs->breaker != BREAKER_CLOSED;
+	return n;
+}
+
 struct host_state *hosts_get(struct hosts *h, const char *key)
 {
 	unsigned b = hash_key(key) % HOSTS_BUCKETS;

@@ -118,7 +118,7 @@ static void leased_new(struct worker *w, PGresult *r, int row, json_t **invalid)
 	if (effect_validate(w, e, err, sizeof(err)))
 		effect_set_phase(w, e, PH_WAITING);
 	else
-		effect_invalid(e, err, invalid);
+		effect_invalid(e, err, NULL, invalid);
 }
 
 /* Whether a leased row is one this worker holds past its send: a retry

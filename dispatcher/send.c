@@ -198,18 +198,22 @@ static struct db *outcomes_db(const struct worker *w)
  * statements, the function) besides its rows.  Only while sends or a
  * lease or mark are in flight (their ends run this again) and for at most
  * BACKLOG_GATHER_MS. */
-static bool gather_more(const struct worker *w)
+static bool gather_more(struct worker *w)
 {
-	const struct effect *first = TAILQ_FIRST(&w->fx.done_q);
+	const struct effect *first = TAILQ_FIRST(&w->fx.done_q), *e;
+	int64_t age = now_mono_ms() - first->ended_mono_ms;
 	size_t queued = 0;
 
 	if (w->lease.full_leases < BACKLOG_FULL_LEASES ||
 	    (w->fx.n_sending == 0 && !w->lease.busy && !w->send.mark_busy) ||
-	    now_mono_ms() - first->ended_mono_ms >= BACKLOG_GATHER_MS)
+	    age >= BACKLOG_GATHER_MS)
 		return false;
-	TAILQ_FOREACH(first, &w->fx.done_q, link)
-		if (++queued * 2 >= (size_t)w->s.complete_batch)
+	/* A row that was not sent stays `sending` until recorded: a worker
+	 * killed meanwhile would leave it `unknown`.  Record those at once. */
+	TAILQ_FOREACH(e, &w->fx.done_q, link)
+		if (e->result.outcome == OUTCOME_NOT_SENT || ++queued * 2 >= (size_t)w->s.complete_batch)
 			return false;
+	worker_kick_in(w, BACKLOG_GATHER_MS - age);
 	return true;
 }
 

@@ -76,6 +76,17 @@ void worker_kick(struct worker *w)
 	event_active(w->life.pump_ev, EV_TIMEOUT, 0);
 }
 
+/* Run the pump again in `ms` at the latest: a "wait for a moment" of
+ * claim_limit() or gather_more() that no other event may end.  An earlier
+ * wake-up already set stands (every wait is re-checked when it runs). */
+void worker_kick_in(struct worker *w, int64_t ms)
+{
+	struct timeval tv = { .tv_sec = (time_t)(ms / 1000), .tv_usec = (suseconds_t)(ms % 1000) * 1000 };
+
+	if (!evtimer_pending(w->life.pump_ev, NULL))
+		evtimer_add(w->life.pump_ev, &tv);
+}
+
 static void on_poll(evutil_socket_t fd, short what, void *arg)
 {
 	struct worker *w = arg;

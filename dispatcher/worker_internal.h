@@ -202,10 +202,11 @@ struct worker {
 	struct hosts *hosts;
 	/* Two connections, so that the latency path never waits behind a
 	 * completion batch or a maintenance query (docs/performance.md):
-	 *   db   LISTEN, lease, mark, renew, release: what decides when a send
-	 *        starts, and every statement that updates leased waiting rows
-	 *        (one connection, so they cannot lock those rows in opposite
-	 *        orders)
+	 *   db   LISTEN, claim, lease, mark, renew, release, unclaim: what
+	 *        decides when a send starts, and every statement that updates
+	 *        leased waiting rows (one connection, so they cannot lock those
+	 *        rows in opposite orders); in position mode the head scans
+	 *        (claim or lease, SKIP LOCKED) go on rec
 	 *   rec  complete, fail_invalid, reconcile, maintenance */
 	struct db *db;
 	struct db *rec;
@@ -230,6 +231,7 @@ struct worker {
 
 /* worker.c */
 void worker_kick(struct worker *w);
+void worker_kick_in(struct worker *w, int64_t ms);
 void worker_maybe_exit(struct worker *w);
 
 /* health.c */
@@ -248,7 +250,7 @@ struct effect *held_find(struct worker *w, const char *id);
 void effect_fill_view(struct effect *e, int attempt);
 json_t *payload_parse(const struct effect *e, json_error_t *jerr);
 bool effect_validate(struct worker *w, struct effect *e, char *err, size_t errlen);
-void effect_invalid(struct effect *e, const char *err, json_t **invalid);
+void effect_invalid(struct effect *e, const char *err, const char *call, json_t **invalid);
 void unmark_probe(struct effect *e);
 struct batch *batch_new(struct worker *w, size_t cap);
 char *ids_array(struct effect **items, size_t n);

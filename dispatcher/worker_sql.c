@@ -19,6 +19,8 @@ const struct worker_sql worker_sql[SQL_STATEMENTS] = {
 		"FROM outbox_claim($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)", 11 },
 	[SQL_UNCLAIM] = { "outbox_unclaim",
 		"SELECT outbox_unclaim($1, $2, $3, $4, $5)", 5 },
+	[SQL_UNCLAIM_CALL] = { "outbox_unclaim_call",
+		"SELECT outbox_unclaim_call($1, $2)", 2 },
 	[SQL_FAIL_INVALID] = { "outbox_fail_invalid",
 		"SELECT effect_id FROM outbox_fail_invalid($1, $2)", 2 },
 	[SQL_RELEASE] = { "outbox_release",

@@ -12,6 +12,7 @@ enum worker_stmt {
 	SQL_LEASE,               /* outbox_lease: pending rows get our lease */
 	SQL_CLAIM,               /* outbox_claim: lease and mark in one (claim.c) */
 	SQL_UNCLAIM,             /* outbox_unclaim: claimed rows not sent, back */
+	SQL_UNCLAIM_CALL,        /* outbox_unclaim_call: a refused claim given up on */
 	SQL_FAIL_INVALID,        /* outbox_fail_invalid: rows that failed validation */
 	SQL_RELEASE,             /* outbox_release: leases given back, nothing sent */
 	SQL_MARK_SENDING,        /* outbox_mark_sending: the kill-switch commit point */

@@ -396,7 +396,9 @@ END $$;
 
 -- Rows the worker found invalid before sending: failed with the reason,
 -- locked in effect_id order first.  A claimed row (outbox_claim: already
--- `sending`, never sent) gets its attempt undone: no provider was called.
+-- `sending`, never sent; the item names its claim's call token, so that a
+-- late call cannot fail a row claimed or marked since) gets its attempt
+-- undone: no provider was called.
 CREATE OR REPLACE FUNCTION outbox_fail_invalid(p_owner uuid, p_items jsonb)
 RETURNS TABLE (effect_id uuid)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp
@@ -415,9 +417,10 @@ BEGIN
                lease_worker = NULL, completed_at = now(), updated_at = now(),
                attempts = CASE WHEN o.state = 'sending' THEN o.attempts - 1 ELSE o.attempts END,
                sending_since = NULL, mark_token = NULL, sending_idempotent = false
-          FROM jsonb_to_recordset(p_items) AS x(effect_id uuid, error_class text, error text)
+          FROM jsonb_to_recordset(p_items) AS x(effect_id uuid, error_class text, error text,
+                                                call uuid)
          WHERE o.effect_id = x.effect_id AND o.lease_owner = p_owner
-           AND o.state IN ('pending', 'sending')
+           AND (o.state = 'pending' OR (o.state = 'sending' AND o.mark_token = x.call))
         RETURNING o.effect_id, o.idempotency_key)
     SELECT coalesce(array_agg(u.effect_id), '{}'), coalesce(array_agg(u.idempotency_key), '{}')
       INTO ids, keys FROM u;

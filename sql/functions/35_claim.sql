@@ -26,7 +26,10 @@
 -- It leases nothing new: it returns the rows that call moved, or, when
 -- the kill switch went off since, puts them back to pending, attempt
 -- undone.  The call's advisory lock, taken first by both, makes a repeat
--- wait for a first call still running on the old connection.
+-- wait for a first call still running on the old connection; the repeat
+-- leaves the token in outbox_claim_repeats, so that a first call reaching
+-- the server only after it (a retransmitted query, a stalled server)
+-- claims nothing.
 CREATE OR REPLACE FUNCTION outbox_claim(p_owner uuid, p_worker text, p_limit integer,
                                         p_lease_seconds integer, p_types text[],
                                         p_env_enabled boolean, p_idempotent_types text[],
@@ -50,6 +53,11 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
     PERFORM pg_advisory_xact_lock(hashtextextended(p_call::text, 0));
+    IF p_repeat THEN
+        PERFORM outbox_claim_repeated(p_call);
+    ELSIF EXISTS (SELECT 1 FROM outbox_claim_repeats r WHERE r.call = p_call) THEN
+        RETURN;     -- its repeat (or a give-up) came first
+    END IF;
     PERFORM pg_advisory_xact_lock_shared(outbox_kill_switch_lock_key());
     SELECT c.enabled INTO allowed FROM outbox_control c WHERE c.id = 1;
     allowed := coalesce(allowed, false) AND p_env_enabled;
@@ -135,27 +143,44 @@ BEGIN
     RETURN n;
 END $$;
 
--- Every row one claim call moved, back to pending with its lease dropped
--- (a repeated claim after the kill switch went off).  Found through the
--- index of rows in flight: only a repeat after a lost connection gets here.
+-- A claim token that was repeated or given up on: a first call carrying it
+-- does nothing from now on.  Tokens older than an hour go (a first call
+-- that late would find its rows' leases long expired anyway).
+CREATE OR REPLACE FUNCTION outbox_claim_repeated(p_call uuid)
+RETURNS void
+LANGUAGE sql SECURITY DEFINER SET search_path = public, pg_temp AS $$
+    DELETE FROM outbox_claim_repeats WHERE at < now() - interval '1 hour';
+    INSERT INTO outbox_claim_repeats (call) VALUES (p_call) ON CONFLICT DO NOTHING;
+$$;
+
+-- Every row one claim call moved, back to pending with its lease dropped,
+-- and the call given up on (outbox_claim_repeated): a repeated claim after
+-- the kill switch went off, or a worker whose claim was refused (it cannot
+-- tell whether that was a repeat whose first call committed).  Found
+-- through the index of rows in flight; only those rare cases get here.
 CREATE OR REPLACE FUNCTION outbox_unclaim_call(p_owner uuid, p_call uuid)
 RETURNS integer
-LANGUAGE sql SECURITY DEFINER SET search_path = public, pg_temp AS $$
-    SELECT outbox_unclaim(p_owner,
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
+BEGIN
+    PERFORM pg_advisory_xact_lock(hashtextextended(p_call::text, 0));
+    PERFORM outbox_claim_repeated(p_call);
+    RETURN outbox_unclaim(p_owner,
                           ARRAY(SELECT o.effect_id FROM effect_outbox o
                                  WHERE o.state = 'sending' AND o.send_deadline IS NOT NULL
                                    AND o.lease_owner = p_owner AND o.mark_token = p_call),
                           p_call, true, 0);
-$$;
+END $$;
 
 REVOKE EXECUTE ON FUNCTION
     outbox_claim(uuid, text, integer, integer, text[], boolean, text[], uuid,
                  timestamp with time zone, uuid, boolean),
     outbox_unclaim(uuid, uuid[], uuid, boolean, bigint),
+    outbox_claim_repeated(uuid),
     outbox_unclaim_call(uuid, uuid)
     FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION
     outbox_claim(uuid, text, integer, integer, text[], boolean, text[], uuid,
                  timestamp with time zone, uuid, boolean),
-    outbox_unclaim(uuid, uuid[], uuid, boolean, bigint)
+    outbox_unclaim(uuid, uuid[], uuid, boolean, bigint),
+    outbox_unclaim_call(uuid, uuid)
     TO outbox_dispatcher;
