@@ -34,9 +34,9 @@
  * rows of the others. */
 #define CLAIM_WAIT_MS 100
 
-/* Rows the providers and the busiest host have room for beside what is in
- * flight and what leases on the wire may bring. */
-static int claim_room(const struct worker *w)
+/* Rows the providers and the busiest host (`busiest` sends in flight) have
+ * room for beside what is in flight and what leases on the wire may bring. */
+static int claim_room(const struct worker *w, int busiest)
 {
 	int room = INT_MAX, per_host = INT_MAX;
 
@@ -49,7 +49,7 @@ static int claim_room(const struct worker *w)
 		if ((int)p->policy.max_per_host < per_host)
 			per_host = (int)p->policy.max_per_host;
 	}
-	per_host -= hosts_busiest(w->hosts);
+	per_host -= busiest;
 	if (per_host < room)
 		room = per_host;
 	room -= w->lease.leasing_rows;
@@ -59,19 +59,21 @@ static int claim_room(const struct worker *w)
 int claim_limit(struct worker *w, int limit, int full)
 {
 	const struct effect *oldest = TAILQ_FIRST(&w->fx.sending);
-	int room, age;
+	int room, age, busiest, breakers_open;
 
-	/* Behind an open breaker a claimed row would only be given back
-	 * (a non-HOT update each way): lease those. */
-	if (!w->s.claim || !w->claimable || !TAILQ_EMPTY(&w->fx.waiting) ||
-	    hosts_breakers_open(w->hosts) > 0)
+	if (!w->s.claim || !w->claimable || !TAILQ_EMPTY(&w->fx.waiting))
+		return 0;
+	/* Behind an open breaker a claimed row would only be given back (a
+	 * non-HOT update each way): lease those. */
+	hosts_summary(w->hosts, &busiest, &breakers_open);
+	if (breakers_open > 0)
 		return 0;
 	/* A mark or a lease on the lease connection on the wire: its answer
 	 * runs this again.  (Not a head scan on the records connection: its
 	 * answer may queue behind outcomes.) */
 	if (w->send.mark_busy || w->lease.busy)
 		return -1;
-	room = claim_room(w);
+	room = claim_room(w, busiest);
 	if (room >= limit || room * 2 >= full)
 		return room < limit ? room : limit;
 	age = oldest ? (int)(now_mono_ms() - oldest->started_mono_ms) : CLAIM_WAIT_MS;
@@ -126,15 +128,9 @@ static void claimed_new(struct worker *w, struct batch *b, PGresult *r, int row,
 		effect_set_phase(w, e, PH_WAITING);
 		c->kept[c->n_kept++] = e;
 	} else {
-		/* As marked_one(): an answer so late that the lease may have
-		 * lapsed is recorded as not sent instead. */
-		bool late = now_mono_ms() - b->sent_mono > w->s.lease_seconds * 1000 * 2 / 3;
-
-		if (e->host->breaker == BREAKER_HALF_OPEN)
-			e->host->probe_in_flight = true;
+		mark_probe(e);
 		effect_set_phase(w, e, PH_MARKING);
-		start_send(w, e, e->prior_attempts + 1,
-		           late ? "the sending transition was confirmed too late to act on" : NULL);
+		start_send(w, e, e->prior_attempts + 1, b->sent_mono);
 	}
 }
 
@@ -181,14 +177,8 @@ static void on_claimed(struct db *db, PGresult *r, void *arg)
 {
 	struct batch *b = arg;
 	struct worker *w = b->w;
-	int limit = (int)b->gen;
 
-	if (b->on_rec)
-		w->lease.head_busy = false;
-	else
-		w->lease.busy = false;
-	w->lease.leasing_rows -= limit;
-	if (!job_ok(w, r, worker_sql[SQL_CLAIM].name)) {
+	if (!lease_answered(w, db, b, r, worker_sql[SQL_CLAIM].name)) {
 		/* Refused, so rolled back.  But a refused repeat (DBQ_RETRY sets
 		 * p_repeat after a lost connection, and this callback cannot tell)
 		 * leaves what its first call claimed: give the call up, which
@@ -198,17 +188,11 @@ static void on_claimed(struct db *db, PGresult *r, void *arg)
 			const char *params[2] = { w->owner, b->call };
 			worker_query(w->db, SQL_UNCLAIM_CALL, params, NULL, NULL, DBQ_RETRY | DBQ_URGENT);
 		}
-		w->lease.more_due = false;
 		free(b);
 		worker_kick(w);
 		return;
 	}
-	w->lease.more_due = PQntuples(r) >= limit;
-	if (!b->on_rec)
-		w->lease.full_leases = w->lease.more_due ? w->lease.full_leases + 1 : 0;
-	metrics_inc(M_LEASED, (unsigned long)PQntuples(r));
 	metrics_inc(M_CLAIMED, (unsigned long)PQntuples(r));
-	lease_cursor_update(w, r, b->from_head, now_mono_ms() - db_head_sent_mono(db));
 	claimed_rows(w, b, r);
 	free(b);
 	worker_kick(w);
@@ -221,15 +205,11 @@ void claim_send(struct worker *w, struct db *db, bool from_head, int limit)
 {
 	char lim[16], lease[16];
 	const char *params[11];
-	struct batch *b = batch_new(w, 0);
+	struct batch *b = lease_on_wire(w, db, from_head, limit);
 
 	snprintf(lim, sizeof(lim), "%d", limit);
 	snprintf(lease, sizeof(lease), "%ld", w->s.lease_seconds);
 	uuid_v4(b->call);
-	b->sent_mono = now_mono_ms();
-	b->gen = (uint64_t)limit;
-	b->from_head = from_head;
-	b->on_rec = db == w->rec;
 	params[0] = w->owner;
 	params[1] = w->name;
 	params[2] = lim;
@@ -241,11 +221,6 @@ void claim_send(struct worker *w, struct db *db, bool from_head, int limit)
 	params[8] = from_head ? NULL : w->lease.after_at;
 	params[9] = from_head ? NULL : w->lease.after_id;
 	params[10] = "false";   /* p_repeat: DBQ_REPEAT_FLAG sets it on a repeat */
-	if (b->on_rec)
-		w->lease.head_busy = true;
-	else
-		w->lease.busy = true;
-	w->lease.leasing_rows += limit;
 	worker_query(db, SQL_CLAIM, params, on_claimed, b,
 	             DBQ_RETRY | DBQ_REPEAT_FLAG | (b->on_rec ? 0 : DBQ_URGENT));
 }

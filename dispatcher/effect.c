@@ -350,6 +350,14 @@ void effect_invalid(struct effect *e, const char *err, const char *call, json_t 
 	effect_free(e);
 }
 
+/* An effect picked to be sent (a mark batch, a claim): a half-open
+ * breaker's probe is counted now, so that only one goes through. */
+void mark_probe(struct effect *e)
+{
+	if (e->host->breaker == BREAKER_HALF_OPEN)
+		e->host->probe_in_flight = true;
+}
+
 /* An effect picked for a mark batch that will not be sent after all: a
  * half-open breaker must not wait forever for its probe. */
 void unmark_probe(struct effect *e)

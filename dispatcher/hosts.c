@@ -43,25 +43,16 @@ static unsigned hash_key(const char *s)
 	return v;
 }
 
-int hosts_busiest(const struct hosts *h)
+void hosts_summary(const struct hosts *h, int *busiest, int *breakers_open)
 {
-	int most = 0;
-
+	*busiest = 0;
+	*breakers_open = 0;
 	for (int i = 0; i < HOSTS_BUCKETS; i++)
-		for (const struct host_state *hs = h->bucket[i]; hs; hs = hs->next)
-			if (hs->in_flight > most)
-				most = hs->in_flight;
-	return most;
-}
-
-int hosts_breakers_open(const struct hosts *h)
-{
-	int n = 0;
-
-	for (int i = 0; i < HOSTS_BUCKETS; i++)
-		for (const struct host_state *hs = h->bucket[i]; hs; hs = hs->next)
-			n += hs->breaker != BREAKER_CLOSED;
-	return n;
+		for (const struct host_state *hs = h->bucket[i]; hs; hs = hs->next) {
+			if (hs->in_flight > *busiest)
+				*busiest = hs->in_flight;
+			*breakers_open += hs->breaker != BREAKER_CLOSED;
+		}
 }
 
 struct host_state *hosts_get(struct hosts *h, const char *key)

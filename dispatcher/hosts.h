@@ -38,11 +38,10 @@ struct host_state *hosts_get(struct hosts *h, const char *key);
  * limit is in the way (wait for a slot). */
 bool host_may_send(struct host_state *hs, int max_per_host, int64_t now_ms, int64_t *retry_in_ms);
 void host_send_started(struct host_state *hs);
-/* The most sends in flight to any one host.  (Walks every host seen since
- * the start: fine for the tens of hosts a fleet sends to.) */
-int hosts_busiest(const struct hosts *h);
-/* Hosts whose breaker is open or half-open. */
-int hosts_breakers_open(const struct hosts *h);
+/* The most sends in flight to any one host, and how many hosts have a
+ * breaker open or half-open.  (Walks every host seen since the start:
+ * fine for the tens of hosts a fleet sends to.) */
+void hosts_summary(const struct hosts *h, int *busiest, int *breakers_open);
 /* Returns true when this outcome opened the breaker. */
 bool host_send_done(struct host_state *hs, const struct outbox_result *r, int failures_to_open,
                     int64_t open_ms, int64_t now_ms);

@@ -82,7 +82,7 @@ static void head_scan_timed(struct worker *w, int64_t took, int64_t now)
  * In position mode a scan from the head only picks up what became due
  * behind the position, which stays where it is (ahead).  `took` is the
  * lease's time on the wire and in the server (not its wait in the queue). */
-void lease_cursor_update(struct worker *w, PGresult *r, bool from_head, int64_t took)
+static void lease_cursor_update(struct worker *w, PGresult *r, bool from_head, int64_t took)
 {
 	int n = PQntuples(r);
 	bool was_position = w->lease.from_position;
@@ -167,28 +167,59 @@ static void leased_rows(struct worker *w, PGresult *r)
 	}
 }
 
-static void on_leased(struct db *db, PGresult *r, void *arg)
+/* A lease or a claim of `limit` rows going out on `db`: the batch its
+ * answer gets (the limit in gen, from_head, on_rec, sent_mono), and the
+ * rows counted as on the wire. */
+struct batch *lease_on_wire(struct worker *w, struct db *db, bool from_head, int limit)
 {
-	struct batch *b = arg;   /* carries w, the limit in gen, from_head and on_rec */
-	struct worker *w = b->w;
-	int limit = (int)b->gen;
-	bool from_head = b->from_head, on_rec = b->on_rec;
+	struct batch *b = batch_new(w, 0);
 
-	if (on_rec)
+	b->gen = (uint64_t)limit;
+	b->from_head = from_head;
+	b->on_rec = db == w->rec;
+	b->sent_mono = now_mono_ms();
+	if (b->on_rec)
+		w->lease.head_busy = true;
+	else
+		w->lease.busy = true;
+	w->lease.leasing_rows += limit;
+	return b;
+}
+
+/* The answer to a lease or a claim: off the wire; false when the database
+ * refused it; else the burst (more_due), the backlog count, the metric and
+ * the due-index position follow it. */
+bool lease_answered(struct worker *w, struct db *db, const struct batch *b, PGresult *r,
+                    const char *what)
+{
+	int limit = (int)b->gen;
+
+	if (b->on_rec)
 		w->lease.head_busy = false;
 	else
 		w->lease.busy = false;
 	w->lease.leasing_rows -= limit;
-	free(b);
-	if (!job_ok(w, r, worker_sql[SQL_LEASE].name)) {
+	if (!job_ok(w, r, what)) {
 		w->lease.more_due = false;
-		return;
+		return false;
 	}
 	w->lease.more_due = PQntuples(r) >= limit;
-	if (!on_rec)
+	if (!b->on_rec)
 		w->lease.full_leases = w->lease.more_due ? w->lease.full_leases + 1 : 0;
 	metrics_inc(M_LEASED, (unsigned long)PQntuples(r));
-	lease_cursor_update(w, r, from_head, now_mono_ms() - db_head_sent_mono(db));
+	lease_cursor_update(w, r, b->from_head, now_mono_ms() - db_head_sent_mono(db));
+	return true;
+}
+
+static void on_leased(struct db *db, PGresult *r, void *arg)
+{
+	struct batch *b = arg;
+	struct worker *w = b->w;
+	bool ok = lease_answered(w, db, b, r, worker_sql[SQL_LEASE].name);
+
+	free(b);
+	if (!ok)
+		return;
 	leased_rows(w, r);
 	/* A lease that was on the wire when SIGTERM came: give it back. */
 	if (w->life.stopping)
@@ -201,7 +232,7 @@ static void lease_send(struct worker *w, struct db *db, bool from_head, int limi
 {
 	char lim[16], lease[16];
 	const char *params[8];
-	struct batch *b = batch_new(w, 0);
+	struct batch *b = lease_on_wire(w, db, from_head, limit);
 
 	snprintf(lim, sizeof(lim), "%d", limit);
 	snprintf(lease, sizeof(lease), "%ld", w->s.lease_seconds);
@@ -213,14 +244,6 @@ static void lease_send(struct worker *w, struct db *db, bool from_head, int limi
 	params[5] = w->env_enabled ? "true" : "false";
 	params[6] = from_head ? NULL : w->lease.after_at;
 	params[7] = from_head ? NULL : w->lease.after_id;
-	b->gen = (uint64_t)limit;
-	b->from_head = from_head;
-	b->on_rec = db == w->rec;
-	if (b->on_rec)
-		w->lease.head_busy = true;
-	else
-		w->lease.busy = true;
-	w->lease.leasing_rows += limit;
 	worker_query(db, SQL_LEASE, params, on_leased, b, b->on_rec ? 0 : DBQ_URGENT);
 }
 

@@ -298,11 +298,17 @@ static void on_send_done(void *token, const struct outbox_result *res)
 	worker_kick(w);
 }
 
-/* Hand the effect to its provider; with `refuse`, record it as not sent
- * instead (the same bookkeeping, no call). */
-void start_send(struct worker *w, struct effect *e, int attempt, const char *refuse)
+/* Hand the effect to its provider, now that the statement sent at
+ * `confirmed_sent_mono` (a mark or a claim) made it `sending`.  An answer
+ * that came so late (a stopped process, a stalled database) that the lease
+ * may have lapsed, and the reaper or a kill switch turned off meanwhile
+ * moved on, is recorded as not sent instead (the same bookkeeping, no
+ * call). */
+void start_send(struct worker *w, struct effect *e, int attempt, int64_t confirmed_sent_mono)
 {
 	char err[OUTBOX_ERROR_MAX] = "";
+	const char *refuse = now_mono_ms() - confirmed_sent_mono > w->s.lease_seconds * 1000 * 2 / 3
+	                     ? "the sending transition was confirmed too late to act on" : NULL;
 
 	effect_fill_view(e, attempt);
 	e->started_wall_ms = now_wall_ms();
@@ -366,13 +372,7 @@ static void marked_one(struct worker *w, struct batch *b, struct effect *e, PGre
 		unmark_probe(e);
 		effect_free(e);
 	} else {
-		/* An answer that came so late (a stopped process, a stalled
-		 * database) that the lease may have lapsed, and the reaper or a
-		 * kill switch turned off meanwhile moved on: send nothing,
-		 * record it as not sent. */
-		bool late = now_mono_ms() - b->sent_mono > w->s.lease_seconds * 1000 * 2 / 3;
-		start_send(w, e, atoi(PQgetvalue(r, row, COL_MARK_ATTEMPTS)),
-		           late ? "the sending transition was confirmed too late to act on" : NULL);
+		start_send(w, e, atoi(PQgetvalue(r, row, COL_MARK_ATTEMPTS)), b->sent_mono);
 	}
 }
 
@@ -458,9 +458,7 @@ static void mark_pick(struct worker *w, struct batch *b, struct batch **rel, int
 		}
 		effect_set_phase(w, e, PH_MARKING);
 		b->items[b->n++] = e;
-		/* Count a half-open probe now so only one goes through. */
-		if (e->host->breaker == BREAKER_HALF_OPEN)
-			e->host->probe_in_flight = true;
+		mark_probe(e);
 	}
 }
 

@@ -251,6 +251,7 @@ void effect_fill_view(struct effect *e, int attempt);
 json_t *payload_parse(const struct effect *e, json_error_t *jerr);
 bool effect_validate(struct worker *w, struct effect *e, char *err, size_t errlen);
 void effect_invalid(struct effect *e, const char *err, const char *call, json_t **invalid);
+void mark_probe(struct effect *e);
 void unmark_probe(struct effect *e);
 struct batch *batch_new(struct worker *w, size_t cap);
 char *ids_array(struct effect **items, size_t n);
@@ -259,7 +260,9 @@ void effects_free_all(struct worker *w);
 /* lease.c */
 void lease_batch(struct worker *w);
 void lease_cursor_reset(struct worker *w);
-void lease_cursor_update(struct worker *w, PGresult *r, bool from_head, int64_t took);
+struct batch *lease_on_wire(struct worker *w, struct db *db, bool from_head, int limit);
+bool lease_answered(struct worker *w, struct db *db, const struct batch *b, PGresult *r,
+                    const char *what);
 void release_waiting(struct worker *w);
 void on_heartbeat(evutil_socket_t fd, short what, void *arg);
 
@@ -271,7 +274,7 @@ void claim_send(struct worker *w, struct db *db, bool from_head, int limit);
 /* send.c */
 void mark_ready(struct worker *w);
 bool slot_free(const struct batch *b, const struct effect *e, int64_t now, int64_t *wait_ms);
-void start_send(struct worker *w, struct effect *e, int attempt, const char *refuse);
+void start_send(struct worker *w, struct effect *e, int attempt, int64_t confirmed_sent_mono);
 void flush_completions(struct worker *w);
 
 /* reconcile.c */

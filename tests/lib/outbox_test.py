@@ -389,11 +389,18 @@ def finished_rows_and_some_in_flight(conn, owner, pending, in_flight):
     return ids
 
 
-def unknown_resolved(port, how):
-    """outbox_unknown_resolved_total{how} from a worker's /metrics."""
+def scrape(port):
+    """A worker's /metrics as {sample name with its labels: value}."""
     import urllib.request
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
-    for line in text.splitlines():
-        if line.startswith(f'outbox_unknown_resolved_total{{how="{how}"}} '):
-            return int(line.split()[-1])
-    raise AssertionError(f"no outbox_unknown_resolved_total{{how={how}}} in /metrics")
+    return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines() if line and not line.startswith("#")}
+
+
+def unknown_resolved(port, how):
+    """outbox_unknown_resolved_total{how} from a worker's /metrics."""
+    name = f'outbox_unknown_resolved_total{{how="{how}"}}'
+    got = scrape(port)
+    if name not in got:
+        raise AssertionError(f"no {name} in /metrics")
+    return int(got[name])

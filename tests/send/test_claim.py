@@ -12,7 +12,7 @@ import psycopg2
 import pytest
 
 from outbox_test import (add_due, attempts, enqueue, free_port, http_cfg, kill_switch, query,
-                         scalar, states, wait_for, worker_dsn)
+                         scalar, scrape, states, wait_for, worker_dsn)
 
 CLAIM = ("SELECT effect_id::text, attempts FROM outbox_claim(%s, 'w', %s, 30, '{http}', %s, "
          "'{}', %s, NULL, NULL, %s)")
@@ -210,10 +210,8 @@ def test_the_worker_role_may_claim_and_unclaim_and_no_one_else(conn, login_as):
 # -- through the worker --------------------------------------------------------
 
 def claimed_total(port):
-    import urllib.request
-    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
-    return {line.split()[0]: float(line.split()[1]) for line in text.splitlines()
-            if line.startswith(("outbox_claimed_total ", "outbox_leased_total "))}
+    m = scrape(port)
+    return {k: m[k] for k in ("outbox_claimed_total", "outbox_leased_total")}
 
 
 def test_the_worker_claims_by_default_and_leases_when_told_not_to(conn, dispatchers, sink):
