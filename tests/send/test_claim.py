@@ -326,3 +326,51 @@ def test_no_claims_while_a_breaker_is_open(conn, dispatchers):
     assert scalar(conn, "SELECT count(*) FROM effect_attempts") <= 3
     m = claimed_total(mport)
     assert 2 <= m["outbox_claimed_total"] <= 3 < m["outbox_leased_total"], m
+
+
+def test_a_row_claimed_as_its_breaker_opens_waits_unsent_with_its_attempt_undone(conn, db,
+                                                                                 dispatchers, sink):
+    """claimed_new's "kept" path: the claim left with room for the row, and
+    the host's breaker opened before the answer came back.  The row is not
+    sent; it goes back to pending under the worker's lease with the attempt
+    undone (outbox_unclaim, keep), waits for the breaker, and is then sent
+    once.  The claim is held on the wire by the kill switch's lock (which
+    it takes shared) while an earlier send to the same host times out."""
+    kill_switch(conn, True)
+    mport = free_port()
+    w = dispatchers({**http_cfg(breaker_failures=1, breaker_open_ms=1500, timeout_ms=1000,
+                                max_attempts=1, max_per_host=4),
+                     "dispatcher": {"batch_size": 2},
+                     "metrics": {"listen": f"127.0.0.1:{mport}"}})
+    first = enqueue(conn, "http", sink.url + "/hang", {})
+    wait_for(lambda: any(r["path"].startswith("/hang") for r in sink.received()),
+             what="the first send in flight")
+    holder = psycopg2.connect(db)
+    try:
+        with holder.cursor() as cur:
+            cur.execute("SELECT pg_advisory_xact_lock(outbox_kill_switch_lock_key())")
+            second = enqueue(conn, "http", sink.url + "/ok", {})
+            wait_for(lambda: scalar(conn, "SELECT count(*) FROM pg_stat_activity "
+                                          "WHERE wait_event_type = 'Lock' "
+                                          "AND query LIKE '%%outbox_claim%%'") == 1,
+                     what="the second row's claim waiting on the kill switch's lock")
+            wait_for(lambda: any(e.get("event") == "breaker_open" for e in w.events()),
+                     what="the breaker opened by the first send's timeout")
+        holder.rollback()
+    finally:
+        holder.close()
+    wait_for(lambda: query(conn, "SELECT state, attempts, lease_owner IS NOT NULL OR "
+                                 "available_at > now() FROM effect_outbox WHERE effect_id = %s",
+                           (second,)) == [("pending", 0, True)],
+             what="the claimed row given back unsent, attempt undone")
+    assert attempts(conn, second) == []
+    assert not any(r["path"].startswith("/ok") for r in sink.received())
+    assert scrape(mport)["outbox_claimed_total"] == 2
+    wait_for(lambda: states(conn).get("completed") == 1, timeout=20,
+             what="the row sent once the breaker half-opened")
+    assert query(conn, "SELECT state FROM effect_outbox WHERE effect_id = %s", (second,)) == \
+        [("completed",)]
+    assert [a["outcome_class"] for a in attempts(conn, second)] == ["accepted"]
+    assert len([r for r in sink.received() if r["path"].startswith("/ok")]) == 1
+    assert query(conn, "SELECT state FROM effect_outbox WHERE effect_id = %s", (first,)) != \
+        [("sending",)]
