@@ -386,8 +386,18 @@ static void on_marked(struct db *db, PGresult *r, void *arg)
 	(void)db;
 	w->send.mark_busy = false;
 	if (!job_ok(w, r, worker_sql[SQL_MARK_SENDING].name)) {
-		/* Not sent, not marked (or the retry will find them): the leases
-		 * expire and the rows are leased again; nothing was sent. */
+		/* Refused, so rolled back, and nothing was sent.  But a refused
+		 * repeat (the first call's answer was lost with the connection)
+		 * leaves what the first call marked: give the call up, which puts
+		 * those rows back to pending with the attempt undone and makes a
+		 * first call still on its way mark nothing, instead of leaving
+		 * them `sending` for the reaper.  Leased rows the call did not
+		 * mark expire and are leased again.  (NULL: the connection is
+		 * being freed.) */
+		if (r != NULL) {
+			const char *params[2] = { w->owner, b->call };
+			worker_query(w->db, SQL_UNCLAIM_CALL, params, NULL, NULL, DBQ_RETRY | DBQ_URGENT);
+		}
 		for (size_t i = 0; i < b->n; i++) {
 			unmark_probe(b->items[i]);
 			effect_free(b->items[i]);

@@ -94,6 +94,16 @@ DECLARE
     ids uuid[];
     atts integer[];
 BEGIN
+    -- A call the worker gave up on (outbox_unclaim_call, after its repeat
+    -- was refused) marks nothing, even if its first delivery reaches the
+    -- server only now; the call's lock makes the give-up wait for a first
+    -- call still running.  Lock order as in outbox_claim.
+    IF p_call IS NOT NULL THEN
+        PERFORM pg_advisory_xact_lock(hashtextextended(p_call::text, 0));
+        IF EXISTS (SELECT 1 FROM outbox_claim_repeats r WHERE r.call = p_call) THEN
+            RETURN;
+        END IF;
+    END IF;
     PERFORM pg_advisory_xact_lock_shared(outbox_kill_switch_lock_key());
     SELECT c.enabled INTO allowed FROM outbox_control c WHERE c.id = 1;
     PERFORM outbox_lock_owned(p_owner, p_ids);      -- lock order: effect_id

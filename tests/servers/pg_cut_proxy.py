@@ -19,6 +19,7 @@ class CutProxy:
     def __init__(self):
         self.port = None
         self.pattern = None
+        self.hold = None
         self.cuts = 0
         self.lock = threading.Lock()
         self.srv = None
@@ -43,9 +44,13 @@ class CutProxy:
         self.stopping = True
         self.srv.close()
 
-    def arm(self, pattern):
+    def arm(self, pattern, hold=None):
+        """hold: a threading.Event; the cut (the answer read, counted in
+        `cuts`, nothing forwarded) then waits for it before closing, so a
+        test can change the world between the commit and the repeat."""
         with self.lock:
             self.pattern = pattern
+            self.hold = hold
 
     def conninfo(self, dsn):
         """dsn (key=value) pointed at the proxy."""
@@ -102,6 +107,9 @@ class CutProxy:
                     if mtype == b"Z":
                         with self.lock:
                             self.cuts += 1
+                            hold = self.hold
+                        if hold is not None:
+                            hold.wait(60)
                         self._close(c, u)
                         return
         except OSError:
