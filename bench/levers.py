@@ -135,6 +135,7 @@ class Variant:
         self.claim_ns = self.complete_ns = self.vacuum_ns = 0
         self.claim_wal = self.complete_wal = self.vacuum_wal = 0
         self.effects = self.calls = 0
+        self.after_at = self.after_id = None
 
     def load(self):
         cur = self.cur
@@ -178,11 +179,16 @@ class Variant:
 
     def batch(self):
         """Claim a batch and record it accepted; False once the backlog is empty."""
+        # From the position after the last row claimed, as a worker does
+        # (from the head, each claim would step over every row claimed
+        # before it that VACUUM has not yet taken out of the due index).
         ns, wal, rows = self.measured(
-            "SELECT effect_id, attempts FROM %s(%%s, 'levers', %%s, 30, '{http}', true, '{http}',"
-            " gen_random_uuid())" % self.claim_fn, (OWNER, BATCH))
+            "SELECT effect_id, attempts, available_at FROM %s(%%s, 'levers', %%s, 30, '{http}', true,"
+            " '{http}', gen_random_uuid(), %%s, %%s)" % self.claim_fn,
+            (OWNER, BATCH, self.after_at, self.after_id))
         if not rows:
             return False
+        self.after_id, self.after_at = rows[-1][0], rows[-1][2]
         self.claim_ns += ns
         self.claim_wal += wal
         results = json.dumps([{"effect_id": r[0], "attempt": r[1] + 1,

@@ -66,18 +66,26 @@ CREATE TABLE outbox_control (id int PRIMARY KEY, enabled boolean NOT NULL);
 INSERT INTO outbox_control VALUES (1, true);
 
 CREATE FUNCTION narrow_claim(p_owner uuid, p_worker text, p_limit integer, p_lease_seconds integer, p_types text[],
-                        p_env_enabled boolean, p_idempotent_types text[], p_call uuid)
+                        p_env_enabled boolean, p_idempotent_types text[], p_call uuid,
+                        p_after_at timestamptz DEFAULT NULL, p_after_id uuid DEFAULT NULL)
 RETURNS TABLE (effect_id uuid, idempotency_key text, effect_type text, target text,
                payload text, payload_hash text, effect_key text, attempts integer,
                metadata text, approved_by text, retry_base integer, available_at timestamptz)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp SET plan_cache_mode = force_custom_plan AS $$
 #variable_conflict use_column
-DECLARE allowed boolean; after_at timestamptz := '-infinity'; after_id uuid := '00000000-0000-0000-0000-000000000000';
+DECLARE allowed boolean; after_at timestamptz := p_after_at; after_id uuid := p_after_id;
 BEGIN
     PERFORM pg_advisory_xact_lock(hashtextextended(p_call::text, 0));
     PERFORM pg_advisory_xact_lock_shared(12345);
     SELECT c.enabled INTO allowed FROM outbox_control c WHERE c.id = 1;
     IF NOT allowed THEN RETURN; END IF;
+    -- outbox_claim's position rules.
+    IF after_at > now() - interval '50 milliseconds' THEN
+        after_at := now() - interval '50 milliseconds';
+        after_id := NULL;
+    END IF;
+    after_at := coalesce(after_at, '-infinity');
+    after_id := coalesce(after_id, '00000000-0000-0000-0000-000000000000');
     RETURN QUERY
     WITH due AS (
         SELECT s.effect_id FROM effect_state s
