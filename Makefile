@@ -39,7 +39,7 @@ CORE_SRC  := dispatcher/util.c dispatcher/log.c dispatcher/config.c dispatcher/d
              dispatcher/migrate.c dispatcher/config_read.c
 DAEMON_SRC := dispatcher/main.c dispatcher/worker.c dispatcher/health.c dispatcher/effect.c \
               dispatcher/lease.c dispatcher/claim.c dispatcher/send.c dispatcher/reconcile.c \
-              dispatcher/housekeeping.c dispatcher/late.c dispatcher/worker_sql.c \
+              dispatcher/housekeeping.c dispatcher/late.c dispatcher/wire.c dispatcher/worker_sql.c \
               dispatcher/plugin.c dispatcher/hosts.c dispatcher/policy.c \
               dispatcher/metrics.c dispatcher/sdnotify.c \
               providers/lib/json_text.c

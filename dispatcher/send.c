@@ -385,6 +385,7 @@ static void on_marked(struct db *db, PGresult *r, void *arg)
 
 	(void)db;
 	w->send.mark_busy = false;
+	wire_answered(w, b);
 	if (!job_ok(w, r, worker_sql[SQL_MARK_SENDING].name)) {
 		/* Refused, so rolled back, and nothing was sent.  But a refused
 		 * repeat (the first call's answer was lost with the connection)
@@ -505,6 +506,7 @@ void mark_ready(struct worker *w)
 	params[4] = lease;
 	params[5] = b->call;
 	w->send.mark_busy = true;
+	wire_sent(w, w->db, b);
 	/* Repeatable: the same call token gets its own rows back. */
 	worker_query(w->db, SQL_MARK_SENDING, params, on_marked, b, DBQ_RETRY | DBQ_URGENT);
 	free(ids);

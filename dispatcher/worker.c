@@ -187,6 +187,7 @@ static void on_grace_over(evutil_socket_t fd, short what, void *arg)
 	        "%d sends still in flight after shutdown_grace_ms=%ld: exiting; their leases expire "
 	        "and the reaper marks them unknown (or pending where keys are honoured)",
 	        w->fx.n_sending, w->s.shutdown_grace_ms);
+	wire_give_up(w);
 	event_base_loopbreak(w->base);
 }
 
@@ -198,6 +199,7 @@ static void on_sigterm(evutil_socket_t sig, short what, void *arg)
 	(void)what;
 	if (w->life.stopping) {
 		log_msg(OLOG_WARN, "shutdown_now", "second %s: exiting at once", strsignal((int)sig));
+		wire_give_up(w);
 		event_base_loopbreak(w->base);
 		return;
 	}

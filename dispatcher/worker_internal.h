@@ -193,6 +193,14 @@ struct worker_hk {
 	struct event *maint_ev;
 };
 
+/* wire.c: claims and marks sent or queued whose answer has not come back,
+ * given up at a forced exit.  A claim on each connection and a mark. */
+#define WIRE_CALLS_MAX 4
+struct worker_wire {
+	const struct batch *b[WIRE_CALLS_MAX];
+	struct db *db[WIRE_CALLS_MAX];
+};
+
 struct worker {
 	struct event_base *base;
 	char *config_path;
@@ -227,12 +235,18 @@ struct worker {
 	struct worker_send send;
 	struct worker_recon recon;
 	struct worker_hk hk;
+	struct worker_wire wire;
 };
 
 /* worker.c */
 void worker_kick(struct worker *w);
 void worker_kick_in(struct worker *w, int64_t ms);
 void worker_maybe_exit(struct worker *w);
+
+/* wire.c */
+void wire_sent(struct worker *w, struct db *db, const struct batch *b);
+void wire_answered(struct worker *w, const struct batch *b);
+void wire_give_up(struct worker *w);
 
 /* health.c */
 bool pg_ok(PGresult *r, const char *what);

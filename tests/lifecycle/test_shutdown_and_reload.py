@@ -1,12 +1,17 @@
 """Signals: SIGTERM finishes the sends in flight and releases the rest, a
-second SIGTERM exits at once; SIGHUP applies a good configuration and
-keeps the old one when the new file is broken.
+second SIGTERM exits at once; a forced exit gives up the claims still on
+the wire; SIGHUP applies a good configuration and keeps the old one when
+the new file is broken.
 """
 import signal
+import threading
 import time
 
-from outbox_test import (effect, enqueue, final, http_cfg, kill_switch, scalar, wait_for,
-                         write_config)
+import psycopg2
+
+from outbox_test import (attempts, effect, enqueue, final, http_cfg, kill_switch, query, scalar,
+                         wait_for, worker_dsn, write_config)
+from pg_cut_proxy import CutProxy
 
 
 def test_sigterm_finishes_in_flight_and_releases_unstarted(conn, dispatchers, sink):
@@ -63,3 +68,65 @@ def test_sighup_applies_a_good_config(conn, dispatchers, sink):
     write_config(w.config_path, sections)
     w.signal(signal.SIGHUP)
     wait_for(lambda: any(e.get("event") == "reloaded" for e in w.events()), what="reloaded")
+
+
+def waiting_claims(conn):
+    return scalar(conn, "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                        "AND query LIKE '%outbox_claim(%'")
+
+
+def test_a_forced_exit_cancels_and_gives_up_a_claim_still_waiting(conn, db, dispatchers, sink):
+    """A worker forced out (shutdown_grace_ms over) with a claim waiting on
+    the server (here for the kill switch's lock, held by the test) cancels
+    it and gives its call up, so the claim cannot move the rows to
+    `sending` once the lock is free: they stay pending, never sent, and
+    are claimed again by the next worker."""
+    kill_switch(conn, True)
+    cfg = {"dispatcher": {"shutdown_grace_ms": 300, "batch_size": 2}, **http_cfg(max_per_host=4)}
+    holder = psycopg2.connect(db)
+    try:
+        with holder.cursor() as cur:
+            cur.execute("SELECT pg_advisory_xact_lock(outbox_kill_switch_lock_key())")
+            w = dispatchers(cfg)
+            ids = [enqueue(conn, "http", sink.url + f"/ok?{i}", {}) for i in range(2)]
+            wait_for(lambda: waiting_claims(conn) == 1, what="the claim waiting for the lock")
+            w.signal(signal.SIGTERM)
+            assert w.wait(timeout=15) == 0
+            assert waiting_claims(conn) == 0
+            assert [e for e in w.events() if e.get("event") == "gave_up_calls"]
+        holder.rollback()
+    finally:
+        holder.close()
+    assert scalar(conn, "SELECT count(*) FROM outbox_claim_repeats") == 1
+    assert query(conn, "SELECT state, attempts FROM effect_outbox ORDER BY effect_id") == \
+        [("pending", 0)] * 2
+    dispatchers(http_cfg(), name="w2")
+    wait_for(lambda: scalar(conn, "SELECT count(*) FROM effect_outbox WHERE state = 'completed'")
+             == 2, what="sent by the next worker")
+    assert [len(attempts(conn, i)) for i in ids] == [1, 1] and sink.count() == 2
+
+
+def test_a_forced_exit_gives_back_what_a_claim_moved_whose_answer_never_came(conn, db,
+                                                                             dispatchers, sink):
+    """The claim committed, its answer is still on its way (a proxy holds
+    it) when the worker is forced out: the give-up puts the rows it moved
+    back to pending with the attempt undone, instead of `sending` until
+    the reaper."""
+    proxy, hold = CutProxy().start(), threading.Event()
+    try:
+        kill_switch(conn, True)
+        ids = [enqueue(conn, "http", sink.url + f"/ok?{i}", {}) for i in range(2)]
+        proxy.arm(b"outbox_claim", hold=hold)
+        w = dispatchers({"dispatcher": {"shutdown_grace_ms": 300, "batch_size": 2},
+                         "database": {"conninfo": proxy.conninfo(worker_dsn(db))},
+                         **http_cfg(max_per_host=4)})
+        wait_for(lambda: proxy.cuts == 1, what="the claim committed, its answer held")
+        assert query(conn, "SELECT state, attempts FROM effect_outbox") == [("sending", 1)] * 2
+        w.signal(signal.SIGTERM)
+        assert w.wait(timeout=15) == 0
+        assert query(conn, "SELECT state, attempts, lease_owner FROM effect_outbox") == \
+            [("pending", 0, None)] * 2
+        assert sink.count() == 0 and all(attempts(conn, i) == [] for i in ids)
+    finally:
+        hold.set()
+        proxy.stop()

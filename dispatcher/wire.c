@@ -1,0 +1,109 @@
+/*
+ * wire.c: the claims and marks on the wire (sent or queued, answer not
+ * seen), by call token, and what a forced exit does about them.
+ *
+ * A claim or a mark whose answer the worker never saw may have committed:
+ * its rows are then `sending` although nothing was sent.  A worker that
+ * exits before the answer (a second SIGTERM, shutdown_grace_ms over)
+ * cancels those statements on the server (a cancel aborts one still
+ * waiting, on a lock say; a committed one stays) and gives their calls up
+ * on a short connection of its own (outbox_unclaim_call): rows a committed
+ * call moved go back to pending with the attempt undone, and a call still
+ * on its way moves nothing.  Without this the reaper would find them
+ * `sending` at lease expiry and, for a provider without idempotency keys,
+ * make them `unknown`: an operator's decision about a send that never
+ * happened.  If the database cannot be reached the rows are left to the
+ * reaper, as before.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "db.h"
+#include "log.h"
+#include "worker_internal.h"
+
+/* Per statement of the give-up: a first call still running holds its
+ * call's lock until it ends, and a forced exit must end. */
+#define WIRE_GIVE_UP_TIMEOUT "3000"
+
+void wire_sent(struct worker *w, struct db *db, const struct batch *b)
+{
+	for (int i = 0; i < WIRE_CALLS_MAX; i++) {
+		if (w->wire.b[i] == NULL) {
+			w->wire.b[i] = b;
+			w->wire.db[i] = db;
+			return;
+		}
+	}
+	/* More than the worker ever has at once (a claim on each connection
+	 * and a mark): the call is left to the reaper at a forced exit. */
+	log_msg(OLOG_WARN, "wire_full", "more than %d claims and marks on the wire", WIRE_CALLS_MAX);
+}
+
+void wire_answered(struct worker *w, const struct batch *b)
+{
+	for (int i = 0; i < WIRE_CALLS_MAX; i++)
+		if (w->wire.b[i] == b)
+			w->wire.b[i] = NULL;
+}
+
+static bool give_up_one(PGconn *c, const char *owner, const char *call, long *rows)
+{
+	const char *params[3] = { WIRE_GIVE_UP_TIMEOUT, owner, call };
+	PGresult *r;
+	bool ok;
+
+	r = PQexec(c, "BEGIN");
+	PQclear(r);
+	r = PQexecParams(c, "SELECT set_config('statement_timeout', $1, true), "
+	                 "outbox_unclaim_call($2::uuid, $3::uuid)", 3, NULL, params, NULL, NULL, 0);
+	ok = PQresultStatus(r) == PGRES_TUPLES_OK && PQntuples(r) == 1;
+	if (ok)
+		*rows += strtol(PQgetvalue(r, 0, 1), NULL, 10);
+	else
+		log_msg(OLOG_WARN, "give_up_failed", "giving up call %s: %s", call,
+		        PQresultErrorMessage(r));
+	PQclear(r);
+	r = PQexec(c, ok ? "COMMIT" : "ROLLBACK");
+	PQclear(r);
+	return ok;
+}
+
+void wire_give_up(struct worker *w)
+{
+	const char *keys[] = { "dbname", "connect_timeout", "fallback_application_name", NULL };
+	const char *vals[] = { w->s.conninfo, "3", "outbox-dispatcher exit", NULL };
+	int n = 0, given_up = 0;
+	long rows = 0;
+	PGconn *c;
+
+	for (int i = 0; i < WIRE_CALLS_MAX; i++) {
+		if (w->wire.b[i] == NULL)
+			continue;
+		n++;
+		/* Once per connection: a second cancel could hit what follows. */
+		bool seen = false;
+		for (int j = 0; j < i; j++)
+			seen |= w->wire.b[j] != NULL && w->wire.db[j] == w->wire.db[i];
+		if (!seen)
+			db_cancel_running(w->wire.db[i]);
+	}
+	if (n == 0)
+		return;
+	c = PQconnectdbParams(keys, vals, 1);
+	if (PQstatus(c) != CONNECTION_OK) {
+		log_msg(OLOG_WARN, "give_up_failed",
+		        "%d claims or marks on the wire at exit, and no connection to give them up: "
+		        "rows they moved stay sending until the reaper (%s)", n, PQerrorMessage(c));
+		PQfinish(c);
+		return;
+	}
+	for (int i = 0; i < WIRE_CALLS_MAX; i++)
+		if (w->wire.b[i] != NULL && give_up_one(c, w->owner, w->wire.b[i]->call, &rows))
+			given_up++;
+	PQfinish(c);
+	log_msg(OLOG_INFO, "gave_up_calls",
+	        "exiting with %d claims or marks on the wire: %d given up, %ld rows back to pending unsent",
+	        n, given_up, rows);
+}
