@@ -178,7 +178,6 @@ static void on_claimed(struct db *db, PGresult *r, void *arg)
 	struct batch *b = arg;
 	struct worker *w = b->w;
 
-	wire_answered(w, b);
 	if (!lease_answered(w, db, b, r, worker_sql[SQL_CLAIM].name)) {
 		/* Refused, so rolled back.  But a refused repeat (DBQ_RETRY sets
 		 * p_repeat after a lost connection, and this callback cannot tell)
@@ -222,7 +221,6 @@ void claim_send(struct worker *w, struct db *db, bool from_head, int limit)
 	params[8] = from_head ? NULL : w->lease.after_at;
 	params[9] = from_head ? NULL : w->lease.after_id;
 	params[10] = "false";   /* p_repeat: DBQ_REPEAT_FLAG sets it on a repeat */
-	wire_sent(w, db, b);
 	worker_query(db, SQL_CLAIM, params, on_claimed, b,
 	             DBQ_RETRY | DBQ_REPEAT_FLAG | (b->on_rec ? 0 : DBQ_URGENT));
 }

@@ -625,16 +625,11 @@ void db_cancel_queued(struct db *db)
 	}
 }
 
-void db_cancel_running(struct db *db)
+PGcancel *db_cancel_handle(const struct db *db)
 {
-	PGcancel *c;
-	char err[200];
-
-	if (db->state != DB_UP || !db->head_sent || (c = PQgetCancel(db->conn)) == NULL)
-		return;
-	if (!PQcancel(c, err, sizeof(err)))
-		snprintf(db->last_error, sizeof(db->last_error), "cancel: %s", err);
-	PQfreeCancel(c);
+	if (db->state != DB_UP || !db->head_sent)
+		return NULL;
+	return PQgetCancel(db->conn);
 }
 
 void db_free(struct db *db)

@@ -64,10 +64,9 @@ int64_t db_head_sent_mono(const struct db *db);
  * Called from a result callback, the next query is already on the wire.
  * A callback must not db_free() its own db. */
 void db_cancel_queued(struct db *db);
-/* Ask the server to cancel the statement on the wire, if any (a cancel
- * request on a connection of its own, blocking; a statement that already
- * committed stays committed).  For a forced exit. */
-void db_cancel_running(struct db *db);
+/* A cancel request for the statement on the wire (PQcancel() it, then
+ * PQfreeCancel()), or NULL when none is. */
+PGcancel *db_cancel_handle(const struct db *db);
 void db_free(struct db *db);
 
 /* conninfo with any password replaced by ********, for logs. */

@@ -183,6 +183,7 @@ struct batch *lease_on_wire(struct worker *w, struct db *db, bool from_head, int
 	else
 		w->lease.busy = true;
 	w->lease.leasing_rows += limit;
+	wire_sent(w, db, b);
 	return b;
 }
 
@@ -194,6 +195,7 @@ bool lease_answered(struct worker *w, struct db *db, const struct batch *b, PGre
 {
 	int limit = (int)b->gen;
 
+	wire_answered(w, b);
 	if (b->on_rec)
 		w->lease.head_busy = false;
 	else

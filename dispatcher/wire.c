@@ -1,6 +1,8 @@
 /*
- * wire.c: the claims and marks on the wire (sent or queued, answer not
- * seen), by call token, and what a forced exit does about them.
+ * wire.c: the leases, claims and marks on the wire (sent or queued,
+ * answer not seen), and what an exit does about them: at a forced exit
+ * the claims and marks are given up, at teardown their batches freed
+ * (their callbacks never run: db_free() drops the queries).
  *
  * A claim or a mark whose answer the worker never saw may have committed:
  * its rows are then `sending` although nothing was sent.  A worker that
@@ -15,17 +17,23 @@
  * happened.  If the database cannot be reached the rows are left to the
  * reaper, as before.
  */
+#include <poll.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "db.h"
 #include "log.h"
+#include "util.h"
 #include "worker_internal.h"
 
 /* Per statement of the give-up: a first call still running holds its
  * call's lock until it ends, and a forced exit must end. */
 #define WIRE_GIVE_UP_TIMEOUT "3000"
+/* How long a cancel request may take to reach the server. */
+#define WIRE_CANCEL_WAIT_MS 2000
 
 void wire_sent(struct worker *w, struct db *db, const struct batch *b)
 {
@@ -36,9 +44,10 @@ void wire_sent(struct worker *w, struct db *db, const struct batch *b)
 			return;
 		}
 	}
-	/* More than the worker ever has at once (a claim on each connection
-	 * and a mark): the call is left to the reaper at a forced exit. */
-	log_msg(OLOG_WARN, "wire_full", "more than %d claims and marks on the wire", WIRE_CALLS_MAX);
+	/* More than the worker ever has at once (a lease or claim on each
+	 * connection and a mark): left to the reaper at a forced exit. */
+	log_msg(OLOG_WARN, "wire_full", "more than %d leases, claims and marks on the wire",
+	        WIRE_CALLS_MAX);
 }
 
 void wire_answered(struct worker *w, const struct batch *b)
@@ -70,24 +79,85 @@ static bool give_up_one(PGconn *c, const char *owner, const char *call, long *ro
 	return ok;
 }
 
+/* A cancel request runs on a thread of its own, so that an unreachable
+ * server (PQcancel() has no timeout) cannot hold up the exit it is made
+ * for.  The thread owns the request and, until it has written to `done`,
+ * the pipe; a caller that stops waiting leaves both to the exit. */
+struct cancel_job {
+	PGcancel *c;
+	int done[2];
+};
+
+static void *cancel_thread(void *arg)
+{
+	struct cancel_job *j = arg;
+	char err[200];
+
+	(void)PQcancel(j->c, err, sizeof(err));
+	PQfreeCancel(j->c);
+	(void)!write(j->done[1], "x", 1);
+	return NULL;
+}
+
+/* Ask the server to cancel the statement on the wire of `db`, waiting at
+ * most timeout_ms for the request to be delivered (a statement that
+ * already committed stays committed). */
+static bool cancel_running(struct db *db, int timeout_ms)
+{
+	struct cancel_job *j;
+	pthread_t t;
+	struct pollfd pfd;
+	PGcancel *c = db_cancel_handle(db);
+
+	if (c == NULL)
+		return false;
+	j = xcalloc(1, sizeof(*j));
+	j->c = c;
+	if (pipe(j->done) < 0) {
+		PQfreeCancel(j->c);
+		free(j);
+		return false;
+	}
+	if (pthread_create(&t, NULL, cancel_thread, j) != 0) {
+		PQfreeCancel(j->c);
+		close(j->done[0]);
+		close(j->done[1]);
+		free(j);
+		return false;
+	}
+	pfd.fd = j->done[0];
+	pfd.events = POLLIN;
+	if (poll(&pfd, 1, timeout_ms) != 1) {
+		pthread_detach(t);
+		return false;
+	}
+	pthread_join(t, NULL);
+	close(j->done[0]);
+	close(j->done[1]);
+	free(j);
+	return true;
+}
+
 void wire_give_up(struct worker *w)
 {
-	const char *keys[] = { "dbname", "connect_timeout", "fallback_application_name", NULL };
-	const char *vals[] = { w->s.conninfo, "3", "outbox-dispatcher exit", NULL };
+	const char *keys[] = { "dbname", "connect_timeout", "tcp_user_timeout", "fallback_application_name",
+	                       NULL };
+	const char *vals[] = { w->s.conninfo, "3", "5000", "outbox-dispatcher exit", NULL };
 	int n = 0, given_up = 0;
 	long rows = 0;
 	PGconn *c;
 
 	for (int i = 0; i < WIRE_CALLS_MAX; i++) {
-		if (w->wire.b[i] == NULL)
-			continue;
+		if (w->wire.b[i] == NULL || w->wire.b[i]->call[0] == '\0')
+			continue;       /* a lease moves nothing to `sending` */
 		n++;
 		/* Once per connection: a second cancel could hit what follows. */
 		bool seen = false;
 		for (int j = 0; j < i; j++)
-			seen |= w->wire.b[j] != NULL && w->wire.db[j] == w->wire.db[i];
+			seen |= w->wire.b[j] != NULL && w->wire.b[j]->call[0] != '\0' &&
+			        w->wire.db[j] == w->wire.db[i];
 		if (!seen)
-			db_cancel_running(w->wire.db[i]);
+			(void)cancel_running(w->wire.db[i], WIRE_CANCEL_WAIT_MS);
 	}
 	if (n == 0)
 		return;
@@ -100,10 +170,19 @@ void wire_give_up(struct worker *w)
 		return;
 	}
 	for (int i = 0; i < WIRE_CALLS_MAX; i++)
-		if (w->wire.b[i] != NULL && give_up_one(c, w->owner, w->wire.b[i]->call, &rows))
+		if (w->wire.b[i] != NULL && w->wire.b[i]->call[0] != '\0' &&
+		    give_up_one(c, w->owner, w->wire.b[i]->call, &rows))
 			given_up++;
 	PQfinish(c);
 	log_msg(OLOG_INFO, "gave_up_calls",
 	        "exiting with %d claims or marks on the wire: %d given up, %ld rows back to pending unsent",
 	        n, given_up, rows);
+}
+
+void wire_free_all(struct worker *w)
+{
+	for (int i = 0; i < WIRE_CALLS_MAX; i++) {
+		free((void *)w->wire.b[i]);
+		w->wire.b[i] = NULL;
+	}
 }

@@ -518,6 +518,7 @@ void worker_free(struct worker *w)
 	providers_unload(&w->providers);
 	providers_on_late_result(NULL, NULL);
 	effects_free_all(w);
+	wire_free_all(w);
 	db_free(w->db);
 	db_free(w->rec);
 	metrics_stop();

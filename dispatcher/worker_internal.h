@@ -193,8 +193,9 @@ struct worker_hk {
 	struct event *maint_ev;
 };
 
-/* wire.c: claims and marks sent or queued whose answer has not come back,
- * given up at a forced exit.  A claim on each connection and a mark. */
+/* wire.c: leases, claims and marks sent or queued whose answer has not
+ * come back (a lease or claim on each connection, and a mark); the owner
+ * of their batches at teardown. */
 #define WIRE_CALLS_MAX 4
 struct worker_wire {
 	const struct batch *b[WIRE_CALLS_MAX];
@@ -247,6 +248,9 @@ void worker_maybe_exit(struct worker *w);
 void wire_sent(struct worker *w, struct db *db, const struct batch *b);
 void wire_answered(struct worker *w, const struct batch *b);
 void wire_give_up(struct worker *w);
+/* Teardown, before the connections are freed (their callbacks then never
+ * run): the batches still on the wire. */
+void wire_free_all(struct worker *w);
 
 /* health.c */
 bool pg_ok(PGresult *r, const char *what);
