@@ -625,9 +625,9 @@ void db_cancel_queued(struct db *db)
 	}
 }
 
-PGcancel *db_cancel_handle(const struct db *db)
+PGcancel *db_cancel_handle(const struct db *db, const void *arg)
 {
-	if (db->state != DB_UP || !db->head_sent)
+	if (db->state != DB_UP || !db->head_sent || TAILQ_FIRST(&db->queue)->arg != arg)
 		return NULL;
 	return PQgetCancel(db->conn);
 }

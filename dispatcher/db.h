@@ -64,9 +64,10 @@ int64_t db_head_sent_mono(const struct db *db);
  * Called from a result callback, the next query is already on the wire.
  * A callback must not db_free() its own db. */
 void db_cancel_queued(struct db *db);
-/* A cancel request for the statement on the wire (PQcancel() it, then
- * PQfreeCancel()), or NULL when none is. */
-PGcancel *db_cancel_handle(const struct db *db);
+/* A cancel request for the statement on the wire if it is the query
+ * whose callback argument is `arg` (PQcancel() it, then PQfreeCancel()),
+ * else NULL. */
+PGcancel *db_cancel_handle(const struct db *db, const void *arg);
 void db_free(struct db *db);
 
 /* conninfo with any password replaced by ********, for logs. */

@@ -393,8 +393,8 @@ static void on_marked(struct db *db, PGresult *r, void *arg)
 		 * those rows back to pending with the attempt undone and makes a
 		 * first call still on its way mark nothing, instead of leaving
 		 * them `sending` for the reaper.  Leased rows the call did not
-		 * mark expire and are leased again.  (NULL: the connection is
-		 * being freed.) */
+		 * mark expire and are leased again.  (r is never NULL here: a
+		 * repeatable query outlives a lost connection.) */
 		if (r != NULL) {
 			const char *params[2] = { w->owner, b->call };
 			worker_query(w->db, SQL_UNCLAIM_CALL, params, NULL, NULL, DBQ_RETRY | DBQ_URGENT);

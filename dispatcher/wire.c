@@ -17,6 +17,7 @@
  * happened.  If the database cannot be reached the rows are left to the
  * reaper, as before.
  */
+#include <errno.h>
 #include <poll.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -65,11 +66,17 @@ static bool give_up_one(PGconn *c, const char *owner, const char *call, long *ro
 
 	r = PQexec(c, "BEGIN");
 	PQclear(r);
+	/* A statement's timeout is read when it starts: set in a statement of
+	 * its own, for the transaction (SET LOCAL: a pooler in transaction
+	 * mode hands the server connection on afterwards). */
 	r = PQexecParams(c, "SELECT set_config('statement_timeout', $1, true), "
-	                 "outbox_unclaim_call($2::uuid, $3::uuid)", 3, NULL, params, NULL, NULL, 0);
+	                 "set_config('lock_timeout', $1, true)", 1, NULL, params, NULL, NULL, 0);
+	PQclear(r);
+	r = PQexecParams(c, "SELECT outbox_unclaim_call($1::uuid, $2::uuid)", 2, NULL, params + 1,
+	                 NULL, NULL, 0);
 	ok = PQresultStatus(r) == PGRES_TUPLES_OK && PQntuples(r) == 1;
 	if (ok)
-		*rows += strtol(PQgetvalue(r, 0, 1), NULL, 10);
+		*rows += strtol(PQgetvalue(r, 0, 0), NULL, 10);
 	else
 		log_msg(OLOG_WARN, "give_up_failed", "giving up call %s: %s", call,
 		        PQresultErrorMessage(r));
@@ -99,15 +106,16 @@ static void *cancel_thread(void *arg)
 	return NULL;
 }
 
-/* Ask the server to cancel the statement on the wire of `db`, waiting at
+/* Ask the server to cancel b's statement if it is the one on the wire of
+ * `db` (never what is there instead: recorded outcomes, say), waiting at
  * most timeout_ms for the request to be delivered (a statement that
  * already committed stays committed). */
-static bool cancel_running(struct db *db, int timeout_ms)
+static bool cancel_running(struct db *db, const struct batch *b, int timeout_ms)
 {
 	struct cancel_job *j;
 	pthread_t t;
 	struct pollfd pfd;
-	PGcancel *c = db_cancel_handle(db);
+	PGcancel *c = db_cancel_handle(db, b);
 
 	if (c == NULL)
 		return false;
@@ -127,7 +135,13 @@ static bool cancel_running(struct db *db, int timeout_ms)
 	}
 	pfd.fd = j->done[0];
 	pfd.events = POLLIN;
-	if (poll(&pfd, 1, timeout_ms) != 1) {
+	int64_t until = now_mono_ms() + timeout_ms;
+	int got;
+
+	while ((got = poll(&pfd, 1, (int)(until - now_mono_ms()))) < 0 && errno == EINTR &&
+	       now_mono_ms() < until)
+		;
+	if (got != 1) {
 		pthread_detach(t);
 		return false;
 	}
@@ -151,13 +165,7 @@ void wire_give_up(struct worker *w)
 		if (w->wire.b[i] == NULL || w->wire.b[i]->call[0] == '\0')
 			continue;       /* a lease moves nothing to `sending` */
 		n++;
-		/* Once per connection: a second cancel could hit what follows. */
-		bool seen = false;
-		for (int j = 0; j < i; j++)
-			seen |= w->wire.b[j] != NULL && w->wire.b[j]->call[0] != '\0' &&
-			        w->wire.db[j] == w->wire.db[i];
-		if (!seen)
-			(void)cancel_running(w->wire.db[i], WIRE_CANCEL_WAIT_MS);
+		(void)cancel_running(w->wire.db[i], w->wire.b[i], WIRE_CANCEL_WAIT_MS);
 	}
 	if (n == 0)
 		return;
@@ -182,7 +190,13 @@ void wire_give_up(struct worker *w)
 void wire_free_all(struct worker *w)
 {
 	for (int i = 0; i < WIRE_CALLS_MAX; i++) {
-		free((void *)w->wire.b[i]);
+		struct batch *b = (struct batch *)w->wire.b[i];
+
+		/* A mark's effects are on no list while it is out: its batch
+		 * holds them. */
+		for (size_t k = 0; b != NULL && k < b->n; k++)
+			effect_free(b->items[k]);
+		free(b);
 		w->wire.b[i] = NULL;
 	}
 }

@@ -517,8 +517,8 @@ void worker_free(struct worker *w)
 	/* Effects still with a provider are abandoned by its shutdown(). */
 	providers_unload(&w->providers);
 	providers_on_late_result(NULL, NULL);
-	effects_free_all(w);
 	wire_free_all(w);
+	effects_free_all(w);
 	db_free(w->db);
 	db_free(w->rec);
 	metrics_stop();

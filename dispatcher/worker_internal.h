@@ -248,8 +248,9 @@ void worker_maybe_exit(struct worker *w);
 void wire_sent(struct worker *w, struct db *db, const struct batch *b);
 void wire_answered(struct worker *w, const struct batch *b);
 void wire_give_up(struct worker *w);
-/* Teardown, before the connections are freed (their callbacks then never
- * run): the batches still on the wire. */
+/* Teardown, before the effects and connections are freed (their
+ * callbacks then never run): the batches still on the wire, and a mark's
+ * effects. */
 void wire_free_all(struct worker *w);
 
 /* health.c */
