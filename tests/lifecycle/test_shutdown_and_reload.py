@@ -8,6 +8,7 @@ import threading
 import time
 
 import psycopg2
+import pytest
 
 from outbox_test import (attempts, effect, enqueue, final, http_cfg, kill_switch, query, scalar,
                          wait_for, worker_dsn, write_config)
@@ -109,47 +110,27 @@ def test_a_forced_exit_cancels_and_gives_up_a_claim_still_waiting(conn, db, disp
     assert [len(attempts(conn, i)) for i in ids] == [1, 1] and sink.count() == 2
 
 
-def test_a_forced_exit_gives_back_what_a_claim_moved_whose_answer_never_came(conn, db,
-                                                                             dispatchers, sink):
-    """The claim committed, its answer is still on its way (a proxy holds
-    it) when the worker is forced out: the give-up puts the rows it moved
-    back to pending with the attempt undone, instead of `sending` until
-    the reaper."""
+@pytest.mark.parametrize("statement,dispatcher", [
+    (b"outbox_claim", {"batch_size": 2}),
+    (b"outbox_mark_sending", {"claim": False}),
+], ids=["claim", "mark"])
+def test_a_forced_exit_gives_back_what_a_call_moved_whose_answer_never_came(
+        conn, db, dispatchers, sink, statement, dispatcher):
+    """The claim (or, with [dispatcher] claim = false, the mark) committed;
+    its answer is still on its way (a proxy holds it) when the worker is
+    forced out: the give-up puts the rows it moved back to pending with the
+    attempt undone, instead of `sending` until the reaper, and teardown
+    frees what the call's batch held (the suite's AddressSanitizer build
+    checks that for the mark's effects)."""
     proxy, hold = CutProxy().start(), threading.Event()
     try:
         kill_switch(conn, True)
         ids = [enqueue(conn, "http", sink.url + f"/ok?{i}", {}) for i in range(2)]
-        proxy.arm(b"outbox_claim", hold=hold)
-        w = dispatchers({"dispatcher": {"shutdown_grace_ms": 300, "batch_size": 2},
+        proxy.arm(statement, hold=hold)
+        w = dispatchers({"dispatcher": {"shutdown_grace_ms": 300, **dispatcher},
                          "database": {"conninfo": proxy.conninfo(worker_dsn(db))},
                          **http_cfg(max_per_host=4)})
-        wait_for(lambda: proxy.cuts == 1, what="the claim committed, its answer held")
-        assert query(conn, "SELECT state, attempts FROM effect_outbox") == [("sending", 1)] * 2
-        w.signal(signal.SIGTERM)
-        assert w.wait(timeout=15) == 0
-        assert query(conn, "SELECT state, attempts, lease_owner FROM effect_outbox") == \
-            [("pending", 0, None)] * 2
-        assert sink.count() == 0 and all(attempts(conn, i) == [] for i in ids)
-    finally:
-        hold.set()
-        proxy.stop()
-
-
-def test_a_forced_exit_gives_back_what_a_mark_moved_whose_answer_never_came(conn, db,
-                                                                            dispatchers, sink):
-    """The same for the lease-then-mark path ([dispatcher] claim = false):
-    the mark committed, its answer is held; the forced exit gives the call
-    up (rows pending, attempt undone) and frees the effects the mark's
-    batch held (the suite's AddressSanitizer build checks the latter)."""
-    proxy, hold = CutProxy().start(), threading.Event()
-    try:
-        kill_switch(conn, True)
-        ids = [enqueue(conn, "http", sink.url + f"/ok?{i}", {}) for i in range(2)]
-        proxy.arm(b"outbox_mark_sending", hold=hold)
-        w = dispatchers({"dispatcher": {"shutdown_grace_ms": 300, "claim": False},
-                         "database": {"conninfo": proxy.conninfo(worker_dsn(db))},
-                         **http_cfg()})
-        wait_for(lambda: proxy.cuts == 1, what="the mark committed, its answer held")
+        wait_for(lambda: proxy.cuts == 1, what="the call committed, its answer held")
         assert query(conn, "SELECT state, attempts FROM effect_outbox") == [("sending", 1)] * 2
         w.signal(signal.SIGTERM)
         assert w.wait(timeout=15) == 0, w.log()
