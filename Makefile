@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: ISC
 # outbox-dispatcher build.
 #
 #   make              build/outbox-dispatcher, build/outboxctl, build/providers/*.so

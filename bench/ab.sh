@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: ISC
 # bench/ab.sh: this tree against another commit, alternating throughput runs
 # (A = the other commit, B = this tree), each on a fresh server of its own
 # (bench/run.sh with BENCH_ONLY=throughput), so both sides see the same

@@ -1,4 +1,5 @@
 #!/usr/bin/python3
+# SPDX-License-Identifier: ISC
 """bench/bench.py: the measurements behind `make bench` (see bench/README.md).
 
 Started by bench/run.sh, which installs what is missing, starts a throwaway

@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: ISC
 # bench/callgrind.sh: the worker's own CPU per effect, as instruction
 # counts (valgrind --tool=callgrind), which do not depend on the machine's
 # load: one worker drains N effects to nginx; prints Ir per effect and the

@@ -1,3 +1,4 @@
+-- SPDX-License-Identifier: ISC
 -- bench/ceiling.sql: the database ceiling for bench/run.sh.
 --
 -- One pgbench transaction = what one dispatcher worker does for one batch,

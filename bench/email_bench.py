@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: ISC
 """bench/email_bench.py (run by bench/email_run.sh, `make bench-email`).
 
 Two relays, each its own process on loopback: a private OpenSMTPD

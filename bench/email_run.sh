@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: ISC
 # bench/email_run.sh: `make bench-email`: the email provider's throughput
 # with sessions reused against a one-session-per-message client, and a
 # slow-greeting run that must end with no false unknown.  A throwaway

@@ -1,3 +1,4 @@
+-- SPDX-License-Identifier: ISC
 -- bench/idle.sql: one effect at a time.  The pause is far longer than the
 -- insert-to-send latency, so each effect finds the worker idle (waiting on
 -- LISTEN) and the figure is the wake-up path: NOTIFY -> lease -> mark ->

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: ISC
 """bench/levers.py: the database's cost per effect, lever by lever (run by
 bench/levers.sh, which starts the server).
 

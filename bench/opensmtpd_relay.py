@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: ISC
 """bench/opensmtpd_relay.py: a private OpenSMTPD for bench/email_bench.py.
 
 Debian 12's `opensmtpd` package (6.8) supplies /usr/sbin/smtpd; its own

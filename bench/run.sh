@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: ISC
 # bench/run.sh: `make bench` (full, ~15 min on 2 cores) and `make bench-quick`
 # (QUICK=1, under a minute).  See bench/README.md for what is measured and
 # how; the knobs are the environment variables listed in bench/bench.py.

@@ -1,4 +1,5 @@
 #!/usr/bin/python3
+# SPDX-License-Identifier: ISC
 """bench/scaling.py: the scaling curve (issue 20), started by bench/scaling.sh.
 
 For each configuration, the bench's throughput run (bench.py: N pending

@@ -1,4 +1,5 @@
 #!/usr/bin/python3
+# SPDX-License-Identifier: ISC
 """bench/slow_sink.py: an HTTP sink that answers every request after a delay.
 
 Used by bench/run.sh to hold many sends in flight at once (the "RSS with

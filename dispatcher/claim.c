@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: ISC */
 /*
  * claim.c: the lease and the sending transition in one call
  * (outbox_claim(), sql/functions/35_claim.sql) for rows this worker can

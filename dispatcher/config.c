@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: ISC */
 /*
  * config.c: the configuration's key tables (every key with its type,
  * default and bounds; dispatcher.ini.example documents the same), the

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: ISC */
 /*
  * config.h: the INI config, as tables of keys (name, type, default,
  * bounds).  Parsing (inih) and checking happen before anything uses a

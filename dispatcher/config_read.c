@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: ISC */
 /*
  * config_read.c: reading the INI file (or a string) into the entries of a
  * struct config, with inih: each key once, inside a [section], lines up

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: ISC */
 /*
  * db.c: the asynchronous libpq connection (see db.h).
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: ISC */
 /*
  * db.h: one asynchronous PostgreSQL connection on the event loop.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: ISC */
 /*
  * effect.c: one effect in a worker: reading it from a row, checking its
  * payload with its provider, the set of ids the worker holds, and

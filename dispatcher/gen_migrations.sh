@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: ISC
 # gen_migrations.sh: turn the schema files into C tables so outboxctl
 # carries the schema it was built for (see migrate.h):
 #   sql/NNN_name.sql        -> migrations[]      {version, name, text}
@@ -9,7 +10,9 @@ echo '#include "migrate.h"'
 n=0
 for f in "$@"; do
   echo "static const char sql_$n[] = "
-  sed -e 's/\\/\\\\/g' -e 's/"/\\"/g' -e 's/^/"/' -e 's/$/\\n"/' "$f"
+  # The licence line is left out, so that a migration's checksum (and so
+  # every database it was applied to) does not depend on it.
+  sed -e '/^-- SPDX-License-Identifier:/d' -e 's/\\/\\\\/g' -e 's/"/\\"/g' -e 's/^/"/' -e 's/$/\\n"/' "$f"
   echo ';'
   n=$((n+1))
 done

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: ISC */
 /*
  * health.c: whether the worker can serve, and who is told: READY=1 and
  * STATUS= for systemd (readiness_update()), /healthz (worker_ready()),

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: ISC */
 /*
  * hosts.c: per-host concurrency and circuit breaker (see hosts.h).
  */

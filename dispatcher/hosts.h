@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: ISC */
 /*
  * hosts.h: per-destination bookkeeping: sends in flight per host (for
  * max_per_host) and a circuit breaker, so a dead endpoint is not

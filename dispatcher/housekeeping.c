@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: ISC */
 /*
  * housekeeping.c: the maintenance timer's pass on the records connection:
  * the reaper (expired `sending` leases -> unknown, or pending where keys

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: ISC */
 /*
  * late.c: a provider's acceptance that arrives after the provider itself
  * reported the call ambiguous (host->late_result; the email provider's

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: ISC */
 /*
  * lease.c: the effects a worker takes and keeps.  lease_batch() asks
  * outbox_claim() (claim.c: rows that can all be sent at once) or

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: ISC */
 /*
  * log.c: the JSON line logger.  One write(2) per line so lines from
  * several threads never interleave.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: ISC */
 /*
  * log.h: structured logs, one JSON object per line on stderr (journald
  * keeps it as is).  Every line has ts, level, program, worker and event.

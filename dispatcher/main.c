@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: ISC */
 /*
  * main.c: outbox-dispatcher, one worker of the fleet.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: ISC */
 /*
  * metrics.c: the worker's counters, gauges and send-latency histograms,
  * rendered in the Prometheus text exposition format (version 0.0.4) and

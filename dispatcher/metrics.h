@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: ISC */
 /*
  * metrics.h: the worker's counters and gauges, served in Prometheus text
  * format on [metrics] listen (/metrics), with /healthz for liveness and

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: ISC */
 /*
  * migrate.c: apply the compiled-in schema (see migrate.h): numbered
  * migrations once each, then the function files whose text changed.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: ISC */
 /*
  * migrate.h: the schema compiled into the binaries (generated from sql/ by
  * gen_migrations.sh) and the code that applies it, all in one transaction

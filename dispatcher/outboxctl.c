@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: ISC */
 /*
  * outboxctl.c: the operator's command line.  Global options, the command
  * table, the connection and shared helpers; the commands live in

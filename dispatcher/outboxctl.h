@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: ISC */
 /*
  * outboxctl.h: what the outboxctl command files share: the exit codes
  * scripts rely on, the connection, and small query helpers.

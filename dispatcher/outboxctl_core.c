@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: ISC */
 /*
  * outboxctl_core.c: migrate, kill-switch and status.
  */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: ISC */
 /*
  * outboxctl_ops.c: the operator's acts on effects: unknown list/resolve,
  * requeue, replace, prune and cancel.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: ISC */
 /*
  * outboxctl_reconcile.c: `outboxctl reconcile [--wait SECONDS]`.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: ISC */
 /*
  * plugin.c: provider plugins (see plugin.h).
  */

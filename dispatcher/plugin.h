@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: ISC */
 /*
  * plugin.h: loading provider plugins (dlopen by name from provider_dir),
  * checking their interface version and config, and the per-provider

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: ISC */
 /*
  * policy.c: the failure classes of docs/design.md → next state.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: ISC */
 /*
  * policy.h: the failure-class matrix of docs/design.md as one function: given a
  * provider's outcome, the attempt number and the provider's policy, which

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: ISC */
 /*
  * reconcile.c: asking providers what became of `unknown` effects.
  * reconcile_pass() leases a batch of them (outbox_reconcile_lease), every

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: ISC */
 /*
  * sdnotify.c: systemd notifications through libsystemd's sd_notify.
  *

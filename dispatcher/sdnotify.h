@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: ISC */
 /*
  * sdnotify.h: systemd notifications (READY, RELOADING, STOPPING, STATUS,
  * WATCHDOG) through libsystemd's sd_notify; no-ops outside systemd.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: ISC */
 /*
  * send.c: an effect from a slot to its recorded outcome.  mark_ready()
  * picks waiting effects whose provider and host have room and makes them

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: ISC */
 /*
  * util.c: clocks, randomness, UUIDs, digests, string copies, backoff,
  * a growing string.

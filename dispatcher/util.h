@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: ISC */
 /*
  * util.h: small helpers every part uses: clocks, randomness, UUIDs,
  * SHA-256, bounded string copies, jittered backoff and a growing string

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: ISC */
 /*
  * wire.c: the leases, claims and marks on the wire (sent or queued,
  * answer not seen), and what an exit does about them: at a forced exit

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: ISC */
 /*
  * worker.c: the worker's loop and life (see worker.h): loading the config
  * and the providers (worker_load(), all --check-config does), connecting

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: ISC */
 /*
  * worker.h: one dispatcher worker: leasing, the kill-switch-checked
  * `sending` transition, provider calls, outcome recording, lease renewal,

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: ISC */
 /*
  * worker_internal.h: what the worker's files share (not for the rest of
  * the program, which sees worker.h): struct worker, split by the role

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: ISC */
 /*
  * worker_sql.c: the text of every statement the worker runs (see
  * worker_sql.h for their names and columns).  The functions they call are

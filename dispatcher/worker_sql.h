@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: ISC */
 /*
  * worker_sql.h: every statement the worker runs, by name, with the
  * indexes of the columns it reads (the text is in worker_sql.c; the

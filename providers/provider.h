@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: ISC */
 /*
  * provider.h: the one interface between the dispatcher and a provider
  * plugin (http, email, crm, and anyone's fourth).

@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: ISC
 # scripts/demo.sh: install, build, and run the dispatcher on a demo: a
 # throwaway PostgreSQL, a local HTTP sink, two workers, sample effects
 # delivered through the seeds' approve-before-act path, and the

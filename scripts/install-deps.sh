@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: ISC
 # scripts/install-deps.sh: every Debian 12 package the build, the tests and
 # the demo need.  Idempotent; run as root (or through sudo).
 set -eu

@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: ISC
 # scripts/test.sh: install what is needed, then run the whole suite
 # (sanitizer build, throwaway PostgreSQL, unit + integration tests).
 # Ends with "N passed, N failed"; exits non-zero on any failure.

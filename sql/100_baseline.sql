@@ -1,3 +1,4 @@
+-- SPDX-License-Identifier: ISC
 -- 100_baseline.sql: the tables, indexes and roles of the schema, as one
 -- readable file (docs/design.md, "Data model").
 --

@@ -1,3 +1,4 @@
+-- SPDX-License-Identifier: ISC
 -- 101_gate_and_evidence.sql: what the approval gate, the lease-ownership
 -- rules, least-privilege logins and evidence-based resolution of `unknown`
 -- effects need of the tables.  Their functions are in sql/functions/.

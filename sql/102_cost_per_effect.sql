@@ -1,3 +1,4 @@
+-- SPDX-License-Identifier: ISC
 -- 102_cost_per_effect.sql: fewer index entries and more in-place (HOT)
 -- updates per effect (docs/performance.md, "Cost per effect in the
 -- database").

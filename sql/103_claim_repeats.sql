@@ -1,3 +1,4 @@
+-- SPDX-License-Identifier: ISC
 -- 103_claim_repeats.sql: the claim calls a worker repeated or gave up on
 -- (sql/functions/35_claim.sql).  A first outbox_claim call that reaches the
 -- server only after its repeat (a query retransmitted on a broken

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: ISC
 """Shared fixtures for the integration suites.
 
 tests/run.sh has already started a throwaway PostgreSQL and exported

@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: ISC
 # tests/demo.sh: the dispatcher end to end on a throwaway PostgreSQL.
 #
 #  1. start PostgreSQL in a temporary folder and migrate it

@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: ISC
 # tests/run.sh: the whole suite.  Starts a throwaway PostgreSQL (stopped at
 # the end even when a test fails), migrates a template database, then runs
 # the cmocka unit tests and the pytest integration suites, and closes with

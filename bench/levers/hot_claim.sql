@@ -1,3 +1,4 @@
+-- SPDX-License-Identifier: ISC
 -- bench/levers/hot_claim.sql: the claim as a HOT update (a lever measured
 -- by bench/levers.sh, not a migration).
 --

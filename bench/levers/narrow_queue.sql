@@ -1,3 +1,4 @@
+-- SPDX-License-Identifier: ISC
 -- bench/levers/narrow_queue.sql: a prototype of the narrow queue table (a
 -- lever measured by bench/levers.sh, not a migration).
 --

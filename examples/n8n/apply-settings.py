@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: ISC
 """examples/n8n/apply-settings.py: the one place for the kit's settings.
 
 n8n's community edition has no variables shared between workflows, so

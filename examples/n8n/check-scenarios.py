@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: ISC
 """examples/n8n/check-scenarios.py: the scenarios check-with-n8n.sh drives
 against a running n8n with the kit imported, the local sink and the
 dispatcher (run by that script, not alone):

@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: ISC
 # examples/n8n/check-with-n8n.sh: the manual end-to-end check of the n8n kit
 # against a real n8n.  Too slow and too big for CI (tests/test_n8n_examples.py
 # is the CI part), so it is run by hand:

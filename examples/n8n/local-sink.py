@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: ISC
 """examples/n8n/local-sink.py: a stand-in for the three outside services the
 kit talks to, for a first try on one machine and for check-with-n8n.sh.
 Loopback only, Python 3 standard library only.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: ISC */
 /*
  * answer.c: what Salesforce answered a crm call, and the outcome: an
  * upsert classified (accepted, retry, ambiguous, terminal; not sent when no

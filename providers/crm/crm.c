@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: ISC */
 /*
  * crm.c: the crm provider's glue: its configuration keys, life cycle
  * (init, shutdown), the provider table, and the two text helpers its files

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: ISC */
 /*
  * crm.h: the crm provider's own parts (providers/crm/): Salesforce REST
  * upsert by External ID, and reconciliation by looking the external id up

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: ISC */
 /*
  * instance.c: the crm provider's org, checked once at init: the instance
  * URL (https, or plain http only for a loopback test server; scheme, host

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: ISC */
 /*
  * reconcile.c: an `unknown` crm effect, asked about by looking its record
  * up by the external id (GET ?fields=Id, never a re-send): found is sent

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: ISC */
 /*
  * record.c: which Salesforce record an effect names and what it writes:
  * the target "Object/ExternalIdField" and the effect key (the external

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: ISC */
 /*
  * transfer.c: one crm request on libcurl's multi interface: the headers
  * (the Authorization line carries the access token and is wiped before it

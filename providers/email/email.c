@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: ISC */
 /*
  * email.c: the `email` provider's interface to the dispatcher: its config
  * keys, init (relay, TLS context, credentials, the thread pool), validate,

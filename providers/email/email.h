@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: ISC */
 /*
  * email.h: the email provider's shared state (email.c owns the provider
  * interface, pool.c the loop half, session.c the SMTP threads).

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: ISC */
 /*
  * message.c: the email effect as a message, with no network and no state:
  * validation of the target and payload (header injection, addresses,

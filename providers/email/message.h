@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: ISC */
 /*
  * message.h: validation of an email effect and the message built from it
  * (message.c).  No network, no shared state: safe from any thread.

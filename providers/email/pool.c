@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: ISC */
 /*
  * pool.c: the loop half of the email provider: the queue of jobs, the
  * per-job timer, results coming back from the SMTP threads through a

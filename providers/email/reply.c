@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: ISC */
 /*
  * reply.c: from what an SMTP transaction saw to an outcome class, and the
  * provider id from an accepted reply (reply.h).

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: ISC */
 /*
  * reply.h: what one SMTP transaction saw, and the outcome class it means
  * (reply.c).  Pure: the session code records, this file judges; both the

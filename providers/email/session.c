@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: ISC */
 /*
  * session.c: the SMTP threads (libesmtp), several messages per session.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: ISC */
 /*
  * http.c: the http provider's glue: its configuration keys, life cycle
  * (init, shutdown), reconciliation through lib/http_lookup.c, and the

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: ISC */
 /*
  * http.h: the http provider's own parts (providers/http/): the generic
  * webhook/API provider, on libcurl's multi interface inside the worker's

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: ISC */
 /*
  * request.c: what the http provider sends for an effect: the payload's
  * headers, Content-Type, Idempotency-Key, the Standard Webhooks signature

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: ISC */
 /*
  * send.c: one http send on libcurl's multi interface: the transfer's
  * options and callbacks (a request written at most once: on_prereq), a

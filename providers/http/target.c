@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: ISC */
 /*
  * target.c: the http provider's target URL (parsed by libcurl, checked for
  * the SSRF rules' sake: plain-ASCII host, no trailing dot, http/https

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: ISC */
 /*
  * curl_io.c: the SSRF-checked socket, the bounded response body and the
  * header value that every provider's libcurl transfer uses (curl_io.h).

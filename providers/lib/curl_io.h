@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: ISC */
 /*
  * curl_io.h: what the providers' libcurl transfers share: the socket
  * callback that applies the SSRF rules to the very address libcurl is

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: ISC */
 /*
  * curl_loop.c: libcurl multi on libevent (see curl_loop.h).
  *

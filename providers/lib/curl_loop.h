@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: ISC */
 /*
  * curl_loop.h: libcurl's multi interface driven by a libevent loop (the
  * hiperfifo pattern): a provider hands over an easy handle and is called

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: ISC */
 /*
  * http_lookup.c: the http provider's optional reconciliation of `unknown`
  * effects (see http_lookup.h, docs/http.md "Asking the provider").

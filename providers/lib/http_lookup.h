@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: ISC */
 /*
  * http_lookup.h: the http provider's optional reconciliation: ask the
  * target's API whether it holds an effect, by its key, and answer

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: ISC */
 /*
  * json_text.c: find a top-level member in JSON text and compact it (see
  * json_text.h).  A scanner, not a parser: it knows strings (so that a

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: ISC */
 /*
  * json_text.h: a payload's JSON as text, for providers that forward a
  * value exactly as the producer wrote it.

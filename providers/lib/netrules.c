@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: ISC */
 /*
  * netrules.c: SSRF allow-list and special address ranges (see netrules.h).
  */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: ISC */
 /*
  * netrules.h: the HTTP provider's SSRF rules: an allow-list of host
  * names, addresses and CIDR ranges, and the ranges refused unless listed

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: ISC */
 /*
  * sign.c: Standard Webhooks HMAC and base64 (see sign.h).
  */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: ISC */
 /*
  * sign.h: Standard Webhooks signing and base64, for providers (plugins do
  * not link the dispatcher's own helpers).

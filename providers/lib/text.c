@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: ISC */
 /*
  * text.c: bounded and printable copies, the growing buffer and the
  * out-of-memory policy shared by the providers (text.h).

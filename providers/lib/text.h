@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: ISC */
 /*
  * text.h: small text helpers every provider needs: bounded copies,
  * printable copies of peer text, a growing byte buffer, and the providers'

@@ -1,3 +1,4 @@
+-- SPDX-License-Identifier: ISC
 -- Append-only, enforced for every role (the table owner included).
 CREATE OR REPLACE FUNCTION effect_attempts_append_only() RETURNS trigger
 LANGUAGE plpgsql AS $$

@@ -1,3 +1,4 @@
+-- SPDX-License-Identifier: ISC
 -- functions/20_producer.sql: the functions n8n workflows (and other
 -- producers) call, one statement per step of the reference sequence
 -- (README, "From n8n, step by step").

@@ -1,3 +1,4 @@
+-- SPDX-License-Identifier: ISC
 -- functions/30_dispatcher.sql: the statements the workers run, as
 -- functions, and the kill switch.
 --

@@ -1,3 +1,4 @@
+-- SPDX-License-Identifier: ISC
 -- functions/35_claim.sql: the lease and the sending transition in one
 -- statement, for the rows a worker can send at once (docs/design.md,
 -- "Effect states"; docs/performance.md, "The claim").

@@ -1,3 +1,4 @@
+-- SPDX-License-Identifier: ISC
 -- functions/40_operator.sql: the operator's acts behind outboxctl
 -- (docs/design.md, "Operations"; docs/operating.md).
 --

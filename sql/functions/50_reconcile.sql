@@ -1,3 +1,4 @@
+-- SPDX-License-Identifier: ISC
 -- functions/50_reconcile.sql: reconciliation of `unknown` effects
 -- (docs/design.md, "Effect states": unknown -> completed / pending, never
 -- an automatic re-send).

@@ -1,3 +1,4 @@
+-- SPDX-License-Identifier: ISC
 -- functions/60_housekeeping.sql: what one worker of the fleet runs for all
 -- of it, at most every few seconds or minutes (an advisory lock and a
 -- timestamp row decide who): failing rows of effect types nobody serves,

@@ -1,4 +1,5 @@
 #!/usr/bin/python3
+# SPDX-License-Identifier: ISC
 """Fault-rate servers for the chaos run (tests/chaos/chaos.py): an HTTP
 webhook sink, a Salesforce-style CRM (upsert and lookup by external id)
 and an SMTP relay, in one process, each injecting faults at configured

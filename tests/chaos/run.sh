@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: ISC
 # tests/chaos/run.sh: what `make chaos` runs.  Starts a throwaway PostgreSQL
 # of its own (the run restarts it), runs tests/chaos/chaos.py against the
 # binaries in BUILD_DIR, stops PostgreSQL, and exits with chaos.py's status.

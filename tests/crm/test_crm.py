@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: ISC
 """The crm provider end to end: real workers (build/outbox-dispatcher with
 build/providers/outbox_crm.so) against a local server that follows
 Salesforce's upsert-by-external-id and lookup behaviour

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: ISC
 """dispatcher.ini.example: every key the code knows is documented, in the
 right section, with the code's default (read from the code's key tables,
 dispatcher/config.c and providers/NAME*.c, not from a copy); the file runs

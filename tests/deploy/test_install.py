@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: ISC
 """`make install PREFIX=... DESTDIR=...` puts binaries, plugins, SQL, units
 and the example config where the units and the README say."""
 import os

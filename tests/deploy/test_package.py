@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: ISC
 """The Debian package (debian/, `make deb`): what it contains, lintian, and
 an installation into a throwaway root whose binaries then run: --version,
 --check-config with the shipped example, and a worker that sends one

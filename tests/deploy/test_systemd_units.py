@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: ISC
 """The systemd units (verified with systemd-analyze, hardening present) and
 the worker's /metrics and /healthz endpoints scraped during a real run,
 their counters checked against the database.

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: ISC
 """The email provider (providers/email/) against a real SMTP peer
 (tests/servers/smtp_server.py, aiosmtpd scripted per recipient).
 

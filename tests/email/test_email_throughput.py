@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: ISC
 """The email provider's throughput defaults (providers/email/email.c),
 end to end with a real worker, PostgreSQL and the project's SMTP test
 server (tests/servers/smtp_server.py).

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: ISC */
 /*
  * fuzz_config.c: libFuzzer target for the config parser: the input is an
  * INI file, run through config_load_string(), config_core(),

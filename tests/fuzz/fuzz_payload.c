@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: ISC */
 /*
  * fuzz_payload.c: libFuzzer target for what a worker does with a leased
  * http row before anything is sent: the SSRF allow-list (netrules_parse,

@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: ISC
 # tests/fuzz/run.sh: build the libFuzzer targets with clang
 # (-fsanitize=fuzzer,address,undefined) and run each for a bounded time
 # over its seed corpus in tests/fuzz/corpus/<target>/.  New corpus entries

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: ISC
 """Housekeeping shared by the fleet: the sweep of effects no provider serves
 runs once per interval for the whole fleet, the weekly figures are
 computed once per interval, read only this week's rows and are exported

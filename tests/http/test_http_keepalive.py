@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: ISC
 """The http provider's keep-alive (issue 7): connections are reused, and a
 request is still never sent twice.
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: ISC
 """The kill switch (docs/design.md, "Kill switch"): the control row and
 the AI_ACTIONS_ENABLED environment variable stop every send, switching
 off releases leases without spending attempts, and outbox_kill_switch_set

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: ISC
 """The kill-switch guarantee under load (docs/design.md, "Kill switch"; issue 5):
 while two workers send a steady stream, `outboxctl kill-switch off`
 returns; after that the sink receives no request that is not in the list

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: ISC
 """A lease writes no index entry (send_deadline in sql/100_baseline.sql).
 
 The reaper's index is on send_deadline, derived from lease_expires_at only

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: ISC
 """One lock order for effect rows (sql/functions/30_dispatcher.sql): outbox_renew and
 outbox_complete deadlocked under chaos (issue 17, bug 5), each locking a
 batch in its own order.  Every batch function now locks the rows it will

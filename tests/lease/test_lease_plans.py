@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: ISC
 """The lease keeps using the due index when the table grows under a worker's
 session (plan_cache_mode in sql/functions/30_dispatcher.sql).
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: ISC
 """Leasing from a position in the due index
 (outbox_lease in sql/functions/30_dispatcher.sql, lease_batch() in dispatcher/worker.c).
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: ISC
 """A lease held through a long send, and what becomes of a send whose lease
 ran out: renewed while the provider answers, `unknown` past the total cap
 or when the worker dies mid-send (never sent again), back to `pending`

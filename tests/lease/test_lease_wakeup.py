@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: ISC
 """How an idle worker learns of new effects: LISTEN/NOTIFY wakes it within
 milliseconds, and with listening off (poll-only mode) its poll still
 delivers everything.

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: ISC
 """The Debian package for the tests: build it once per test process with
 `make deb` (a private build directory, the working tree untouched) and
 install it into throwaway roots.

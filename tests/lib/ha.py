@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: ISC
 """What the high-availability suites start besides the shared test server
 (issue 20): a PgBouncer in transaction mode in front of a PostgreSQL, and a
 primary with a streaming standby that a test can fail over.

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: ISC
 """Helpers shared by the integration suites: connection strings, running
 outboxctl and workers, seeding runs and effects, waiting for conditions.
 

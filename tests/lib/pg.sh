@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: ISC
 # tests/lib/pg.sh: start and stop a throwaway PostgreSQL in a temporary
 # folder, on its own port.  Sourced by tests/run.sh, tests/demo.sh, bench
 # and chaos scripts.  PostgreSQL refuses to run as root, so as root the

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: ISC
 """Starting a worker: configuration errors name the file, line and key;
 plugins that are missing, of the wrong interface version or whose init
 fails are refused clearly; the minimal configuration of the stable keys

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: ISC
 """What a worker logs: every attempt with its fields, never a payload or a
 secret, and no password from the conninfo.
 """

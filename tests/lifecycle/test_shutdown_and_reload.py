@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: ISC
 """Signals: SIGTERM finishes the sends in flight and releases the rest, a
 second SIGTERM exits at once; a forced exit gives up the claims still on
 the wire; SIGHUP applies a good configuration and keeps the old one when

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: ISC
 """The n8n kit's Code nodes (examples/n8n/*.json) without n8n, run with node
 when it is installed: event checks, validation of the model's draft, the
 pages, the approver check, the automatic-approval rules, and the query

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: ISC
 """The n8n kit (examples/n8n/*.json) without n8n: every workflow file has
 the structure n8n 1.x imports; it keeps to what both of n8n's expression
 engines (the default `vm` and `legacy`) evaluate alike (values built in

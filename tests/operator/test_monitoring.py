@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: ISC
 """contrib/: the Prometheus alert rules and the Grafana dashboard.
 
 promtool (Debian's, see scripts/install-deps.sh) checks the rules and runs

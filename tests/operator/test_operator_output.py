@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: ISC
 """What outboxctl shows an operator (issue 17, bugs 2 and 3): text from
 the database or the command line never drives the terminal, --json stays
 valid and faithful, and a --db password shows neither in errors nor in

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: ISC
 """outboxctl against a real database: every command, its records
 (operator_actions, the attempts log, the control history), its refusals
 and its exit codes (0 done, 1 refused or not found, 2 usage, 3 database).

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: ISC
 """A provider's acceptance that arrives after the provider itself gave up
 (host->late_result; sql/functions/50_reconcile.sql
 outbox_resolve_late_accepted): the relay's 250 after the email provider's

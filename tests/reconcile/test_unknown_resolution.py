@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: ISC
 """`unknown` effects resolved from evidence (outbox_complete, providers/lib/http_lookup.c):
 
 - late acceptance: a worker stopped past its lease, whose provider's 2xx

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: ISC
 """Bad input across every kind (issue 6): a table of malformed rows for the
 http, email and crm providers, run through one real worker that serves all
 three.  Each row must end `failed` with a specific reason, without an

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: ISC
 """Bad input from an outside security review (issue 17), on top of
 test_bad_input.py's table and through the same one-worker fleet: SSRF
 literal forms, URL control characters, header overrides, IDN and

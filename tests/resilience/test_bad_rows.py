@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: ISC
 """Malformed effect rows through the http provider: each fails with its
 specific reason, payloads over the shape and size limits are refused, and
 an effect type no worker serves is failed after its grace period.

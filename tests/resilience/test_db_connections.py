@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: ISC
 """Which of a worker's two database connections carries what (issue 7).
 
 Each worker holds a lease connection (lease, mark, renew, release) and a

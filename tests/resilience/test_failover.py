@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: ISC
 """Failover to a promoted standby under a steady stream (issue 20).
 
 Each test starts its own primary and streaming standby (`pg_basebackup

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: ISC
 """The libFuzzer targets (tests/fuzz/) as part of the regular suite.
 
 tests/fuzz/run.sh builds fuzz_config and fuzz_payload with clang

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: ISC
 """The fleet behind PgBouncer in transaction pooling mode (issue 20).
 
 Debian's pgbouncer (1.18) runs in front of the test PostgreSQL on a free

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: ISC
 """A worker and its database connection: a PostgreSQL restart during a run,
 backends terminated under the worker, and a connection lost under a query
 without a callback; every effect is delivered once afterwards.

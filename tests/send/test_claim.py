@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: ISC
 """The claim (outbox_claim, outbox_unclaim in sql/functions/35_claim.sql;
 dispatcher/claim.c): due rows leased and moved to `sending` in one
 statement, under the kill switch's lock, for rows a worker can send at

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: ISC
 """The sending transition (outbox_mark_sending in sql/functions/30_dispatcher.sql),
 repeated after a lost connection: a call token gets its own rows back and
 no other call does; a call the worker gave up on (its repeat refused) puts

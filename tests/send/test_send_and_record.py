@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: ISC
 """Send and record, through the http provider against a real HTTP server
 with fault injection: the failure-class matrix (each outcome's final state,
 attempts and requests), Retry-After, the provider's id and headers, bodies

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: ISC
 """A local stand-in for Salesforce's REST API, as far as the crm provider
 uses it: upsert by External ID and lookup by External ID.
 

@@ -1,4 +1,5 @@
 #!/usr/bin/python3
+# SPDX-License-Identifier: ISC
 """A local HTTP server with fault injection, for the dispatcher's tests,
 the demo and the chaos suite.
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: ISC
 """A PostgreSQL proxy that loses an answer after the server committed it.
 
 Forwards a loopback TCP port to the test cluster (TCP or its Unix socket).

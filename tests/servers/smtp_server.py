@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: ISC
 """A scripted SMTP peer for the email provider's tests (aiosmtpd).
 
 Behaviour is chosen per message by plus-addressing, so one server can give

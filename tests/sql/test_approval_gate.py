@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: ISC
 """The approval gate (sql/functions/10_triggers.sql), exercised as real LOGIN
 members of the producer, dispatcher and operator roles.
 

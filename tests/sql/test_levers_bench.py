@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: ISC
 """bench/levers.py (make bench-levers) measures each lever of issue 23 on
 variants of the shipped SQL, made by rewriting passages of the functions in
 sql/functions.  This checks, at a small scale, that every variant still

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: ISC
 """Approvals (sql/functions/20_producer.sql): only the token's SHA-256 is stored, a
 token is consumed once, and consuming it moves the run and enqueues the
 effects in one transaction or not at all.

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: ISC
 """Producer SQL: claiming runs, the CAS transition, the re-run protocol, and
 the direct enqueue/cancel path (sql/functions/20_producer.sql).
 

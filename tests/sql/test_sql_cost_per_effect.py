@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: ISC
 """What sql/102_cost_per_effect.sql and the completion path's SQL
 (sql/functions/30_dispatcher.sql) promise while writing less per effect:
 the attempts log's one unique index still binds exactly the rows the old

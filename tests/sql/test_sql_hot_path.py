@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: ISC
 """The hot path's SQL (sql/functions/30_dispatcher.sql), outbox_complete's
 two paths: the usual batch and the leftovers (lease lost, a batch delivered
 twice): one attempts row per call, applied or not, and a repeated batch

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: ISC
 """`outboxctl migrate` on fresh and migrated databases, concurrently from
 several processes, and what a fresh database starts with."""
 import os

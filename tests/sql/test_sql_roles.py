@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: ISC
 """Least-privilege roles (sql/100_baseline.sql, sql/101_gate_and_evidence.sql), exercised by logging in as
 real LOGIN members of each group role.
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: ISC
 """The schema as files: sql/100_baseline.sql (tables, indexes, roles) and
 sql/functions/ (each function, trigger and view defined once, re-applied
 when its file changes).  A fresh database and one created by the release

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: ISC
 """cppcheck stays clean (the same command as `make cppcheck`)."""
 import shutil
 import subprocess

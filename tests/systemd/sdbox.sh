@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: ISC
 # tests/systemd/sdbox.sh: a real systemd (the host's, Debian 12's 252) as
 # PID 1 of new PID/mount/cgroup/UTS/IPC namespaces, so that a test can use
 # systemctl, journalctl and real units without touching the host:

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: ISC
 """The documented deployment, walked under a real systemd (PID 1 of its own
 namespaces, tests/systemd/sdbox.sh), the way a new operator would.
 

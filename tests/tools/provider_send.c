@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: ISC */
 /*
  * provider_send: drive one provider plugin without the dispatcher.
  *

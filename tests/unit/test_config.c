@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: ISC */
 /*
  * test_config.c: dispatcher/config.c, the INI config.  Every error path
  * is checked by its whole message, "file:line: [section] key: reason",

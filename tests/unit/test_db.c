@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: ISC */
 /*
  * test_db.c: dispatcher/db.c against the suite's PostgreSQL (libpq's
  * environment: tests/run.sh exports PGHOST, PGPORT, PGUSER, PGDATABASE).

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: ISC */
 /*
  * test_effect.c: dispatcher/effect.c, effect_set_phase(): every allowed
  * move keeps the worker's lists and counters right, every impossible one

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: ISC */
 /*
  * test_email_message.c: providers/email/message.c without a server:
  * which effects are refused and why (a table), and what the built message

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: ISC */
 /*
  * test_email_reply.c: providers/email/reply.c from tables: the provider id
  * in the 250 replies of common MTAs, and the outcome class of what an SMTP

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: ISC */
 /*
  * test_escape.c: what reaches an operator's terminal or a log line.
  * sb_term_escape() (outboxctl's human output) and db_redact_conninfo()

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: ISC */
 /*
  * test_hosts.c: dispatcher/hosts.c, per-host concurrency and the circuit
  * breaker: closed → open after N consecutive host failures, open waits

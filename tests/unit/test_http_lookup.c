@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: ISC */
 /*
  * test_http_lookup.c: providers/lib/http_lookup.c's reading of the
  * provider id from a lookup's answer by JSON pointer (RFC 6901): nested

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: ISC */
 /*
  * test_http_url.c: providers/http/target.c's cache of parsed target URLs
  * (http_target_parse): every answer must be http_parse_url()'s for the

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: ISC */
 /*
  * test_json_text.c: providers/lib/json_text.c, how http's body and crm's
  * fields leave as the producer wrote them: a top-level member found in

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: ISC */
 /*
  * test_metrics.c: the Prometheus text that metrics_render() produces
  * (parsed back line by line), /metrics and /healthz over real HTTP on a

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: ISC */
 /*
  * test_netrules.c: providers/lib/netrules.c, the HTTP provider's SSRF
  * rules: special ranges (loopback, private, link-local and the cloud

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: ISC */
 /*
  * test_policy.c: dispatcher/policy.c, the failure-class matrix of docs/design.md:
  * every outcome × attempts left / exhausted × provider honours keys or

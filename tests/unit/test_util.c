@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: ISC */
 /*
  * test_util.c: dispatcher/util.c (UUIDs, SHA-256, UTF-8,
  * backoff with full jitter, string copies, the growing string and its
