@@ -1,6 +1,6 @@
 #!/bin/sh
 # SPDX-License-Identifier: ISC
-# bench/levers.sh: what each lever of issue 23 is worth inside PostgreSQL,
+# bench/levers.sh: what each lever of the database's cost is worth inside PostgreSQL,
 # measured per call and interleaved (bench/levers.py).  One throwaway
 # server (tests/lib/pg.sh, the bench's settings), one database per variant,
 # each migrated with this tree's outboxctl and then changed by the SQL of

@@ -1,6 +1,6 @@
 #!/usr/bin/python3
 # SPDX-License-Identifier: ISC
-"""bench/scaling.py: the scaling curve (issue 20), started by bench/scaling.sh.
+"""bench/scaling.py: the scaling curve, started by bench/scaling.sh.
 
 For each configuration, the bench's throughput run (bench.py: N pending
 effects in a fresh table, K workers with the default config draining them

@@ -1,6 +1,6 @@
 #!/bin/sh
 # SPDX-License-Identifier: ISC
-# bench/scaling.sh: the scaling curve (issue 20): effects/s and CPU per
+# bench/scaling.sh: the scaling curve: effects/s and CPU per
 # effect for 1, 2, 4, 8 workers connected directly, and 2, 4, 8 workers
 # through PgBouncer in transaction mode (poll_only = true) with pools of 2
 # and of 1 server connection per worker.  ~10 min on 2 quiet cores.

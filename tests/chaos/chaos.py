@@ -1,6 +1,6 @@
 #!/usr/bin/python3
 # SPDX-License-Identifier: ISC
-"""The chaos run (issue 6): a fleet of real workers delivers many effects of
+"""The chaos run: a fleet of real workers delivers many effects of
 every kind to fault-injecting servers (tests/chaos/fault_servers.py) while
 this harness SIGKILLs and restarts workers, SIGSTOPs one past its lease,
 restarts PostgreSQL, terminates backends, flips the kill switch and sends

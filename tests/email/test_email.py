@@ -753,7 +753,7 @@ def test_worker_stops_with_a_session_hanging(conn, dispatchers, smtp):
     assert effect(conn, eid)["state"] in ("sending", "unknown")
 
 
-# -- issue 19: queue wait, the margin before the terminator, session reuse ------
+# -- queue wait, the margin before the terminator, session reuse ------
 
 def test_queue_wait_does_not_eat_the_smtp_budget(direct, smtp):
     """One thread, two messages that each take 2 s to be answered, timeout

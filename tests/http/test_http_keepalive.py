@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: ISC
-"""The http provider's keep-alive (issue 7): connections are reused, and a
+"""The http provider's keep-alive: connections are reused, and a
 request is still never sent twice.
 
 libcurl re-sends a request by itself when a *reused* connection dies before

@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: ISC
-"""The kill-switch guarantee under load (docs/design.md, "Kill switch"; issue 5):
+"""The kill-switch guarantee under load (docs/design.md, "Kill switch"):
 while two workers send a steady stream, `outboxctl kill-switch off`
 returns; after that the sink receives no request that is not in the list
 the command printed; `on` delivers the rest, each exactly once."""

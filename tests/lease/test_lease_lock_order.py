@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: ISC
 """One lock order for effect rows (sql/functions/30_dispatcher.sql): outbox_renew and
-outbox_complete deadlocked under chaos (issue 17, bug 5), each locking a
+outbox_complete deadlocked under chaos, each locking a
 batch in its own order.  Every batch function now locks the rows it will
 update in effect_id order first.  Here the heartbeat and the completion of
 overlapping batches run at the same moment, batch after batch, with the

@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: ISC
 """What the high-availability suites start besides the shared test server
-(issue 20): a PgBouncer in transaction mode in front of a PostgreSQL, and a
+a PgBouncer in transaction mode in front of a PostgreSQL, and a
 primary with a streaming standby that a test can fail over.
 
 Everything runs on loopback, on free ports, in temporary folders, and is

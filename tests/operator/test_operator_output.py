@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: ISC
-"""What outboxctl shows an operator (issue 17, bugs 2 and 3): text from
+"""What outboxctl shows an operator: text from
 the database or the command line never drives the terminal, --json stays
 valid and faithful, and a --db password shows neither in errors nor in
 `ps`.
@@ -91,7 +91,7 @@ def test_db_password_is_not_in_ps():
 
 def test_worker_ready_line_hides_encoded_passwords(db, tmp_path):
     """The `ready` log line shows the conninfo with every password masked,
-    however its key is spelled (issue 17, bug 3)."""
+    however its key is spelled."""
     from outbox_test import Dispatcher
     params = dict(kv.split("=", 1) for kv in db.split())
     url = (f"postgresql://{params['user']}@{params['host']}:{params['port']}/{params['dbname']}"

@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: ISC
-"""Bad input across every kind (issue 6): a table of malformed rows for the
+"""Bad input across every kind: a table of malformed rows for the
 http, email and crm providers, run through one real worker that serves all
 three.  Each row must end `failed` with a specific reason, without an
 attempt and without reaching its server, and the worker must keep working:

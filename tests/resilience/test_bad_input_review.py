@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: ISC
-"""Bad input from an outside security review (issue 17), on top of
+"""Bad input from an outside security review, on top of
 test_bad_input.py's table and through the same one-worker fleet: SSRF
 literal forms, URL control characters, header overrides, IDN and
 full-width hosts, CRM path traversal, SMTP smuggling, plus what needs its
@@ -121,7 +121,7 @@ def test_smtp_smuggling_in_the_body_is_one_message(fleet, name):
 
 @need("http")
 def test_long_header_and_deep_nesting_fail_clearly_and_nothing_is_cut(db, conn, tmp_path):
-    """Issue 17, bug 4: a 20,000-byte header value was cut to 8,183 bytes
+    """A 20,000-byte header value was cut to 8,183 bytes
     and sent.  Now it is refused before any attempt; one just under the
     limit arrives whole.  And nesting past jansson's depth says so."""
     from http_sink import Sink

@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: ISC
-"""The chaos run's quick mode as part of the regular suite (issue 6):
+"""The chaos run's quick mode as part of the regular suite:
 5,000 effects of every kind, four workers, SIGKILLs, SIGSTOPs past the
 lease, PostgreSQL restarts, backend terminations, kill-switch flips and
 broken SIGHUPs, then every invariant checked (tests/chaos/chaos.py).

@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: ISC
-"""Which of a worker's two database connections carries what (issue 7).
+"""Which of a worker's two database connections carries what.
 
 Each worker holds a lease connection (lease, mark, renew, release) and a
 records connection (housekeeping, invalid rows, reconciliation).  Outcomes

@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: ISC
-"""Failover to a promoted standby under a steady stream (issue 20).
+"""Failover to a promoted standby under a steady stream.
 
 Each test starts its own primary and streaming standby (`pg_basebackup
 -R`, tests/lib/ha.py), with the shared server's roles copied over; the

@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: ISC
-"""The fleet behind PgBouncer in transaction pooling mode (issue 20).
+"""The fleet behind PgBouncer in transaction pooling mode.
 
 Debian's pgbouncer (1.18) runs in front of the test PostgreSQL on a free
 loopback port.  Two workers (`[database] poll_only = true`), two producers

@@ -104,7 +104,7 @@ EFFECT = {"effect_type": "http", "target": "https://crm.example/notes", "payload
 
 
 def test_the_reviews_bypass_awaiting_human_and_rejected(conn, login_as):
-    """Issue 17, bug 1: as the producer, create an approval, then INSERT an
+    """As the producer, create an approval, then INSERT an
     effect; and again after the approval is rejected."""
     p = login_as("outbox_producer")
     owner, h = approval(p, "bypass", [EFFECT])

@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: ISC
-"""bench/levers.py (make bench-levers) measures each lever of issue 23 on
+"""bench/levers.py (make bench-levers) measures each lever of the database's cost on
 variants of the shipped SQL, made by rewriting passages of the functions in
 sql/functions.  This checks, at a small scale, that every variant still
 applies to today's functions and delivers the whole backlog, and that the
