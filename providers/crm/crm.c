@@ -121,7 +121,9 @@ static void *crm_init(const struct outbox_host *host, const struct outbox_conf *
 	}
 	if (!set_ca_file(c, err, errlen))
 		goto fail;
-	c->loop = curl_loop_new(host->base);
+	/* No proxy: the instance is the operator's, and a proxy would see the
+	 * token. */
+	c->loop = curl_loop_new(host->base, &(struct curl_safety){ c->protocols, c->ca_file, NULL });
 	if (c->loop == NULL) {
 		crm_fmt(err, errlen, "cannot set up libcurl on the event loop");
 		goto fail;

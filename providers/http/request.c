@@ -3,7 +3,9 @@
  * request.c: what the http provider sends for an effect: the payload's
  * headers, Content-Type, Idempotency-Key, the Standard Webhooks signature
  * when a secret is configured, and the body exactly as the producer wrote
- * it.  A header that would be cut is an error, never sent.
+ * it.  A header that would be cut is an error, never sent; a header naming
+ * a secret gets its value from secret.c, and every line is wiped before
+ * it is freed.
  */
 #include <jansson.h>
 #include <stdarg.h>
@@ -32,10 +34,29 @@ static bool add_header(struct http_call *c, const char *fmt, ...)
 	if (n < 0 || (size_t)n >= sizeof(line))
 		return false;           /* never send a cut header */
 	l = curl_slist_append(c->headers, line);
+	memset(line, 0, (size_t)n);   /* it may hold a secret */
 	if (l == NULL)
 		return false;
 	c->headers = l;
 	return true;
+}
+
+/* "Name: <prefix><secret>", the secret read from secrets_dir now (secret.c;
+ * validate() read it too, but it may have changed or gone since). */
+static bool add_secret_header(struct http_call *c, const char *k, const json_t *ref, char *err,
+                              size_t errlen)
+{
+	const json_t *prefix = json_object_get(ref, "prefix");
+	char value[HTTP_SECRET_MAX + 2], why[256];
+	bool ok = http_secret_read(c->hp, json_string_value(json_object_get(ref, "secret")), value,
+	                           sizeof(value), why, sizeof(why));
+
+	if (!ok)
+		snprintf(err, errlen, "payload.headers.%.64s: %s", k, why);
+	else if (!(ok = add_header(c, "%s: %s%s", k, prefix ? json_string_value(prefix) : "", value)))
+		snprintf(err, errlen, "payload.headers.%.64s: the header line is too long", k);
+	memset(value, 0, sizeof(value));
+	return ok;
 }
 
 /* Standard Webhooks: v1,<base64 HMAC-SHA256(secret, id.timestamp.body)>. */
@@ -145,8 +166,19 @@ struct http_call *http_call_new(struct http_provider *hp, const struct outbox_ef
 		json_object_foreach((json_t *)headers, k, v) {
 			if (strcasecmp(k, "content-type") == 0)
 				has_ctype = true;
-			if (!add_header(c, "%s: %s", k, json_string_value(v)))
+			if (json_is_object(v)) {
+				if (!add_secret_header(c, k, v, err, errlen)) {
+					http_call_free(c);
+					return NULL;
+				}
+			} else if (json_string_length(v) == 0) {
+				/* libcurl drops "Name:" (its way to remove a header it
+				 * would add); "Name;" is its spelling of an empty one. */
+				if (!add_header(c, "%s;", k))
+					goto oom;
+			} else if (!add_header(c, "%s: %s", k, json_string_value(v))) {
 				goto oom;
+			}
 		}
 	}
 	if (!has_ctype && !add_header(c, "Content-Type: %s",
@@ -165,6 +197,9 @@ oom:
 
 void http_call_free(struct http_call *c)
 {
+	/* A header line may hold a secret: wipe them before freeing. */
+	for (struct curl_slist *l = c->headers; l; l = l->next)
+		memset(l->data, 0, strlen(l->data));
 	curl_slist_free_all(c->headers);
 	free(c->body);
 	curl_body_free(&c->resp);

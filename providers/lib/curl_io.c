@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: ISC */
 /*
- * curl_io.c: the SSRF-checked socket, the bounded response body and the
- * header value that every provider's libcurl transfer uses (curl_io.h).
+ * curl_io.c: the safety options, the SSRF-checked socket, the bounded
+ * response body and the header value that every provider's libcurl
+ * transfer uses (curl_io.h).
  */
 #include "lib/curl_io.h"
 
@@ -84,6 +85,30 @@ bool curl_header_take(const char *line, size_t n, const char *name, char **out)
 		*out = copy;
 	}
 	return true;
+}
+
+void curl_io_safe_options(CURL *easy, const struct curl_safety *s)
+{
+	curl_easy_setopt(easy, CURLOPT_PROTOCOLS_STR, s->protocols);
+	curl_easy_setopt(easy, CURLOPT_REDIR_PROTOCOLS_STR, s->protocols);
+	curl_easy_setopt(easy, CURLOPT_FOLLOWLOCATION, 0L);
+	curl_easy_setopt(easy, CURLOPT_SSL_VERIFYPEER, 1L);
+	curl_easy_setopt(easy, CURLOPT_SSL_VERIFYHOST, 2L);
+	if (s->ca_file && s->ca_file[0])
+		curl_easy_setopt(easy, CURLOPT_CAINFO, s->ca_file);
+	/* "" (not NULL): libcurl then reads no proxy variable either. */
+	curl_easy_setopt(easy, CURLOPT_PROXY, s->proxy ? s->proxy : "");
+	curl_easy_setopt(easy, CURLOPT_NETRC, (long)CURL_NETRC_IGNORED);
+	curl_easy_setopt(easy, CURLOPT_NOSIGNAL, 1L);
+}
+
+long curl_io_retry_after_ms(long long secs, long max_ms)
+{
+	if (secs <= 0)
+		return 0;
+	if (secs > max_ms / 1000)
+		return max_ms;
+	return (long)secs * 1000;
 }
 
 void curl_io_attach(CURL *easy, struct curl_guard *guard, struct curl_body *body,

@@ -29,6 +29,7 @@ struct curl_loop {
 	struct event_base *base;
 	CURLM *multi;
 	struct event *timer;
+	struct curl_safety safety;
 	LIST_HEAD(transfer_list, transfer) transfers;
 	int active;
 };
@@ -135,13 +136,14 @@ static int on_socket(CURL *easy, curl_socket_t s, int what, void *arg, void *soc
 	return 0;
 }
 
-struct curl_loop *curl_loop_new(struct event_base *base)
+struct curl_loop *curl_loop_new(struct event_base *base, const struct curl_safety *safety)
 {
 	struct curl_loop *cl = calloc(1, sizeof(*cl));
 
 	if (cl == NULL)
 		return NULL;
 	cl->base = base;
+	cl->safety = *safety;
 	cl->multi = curl_multi_init();
 	cl->timer = evtimer_new(base, on_timer, cl);
 	if (cl->multi == NULL || cl->timer == NULL) {
@@ -165,16 +167,6 @@ void curl_loop_keep_connections(struct curl_loop *cl, long n)
 	curl_multi_setopt(cl->multi, CURLMOPT_MAXCONNECTS, n);
 }
 
-void curl_loop_safe_options(CURL *easy, const char *protocols, const char *ca_file)
-{
-	curl_easy_setopt(easy, CURLOPT_PROTOCOLS_STR, protocols);
-	curl_easy_setopt(easy, CURLOPT_FOLLOWLOCATION, 0L);
-	curl_easy_setopt(easy, CURLOPT_SSL_VERIFYPEER, 1L);
-	curl_easy_setopt(easy, CURLOPT_SSL_VERIFYHOST, 2L);
-	if (ca_file && ca_file[0])
-		curl_easy_setopt(easy, CURLOPT_CAINFO, ca_file);
-}
-
 bool curl_loop_add(struct curl_loop *cl, CURL *easy, curl_loop_done_fn done, void *arg)
 {
 	struct transfer *t = calloc(1, sizeof(*t));
@@ -184,6 +176,8 @@ bool curl_loop_add(struct curl_loop *cl, CURL *easy, curl_loop_done_fn done, voi
 	t->easy = easy;
 	t->done = done;
 	t->arg = arg;
+	/* Last, over whatever the caller set: no transfer goes without them. */
+	curl_io_safe_options(easy, &cl->safety);
 	curl_easy_setopt(easy, CURLOPT_PRIVATE, t);
 	if (curl_multi_add_handle(cl->multi, easy) != CURLM_OK) {
 		free(t);

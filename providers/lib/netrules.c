@@ -35,9 +35,16 @@ static const struct {
 	{ "169.254.0.0", 16 }, { "172.16.0.0", 12 }, { "192.0.0.0", 24 }, { "192.0.2.0", 24 },
 	{ "192.168.0.0", 16 }, { "198.18.0.0", 15 }, { "198.51.100.0", 24 }, { "203.0.113.0", 24 },
 	{ "224.0.0.0", 4 }, { "240.0.0.0", 4 },
+	/* 6to4 relay anycast: a relay forwards to the IPv6 address inside. */
+	{ "192.88.99.0", 24 },
 }, special_v6[] = {
 	{ "::", 128 }, { "::1", 128 }, { "fc00::", 7 }, { "fe80::", 10 }, { "ff00::", 8 },
-	{ "64:ff9b::", 96 }, { "2001:db8::", 32 }, { "100::", 64 },
+	{ "2001:db8::", 32 }, { "100::", 64 },
+	/* Translation prefixes: behind NAT64 or SIIT they reach the IPv4
+	 * address inside (loopback, metadata...): the well-known and the
+	 * local-use NAT64 prefixes, and SIIT's IPv4-translated addresses
+	 * (::ffff:0:a.b.c.d; IPv4-mapped ::ffff:a.b.c.d is checked as IPv4). */
+	{ "64:ff9b::", 96 }, { "64:ff9b:1::", 48 }, { "::ffff:0:0:0", 96 },
 	/* IPv4-compatible (deprecated), 6to4 and Teredo embed IPv4 addresses;
 	 * site-local is the old private range. */
 	{ "::", 96 }, { "2002::", 16 }, { "2001::", 32 }, { "fec0::", 10 },
