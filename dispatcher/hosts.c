@@ -13,6 +13,7 @@
 
 struct hosts {
 	struct host_state *bucket[HOSTS_BUCKETS];
+	size_t count;
 };
 
 struct hosts *hosts_new(void)
@@ -62,13 +63,48 @@ struct host_state *hosts_get(struct hosts *h, const char *key)
 	struct host_state *hs;
 
 	for (hs = h->bucket[b]; hs; hs = hs->next)
-		if (strcmp(hs->key, key) == 0)
+		if (strcmp(hs->key, key) == 0) {
+			hs->users++;
 			return hs;
+		}
 	hs = xcalloc(1, sizeof(*hs));
 	hs->key = xstrdup(key);
 	hs->next = h->bucket[b];
 	h->bucket[b] = hs;
+	h->count++;
+	hs->users++;
 	return hs;
+}
+
+static bool remembers_nothing(const struct host_state *hs)
+{
+	return hs->users == 0 && hs->in_flight == 0 && hs->failures == 0 &&
+	       hs->breaker == BREAKER_CLOSED && !hs->probe_in_flight;
+}
+
+void hosts_release(struct hosts *h, struct host_state *hs)
+{
+	struct host_state **p;
+
+	if (hs == NULL)
+		return;
+	if (hs->users > 0)
+		hs->users--;
+	if (!remembers_nothing(hs))
+		return;
+	for (p = &h->bucket[hash_key(hs->key) % HOSTS_BUCKETS]; *p; p = &(*p)->next)
+		if (*p == hs) {
+			*p = hs->next;
+			h->count--;
+			free(hs->key);
+			free(hs);
+			return;
+		}
+}
+
+size_t hosts_count(const struct hosts *h)
+{
+	return h->count;
 }
 
 bool host_may_send(struct host_state *hs, int max_per_host, int64_t now_ms, int64_t *retry_in_ms)

@@ -4,7 +4,8 @@
  * breaker: closed → open after N consecutive host failures, open waits
  * open_ms, half-open lets exactly one probe through, the probe's success
  * closes and its failure re-opens; 4xx answers are not host failures.
- * The clock is passed in, so no test sleeps.
+ * Hosts no effect holds and that remember nothing are pruned.  The clock
+ * is passed in, so no test sleeps.
  */
 #include <stdarg.h>
 #include <stddef.h>
@@ -312,6 +313,45 @@ static void test_stragglers_while_open(void **state)
 	assert_true(wait > 0);
 }
 
+/* 20,000 hosts each sent to once: none is kept once its effects are gone,
+ * except the ones whose failures the breaker must remember; a host still
+ * held by an effect stays whatever its state. */
+static void test_idle_hosts_are_pruned(void **state)
+{
+	struct hosts *h = *state;
+	struct host_state *failing, *held;
+	char key[64];
+
+	for (int i = 0; i < 20000; i++) {
+		struct host_state *hs;
+
+		snprintf(key, sizeof(key), "http|https://h%d.example:443", i);
+		hs = hosts_get(h, key);
+		send_one(hs, ok(), T0);
+		hosts_release(h, hs);
+	}
+	assert_int_equal(hosts_count(h), 0);
+
+	failing = hosts_get(h, "http|down");
+	send_one(failing, down(), T0);
+	hosts_release(h, failing);
+	held = hosts_get(h, "http|held");
+	assert_int_equal(hosts_count(h), 2);
+	/* The failure count is kept: the breaker still opens on time. */
+	failing = hosts_get(h, "http|down");
+	for (int i = 1; i < N_FAIL - 1; i++)
+		send_one(failing, down(), T0);
+	assert_true(send_one(failing, down(), T0));
+	hosts_release(h, failing);
+	assert_int_equal(hosts_count(h), 2);
+	/* Two effects on one host: kept until the last lets go. */
+	assert_ptr_equal(hosts_get(h, "http|held"), held);
+	hosts_release(h, held);
+	assert_int_equal(hosts_count(h), 2);
+	hosts_release(h, held);
+	assert_int_equal(hosts_count(h), 1);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -325,6 +365,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_what_counts_as_a_host_failure, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_4xx_does_not_count_and_resets, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_stragglers_while_open, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_idle_hosts_are_pruned, setup, teardown),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
