@@ -87,23 +87,15 @@ static bool set_ca_file(struct crm *c, char *err, size_t errlen)
 		        ca, strerror(errno));
 		return false;
 	}
-	c->ca_file = strdup(ca);
-	if (c->ca_file == NULL) {
-		crm_fmt(err, errlen, "out of memory");
-		return false;
-	}
+	c->ca_file = text_strdup(ca);
 	return true;
 }
 
 static void *crm_init(const struct outbox_host *host, const struct outbox_conf *conf, char *err,
                       size_t errlen)
 {
-	struct crm *c = calloc(1, sizeof(*c));
+	struct crm *c = text_alloc(sizeof(*c));
 
-	if (c == NULL) {
-		crm_fmt(err, errlen, "out of memory");
-		return NULL;
-	}
 	c->host = host;
 	c->conf = conf;
 	if (curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK) {

@@ -57,12 +57,10 @@ static const struct outbox_conf_key http_keys[] = {
 static void *http_init(const struct outbox_host *host, const struct outbox_conf *conf, char *err,
                        size_t errlen)
 {
-	struct http_provider *hp = calloc(1, sizeof(*hp));
+	struct http_provider *hp = text_alloc(sizeof(*hp));
 	const char *secret;
 	char rerr[256];
 
-	if (hp == NULL)
-		return NULL;
 	hp->host = host;
 	hp->rules = netrules_parse(host->conf_str(conf, "allow_hosts"),
 	                           host->conf_bool(conf, "public_targets"), rerr, sizeof(rerr));
@@ -75,11 +73,11 @@ static void *http_init(const struct outbox_host *host, const struct outbox_conf 
 	hp->connect_timeout_ms = host->conf_int(conf, "connect_timeout_ms");
 	hp->max_response = host->conf_int(conf, "max_response_bytes");
 	hp->keepalive_idle = host->conf_int(conf, "keepalive_idle_seconds");
-	hp->id_header = strdup(host->conf_str(conf, "provider_id_header"));
-	hp->id_json = strdup(host->conf_str(conf, "provider_id_json"));
-	hp->user_agent = strdup(host->conf_str(conf, "user_agent"));
-	hp->ca_file = strdup(host->conf_str(conf, "ca_file"));
-	hp->proxy = strdup(host->conf_str(conf, "proxy"));
+	hp->id_header = text_strdup(host->conf_str(conf, "provider_id_header"));
+	hp->id_json = text_strdup(host->conf_str(conf, "provider_id_json"));
+	hp->user_agent = text_strdup(host->conf_str(conf, "user_agent"));
+	hp->ca_file = text_strdup(host->conf_str(conf, "ca_file"));
+	hp->proxy = text_strdup(host->conf_str(conf, "proxy"));
 	{
 		const char *dir = host->conf_str(conf, "secrets_dir");
 		if (dir[0] == '\0')
@@ -96,10 +94,6 @@ static void *http_init(const struct outbox_host *host, const struct outbox_conf 
 			         host->conf_where(conf, "signing_secret"));
 			goto fail;
 		}
-	}
-	if (!hp->id_header || !hp->id_json || !hp->user_agent || !hp->ca_file || !hp->proxy) {
-		snprintf(err, errlen, "out of memory");
-		goto fail;
 	}
 	hp->loop = curl_loop_new(host->base, &(struct curl_safety){ "http,https", hp->ca_file,
 	                                                            hp->proxy });

@@ -19,6 +19,7 @@
 #include "lib/json_text.h"
 #include "lib/netrules.h"
 #include "lib/sign.h"
+#include "lib/text.h"
 
 static bool add_header(struct http_call *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static bool add_header(struct http_call *c, const char *fmt, ...)
@@ -67,9 +68,8 @@ static bool sign(struct http_call *c, const char *id, size_t body_len)
 	long now = (long)time(NULL);
 
 	snprintf(ts, sizeof(ts), "%ld", now);
-	webhook_hmac(c->hp->secret, (size_t)c->hp->secret_len, id, ts, c->body,
-	                             body_len, mac);
-	if (!b64_encode(mac, sizeof(mac), sig, sizeof(sig)))
+	if (!webhook_hmac(c->hp->secret, (size_t)c->hp->secret_len, id, ts, c->body, body_len, mac) ||
+	    !b64_encode(mac, sizeof(mac), sig, sizeof(sig)))
 		return false;
 	return add_header(c, "webhook-id: %s", id) && add_header(c, "webhook-timestamp: %s", ts) &&
 	       add_header(c, "webhook-signature: v1,%s", sig);
@@ -104,14 +104,11 @@ static char *body_text(const struct outbox_effect *e, size_t *len, bool *is_stri
 	if (json_is_string(body)) {
 		*is_string = true;
 		*len = json_string_length(body);
-		out = malloc(*len + 1);
-		if (out) {
-			memcpy(out, json_string_value(body), *len);
-			out[*len] = '\0';
-		}
+		out = text_alloc(*len + 1);
+		memcpy(out, json_string_value(body), *len);
 	} else if (body == NULL || json_is_null(body)) {
 		*len = 0;
-		out = strdup("");
+		out = text_strdup("");
 	} else {
 		out = json_dumps(body, JSON_COMPACT | JSON_ENCODE_ANY);
 		*len = out ? strlen(out) : 0;
@@ -125,7 +122,7 @@ static char *body_text(const struct outbox_effect *e, size_t *len, bool *is_stri
 struct http_call *http_call_new(struct http_provider *hp, const struct outbox_effect *e,
                                 outbox_done_fn done, void *token, char *err, size_t errlen)
 {
-	struct http_call *c = calloc(1, sizeof(*c));
+	struct http_call *c = text_alloc(sizeof(*c));
 	const json_t *headers = json_object_get(e->payload, "headers");
 	const char *k;
 	json_t *v;
@@ -135,10 +132,6 @@ struct http_call *http_call_new(struct http_provider *hp, const struct outbox_ef
 	size_t body_len;
 	bool body_is_string;
 
-	if (c == NULL) {
-		snprintf(err, errlen, "out of memory");
-		return NULL;
-	}
 	c->hp = hp;
 	c->done = done;
 	c->token = token;
@@ -186,8 +179,11 @@ struct http_call *http_call_new(struct http_provider *hp, const struct outbox_ef
 		goto oom;
 	if (!add_header(c, "Idempotency-Key: %s", e->effect_key) || !add_header(c, "Expect:"))
 		goto oom;
-	if (hp->secret_len > 0 && !sign(c, e->effect_key, body_len))
-		goto oom;
+	if (hp->secret_len > 0 && !sign(c, e->effect_key, body_len)) {
+		snprintf(err, errlen, "cannot sign the request (HMAC-SHA256 failed): not sent");
+		http_call_free(c);
+		return NULL;
+	}
 	return c;
 oom:
 	snprintf(err, errlen, "out of memory building the request");

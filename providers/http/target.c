@@ -15,6 +15,7 @@
 #include "http/http.h"
 #include "lib/json_text.h"
 #include "lib/netrules.h"
+#include "lib/text.h"
 #include "lib/url.h"
 
 static bool has_ctl(const char *s)
@@ -76,12 +77,13 @@ bool http_target_parse(struct http_provider *hp, const char *url, char *scheme, 
 		if (!http_parse_url(url, fresh.scheme, sizeof(fresh.scheme), fresh.host, sizeof(fresh.host),
 		                    &fresh.port, err, errlen))
 			return false;
-		if (len > HTTP_URL_CACHE_MAX || (fresh.url = strdup(url)) == NULL) {
+		if (len > HTTP_URL_CACHE_MAX) {
 			snprintf(scheme, slen, "%s", fresh.scheme);
 			snprintf(host, hlen, "%s", fresh.host);
 			*port = fresh.port;
 			return true;
 		}
+		fresh.url = text_strdup(url);
 		free(slot->url);
 		*slot = fresh;
 	}

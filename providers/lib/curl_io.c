@@ -12,6 +12,7 @@
 #include <sys/socket.h>
 
 #include "lib/netrules.h"
+#include "lib/text.h"
 #include "provider.h"
 
 curl_socket_t curl_guard_open_socket(void *guard, curlsocktype purpose, struct curl_sockaddr *a)
@@ -33,7 +34,6 @@ size_t curl_body_write(char *ptr, size_t size, size_t nmemb, void *body)
 {
 	struct curl_body *b = body;
 	size_t n = size * nmemb, keep = n;
-	char *grown;
 
 	if (b->len + n > b->max) {
 		if (b->fail_past_max)
@@ -43,10 +43,7 @@ size_t curl_body_write(char *ptr, size_t size, size_t nmemb, void *body)
 		if (keep == 0)
 			return n;
 	}
-	grown = realloc(b->data, b->len + keep + 1);
-	if (grown == NULL)
-		return 0;
-	b->data = grown;
+	b->data = text_realloc(b->data, b->len + keep + 1);
 	memcpy(b->data + b->len, ptr, keep);
 	b->len += keep;
 	b->data[b->len] = '\0';
@@ -77,13 +74,9 @@ bool curl_header_take(const char *line, size_t n, const char *name, char **out)
 	len = (size_t)(end - v);
 	if (len > OUTBOX_PROVIDER_ID_MAX - 1)
 		len = OUTBOX_PROVIDER_ID_MAX - 1;
-	copy = malloc(len + 1);
-	if (copy != NULL) {
-		memcpy(copy, v, len);
-		copy[len] = '\0';
-		free(*out);
-		*out = copy;
-	}
+	copy = text_strndup(v, len);
+	free(*out);
+	*out = copy;
 	return true;
 }
 

@@ -30,8 +30,7 @@ curl_socket_t curl_guard_open_socket(void *guard, curlsocktype purpose, struct c
 
 /* CURLOPT_WRITEFUNCTION with CURLOPT_WRITEDATA = a curl_body: the first
  * max bytes are kept, NUL-terminated.  Past max, the rest is dropped
- * (truncated is set) or, with fail_past_max, the transfer fails.  Out of
- * memory fails the transfer. */
+ * (truncated is set) or, with fail_past_max, the transfer fails. */
 struct curl_body {
 	char *data;                /* NULL until the first byte */
 	size_t len;

@@ -8,6 +8,7 @@
  * curl_multi_info_read().
  */
 #include "curl_loop.h"
+#include "text.h"
 
 #include <event2/event.h>
 #include <stdlib.h>
@@ -116,9 +117,7 @@ static int on_socket(CURL *easy, curl_socket_t s, int what, void *arg, void *soc
 	}
 	kind = EV_PERSIST | ((what & CURL_POLL_IN) ? EV_READ : 0) | ((what & CURL_POLL_OUT) ? EV_WRITE : 0);
 	if (w == NULL) {
-		w = calloc(1, sizeof(*w));
-		if (w == NULL)
-			return -1;
+		w = text_alloc(sizeof(*w));
 		w->ev = event_new(cl->base, s, kind, on_event, cl);
 		if (w->ev == NULL) {
 			free(w);
@@ -138,10 +137,8 @@ static int on_socket(CURL *easy, curl_socket_t s, int what, void *arg, void *soc
 
 struct curl_loop *curl_loop_new(struct event_base *base, const struct curl_safety *safety)
 {
-	struct curl_loop *cl = calloc(1, sizeof(*cl));
+	struct curl_loop *cl = text_alloc(sizeof(*cl));
 
-	if (cl == NULL)
-		return NULL;
 	cl->base = base;
 	cl->safety = *safety;
 	cl->multi = curl_multi_init();
@@ -169,10 +166,8 @@ void curl_loop_keep_connections(struct curl_loop *cl, long n)
 
 bool curl_loop_add(struct curl_loop *cl, CURL *easy, curl_loop_done_fn done, void *arg)
 {
-	struct transfer *t = calloc(1, sizeof(*t));
+	struct transfer *t = text_alloc(sizeof(*t));
 
-	if (t == NULL)
-		return false;
 	t->easy = easy;
 	t->done = done;
 	t->arg = arg;

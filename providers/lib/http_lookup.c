@@ -34,6 +34,7 @@
 #include "curl_io.h"
 #include "curl_loop.h"
 #include "netrules.h"
+#include "text.h"
 #include "url.h"
 
 #define LOOKUP_MAX_TARGETS 32
@@ -231,11 +232,7 @@ struct http_lookup *http_lookup_new(const struct outbox_host *host, const struct
 		return NULL;
 	if (!check_texts(host, conf, tpl, method, hdr, err, errlen))
 		return NULL;
-	lk = calloc(1, sizeof(*lk));
-	if (lk == NULL) {
-		snprintf(err, errlen, "out of memory");
-		return NULL;
-	}
+	lk = text_alloc(sizeof(*lk));
 	lk->host = host;
 	lk->rules = rules;
 	lk->ca_file = ca_file;
@@ -243,15 +240,14 @@ struct http_lookup *http_lookup_new(const struct outbox_host *host, const struct
 	lk->user_agent = user_agent;
 	lk->min_age_ms = host->conf_int(conf, "reconcile_min_age_seconds") * 1000;
 	lk->timeout_ms = host->conf_int(conf, "reconcile_timeout_ms");
-	lk->url_template = strdup(tpl);
-	lk->method = strdup(method);
-	lk->id_pointer = strdup(host->conf_str(conf, "reconcile_id_json"));
-	lk->id_header = strdup(host->conf_str(conf, "reconcile_id_header"));
-	lk->extra_header = strdup(hdr);
+	lk->url_template = text_strdup(tpl);
+	lk->method = text_strdup(method);
+	lk->id_pointer = text_strdup(host->conf_str(conf, "reconcile_id_json"));
+	lk->id_header = text_strdup(host->conf_str(conf, "reconcile_id_header"));
+	lk->extra_header = text_strdup(hdr);
 	lk->loop = curl_loop_new(host->base, &(struct curl_safety){ "http,https", ca_file, proxy });
-	if (!lk->url_template || !lk->method || !lk->id_pointer || !lk->id_header ||
-	    !lk->extra_header || !lk->loop) {
-		snprintf(err, errlen, "out of memory");
+	if (!lk->loop) {
+		snprintf(err, errlen, "cannot set up libcurl on the event loop");
 		goto fail;
 	}
 	if (!check_answers(lk, host, conf, err, errlen))
@@ -274,7 +270,7 @@ static bool target_matches(const struct http_lookup *lk, const struct url_parts 
 }
 
 /* The template with {key}, {effect_id} and {origin} filled in; the key and
- * id are hex and a uuid, so they need no escaping.  NULL: out of memory. */
+ * id are hex and a uuid, so they need no escaping. */
 static char *fill_template(const char *tpl, const char *key, const char *id, const char *origin)
 {
 	size_t cap = strlen(tpl) + 1, n = 0;
@@ -283,9 +279,7 @@ static char *fill_template(const char *tpl, const char *key, const char *id, con
 	for (const char *p = tpl; *p; p++)
 		if (*p == '{')
 			cap += strlen(key) + strlen(id) + strlen(origin);
-	out = malloc(cap);
-	if (out == NULL)
-		return NULL;
+	out = text_alloc(cap);
 	for (const char *p = tpl; *p;) {
 		const char *v = NULL;
 		size_t skip = 0;
@@ -359,6 +353,9 @@ bool http_lookup_pointer_id(const char *json, size_t len, const char *pointer, c
 
 static void call_free(struct lookup_call *c)
 {
+	/* reconcile_header may be a credential: wiped before it is freed. */
+	for (struct curl_slist *l = c->headers; l; l = l->next)
+		memset(l->data, 0, strlen(l->data));
 	curl_slist_free_all(c->headers);
 	free(c->url);
 	curl_body_free(&c->resp);
@@ -430,18 +427,14 @@ bool http_lookup_ask(struct http_lookup *lk, const struct outbox_effect *e, outb
 		snprintf(err, errlen, "no lookup is configured for this target (reconcile_targets)");
 		return false;
 	}
-	c = calloc(1, sizeof(*c));
-	if (c == NULL) {
-		snprintf(err, errlen, "out of memory");
-		return false;
-	}
+	c = text_alloc(sizeof(*c));
 	c->lk = lk;
 	c->done = done;
 	c->token = token;
 	c->age_ms = e->attempt_age_ms;
 	/* {origin} is the parsed target's: never its user-info. */
 	c->url = fill_template(lk->url_template, e->effect_key, e->effect_id, origin);
-	if (c->url == NULL || !url_split(c->url, &lookup, NULL, why, sizeof(why))) {
+	if (!url_split(c->url, &lookup, NULL, why, sizeof(why))) {
 		snprintf(err, errlen, "the lookup URL made for this effect is not a valid URL");
 		call_free(c);
 		return false;
@@ -498,6 +491,8 @@ void http_lookup_free(struct http_lookup *lk)
 	free(lk->method);
 	free(lk->id_pointer);
 	free(lk->id_header);
+	if (lk->extra_header)
+		memset(lk->extra_header, 0, strlen(lk->extra_header));
 	free(lk->extra_header);
 	free(lk);
 }

@@ -3,6 +3,7 @@
  * netrules.c: SSRF allow-list and special address ranges (see netrules.h).
  */
 #include "netrules.h"
+#include "text.h"
 
 #include <arpa/inet.h>
 #include <ctype.h>
@@ -120,18 +121,14 @@ void netrules_free(struct netrules *r)
 
 struct netrules *netrules_parse(const char *list, bool public_ok, char *err, size_t errlen)
 {
-	struct netrules *r = calloc(1, sizeof(*r));
-	char *copy = strdup(list ? list : ""), *save = NULL, *tok;
+	struct netrules *r = text_alloc(sizeof(*r));
+	char *copy = text_strdup(list ? list : ""), *save = NULL, *tok;
 	size_t cap = 1;
 
-	if (r == NULL || copy == NULL)
-		goto oom;
 	for (const char *p = copy; *p; p++)
 		cap += *p == ',';
-	r->names = calloc(cap, sizeof(char *));
-	r->cidrs = calloc(cap, sizeof(struct cidr));
-	if (r->names == NULL || r->cidrs == NULL)
-		goto oom;
+	r->names = text_array(cap, sizeof(char *));
+	r->cidrs = text_array(cap, sizeof(struct cidr));
 	r->public_ok = public_ok;
 	for (tok = strtok_r(copy, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
 		char *end;
@@ -145,9 +142,7 @@ struct netrules *netrules_parse(const char *list, bool public_ok, char *err, siz
 		if (parse_cidr(tok, &r->cidrs[r->n_cidrs])) {
 			r->n_cidrs++;
 		} else if (strchr(tok, '/') == NULL && strchr(tok, ':') == NULL && valid_name(tok)) {
-			r->names[r->n_names] = strdup(tok);
-			if (r->names[r->n_names] == NULL)
-				goto oom;
+			r->names[r->n_names] = text_strdup(tok);
 			for (char *c = r->names[r->n_names]; *c; c++)
 				*c = (char)tolower((unsigned char)*c);
 			r->n_names++;
@@ -160,11 +155,6 @@ struct netrules *netrules_parse(const char *list, bool public_ok, char *err, siz
 	}
 	free(copy);
 	return r;
-oom:
-	snprintf(err, errlen, "out of memory");
-	free(copy);
-	netrules_free(r);
-	return NULL;
 }
 
 bool netrules_host_listed(const struct netrules *r, const char *host)
