@@ -11,6 +11,9 @@
  *   lease.c         leasing, the due-index position, lease renewal
  *   claim.c         lease and mark in one call for rows that go at once
  *   send.c          mark (the kill-switch commit point), send, record
+ *   wire.c          leases, claims and marks on the wire; given up at a
+ *                   forced exit
+ *   late.c          a provider's acceptance after an ambiguous verdict
  *   reconcile.c     asking providers about `unknown` effects
  *   housekeeping.c  reaper, sweep, gauges, weekly figures, schema check
  *   worker_sql.c    every statement the worker runs, with its columns
