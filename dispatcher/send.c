@@ -147,7 +147,8 @@ static void on_complete(struct db *db, PGresult *r, void *arg)
 /* One outcome as an element of outbox_complete()'s p_results (the keys of
  * its jsonb_to_recordset; status, provider_id and error only when set).
  * Written as text: json_pack + json_dumps per batch cost the worker a
- * noticeable share of its instructions (docs/performance.md). */
+ * noticeable share of its instructions (docs/performance.md, "Where the
+ * time goes"). */
 static void completion_json(struct strbuf *sb, const struct effect *e)
 {
 	char ts[40];
@@ -184,7 +185,8 @@ static void completion_json(struct strbuf *sb, const struct effect *e)
 /* Where outcomes are recorded.  In a backlog (BACKLOG_FULL_LEASES full
  * leases in a row), on the lease connection, behind the latency path's urgent
  * queries: one busy backend per worker instead of two, which costs the
- * database less CPU and WAL per effect (docs/performance.md).  Otherwise
+ * database less CPU and WAL per effect (docs/performance.md, "Where the
+ * time goes").  Otherwise
  * on the records connection, so that a lease never waits for an outcome
  * on the wire. */
 static struct db *outcomes_db(const struct worker *w)

@@ -214,7 +214,8 @@ struct worker {
 	struct provider_set providers;
 	struct hosts *hosts;
 	/* Two connections, so that the latency path never waits behind a
-	 * completion batch or a maintenance query (docs/performance.md):
+	 * completion batch or a maintenance query (docs/performance.md, "Where
+	 * the time goes"):
 	 *   db   LISTEN, claim, lease, mark, renew, release, unclaim: what
 	 *        decides when a send starts, and every statement that updates
 	 *        leased waiting rows (one connection, so they cannot lock those
