@@ -1,9 +1,9 @@
 # SPDX-License-Identifier: ISC
 """Docs that cite and docs that are cited agree: every citation of a
-section of a document in the repository's code, SQL, tests and docs
-(`docs/performance.md, "The claim"`, `[scaling.md](scaling.md), "The due
-index"`, across comment line breaks) names a heading that exists in that
-document, and nothing refers to work sessions or issue numbers, which a
+section of a document in the repository's code, SQL, tests and docs (a
+path to a .md file, or a markdown link to one, then the section's title
+in double quotes, across comment line breaks) names a heading that exists
+in that document, and nothing refers to work sessions or issue numbers, which a
 reader of the project does not have.  Test fixtures (copies of old schemas)
 are exempt: they are the past as it was written."""
 import os
