@@ -8,6 +8,7 @@
 #   make deb          build/deb/outbox-dispatcher_VERSION_ARCH.deb (debian/)
 #   make bench / make bench-quick / make bench-email / make bench-levers / make chaos
 #   make cppcheck     static analysis (kept clean)
+#   make schema       sql/schema.sql from a fresh install (after changing sql/)
 #
 # BUILD=dir puts objects elsewhere (the test build uses build-asan), so two
 # builds never share object files.
@@ -64,7 +65,7 @@ UNIT_BIN  := $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(UNIT_SRC))
 MIGRATIONS := $(sort $(wildcard sql/[0-9]*.sql))
 FUNCTION_SQL := $(sort $(wildcard sql/functions/*.sql))
 
-.PHONY: all clean install test unit cppcheck bench bench-quick bench-email bench-levers chaos demo fuzz man deb
+.PHONY: all clean install test unit cppcheck bench bench-quick bench-email bench-levers chaos demo fuzz man deb schema
 all: $(BUILD)/outbox-dispatcher $(BUILD)/outboxctl $(PLUGINS)
 
 # -MMD -MP: each object's header dependencies, read back below.
@@ -138,6 +139,11 @@ SAN_FLAGS := -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sa
 test:
 	$(MAKE) BUILD=build-asan CFLAGS="$(SAN_FLAGS)" EXTRA_LDFLAGS="-fsanitize=address,undefined" all $(patsubst $(BUILD)/%,build-asan/%,$(UNIT_BIN))
 	BUILD_DIR=build-asan sh tests/run.sh
+
+# sql/schema.sql, the fresh-install schema in one file, regenerated from
+# the migrations and sql/functions/ (a throwaway PostgreSQL of its own).
+schema: $(BUILD)/outboxctl
+	BUILD_DIR=$(BUILD) sh scripts/schema.sh
 
 cppcheck:
 	cppcheck --error-exitcode=1 --enable=warning,performance,portability --inline-suppr \
