@@ -40,7 +40,7 @@ ALL_LDFLAGS = $(LDFLAGS) $(EXTRA_LDFLAGS)
 CORE_SRC  := dispatcher/util.c dispatcher/log.c dispatcher/config.c dispatcher/db.c \
              dispatcher/migrate.c dispatcher/config_read.c
 DAEMON_SRC := dispatcher/main.c dispatcher/worker.c dispatcher/health.c dispatcher/effect.c \
-              dispatcher/lease.c dispatcher/claim.c dispatcher/send.c dispatcher/reconcile.c \
+              dispatcher/lease.c dispatcher/claim.c dispatcher/decide.c dispatcher/send.c dispatcher/reconcile.c \
               dispatcher/housekeeping.c dispatcher/late.c dispatcher/wire.c dispatcher/worker_sql.c \
               dispatcher/plugin.c dispatcher/hosts.c dispatcher/policy.c \
               dispatcher/metrics.c dispatcher/sdnotify.c \
@@ -100,7 +100,7 @@ $(BUILD)/providers/outbox_%.so: $$(patsubst %.c,$(BUILD)/obj/%.o,$$(wildcard pro
 	@$(CC) $(ALL_CFLAGS) -shared -o $@ $^ $(ALL_LDFLAGS) $(PKG_LIBS) -lpthread
 
 # Unit tests (cmocka) link the objects they test; none includes a .c file.
-UNIT_DAEMON_OBJ := $(patsubst %,$(BUILD)/obj/dispatcher/%.o,policy hosts metrics sdnotify)
+UNIT_DAEMON_OBJ := $(patsubst %,$(BUILD)/obj/dispatcher/%.o,policy hosts metrics sdnotify decide)
 $(BUILD)/tests/test_%: tests/unit/test_%.c $(CORE_OBJ) $(UNIT_DAEMON_OBJ) $(PROV_LIB_OBJ)
 	@mkdir -p $(dir $@)
 	@echo "  LD      $@"

@@ -10,6 +10,8 @@
  *   effect.c        the effect, the held set, effect_set_phase()
  *   lease.c         leasing, the due-index position, lease renewal
  *   claim.c         lease and mark in one call for rows that go at once
+ *   decide.c        the pure decisions: claim or lease, how many rows, where
+ *                   outcomes go, whether they wait, a free slot (decide.h)
  *   send.c          mark (the kill-switch commit point), send, record
  *   wire.c          leases, claims and marks on the wire; given up at a
  *                   forced exit
@@ -81,9 +83,13 @@ struct effect {
 	char host_key[256];
 	struct outbox_effect view;    /* what the provider sees */
 	int64_t started_wall_ms, started_mono_ms, ended_mono_ms;
-	struct outbox_result result;
+	/* A send's outcome or, for an `unknown` effect being reconciled, the
+	 * provider's verdict: an effect is one or the other, never both. */
+	union {
+		struct outbox_result result;
+		struct outbox_recon_result recon;
+	};
 	struct policy_decision decision;
-	struct outbox_recon_result recon;
 	uint64_t renew_gen;
 	bool lease_lost;
 	/* The provider's acceptance that came after its ambiguous verdict,
@@ -297,7 +303,6 @@ int claim_limit(struct worker *w, int limit, int full);
 void claim_send(struct worker *w, struct db *db, bool from_head, int limit);
 /* send.c */
 void mark_ready(struct worker *w);
-bool slot_free(const struct batch *b, const struct effect *e, int64_t now, int64_t *wait_ms);
 void start_send(struct worker *w, struct effect *e, int attempt, int64_t confirmed_sent_mono);
 void flush_completions(struct worker *w);
 
