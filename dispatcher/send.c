@@ -13,25 +13,13 @@
 #include <string.h>
 
 #include "db.h"
+#include "decide.h"
 #include "hosts.h"
 #include "log.h"
 #include "metrics.h"
 #include "util.h"
 #include "worker_internal.h"
 #include "worker_sql.h"
-
-/* Full leases in a row that make a backlog: outcomes then go on the lease
- * connection (outcomes_db()).  One full lease is a burst of a steady load,
- * whose medians suffer when outcomes queue behind leases; three are ~200
- * rows waiting. */
-#ifndef BACKLOG_FULL_LEASES
-#define BACKLOG_FULL_LEASES 3
-#endif
-/* In a backlog, outcomes wait at most this long for more to share their
- * outbox_complete() call (gather_more()). */
-#ifndef BACKLOG_GATHER_MS
-#define BACKLOG_GATHER_MS 15
-#endif
 
 /* ---- logging of one attempt -------------------------------------------- */
 
@@ -147,7 +135,8 @@ static void on_complete(struct db *db, PGresult *r, void *arg)
 /* One outcome as an element of outbox_complete()'s p_results (the keys of
  * its jsonb_to_recordset; status, provider_id and error only when set).
  * Written as text: json_pack + json_dumps per batch cost the worker a
- * noticeable share of its instructions (docs/performance.md). */
+ * noticeable share of its instructions (docs/performance.md, "Where the
+ * time goes"). */
 static void completion_json(struct strbuf *sb, const struct effect *e)
 {
 	char ts[40];
@@ -184,13 +173,14 @@ static void completion_json(struct strbuf *sb, const struct effect *e)
 /* Where outcomes are recorded.  In a backlog (BACKLOG_FULL_LEASES full
  * leases in a row), on the lease connection, behind the latency path's urgent
  * queries: one busy backend per worker instead of two, which costs the
- * database less CPU and WAL per effect (docs/performance.md).  Otherwise
+ * database less CPU and WAL per effect (docs/performance.md, "Where the
+ * time goes").  Otherwise
  * on the records connection, so that a lease never waits for an outcome
  * on the wire. */
 static struct db *outcomes_db(const struct worker *w)
 {
-	return w->s.busy_connections == 1 && w->lease.full_leases >= BACKLOG_FULL_LEASES &&
-	               db_is_up(w->db)
+	return decide_outcomes_on_lease_db((int)w->s.busy_connections, w->lease.full_leases,
+	                                   db_is_up(w->db))
 	               ? w->db : w->rec;
 }
 
@@ -203,21 +193,25 @@ static struct db *outcomes_db(const struct worker *w)
  * emails with gathering (15 and 30) than without (0-5). */
 static bool gather_more(struct worker *w)
 {
-	const struct effect *first = TAILQ_FIRST(&w->fx.done_q), *e;
-	int64_t age = now_mono_ms() - first->ended_mono_ms;
-	size_t queued = 0;
+	const struct effect *e;
+	struct gather_view v = {
+		.claimable = w->claimable, .full_leases = w->lease.full_leases,
+		.in_flight = w->fx.n_sending > 0 || w->lease.busy || w->send.mark_busy,
+		.oldest_age_ms = now_mono_ms() - TAILQ_FIRST(&w->fx.done_q)->ended_mono_ms,
+		.complete_batch = (size_t)w->s.complete_batch,
+	};
+	int64_t wait_ms;
 
-	if (!w->claimable || w->lease.full_leases < BACKLOG_FULL_LEASES ||
-	    (w->fx.n_sending == 0 && !w->lease.busy && !w->send.mark_busy) ||
-	    age >= BACKLOG_GATHER_MS)
-		return false;
-	/* A row that was not sent stays `sending` until recorded: a worker
-	 * killed meanwhile would leave it `unknown`.  Record those at once. */
-	TAILQ_FOREACH(e, &w->fx.done_q, link)
-		if (e->result.outcome == OUTCOME_NOT_SENT || ++queued * 2 >= (size_t)w->s.complete_batch)
-			return false;
-	worker_kick_in(w, BACKLOG_GATHER_MS - age);
-	return true;
+	TAILQ_FOREACH(e, &w->fx.done_q, link) {     /* as far as it can change the answer */
+		v.queued++;
+		v.any_not_sent |= e->result.outcome == OUTCOME_NOT_SENT;
+		if (v.any_not_sent || v.queued * 2 >= v.complete_batch)
+			break;
+	}
+	wait_ms = decide_gather_ms(&v);
+	if (wait_ms > 0)
+		worker_kick_in(w, wait_ms);
+	return wait_ms > 0;
 }
 
 void flush_completions(struct worker *w)
@@ -430,23 +424,6 @@ static void release_open_breakers(struct worker *w, struct batch *rel, int64_t d
 	for (size_t i = 0; i < rel->n; i++)
 		effect_free(rel->items[i]);
 	free(rel);
-}
-
-/* Whether e's provider and host have room beside the batch b being built
- * (NULL: none); *wait_ms > 0 when its host's breaker is open. */
-bool slot_free(const struct batch *b, const struct effect *e, int64_t now, int64_t *wait_ms)
-{
-	int pending_for_host = 0, pending_for_prov = 0;
-
-	*wait_ms = 0;
-	for (size_t i = 0; b && i < b->n; i++) {
-		pending_for_host += b->items[i]->host == e->host;
-		pending_for_prov += b->items[i]->prov == e->prov;
-	}
-	if (e->prov->in_flight + pending_for_prov >= e->prov->policy.max_in_flight)
-		return false;
-	return host_may_send(e->host, (int)e->prov->policy.max_per_host - pending_for_host, now,
-	                     wait_ms);
 }
 
 /* Waiting effects that have a slot into b (PH_MARKING); those whose

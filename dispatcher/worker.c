@@ -7,7 +7,17 @@
  * and NOTIFYs, SIGTERM (a graceful stop), SIGHUP (a reload), teardown.
  *
  * An effect's life in one worker, each step a batch and one round trip
- * (README, "The hot path, in order"):
+ * (README, "The hot path, in order").  The default path, for rows this
+ * worker can send at once (claim.c: claim_limit() says how many; http and
+ * crm, whose sends start at once):
+ *
+ *   claim        claim.c: outbox_claim(): pending rows go straight to
+ *                `sending` under the kill-switch lock (lease and mark in
+ *                one call); each is validated, then sent as below; a row
+ *                that cannot go after all is given back (outbox_unclaim())
+ *
+ * Otherwise (no room for every row asked for, or a provider such as
+ * email whose sends wait in a queue):
  *
  *   lease        lease.c: outbox_lease(): pending rows get this worker's lease
  *   validate     effect.c: payload parsed and checked by its provider; bad
@@ -23,8 +33,8 @@
  *                unknown); a late acceptance or not-sent of an attempt the
  *                reaper made `unknown` resolves it there
  *
- * Two connections: `db` (the lease connection: lease, mark, renew,
- * release; LISTEN) and `rec` (the records connection: housekeeping,
+ * Two connections: `db` (the lease connection: claim, lease, mark,
+ * renew, release, unclaim; LISTEN) and `rec` (the records connection: housekeeping,
  * invalid rows, reconciliation, head scans in position mode).  Outcomes go
  * on `rec` while the queue is short and on `db` in a backlog (send.c,
  * outcomes_db()), so that a busy worker keeps one backend busy.

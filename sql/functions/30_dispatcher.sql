@@ -6,7 +6,7 @@
 -- per batch, not per effect.  The batch functions plan every statement for
 -- the batch at hand (plan_cache_mode): a generic plan cached while the
 -- table was small turns key lookups into scans of the whole table later
--- (docs/performance.md).  Every transition is a compare-and-set on
+-- (docs/performance.md, "Where the time goes").  Every transition is a CAS on
 -- (effect, lease owner, state): a worker whose lease is gone changes nothing.
 
 -- The kill-switch lock.  mark_sending holds it shared for the length of its

@@ -733,12 +733,14 @@ def test_saturated_pool_reports_not_sent(direct, smtp):
 def test_shutdown_with_sessions_in_flight(direct, smtp):
     """The provider is shut down while one session waits for its end-of-data
     reply and another is still queued: no callback afterwards, no crash, no
-    leak (the suite runs under ASan), and it returns promptly."""
-    res = direct.run(direct_cfg(smtp, threads=1, timeout_ms=20000),
+    leak (the suite runs under ASan), and it returns without waiting for
+    the relay: the session's budget is an hour, so the run returning within
+    run()'s timeout is the proof, however loaded the machine."""
+    res = direct.run(direct_cfg(smtp, threads=1, timeout_ms=3600000),
                      [eff(1, "a+silent-after-data@example.com"), eff(2, "b@example.com")],
-                     exit_after_ms=500)
+                     exit_after_ms=500, timeout=120)
     assert res["shutdown"]["abandoned"] == 2
-    assert direct.elapsed < 8
+    assert "e1" not in res and "e2" not in res, res
     assert smtp.by_rcpt("b@example.com") == []
 
 
