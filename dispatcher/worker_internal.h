@@ -77,7 +77,7 @@ struct effect {
 	struct host_state *host;
 	char host_key[256];
 	struct outbox_effect view;    /* what the provider sees */
-	int64_t started_wall_ms, started_mono_ms, ended_mono_ms;
+	int64_t started_mono_ms, ended_mono_ms;
 	struct outbox_result result;
 	struct policy_decision decision;
 	struct outbox_recon_result recon;
