@@ -139,15 +139,15 @@ static void on_complete(struct db *db, PGresult *r, void *arg)
  * time goes"). */
 static void completion_json(struct strbuf *sb, const struct effect *e)
 {
-	char ts[40];
-
-	format_iso8601(e->started_wall_ms, ts, sizeof(ts));
 	sb_puts(sb, "{\"effect_id\":");
 	sb_json_string(sb, e->id);
 	sb_puts(sb, ",\"attempt\":");
 	sb_int(sb, e->view.attempt);
-	sb_puts(sb, ",\"started_at\":");
-	sb_json_string(sb, ts);
+	/* How long ago the send started, by the monotonic clock: the
+	 * database dates it from its own clock (a worker's wall clock may be
+	 * off; outbox_complete), so nothing is decided on this host's time. */
+	sb_puts(sb, ",\"started_ms_ago\":");
+	sb_int(sb, (long long)(now_mono_ms() - e->started_mono_ms));
 	sb_puts(sb, ",\"outcome\":");
 	sb_json_string(sb, outcome_name(e->result.outcome));
 	sb_puts(sb, ",\"next_state\":");
@@ -306,7 +306,6 @@ void start_send(struct worker *w, struct effect *e, int attempt, int64_t confirm
 	                     ? "the sending transition was confirmed too late to act on" : NULL;
 
 	effect_fill_view(e, attempt);
-	e->started_wall_ms = now_wall_ms();
 	e->started_mono_ms = now_mono_ms();
 	e->prov->in_flight++;
 	host_send_started(e->host);

@@ -234,8 +234,28 @@ static void timer_every(struct event *ev, long ms)
 	evtimer_add(ev, &tv);
 }
 
+/* The database deadlines, from lease_seconds (docs/operating.md, "The
+ * database is unreachable"): a statement may take half a lease (at least
+ * 5 s) on the server; an answer or a connect 2 s later than that is a
+ * lost connection; unacknowledged data for a third of a lease (the
+ * renewal period) or an idle connection silent for as long, probed every
+ * tenth of a lease, 3 times, is a dead one.  In poll_only mode sessions
+ * carry no settings (a transaction-mode pooler shares them). */
+static void apply_db_timeouts(struct worker *w)
+{
+	long stmt_ms = w->s.lease_seconds * 1000 / 2 > 5000 ? w->s.lease_seconds * 1000 / 2 : 5000;
+	long idle_s = w->s.lease_seconds / 3 > 1 ? w->s.lease_seconds / 3 : 1;
+	long interval_s = w->s.lease_seconds / 10 > 1 ? w->s.lease_seconds / 10 : 1;
+	struct db *both[] = { w->db, w->rec };
+
+	for (size_t i = 0; i < sizeof(both) / sizeof(both[0]); i++)
+		db_set_timeouts(both[i], w->s.poll_only ? 0 : stmt_ms, stmt_ms + 2000,
+		                w->s.lease_seconds * 1000 / 3, idle_s, interval_s);
+}
+
 static void apply_timers(struct worker *w)
 {
+	apply_db_timeouts(w);
 	if (!w->life.stopping)
 		timer_every(w->life.poll_ev, w->s.poll_interval_ms);
 	timer_every(w->lease.heartbeat_ev, w->s.lease_seconds * 1000 / 3);

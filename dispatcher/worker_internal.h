@@ -82,7 +82,7 @@ struct effect {
 	struct host_state *host;
 	char host_key[256];
 	struct outbox_effect view;    /* what the provider sees */
-	int64_t started_wall_ms, started_mono_ms, ended_mono_ms;
+	int64_t started_mono_ms, ended_mono_ms;
 	/* A send's outcome or, for an `unknown` effect being reconciled, the
 	 * provider's verdict: an effect is one or the other, never both. */
 	union {

@@ -3,8 +3,11 @@
 """The chaos run: a fleet of real workers delivers many effects of
 every kind to fault-injecting servers (tests/chaos/fault_servers.py) while
 this harness SIGKILLs and restarts workers, SIGSTOPs one past its lease,
-restarts PostgreSQL, terminates backends, flips the kill switch and sends
-SIGHUP with a broken config.  It stops by itself, lets the fleet drain,
+restarts PostgreSQL, terminates backends, flips the kill switch, sends
+SIGHUP with a broken config and steps a worker's wall clock back or ahead
+(CLOCK_STEP_S, then back again: every worker runs under libfaketime with a
+clock file of its own; the monotonic clock is left alone, as a real step
+leaves it).  It stops by itself, lets the fleet drain,
 then checks the invariants and prints each with its count.
 
 tests/chaos/run.sh starts the throwaway PostgreSQL and runs this.
@@ -66,6 +69,18 @@ LOOKUP = os.environ.get("CHAOS_LOOKUP", "1") == "1"
 # request still on its way is never taken for "not found".
 LOOKUP_MIN_AGE_S = 25
 RECONCILE_CLASSES = ("reconciled_sent", "reconciled_not_sent", "reconcile_unknown")
+# A clock step, well past the lookup's minimum age: a worker whose wall
+# clock decided an attempt's age would have its lookups requeue effects
+# still on their way (sent twice), or wait that much longer.
+CLOCK_STEP_S = 4 * LOOKUP_MIN_AGE_S
+
+
+def libfaketime():
+    import glob
+    found = sorted(glob.glob("/usr/lib/*/faketime/libfaketime.so.1"))
+    if not found:
+        raise RuntimeError("libfaketime is missing: scripts/install-deps.sh installs it")
+    return found[0]
 
 T0 = time.time()
 
@@ -145,6 +160,8 @@ class Worker:
         self.port = free_port()
         self.cfg_path = os.path.join(WORK, f"{self.name}.ini")
         self.log_path = os.path.join(WORK, f"{self.name}.log")
+        self.clock_path = os.path.join(WORK, f"{self.name}.clock")
+        self.set_clock(0)
         self.sections = json.loads(json.dumps(cfg_base))
         self.sections["dispatcher"]["worker_name"] = self.name
         self.sections["metrics"] = {"listen": f"127.0.0.1:{self.port}"}
@@ -157,8 +174,20 @@ class Worker:
         self.events = []
         self.lock = threading.Lock()
 
+    def set_clock(self, offset_s):
+        """The worker's wall clock offset_s seconds off (libfaketime reads
+        the file again within a second)."""
+        with open(self.clock_path + ".tmp", "w") as f:
+            f.write(f"{offset_s:+d}\n")
+        os.replace(self.clock_path + ".tmp", self.clock_path)
+
     def start(self):
-        env = dict(os.environ, AI_ACTIONS_ENABLED="true")
+        asan = os.environ.get("ASAN_OPTIONS", "")
+        env = dict(os.environ, AI_ACTIONS_ENABLED="true", LD_PRELOAD=libfaketime(),
+                   FAKETIME_TIMESTAMP_FILE=self.clock_path, FAKETIME_CACHE_DURATION="1",
+                   FAKETIME_DONT_FAKE_MONOTONIC="1",
+                   # libfaketime is preloaded ahead of ASan's runtime.
+                   ASAN_OPTIONS=(asan + ":" if asan else "") + "verify_asan_link_order=0")
         self.logf = open(self.log_path, "ab")
         self.proc = subprocess.Popen([os.path.join(BUILD_DIR, "outbox-dispatcher"), "--config",
                                       self.cfg_path], stdout=self.logf, stderr=self.logf, env=env)
@@ -503,6 +532,23 @@ class Chaos:
         finally:
             w.busy = False
 
+    def act_clock_step(self):
+        """One worker's wall clock steps back or ahead, stays so for a few
+        seconds (sends start, outcomes are recorded), then steps back."""
+        w = self.pick()
+        if w is None:
+            return
+        try:
+            step = self.rng.choice((-CLOCK_STEP_S, CLOCK_STEP_S))
+            w.set_clock(step)
+            held = self.rng.uniform(2.0, 6.0)
+            self.stop_chaos.wait(held)
+            w.set_clock(0)
+            self.counts["clock_step"] += 1
+            say(f"clock of {w.name} stepped {step:+d}s for {held:.1f}s, then back")
+        finally:
+            w.busy = False
+
     # -- progress ------------------------------------------------------------------------
     def states(self):
         return dict(self.db.q("SELECT state, count(*) FROM effect_outbox GROUP BY state"))
@@ -516,7 +562,8 @@ class Chaos:
         threads = [threading.Thread(target=self.producer, args=(produce_until,), daemon=True)]
         sched = [(6, 15, self.act_kill, "sigkill"), (10, 20, self.act_stop, "sigstop"),
                  (25, 50, self.act_pg_restart, "pg_restart"), (8, 20, self.act_terminate, "terminate"),
-                 (8, 20, self.act_kill_switch, "kill_switch"), (8, 20, self.act_sighup, "sighup")]
+                 (8, 20, self.act_kill_switch, "kill_switch"), (8, 20, self.act_sighup, "sighup"),
+                 (8, 20, self.act_clock_step, "clock_step")]
         if QUICK:
             sched = [(lo * 0.6, hi * 0.6, fn, n) for lo, hi, fn, n in sched]
         for lo, hi, fn, name in sched:
