@@ -816,6 +816,20 @@ def test_sessions_are_reused(direct, smtp):
     assert all(res[f"e{n}"]["provider_id"] == qids[f"u{n}@example.com"] for n in range(1, 21))
 
 
+def test_idle_session_waits_for_the_next_message(conn, dispatchers, smtp):
+    """session_idle_ms holds an idle session open: two emails 0.5 s apart
+    (well inside the 5 s idle time) go over ONE SMTP session."""
+    kill_switch(conn, True)
+    dispatchers(email_cfg(smtp, threads=1, session_idle_ms=5000))
+    first = enqueue(conn, "email", "a@example.com", payload())
+    wait_state(conn, first, "completed")
+    time.sleep(0.5)   # the scenario itself: the next email comes 0.5 s later
+    second = enqueue(conn, "email", "b@example.com", payload())
+    wait_state(conn, second, "completed")
+    assert smtp.connections == 1, smtp.sessions
+    assert smtp.sessions == {1: 2}
+
+
 def test_session_max_messages_and_idle_zero(direct, smtp):
     res = direct.run(direct_cfg(smtp, threads=1, session_max_messages=3),
                      [eff(n, f"u{n}@example.com") for n in range(1, 8)])
