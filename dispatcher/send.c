@@ -289,7 +289,7 @@ static void on_send_done(void *token, const struct outbox_result *res)
 		metrics_inc(M_BREAKER_OPENED, 1);
 		log_event(OLOG_WARN, "breaker_open",
 		          json_pack("{s:s,s:s,s:I}", "provider", p->name, "host", e->host_key,
-		                    "open_ms", (json_int_t)p->policy.breaker_open_ms));
+		                    "probe_in_ms", (json_int_t)(e->host->open_until_ms - now)));
 	}
 	if (e->result.key_conflict)
 		metrics_inc(M_KEY_CONFLICTS, 1);

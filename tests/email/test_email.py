@@ -432,6 +432,34 @@ def test_connection_refused_is_not_sent_and_retried(conn, dispatchers):
     assert "cannot connect" in e["last_error"] and "refused" in e["last_error"].lower()
 
 
+def test_relay_back_after_an_outage_is_used_within_seconds(conn, dispatchers):
+    """The relay is down (connection refused) until the breaker opens; then
+    it comes back on the same port.  The breaker's half-open probe goes
+    after ~1 s (not breaker_open_ms = 30 s), so the waiting emails are
+    delivered within 5 s of the relay's return, each once."""
+    import socket
+    hold = socket.socket()
+    hold.bind(("127.0.0.1", 0))          # bound, not listening: connects are refused
+    port = hold.getsockname()[1]
+    kill_switch(conn, True)
+    w = dispatchers(email_cfg(f"127.0.0.1:{port}", max_attempts=1000, breaker_failures=2,
+                              breaker_open_ms=30000))
+    eids = [enqueue(conn, "email", f"u{n}@example.com", payload()) for n in range(4)]
+    wait_for(lambda: '"breaker_open"' in w.log(), timeout=20, what="the breaker opened")
+    hold.close()
+    s = SmtpServer(port=port)
+    s.start()
+    back = time.monotonic()
+    try:
+        for eid in eids:
+            wait_state(conn, eid, "completed", timeout=max(0.1, back + 5 - time.monotonic()))
+        took = time.monotonic() - back
+        assert all(s.count(msgid(key_of(conn, eid))) == 1 for eid in eids)
+    finally:
+        s.stop()
+    assert took < 5, took
+
+
 def test_connect_timeout_is_not_sent(direct):
     """A relay whose accept queue is full: SYNs go unanswered and connect()
     hangs (libesmtp has no connect timeout of its own).  Given up at
