@@ -894,6 +894,49 @@ def test_lost_connection_after_message_k_makes_only_k_unknown(direct, smtp):
     assert smtp.connections == 2
 
 
+@pytest.mark.parametrize("pipelining", [True, False], ids=["pipelining", "no-pipelining"])
+def test_commit_point_per_message_on_a_reused_session(direct, pipelining):
+    """One session carries 1, 2, 3; the connection is lost after message
+    3's terminator: only 3 is ambiguous, 4 and 5 (never handed over) go
+    over a new session.  With PIPELINING too: RCPT TO and DATA share a
+    write, the terminator is still the commit point."""
+    s = SmtpServer(pipelining=pipelining)
+    s.start()
+    try:
+        res = direct.run(direct_cfg(s, threads=1), [
+            eff(1, "a@example.com"), eff(2, "b@example.com"),
+            eff(3, "c+drop-after-data@example.com"), eff(4, "d@example.com"),
+            eff(5, "e@example.com")])
+    finally:
+        s.stop()
+    got = {k: v["outcome"] for k, v in res.items()}
+    assert got == {"e1": "accepted", "e2": "accepted", "e3": "ambiguous", "e4": "accepted",
+                   "e5": "accepted"}, res
+    assert [t["conn"] for t in s.transactions] == [1, 1, 1, 2, 2]
+    assert all(s.count(msgid(f"{n:064x}")) == 1 for n in range(1, 6))
+    assert (s.pipelined > 0) == pipelining
+
+
+@pytest.mark.parametrize("pipelining", [True, False], ids=["pipelining", "no-pipelining"])
+def test_connection_lost_after_the_next_envelope_is_not_ambiguous(direct, pipelining):
+    """Message 2 joins the session after 1's 250; the relay drops the
+    connection on its RCPT TO (with PIPELINING: RCPT TO and DATA written
+    together).  None of 2's content was sent: it is `retry`, never
+    `ambiguous`, and the relay holds no copy; 1 keeps its 250 and 3 goes
+    over a new session."""
+    s = SmtpServer(pipelining=pipelining)
+    s.start()
+    try:
+        res = direct.run(direct_cfg(s, threads=1), [
+            eff(1, "a@example.com"), eff(2, "b+drop-rcpt@example.com"), eff(3, "c@example.com")])
+    finally:
+        s.stop()
+    got = {k: (v["outcome"], v["status"]) for k, v in res.items()}
+    assert got == {"e1": ("accepted", 250), "e2": ("retry", 0), "e3": ("accepted", 250)}, res
+    assert s.count(msgid(f"{2:064x}")) == 0 and s.data_commands == 2
+    assert [t["conn"] for t in s.transactions] == [1, 1, 2]
+
+
 def test_refused_transaction_then_next_message_in_the_same_session(direct, smtp):
     """A 550 RCPT, a 554 after the data and a 553 MAIL FROM in the middle of
     reused sessions: each message gets its own answer.  After the 554 and
