@@ -157,6 +157,15 @@ static bool is_host_failure(const struct outbox_result *r)
 	return false;
 }
 
+/* The wait before the next probe: BREAKER_FIRST_PROBE_MS after the breaker
+ * opens, doubled by each failed probe, never above open_ms. */
+static int64_t next_probe_wait(int64_t last_ms, int64_t open_ms)
+{
+	int64_t next = last_ms > 0 ? last_ms * 2 : BREAKER_FIRST_PROBE_MS;
+
+	return next < open_ms ? next : open_ms;
+}
+
 bool host_send_done(struct host_state *hs, const struct outbox_result *r, int failures_to_open,
                     int64_t open_ms, int64_t now_ms)
 {
@@ -168,14 +177,16 @@ bool host_send_done(struct host_state *hs, const struct outbox_result *r, int fa
 		hs->failures = 0;
 		hs->breaker = BREAKER_CLOSED;
 		hs->probe_in_flight = false;
+		hs->probe_wait_ms = 0;
 		return false;
 	}
 	hs->failures++;
 	if (hs->breaker == BREAKER_HALF_OPEN ||
 	    (hs->breaker == BREAKER_CLOSED && hs->failures >= failures_to_open)) {
 		bool opened = hs->breaker == BREAKER_CLOSED;
+		hs->probe_wait_ms = next_probe_wait(opened ? 0 : hs->probe_wait_ms, open_ms);
 		hs->breaker = BREAKER_OPEN;
-		hs->open_until_ms = now_ms + open_ms;
+		hs->open_until_ms = now_ms + hs->probe_wait_ms;
 		hs->probe_in_flight = false;
 		return opened;
 	}

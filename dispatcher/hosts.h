@@ -5,8 +5,12 @@
  * hammered: its effects wait and spend no attempt.
  *
  * Breaker: closed → open after `failures` consecutive failures (not sent,
- * ambiguous, 5xx/429 retries); open → half-open after open_ms, letting one
- * probe through; the probe's success closes it, its failure re-opens it.
+ * ambiguous, 5xx/429 retries); open → half-open after the probe wait,
+ * letting one probe through; the probe's success closes it, its failure
+ * re-opens it with the wait doubled.  The first wait is
+ * BREAKER_FIRST_PROBE_MS, doubling up to open_ms (breaker_open_ms): an
+ * endpoint back after a short outage is found within seconds, one down
+ * for long is probed once per open_ms.
  */
 #ifndef OUTBOX_HOSTS_H
 #define OUTBOX_HOSTS_H
@@ -19,13 +23,16 @@
 
 enum breaker_state { BREAKER_CLOSED, BREAKER_OPEN, BREAKER_HALF_OPEN };
 
+#define BREAKER_FIRST_PROBE_MS 1000
+
 struct host_state {
 	struct host_state *next;
 	char *key;
 	int in_flight;
 	int failures;
 	enum breaker_state breaker;
-	int64_t open_until_ms;     /* monotonic */
+	int64_t open_until_ms;     /* monotonic: the next probe may go then */
+	int64_t probe_wait_ms;     /* the wait that set open_until_ms (doubles per failed probe) */
 	bool probe_in_flight;
 	int users;                 /* effects holding it (hosts_get .. hosts_release) */
 };
@@ -52,7 +59,8 @@ void host_send_started(struct host_state *hs);
 /* The most sends in flight to any one host, and how many hosts have a
  * breaker open or half-open.  (Walks every host in the table.) */
 void hosts_summary(const struct hosts *h, int *busiest, int *breakers_open);
-/* Returns true when this outcome opened the breaker. */
+/* Returns true when this outcome opened the breaker (from closed).
+ * open_ms caps the wait between probes. */
 bool host_send_done(struct host_state *hs, const struct outbox_result *r, int failures_to_open,
                     int64_t open_ms, int64_t now_ms);
 

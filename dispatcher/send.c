@@ -21,6 +21,12 @@
 #include "worker_internal.h"
 #include "worker_sql.h"
 
+/* A provider that queues its sends: outcomes wait at most this long for
+ * more of its answers (gather_queued()). */
+#ifndef QUEUED_GATHER_MS
+#define QUEUED_GATHER_MS 500
+#endif
+
 /* ---- logging of one attempt -------------------------------------------- */
 
 static json_t *attempt_fields(struct effect *e, bool applied, const char *resolved)
@@ -214,6 +220,41 @@ static bool gather_more(struct worker *w)
 	return wait_ms > 0;
 }
 
+/* Whether p queues its sends (no OUTBOX_CAP_STARTS_AT_ONCE: email's thread
+ * pool) and is busy: half of its max_in_flight or more in flight, so
+ * answers keep coming while its queue keeps its threads at work. */
+static bool queue_busy(const struct provider_slot *p)
+{
+	/* A max_in_flight below 8 leaves no queue worth the name: kept full. */
+	return !(p->ops->caps & OUTBOX_CAP_STARTS_AT_ONCE) && p->policy.max_in_flight >= 8 &&
+	       (long)p->in_flight * 2 >= p->policy.max_in_flight;
+}
+
+/* The outcomes of a queueing provider with sends still in flight (more
+ * answers to come) wait for half its max_in_flight of them, at most
+ * QUEUED_GATHER_MS: a relay's answers end one by one, as
+ * many round trips apart as a message takes, and one outbox_complete()
+ * call per answer costs the database ~1.5 ms each.  An outcome that was
+ * not sent (its row is `sending` until recorded: a worker killed meanwhile
+ * would leave it `unknown`) is recorded at once, as are all at a stop. */
+static bool gather_queued(struct worker *w)
+{
+	const struct effect *first = TAILQ_FIRST(&w->fx.done_q), *e;
+	const struct provider_slot *p = first->prov;
+	int64_t age = now_mono_ms() - first->ended_mono_ms;
+	long queued = 0;
+
+	if (w->claimable || w->life.stopping || age >= QUEUED_GATHER_MS ||
+	    (p->ops->caps & OUTBOX_CAP_STARTS_AT_ONCE) || p->policy.max_in_flight < 8 || p->in_flight == 0)
+		return false;
+	TAILQ_FOREACH(e, &w->fx.done_q, link)
+		if (e->result.outcome == OUTCOME_NOT_SENT || ++queued * 2 >= p->policy.max_in_flight ||
+		    queued >= w->s.complete_batch)
+			return false;
+	worker_kick_in(w, QUEUED_GATHER_MS - age);
+	return true;
+}
+
 void flush_completions(struct worker *w)
 {
 	struct effect *e;
@@ -223,7 +264,7 @@ void flush_completions(struct worker *w)
 	size_t n = 0;
 
 	if (w->send.complete_busy || TAILQ_EMPTY(&w->fx.done_q) || !db_is_up(outcomes_db(w)) ||
-	    now_mono_ms() < w->send.complete_retry_mono || gather_more(w))
+	    now_mono_ms() < w->send.complete_retry_mono || gather_more(w) || gather_queued(w))
 		return;
 	b = batch_new(w, (size_t)w->s.complete_batch);
 	sb_init(&js, 4096);
@@ -283,7 +324,7 @@ static void on_send_done(void *token, const struct outbox_result *res)
 		metrics_inc(M_BREAKER_OPENED, 1);
 		log_event(OLOG_WARN, "breaker_open",
 		          json_pack("{s:s,s:s,s:I}", "provider", p->name, "host", e->host_key,
-		                    "open_ms", (json_int_t)p->policy.breaker_open_ms));
+		                    "probe_in_ms", (json_int_t)(e->host->open_until_ms - now)));
 	}
 	if (e->result.key_conflict)
 		metrics_inc(M_KEY_CONFLICTS, 1);
@@ -425,6 +466,15 @@ static void release_open_breakers(struct worker *w, struct batch *rel, int64_t d
 	free(rel);
 }
 
+/* A busy provider that queues its sends is marked for once half of its
+ * max_in_flight is free (queue_busy() false): its queue keeps its threads
+ * at work meanwhile, and a mark call per freed slot (a slow relay's sends
+ * end one by one) would cost the database a round trip per row. */
+static bool mark_later(const struct provider_slot *p)
+{
+	return queue_busy(p) && p->in_flight > 0;
+}
+
 /* Waiting effects that have a slot into b (PH_MARKING); those whose
  * breaker is open into *rel (still waiting, freed when released). */
 static void mark_pick(struct worker *w, struct batch *b, struct batch **rel, int64_t *rel_delay)
@@ -434,6 +484,8 @@ static void mark_pick(struct worker *w, struct batch *b, struct batch **rel, int
 
 	for (e = TAILQ_FIRST(&w->fx.waiting); e && b->n < (size_t)w->s.batch_size * 4; e = next) {
 		next = TAILQ_NEXT(e, link);
+		if (mark_later(e->prov))
+			continue;
 		if (!slot_free(b, e, now, &wait_ms)) {
 			if (wait_ms > 0) {
 				if (*rel == NULL)
