@@ -62,8 +62,11 @@
 set -eu
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 KIT=$ROOT/examples/n8n
-N8N_HOME=${N8N_HOME:-/var/tmp/outbox-n8n}
-N8N_VERSION=${N8N_VERSION:-1.123.81}
+NPM_DIR=$ROOT/tests/n8n/npm
+N8N_VERSION=$(sed -n 's/.*"n8n": *"\([^"]*\)".*/\1/p' "$NPM_DIR/package.json" | head -1)
+LOCK_KEY=$(sha256sum "$NPM_DIR/package-lock.json" | cut -c1-16)
+N8N_CACHE=${N8N_CACHE:-/var/cache/outbox-dispatcher}
+N8N_HOME=$N8N_CACHE/n8n-$LOCK_KEY
 BUILD_DIR=${BUILD_DIR:-build}
 case $BUILD_DIR in /*) ;; *) BUILD_DIR=$ROOT/$BUILD_DIR ;; esac
 N8N=${N8N_BIN:-$N8N_HOME/node_modules/.bin/n8n}
@@ -72,39 +75,44 @@ MODE=${1:-default}
 now() { date +%s; }
 T_BEGIN=$(now)
 
+# The pinned n8n: tests/n8n/npm/package.json and its package-lock.json
+# (npm overrides: xlsx 0.18.5, since n8n's own pin fetches it from a host
+# outside the npm registry; isolated-vm 5.0.4, since 6.x needs Node 22 and
+# the vm engine runs on it).  `npm ci` installs exactly that lock into
+# N8N_CACHE/n8n-<first 16 hex of the lock's sha256>, built in a temporary
+# folder beside it and renamed into place only once complete, so an
+# interrupted or failed install is never reused and a changed lock gets a
+# folder of its own.
 install_n8n() {
     if [ -n "${N8N_BIN:-}" ]; then
         [ -x "$N8N_BIN" ] || { echo "check-with-n8n: N8N_BIN=$N8N_BIN is not executable" >&2; exit 1; }
         return 0
     fi
     if [ -x "$N8N" ]; then
-        have=$(cat "$N8N_HOME/.installed" 2>/dev/null || true)
-        [ -n "$have" ] || have=$(cd "$N8N_HOME" && node -p 'require("n8n/package.json").version' 2>/dev/null || echo unknown)
-        echo "using the n8n $have installed in $N8N_HOME (not reinstalled)"
-        [ "$have" = "$N8N_VERSION" ] || echo "check-with-n8n: warning: the kit is checked with n8n $N8N_VERSION, this is $have" >&2
+        echo "using the n8n installed in $N8N_HOME (lock $LOCK_KEY, not reinstalled)"
         return 0
-    fi
-    if [ -d "$N8N_HOME" ] && [ -n "$(ls -A "$N8N_HOME" 2>/dev/null)" ]; then
-        echo "check-with-n8n: $N8N_HOME is not empty and holds no n8n: set N8N_HOME to an empty folder or to an n8n install" >&2
-        exit 1
     fi
     command -v node >/dev/null && command -v npm >/dev/null || {
         echo "check-with-n8n: needs node >= 20.19 and npm" >&2; exit 1; }
     node -e 'const [a,b]=process.versions.node.split(".").map(Number); process.exit(a>20||(a===20&&b>=19)?0:1)' || {
         echo "check-with-n8n: n8n $N8N_VERSION needs node >= 20.19 (this is $(node --version))" >&2; exit 1; }
-    mkdir -p "$N8N_HOME"
-    cat > "$N8N_HOME/package.json" <<EOF
-{
-  "name": "outbox-n8n-check",
-  "private": true,
-  "dependencies": { "n8n": "$N8N_VERSION" },
-  "overrides": { "xlsx": "0.18.5", "isolated-vm": "5.0.4" }
-}
-EOF
+    mkdir -p "$N8N_CACHE"
+    tmp=$(mktemp -d "$N8N_CACHE/.n8n-$LOCK_KEY.partial.XXXXXX")
+    cp "$NPM_DIR/package.json" "$NPM_DIR/package-lock.json" "$tmp/"
     t=$(now)
-    echo "installing n8n $N8N_VERSION into $N8N_HOME (1.8 GB; 16 minutes or more)..."
-    (cd "$N8N_HOME" && npm install --no-audit --no-fund)
-    echo "$N8N_VERSION" > "$N8N_HOME/.installed"
+    echo "installing n8n $N8N_VERSION (npm ci, 1.8 GB) into $N8N_HOME: about 5 minutes on a quiet 2-core machine..."
+    if ! (cd "$tmp" && npm ci --no-audit --no-fund --loglevel=error) > "$tmp.log" 2>&1 \
+        || [ ! -x "$tmp/node_modules/.bin/n8n" ]; then
+        echo "check-with-n8n: npm ci of n8n $N8N_VERSION failed (last lines of $tmp.log):" >&2
+        tail -30 "$tmp.log" >&2
+        rm -rf "$tmp"
+        exit 1
+    fi
+    rm -f "$tmp.log"
+    # Two checks installing at once: the first rename wins, the other's
+    # copy is dropped.
+    if mv -T "$tmp" "$N8N_HOME" 2>/dev/null; then :; else rm -rf "$tmp"; fi
+    [ -x "$N8N" ] || { echo "check-with-n8n: no $N8N after the install" >&2; exit 1; }
     echo "installed n8n $N8N_VERSION in $(( $(now) - t )) s"
 }
 
