@@ -111,6 +111,7 @@ install_n8n() {
     rm -f "$tmp.log"
     # Two checks installing at once: the first rename wins, the other's
     # copy is dropped.
+    chmod 755 "$tmp"
     if mv -T "$tmp" "$N8N_HOME" 2>/dev/null; then :; else rm -rf "$tmp"; fi
     [ -x "$N8N" ] || { echo "check-with-n8n: no $N8N after the install" >&2; exit 1; }
     echo "installed n8n $N8N_VERSION in $(( $(now) - t )) s"
@@ -150,6 +151,8 @@ work=$(mktemp -d /tmp/outbox-n8n-check.XXXXXX)
 chmod 755 "$work"
 PIDS=""
 cleanup() {
+    # check-scenarios.py restarts n8n: its process id is in n8n.pid.
+    [ -f "$work/n8n.pid" ] && PIDS="$PIDS $(cat "$work/n8n.pid")"
     for p in $PIDS; do kill "$p" 2>/dev/null || true; done
     for p in $PIDS; do
         i=0
@@ -178,27 +181,41 @@ SINK_PORT=${SINK_PORT:-$(free_port)}
 /usr/bin/python3 "$KIT/local-sink.py" --port "$SINK_PORT" --record "$work" > "$work/sink.log" 2>&1 &
 PIDS="$PIDS $!"
 
-# 3. The dispatcher.  The sink is on loopback, which the http provider
-# refuses unless allow_hosts lists it.
-cat > "$work/dispatcher.ini" <<EOF
-[database]
-conninfo = $DB
-
-[dispatcher]
-worker_name = n8n-check
-provider_dir = $BUILD_DIR/providers
-lease_seconds = 30
-poll_interval_ms = 500
-
-[metrics]
-listen =
-
-[provider.http]
-allow_hosts = 127.0.0.1
-timeout_ms = 5000
-EOF
-AI_ACTIONS_ENABLED=true "$BUILD_DIR/outbox-dispatcher" --config "$work/dispatcher.ini" \
-    > "$work/dispatcher.log" 2>&1 &
+# 3. The dispatcher as the guide's step 3 runs it: its minimal ini, taken
+# from docs/n8n.md as written (only the metrics port is a free one, and
+# the check's worker name and poll interval are added); the worker's login
+# outbox_worker with a password that PostgreSQL asks for (scram over TCP,
+# as on a Debian server where the Unix socket's peer authentication would
+# refuse it) and that the worker reads from PGPASSFILE.  The sink is on
+# loopback, which the http provider refuses unless allow_hosts lists it
+# (the guide's ini does).
+"$PG_BIN/psql" -X -q -v ON_ERROR_STOP=1 -d outbox \
+    -c "CREATE ROLE outbox_worker LOGIN PASSWORD 'worker-check' IN ROLE outbox_dispatcher"
+hba=$work/pg/data/pg_hba.conf
+{ echo "host outbox outbox_worker 127.0.0.1/32 scram-sha-256"; cat "$hba"; } > "$work/hba.new"
+cat "$work/hba.new" > "$hba"
+"$PG_BIN/psql" -X -q -d outbox -c "SELECT pg_reload_conf()" >/dev/null
+printf '127.0.0.1:%s:outbox:outbox_worker:worker-check\n' "$PGPORT" > "$work/outbox.pgpass"
+chmod 600 "$work/outbox.pgpass"
+METRICS_PORT=${METRICS_PORT:-$(free_port)}
+/usr/bin/python3 - "$ROOT/docs/n8n.md" "$METRICS_PORT" > "$work/dispatcher.ini" <<'PY'
+import re, sys
+guide, port = open(sys.argv[1]).read(), sys.argv[2]
+step3 = guide[guide.index("### 3. The dispatcher"):]
+ini = re.search(r"```ini\n(.*?)```", step3, re.S).group(1)
+out = []
+for line in ini.splitlines():
+    if re.match(r"listen\s*=\s*127\.0\.0\.1:9464", line):
+        line = f"listen = 127.0.0.1:{port}"
+    out.append(line)
+    if line.strip() == "[dispatcher]":
+        out += ["worker_name = n8n-check", "poll_interval_ms = 500"]
+print("\n".join(out))
+PY
+grep -q '^conninfo = host=127.0.0.1 dbname=outbox user=outbox_worker' "$work/dispatcher.ini" || {
+    echo "check-with-n8n: the guide's ini has another conninfo:" >&2; cat "$work/dispatcher.ini" >&2; exit 1; }
+(cd "$ROOT" && PGPORT=$PGPORT PGPASSFILE="$work/outbox.pgpass" AI_ACTIONS_ENABLED=true \
+    exec "$BUILD_DIR/outbox-dispatcher" --config "$work/dispatcher.ini") > "$work/dispatcher.log" 2>&1 &
 PIDS="$PIDS $!"
 
 # 4. n8n: its own user folder, telemetry off, the kit imported and activated.
@@ -220,12 +237,16 @@ mkdir -p "$N8N_USER_FOLDER" "$work/import"
 # The settings, in one file as a user keeps them (apply-settings.py writes
 # them into every Config node), and the credential as the CLI imports it.
 SINK="http://127.0.0.1:$SINK_PORT" HOOK="http://127.0.0.1:$N8N_PORT/webhook"
+# The runs' lease: the wait after n8n is stopped mid-execution (300 s in
+# the shipped settings), shorter here to keep the check short, and longer
+# than n8n's restart so the check sees the 409 that names it.
+export CHECK_LEASE_SECONDS=${CHECK_LEASE_SECONDS:-120}
 cat > "$work/settings.json" <<EOF
 {
   "llm_url": "$SINK/v1/chat/completions", "llm_model": "fake-llm-1", "llm_timeout_ms": 10000,
   "notify_url": "$SINK/notify", "deliver_url": "$SINK/deliver",
   "approval_page_url": "$HOOK/outbox/approval", "decision_url": "$HOOK/outbox/approval/decide",
-  "cancel_url": "$HOOK/outbox/cancel", "window_seconds": 8
+  "cancel_url": "$HOOK/outbox/cancel", "window_seconds": 8, "lease_seconds": $CHECK_LEASE_SECONDS
 }
 EOF
 /usr/bin/python3 "$KIT/apply-settings.py" "$work/settings.json" "$work/import" > "$work/import.log"
@@ -245,7 +266,8 @@ for p in sorted(glob.glob(sys.argv[1] + "/*.json")): print(json.load(open(p))["i
 done
 T_START=$(now)
 "$N8N" start > "$work/n8n.log" 2>&1 &
-PIDS="$PIDS $!"
+echo $! > "$work/n8n.pid"
+export N8N_CMD="$N8N" OUTBOXCTL="$BUILD_DIR/outboxctl"
 
 # 5. Drive every path.
 set +e
