@@ -1,10 +1,10 @@
 #!/bin/sh
 # SPDX-License-Identifier: ISC
-# examples/n8n/check-with-n8n.sh: the manual end-to-end check of the n8n kit
-# against a real n8n.  Too slow and too big for CI (tests/test_n8n_examples.py
-# is the CI part), so it is run by hand:
+# examples/n8n/check-with-n8n.sh: the end-to-end check of the n8n kit
+# against a real n8n.  The suite runs it on the default engine
+# (tests/n8n/test_n8n_real.py, part of `sh scripts/test.sh`); by hand:
 #
-#   sh examples/n8n/check-with-n8n.sh install   # install n8n only (once)
+#   sh examples/n8n/check-with-n8n.sh install   # install n8n only
 #   sh examples/n8n/check-with-n8n.sh           # check on n8n's default engine
 #   sh examples/n8n/check-with-n8n.sh legacy    # check on the legacy engine
 #   sh examples/n8n/check-with-n8n.sh both      # default, then legacy
@@ -16,56 +16,52 @@
 # it from n8n's own start-up log (n8n warns when legacy is on).
 #
 # Where n8n comes from:
-#   N8N_BIN=/path/to/n8n       use that executable (e.g. a global install);
-#                              nothing is installed or changed
-#   N8N_HOME=DIR               (default /var/tmp/outbox-n8n) if
-#                              DIR/node_modules/.bin/n8n exists it is used as
-#                              it is, whatever its version (printed; a
-#                              warning if it is not N8N_VERSION): the script
-#                              never rewrites its package.json nor runs npm
-#                              there.  Otherwise DIR must be empty or absent
-#                              and n8n N8N_VERSION (default 1.123.81) is
-#                              installed into it with npm (Node >= 20.19):
-#                              1.8 GB; 16 minutes on a quiet 2-core machine,
-#                              over 50 on one shared with other builds (most
-#                              of it compiling sqlite3 and isolated-vm).
-#   The npm overrides of that install: xlsx 0.18.5 (n8n's own pin fetches it
-#   from a host outside the npm registry) and isolated-vm 5.0.4 (6.x needs
-#   Node 22); the vm engine runs on that isolated-vm.
+#   N8N_BIN=/path/to/n8n   use that executable (e.g. a global install);
+#                          nothing is installed or changed
+#   otherwise              the n8n pinned by tests/n8n/npm/package-lock.json,
+#                          installed with `npm ci` (Node >= 20.19) into
+#                          N8N_CACHE/n8n-<first 16 hex of the lock's sha256>
+#                          and reused by every later check on the machine.
+#                          N8N_CACHE is /var/cache/outbox-dispatcher for
+#                          root, else ~/.cache/outbox-dispatcher.  1.8 GB;
+#                          5 minutes on a quiet 2-core machine, 10 at a
+#                          load of 7 (most of it compiling sqlite3 and
+#                          isolated-vm).
 #
-# Ports: N8N_PORT, SINK_PORT and PGPORT_FIXED fix n8n's, the local sink's
-# and PostgreSQL's ports (all on 127.0.0.1); unset, free ones are picked.
-# BUILD_DIR (default build) holds outboxctl and outbox-dispatcher (`make`).
-# KEEP=1 keeps the temporary folder (logs of n8n, dispatcher and sink).
+# Ports: N8N_PORT, SINK_PORT, METRICS_PORT and PGPORT_FIXED fix n8n's, the
+# local sink's, the dispatcher's metrics and PostgreSQL's ports (all on
+# 127.0.0.1); unset, free ones are picked.  BUILD_DIR (default build)
+# holds outboxctl and outbox-dispatcher (`make`).  CHECK_LEASE_SECONDS
+# (default 120) is the runs' lease.  KEEP=1 keeps the temporary folder
+# (logs of n8n, dispatcher and sink).
 #
 # What one check does, all on loopback and in a temporary folder:
 #   1. a throwaway PostgreSQL (tests/lib/pg.sh), migrated with outboxctl, a
 #      LOGIN role in outbox_producer for n8n's credential, the kill switch on;
 #   2. examples/n8n/local-sink.py playing the OpenAI-compatible model, the
 #      approver's chat webhook and the helpdesk API effects are delivered to;
-#   3. build/outbox-dispatcher (AI_ACTIONS_ENABLED=true, [provider.http]
-#      allow_hosts = 127.0.0.1 since the sink is on loopback);
+#   3. build/outbox-dispatcher as docs/n8n.md's step 3 runs it (that ini,
+#      outbox_worker with a scram password from PGPASSFILE);
 #   4. n8n in its own user folder, its data in a database of that PostgreSQL
 #      (so the check does not depend on n8n's sqlite module), settings
-#      applied with apply-settings.py,
-#      the credential and the four workflows imported with the CLI, each
-#      activated with update:workflow --id=..., then started;
-#   5. examples/n8n/check-scenarios.py drives every path (see its header)
-#      and waits for the dispatcher to deliver each approved effect.
+#      applied with apply-settings.py, the credential and the four
+#      workflows imported with the CLI, each activated with
+#      update:workflow --id=..., then started;
+#   5. examples/n8n/check-scenarios.py drives every path (see its header),
+#      stops n8n with SIGTERM mid-execution and starts it again.
 # It ends with "n8n check (engine ...): N passed, N failed" and the time
-# each part of that run took.  Most of it is n8n's own start-up: each of
-# the six CLI runs (import, activate) boots n8n, and the first runs n8n's
-# database migrations.  Measured with n8n 1.123.81 on 2 cores shared with
-# other builds: 7.5 minutes per engine at a load of about 10 (CLI import
-# and activation 5.6 min, n8n's start to registered webhooks 1 min, the
-# scenarios 25 to 36 s), 22 minutes at a load above 20.
+# each part of that run took: 3.5 to 8 minutes with n8n installed, mostly
+# n8n's own start-ups (each CLI run boots n8n) and the wait for a lease.
 set -eu
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 KIT=$ROOT/examples/n8n
 NPM_DIR=$ROOT/tests/n8n/npm
 N8N_VERSION=$(sed -n 's/.*"n8n": *"\([^"]*\)".*/\1/p' "$NPM_DIR/package.json" | head -1)
 LOCK_KEY=$(sha256sum "$NPM_DIR/package-lock.json" | cut -c1-16)
-N8N_CACHE=${N8N_CACHE:-/var/cache/outbox-dispatcher}
+if [ -z "${N8N_CACHE:-}" ]; then
+    if [ "$(id -u)" = 0 ]; then N8N_CACHE=/var/cache/outbox-dispatcher
+    else N8N_CACHE=${XDG_CACHE_HOME:-$HOME/.cache}/outbox-dispatcher; fi
+fi
 N8N_HOME=$N8N_CACHE/n8n-$LOCK_KEY
 BUILD_DIR=${BUILD_DIR:-build}
 case $BUILD_DIR in /*) ;; *) BUILD_DIR=$ROOT/$BUILD_DIR ;; esac
@@ -282,6 +278,7 @@ case $ENGINE in "$ran"*) ;; *)
 echo "n8n check (engine $ENGINE): import $((T_START - T_IMPORT)) s, n8n start and scenarios $((T_END - T_START)) s, whole check $((T_END - T_BEGIN)) s"
 if [ $rc -ne 0 ]; then
     echo "--- n8n log (last 40 lines)"; tail -40 "$work/n8n.log"
+    [ -f "$work/n8n-restarted.log" ] && { echo "--- restarted n8n's log (last 30 lines)"; tail -30 "$work/n8n-restarted.log"; }
     echo "--- import log"; tail -20 "$work/import.log"
     echo "--- dispatcher log (last 20 lines)"; tail -20 "$work/dispatcher.log"
 fi
