@@ -178,8 +178,9 @@ SINK_PORT=${SINK_PORT:-$(free_port)}
 PIDS="$PIDS $!"
 
 # 3. The dispatcher as the guide's step 3 runs it: its minimal ini, taken
-# from docs/n8n.md as written (only the metrics port is a free one, and
-# the check's worker name and poll interval are added); the worker's login
+# from docs/n8n.md as written (only the metrics port is a free one, the
+# plugins are BUILD_DIR's, e.g. build-asan/providers in the suite, and the
+# check's worker name and poll interval are added); the worker's login
 # outbox_worker with a password that PostgreSQL asks for (scram over TCP,
 # as on a Debian server where the Unix socket's peer authentication would
 # refuse it) and that the worker reads from PGPASSFILE.  The sink is on
@@ -194,15 +195,17 @@ cat "$work/hba.new" > "$hba"
 printf '127.0.0.1:%s:outbox:outbox_worker:worker-check\n' "$PGPORT" > "$work/outbox.pgpass"
 chmod 600 "$work/outbox.pgpass"
 METRICS_PORT=${METRICS_PORT:-$(free_port)}
-/usr/bin/python3 - "$ROOT/docs/n8n.md" "$METRICS_PORT" > "$work/dispatcher.ini" <<'PY'
+/usr/bin/python3 - "$ROOT/docs/n8n.md" "$METRICS_PORT" "$BUILD_DIR" > "$work/dispatcher.ini" <<'PY'
 import re, sys
-guide, port = open(sys.argv[1]).read(), sys.argv[2]
+guide, port, build = open(sys.argv[1]).read(), sys.argv[2], sys.argv[3]
 step3 = guide[guide.index("### 3. The dispatcher"):]
 ini = re.search(r"```ini\n(.*?)```", step3, re.S).group(1)
 out = []
 for line in ini.splitlines():
     if re.match(r"listen\s*=\s*127\.0\.0\.1:9464", line):
         line = f"listen = 127.0.0.1:{port}"
+    elif re.match(r"provider_dir\s*=\s*build/providers", line):
+        line = f"provider_dir = {build}/providers"
     out.append(line)
     if line.strip() == "[dispatcher]":
         out += ["worker_name = n8n-check", "poll_interval_ms = 500"]
