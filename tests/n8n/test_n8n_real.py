@@ -25,6 +25,9 @@ CHECK = os.path.join(ROOT, "examples", "n8n", "check-with-n8n.sh")
 MIN_SCENARIOS = 33
 
 
+# Alone, after the parallel part: n8n's start-ups and its npm install load
+# both cores for minutes, which would slow the timing-bound tests beside it.
+@pytest.mark.exclusive
 def test_the_kit_on_a_real_n8n(tmp_path):
     if not os.environ.get("CI") and os.environ.get("OUTBOX_N8N_CHECK") == "skip":
         pytest.skip("OUTBOX_N8N_CHECK=skip (outside CI only)")
