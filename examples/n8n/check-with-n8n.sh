@@ -93,15 +93,17 @@ install_n8n() {
     node -e 'const [a,b]=process.versions.node.split(".").map(Number); process.exit(a>20||(a===20&&b>=19)?0:1)' || {
         echo "check-with-n8n: n8n $N8N_VERSION needs node >= 20.19 (this is $(node --version))" >&2; exit 1; }
     mkdir -p "$N8N_CACHE"
+    # What an install killed half-way left (never used: it has no final name).
+    find "$N8N_CACHE" -maxdepth 1 -name '.n8n-*.partial.*' -mmin +120 -exec rm -rf {} + 2>/dev/null || true
     tmp=$(mktemp -d "$N8N_CACHE/.n8n-$LOCK_KEY.partial.XXXXXX")
     cp "$NPM_DIR/package.json" "$NPM_DIR/package-lock.json" "$tmp/"
     t=$(now)
     echo "installing n8n $N8N_VERSION (npm ci, 1.8 GB) into $N8N_HOME: about 5 minutes on a quiet 2-core machine..."
     if ! (cd "$tmp" && npm ci --no-audit --no-fund --loglevel=error) > "$tmp.log" 2>&1 \
         || [ ! -x "$tmp/node_modules/.bin/n8n" ]; then
-        echo "check-with-n8n: npm ci of n8n $N8N_VERSION failed (last lines of $tmp.log):" >&2
+        echo "check-with-n8n: npm ci of n8n $N8N_VERSION failed (its last lines):" >&2
         tail -30 "$tmp.log" >&2
-        rm -rf "$tmp"
+        rm -rf "$tmp" "$tmp.log"
         exit 1
     fi
     rm -f "$tmp.log"

@@ -48,3 +48,50 @@ def test_the_kit_on_a_real_n8n(tmp_path):
     # How long it took, in the test's output (pytest -rA, or the log).
     print("\n".join(l for l in text.splitlines()
                     if l.startswith(("installed n8n", "using the n8n", "n8n check"))))
+
+
+FAKE_NPM = """#!/bin/sh
+# A stand-in npm: records the call, builds a node_modules as far as it
+# gets, then fails or succeeds as FAKE_NPM_RESULT says.
+echo "$@" >> "$FAKE_NPM_CALLS"
+mkdir -p node_modules/.bin
+if [ "$FAKE_NPM_RESULT" = ok ]; then
+    printf '#!/bin/sh\\necho 1.123.81\\n' > node_modules/.bin/n8n
+    chmod +x node_modules/.bin/n8n
+    exit 0
+fi
+echo "npm ERR! network: the registry went away" >&2
+exit 1
+"""
+
+
+def test_the_n8n_install_is_kept_only_when_complete(tmp_path):
+    """The cache folder appears only after a complete `npm ci` (built
+    beside it, renamed into place); a failed one leaves nothing that a
+    later run would reuse, and a complete one is reused without npm."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "npm").write_text(FAKE_NPM)
+    (bin_dir / "npm").chmod(0o755)
+    cache, calls = tmp_path / "cache", tmp_path / "calls"
+    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", N8N_CACHE=str(cache),
+               FAKE_NPM_CALLS=str(calls))
+    env.pop("N8N_BIN", None)
+
+    def install(result):
+        return subprocess.run(["sh", CHECK, "install"], env=dict(env, FAKE_NPM_RESULT=result),
+                              capture_output=True, text=True, timeout=120, cwd=ROOT)
+
+    r = install("fail")
+    assert r.returncode != 0 and "npm ci of n8n 1.123.81 failed" in r.stderr, r
+    assert "the registry went away" in r.stderr
+    assert list(cache.iterdir()) == [], list(cache.iterdir())
+    r = install("ok")
+    assert r.returncode == 0, r
+    homes = [p.name for p in cache.iterdir()]
+    assert len(homes) == 1 and re.fullmatch(r"n8n-[0-9a-f]{16}", homes[0]), homes
+    assert (cache / homes[0] / "node_modules" / ".bin" / "n8n").exists()
+    assert calls.read_text().split("\n")[:2] == ["ci --no-audit --no-fund --loglevel=error"] * 2
+    r = install("fail")
+    assert r.returncode == 0 and "not reinstalled" in r.stdout, r
+    assert len(calls.read_text().splitlines()) == 2, "npm ran again for an installed lock"
