@@ -131,6 +131,8 @@ def test_producer_cannot_call_kill_switch_or_dispatcher_functions(conn, login_as
     allowed = {"outbox_claim_run", "outbox_renew_run", "outbox_transition_run",
                "outbox_create_approval", "outbox_peek_approval", "outbox_consume_approval",
                "outbox_enqueue", "outbox_cancel",
+               # the n8n kit's cancel that says why not (25_kit.sql)
+               "outbox_cancel_status",
                # pure, and needed by effect_outbox's generated columns for
                # the plain INSERT
                "outbox_sha256_hex"}
