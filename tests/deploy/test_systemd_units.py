@@ -67,7 +67,7 @@ def installed_units(tmp_path):
     shutil.copy(DAEMON if os.access(DAEMON, os.X_OK) else "/bin/true", exe)
     os.chmod(exe, 0o755)
     for name in os.listdir(UNIT_DIR):
-        if name.endswith((".service", ".target")):
+        if name.endswith((".service", ".target", ".timer")):
             with open(os.path.join(UNIT_DIR, name)) as f:
                 text = f.read().replace("@PREFIX@", str(prefix))
             (units / name).write_text(text)
@@ -137,7 +137,12 @@ def test_systemd_template_hardening():
     # name and the metrics port (--instance).
     assert one("Service", "ExecStart") == \
         "@PREFIX@/bin/outbox-dispatcher --config /etc/outbox-dispatcher/dispatcher.ini --instance %i"
-    assert one("Service", "ExecReload") == "/bin/kill -HUP $MAINPID"
+    # Reload checks the file first (a refused config fails `systemctl
+    # reload`), then signals the worker.
+    assert d[("Service", "ExecReload")] == [
+        "@PREFIX@/bin/outbox-dispatcher --config /etc/outbox-dispatcher/dispatcher.ini --instance %i "
+        "--check-config",
+        "/bin/kill -HUP $MAINPID"]
     assert one("Service", "Restart") == "on-failure"
     assert one("Service", "KillMode") == "mixed"
     assert one("Service", "KillSignal") == "SIGTERM"
