@@ -9,12 +9,13 @@ replaced (host=db.internal -> this test's PostgreSQL, hooks.internal ->
 127.0.0.1) and a `sudo` that just runs its command (the box is root).  So
 the docs cannot drift from what is tested.
 
-What it proves: make install + daemon-reload; a login granted only
+What it proves: make install + daemon-reload (the tree is a copy-on-write
+view inside the box: the docs' `make` leaves it untouched); a login granted only
 outbox_dispatcher; three instances enabled from one config file, which
 become ready only once the database answers (started with it stopped);
 every effect delivered exactly once to a local sink; SIGKILL -> restart;
-a stopped loop (SIGSTOP) -> watchdog restart; `systemctl reload` with a
-broken file refused; stopping the fleet drains an in-flight send; the
+a stopped loop (SIGSTOP) -> watchdog restart; `systemctl reload` of a
+broken file fails, the worker keeping its config; stopping the fleet drains an in-flight send; the
 unit's `systemd-analyze security` exposure <= 2.0; the docs' journalctl
 command.  Everything it started is stopped by PID (the box by its PID 1).
 """
