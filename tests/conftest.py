@@ -191,7 +191,11 @@ def _untracked_in_tree():
         if "__pycache__" in rel or rel.endswith(".pyc"):
             continue
         full = os.path.join(ROOT, rel)
-        out |= _walk(full) if os.path.isdir(full) else {(full, 0, 0)}
+        if os.path.isdir(full) and not os.path.islink(full):
+            out |= _walk(full)
+        elif os.path.lexists(full):
+            st = os.lstat(full)
+            out.add((full, st.st_size, st.st_mtime_ns))
     return out
 
 
