@@ -186,7 +186,7 @@ install: all
 	install -d -m 0700 $(DESTDIR)/etc/outbox-dispatcher/credentials
 	[ -f $(DESTDIR)/etc/outbox-dispatcher/environment ] || \
 	  install -m 0644 systemd/environment.example $(DESTDIR)/etc/outbox-dispatcher/environment
-	for u in systemd/*.service systemd/*.target; do [ -f "$$u" ] || continue; \
+	for u in systemd/*.service systemd/*.target systemd/*.timer; do [ -f "$$u" ] || continue; \
 	  sed 's#@PREFIX@#$(PREFIX)#g' "$$u" > $(DESTDIR)$(UNITDIR)/$$(basename $$u); done
 
 # Man pages from the binaries' own --help texts plus docs/man/NAME.h2m
