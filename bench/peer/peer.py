@@ -15,7 +15,9 @@ logs `$msec key content-length status` per request.
   graphile    two graphile-worker processes x 24 concurrent jobs
               (bench/peer/graphile_worker.js), the items one call of
               graphile_worker.add_jobs.
-The workers are started and idle (listening) before the insert; the
+The workers are started and idle (listening) before the insert, which
+ends with an ANALYZE of the side's tables in its own transaction (see
+ANALYZE below); the
 clock and the PostgreSQL CPU count start when its COMMIT returns, and stop
 when the sink has logged N requests and the side's queue is empty in the
 database (its completions committed).  PostgreSQL CPU is utime + stime of
@@ -46,6 +48,13 @@ ROUNDS = int(os.environ.get("PEER_ROUNDS") or (1 if QUICK else 2))
 WARMUP = int(os.environ.get("PEER_WARMUP") or (0 if QUICK else 5000))
 GRAPHILE_PROCS = int(os.environ.get("PEER_GRAPHILE_PROCS") or 2)
 DISPATCHER_WORKERS = int(os.environ.get("PEER_DISPATCHER_WORKERS") or 2)
+# ANALYZE the side's tables inside the insert's transaction (it samples
+# the transaction's own new rows), so the statistics at the COMMIT describe
+# the backlog, as they do once autovacuum has seen a table: each round
+# starts from an emptied, vacuumed table, whose statistics say empty.
+# PEER_ANALYZE=0 measures that case (the dispatcher's claim then plans for
+# an empty table until autovacuum analyzes it).
+ANALYZE = os.environ.get("PEER_ANALYZE", "1") != "0"
 STALL_SECONDS = 120          # no request at the sink for this long: the round failed
 RESULTS = os.path.join(B.WORK, "peer-results.json")
 
@@ -218,6 +227,8 @@ class DispatcherSide:
             cur.execute("INSERT INTO effect_outbox (idempotency_key, effect_type, target, payload)"
                         " SELECT %s || g, 'http', %s, %s::jsonb FROM generate_series(1, %s) g",
                         (prefix, self.sink.url(), B.PAYLOAD, n))
+            if ANALYZE:
+                cur.execute("ANALYZE workflow_runs, effect_outbox")
             cur.execute("COMMIT")
 
     def drained(self):
@@ -295,6 +306,8 @@ class GraphileSide:
                 "  'headers', %s::json, 'body', %s::json), NULL, NULL, NULL, NULL, NULL, NULL)"
                 "::graphile_worker.job_spec FROM generate_series(1, %s) g))",
                 (prefix, self.sink.url(), json.dumps(PAYLOAD["headers"]), json.dumps(PAYLOAD["body"]), n))
+            if ANALYZE:
+                cur.execute("ANALYZE graphile_worker._private_jobs")
             cur.execute("COMMIT")
 
     def drained(self):
