@@ -18,6 +18,9 @@ PKGS="$PKGS pgbouncer"
 # The Debian package (make deb, tests/deploy/test_package.py) and the monitoring
 # tests (tests/operator/test_monitoring.py: python3-yaml reads the rules).
 PKGS="$PKGS debhelper dpkg-dev fakeroot lintian help2man man-db python3-yaml"
+# libfaketime: tests/resilience/test_worker_clock.py and the chaos run's
+# clock-step fault run a worker with its wall clock off.
+PKGS="$PKGS faketime libfaketime"
 # The loopback sink of make bench and bench-peer (tests/sql/test_peer_bench.py).
 PKGS="$PKGS nginx-light"
 # node and npm: bench-peer installs graphile-worker with npm ci.  A node
