@@ -6,7 +6,8 @@
 #   make install PREFIX=/usr/local [DESTDIR=...] [LIBDIR=...] [UNITDIR=...]
 #   make man          build/man/*.8 from the --help texts (help2man)
 #   make deb          build/deb/outbox-dispatcher_VERSION_ARCH.deb (debian/)
-#   make bench / make bench-quick / make bench-email / make bench-levers / make chaos
+#   make bench / make bench-quick / make bench-email / make bench-levers / make bench-peer
+#   make chaos
 #   make cppcheck     static analysis (kept clean)
 #   make schema       sql/schema.sql from a fresh install (after changing sql/)
 #
@@ -65,7 +66,7 @@ UNIT_BIN  := $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(UNIT_SRC))
 MIGRATIONS := $(sort $(wildcard sql/[0-9]*.sql))
 FUNCTION_SQL := $(sort $(wildcard sql/functions/*.sql))
 
-.PHONY: all clean install test unit cppcheck bench bench-quick bench-email bench-levers chaos demo fuzz man deb schema
+.PHONY: all clean install test unit cppcheck bench bench-quick bench-email bench-levers bench-peer chaos demo fuzz man deb schema
 all: $(BUILD)/outbox-dispatcher $(BUILD)/outboxctl $(PLUGINS)
 
 # -MMD -MP: each object's header dependencies, read back below.
@@ -163,6 +164,10 @@ bench-email: all
 # The database's cost per effect, lever by lever, measured call by call (bench/README.md).
 bench-levers: all
 	sh bench/levers.sh
+
+# The dispatcher beside graphile-worker on identical HTTP work (bench/README.md).
+bench-peer: all
+	sh bench/peer/peer.sh
 
 chaos: all
 	sh tests/chaos/run.sh
