@@ -234,8 +234,8 @@ static void timer_every(struct event *ev, long ms)
 	evtimer_add(ev, &tv);
 }
 
-/* The database deadlines, from lease_seconds (docs/operating.md, "The
- * database is unreachable"): a statement may take half a lease (at least
+/* The database deadlines, from lease_seconds (docs/operating.md, "At
+ * 3 a.m.: what to run"): a statement may take half a lease (at least
  * 5 s) on the server; an answer or a connect 2 s later than that is a
  * lost connection; unacknowledged data for a third of a lease (the
  * renewal period) or an idle connection silent for as long, probed every

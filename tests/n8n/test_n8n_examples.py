@@ -172,7 +172,7 @@ def test_every_answer_says_it_is_the_kits(path):
 def test_no_header_that_n8n_drops(path):
     """n8n 1.123 drops a Content-Security-Policy set by a workflow (it is
     one of its protected headers) and sends its own sandbox policy instead
-    (docs/n8n.md, "What the approval page is sent with"): the kit does not
+    (docs/n8n.md, "One statement per step, and what each guarantees": what the page is sent with): the kit does not
     pretend to set one."""
     with open(path) as f:
         wf = json.load(f)
