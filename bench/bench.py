@@ -610,7 +610,7 @@ def top_statements(label):
     log("  %s: top statements (calls, total ms, mean ms, rows):" % label)
     for calls, tot, nrows, text in rows:
         log("    %7d %9.0f %7.3f %8d  %s" % (calls, tot, tot / max(calls, 1), nrows, text[:90]))
-    rows = q("SELECT calls, total_exec_time, rows, regexp_replace(query, '\s+', ' ', 'g')"
+    rows = q("SELECT calls, total_exec_time, rows, regexp_replace(query, '\\s+', ' ', 'g')"
              " FROM pg_stat_statements WHERE NOT toplevel ORDER BY total_exec_time DESC LIMIT 14")
     log("  %s: inside the functions:" % label)
     for calls, tot, nrows, text in rows:
