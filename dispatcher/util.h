@@ -62,7 +62,9 @@ void sb_json_string(struct strbuf *b, const char *s);
  * C0 (except \n when keep_newlines), DEL and bytes that are not valid
  * UTF-8 become \xNN, C1 (U+0080..U+009F) becomes \u00NN; \t \r \n
  * (when escaped) and ESC keep their short names (\t \r \n \e).  A
- * lone ESC or an ANSI sequence is shown, never interpreted. */
+ * lone ESC or an ANSI sequence is shown, never interpreted.  Invisible
+ * and bidi characters (U+200B-200F, U+2028-202E, U+2060-2064,
+ * U+2066-2069, U+FEFF) become \uNNNN: they reorder or hide text. */
 void sb_term_escape(struct strbuf *b, const char *s, bool keep_newlines);
 /* Whether s needs sb_term_escape() at all. */
 bool term_needs_escape(const char *s, bool keep_newlines);
