@@ -189,3 +189,44 @@ def test_operator_flips_kill_switch_but_cannot_read_token_hashes(conn, login_as)
     assert scalar(conn, "SELECT enabled FROM outbox_control") is True
     denied(o, "SELECT token_hash FROM approvals")
     assert query(o, "SELECT approval_id, proposed_effects FROM approvals") == []
+
+
+def test_dispatcher_cannot_forge_reconcile_evidence(conn, login_as, db):
+    """Evidence only from the holder of the effect's reconcile lease: the
+    worker login calling outbox_reconcile_record with an owner of its own
+    choosing, about an unknown effect (unleased, or leased by another
+    worker) or a uuid that names no effect, writes nothing and changes
+    nothing; `outboxctl unknown list` still shows the real last attempt."""
+    from outbox_test import run_ctl
+    forger = login_as("outbox_dispatcher")
+    holder = login_as("outbox_dispatcher")
+    _, unleased = pending_effect(conn)
+    _, leased = pending_effect(conn)
+    query(conn, "UPDATE effect_outbox SET state = 'unknown', attempts = 1")
+    query(conn, "INSERT INTO effect_attempts (effect_id, attempt, worker, started_at, outcome_class) "
+                "SELECT effect_id, 1, 'w-real', now(), 'ambiguous' FROM effect_outbox")
+    owner = str(uuid.uuid4())
+    query(conn, "UPDATE effect_outbox SET lease_owner = %s, lease_expires_at = now() + interval '1 min' "
+                "WHERE effect_id = %s", (owner, leased))
+    for eid in (unleased, leased, str(uuid.uuid4())):
+        forged = json.dumps([{"effect_id": eid, "verdict": "sent", "provider_id": "FORGED-ID",
+                              "status": 200}])
+        rows = query(forger, "SELECT effect_id::text, applied, state FROM "
+                             "outbox_reconcile_record(gen_random_uuid(), 'forger', %s)", (forged,))
+        assert rows == [(eid, False, None)]
+    assert scalar(conn, "SELECT count(*) FROM effect_attempts WHERE worker = 'forger' "
+                        "OR provider_id = 'FORGED-ID'") == 0
+    assert query(conn, "SELECT state, provider_id FROM effect_outbox ORDER BY effect_id") == \
+        [("unknown", None), ("unknown", None)]
+    r = run_ctl(["--db", db, "unknown", "list"])
+    assert r.returncode == 0, r.stderr
+    assert "FORGED" not in r.stdout and "forger" not in r.stdout
+    assert r.stdout.count("worker w-real, outcome ambiguous") == 2
+    # The lease holder's answer is evidence, and resolves the effect.
+    answer = json.dumps([{"effect_id": leased, "verdict": "sent", "provider_id": "P-1", "status": 200}])
+    assert query(holder, "SELECT effect_id::text, applied, state FROM "
+                         "outbox_reconcile_record(%s, 'w-real', %s)", (owner, answer)) == \
+        [(leased, True, "completed")]
+    assert query(conn, "SELECT outcome_class, provider_id, metadata FROM effect_attempts "
+                       "WHERE effect_id = %s ORDER BY attempt_id", (leased,)) == \
+        [("ambiguous", None, None), ("reconciled_sent", "P-1", None)]
