@@ -131,6 +131,8 @@ def test_producer_cannot_call_kill_switch_or_dispatcher_functions(conn, login_as
     allowed = {"outbox_claim_run", "outbox_renew_run", "outbox_transition_run",
                "outbox_create_approval", "outbox_peek_approval", "outbox_consume_approval",
                "outbox_enqueue", "outbox_cancel",
+               # the plain INSERT's row-level security check
+               "outbox_run_not_foreign",
                # pure, and needed by effect_outbox's generated columns for
                # the plain INSERT
                "outbox_sha256_hex"}
@@ -230,3 +232,96 @@ def test_dispatcher_cannot_forge_reconcile_evidence(conn, login_as, db):
     assert query(conn, "SELECT outcome_class, provider_id, metadata FROM effect_attempts "
                        "WHERE effect_id = %s ORDER BY attempt_id", (leased,)) == \
         [("ambiguous", None, None), ("reconciled_sent", "P-1", None)]
+
+
+# --- producer isolation -----------------------------------------------------------
+
+def claim(c, key, owner, payload_hash="h"):
+    return scalar(c, "SELECT status FROM outbox_claim_run(%s, %s, %s, 300)", (key, payload_hash, owner))
+
+
+def test_two_producer_logins_cannot_read_or_act_on_each_others_runs(conn, login_as):
+    """A run, its effects and its approvals belong to the producer login
+    that claimed it: another producer login reads none of them and cannot
+    enqueue into, claim, renew, transition, approve for or cancel it, even
+    knowing the run's lease owner."""
+    a, b = login_as("outbox_producer"), login_as("outbox_producer")
+    oa, ob = str(uuid.uuid4()), str(uuid.uuid4())
+    assert claim(a, "run-a", oa) == "claimed" and claim(b, "run-b", ob) == "claimed"
+    secret = json.dumps({"headers": {"Authorization": "Bearer A-SECRET"}, "body": {}})
+    query(a, "INSERT INTO effect_outbox (idempotency_key, effect_type, target, payload) "
+             "VALUES ('run-a', 'http', 'https://a.example/', %s)", (secret,))
+    delayed = scalar(a, "SELECT effect_id FROM outbox_enqueue('run-a', 'http', 'https://a.example/2', "
+                        "'{}', NULL, 3600)")
+    query(b, "INSERT INTO effect_outbox (idempotency_key, effect_type, target, payload) "
+             "VALUES ('run-b', 'http', 'https://b.example/', '{}')")
+
+    # Reads: each sees its own only.
+    assert query(b, "SELECT idempotency_key FROM workflow_runs") == [("run-b",)]
+    assert query(b, "SELECT idempotency_key FROM effect_outbox") == [("run-b",)]
+    assert scalar(b, "SELECT count(*) FROM effect_outbox WHERE payload::text LIKE '%A-SECRET%'") == 0
+    assert sorted(r[0] for r in query(a, "SELECT target FROM effect_outbox")) == \
+        ["https://a.example/", "https://a.example/2"]
+
+    # Enqueue into the other's processing run: neither path.
+    denied(b, "INSERT INTO effect_outbox (idempotency_key, effect_type, target, payload) "
+              "VALUES ('run-a', 'http', 'https://evil.example/', '{}')")
+    with pytest.raises(DENIED) as ei:
+        query(b, "SELECT * FROM outbox_enqueue('run-a', 'http', 'https://evil.example/', '{}')")
+    assert "belongs to another producer login" in str(ei.value)
+    # Claim, renew, transition, approve: nothing, even with the owner uuid.
+    denied(b, "SELECT * FROM outbox_claim_run('run-a', 'h', %s, 300)", (ob,))
+    assert scalar(b, "SELECT outbox_renew_run('run-a', %s, 0, 300)", (oa,)) is None
+    assert query(b, "SELECT * FROM outbox_transition_run('run-a', %s, 0, 'failed_terminal')",
+                 (oa,)) == []
+    assert query(b, "SELECT * FROM outbox_create_approval('run-a', %s, 0, "
+                    "decode(repeat('aa', 32), 'hex'), ARRAY['approve'], 60, '[]')", (oa,)) == []
+    # Cancel the other's delayed effect: refused.
+    denied(b, "SELECT outbox_cancel(%s, 'mine now', 'b')", (delayed,))
+    assert scalar(conn, "SELECT state FROM effect_outbox WHERE effect_id = %s", (delayed,)) == "pending"
+    assert scalar(conn, "SELECT count(*) FROM effect_outbox WHERE target LIKE '%%evil%%'") == 0
+    assert scalar(conn, "SELECT state FROM workflow_runs WHERE idempotency_key = 'run-a'") == "processing"
+
+    # Approvals: the other login neither reads, peeks nor consumes them.
+    effects = json.dumps([{"effect_type": "http", "target": "https://a.example/3", "payload": {}}])
+    query(a, "SELECT * FROM outbox_create_approval('run-a', %s, 0, decode(repeat('ab', 32), 'hex'), "
+             "ARRAY['approve', 'reject'], 60, %s)", (oa, effects))
+    assert query(b, "SELECT approval_id FROM approvals") == []
+    assert query(b, "SELECT * FROM outbox_peek_approval(decode(repeat('ab', 32), 'hex'))") == []
+    assert query(b, "SELECT * FROM outbox_consume_approval(decode(repeat('ab', 32), 'hex'), "
+                    "'reject', 'b')") == []
+    assert scalar(conn, "SELECT consumed_at FROM approvals") is None
+    assert len(query(a, "SELECT * FROM outbox_peek_approval(decode(repeat('ab', 32), 'hex'))")) == 1
+    # The owner still does everything: consumes, cancels its delayed effect.
+    rows = query(a, "SELECT decision, target FROM outbox_consume_approval("
+                    "decode(repeat('ab', 32), 'hex'), 'approve', 'alice')")
+    assert rows == [("approve", "https://a.example/3")]
+    assert scalar(a, "SELECT outbox_cancel(%s, 'changed mind', 'a')", (delayed,)) is True
+
+    # Workers and operators see every run's effects.
+    d, o = login_as("outbox_dispatcher"), login_as("outbox_operator")
+    assert scalar(d, "SELECT count(DISTINCT idempotency_key) FROM effect_outbox") == 2
+    assert scalar(o, "SELECT count(*) FROM workflow_runs") == 2
+    assert scalar(o, "SELECT count(*) FROM approvals") == 1
+
+
+def test_one_shared_producer_login_keeps_every_run(conn, login_as):
+    """One login for every workflow (the usual n8n credential): it claims,
+    reads, enqueues into and cancels across all its runs, as before; runs
+    with no owner (created before ownership, or by an administrator) are
+    shared by every producer login."""
+    p = login_as("outbox_producer")
+    owners = [str(uuid.uuid4()) for _ in range(2)]
+    for i, owner in enumerate(owners):
+        assert claim(p, f"wf-{i}", owner) == "claimed"
+        query(p, "INSERT INTO effect_outbox (idempotency_key, effect_type, target, payload) "
+                 "VALUES (%s, 'http', 'https://x.example/', '{}')", (f"wf-{i}",))
+    assert scalar(p, "SELECT count(*) FROM effect_outbox") == 2
+    eid = scalar(p, "SELECT effect_id FROM outbox_enqueue('wf-1', 'http', 'https://y.example/', "
+                    "'{}', NULL, 60)")
+    assert scalar(p, "SELECT outbox_cancel(%s, 'no', 'n8n')", (eid,)) is True
+    shared = make_run(conn)
+    other = login_as("outbox_producer")
+    query(other, "INSERT INTO effect_outbox (idempotency_key, effect_type, target, payload) "
+                 "VALUES (%s, 'http', 'https://x.example/', '{}')", (shared,))
+    assert query(other, "SELECT idempotency_key FROM workflow_runs") == [(shared,)]
