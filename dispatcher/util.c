@@ -1,18 +1,34 @@
 /* SPDX-License-Identifier: ISC */
 /*
  * util.c: clocks, randomness, UUIDs, digests, string copies, backoff,
- * a growing string.
+ * a growing string, the descriptor limit.
  */
 #include "util.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <openssl/evp.h>
 #include <openssl/sha.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
+#include <sys/resource.h>
 #include <time.h>
+
+long fd_limit_raise(void)
+{
+	struct rlimit rl;
+
+	if (getrlimit(RLIMIT_NOFILE, &rl) != 0)
+		return -1;
+	if (rl.rlim_cur < rl.rlim_max) {
+		rl.rlim_cur = rl.rlim_max;
+		if (setrlimit(RLIMIT_NOFILE, &rl) != 0 && getrlimit(RLIMIT_NOFILE, &rl) != 0)
+			return -1;
+	}
+	return rl.rlim_cur == RLIM_INFINITY ? LONG_MAX : (long)rl.rlim_cur;
+}
 
 int64_t now_mono_ms(void)
 {

@@ -14,6 +14,11 @@
 #define WARN_UNUSED __attribute__((warn_unused_result))
 
 /* Milliseconds on the monotonic clock (intervals, deadlines). */
+/* Raise the soft RLIMIT_NOFILE to the hard limit (every descriptor use is
+ * poll()-based, so numbers past 1024 are fine): the database connections,
+ * the sends and the metrics port then share the larger limit.  Returns the
+ * soft limit now in force, -1 when it cannot be read. */
+long fd_limit_raise(void);
 int64_t now_mono_ms(void);
 /* Milliseconds since the epoch (timestamps written to the database). */
 int64_t now_wall_ms(void);
