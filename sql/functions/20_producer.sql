@@ -34,9 +34,28 @@ RETURN NOT EXISTS (SELECT 1 FROM workflow_runs w
                     WHERE w.idempotency_key = p_key
                       AND w.owner_role IS NOT NULL AND w.owner_role <> session_user);
 
+-- An effect's metadata says which workflow, model and trigger made it; it
+-- is logged with every attempt of the effect, so it is bounded (64 KiB as
+-- stored, before compression).  Data belongs in the payload.  Raises with
+-- the sizes, else true.
+CREATE OR REPLACE FUNCTION outbox_metadata_max_bytes() RETURNS integer
+LANGUAGE sql IMMUTABLE AS $$ SELECT 65536 $$;
+
+CREATE OR REPLACE FUNCTION outbox_metadata_ok(p_metadata jsonb) RETURNS boolean
+LANGUAGE plpgsql IMMUTABLE SET search_path = public, pg_temp AS $$
+BEGIN
+    IF p_metadata IS NOT NULL AND pg_column_size(p_metadata) > outbox_metadata_max_bytes() THEN
+        RAISE EXCEPTION 'effect refused: metadata is % bytes, more than the % allowed',
+                        pg_column_size(p_metadata), outbox_metadata_max_bytes()
+            USING ERRCODE = 'program_limit_exceeded',
+                  HINT = 'metadata names the workflow version, model and trigger; data goes in the payload';
+    END IF;
+    RETURN true;
+END $$;
+
 DROP POLICY IF EXISTS outbox_producer_own_inserts ON effect_outbox;
 CREATE POLICY outbox_producer_own_inserts ON effect_outbox FOR INSERT TO outbox_producer
-    WITH CHECK (outbox_run_not_foreign(idempotency_key));
+    WITH CHECK (outbox_run_not_foreign(idempotency_key) AND outbox_metadata_ok(metadata));
 
 -- A run that becomes failed_terminal (its approver's rejection, its lease
 -- holder's transition) cancels its still-pending effects in the same
@@ -236,6 +255,7 @@ BEGIN
             RAISE EXCEPTION 'outbox_create_approval: each effect needs effect_type, target and payload'
                 USING ERRCODE = 'invalid_parameter_value';
         END IF;
+        PERFORM outbox_metadata_ok(e->'metadata');
     END LOOP;
     -- An approval whose effects collide on (type, target) could never be
     -- consumed (the outbox's unique constraint): refuse it now, not when
@@ -371,6 +391,7 @@ BEGIN
     IF NOT outbox_run_is_mine(run_owner) THEN
         PERFORM outbox_refuse_foreign_run('outbox_enqueue', p_key);
     END IF;
+    PERFORM outbox_metadata_ok(p_metadata);
     INSERT INTO effect_outbox AS o (idempotency_key, effect_type, target, payload,
                                     metadata, available_at)
     VALUES (p_key, p_effect_type, p_target, p_payload, p_metadata,
@@ -449,6 +470,8 @@ RETURN outbox_cancel_as(p_effect_id, p_owner, p_reason, p_actor);
 -- Nobody may call these but the roles named here.
 REVOKE EXECUTE ON FUNCTION
     outbox_run_not_foreign(text),
+    outbox_metadata_max_bytes(),
+    outbox_metadata_ok(jsonb),
     outbox_run_is_mine(text),
     outbox_refuse_foreign_run(text, text),
     outbox_claim_run(text, text, uuid, integer),
@@ -467,6 +490,8 @@ REVOKE EXECUTE ON FUNCTION
 
 GRANT EXECUTE ON FUNCTION
     outbox_run_not_foreign(text),
+    outbox_metadata_max_bytes(),
+    outbox_metadata_ok(jsonb),
     outbox_claim_run(text, text, uuid, integer),
     outbox_renew_run(text, uuid, bigint, integer),
     outbox_transition_run(text, uuid, bigint, text, jsonb),

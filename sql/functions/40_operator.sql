@@ -97,7 +97,7 @@ BEGIN
                                  outcome_class, provider_id, error_text, cas_applied, metadata)
     VALUES (o.effect_id, o.attempts, NULL, 'operator:' || p_operator, now(),
             CASE WHEN p_sent THEN 'operator_sent' ELSE 'operator_not_sent' END,
-            pid, p_reason, true, o.metadata);
+            pid, p_reason, true, NULL);
 
     IF p_sent THEN
         PERFORM outbox_advance_runs('{}', ARRAY[o.idempotency_key]);

@@ -209,9 +209,8 @@ RETURNS text
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 DECLARE
     k text;
-    meta jsonb;
 BEGIN
-    SELECT o.idempotency_key, o.metadata INTO k, meta
+    SELECT o.idempotency_key INTO k
       FROM effect_outbox o
      WHERE o.effect_id = p_effect_id AND o.state = 'unknown' AND o.attempts = p_attempt
        AND EXISTS (SELECT 1 FROM effect_attempts a
@@ -240,7 +239,7 @@ BEGIN
     VALUES (p_effect_id, p_attempt, NULL, p_worker, now(), 'reconciled_sent', p_status,
             nullif(p_provider_id, ''),
             'late evidence: the provider accepted the call after it had been given up on',
-            true, meta, 'late_accepted');
+            true, NULL, 'late_accepted');
     PERFORM outbox_advance_runs('{}', ARRAY[k]);
     RETURN 'late_accepted';
 END $$;

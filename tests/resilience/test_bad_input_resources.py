@@ -106,3 +106,49 @@ def test_slow_metrics_clients_cannot_starve_the_worker(conn, db, tmp_path, sink)
         for s in clients:
             s.close()
         w.stop()
+
+
+def test_oversized_metadata_is_refused_at_the_door(conn, login_as, dispatchers, sink):
+    """Four effects with 13 MB of metadata took a worker to 1.25 GB, and
+    every attempts row and log line copied it.  A producer's metadata is
+    bounded (64 KiB): the plain INSERT, outbox_enqueue and
+    outbox_create_approval refuse more with the sizes (SQLSTATE 54000) and
+    store nothing; metadata under the bound is delivered, logged with the
+    attempt, and not copied into the attempts row."""
+    import json
+    import uuid
+
+    import psycopg2
+    import pytest
+    kill_switch(conn, True)
+    p = login_as("outbox_producer")
+    owner = str(uuid.uuid4())
+    assert scalar(p, "SELECT status FROM outbox_claim_run('meta', 'h', %s, 300)", (owner,)) == "claimed"
+    huge = json.dumps({"workflow_version": "v1", "blob": "x" * (13 << 20)})
+    attempts_to_refuse = [
+        ("INSERT INTO effect_outbox (idempotency_key, effect_type, target, payload, metadata) "
+         "VALUES ('meta', 'http', %s, '{}', %s)", (sink.url + "/ok/huge", huge)),
+        ("SELECT * FROM outbox_enqueue('meta', 'http', %s, '{}', %s)", (sink.url + "/ok/huge2", huge)),
+        ("SELECT * FROM outbox_create_approval('meta', %s, 0, decode(repeat('ab', 32), 'hex'), "
+         "ARRAY['approve'], 60, %s)",
+         (owner, json.dumps([{"effect_type": "http", "target": sink.url + "/ok/h3", "payload": {},
+                              "metadata": json.loads(huge)}]))),
+    ]
+    for sql, args in attempts_to_refuse:
+        with pytest.raises(psycopg2.Error) as ei:
+            query(p, sql, args)
+        assert ei.value.pgcode == "54000", ei.value
+        assert "metadata is" in str(ei.value) and "more than the 65536 allowed" in str(ei.value)
+    assert scalar(conn, "SELECT count(*) FROM effect_outbox") == 0
+    assert scalar(conn, "SELECT count(*) FROM approvals") == 0
+
+    meta = {"workflow_version": "v7", "model": "m-2", "note": "y" * 60000}
+    query(p, "INSERT INTO effect_outbox (idempotency_key, effect_type, target, payload, metadata) "
+             "VALUES ('meta', 'http', %s, '{}', %s)", (sink.url + "/ok/fine", json.dumps(meta)))
+    w = dispatchers(http_cfg())
+    wait_for(lambda: scalar(conn, "SELECT state FROM effect_outbox") == "completed",
+             what="the effect with bounded metadata delivered")
+    assert query(conn, "SELECT outcome_class, metadata FROM effect_attempts") == [("accepted", None)]
+    wait_for(lambda: [e for e in w.events() if e.get("event") == "attempt"], what="attempt logged")
+    line = [e for e in w.events() if e.get("event") == "attempt"][0]
+    assert line["metadata"]["model"] == "m-2"

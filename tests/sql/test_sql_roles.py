@@ -131,8 +131,8 @@ def test_producer_cannot_call_kill_switch_or_dispatcher_functions(conn, login_as
     allowed = {"outbox_claim_run", "outbox_renew_run", "outbox_transition_run",
                "outbox_create_approval", "outbox_peek_approval", "outbox_consume_approval",
                "outbox_enqueue", "outbox_cancel",
-               # the plain INSERT's row-level security check
-               "outbox_run_not_foreign",
+               # the plain INSERT's row-level security checks
+               "outbox_run_not_foreign", "outbox_metadata_ok", "outbox_metadata_max_bytes",
                # pure, and needed by effect_outbox's generated columns for
                # the plain INSERT
                "outbox_sha256_hex"}
