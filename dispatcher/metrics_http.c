@@ -43,12 +43,13 @@ struct mconn {
 	struct bufferevent *bev;
 	struct event *deadline;
 };
+TAILQ_HEAD(mconn_list, mconn);
 
 static struct {
 	struct event_base *base;
 	struct evconnlistener *listener;
 	struct event *resume;          /* re-enables the listener after EMFILE */
-	TAILQ_HEAD(, mconn) conns;
+	struct mconn_list conns;
 	int n_conns;
 	unsigned long refused;         /* closed at once: over the cap */
 } H = { .conns = TAILQ_HEAD_INITIALIZER(H.conns) };
