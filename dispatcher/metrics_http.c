@@ -13,7 +13,7 @@
  * Here at most METRICS_MAX_CONNECTIONS are open (the next ones are closed
  * as soon as they are accepted), each has METRICS_CONNECTION_MS in all to
  * send its request head (at most METRICS_MAX_REQUEST bytes) and read the
- * answer, and every answer closes its connection.  Runs on the worker's
+ * answer, and every answer ends its connection.  Runs on the worker's
  * loop thread.
  */
 #include "metrics.h"
@@ -82,11 +82,32 @@ static void conn_event(struct bufferevent *bev, short what, void *arg)
 		conn_free(arg);
 }
 
-/* The answer has left: close. */
+/* After the answer: whatever the client still sends is thrown away until
+ * it closes (or the connection's time is up). */
+static void conn_discard(struct bufferevent *bev, void *arg)
+{
+	struct evbuffer *in = bufferevent_get_input(bev);
+
+	(void)arg;
+	evbuffer_drain(in, evbuffer_get_length(in));
+}
+
+/* The answer has left: end our side, then wait for the client's end.
+ * Closing at once with unread bytes (a request head past the limit, a
+ * body) would reset the connection, and the client could lose the
+ * answer. */
 static void conn_written(struct bufferevent *bev, void *arg)
 {
-	if (evbuffer_get_length(bufferevent_get_output(bev)) == 0)
+	if (evbuffer_get_length(bufferevent_get_output(bev)) != 0)
+		return;
+	if (shutdown(bufferevent_getfd(bev), SHUT_WR) != 0) {
 		conn_free(arg);
+		return;
+	}
+	bufferevent_disable(bev, EV_WRITE);
+	bufferevent_setwatermark(bev, EV_READ, 0, 0);
+	bufferevent_setcb(bev, conn_discard, NULL, conn_event, arg);
+	bufferevent_enable(bev, EV_READ);
 }
 
 static void reply(struct mconn *c, int code, const char *reason, const char *ctype,
