@@ -37,7 +37,8 @@ RETURN NOT EXISTS (SELECT 1 FROM workflow_runs w
 -- An effect's metadata says which workflow, model and trigger made it; it
 -- is logged with every attempt of the effect, so it is bounded (64 KiB as
 -- stored, before compression).  Data belongs in the payload.  Raises with
--- the sizes, else true.
+-- the sizes, else true; the policy below calls it only past the bound, so
+-- the usual insert pays for no PL/pgSQL call.
 CREATE OR REPLACE FUNCTION outbox_metadata_max_bytes() RETURNS integer
 LANGUAGE sql IMMUTABLE AS $$ SELECT 65536 $$;
 
@@ -55,7 +56,9 @@ END $$;
 
 DROP POLICY IF EXISTS outbox_producer_own_inserts ON effect_outbox;
 CREATE POLICY outbox_producer_own_inserts ON effect_outbox FOR INSERT TO outbox_producer
-    WITH CHECK (outbox_run_not_foreign(idempotency_key) AND outbox_metadata_ok(metadata));
+    WITH CHECK (outbox_run_not_foreign(idempotency_key)
+                AND (metadata IS NULL OR pg_column_size(metadata) <= outbox_metadata_max_bytes()
+                     OR outbox_metadata_ok(metadata)));
 
 -- A run that becomes failed_terminal (its approver's rejection, its lease
 -- holder's transition) cancels its still-pending effects in the same
