@@ -6,8 +6,10 @@
 #   make install PREFIX=/usr/local [DESTDIR=...] [LIBDIR=...] [UNITDIR=...]
 #   make man          build/man/*.8 from the --help texts (help2man)
 #   make deb          build/deb/outbox-dispatcher_VERSION_ARCH.deb (debian/)
-#   make bench / make bench-quick / make bench-email / make bench-levers / make chaos
+#   make bench / make bench-quick / make bench-email / make bench-levers / make bench-peer
+#   make chaos
 #   make cppcheck     static analysis (kept clean)
+#   make schema       sql/schema.sql from a fresh install (after changing sql/)
 #
 # BUILD=dir puts objects elsewhere (the test build uses build-asan), so two
 # builds never share object files.
@@ -39,11 +41,11 @@ ALL_LDFLAGS = $(LDFLAGS) $(EXTRA_LDFLAGS)
 CORE_SRC  := dispatcher/util.c dispatcher/log.c dispatcher/config.c dispatcher/db.c \
              dispatcher/migrate.c dispatcher/config_read.c
 DAEMON_SRC := dispatcher/main.c dispatcher/worker.c dispatcher/health.c dispatcher/effect.c \
-              dispatcher/lease.c dispatcher/claim.c dispatcher/send.c dispatcher/reconcile.c \
+              dispatcher/lease.c dispatcher/claim.c dispatcher/decide.c dispatcher/send.c dispatcher/reconcile.c \
               dispatcher/housekeeping.c dispatcher/late.c dispatcher/wire.c dispatcher/worker_sql.c \
               dispatcher/plugin.c dispatcher/hosts.c dispatcher/policy.c \
               dispatcher/metrics.c dispatcher/metrics_http.c dispatcher/sdnotify.c \
-              providers/lib/json_text.c
+              providers/lib/json_text.c providers/lib/text.c
 CTL_SRC   := $(sort $(wildcard dispatcher/outboxctl*.c))
 # A plugin is providers/NAME.c or the files providers/NAME/*.c;
 # providers/lib/*.c is linked into each.
@@ -64,7 +66,7 @@ UNIT_BIN  := $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(UNIT_SRC))
 MIGRATIONS := $(sort $(wildcard sql/[0-9]*.sql))
 FUNCTION_SQL := $(sort $(wildcard sql/functions/*.sql))
 
-.PHONY: all clean install test unit cppcheck bench bench-quick bench-email bench-levers chaos demo fuzz man deb
+.PHONY: all clean install test unit cppcheck bench bench-quick bench-email bench-levers bench-peer chaos demo fuzz man deb schema
 all: $(BUILD)/outbox-dispatcher $(BUILD)/outboxctl $(PLUGINS)
 
 # -MMD -MP: each object's header dependencies, read back below.
@@ -99,7 +101,7 @@ $(BUILD)/providers/outbox_%.so: $$(patsubst %.c,$(BUILD)/obj/%.o,$$(wildcard pro
 	@$(CC) $(ALL_CFLAGS) -shared -o $@ $^ $(ALL_LDFLAGS) $(PKG_LIBS) -lpthread
 
 # Unit tests (cmocka) link the objects they test; none includes a .c file.
-UNIT_DAEMON_OBJ := $(patsubst %,$(BUILD)/obj/dispatcher/%.o,policy hosts metrics metrics_http sdnotify)
+UNIT_DAEMON_OBJ := $(patsubst %,$(BUILD)/obj/dispatcher/%.o,policy hosts metrics metrics_http sdnotify decide)
 $(BUILD)/tests/test_%: tests/unit/test_%.c $(CORE_OBJ) $(UNIT_DAEMON_OBJ) $(PROV_LIB_OBJ)
 	@mkdir -p $(dir $@)
 	@echo "  LD      $@"
@@ -139,6 +141,11 @@ test:
 	$(MAKE) BUILD=build-asan CFLAGS="$(SAN_FLAGS)" EXTRA_LDFLAGS="-fsanitize=address,undefined" all $(patsubst $(BUILD)/%,build-asan/%,$(UNIT_BIN))
 	BUILD_DIR=build-asan sh tests/run.sh
 
+# sql/schema.sql, the fresh-install schema in one file, regenerated from
+# the migrations and sql/functions/ (a throwaway PostgreSQL of its own).
+schema: $(BUILD)/outboxctl
+	BUILD_DIR=$(BUILD) sh scripts/schema.sh
+
 cppcheck:
 	cppcheck --error-exitcode=1 --enable=warning,performance,portability --inline-suppr \
 	  --std=c11 -q -Idispatcher -Iproviders -D__GNUC__ --suppress=missingIncludeSystem \
@@ -157,6 +164,10 @@ bench-email: all
 # The database's cost per effect, lever by lever, measured call by call (bench/README.md).
 bench-levers: all
 	sh bench/levers.sh
+
+# The dispatcher beside graphile-worker on identical HTTP work (bench/README.md).
+bench-peer: all
+	sh bench/peer/peer.sh
 
 chaos: all
 	sh tests/chaos/run.sh
@@ -180,7 +191,7 @@ install: all
 	install -d -m 0700 $(DESTDIR)/etc/outbox-dispatcher/credentials
 	[ -f $(DESTDIR)/etc/outbox-dispatcher/environment ] || \
 	  install -m 0644 systemd/environment.example $(DESTDIR)/etc/outbox-dispatcher/environment
-	for u in systemd/*.service systemd/*.target; do [ -f "$$u" ] || continue; \
+	for u in systemd/*.service systemd/*.target systemd/*.timer; do [ -f "$$u" ] || continue; \
 	  sed 's#@PREFIX@#$(PREFIX)#g' "$$u" > $(DESTDIR)$(UNITDIR)/$$(basename $$u); done
 
 # Man pages from the binaries' own --help texts plus docs/man/NAME.h2m

@@ -403,8 +403,8 @@ def load(n, target, prefix="t"):
     leases then walk the table in the order its rows were written, a batch
     takes every row of the pages it touches, and a lease is HOT only if the
     page kept room for all of them (sql/100_baseline.sql).  With one due time for all
-    (before session 4) leases went in effect_id order, i.e. at random over
-    the pages, which hid that: at fillfactor 80, WAL 2,377 bytes per effect
+    leases would go in effect_id order, i.e. at random over
+    the pages, which hides that: at fillfactor 80, WAL 2,377 bytes per effect
     with one due time, 3,240 in insertion order (1 worker 6,000-7,100 vs
     5,430-5,470 effects/s)."""
     q("INSERT INTO workflow_runs (idempotency_key, state, payload_hash)"

@@ -21,21 +21,29 @@ offering PIPELINING).  Against each, N emails per run, alternately:
   provider-1spm  (once) the provider with session_idle_ms = 0: one session
                per message through the same code.
 
+With BENCH_EMAIL_RTTS (default "0,10,40") the comparison runs once per
+round-trip time: at RTT > 0 both sides talk to the relay through
+bench/delay_proxy.py (each chunk held for the one-way delay, the connect
+delayed so that the greeting comes 2 RTT after it; loopback has no netem
+here), so that round trips cost what they do on a network.
+
 Each run also prints CPU ms per email of the sender side (the workers or
 the client processes), PostgreSQL and the relay, and database transactions
 per email: on a 2-core machine these, more than the rates, say where the
 time goes.  Then a slow run: the provider (sessions of at most 5 messages,
-so that greetings are many) against the test server with every 20th
-greeting stalling 5 s (timeout_ms 10000, the default): every effect must
+so that greetings are many) against the test server, at RTT 10 ms, with
+every 20th greeting stalling 5 s (timeout_ms 10000, the default): every effect must
 end completed, none unknown.
 
-Prints `email ratio (opensmtpd): X.XX`, `email ratio (python server): X.XX`
-(mean provider rate / mean per-message rate) and `false unknowns: N`.
+Prints `email ratio (opensmtpd, RTT R ms): X.XX`, `email ratio (python
+server, RTT R ms): X.XX` (mean provider rate / mean per-message rate) with
+the provider runs' PostgreSQL CPU ms per email, and `false unknowns: N`.
 Knobs: BENCH_EMAIL_N (2000), BENCH_EMAIL_SLOW_N (600), BENCH_EMAIL_ROUNDS
 (2), BENCH_EMAIL_CONC (8: 2 x the default threads), BENCH_EMAIL_CONF
 ("threads = 8; ..." extra provider lines), BENCH_EMAIL_RELAYS
 ("opensmtpd,python"), BENCH_EMAIL_DELIVER (1; 0: OpenSMTPD queues without
-delivering, smtpd -P mda), BENCH_EMAIL_NO_REUSE_RUN (1).
+delivering, smtpd -P mda), BENCH_EMAIL_NO_REUSE_RUN (1: at RTT 0 only),
+BENCH_EMAIL_RTTS ("0,10,40"), BENCH_EMAIL_SLOW_RTT (10: the slow run's).
 """
 import concurrent.futures
 import email.utils
@@ -61,6 +69,8 @@ ROUNDS = int(os.environ.get("BENCH_EMAIL_ROUNDS", "2"))
 DELIVER = os.environ.get("BENCH_EMAIL_DELIVER", "1") != "0"
 RELAYS = os.environ.get("BENCH_EMAIL_RELAYS", "opensmtpd,python").split(",")
 NO_REUSE_RUN = os.environ.get("BENCH_EMAIL_NO_REUSE_RUN", "1") != "0"
+SLOW_RTT = float(os.environ.get("BENCH_EMAIL_SLOW_RTT", "10"))
+RTTS = [float(x) for x in os.environ.get("BENCH_EMAIL_RTTS", "0,10,40").split(",") if x.strip()]
 EXTRA = "\n".join(x.strip() for x in os.environ.get("BENCH_EMAIL_CONF", "").split(";") if x.strip())
 PAYLOAD = ('{"from": "Bench <bench@example.com>", "subject": "Your receipt",'
            ' "text": "Hello,\\nthis is a bench message of a typical size.\\n"}')
@@ -87,6 +97,24 @@ def q(sql, args=None):
     with DB.cursor() as cur:
         cur.execute(sql, args)
         return cur.fetchall() if cur.description else None
+
+
+class DelayProxy:
+    """bench/delay_proxy.py in its own process, in front of a relay."""
+
+    def __init__(self, target_port, rtt_ms):
+        self.proc = subprocess.Popen([sys.executable, os.path.join(ROOT, "bench", "delay_proxy.py"),
+                                      "--target", "127.0.0.1:%d" % target_port,
+                                      "--rtt-ms", str(rtt_ms)], stdout=subprocess.PIPE, text=True)
+        self.port = int(self.proc.stdout.readline())
+
+    def stop(self):
+        self.proc.terminate()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
 
 
 class Smtp:
@@ -132,24 +160,33 @@ def postmaster_pid():
         return int(f.readline())
 
 
+def postgres_cpu():
+    """PostgreSQL's CPU seconds so far, less this script's own backend (its
+    polling and its loads are not the dispatcher's cost)."""
+    own = q("SELECT pg_backend_pid()")[0][0]
+    return tree_cpu(postmaster_pid()) - tree_cpu(own)
+
+
 class CpuMeter:
     """CPU per email of the sender side (this script's children: the workers
-    or the client processes), PostgreSQL and the relay, over one run."""
+    or the client processes), PostgreSQL (less this script's own backend)
+    and the relay, over one run."""
     relay_pid = None
 
     def __init__(self):
         t = os.times()
         self.children = t.children_user + t.children_system
-        self.pg = tree_cpu(postmaster_pid())
+        self.pg = postgres_cpu()
         self.relay = tree_cpu(self.relay_pid) if self.relay_pid else 0.0
 
     def report(self, n):
         t = os.times()
         sender = t.children_user + t.children_system - self.children
-        pg = tree_cpu(postmaster_pid()) - self.pg
+        pg = postgres_cpu() - self.pg
         relay = (tree_cpu(self.relay_pid) - self.relay) if self.relay_pid else 0.0
+        self.pg_ms = 1000 * pg / n
         return "CPU ms/email: sender %.2f, postgres %.2f, relay %.2f" % (
-            1000 * sender / n, 1000 * pg / n, 1000 * relay / n)
+            1000 * sender / n, self.pg_ms, 1000 * relay / n)
 
 
 def worker(name, port, extra=""):
@@ -202,7 +239,7 @@ def provider_run(label, n, port, extra="", timeout=600):
             for p in procs:
                 if p.poll() is not None:
                     sys.exit("bench-email: a worker exited (rc %s)" % p.returncode)
-            time.sleep(0.2)
+            time.sleep(1.0)   # the rate comes from the rows' timestamps
     finally:
         for p in procs:
             p.send_signal(signal.SIGTERM)
@@ -230,6 +267,7 @@ def provider_run(label, n, port, extra="", timeout=600):
         " %s; emails per mark call %.1f (max %s)"
         % (label, n, rate, states, retries, ambiguous, meter.report(n),
            n / float(marks[0] or 1), marks[1]))
+    provider_run.pg_ms = meter.pg_ms
     return rate, states, ambiguous
 
 
@@ -290,23 +328,34 @@ def per_message_run(label, n, port):
     return rate
 
 
-def compare(relay_name, port, relay_pid, rounds):
+def compare(relay_name, port, relay_pid, rounds, rtt):
     """Provider and plain client alternately, `rounds` times each; then once
-    the provider with one session per message (session_idle_ms = 0)."""
+    (at RTT 0) the provider with one session per message (session_idle_ms =
+    0).  At rtt > 0 both go through a delaying proxy.  Returns the ratio and
+    the provider runs' mean PostgreSQL CPU ms per email."""
     CpuMeter.relay_pid = relay_pid
-    per_message_run("warm-up", min(200, N), port)
-    prov, plain = [], []
-    for r in range(rounds):
-        plain.append(per_message_run("per-message", N, port))
-        prov.append(provider_run("%s-provider%d" % (relay_name, r), N, port)[0])
-    once = provider_run("%s-provider-1spm" % relay_name, N, port,
-                        extra="session_idle_ms = 0")[0] if NO_REUSE_RUN else None
+    proxy = DelayProxy(port, rtt) if rtt > 0 else None
+    name = "%s-rtt%g" % (relay_name, rtt)
+    try:
+        via = proxy.port if proxy else port
+        per_message_run("warm-up", min(200, N), via)
+        prov, plain, pg = [], [], []
+        for r in range(rounds):
+            plain.append(per_message_run("per-message", N, via))
+            prov.append(provider_run("%s-provider%d" % (name, r), N, via)[0])
+            pg.append(provider_run.pg_ms)
+        once = provider_run("%s-provider-1spm" % name, N, via,
+                            extra="session_idle_ms = 0")[0] if NO_REUSE_RUN and rtt == 0 else None
+    finally:
+        if proxy:
+            proxy.stop()
     ratio = sum(prov) / sum(plain)
-    log("%s: email ratio %.2f (provider %s emails/s, per-message client %s; provider with one "
-        "session per message %s)" % (relay_name, ratio, " ".join("%.1f" % x for x in prov),
-                                     " ".join("%.1f" % x for x in plain),
-                                     "%.1f" % once if once else "not run"))
-    return ratio
+    log("%s, RTT %g ms: email ratio %.2f (provider %s emails/s, per-message client %s; provider "
+        "with one session per message %s); PostgreSQL CPU ms per email %s"
+        % (relay_name, rtt, ratio, " ".join("%.1f" % x for x in prov),
+           " ".join("%.1f" % x for x in plain), "%.1f" % once if once else "not run",
+           " ".join("%.2f" % x for x in pg)))
+    return ratio, sum(pg) / len(pg)
 
 
 def main():
@@ -322,35 +371,41 @@ def main():
             log("opensmtpd %s on 127.0.0.1:%d (private queue, %s)"
                 % (relay.version(), relay.port,
                    "maildir delivery" if DELIVER else "delivery paused: smtpd -P mda"))
-            ratios["opensmtpd"] = compare("opensmtpd", relay.port, relay.proc.pid, ROUNDS)
+            for rtt in RTTS:
+                ratios[("opensmtpd", rtt)] = compare("opensmtpd", relay.port, relay.proc.pid,
+                                                     ROUNDS, rtt)
             log("opensmtpd: %d messages delivered to the maildir so far" % relay.delivered())
         finally:
             relay.stop()
     if "python" in RELAYS:
         smtp = Smtp("--pipelining")
         try:
-            ratios["python"] = compare("python", smtp.port, smtp.proc.pid, ROUNDS)
+            for rtt in RTTS:
+                ratios[("python server", rtt)] = compare("python", smtp.port, smtp.proc.pid,
+                                                         ROUNDS, rtt)
         finally:
             smtp.stop()
 
     CpuMeter.relay_pid = None
     slow = Smtp("--slow-greeting", "20:5000", "--pipelining")
+    proxy = DelayProxy(slow.port, SLOW_RTT) if SLOW_RTT > 0 else None
     try:
         # Sessions of 5 messages, so that many greetings happen (with the
         # default 100 a run this size opens a handful of sessions).
-        _, states, ambiguous = provider_run("slow", SLOW_N, slow.port,
+        _, states, ambiguous = provider_run("slow", SLOW_N, proxy.port if proxy else slow.port,
                                             extra="session_max_messages = 5")
     finally:
+        if proxy:
+            proxy.stop()
         slow.stop()
     false_unknown = states.get("unknown", 0)
-    log("slow greetings (1 in 20 stalls 5 s): %d emails, completed %d, unknown %d, failed %d, "
-        "ambiguous attempts %d" % (SLOW_N, states.get("completed", 0), false_unknown,
+    log("slow greetings (1 in 20 stalls 5 s, RTT %g ms): %d emails, completed %d, unknown %d, failed %d, "
+        "ambiguous attempts %d" % (SLOW_RTT, SLOW_N, states.get("completed", 0), false_unknown,
                                    states.get("failed", 0), ambiguous))
     log("load at the end %s" % open("/proc/loadavg").read().split()[:3])
-    if "opensmtpd" in ratios:
-        print("email ratio (opensmtpd): %.2f" % ratios["opensmtpd"])
-    if "python" in ratios:
-        print("email ratio (python server): %.2f" % ratios["python"])
+    for (relay, rtt), (ratio, pg_ms) in ratios.items():
+        print("email ratio (%s, RTT %g ms): %.2f  (PostgreSQL CPU %.2f ms per email)"
+              % (relay, rtt, ratio, pg_ms))
     print("false unknowns: %d" % false_unknown)
     return 0 if false_unknown == 0 and states.get("completed", 0) == SLOW_N else 1
 

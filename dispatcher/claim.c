@@ -15,12 +15,12 @@
  * else goes through outbox_lease and outbox_mark_sending as before
  * (lease.c, send.c).
  */
-#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "db.h"
+#include "decide.h"
 #include "hosts.h"
 #include "log.h"
 #include "metrics.h"
@@ -28,61 +28,26 @@
 #include "worker_internal.h"
 #include "worker_sql.h"
 
-/* While the room is below half a batch and every send in flight started
- * less than this long ago, wait for them to finish (each finish runs
- * lease_batch() again) rather than lease ahead the old way: a fast host
- * frees its slots within milliseconds; a slow one must not hold up the
- * rows of the others. */
-#define CLAIM_WAIT_MS 100
-
-/* Rows the providers and the busiest host (`busiest` sends in flight) have
- * room for beside what is in flight and what leases on the wire may bring. */
-static int claim_room(const struct worker *w, int busiest)
-{
-	int room = INT_MAX, per_host = INT_MAX;
-
-	for (size_t i = 0; i < w->providers.n; i++) {
-		const struct provider_slot *p = &w->providers.slots[i];
-		int free_slots = (int)p->policy.max_in_flight - p->in_flight;
-
-		if (free_slots < room)
-			room = free_slots;
-		if ((int)p->policy.max_per_host < per_host)
-			per_host = (int)p->policy.max_per_host;
-	}
-	per_host -= busiest;
-	if (per_host < room)
-		room = per_host;
-	room -= w->lease.leasing_rows;
-	return room > 0 ? room : 0;
-}
-
+/* decide_claim_limit() on this worker's state (decide.h), which says when
+ * to ask again. */
 int claim_limit(struct worker *w, int limit, int full)
 {
 	const struct effect *oldest = TAILQ_FIRST(&w->fx.sending);
-	int room, age, busiest, breakers_open;
+	struct claim_view v = {
+		.claim_on = w->s.claim, .claimable = w->claimable,
+		.waiting = !TAILQ_EMPTY(&w->fx.waiting),
+		.lease_wire_busy = w->send.mark_busy || w->lease.busy,
+		.oldest_send_age_ms = oldest ? now_mono_ms() - oldest->started_mono_ms : -1,
+	};
+	int busiest, rows;
+	int64_t kick_in_ms;
 
-	if (!w->s.claim || !w->claimable || !TAILQ_EMPTY(&w->fx.waiting))
-		return 0;
-	/* Behind an open breaker a claimed row would only be given back (a
-	 * non-HOT update each way): lease those. */
-	hosts_summary(w->hosts, &busiest, &breakers_open);
-	if (breakers_open > 0)
-		return 0;
-	/* A mark or a lease on the lease connection on the wire: its answer
-	 * runs this again.  (Not a head scan on the records connection: its
-	 * answer may queue behind outcomes.) */
-	if (w->send.mark_busy || w->lease.busy)
-		return -1;
-	room = claim_room(w, busiest);
-	if (room >= limit || room * 2 >= full)
-		return room < limit ? room : limit;
-	age = oldest ? (int)(now_mono_ms() - oldest->started_mono_ms) : CLAIM_WAIT_MS;
-	if (age < CLAIM_WAIT_MS) {
-		worker_kick_in(w, CLAIM_WAIT_MS - age);
-		return -1;
-	}
-	return 0;
+	hosts_summary(w->hosts, &busiest, &v.breakers_open);
+	v.room = decide_claim_room(&w->providers, busiest, w->lease.leasing_rows);
+	rows = decide_claim_limit(&v, limit, full, &kick_in_ms);
+	if (kick_in_ms > 0)
+		worker_kick_in(w, kick_in_ms);
+	return rows;
 }
 
 /* ---- the answer ----------------------------------------------------------- */

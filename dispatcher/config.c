@@ -75,7 +75,8 @@ const struct outbox_conf_key provider_common_keys[] = {
 	{ "max_in_flight", CONF_INT, "256", 1, 100000, "sends in flight for this provider" },
 	{ "max_per_host", CONF_INT, "64", 1, 100000, "sends in flight per target host" },
 	{ "breaker_failures", CONF_INT, "5", 1, 100000, "consecutive failures that open a host's breaker" },
-	{ "breaker_open_ms", CONF_INT, "30000", 10, 3600000, "how long an open breaker waits" },
+	{ "breaker_open_ms", CONF_INT, "30000", 10, 3600000,
+	  "longest wait between an open breaker's probes (the first goes after 1 s, doubling)" },
 	{ NULL, CONF_STR, NULL, 0, 0, NULL },
 };
 

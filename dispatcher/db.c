@@ -8,6 +8,17 @@
  *   DB_UP          connected; one query at most on the wire
  * The socket changes on every connect, so the event is re-created from
  * PQsocket() each time.
+ *
+ * Deadlines (db_set_timeouts): a connect, and the answer to the query on
+ * the wire, each get response_timeout_ms; past it the connection counts
+ * as lost.  A black-holed connection (packets dropped, no reset) would
+ * otherwise wait for the kernel: on a real network tcp_user_timeout and
+ * the keepalives (set unless the conninfo sets them) notice first, but a
+ * peer that takes the data and never answers is noticed only here.
+ *
+ * Failed connects are logged as they start to repeat: the first, then at
+ * attempts 2, 4, 8, ... and at least once a minute, each line with the
+ * attempt count and the next delay.
  */
 #include "db.h"
 
@@ -43,7 +54,13 @@ struct db {
 	struct event *sock_ev;        /* connecting: one-shot; up: EV_READ|EV_PERSIST */
 	struct event *write_ev;       /* up: added while PQflush() has output left */
 	struct event *timer_ev;
+	struct event *deadline_ev;    /* the connect's or the wire query's deadline */
 	long backoff_min, backoff_max, backoff_cur;
+	long statement_timeout_ms;    /* set on the server per session; 0: not */
+	long response_timeout_ms;     /* connect / answer deadline; 0: none */
+	char tcp_user_timeout[24], keepalives_idle[24], keepalives_interval[24];
+	unsigned long failures;       /* failed connects since the last success */
+	int64_t failure_logged_mono;  /* when the last of them was logged */
 	struct db_query_list queue;   /* head is on the wire when sent */
 	bool head_sent;
 	int64_t head_sent_mono;       /* when the head query was written */
@@ -62,6 +79,7 @@ static void db_connect_step(struct db *db);
 static void db_send_next(struct db *db);
 static bool db_send_head(struct db *db);
 static void db_lost(struct db *db, const char *why);
+static void arm_deadline(struct db *db);
 
 static void query_free(struct db_query *q)
 {
@@ -241,6 +259,21 @@ struct db *db_new(struct event_base *base, const char *conninfo, long backoff_mi
 	return db;
 }
 
+void db_set_timeouts(struct db *db, long statement_timeout_ms, long response_timeout_ms,
+                     long tcp_user_timeout_ms, long keepalive_idle_s, long keepalive_interval_s)
+{
+	db->statement_timeout_ms = statement_timeout_ms;
+	db->response_timeout_ms = response_timeout_ms;
+	db->tcp_user_timeout[0] = db->keepalives_idle[0] = db->keepalives_interval[0] = '\0';
+	if (tcp_user_timeout_ms > 0)
+		snprintf(db->tcp_user_timeout, sizeof(db->tcp_user_timeout), "%ld", tcp_user_timeout_ms);
+	if (keepalive_idle_s > 0)
+		snprintf(db->keepalives_idle, sizeof(db->keepalives_idle), "%ld", keepalive_idle_s);
+	if (keepalive_interval_s > 0)
+		snprintf(db->keepalives_interval, sizeof(db->keepalives_interval), "%ld",
+		         keepalive_interval_s);
+}
+
 void db_set_application_name(struct db *db, const char *name)
 {
 	free(db->app_name);
@@ -297,41 +330,85 @@ static void on_timer(evutil_socket_t fd, short what, void *arg)
 		db->state = DB_CONNECTING;
 		/* The conninfo as dbname (expanded: key=value or a URL);
 		 * an empty one is ignored, so libpq's environment applies.
-		 * The application name shows in pg_stat_activity unless the
-		 * conninfo or PGAPPNAME sets one (first, so that a
-		 * fallback_application_name in the conninfo wins). */
-		const char *const keys[] = { "fallback_application_name", "dbname", NULL };
-		const char *const vals[] = { db->app_name, db->conninfo, NULL };
+		 * The keys before it are defaults: the expanded conninfo
+		 * overrides them (a fallback_application_name, keepalives or
+		 * tcp_user_timeout of its own wins).  The application name
+		 * shows in pg_stat_activity unless the conninfo or PGAPPNAME
+		 * sets one.  libpq ignores the TCP ones on a Unix socket. */
+		const char *const keys[] = { "fallback_application_name", "keepalives",
+		                             "keepalives_idle", "keepalives_interval",
+		                             "keepalives_count", "tcp_user_timeout", "dbname", NULL };
+		const char *const vals[] = {
+			db->app_name, "1",
+			db->keepalives_idle[0] ? db->keepalives_idle : NULL,
+			db->keepalives_interval[0] ? db->keepalives_interval : NULL,
+			db->keepalives_interval[0] ? "3" : NULL,
+			db->tcp_user_timeout[0] ? db->tcp_user_timeout : NULL,
+			db->conninfo, NULL };
 		db->conn = PQconnectStartParams(keys, vals, 1);
 		if (db->conn == NULL) {
 			db_lost(db, "out of memory");
 			return;
 		}
+		arm_deadline(db);
 		db_connect_step(db);
 	}
 }
 
-static void schedule_reconnect(struct db *db)
+/* The next connect: at once the first time, then after a delay with full
+ * jitter above a floor (so a fleet that lost its database does not
+ * reconnect in lockstep), the ceiling doubling up to backoff_max from
+ * the first failure on.  Returns the delay. */
+static int64_t schedule_reconnect(struct db *db, bool at_once)
 {
 	struct timeval tv;
-	/* Full jitter above a floor, so a fleet that lost its database does
-	 * not reconnect in lockstep. */
-	int64_t delay = db->backoff_min + (int64_t)random_below((uint64_t)db->backoff_cur + 1);
+	int64_t delay = 0;
 
-	if (!db->ever_up && db->reconnects == 0)
-		delay = 0;
-	db->backoff_cur = db->backoff_cur * 2 > db->backoff_max ? db->backoff_max : db->backoff_cur * 2;
+	if (!at_once) {
+		delay = db->backoff_min + (int64_t)random_below((uint64_t)db->backoff_cur + 1);
+		db->backoff_cur = db->backoff_cur * 2 > db->backoff_max ? db->backoff_max
+		                                                        : db->backoff_cur * 2;
+	}
 	if (db->timer_ev == NULL)
 		db->timer_ev = evtimer_new(db->base, on_timer, db);
 	tv.tv_sec = delay / 1000;
 	tv.tv_usec = (delay % 1000) * 1000;
 	evtimer_add(db->timer_ev, &tv);
+	return delay;
 }
 
 void db_start(struct db *db)
 {
 	db->state = DB_WAIT;
-	schedule_reconnect(db);
+	(void)schedule_reconnect(db, true);
+}
+
+static void on_deadline(evutil_socket_t fd, short what, void *arg);
+
+/* Connecting, or a query on the wire: its deadline from when it started
+ * (a query's from when it was written); otherwise none. */
+static void arm_deadline(struct db *db)
+{
+	int64_t left;
+	struct timeval tv;
+
+	if (db->response_timeout_ms <= 0)
+		return;
+	if (db->deadline_ev == NULL)
+		db->deadline_ev = evtimer_new(db->base, on_deadline, db);
+	if (db->state == DB_CONNECTING) {
+		left = db->response_timeout_ms;
+	} else if (db->state == DB_UP && db->head_sent) {
+		left = db->head_sent_mono + db->response_timeout_ms - now_mono_ms();
+		if (left < 0)
+			left = 0;
+	} else {
+		evtimer_del(db->deadline_ev);
+		return;
+	}
+	tv.tv_sec = left / 1000;
+	tv.tv_usec = (left % 1000) * 1000;
+	evtimer_add(db->deadline_ev, &tv);
 }
 
 static void drop_socket_event(struct db *db)
@@ -362,9 +439,14 @@ static void db_lost(struct db *db, const char *why)
 {
 	bool was_up = db->state == DB_UP;
 	struct db_query *head = TAILQ_FIRST(&db->queue);
+	char reason[sizeof(db->last_error)];
+	int64_t delay;
 
-	log_msg(OLOG_WARN, "db_disconnected", "database connection lost: %s", why);
+	/* why may be last_error, which the next connect overwrites. */
+	str_copy(reason, why, sizeof(reason));
 	drop_socket_event(db);
+	if (db->deadline_ev)
+		evtimer_del(db->deadline_ev);
 	if (db->last_result) {
 		PQclear(db->last_result);
 		db->last_result = NULL;
@@ -388,7 +470,24 @@ static void db_lost(struct db *db, const char *why)
 	}
 	if (db->ever_up)
 		db->reconnects++;
-	schedule_reconnect(db);
+	if (was_up) {
+		delay = schedule_reconnect(db, false);
+		log_msg(OLOG_WARN, "db_disconnected", "database connection lost (reconnecting in %lld ms): %s",
+		        (long long)delay, reason);
+	} else {
+		int64_t now = now_mono_ms();
+		bool power_of_two;
+
+		db->failures++;
+		power_of_two = (db->failures & (db->failures - 1)) == 0;
+		delay = schedule_reconnect(db, false);
+		if (power_of_two || now - db->failure_logged_mono >= 60000) {
+			db->failure_logged_mono = now;
+			log_msg(OLOG_WARN, "db_connect_failed",
+			        "cannot connect to the database (attempt %lu, next in %lld ms): %s",
+			        db->failures, (long long)delay, reason);
+		}
+	}
 	if (was_up && db->on_state)
 		db->on_state(db, false, db->cb_arg);
 }
@@ -399,8 +498,11 @@ static void on_connected(struct db *db)
 	db->state = DB_UP;
 	db->backoff_cur = db->backoff_min;
 	db->ever_up = true;
-	log_msg(OLOG_INFO, "db_connected", "connected to PostgreSQL (server %d)",
-	        PQserverVersion(db->conn));
+	if (db->deadline_ev)
+		evtimer_del(db->deadline_ev);
+	log_msg(OLOG_INFO, "db_connected", "connected to PostgreSQL (server %d, attempt %lu)",
+	        PQserverVersion(db->conn), db->failures + 1);
+	db->failures = 0;
 	watch_socket(db, EV_READ | EV_PERSIST);
 	if (db->listen_channel) {
 		/* LISTEN goes first so no NOTIFY is missed after the reconnect. */
@@ -410,6 +512,20 @@ static void on_connected(struct db *db)
 		q->sql = xstrdup(sql);
 		q->cb = NULL;
 		q->flags = DBQ_RETRY | DBQ_URGENT;   /* nothing goes ahead of it */
+		TAILQ_INSERT_HEAD(&db->queue, q, link);
+	}
+	if (db->statement_timeout_ms > 0) {
+		/* The server's own limit on this session's statements, unless
+		 * the role, the database or the conninfo's options set one. */
+		char ms[24];
+		struct db_query *q = xcalloc(1, sizeof(*q));
+		snprintf(ms, sizeof(ms), "%ld", db->statement_timeout_ms);
+		q->sql = xstrdup("SELECT set_config('statement_timeout', $1, false) "
+		                 "WHERE current_setting('statement_timeout') = '0'");
+		q->nparams = 1;
+		q->params = xcalloc(1, sizeof(char *));
+		q->params[0] = xstrdup(ms);
+		q->flags = DBQ_RETRY | DBQ_URGENT;
 		TAILQ_INSERT_HEAD(&db->queue, q, link);
 	}
 	if (db->on_state)
@@ -477,6 +593,8 @@ static void db_read(struct db *db)
 		}
 		TAILQ_REMOVE(&db->queue, head, link);
 		db->head_sent = false;
+		if (db->deadline_ev)
+			evtimer_del(db->deadline_ev);
 		/* Its time on the wire and in the server: from when it was
 		 * written, or from the end of the callback before it if it
 		 * was written ahead (the answer may have waited for that). */
@@ -558,6 +676,7 @@ static bool db_send_head(struct db *db)
 		return false;
 	db->head_sent = true;
 	db->head_sent_mono = now_mono_ms();
+	arm_deadline(db);
 	rc = PQflush(db->conn);
 	if (rc > 0) {
 		if (db->write_ev == NULL)
@@ -572,6 +691,39 @@ static void db_send_next(struct db *db)
 	if (!db_send_head(db)) {
 		set_error_from_conn(db);
 		db_lost(db, db->last_error);
+	}
+}
+
+/* A connect or an answer that took too long: the answer may be waiting
+ * in the socket (the loop was busy), so read first. */
+static void on_deadline(evutil_socket_t fd, short what, void *arg)
+{
+	struct db *db = arg;
+	char why[160];
+
+	(void)fd;
+	(void)what;
+	switch (db->state) {
+	case DB_CONNECTING:
+		snprintf(why, sizeof(why), "no answer from the server within %ld ms while connecting",
+		         db->response_timeout_ms);
+		str_copy(db->last_error, why, sizeof(db->last_error));
+		db_lost(db, why);
+		return;
+	case DB_UP:
+		db_read(db);
+		if (db->state != DB_UP || !db->head_sent ||
+		    now_mono_ms() - db->head_sent_mono < db->response_timeout_ms) {
+			arm_deadline(db);
+			return;
+		}
+		snprintf(why, sizeof(why), "no answer from the server within %ld ms",
+		         db->response_timeout_ms);
+		str_copy(db->last_error, why, sizeof(db->last_error));
+		db_lost(db, why);
+		return;
+	case DB_WAIT:
+		return;
 	}
 }
 
@@ -646,6 +798,8 @@ void db_free(struct db *db)
 	drop_socket_event(db);
 	if (db->timer_ev)
 		event_free(db->timer_ev);
+	if (db->deadline_ev)
+		event_free(db->deadline_ev);
 	if (db->last_result)
 		PQclear(db->last_result);
 	if (db->conn)

@@ -6,8 +6,8 @@
  * next one is written before the previous one's callback runs, so the
  * server works while the caller reads an answer, and an urgent query
  * (DBQ_URGENT) goes ahead of queued ones that are not.  When
- * the connection is lost it is re-established with exponential backoff and
- * full jitter; a query that was on the wire when it broke is either failed
+ * the connection is lost, or cannot be made, it is (re-)established with
+ * exponential backoff and full jitter from the first failure; a query that was on the wire when it broke is either failed
  * back to its caller (res == NULL) or, with DBQ_RETRY, sent again after
  * the reconnect.  Only statements that are safe to repeat get DBQ_RETRY
  * (the dispatcher's functions are written so that all of them are).
@@ -42,6 +42,15 @@ typedef void (*db_state_fn)(struct db *db, bool up, void *arg);
 
 struct db *db_new(struct event_base *base, const char *conninfo, long backoff_min_ms,
                   long backoff_max_ms, const char *listen_channel);
+/* Deadlines and socket settings, for the next connect (a reload's take
+ * effect then).  statement_timeout_ms: set on the server for each session
+ * unless the role, database or conninfo set one (0: not set; sessions a
+ * transaction-mode pooler shares must not carry it).  response_timeout_ms:
+ * a connect, or the answer to a query on the wire, taking longer is a lost
+ * connection (0: no deadline).  tcp_user_timeout_ms, keepalive_idle_s and
+ * keepalive_interval_s (3 probes): defaults the conninfo can override. */
+void db_set_timeouts(struct db *db, long statement_timeout_ms, long response_timeout_ms,
+                     long tcp_user_timeout_ms, long keepalive_idle_s, long keepalive_interval_s);
 /* Shown as application_name in pg_stat_activity (unless the conninfo or
  * PGAPPNAME names one); takes effect at the next connect. */
 void db_set_application_name(struct db *db, const char *name);

@@ -191,6 +191,7 @@ void effect_free(struct effect *e)
 {
 	if (!effect_set_phase(e->w, e, PH_GONE))
 		return;   /* logged by effect_set_phase() */
+	hosts_release(e->w->hosts, e->host);
 	free(e->run_key);
 	free(e->type);
 	free(e->target);
@@ -329,6 +330,7 @@ bool effect_validate(struct worker *w, struct effect *e, char *err, size_t errle
 		return false;
 	}
 	snprintf(key, sizeof(key), "%s|%s", e->prov->name, e->host_key);
+	hosts_release(w->hosts, e->host);   /* validated before: let go of the old one */
 	e->host = hosts_get(w->hosts, key);
 	return true;
 }

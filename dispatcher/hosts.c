@@ -13,6 +13,7 @@
 
 struct hosts {
 	struct host_state *bucket[HOSTS_BUCKETS];
+	size_t count;
 };
 
 struct hosts *hosts_new(void)
@@ -62,13 +63,48 @@ struct host_state *hosts_get(struct hosts *h, const char *key)
 	struct host_state *hs;
 
 	for (hs = h->bucket[b]; hs; hs = hs->next)
-		if (strcmp(hs->key, key) == 0)
+		if (strcmp(hs->key, key) == 0) {
+			hs->users++;
 			return hs;
+		}
 	hs = xcalloc(1, sizeof(*hs));
 	hs->key = xstrdup(key);
 	hs->next = h->bucket[b];
 	h->bucket[b] = hs;
+	h->count++;
+	hs->users++;
 	return hs;
+}
+
+static bool remembers_nothing(const struct host_state *hs)
+{
+	return hs->users == 0 && hs->in_flight == 0 && hs->failures == 0 &&
+	       hs->breaker == BREAKER_CLOSED && !hs->probe_in_flight;
+}
+
+void hosts_release(struct hosts *h, struct host_state *hs)
+{
+	struct host_state **p;
+
+	if (hs == NULL)
+		return;
+	if (hs->users > 0)
+		hs->users--;
+	if (!remembers_nothing(hs))
+		return;
+	for (p = &h->bucket[hash_key(hs->key) % HOSTS_BUCKETS]; *p; p = &(*p)->next)
+		if (*p == hs) {
+			*p = hs->next;
+			h->count--;
+			free(hs->key);
+			free(hs);
+			return;
+		}
+}
+
+size_t hosts_count(const struct hosts *h)
+{
+	return h->count;
 }
 
 bool host_may_send(struct host_state *hs, int max_per_host, int64_t now_ms, int64_t *retry_in_ms)
@@ -121,6 +157,15 @@ static bool is_host_failure(const struct outbox_result *r)
 	return false;
 }
 
+/* The wait before the next probe: BREAKER_FIRST_PROBE_MS after the breaker
+ * opens, doubled by each failed probe, never above open_ms. */
+static int64_t next_probe_wait(int64_t last_ms, int64_t open_ms)
+{
+	int64_t next = last_ms > 0 ? last_ms * 2 : BREAKER_FIRST_PROBE_MS;
+
+	return next < open_ms ? next : open_ms;
+}
+
 bool host_send_done(struct host_state *hs, const struct outbox_result *r, int failures_to_open,
                     int64_t open_ms, int64_t now_ms)
 {
@@ -132,14 +177,16 @@ bool host_send_done(struct host_state *hs, const struct outbox_result *r, int fa
 		hs->failures = 0;
 		hs->breaker = BREAKER_CLOSED;
 		hs->probe_in_flight = false;
+		hs->probe_wait_ms = 0;
 		return false;
 	}
 	hs->failures++;
 	if (hs->breaker == BREAKER_HALF_OPEN ||
 	    (hs->breaker == BREAKER_CLOSED && hs->failures >= failures_to_open)) {
 		bool opened = hs->breaker == BREAKER_CLOSED;
+		hs->probe_wait_ms = next_probe_wait(opened ? 0 : hs->probe_wait_ms, open_ms);
 		hs->breaker = BREAKER_OPEN;
-		hs->open_until_ms = now_ms + open_ms;
+		hs->open_until_ms = now_ms + hs->probe_wait_ms;
 		hs->probe_in_flight = false;
 		return opened;
 	}

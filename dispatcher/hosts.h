@@ -5,18 +5,25 @@
  * hammered: its effects wait and spend no attempt.
  *
  * Breaker: closed → open after `failures` consecutive failures (not sent,
- * ambiguous, 5xx/429 retries); open → half-open after open_ms, letting one
- * probe through; the probe's success closes it, its failure re-opens it.
+ * ambiguous, 5xx/429 retries); open → half-open after the probe wait,
+ * letting one probe through; the probe's success closes it, its failure
+ * re-opens it with the wait doubled.  The first wait is
+ * BREAKER_FIRST_PROBE_MS, doubling up to open_ms (breaker_open_ms): an
+ * endpoint back after a short outage is found within seconds, one down
+ * for long is probed once per open_ms.
  */
 #ifndef OUTBOX_HOSTS_H
 #define OUTBOX_HOSTS_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "provider.h"
 
 enum breaker_state { BREAKER_CLOSED, BREAKER_OPEN, BREAKER_HALF_OPEN };
+
+#define BREAKER_FIRST_PROBE_MS 1000
 
 struct host_state {
 	struct host_state *next;
@@ -24,15 +31,25 @@ struct host_state {
 	int in_flight;
 	int failures;
 	enum breaker_state breaker;
-	int64_t open_until_ms;     /* monotonic */
+	int64_t open_until_ms;     /* monotonic: the next probe may go then */
+	int64_t probe_wait_ms;     /* the wait that set open_until_ms (doubles per failed probe) */
 	bool probe_in_flight;
+	int users;                 /* effects holding it (hosts_get .. hosts_release) */
 };
 
 struct hosts;
 
 struct hosts *hosts_new(void);
 void hosts_free(struct hosts *h);
+/* The host's state, made on first use; the caller holds it until
+ * hosts_release().  A state no effect holds and that remembers nothing (no
+ * send in flight, breaker closed, no failure counted) is freed then: the
+ * table holds the hosts in use and those with a breaker story, not every
+ * host ever seen. */
 struct host_state *hosts_get(struct hosts *h, const char *key);
+void hosts_release(struct hosts *h, struct host_state *hs);
+/* Hosts in the table. */
+size_t hosts_count(const struct hosts *h);
 
 /* May a send to this host start now?  False with *retry_in_ms > 0 when the
  * breaker is open (wait that long), or == 0 when only the concurrency
@@ -40,10 +57,10 @@ struct host_state *hosts_get(struct hosts *h, const char *key);
 bool host_may_send(struct host_state *hs, int max_per_host, int64_t now_ms, int64_t *retry_in_ms);
 void host_send_started(struct host_state *hs);
 /* The most sends in flight to any one host, and how many hosts have a
- * breaker open or half-open.  (Walks every host seen since the start:
- * fine for the tens of hosts a fleet sends to.) */
+ * breaker open or half-open.  (Walks every host in the table.) */
 void hosts_summary(const struct hosts *h, int *busiest, int *breakers_open);
-/* Returns true when this outcome opened the breaker. */
+/* Returns true when this outcome opened the breaker (from closed).
+ * open_ms caps the wait between probes. */
 bool host_send_done(struct host_state *hs, const struct outbox_result *r, int failures_to_open,
                     int64_t open_ms, int64_t now_ms);
 

@@ -23,8 +23,9 @@
  * times its predecessor's duration after it ended: under a held-back
  * vacuum the reaper's and the gauge's index scans walk dead entries, and
  * a pass every maintenance_interval_ms took a large share of the records
- * connection's time (docs/performance.md).  Never more than half of
- * lease_seconds, so the reaper still comes round within a lease period. */
+ * connection's time (docs/performance.md, "Where the time goes").  Never
+ * more than half of lease_seconds, so the reaper still comes round within
+ * a lease period. */
 #ifndef MAINT_BACKOFF_FACTOR
 #define MAINT_BACKOFF_FACTOR 10
 #endif
@@ -32,7 +33,7 @@
  * this many times its last answer's wait (a gauge a few seconds old is
  * still a gauge; walking a held-back head every few seconds cost the
  * database a measurable share of its CPU).  Both can be set with -D for an
- * A/B build (docs/performance.md). */
+ * A/B build (docs/performance.md, "Where the time goes"). */
 #ifndef GAUGE_LAG_FACTOR
 #define GAUGE_LAG_FACTOR 30
 #endif

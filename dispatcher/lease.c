@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "db.h"
+#include "decide.h"
 #include "log.h"
 #include "metrics.h"
 #include "util.h"
@@ -250,11 +251,10 @@ static void lease_send(struct worker *w, struct db *db, bool from_head, int limi
 	worker_query(db, SQL_LEASE, params, on_leased, b, b->on_rec ? 0 : DBQ_URGENT);
 }
 
-/* A busy worker leases only once at least half a batch fits: a round trip
- * per few rows costs the database more than the rows themselves. */
+/* decide_lease_worth_it(): a busy worker leases only once half a batch fits. */
 static bool lease_worth_it(const struct worker *w, int limit, int full)
 {
-	return limit > 0 && (w->fx.n_active + w->lease.leasing_rows == 0 || limit * 2 >= full);
+	return decide_lease_worth_it(w->fx.n_active + w->lease.leasing_rows, limit, full);
 }
 
 /* One lease of `limit` rows on `db`: a claim of as many as claim_limit()

@@ -324,6 +324,17 @@ static void render_process(struct sbuf *b)
 	sb_printf(b, "\n");
 }
 
+/* /healthz's answer as a gauge, for alerts (OutboxWorkerNotReady). */
+static void render_ready(struct sbuf *b)
+{
+	char why[512];
+
+	metrics_health(why, sizeof(why));
+	sb_header(b, "outbox_ready", "gauge",
+	          "1 when /healthz answers 200 (ready to serve), 0 when it answers 503.");
+	sb_printf(b, "outbox_ready %d\n", why[0] == '\0');
+}
+
 /* The label-less counters and gauges of the two tables. */
 static void render_counters_and_gauges(struct sbuf *b)
 {
@@ -398,6 +409,7 @@ char *metrics_render(void)
 
 	b.s[0] = '\0';
 	render_process(&b);
+	render_ready(&b);
 	render_counters_and_gauges(&b);
 	render_sends(&b);
 	render_durations(&b);

@@ -566,19 +566,21 @@ int cmd_cancel(struct ctl *ctl, int argc, char **argv)
 		return rc;
 	done = PQgetvalue(r, 0, 0)[0] == 't';
 	PQclear(r);
-	if (done) {
-		printf("effect %s cancelled: failed with reason 'cancelled'; it will never be sent\n", tv(id));
-		return CTL_OK;
-	}
 
-	/* Refused: say why, from the row as it is now. */
+	/* Say what is stored (cancelled: the error it now carries; refused:
+	 * why), from the row as it is now. */
 	r = ops_exec(ctl, "cancel",
-	             "SELECT state, coalesce(last_error_class, '') FROM effect_outbox "
-	             "WHERE effect_id = $1::uuid",
+	             "SELECT state, coalesce(last_error_class, ''), coalesce(last_error, '') "
+	             "FROM effect_outbox WHERE effect_id = $1::uuid",
 	             1, params, &rc);
 	if (r == NULL)
 		return rc;
-	if (PQntuples(r) == 0) {
+	if (done) {
+		printf("effect %s cancelled: %s, with error '%s'; it will never be sent\n", tv(id),
+		       PQntuples(r) ? tv(PQgetvalue(r, 0, 0)) : "failed",
+		       PQntuples(r) ? tv(PQgetvalue(r, 0, 2)) : "cancelled");
+		rc = CTL_OK;
+	} else if (PQntuples(r) == 0) {
 		rc = ops_not_found("cancel", id);
 	} else if (strcmp(PQgetvalue(r, 0, 0), "failed") == 0 &&
 	           strcmp(PQgetvalue(r, 0, 1), "cancelled") == 0) {

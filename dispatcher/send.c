@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "db.h"
+#include "decide.h"
 #include "hosts.h"
 #include "log.h"
 #include "metrics.h"
@@ -20,17 +21,10 @@
 #include "worker_internal.h"
 #include "worker_sql.h"
 
-/* Full leases in a row that make a backlog: outcomes then go on the lease
- * connection (outcomes_db()).  One full lease is a burst of a steady load,
- * whose medians suffer when outcomes queue behind leases; three are ~200
- * rows waiting. */
-#ifndef BACKLOG_FULL_LEASES
-#define BACKLOG_FULL_LEASES 3
-#endif
-/* In a backlog, outcomes wait at most this long for more to share their
- * outbox_complete() call (gather_more()). */
-#ifndef BACKLOG_GATHER_MS
-#define BACKLOG_GATHER_MS 15
+/* A provider that queues its sends: outcomes wait at most this long for
+ * more of its answers (gather_queued()). */
+#ifndef QUEUED_GATHER_MS
+#define QUEUED_GATHER_MS 500
 #endif
 
 /* ---- logging of one attempt -------------------------------------------- */
@@ -147,18 +141,19 @@ static void on_complete(struct db *db, PGresult *r, void *arg)
 /* One outcome as an element of outbox_complete()'s p_results (the keys of
  * its jsonb_to_recordset; status, provider_id and error only when set).
  * Written as text: json_pack + json_dumps per batch cost the worker a
- * noticeable share of its instructions (docs/performance.md). */
+ * noticeable share of its instructions (docs/performance.md, "Where the
+ * time goes"). */
 static void completion_json(struct strbuf *sb, const struct effect *e)
 {
-	char ts[40];
-
-	format_iso8601(e->started_wall_ms, ts, sizeof(ts));
 	sb_puts(sb, "{\"effect_id\":");
 	sb_json_string(sb, e->id);
 	sb_puts(sb, ",\"attempt\":");
 	sb_int(sb, e->view.attempt);
-	sb_puts(sb, ",\"started_at\":");
-	sb_json_string(sb, ts);
+	/* How long ago the send started, by the monotonic clock: the
+	 * database dates it from its own clock (a worker's wall clock may be
+	 * off; outbox_complete), so nothing is decided on this host's time. */
+	sb_puts(sb, ",\"started_ms_ago\":");
+	sb_int(sb, (long long)(now_mono_ms() - e->started_mono_ms));
 	sb_puts(sb, ",\"outcome\":");
 	sb_json_string(sb, outcome_name(e->result.outcome));
 	sb_puts(sb, ",\"next_state\":");
@@ -184,13 +179,14 @@ static void completion_json(struct strbuf *sb, const struct effect *e)
 /* Where outcomes are recorded.  In a backlog (BACKLOG_FULL_LEASES full
  * leases in a row), on the lease connection, behind the latency path's urgent
  * queries: one busy backend per worker instead of two, which costs the
- * database less CPU and WAL per effect (docs/performance.md).  Otherwise
+ * database less CPU and WAL per effect (docs/performance.md, "Where the
+ * time goes").  Otherwise
  * on the records connection, so that a lease never waits for an outcome
  * on the wire. */
 static struct db *outcomes_db(const struct worker *w)
 {
-	return w->s.busy_connections == 1 && w->lease.full_leases >= BACKLOG_FULL_LEASES &&
-	               db_is_up(w->db)
+	return decide_outcomes_on_lease_db((int)w->s.busy_connections, w->lease.full_leases,
+	                                   db_is_up(w->db))
 	               ? w->db : w->rec;
 }
 
@@ -203,20 +199,59 @@ static struct db *outcomes_db(const struct worker *w)
  * emails with gathering (15 and 30) than without (0-5). */
 static bool gather_more(struct worker *w)
 {
-	const struct effect *first = TAILQ_FIRST(&w->fx.done_q), *e;
-	int64_t age = now_mono_ms() - first->ended_mono_ms;
-	size_t queued = 0;
+	const struct effect *e;
+	struct gather_view v = {
+		.claimable = w->claimable, .full_leases = w->lease.full_leases,
+		.in_flight = w->fx.n_sending > 0 || w->lease.busy || w->send.mark_busy,
+		.oldest_age_ms = now_mono_ms() - TAILQ_FIRST(&w->fx.done_q)->ended_mono_ms,
+		.complete_batch = (size_t)w->s.complete_batch,
+	};
+	int64_t wait_ms;
 
-	if (!w->claimable || w->lease.full_leases < BACKLOG_FULL_LEASES ||
-	    (w->fx.n_sending == 0 && !w->lease.busy && !w->send.mark_busy) ||
-	    age >= BACKLOG_GATHER_MS)
+	TAILQ_FOREACH(e, &w->fx.done_q, link) {     /* as far as it can change the answer */
+		v.queued++;
+		v.any_not_sent |= e->result.outcome == OUTCOME_NOT_SENT;
+		if (v.any_not_sent || v.queued * 2 >= v.complete_batch)
+			break;
+	}
+	wait_ms = decide_gather_ms(&v);
+	if (wait_ms > 0)
+		worker_kick_in(w, wait_ms);
+	return wait_ms > 0;
+}
+
+/* Whether p queues its sends (no OUTBOX_CAP_STARTS_AT_ONCE: email's thread
+ * pool) and is busy: half of its max_in_flight or more in flight, so
+ * answers keep coming while its queue keeps its threads at work. */
+static bool queue_busy(const struct provider_slot *p)
+{
+	/* A max_in_flight below 8 leaves no queue worth the name: kept full. */
+	return !(p->ops->caps & OUTBOX_CAP_STARTS_AT_ONCE) && p->policy.max_in_flight >= 8 &&
+	       (long)p->in_flight * 2 >= p->policy.max_in_flight;
+}
+
+/* The outcomes of a queueing provider with sends still in flight (more
+ * answers to come) wait for half its max_in_flight of them, at most
+ * QUEUED_GATHER_MS: a relay's answers end one by one, as
+ * many round trips apart as a message takes, and one outbox_complete()
+ * call per answer costs the database ~1.5 ms each.  An outcome that was
+ * not sent (its row is `sending` until recorded: a worker killed meanwhile
+ * would leave it `unknown`) is recorded at once, as are all at a stop. */
+static bool gather_queued(struct worker *w)
+{
+	const struct effect *first = TAILQ_FIRST(&w->fx.done_q), *e;
+	const struct provider_slot *p = first->prov;
+	int64_t age = now_mono_ms() - first->ended_mono_ms;
+	long queued = 0;
+
+	if (w->claimable || w->life.stopping || age >= QUEUED_GATHER_MS ||
+	    (p->ops->caps & OUTBOX_CAP_STARTS_AT_ONCE) || p->policy.max_in_flight < 8 || p->in_flight == 0)
 		return false;
-	/* A row that was not sent stays `sending` until recorded: a worker
-	 * killed meanwhile would leave it `unknown`.  Record those at once. */
 	TAILQ_FOREACH(e, &w->fx.done_q, link)
-		if (e->result.outcome == OUTCOME_NOT_SENT || ++queued * 2 >= (size_t)w->s.complete_batch)
+		if (e->result.outcome == OUTCOME_NOT_SENT || ++queued * 2 >= p->policy.max_in_flight ||
+		    queued >= w->s.complete_batch)
 			return false;
-	worker_kick_in(w, BACKLOG_GATHER_MS - age);
+	worker_kick_in(w, QUEUED_GATHER_MS - age);
 	return true;
 }
 
@@ -229,7 +264,7 @@ void flush_completions(struct worker *w)
 	size_t n = 0;
 
 	if (w->send.complete_busy || TAILQ_EMPTY(&w->fx.done_q) || !db_is_up(outcomes_db(w)) ||
-	    now_mono_ms() < w->send.complete_retry_mono || gather_more(w))
+	    now_mono_ms() < w->send.complete_retry_mono || gather_more(w) || gather_queued(w))
 		return;
 	b = batch_new(w, (size_t)w->s.complete_batch);
 	sb_init(&js, 4096);
@@ -289,7 +324,7 @@ static void on_send_done(void *token, const struct outbox_result *res)
 		metrics_inc(M_BREAKER_OPENED, 1);
 		log_event(OLOG_WARN, "breaker_open",
 		          json_pack("{s:s,s:s,s:I}", "provider", p->name, "host", e->host_key,
-		                    "open_ms", (json_int_t)p->policy.breaker_open_ms));
+		                    "probe_in_ms", (json_int_t)(e->host->open_until_ms - now)));
 	}
 	if (e->result.key_conflict)
 		metrics_inc(M_KEY_CONFLICTS, 1);
@@ -312,7 +347,6 @@ void start_send(struct worker *w, struct effect *e, int attempt, int64_t confirm
 	                     ? "the sending transition was confirmed too late to act on" : NULL;
 
 	effect_fill_view(e, attempt);
-	e->started_wall_ms = now_wall_ms();
 	e->started_mono_ms = now_mono_ms();
 	e->prov->in_flight++;
 	host_send_started(e->host);
@@ -432,21 +466,13 @@ static void release_open_breakers(struct worker *w, struct batch *rel, int64_t d
 	free(rel);
 }
 
-/* Whether e's provider and host have room beside the batch b being built
- * (NULL: none); *wait_ms > 0 when its host's breaker is open. */
-bool slot_free(const struct batch *b, const struct effect *e, int64_t now, int64_t *wait_ms)
+/* A busy provider that queues its sends is marked for once half of its
+ * max_in_flight is free (queue_busy() false): its queue keeps its threads
+ * at work meanwhile, and a mark call per freed slot (a slow relay's sends
+ * end one by one) would cost the database a round trip per row. */
+static bool mark_later(const struct provider_slot *p)
 {
-	int pending_for_host = 0, pending_for_prov = 0;
-
-	*wait_ms = 0;
-	for (size_t i = 0; b && i < b->n; i++) {
-		pending_for_host += b->items[i]->host == e->host;
-		pending_for_prov += b->items[i]->prov == e->prov;
-	}
-	if (e->prov->in_flight + pending_for_prov >= e->prov->policy.max_in_flight)
-		return false;
-	return host_may_send(e->host, (int)e->prov->policy.max_per_host - pending_for_host, now,
-	                     wait_ms);
+	return queue_busy(p) && p->in_flight > 0;
 }
 
 /* Waiting effects that have a slot into b (PH_MARKING); those whose
@@ -458,6 +484,8 @@ static void mark_pick(struct worker *w, struct batch *b, struct batch **rel, int
 
 	for (e = TAILQ_FIRST(&w->fx.waiting); e && b->n < (size_t)w->s.batch_size * 4; e = next) {
 		next = TAILQ_NEXT(e, link);
+		if (mark_later(e->prov))
+			continue;
 		if (!slot_free(b, e, now, &wait_ms)) {
 			if (wait_ms > 0) {
 				if (*rel == NULL)

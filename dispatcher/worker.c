@@ -7,7 +7,17 @@
  * and NOTIFYs, SIGTERM (a graceful stop), SIGHUP (a reload), teardown.
  *
  * An effect's life in one worker, each step a batch and one round trip
- * (README, "The hot path, in order"):
+ * (README, "The hot path, in order").  The default path, for rows this
+ * worker can send at once (claim.c: claim_limit() says how many; http and
+ * crm, whose sends start at once):
+ *
+ *   claim        claim.c: outbox_claim(): pending rows go straight to
+ *                `sending` under the kill-switch lock (lease and mark in
+ *                one call); each is validated, then sent as below; a row
+ *                that cannot go after all is given back (outbox_unclaim())
+ *
+ * Otherwise (no room for every row asked for, or a provider such as
+ * email whose sends wait in a queue):
  *
  *   lease        lease.c: outbox_lease(): pending rows get this worker's lease
  *   validate     effect.c: payload parsed and checked by its provider; bad
@@ -23,8 +33,8 @@
  *                unknown); a late acceptance or not-sent of an attempt the
  *                reaper made `unknown` resolves it there
  *
- * Two connections: `db` (the lease connection: lease, mark, renew,
- * release; LISTEN) and `rec` (the records connection: housekeeping,
+ * Two connections: `db` (the lease connection: claim, lease, mark,
+ * renew, release, unclaim; LISTEN) and `rec` (the records connection: housekeeping,
  * invalid rows, reconciliation, head scans in position mode).  Outcomes go
  * on `rec` while the queue is short and on `db` in a backlog (send.c,
  * outcomes_db()), so that a busy worker keeps one backend busy.
@@ -224,8 +234,28 @@ static void timer_every(struct event *ev, long ms)
 	evtimer_add(ev, &tv);
 }
 
+/* The database deadlines, from lease_seconds (docs/operating.md, "The
+ * database is unreachable"): a statement may take half a lease (at least
+ * 5 s) on the server; an answer or a connect 2 s later than that is a
+ * lost connection; unacknowledged data for a third of a lease (the
+ * renewal period) or an idle connection silent for as long, probed every
+ * tenth of a lease, 3 times, is a dead one.  In poll_only mode sessions
+ * carry no settings (a transaction-mode pooler shares them). */
+static void apply_db_timeouts(struct worker *w)
+{
+	long stmt_ms = w->s.lease_seconds * 1000 / 2 > 5000 ? w->s.lease_seconds * 1000 / 2 : 5000;
+	long idle_s = w->s.lease_seconds / 3 > 1 ? w->s.lease_seconds / 3 : 1;
+	long interval_s = w->s.lease_seconds / 10 > 1 ? w->s.lease_seconds / 10 : 1;
+	struct db *both[] = { w->db, w->rec };
+
+	for (size_t i = 0; i < sizeof(both) / sizeof(both[0]); i++)
+		db_set_timeouts(both[i], w->s.poll_only ? 0 : stmt_ms, stmt_ms + 2000,
+		                w->s.lease_seconds * 1000 / 3, idle_s, interval_s);
+}
+
 static void apply_timers(struct worker *w)
 {
+	apply_db_timeouts(w);
 	if (!w->life.stopping)
 		timer_every(w->life.poll_ev, w->s.poll_interval_ms);
 	timer_every(w->lease.heartbeat_ev, w->s.lease_seconds * 1000 / 3);

@@ -10,7 +10,12 @@
  *   effect.c        the effect, the held set, effect_set_phase()
  *   lease.c         leasing, the due-index position, lease renewal
  *   claim.c         lease and mark in one call for rows that go at once
+ *   decide.c        the pure decisions: claim or lease, how many rows, where
+ *                   outcomes go, whether they wait, a free slot (decide.h)
  *   send.c          mark (the kill-switch commit point), send, record
+ *   wire.c          leases, claims and marks on the wire; given up at a
+ *                   forced exit
+ *   late.c          a provider's acceptance after an ambiguous verdict
  *   reconcile.c     asking providers about `unknown` effects
  *   housekeeping.c  reaper, sweep, gauges, weekly figures, schema check
  *   worker_sql.c    every statement the worker runs, with its columns
@@ -77,10 +82,14 @@ struct effect {
 	struct host_state *host;
 	char host_key[256];
 	struct outbox_effect view;    /* what the provider sees */
-	int64_t started_wall_ms, started_mono_ms, ended_mono_ms;
-	struct outbox_result result;
+	int64_t started_mono_ms, ended_mono_ms;
+	/* A send's outcome or, for an `unknown` effect being reconciled, the
+	 * provider's verdict: an effect is one or the other, never both. */
+	union {
+		struct outbox_result result;
+		struct outbox_recon_result recon;
+	};
 	struct policy_decision decision;
-	struct outbox_recon_result recon;
 	uint64_t renew_gen;
 	bool lease_lost;
 	/* The provider's acceptance that came after its ambiguous verdict,
@@ -211,7 +220,8 @@ struct worker {
 	struct provider_set providers;
 	struct hosts *hosts;
 	/* Two connections, so that the latency path never waits behind a
-	 * completion batch or a maintenance query (docs/performance.md):
+	 * completion batch or a maintenance query (docs/performance.md, "Where
+	 * the time goes"):
 	 *   db   LISTEN, claim, lease, mark, renew, release, unclaim: what
 	 *        decides when a send starts, and every statement that updates
 	 *        leased waiting rows (one connection, so they cannot lock those
@@ -293,7 +303,6 @@ int claim_limit(struct worker *w, int limit, int full);
 void claim_send(struct worker *w, struct db *db, bool from_head, int limit);
 /* send.c */
 void mark_ready(struct worker *w);
-bool slot_free(const struct batch *b, const struct effect *e, int64_t now, int64_t *wait_ms);
 void start_send(struct worker *w, struct effect *e, int attempt, int64_t confirmed_sent_mono);
 void flush_completions(struct worker *w);
 

@@ -18,6 +18,14 @@ PKGS="$PKGS pgbouncer"
 # The Debian package (make deb, tests/deploy/test_package.py) and the monitoring
 # tests (tests/operator/test_monitoring.py: python3-yaml reads the rules).
 PKGS="$PKGS debhelper dpkg-dev fakeroot lintian help2man man-db python3-yaml"
+# libfaketime: tests/resilience/test_worker_clock.py and the chaos run's
+# clock-step fault run a worker with its wall clock off.
+PKGS="$PKGS faketime libfaketime"
+# The loopback sink of make bench and bench-peer (tests/sql/test_peer_bench.py).
+PKGS="$PKGS nginx-light"
+# node and npm: bench-peer installs graphile-worker with npm ci.  A node
+# already installed (e.g. NodeSource's, which brings its own npm) is kept.
+command -v npm >/dev/null 2>&1 || PKGS="$PKGS nodejs npm"
 SUDO=
 [ "$(id -u)" = 0 ] || SUDO=sudo
 export DEBIAN_FRONTEND=noninteractive
@@ -29,6 +37,8 @@ $SUDO apt-get install -y -q --no-install-recommends $PKGS
 # databases); nothing here uses it, so it is stopped where systemd runs.
 if [ -d /run/systemd/system ]; then
     $SUDO systemctl disable --now pgbouncer.service >/dev/null 2>&1 || true
+    # nginx's own service (port 80): the benches start private ones.
+    $SUDO systemctl disable --now nginx.service >/dev/null 2>&1 || true
 fi
 
 # OpenSMTPD (bench only: make bench-email measures the email provider

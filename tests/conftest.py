@@ -7,7 +7,9 @@ real `outboxctl migrate`, a fresh copy of it per test, and the helpers
 every suite uses (running workers, waiting for conditions).
 """
 import os
+import subprocess
 import sys
+import tempfile
 import uuid
 
 import psycopg2
@@ -19,7 +21,7 @@ for _folder in ("lib", "servers"):
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), _folder))
 
 from outbox_test import (  # noqa: E402
-    BUILD_DIR, Dispatcher, admin_dsn, dsn_for, ensure_test_roles, query, run_ctl,
+    BUILD_DIR, ROOT, Dispatcher, admin_dsn, dsn_for, ensure_test_roles, query, run_ctl,
 )
 
 TEMPLATE = "outbox_tpl"
@@ -150,3 +152,93 @@ def login_as(db, conn):
             pass
         c.close()
         query(conn, f'DROP ROLE IF EXISTS "{name}"')
+
+
+# ---- exclusive tests leave no trace ----------------------------------------
+# Exclusive tests touch the machine (a package build, a throwaway install,
+# a booted systemd, the shared server): each must leave the tree and the
+# host as it found them, so that no test depends on which ran before it.
+# Compared before and after each one: files in the tree that git does not
+# track (ignored ones too: build trees), mounts, cgroups, unit files and
+# enablement links, deb-systemd-helper's state, journal files, TMPDIR,
+# /etc/outbox-dispatcher and /usr/local, and child processes left running.
+
+def _walk(path, skip_pycache=True):
+    out = set()
+    for d, dirs, files in os.walk(path):
+        if skip_pycache:
+            dirs[:] = [x for x in dirs if x != "__pycache__"]
+        for f in files + [x for x in dirs if os.path.islink(os.path.join(d, x))]:
+            full = os.path.join(d, f)
+            try:
+                st = os.lstat(full)
+            except OSError:
+                continue
+            out.add((full, st.st_size, st.st_mtime_ns))
+    return out
+
+
+def _untracked_in_tree():
+    r = subprocess.run(["git", "status", "--porcelain", "--ignored", "-z"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=60)
+    if r.returncode != 0:          # not a git checkout (a tarball): nothing to compare
+        return set()
+    out = set()
+    for entry in filter(None, r.stdout.split("\0")):
+        if entry[:2] not in ("??", "!!"):
+            continue
+        rel = entry[3:]
+        if "__pycache__" in rel or rel.endswith(".pyc"):
+            continue
+        full = os.path.join(ROOT, rel)
+        if os.path.isdir(full) and not os.path.islink(full):
+            out |= _walk(full)
+        elif os.path.lexists(full):
+            st = os.lstat(full)
+            out.add((full, st.st_size, st.st_mtime_ns))
+    return out
+
+
+def _host_state():
+    from debian_package import SHARED_DIRS
+    with open("/proc/self/mountinfo") as f:
+        mounts = {(line.split()[4], line.split(" - ")[1].split()[0]) for line in f}
+    cg = "/sys/fs/cgroup"
+    tmp = tempfile.gettempdir()
+    state = {
+        "files in the tree git does not track": _untracked_in_tree(),
+        "mounts": mounts,
+        "cgroups": {c for c in os.listdir(cg) if c.startswith("sdbox")} if os.path.isdir(cg) else set(),
+        "the temporary directory": {t for t in os.listdir(tmp)
+                                    if not t.startswith("pytest-of-") and os.path.join(tmp, t) not in SHARED_DIRS},
+        "child processes": {p for p in os.listdir("/proc") if p.isdigit() and _ppid(p) == os.getpid()},
+    }
+    for d in ("/etc/systemd/system", "/var/lib/systemd/deb-systemd-helper-enabled",
+              "/var/lib/systemd/deb-systemd-helper-masked", "/var/log/journal", "/run/log/journal",
+              "/run/systemd/system", "/etc/outbox-dispatcher", "/usr/local"):
+        state[d] = _walk(d, skip_pycache=False) if os.path.isdir(d) else set()
+    return state
+
+
+def _ppid(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+@pytest.fixture(autouse=True)
+def exclusive_test_leaves_no_trace(request):
+    if request.node.get_closest_marker("exclusive") is None:
+        yield
+        return
+    before = _host_state()
+    yield
+    after = _host_state()
+    changed = {}
+    for what in before:
+        added, removed = after[what] - before[what], before[what] - after[what]
+        if added or removed:
+            changed[what] = {"added": sorted(added)[:20], "removed": sorted(removed)[:20]}
+    assert not changed, f"{request.node.nodeid} left traces the next test would see: {changed}"

@@ -14,17 +14,51 @@ with a window (cancelled, and sent after the window), failing steps (a
 database call refused: the webhook answers an error status with a body,
 never an empty 200, and the run is released for a retry), and the
 dispatcher's delivery of every approved effect with its idempotency key.
+Then what a caller meets around n8n itself: n8n's own answers while it
+starts (none carries the kit's X-Outbox-Kit marker; a source that retries
+until it gets the kit's answer loses nothing), the approval page's headers
+as n8n really sends them (the guide's Content-Security-Policy line), a 200
+HTML page from the model's endpoint (a failed call, not bad output), a
+cancel past the window (409 too_late, and the operator's outboxctl cancel),
+a decision other than approve or reject (400), the way on for an expired
+approval, and n8n stopped with SIGTERM mid-execution (n8n's own 500; the
+run waits for its lease, which the kit's 409 names in Retry-After), then
+restarted with N8N_INSECURE_DISABLE_WEBHOOK_IFRAME_SANDBOX=true.
 Prints PASS/FAIL lines and "n8n check (engine ENGINE): N passed, N failed".
+
+Environment (set by check-with-n8n.sh): N8N_CMD (the n8n executable, to
+restart it), OUTBOXCTL, and WORK/n8n.pid (n8n's process id, rewritten on
+restart).
 """
-import json, sys, threading, time, urllib.error, urllib.parse, urllib.request
+import json, os, re, signal, subprocess, sys, threading, time
+import urllib.error, urllib.parse, urllib.request
 import psycopg2
 work, n8n_port, dsn, engine = sys.argv[1:5]
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+OUTBOXCTL = os.environ.get("OUTBOXCTL", os.path.join(ROOT, "build", "outboxctl"))
 have_dispatcher = True
+LEASE = int(os.environ.get("CHECK_LEASE_SECONDS", "120"))
 T0 = time.monotonic()
 HOOK = f"http://127.0.0.1:{n8n_port}/webhook"
 results = []
 
-def http(method, url, body=None, headers=None, form=False):
+# Answers that look like the kit's (a JSON status, an approval page) but
+# lack its marker: the check fails if there is any.
+unmarked = []
+
+
+def is_kit(headers, body=None):
+    """The kit's answer, not n8n's: the X-Outbox-Kit header, and on a JSON
+    object `"outbox": true` (docs/n8n.md, "Telling the kit's answers from
+    n8n's")."""
+    if headers.get("x-outbox-kit") != "1":
+        return False
+    return not isinstance(body, dict) or body.get("outbox") is True
+
+
+def request(method, url, body=None, headers=None, form=False):
+    """(status, body as JSON or text, headers in lower case); status 0 when
+    nothing answered."""
     data = None
     h = dict(headers or {})
     if body is not None:
@@ -36,16 +70,27 @@ def http(method, url, body=None, headers=None, form=False):
             h["Content-Type"] = "application/json"
     req = urllib.request.Request(url, data=data, method=method, headers=h)
     try:
-        with urllib.request.urlopen(req, timeout=60) as r:
-            code, raw = r.status, r.read().decode()
+        with urllib.request.urlopen(req, timeout=150) as r:
+            code, raw, hdrs = r.status, r.read().decode(), r.headers
     except urllib.error.HTTPError as e:
-        code, raw = e.code, e.read().decode()
+        code, raw, hdrs = e.code, e.read().decode(), e.headers
     except OSError as e:
-        return 0, str(e)
+        return 0, str(e), {}
+    hdrs = {k.lower(): v for k, v in hdrs.items()}
     try:
-        return code, json.loads(raw)
+        out = json.loads(raw)
     except ValueError:
-        return code, raw
+        out = raw
+    kitlike = (isinstance(out, dict) and ("status" in out or "cancelled" in out)) or \
+        (isinstance(out, str) and ("Nothing was" in out or "Approval needed" in out))
+    if kitlike and not is_kit(hdrs, out):
+        unmarked.append((method, url.split("?")[0], code))
+    return code, out, hdrs
+
+
+def http(method, url, body=None, headers=None, form=False):
+    code, out, _ = request(method, url, body, headers, form)
+    return code, out
 
 def wait_for(cond, timeout, what):
     deadline = time.monotonic() + timeout
@@ -77,7 +122,7 @@ db.autocommit = True
 def q(sql, *args):
     with db.cursor() as c:
         c.execute(sql, args)
-        return c.fetchall()
+        return c.fetchall() if c.description else None
 
 def ev(event_id, message="Hello, I would like a quote for 40 seats.", **kw):
     e = {"source": "crm", "event_id": event_id, "email": "lead@example.com", "message": message}
@@ -87,6 +132,38 @@ def ev(event_id, message="Hello, I would like a quote for 40 seats.", **kw):
 def delivered(event_id):
     return [d for d in jsonl("deliver") if isinstance(d["body"], dict)
             and d["body"].get("event_id") == event_id]
+
+def startup_window(event_id):
+    """From the moment n8n is started, deliver one event the way a source
+    should: again and again until the answer is the kit's (X-Outbox-Kit).
+    n8n answers first itself (connection refused, 503 "Database is not
+    ready", 200 "n8n is starting up. Please wait", 404 "not registered"):
+    none of those carries the marker or creates a run; a source that took
+    the 200 for "delivered" would have lost the event."""
+    key = "crm:" + event_id
+    seen = {}
+    deadline = time.monotonic() + 900
+    while True:
+        assert time.monotonic() < deadline, f"no answer from the kit in 900 s; n8n answered {seen}"
+        code, body, h = request("POST", f"{HOOK}/outbox/ticket",
+                                ev(event_id, "When are you open?", category="opening_hours"))
+        if is_kit(h, body):
+            break
+        assert not (isinstance(body, dict) and "status" in body), \
+            f"the kit answered {code} {body} without its marker"
+        assert q("SELECT count(*) FROM workflow_runs WHERE idempotency_key = %s", key) == [(0,)], \
+            f"n8n's {code} {str(body)[:60]!r} started a run"
+        what = "no connection" if code == 0 else f"{code} {str(body if isinstance(body, str) else body.get('message', body))[:48]!r}"
+        seen[what] = seen.get(what, 0) + 1
+        time.sleep(0.2)
+    assert code == 202 and body["status"] == "queued", (code, body)
+    assert q("SELECT count(*) FROM workflow_runs WHERE idempotency_key = %s", key) == [(1,)]
+    state.setdefault("n8n_startup_answers", []).append(seen)
+    return "before the kit's 202: " + (", ".join(f"{n} x {w}" for w, n in seen.items()) or "nothing")
+
+state = {}
+check("n8n starting: its own answers carry no kit marker, the retried event is taken once",
+      lambda: startup_window("boot-1"))
 
 # Webhooks are registered some seconds after n8n's health endpoint answers:
 # poll the production URLs themselves (an invalid event changes nothing).
@@ -101,7 +178,6 @@ def ready():
 check("n8n answers on every production webhook", lambda: wait_for(ready, 900, "webhooks") and None)
 T_READY = time.monotonic() - T0
 
-state = {}
 
 def approve_before_act():
     code, body = http("POST", f"{HOOK}/outbox/lead", ev("lead-1"))
@@ -127,17 +203,21 @@ check("same key, different payload: 422 payload_mismatch", mismatch)
 def concurrent():
     out = []
     def post():
-        out.append(http("POST", f"{HOOK}/outbox/lead", ev("lead-c", "Five at once: a quote please")))
+        out.append(request("POST", f"{HOOK}/outbox/lead", ev("lead-c", "Five at once: a quote please")))
     threads = [threading.Thread(target=post) for _ in range(5)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    codes = sorted(c for c, _ in out)
-    acted = [b for c, b in out if c == 202]
+    codes = sorted(c for c, _, _ in out)
+    acted = [b for c, b, _ in out if c == 202]
     assert len(acted) == 1 and acted[0]["status"] == "awaiting_human", out
-    for c, b in out:
+    for c, b, h in out:
         assert c == 202 or (c, b["status"]) in ((409, "in_progress"), (200, "duplicate")), (c, b)
+        assert is_kit(h, b), (c, b, h)
+        if c == 409:
+            # When to deliver again: when the holder's lease expires.
+            assert int(h["retry-after"]) == b["retry_after_seconds"] and 1 <= b["retry_after_seconds"] <= LEASE, (b, h)
     llm = [l for l in jsonl("llm") if "Five at once" in l["user"]]
     assert len(llm) == 1, f"the model was called {len(llm)} times"
     assert q("SELECT count(*) FROM approvals WHERE idempotency_key = 'crm:lead-c'") == [(1,)]
@@ -164,12 +244,39 @@ def page():
     return "200 confirmation page, nothing consumed"
 check("GET approval page shows and changes nothing", page)
 
+GUIDE = open(os.path.join(ROOT, "docs", "n8n.md")).read()
+
+def page_headers():
+    """The headers the page really gets: n8n drops a workflow's own
+    Content-Security-Policy and sends its sandbox policy, exactly as the
+    guide shows it; the kit's other headers arrive."""
+    code, html, h = request("GET", state["url"])
+    assert code == 200, (code, html[:200])
+    documented = re.search(r"^Content-Security-Policy: (sandbox [^\n`]+)$", GUIDE, re.M)
+    assert documented, "docs/n8n.md shows no sandbox Content-Security-Policy line"
+    assert h.get("content-security-policy") == documented.group(1), \
+        f"sent {h.get('content-security-policy')!r}, the guide says {documented.group(1)!r}"
+    for k, v in (("x-frame-options", "DENY"), ("referrer-policy", "no-referrer"),
+                 ("cache-control", "no-store"), ("x-outbox-kit", "1")):
+        assert h.get(k) == v, (k, h.get(k))
+    return "Content-Security-Policy: " + h["content-security-policy"][:40] + "..., X-Frame-Options: DENY"
+check("approval page headers: n8n's sandbox CSP as the guide shows it, the kit's others", page_headers)
+
 def unsigned():
     code, html = http("POST", f"{HOOK}/outbox/approval/decide",
                       {"token": state["token"], "decision": "approve"}, form=True)
     assert code == 401, (code, html)
     assert q("SELECT consumed_at FROM approvals WHERE idempotency_key = 'crm:lead-1'") == [(None,)]
 check("POST decision without the SSO identity is refused", unsigned)
+
+def bad_decision():
+    code, html, h = request("POST", f"{HOOK}/outbox/approval/decide",
+                            {"token": state["token"], "decision": "delete"}, form=True,
+                            headers={"X-Auth-Request-Email": "approver@example.com"})
+    assert code == 400 and "decision must be approve or reject" in html and is_kit(h), (code, html)
+    assert q("SELECT consumed_at FROM approvals WHERE idempotency_key = 'crm:lead-1'") == [(None,)]
+    return "400, nothing consumed"
+check("POST decision=delete, signed in: 400, not 401", bad_decision)
 
 def approve():
     code, html = http("POST", f"{HOOK}/outbox/approval/decide",
@@ -224,6 +331,32 @@ def invalid():
     return "422 failed_terminal, human notified, a re-delivery is not re-run"
 check("invalid after the repair: failed_terminal, nothing queued", invalid)
 
+def model_html_200():
+    code, body, h = request("POST", f"{HOOK}/outbox/lead", ev("lead-html", "HTML-ONCE: a quote please"))
+    assert code == 503 and body["status"] == "failed_retryable" and is_kit(h, body), (code, body)
+    assert body["step"] == "Validate draft", body
+    assert q("SELECT state FROM workflow_runs WHERE idempotency_key = 'crm:lead-html'") == [("failed_retryable",)]
+    assert len([l for l in jsonl("llm") if "HTML-ONCE" in l["user"]]) == 1, "a repair call was made"
+    assert not [m for m in jsonl("notify") if "crm:lead-html" in m.get("text", "")], "a human was told"
+    code, body = http("POST", f"{HOOK}/outbox/lead", ev("lead-html", "HTML-ONCE: a quote please"))
+    assert code == 202 and body["status"] == "awaiting_human", (code, body)
+    return "503 failed_retryable, no repair call; delivered again: 202 awaiting_human"
+check("the model's endpoint answers 200 with an HTML page: a failed call, retried, not bad output",
+      model_html_200)
+
+def expired_way_on():
+    # lead-2 waits for a human; its approval expires unused.
+    q("UPDATE approvals SET expires_at = now() - interval '1 second' WHERE idempotency_key = 'crm:lead-2'")
+    code, body = http("POST", f"{HOOK}/outbox/lead", ev("lead-2", "REPAIR-ME: a quote please"))
+    assert code == 200 and body["state"] == "awaiting_human", (code, body)
+    q("SELECT * FROM outbox_reopen_approval('crm:lead-2', 'n8n-check', 'the approver was away')")
+    code, body = http("POST", f"{HOOK}/outbox/lead", ev("lead-2", "REPAIR-ME: a quote please"))
+    assert code == 202 and body["status"] == "awaiting_human", (code, body)
+    links = wait_for(lambda: [m for m in jsonl("notify") if m.get("key") == "crm:lead-2"][1:], 20, "a second link")
+    assert q("SELECT count(*) FROM approvals WHERE idempotency_key = 'crm:lead-2'") == [(2,)]
+    return "outbox_reopen_approval, then the same event again: a new draft and a new link"
+check("an expired approval: re-opened by the operator, the event delivered again asks again", expired_way_on)
+
 def auto():
     code, body = http("POST", f"{HOOK}/outbox/ticket",
                       ev("t-1", "When are you open?", category="opening_hours"))
@@ -261,10 +394,10 @@ def window_cancel():
     code, c = http("POST", f"{HOOK}/outbox/cancel", {"effect_id": body["effect_id"], "reason": "demo moved"})
     assert code == 200 and c["cancelled"] is True, (code, c)
     code, c = http("POST", f"{HOOK}/outbox/cancel", {"effect_id": body["effect_id"]})
-    assert code == 200 and c["cancelled"] is False, (code, c)
+    assert code == 409 and c["status"] == "finished" and c["cancelled"] is False, (code, c)
     st, err = q("SELECT state, last_error FROM effect_outbox WHERE effect_id = %s", body["effect_id"])[0]
     assert st == "failed" and err.startswith("cancelled"), (st, err)
-    return "scheduled, cancelled inside the window, second cancel refused"
+    return "scheduled, cancelled inside the window; a second cancel: 409 finished"
 check("act-with-window: cancel inside the window", window_cancel)
 
 def window_send():
@@ -277,6 +410,34 @@ def window_send():
     assert not delivered("s-1"), "a cancelled effect was sent"
     return "sent after the window; the cancelled one never"
 check("act-with-window: sent after the window, cancelled one never", window_send)
+
+def ctl(*args):
+    r = subprocess.run([OUTBOXCTL, "--db", dsn, *args], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, (args, r.stdout, r.stderr)
+    return r.stdout
+
+def cancel_too_late():
+    # Sends held (kill switch off), so the effect stays pending past its window.
+    ctl("kill-switch", "off", "--operator", "n8n-check", "--reason", "hold sends for the late cancel")
+    try:
+        code, body = http("POST", f"{HOOK}/outbox/scheduled", ev("s-late", "Reminder: cancelled too late"))
+        assert code == 202, (code, body)
+        eid = body["effect_id"]
+        wait_for(lambda: q("SELECT available_at < now() FROM effect_outbox WHERE effect_id = %s", eid)[0][0],
+                 60, "the window to pass")
+        for _ in range(2):      # retrying changes nothing, and says so
+            code, c, h = request("POST", f"{HOOK}/outbox/cancel", {"effect_id": eid, "reason": "too late"})
+            assert code == 409 and c["status"] == "too_late" and c["cancelled"] is False and is_kit(h, c), (code, c)
+            assert "outboxctl cancel" in c["message"], c
+        assert q("SELECT state FROM effect_outbox WHERE effect_id = %s", eid) == [("pending",)]
+        # The operator's way, as the answer says.
+        out = ctl("cancel", eid, "--operator", "n8n-check", "--reason", "customer withdrew late")
+        assert "cancelled: customer withdrew late" in out, out
+    finally:
+        ctl("kill-switch", "on", "--operator", "n8n-check", "--reason", "late cancel done")
+    state["late"] = eid
+    return "409 too_late twice, effect still pending; outboxctl cancel stopped it"
+check("act-with-window: cancel past the window answers 409 too_late, not 'try again'", cancel_too_late)
 
 # A step that fails (here: the database refuses a call, as it would when
 # down or when a gate refuses an insert) makes the webhook answer an error
@@ -317,7 +478,7 @@ def failing_claim():
 check("a failing claim answers an error status with a body", failing_claim)
 
 def failing_cancel():
-    sig = "outbox_cancel(uuid, text, text)"
+    sig = "outbox_cancel_status(uuid, text, text)"
     code, body = http("POST", f"{HOOK}/outbox/scheduled", ev("s-f", "Reminder: failing cancel"))
     assert code == 202, (code, body)
     grant(sig, False)
@@ -326,10 +487,86 @@ def failing_cancel():
     finally:
         grant(sig, True)
     assert code >= 500 and isinstance(c, dict) and c.get("cancelled") is False, (code, c)
-    code, c = http("POST", f"{HOOK}/outbox/cancel", {"effect_id": body["effect_id"]})
-    assert code == 200 and c["cancelled"] is True, (code, c)
-    return "500, cancelled: false; again: cancelled"
+    code2, c = http("POST", f"{HOOK}/outbox/cancel", {"effect_id": body["effect_id"]})
+    assert code2 == 200 and c["cancelled"] is True, (code2, c)
+    return f"{code}, cancelled: false; again: cancelled"
 check("a failing cancel answers an error status, not an empty 200", failing_cancel)
+
+def n8n_pid():
+    with open(f"{work}/n8n.pid") as f:
+        return int(f.read())
+
+def exited(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+def sigterm_mid_execution():
+    out = {}
+    def post():
+        out["r"] = request("POST", f"{HOOK}/outbox/lead", ev("lead-term", "SLOW-ONCE: a quote please"))
+    t = threading.Thread(target=post)
+    t.start()
+    wait_for(lambda: [l for l in jsonl("llm") if "SLOW-ONCE" in l["user"]], 60, "the model call")
+    pid = n8n_pid()
+    os.kill(pid, signal.SIGTERM)
+    t.join(150)
+    code, body, h = out["r"]
+    assert code in (0, 500) and not is_kit(h, body), (code, str(body)[:300])
+    wait_for(lambda: exited(pid), 120, "n8n to exit")
+    st, left = q("SELECT state, extract(epoch FROM lease_expires_at - now()) FROM workflow_runs "
+                 "WHERE idempotency_key = 'crm:lead-term'")[0]
+    assert st == "processing" and left > 0, (st, left)
+    # Start n8n again, now without its webhook sandbox.
+    env = dict(os.environ, N8N_INSECURE_DISABLE_WEBHOOK_IFRAME_SANDBOX="true")
+    with open(f"{work}/n8n-restarted.log", "w") as log:
+        p = subprocess.Popen([os.environ["N8N_CMD"], "start"], env=env, stdout=log, stderr=subprocess.STDOUT,
+                             start_new_session=True)
+    with open(f"{work}/n8n.pid", "w") as f:
+        f.write(str(p.pid))
+    state["term_answer"] = (code, str(body)[:80])
+    return (f"n8n answered {code} {'(no answer)' if code == 0 else repr(str(body)[:60])}, not the kit's; "
+            f"run still processing, lease {left:.0f} s to go")
+check("n8n stopped with SIGTERM mid-execution: n8n's own answer, the run waits for its lease",
+      sigterm_mid_execution)
+if "term_answer" in state:
+    check("n8n restarting: its own answers carry no kit marker, the retried event is taken once",
+          lambda: startup_window("boot-2"))
+
+    def after_the_lease():
+        code, body, h = request("POST", f"{HOOK}/outbox/lead", ev("lead-term", "SLOW-ONCE: a quote please"))
+        waited = "the lease had expired during the restart"
+        if code == 409:
+            assert body["status"] == "in_progress" and is_kit(h, body), (code, body)
+            left = q("SELECT extract(epoch FROM lease_expires_at - now()) FROM workflow_runs "
+                     "WHERE idempotency_key = 'crm:lead-term'")[0][0]
+            ra = int(h["retry-after"])
+            assert ra == body["retry_after_seconds"] and abs(ra - left) <= 2, (ra, left, body)
+            time.sleep(ra + 1)          # what the answer says to wait
+            code, body, h = request("POST", f"{HOOK}/outbox/lead", ev("lead-term", "SLOW-ONCE: a quote please"))
+            waited = f"409 in_progress, Retry-After {ra} s"
+        assert code == 202 and body["status"] == "awaiting_human" and is_kit(h, body), (code, body)
+        calls = sorted({l["n"] for l in jsonl("llm") if "SLOW-ONCE" in l["user"]})
+        assert calls == [1, 2], f"model calls {calls}: the interrupted one and one after the take-over"
+        return waited + "; then taken over: 202 awaiting_human"
+    check("delivered again after the restart: 409 with Retry-After until the lease expires, then taken over",
+          after_the_lease)
+
+    def page_without_sandbox():
+        msgs = wait_for(lambda: [m for m in jsonl("notify") if m.get("key") == "crm:lead-term"], 20, "the link")
+        code, html, h = request("GET", msgs[-1]["approval_url"])
+        assert code == 200 and "Approval needed" in html, (code, html[:200])
+        assert "content-security-policy" not in h, h.get("content-security-policy")
+        assert h.get("x-frame-options") == "DENY", h
+        return "no Content-Security-Policy at all (n8n drops the workflow's); X-Frame-Options: DENY"
+    check("N8N_INSECURE_DISABLE_WEBHOOK_IFRAME_SANDBOX=true: the page has no CSP", page_without_sandbox)
+
+def all_marked():
+    assert not unmarked, f"kit answers without the X-Outbox-Kit marker: {unmarked[:5]}"
+    assert not delivered("s-late"), "the effect cancelled by the operator was sent"
+check("every kit answer carried its marker; the late-cancelled effect was never sent", all_marked)
 
 passed = sum(1 for _, ok in results if ok)
 failed = len(results) - passed

@@ -7,7 +7,11 @@ Loopback only, Python 3 standard library only.
   POST /v1/chat/completions   plays an OpenAI-compatible model: answers a
                               valid draft; a message containing REPAIR-ME
                               gets prose the first time (the workflow then
-                              repairs once), ALWAYS-INVALID always gets prose
+                              repairs once), ALWAYS-INVALID always gets prose;
+                              HTML-ONCE gets, the first time, a 200 HTML page
+                              (as a proxy in front of a model may answer);
+                              SLOW-ONCE is answered only after 90 s the first
+                              time (an execution to interrupt)
   POST /notify                plays the approver's chat webhook: prints the
                               message (with the approval link) and keeps it
   POST /deliver               plays the helpdesk API effects are delivered
@@ -25,6 +29,7 @@ import json
 import os
 import sys
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 GOOD = json.dumps({"intent": "reply", "subject": "Your quote request",
@@ -59,12 +64,18 @@ def handler(sink):
             print(text, flush=True)
 
         def reply(self, code, obj):
-            b = json.dumps(obj).encode()
+            self.reply_raw(code, "application/json", json.dumps(obj))
+
+        def reply_raw(self, code, content_type, text):
+            b = text.encode()
             self.send_response(code)
-            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Type", content_type)
             self.send_header("Content-Length", str(len(b)))
             self.end_headers()
-            self.wfile.write(b)
+            try:
+                self.wfile.write(b)
+            except OSError:
+                pass                    # the caller is gone (n8n was stopped)
 
         def do_POST(self):
             n = int(self.headers.get("Content-Length") or 0)
@@ -77,6 +88,15 @@ def handler(sink):
                 msgs = body.get("messages", []) if isinstance(body, dict) else []
                 user = msgs[1].get("content", "") if len(msgs) > 1 else ""
                 k = sink.count(user)
+                if "HTML-ONCE" in user and k == 1:
+                    sink.record("llm", {"user": user, "n": k, "answer": "html"})
+                    self.say(f"model: asked about {user[:60]!r}, answered a 200 HTML page")
+                    return self.reply_raw(200, "text/html; charset=utf-8",
+                                          "<html><body><h1>502 Bad Gateway</h1></body></html>")
+                if "SLOW-ONCE" in user and k == 1:
+                    sink.record("llm", {"user": user, "n": k, "answer": "slow"})
+                    self.say(f"model: asked about {user[:60]!r}, answering in 90 s")
+                    time.sleep(90)
                 bad = "ALWAYS-INVALID" in user or ("REPAIR-ME" in user and k == 1)
                 content = PROSE if bad else GOOD
                 sink.record("llm", {"user": user, "n": k, "answer": content,

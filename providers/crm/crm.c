@@ -87,23 +87,15 @@ static bool set_ca_file(struct crm *c, char *err, size_t errlen)
 		        ca, strerror(errno));
 		return false;
 	}
-	c->ca_file = strdup(ca);
-	if (c->ca_file == NULL) {
-		crm_fmt(err, errlen, "out of memory");
-		return false;
-	}
+	c->ca_file = text_strdup(ca);
 	return true;
 }
 
 static void *crm_init(const struct outbox_host *host, const struct outbox_conf *conf, char *err,
                       size_t errlen)
 {
-	struct crm *c = calloc(1, sizeof(*c));
+	struct crm *c = text_alloc(sizeof(*c));
 
-	if (c == NULL) {
-		crm_fmt(err, errlen, "out of memory");
-		return NULL;
-	}
 	c->host = host;
 	c->conf = conf;
 	if (curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK) {
@@ -121,7 +113,9 @@ static void *crm_init(const struct outbox_host *host, const struct outbox_conf *
 	}
 	if (!set_ca_file(c, err, errlen))
 		goto fail;
-	c->loop = curl_loop_new(host->base);
+	/* No proxy: the instance is the operator's, and a proxy would see the
+	 * token. */
+	c->loop = curl_loop_new(host->base, &(struct curl_safety){ c->protocols, c->ca_file, NULL });
 	if (c->loop == NULL) {
 		crm_fmt(err, errlen, "cannot set up libcurl on the event loop");
 		goto fail;

@@ -62,12 +62,7 @@ static bool set_sobjects_url(struct crm *c, CURLU *u, const char *api_version, c
 	n = strlen(base);
 	while (n > 0 && base[n - 1] == '/')
 		base[--n] = '\0';
-	c->sobjects_url = malloc(n + strlen(api_version) + 32);
-	if (c->sobjects_url == NULL) {
-		crm_fmt(err, errlen, "out of memory");
-		curl_free(base);
-		return false;
-	}
+	c->sobjects_url = text_alloc(n + strlen(api_version) + 32);
 	sprintf(c->sobjects_url, "%s/services/data/%s/sobjects/", base, api_version);
 	curl_free(base);
 	return true;

@@ -134,20 +134,11 @@ struct crm_call *crm_call_new(struct crm *c, const struct outbox_effect *e,
 		crm_fmt(err, errlen, "crm: access_token is empty or not one line");
 		return NULL;
 	}
-	k = calloc(1, sizeof(*k));
-	if (k == NULL) {
-		crm_fmt(err, errlen, "crm: out of memory");
-		return NULL;
-	}
+	k = text_alloc(sizeof(*k));
 	k->crm = c;
 	k->kind = kind;
 	k->retry_after_ms = -1;
-	k->record_url = malloc(strlen(c->sobjects_url) + strlen(e->target) + strlen(e->effect_key) + 2);
-	if (k->record_url == NULL) {
-		crm_fmt(err, errlen, "crm: out of memory");
-		free(k);
-		return NULL;
-	}
+	k->record_url = text_alloc(strlen(c->sobjects_url) + strlen(e->target) + strlen(e->effect_key) + 2);
 	/* Object/Field are API names and the key is [A-Za-z0-9_-]: nothing to
 	 * escape. */
 	sprintf(k->record_url, "%s%s/%s", c->sobjects_url, e->target, e->effect_key);

@@ -30,8 +30,10 @@ static bool retry_after_value(const char *v, long *ms)
 
 	errno = 0;
 	secs = strtol(v, &end, 10);
-	if (end != v && *end == '\0' && errno == 0 && secs >= 0) {
-		*ms = secs > RETRY_AFTER_MAX_S ? RETRY_AFTER_MAX_S * 1000 : secs * 1000;
+	if (end != v && *end == '\0' && secs >= 0) {
+		/* Past LONG_MAX (ERANGE) is "later than the cap" too. */
+		*ms = curl_io_retry_after_ms(errno == ERANGE ? RETRY_AFTER_MAX_S : secs,
+		                             RETRY_AFTER_MAX_S * 1000);
 		return true;
 	}
 	{
@@ -123,8 +125,6 @@ static CURL *make_easy(struct crm_call *k, const char *url, bool patch, const ch
 	curl_body_free(&k->resp);
 	k->resp.max = CRM_RESP_MAX;
 	curl_easy_setopt(easy, CURLOPT_URL, url);
-	curl_loop_safe_options(easy, c->protocols, c->ca_file);
-	curl_easy_setopt(easy, CURLOPT_NOSIGNAL, 1L);
 	/* One connection per call: on a reused connection that dies before the
 	 * answer, libcurl silently sends the request again, and the attempts
 	 * log would no longer be one row per call. */

@@ -18,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <event2/event.h>
 #include <auth-client.h>
@@ -214,6 +215,7 @@ static void log_settings(const struct email *em, const struct outbox_conf *conf)
 static struct email *email_new(const struct outbox_host *host)
 {
 	struct email *em = text_alloc(sizeof(*em));
+	pthread_condattr_t mono;
 
 	em->host = host;
 	em->base = host->base;
@@ -221,7 +223,13 @@ static struct email *email_new(const struct outbox_host *host)
 	em->refs = 1;
 	pthread_mutex_init(&em->mu, NULL);
 	pthread_cond_init(&em->cv, NULL);
-	pthread_cond_init(&em->cv_session, NULL);
+	/* The idle wait's deadline is on the monotonic clock (session.c):
+	 * a condition variable on the default realtime clock would take it
+	 * for a time long past and return at once. */
+	pthread_condattr_init(&mono);
+	pthread_condattr_setclock(&mono, CLOCK_MONOTONIC);
+	pthread_cond_init(&em->cv_session, &mono);
+	pthread_condattr_destroy(&mono);
 	TAILQ_INIT(&em->queue);
 	TAILQ_INIT(&em->running);
 	TAILQ_INIT(&em->finished);

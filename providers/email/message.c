@@ -480,7 +480,10 @@ char *email_build(const struct outbox_effect *e, const struct email_msg *m,
 	if (m->from_name) {
 		char *name = text_alloc(m->from_name_len + 1);
 		memcpy(name, m->from_name, m->from_name_len);
-		if (is_ascii_printable(name) && strstr(name, "=?") == NULL) {
+		/* Quoted only if "From: "NAME" <addr>" fits one line; a longer
+		 * name is folded as encoded words. */
+		if (is_ascii_printable(name) && strstr(name, "=?") == NULL &&
+		    2 * m->from_name_len + strlen(m->from_addr) + 12 <= EMAIL_HDR_LINE) {
 			strbuf_add(&b, "\"", 1);
 			for (const char *p = name; *p; p++) {
 				if (*p == '"' || *p == '\\')

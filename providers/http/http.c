@@ -13,6 +13,7 @@
 #include "lib/http_lookup.h"
 #include "lib/netrules.h"
 #include "lib/sign.h"
+#include "lib/text.h"
 
 static const struct outbox_conf_key http_keys[] = {
 	{ "allow_hosts", CONF_STR, "", 0, 0,
@@ -25,6 +26,9 @@ static const struct outbox_conf_key http_keys[] = {
 	{ "max_response_bytes", CONF_INT, "65536", 0, 16777216, "response body kept for the provider id" },
 	{ "ca_file", CONF_STR, "", 0, 0, "CA bundle for TLS verification; empty: the system's" },
 	{ "proxy", CONF_STR, "", 0, 0, "HTTP proxy URL; empty: none (environment proxies ignored)" },
+	{ "secrets_dir", CONF_STR, "", 0, 0,
+	  "directory of the secrets payload headers name ({\"secret\": NAME}); empty: "
+	  "$CREDENTIALS_DIRECTORY" },
 	{ "keepalive_idle_seconds", CONF_INT, "1", 0, 60,
 	  "reuse a connection idle at most this long; 0: one connection per call" },
 	/* reconciliation by lookup (lib/http_lookup.c); off while reconcile_url is empty */
@@ -53,12 +57,10 @@ static const struct outbox_conf_key http_keys[] = {
 static void *http_init(const struct outbox_host *host, const struct outbox_conf *conf, char *err,
                        size_t errlen)
 {
-	struct http_provider *hp = calloc(1, sizeof(*hp));
+	struct http_provider *hp = text_alloc(sizeof(*hp));
 	const char *secret;
 	char rerr[256];
 
-	if (hp == NULL)
-		return NULL;
 	hp->host = host;
 	hp->rules = netrules_parse(host->conf_str(conf, "allow_hosts"),
 	                           host->conf_bool(conf, "public_targets"), rerr, sizeof(rerr));
@@ -71,11 +73,18 @@ static void *http_init(const struct outbox_host *host, const struct outbox_conf 
 	hp->connect_timeout_ms = host->conf_int(conf, "connect_timeout_ms");
 	hp->max_response = host->conf_int(conf, "max_response_bytes");
 	hp->keepalive_idle = host->conf_int(conf, "keepalive_idle_seconds");
-	hp->id_header = strdup(host->conf_str(conf, "provider_id_header"));
-	hp->id_json = strdup(host->conf_str(conf, "provider_id_json"));
-	hp->user_agent = strdup(host->conf_str(conf, "user_agent"));
-	hp->ca_file = strdup(host->conf_str(conf, "ca_file"));
-	hp->proxy = strdup(host->conf_str(conf, "proxy"));
+	hp->id_header = text_strdup(host->conf_str(conf, "provider_id_header"));
+	hp->id_json = text_strdup(host->conf_str(conf, "provider_id_json"));
+	hp->user_agent = text_strdup(host->conf_str(conf, "user_agent"));
+	hp->ca_file = text_strdup(host->conf_str(conf, "ca_file"));
+	hp->proxy = text_strdup(host->conf_str(conf, "proxy"));
+	{
+		const char *dir = host->conf_str(conf, "secrets_dir");
+		if (dir[0] == '\0')
+			dir = getenv("CREDENTIALS_DIRECTORY");
+		if (dir && dir[0])
+			hp->secrets_dir = text_strdup(dir);
+	}
 	secret = host->conf_str(conf, "signing_secret");
 	if (secret[0]) {
 		const char *b64 = strncmp(secret, "whsec_", 6) == 0 ? secret + 6 : secret;
@@ -86,9 +95,9 @@ static void *http_init(const struct outbox_host *host, const struct outbox_conf 
 			goto fail;
 		}
 	}
-	hp->loop = curl_loop_new(host->base);
-	if (hp->loop == NULL || !hp->id_header || !hp->id_json || !hp->user_agent || !hp->ca_file ||
-	    !hp->proxy) {
+	hp->loop = curl_loop_new(host->base, &(struct curl_safety){ "http,https", hp->ca_file,
+	                                                            hp->proxy });
+	if (hp->loop == NULL) {
 		snprintf(err, errlen, "out of memory");
 		goto fail;
 	}
@@ -109,6 +118,7 @@ fail:
 	free(hp->user_agent);
 	free(hp->ca_file);
 	free(hp->proxy);
+	free(hp->secrets_dir);
 	free(hp);
 	return NULL;
 }
@@ -128,6 +138,7 @@ static void http_shutdown(void *self)
 	free(hp->user_agent);
 	free(hp->ca_file);
 	free(hp->proxy);
+	free(hp->secrets_dir);
 	memset(hp->secret, 0, sizeof(hp->secret));
 	free(hp);
 }

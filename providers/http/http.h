@@ -6,10 +6,12 @@
  *
  * http.c: keys, life cycle, reconciliation; target.c: the target URL and
  * the payload, checked (validate); request.c: a call's headers, body and
- * signature; send.c: the transfer, its callbacks and the outcome.
+ * signature; secret.c: header values named by a secret; send.c: the
+ * transfer, its callbacks and the outcome.
  *
  * Target: the URL.  Payload: {"method": "POST", "headers": {...},
- * "body": <JSON value or string>}.  Every request carries
+ * "body": <JSON value or string>}; a header value is a string, or
+ * {"secret": NAME, "prefix": "..."}, read from secrets_dir at send time.  Every request carries
  * `Idempotency-Key: <effect key>`, and Standard Webhooks signature headers
  * when a signing secret is configured.
  *
@@ -56,6 +58,13 @@
 /* "Name: value" of one payload header, in bytes: what common servers
  * accept in one line (add_header() never cuts a longer one). */
 #define HTTP_MAX_HEADER_LINE 8000
+/* A secret header value ({"secret": NAME}): the name's and the value's
+ * longest (secret.c). */
+#define HTTP_SECRET_NAME_MAX 128
+#define HTTP_SECRET_MAX 4096
+/* The longest Retry-After passed on (a week; the dispatcher's
+ * retry_after_max_ms bounds it further). */
+#define HTTP_RETRY_AFTER_MAX_MS (7L * 86400 * 1000)
 /* Idle easy handles kept for reuse (curl_easy_reset, not init/cleanup). */
 #define HTTP_EASY_POOL 64
 /* libcurl's receive buffer per transfer (default 16 KiB; 1 KiB is its
@@ -86,6 +95,7 @@ struct http_provider {
 	struct netrules *rules;
 	long timeout_ms, connect_timeout_ms, max_response, keepalive_idle;
 	char *id_header, *id_json, *user_agent, *ca_file, *proxy;
+	char *secrets_dir;         /* secret header values' files; NULL: none */
 	unsigned char secret[256];
 	long secret_len;
 	CURL *pool[HTTP_EASY_POOL]; /* idle easy handles, reset */
@@ -121,6 +131,15 @@ bool http_target_parse(struct http_provider *hp, const char *url, char *scheme, 
 void http_target_cache_free(struct http_provider *hp);
 bool http_validate(void *self, const struct outbox_effect *e, char *host_key,
                    size_t host_keylen, char *err, size_t errlen);
+
+/* secret.c: a header value named by a secret.  The name: letters, digits,
+ * '_', '-', '.', not starting with '.', at most HTTP_SECRET_NAME_MAX. */
+bool http_secret_name_ok(const char *name);
+/* The first line of secrets_dir/NAME into out (at most outlen - 2 bytes,
+ * no control characters, not empty); false with err, which names the
+ * secret but never quotes its value.  The caller wipes out after use. */
+bool http_secret_read(const struct http_provider *hp, const char *name, char *out, size_t outlen,
+                      char *err, size_t errlen);
 
 /* request.c: a call with its headers, body and signature, not started;
  * NULL with err on failure. */

@@ -3,7 +3,9 @@
  * request.c: what the http provider sends for an effect: the payload's
  * headers, Content-Type, Idempotency-Key, the Standard Webhooks signature
  * when a secret is configured, and the body exactly as the producer wrote
- * it.  A header that would be cut is an error, never sent.
+ * it.  A header that would be cut is an error, never sent; a header naming
+ * a secret gets its value from secret.c, and every line is wiped before
+ * it is freed.
  */
 #include <jansson.h>
 #include <stdarg.h>
@@ -17,6 +19,7 @@
 #include "lib/json_text.h"
 #include "lib/netrules.h"
 #include "lib/sign.h"
+#include "lib/text.h"
 
 static bool add_header(struct http_call *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static bool add_header(struct http_call *c, const char *fmt, ...)
@@ -32,10 +35,29 @@ static bool add_header(struct http_call *c, const char *fmt, ...)
 	if (n < 0 || (size_t)n >= sizeof(line))
 		return false;           /* never send a cut header */
 	l = curl_slist_append(c->headers, line);
+	memset(line, 0, (size_t)n);   /* it may hold a secret */
 	if (l == NULL)
 		return false;
 	c->headers = l;
 	return true;
+}
+
+/* "Name: <prefix><secret>", the secret read from secrets_dir now (secret.c;
+ * validate() read it too, but it may have changed or gone since). */
+static bool add_secret_header(struct http_call *c, const char *k, const json_t *ref, char *err,
+                              size_t errlen)
+{
+	const json_t *prefix = json_object_get(ref, "prefix");
+	char value[HTTP_SECRET_MAX + 2], why[256];
+	bool ok = http_secret_read(c->hp, json_string_value(json_object_get(ref, "secret")), value,
+	                           sizeof(value), why, sizeof(why));
+
+	if (!ok)
+		snprintf(err, errlen, "payload.headers.%.64s: %s", k, why);
+	else if (!(ok = add_header(c, "%s: %s%s", k, prefix ? json_string_value(prefix) : "", value)))
+		snprintf(err, errlen, "payload.headers.%.64s: the header line is too long", k);
+	memset(value, 0, sizeof(value));
+	return ok;
 }
 
 /* Standard Webhooks: v1,<base64 HMAC-SHA256(secret, id.timestamp.body)>. */
@@ -46,9 +68,8 @@ static bool sign(struct http_call *c, const char *id, size_t body_len)
 	long now = (long)time(NULL);
 
 	snprintf(ts, sizeof(ts), "%ld", now);
-	webhook_hmac(c->hp->secret, (size_t)c->hp->secret_len, id, ts, c->body,
-	                             body_len, mac);
-	if (!b64_encode(mac, sizeof(mac), sig, sizeof(sig)))
+	if (!webhook_hmac(c->hp->secret, (size_t)c->hp->secret_len, id, ts, c->body, body_len, mac) ||
+	    !b64_encode(mac, sizeof(mac), sig, sizeof(sig)))
 		return false;
 	return add_header(c, "webhook-id: %s", id) && add_header(c, "webhook-timestamp: %s", ts) &&
 	       add_header(c, "webhook-signature: v1,%s", sig);
@@ -83,14 +104,11 @@ static char *body_text(const struct outbox_effect *e, size_t *len, bool *is_stri
 	if (json_is_string(body)) {
 		*is_string = true;
 		*len = json_string_length(body);
-		out = malloc(*len + 1);
-		if (out) {
-			memcpy(out, json_string_value(body), *len);
-			out[*len] = '\0';
-		}
+		out = text_alloc(*len + 1);
+		memcpy(out, json_string_value(body), *len);
 	} else if (body == NULL || json_is_null(body)) {
 		*len = 0;
-		out = strdup("");
+		out = text_strdup("");
 	} else {
 		out = json_dumps(body, JSON_COMPACT | JSON_ENCODE_ANY);
 		*len = out ? strlen(out) : 0;
@@ -104,7 +122,7 @@ static char *body_text(const struct outbox_effect *e, size_t *len, bool *is_stri
 struct http_call *http_call_new(struct http_provider *hp, const struct outbox_effect *e,
                                 outbox_done_fn done, void *token, char *err, size_t errlen)
 {
-	struct http_call *c = calloc(1, sizeof(*c));
+	struct http_call *c = text_alloc(sizeof(*c));
 	const json_t *headers = json_object_get(e->payload, "headers");
 	const char *k;
 	json_t *v;
@@ -114,10 +132,6 @@ struct http_call *http_call_new(struct http_provider *hp, const struct outbox_ef
 	size_t body_len;
 	bool body_is_string;
 
-	if (c == NULL) {
-		snprintf(err, errlen, "out of memory");
-		return NULL;
-	}
 	c->hp = hp;
 	c->done = done;
 	c->token = token;
@@ -145,8 +159,19 @@ struct http_call *http_call_new(struct http_provider *hp, const struct outbox_ef
 		json_object_foreach((json_t *)headers, k, v) {
 			if (strcasecmp(k, "content-type") == 0)
 				has_ctype = true;
-			if (!add_header(c, "%s: %s", k, json_string_value(v)))
+			if (json_is_object(v)) {
+				if (!add_secret_header(c, k, v, err, errlen)) {
+					http_call_free(c);
+					return NULL;
+				}
+			} else if (json_string_length(v) == 0) {
+				/* libcurl drops "Name:" (its way to remove a header it
+				 * would add); "Name;" is its spelling of an empty one. */
+				if (!add_header(c, "%s;", k))
+					goto oom;
+			} else if (!add_header(c, "%s: %s", k, json_string_value(v))) {
 				goto oom;
+			}
 		}
 	}
 	if (!has_ctype && !add_header(c, "Content-Type: %s",
@@ -154,8 +179,11 @@ struct http_call *http_call_new(struct http_provider *hp, const struct outbox_ef
 		goto oom;
 	if (!add_header(c, "Idempotency-Key: %s", e->effect_key) || !add_header(c, "Expect:"))
 		goto oom;
-	if (hp->secret_len > 0 && !sign(c, e->effect_key, body_len))
-		goto oom;
+	if (hp->secret_len > 0 && !sign(c, e->effect_key, body_len)) {
+		snprintf(err, errlen, "cannot sign the request (HMAC-SHA256 failed): not sent");
+		http_call_free(c);
+		return NULL;
+	}
 	return c;
 oom:
 	snprintf(err, errlen, "out of memory building the request");
@@ -165,6 +193,9 @@ oom:
 
 void http_call_free(struct http_call *c)
 {
+	/* A header line may hold a secret: wipe them before freeing. */
+	for (struct curl_slist *l = c->headers; l; l = l->next)
+		memset(l->data, 0, strlen(l->data));
 	curl_slist_free_all(c->headers);
 	free(c->body);
 	curl_body_free(&c->resp);

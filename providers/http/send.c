@@ -111,7 +111,8 @@ static void classify_status(struct http_call *c, long status, CURL *easy, struct
 	if (status == 429 || status == 503 || status == 409 || status == 408) {
 		r->outcome = OUTCOME_RETRY;
 		if (curl_easy_getinfo(easy, CURLINFO_RETRY_AFTER, &retry_after) == CURLE_OK && retry_after > 0)
-			r->retry_after_ms = (long)retry_after * 1000;
+			r->retry_after_ms = curl_io_retry_after_ms((long long)retry_after,
+			                                           HTTP_RETRY_AFTER_MAX_MS);
 		snprintf(r->error, sizeof(r->error), "HTTP %ld: %s", status,
 		         status == 409 ? "key still in flight at the provider" : "provider asked to retry later");
 		return;
@@ -197,8 +198,9 @@ static void on_done(CURL *easy, CURLcode rc, void *arg)
 	http_call_free(c);
 }
 
-/* The transfer's options: the request, timeouts, connection reuse, the
- * safety options every request has, and this file's callbacks. */
+/* The transfer's options: the request, timeouts, connection reuse and
+ * this file's callbacks (the safety options every request has are
+ * curl_loop_add()'s). */
 static void set_options(struct http_call *c, CURL *easy, const char *method)
 {
 	struct http_provider *hp = c->hp;
@@ -228,8 +230,6 @@ static void set_options(struct http_call *c, CURL *easy, const char *method)
 	 * connection would carry up to max_per_host sends at once, and one
 	 * reset would make every one of them ambiguous. */
 	curl_easy_setopt(easy, CURLOPT_HTTP_VERSION, (long)CURL_HTTP_VERSION_1_1);
-	curl_loop_safe_options(easy, "http,https", hp->ca_file);
-	curl_easy_setopt(easy, CURLOPT_PROXY, hp->proxy);
 	curl_io_attach(easy, &c->guard, &c->resp, on_header, c);
 }
 

@@ -15,6 +15,8 @@
 #include "http/http.h"
 #include "lib/json_text.h"
 #include "lib/netrules.h"
+#include "lib/text.h"
+#include "lib/url.h"
 
 static bool has_ctl(const char *s)
 {
@@ -45,67 +47,14 @@ static bool reserved_header(const char *name)
 bool http_parse_url(const char *url, char *scheme, size_t slen, char *host, size_t hlen,
                     long *port, char *err, size_t errlen)
 {
-	CURLU *u = curl_url();
-	char *sch = NULL, *h = NULL, *p = NULL;
-	bool ok = false;
-	CURLUcode rc;
+	struct url_parts u;
 
-	if (u == NULL) {
-		snprintf(err, errlen, "out of memory");
+	if (!url_split(url, &u, NULL, err, errlen))
 		return false;
-	}
-	rc = curl_url_set(u, CURLUPART_URL, url, 0);
-	if (rc != CURLUE_OK) {
-		snprintf(err, errlen, "target is not a valid URL: %s", curl_url_strerror(rc));
-		goto out;
-	}
-	if (curl_url_get(u, CURLUPART_SCHEME, &sch, 0) != CURLUE_OK ||
-	    (strcasecmp(sch, "http") != 0 && strcasecmp(sch, "https") != 0)) {
-		snprintf(err, errlen, "target URL scheme must be http or https");
-		goto out;
-	}
-	if (curl_url_get(u, CURLUPART_HOST, &h, 0) != CURLUE_OK || h[0] == '\0') {
-		snprintf(err, errlen, "target URL has no host");
-		goto out;
-	}
-	/* IDN and full-width names would be converted (or refused) by the
-	 * resolver only at send time, after the allow-list had compared other
-	 * bytes: refuse them here; the punycode form (xn--...) is plain ASCII. */
-	for (const char *c = h; *c; c++)
-		if ((unsigned char)*c >= 0x80 || *c == '%') {
-			snprintf(err, errlen, "target URL host is not plain ASCII (internationalized, "
-			         "full-width or percent-encoded names are not supported: write the "
-			         "punycode form, xn--...)");
-			goto out;
-		}
-	if (h[strlen(h) - 1] == '.') {
-		snprintf(err, errlen, "target URL host ends with a dot (write the name without it)");
-		goto out;
-	}
-	if (curl_url_get(u, CURLUPART_PORT, &p, CURLU_DEFAULT_PORT) != CURLUE_OK) {
-		snprintf(err, errlen, "target URL has no usable port");
-		goto out;
-	}
-	snprintf(scheme, slen, "%s", sch);
-	for (char *c = scheme; *c; c++)
-		*c = (char)tolower((unsigned char)*c);
-	/* Strip IPv6 brackets so the allow-list compares the address. */
-	if (h[0] == '[') {
-		size_t n = strlen(h);
-		snprintf(host, hlen, "%.*s", (int)(n > 2 ? n - 2 : 0), h + 1);
-	} else {
-		snprintf(host, hlen, "%s", h);
-	}
-	for (char *c = host; *c; c++)
-		*c = (char)tolower((unsigned char)*c);
-	*port = strtol(p, NULL, 10);
-	ok = true;
-out:
-	curl_free(sch);
-	curl_free(h);
-	curl_free(p);
-	curl_url_cleanup(u);
-	return ok;
+	snprintf(scheme, slen, "%s", u.scheme);
+	snprintf(host, hlen, "%s", u.host);
+	*port = u.port;
+	return true;
 }
 
 /* http_parse_url(), remembered: the same answer, from the cache when the URL
@@ -128,12 +77,13 @@ bool http_target_parse(struct http_provider *hp, const char *url, char *scheme, 
 		if (!http_parse_url(url, fresh.scheme, sizeof(fresh.scheme), fresh.host, sizeof(fresh.host),
 		                    &fresh.port, err, errlen))
 			return false;
-		if (len > HTTP_URL_CACHE_MAX || (fresh.url = strdup(url)) == NULL) {
+		if (len > HTTP_URL_CACHE_MAX) {
 			snprintf(scheme, slen, "%s", fresh.scheme);
 			snprintf(host, hlen, "%s", fresh.host);
 			*port = fresh.port;
 			return true;
 		}
+		fresh.url = text_strdup(url);
 		free(slot->url);
 		*slot = fresh;
 	}
@@ -143,10 +93,50 @@ bool http_target_parse(struct http_provider *hp, const char *url, char *scheme, 
 	return true;
 }
 
-/* payload.headers: an object of at most HTTP_MAX_HEADERS strings, with
- * token names, no control characters, none the dispatcher sets itself, and
- * no line that would be cut. */
-static bool check_headers(const json_t *headers, char *err, size_t errlen)
+/* A header value naming a secret: {"secret": NAME} or {"secret": NAME,
+ * "prefix": TEXT}; the secret is read now, so a missing or unusable one
+ * fails the effect before any attempt (and is read again at send time). */
+static bool check_secret_ref(const struct http_provider *hp, const char *k, const json_t *v,
+                             char *err, size_t errlen)
+{
+	const json_t *name = json_object_get(v, "secret"), *prefix = json_object_get(v, "prefix");
+	char value[HTTP_SECRET_MAX + 2], why[256];
+	size_t n = prefix ? 2 : 1;
+	bool ok;
+
+	if (name == NULL || json_object_size(v) != n || (prefix && !json_is_string(prefix))) {
+		snprintf(err, errlen, "payload.headers.%.64s: a string, or an object with \"secret\" "
+		         "and optionally \"prefix\" (a string)", k);
+		return false;
+	}
+	if (!json_is_string(name) || !http_secret_name_ok(json_string_value(name))) {
+		snprintf(err, errlen, "payload.headers.%.64s: the secret's name is not a plain file name "
+		         "(letters, digits, '_', '-', '.', not starting with '.', at most %d)", k,
+		         HTTP_SECRET_NAME_MAX);
+		return false;
+	}
+	if (prefix && has_ctl(json_string_value(prefix))) {
+		snprintf(err, errlen, "payload.headers.%.64s.prefix contains CR/LF or control characters", k);
+		return false;
+	}
+	ok = http_secret_read(hp, json_string_value(name), value, sizeof(value), why, sizeof(why));
+	if (ok && strlen(k) + 2 + (prefix ? strlen(json_string_value(prefix)) : 0) + strlen(value) >
+	              HTTP_MAX_HEADER_LINE) {
+		snprintf(why, sizeof(why), "the header line would be longer than %d bytes",
+		         HTTP_MAX_HEADER_LINE);
+		ok = false;
+	}
+	memset(value, 0, sizeof(value));
+	if (!ok)
+		snprintf(err, errlen, "payload.headers.%.64s: %s", k, why);
+	return ok;
+}
+
+/* payload.headers: an object of at most HTTP_MAX_HEADERS strings (or
+ * secret references), with token names, no control characters, none the
+ * dispatcher sets itself, and no line that would be cut. */
+static bool check_headers(const struct http_provider *hp, const json_t *headers, char *err,
+                          size_t errlen)
 {
 	const char *k;
 	json_t *v;
@@ -171,16 +161,21 @@ static bool check_headers(const json_t *headers, char *err, size_t errlen)
 				snprintf(err, errlen, "payload.headers: header name \"%.64s\" has invalid characters (CR/LF injection?)", k);
 				return false;
 			}
+		if (reserved_header(k)) {
+			snprintf(err, errlen, "payload.headers.%.64s is set by the dispatcher", k);
+			return false;
+		}
+		if (json_is_object(v)) {
+			if (!check_secret_ref(hp, k, v, err, errlen))
+				return false;
+			continue;
+		}
 		if (!json_is_string(v)) {
-			snprintf(err, errlen, "payload.headers.%.64s must be a string", k);
+			snprintf(err, errlen, "payload.headers.%.64s must be a string (or {\"secret\": NAME})", k);
 			return false;
 		}
 		if (has_ctl(json_string_value(v))) {
 			snprintf(err, errlen, "payload.headers.%.64s contains CR/LF or control characters", k);
-			return false;
-		}
-		if (reserved_header(k)) {
-			snprintf(err, errlen, "payload.headers.%.64s is set by the dispatcher", k);
 			return false;
 		}
 		if (strlen(k) + 2 + strlen(json_string_value(v)) > HTTP_MAX_HEADER_LINE) {
@@ -243,7 +238,7 @@ bool http_validate(void *self, const struct outbox_effect *e, char *host_key,
 		snprintf(err, errlen, "payload.method must be one of POST, PUT, PATCH, DELETE");
 		return false;
 	}
-	if (!check_headers(json_object_get(e->payload, "headers"), err, errlen) ||
+	if (!check_headers(hp, json_object_get(e->payload, "headers"), err, errlen) ||
 	    !check_body(e, err, errlen))
 		return false;
 	snprintf(host_key, host_keylen, "%s://%s:%ld", scheme, host, port);

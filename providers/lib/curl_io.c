@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: ISC */
 /*
- * curl_io.c: the SSRF-checked socket, the bounded response body and the
- * header value that every provider's libcurl transfer uses (curl_io.h).
+ * curl_io.c: the safety options, the SSRF-checked socket, the bounded
+ * response body and the header value that every provider's libcurl
+ * transfer uses (curl_io.h).
  */
 #include "lib/curl_io.h"
 
@@ -11,6 +12,7 @@
 #include <sys/socket.h>
 
 #include "lib/netrules.h"
+#include "lib/text.h"
 #include "provider.h"
 
 curl_socket_t curl_guard_open_socket(void *guard, curlsocktype purpose, struct curl_sockaddr *a)
@@ -32,7 +34,6 @@ size_t curl_body_write(char *ptr, size_t size, size_t nmemb, void *body)
 {
 	struct curl_body *b = body;
 	size_t n = size * nmemb, keep = n;
-	char *grown;
 
 	if (b->len + n > b->max) {
 		if (b->fail_past_max)
@@ -42,10 +43,7 @@ size_t curl_body_write(char *ptr, size_t size, size_t nmemb, void *body)
 		if (keep == 0)
 			return n;
 	}
-	grown = realloc(b->data, b->len + keep + 1);
-	if (grown == NULL)
-		return 0;
-	b->data = grown;
+	b->data = text_realloc(b->data, b->len + keep + 1);
 	memcpy(b->data + b->len, ptr, keep);
 	b->len += keep;
 	b->data[b->len] = '\0';
@@ -76,14 +74,34 @@ bool curl_header_take(const char *line, size_t n, const char *name, char **out)
 	len = (size_t)(end - v);
 	if (len > OUTBOX_PROVIDER_ID_MAX - 1)
 		len = OUTBOX_PROVIDER_ID_MAX - 1;
-	copy = malloc(len + 1);
-	if (copy != NULL) {
-		memcpy(copy, v, len);
-		copy[len] = '\0';
-		free(*out);
-		*out = copy;
-	}
+	copy = text_strndup(v, len);
+	free(*out);
+	*out = copy;
 	return true;
+}
+
+void curl_io_safe_options(CURL *easy, const struct curl_safety *s)
+{
+	curl_easy_setopt(easy, CURLOPT_PROTOCOLS_STR, s->protocols);
+	curl_easy_setopt(easy, CURLOPT_REDIR_PROTOCOLS_STR, s->protocols);
+	curl_easy_setopt(easy, CURLOPT_FOLLOWLOCATION, 0L);
+	curl_easy_setopt(easy, CURLOPT_SSL_VERIFYPEER, 1L);
+	curl_easy_setopt(easy, CURLOPT_SSL_VERIFYHOST, 2L);
+	if (s->ca_file && s->ca_file[0])
+		curl_easy_setopt(easy, CURLOPT_CAINFO, s->ca_file);
+	/* "" (not NULL): libcurl then reads no proxy variable either. */
+	curl_easy_setopt(easy, CURLOPT_PROXY, s->proxy ? s->proxy : "");
+	curl_easy_setopt(easy, CURLOPT_NETRC, (long)CURL_NETRC_IGNORED);
+	curl_easy_setopt(easy, CURLOPT_NOSIGNAL, 1L);
+}
+
+long curl_io_retry_after_ms(long long secs, long max_ms)
+{
+	if (secs <= 0)
+		return 0;
+	if (secs > max_ms / 1000)
+		return max_ms;
+	return (long)secs * 1000;
 }
 
 void curl_io_attach(CURL *easy, struct curl_guard *guard, struct curl_body *body,

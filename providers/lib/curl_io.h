@@ -30,8 +30,7 @@ curl_socket_t curl_guard_open_socket(void *guard, curlsocktype purpose, struct c
 
 /* CURLOPT_WRITEFUNCTION with CURLOPT_WRITEDATA = a curl_body: the first
  * max bytes are kept, NUL-terminated.  Past max, the rest is dropped
- * (truncated is set) or, with fail_past_max, the transfer fails.  Out of
- * memory fails the transfer. */
+ * (truncated is set) or, with fail_past_max, the transfer fails. */
 struct curl_body {
 	char *data;                /* NULL until the first byte */
 	size_t len;
@@ -47,6 +46,27 @@ void curl_body_free(struct curl_body *b);
  * OUTBOX_PROVIDER_ID_MAX - 1 bytes, replacing an earlier one; true.  False
  * for any other line. */
 bool curl_header_take(const char *line, size_t n, const char *name, char **out);
+
+/* What every transfer a provider makes has, in one place (curl_loop_add()
+ * applies it to every handle, after the caller's own options):
+ *   - only the given protocols, for the request and any redirect;
+ *   - no redirects (a redirect would reach an address never checked);
+ *   - TLS peer and host verified, against ca_file when set (NULL or empty:
+ *     the system's CAs);
+ *   - the configured proxy, or none: NULL or empty ignores http_proxy,
+ *     https_proxy, ALL_PROXY and the rest of the environment (a proxy
+ *     would receive Authorization headers and tokens);
+ *   - no .netrc, no signals. */
+struct curl_safety {
+	const char *protocols;     /* "http,https", "https" */
+	const char *ca_file;
+	const char *proxy;
+};
+void curl_io_safe_options(CURL *easy, const struct curl_safety *s);
+
+/* Retry-After delta-seconds as milliseconds, clamped to [0, max_ms]
+ * (the header is the peer's: 9223372036854776 s must not overflow). */
+long curl_io_retry_after_ms(long long secs, long max_ms);
 
 /* Sets the callbacks on easy: the guard's socket check (guard NULL: none,
  * for a server the configuration names), the body, and header_fn called

@@ -8,6 +8,7 @@
  * curl_multi_info_read().
  */
 #include "curl_loop.h"
+#include "text.h"
 
 #include <event2/event.h>
 #include <stdlib.h>
@@ -29,6 +30,7 @@ struct curl_loop {
 	struct event_base *base;
 	CURLM *multi;
 	struct event *timer;
+	struct curl_safety safety;
 	LIST_HEAD(transfer_list, transfer) transfers;
 	int active;
 };
@@ -115,9 +117,7 @@ static int on_socket(CURL *easy, curl_socket_t s, int what, void *arg, void *soc
 	}
 	kind = EV_PERSIST | ((what & CURL_POLL_IN) ? EV_READ : 0) | ((what & CURL_POLL_OUT) ? EV_WRITE : 0);
 	if (w == NULL) {
-		w = calloc(1, sizeof(*w));
-		if (w == NULL)
-			return -1;
+		w = text_alloc(sizeof(*w));
 		w->ev = event_new(cl->base, s, kind, on_event, cl);
 		if (w->ev == NULL) {
 			free(w);
@@ -135,13 +135,12 @@ static int on_socket(CURL *easy, curl_socket_t s, int what, void *arg, void *soc
 	return 0;
 }
 
-struct curl_loop *curl_loop_new(struct event_base *base)
+struct curl_loop *curl_loop_new(struct event_base *base, const struct curl_safety *safety)
 {
-	struct curl_loop *cl = calloc(1, sizeof(*cl));
+	struct curl_loop *cl = text_alloc(sizeof(*cl));
 
-	if (cl == NULL)
-		return NULL;
 	cl->base = base;
+	cl->safety = *safety;
 	cl->multi = curl_multi_init();
 	cl->timer = evtimer_new(base, on_timer, cl);
 	if (cl->multi == NULL || cl->timer == NULL) {
@@ -165,25 +164,15 @@ void curl_loop_keep_connections(struct curl_loop *cl, long n)
 	curl_multi_setopt(cl->multi, CURLMOPT_MAXCONNECTS, n);
 }
 
-void curl_loop_safe_options(CURL *easy, const char *protocols, const char *ca_file)
-{
-	curl_easy_setopt(easy, CURLOPT_PROTOCOLS_STR, protocols);
-	curl_easy_setopt(easy, CURLOPT_FOLLOWLOCATION, 0L);
-	curl_easy_setopt(easy, CURLOPT_SSL_VERIFYPEER, 1L);
-	curl_easy_setopt(easy, CURLOPT_SSL_VERIFYHOST, 2L);
-	if (ca_file && ca_file[0])
-		curl_easy_setopt(easy, CURLOPT_CAINFO, ca_file);
-}
-
 bool curl_loop_add(struct curl_loop *cl, CURL *easy, curl_loop_done_fn done, void *arg)
 {
-	struct transfer *t = calloc(1, sizeof(*t));
+	struct transfer *t = text_alloc(sizeof(*t));
 
-	if (t == NULL)
-		return false;
 	t->easy = easy;
 	t->done = done;
 	t->arg = arg;
+	/* Last, over whatever the caller set: no transfer goes without them. */
+	curl_io_safe_options(easy, &cl->safety);
 	curl_easy_setopt(easy, CURLOPT_PRIVATE, t);
 	if (curl_multi_add_handle(cl->multi, easy) != CURLM_OK) {
 		free(t);

@@ -10,6 +10,8 @@
 #include <curl/curl.h>
 #include <stdbool.h>
 
+#include "lib/curl_io.h"
+
 struct event_base;
 struct curl_loop;
 
@@ -17,17 +19,15 @@ struct curl_loop;
  * it again (curl_easy_cleanup it or reuse it). */
 typedef void (*curl_loop_done_fn)(CURL *easy, CURLcode rc, void *arg);
 
-struct curl_loop *curl_loop_new(struct event_base *base);
+/* safety: applied to every transfer added (curl_io.h); copied, its
+ * strings must outlive the loop. */
+struct curl_loop *curl_loop_new(struct event_base *base, const struct curl_safety *safety);
 /* Keep up to n idle connections for reuse (libcurl's default is 4 x the
  * transfers running at the moment, so a dip between two batches closed
  * connections the next batch had to open again). */
 void curl_loop_keep_connections(struct curl_loop *cl, long n);
-/* What every request a plugin makes must have, in one place: only the
- * given protocols, no redirects (a redirect would reach an address that
- * was never checked), TLS peer and host verified, against ca_file when it
- * is set (NULL or empty: the system's CAs). */
-void curl_loop_safe_options(CURL *easy, const char *protocols, const char *ca_file);
-/* Start a transfer; false if libcurl refused it (done is then not called). */
+/* Start a transfer with the loop's safety options set over the caller's;
+ * false if libcurl refused it (done is then not called). */
 bool curl_loop_add(struct curl_loop *cl, CURL *easy, curl_loop_done_fn done, void *arg);
 /* Transfers in progress. */
 int curl_loop_active(const struct curl_loop *cl);

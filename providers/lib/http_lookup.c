@@ -34,6 +34,8 @@
 #include "curl_io.h"
 #include "curl_loop.h"
 #include "netrules.h"
+#include "text.h"
+#include "url.h"
 
 #define LOOKUP_MAX_TARGETS 32
 #define LOOKUP_MAX_STATUSES 16
@@ -45,7 +47,7 @@ struct http_lookup {
 	struct curl_loop *loop;
 	char *url_template, *method, *id_pointer, *id_header, *extra_header;
 	const char *ca_file, *proxy, *user_agent;
-	char *targets[LOOKUP_MAX_TARGETS];
+	struct url_prefix targets[LOOKUP_MAX_TARGETS];
 	int n_targets;
 	long found[LOOKUP_MAX_STATUSES], not_found[LOOKUP_MAX_STATUSES];
 	int n_found, n_not_found;
@@ -104,12 +106,15 @@ static bool status_in(long s, const long *list, int n)
 	return false;
 }
 
+/* reconcile_targets: URL prefixes or host names (url.h says what each
+ * covers), parsed once; a target is matched on its parsed parts. */
 static bool parse_targets(struct http_lookup *lk, const char *text, char *err, size_t errlen,
                           const char *where)
 {
 	const char *p = text;
 
 	while (*p) {
+		char entry[1024], why[256];
 		size_t len;
 
 		while (*p == ',' || *p == ' ')
@@ -121,14 +126,17 @@ static bool parse_targets(struct http_lookup *lk, const char *text, char *err, s
 			snprintf(err, errlen, "%s: at most %d targets", where, LOOKUP_MAX_TARGETS);
 			return false;
 		}
-		lk->targets[lk->n_targets] = strndup(p, len);
-		if (lk->targets[lk->n_targets] == NULL) {
-			snprintf(err, errlen, "out of memory");
+		if (len >= sizeof(entry)) {
+			snprintf(err, errlen, "%s: an entry is longer than %zu bytes", where,
+			         sizeof(entry) - 1);
 			return false;
 		}
-		if (strstr(lk->targets[lk->n_targets], "://") == NULL) /* a host name */
-			for (char *c = lk->targets[lk->n_targets]; *c; c++)
-				*c = (char)tolower((unsigned char)*c);
+		memcpy(entry, p, len);
+		entry[len] = '\0';
+		if (!url_prefix_parse(entry, &lk->targets[lk->n_targets], why, sizeof(why))) {
+			snprintf(err, errlen, "%s: %s", where, why);
+			return false;
+		}
 		lk->n_targets++;
 		p += len;
 	}
@@ -224,11 +232,7 @@ struct http_lookup *http_lookup_new(const struct outbox_host *host, const struct
 		return NULL;
 	if (!check_texts(host, conf, tpl, method, hdr, err, errlen))
 		return NULL;
-	lk = calloc(1, sizeof(*lk));
-	if (lk == NULL) {
-		snprintf(err, errlen, "out of memory");
-		return NULL;
-	}
+	lk = text_alloc(sizeof(*lk));
 	lk->host = host;
 	lk->rules = rules;
 	lk->ca_file = ca_file;
@@ -236,15 +240,14 @@ struct http_lookup *http_lookup_new(const struct outbox_host *host, const struct
 	lk->user_agent = user_agent;
 	lk->min_age_ms = host->conf_int(conf, "reconcile_min_age_seconds") * 1000;
 	lk->timeout_ms = host->conf_int(conf, "reconcile_timeout_ms");
-	lk->url_template = strdup(tpl);
-	lk->method = strdup(method);
-	lk->id_pointer = strdup(host->conf_str(conf, "reconcile_id_json"));
-	lk->id_header = strdup(host->conf_str(conf, "reconcile_id_header"));
-	lk->extra_header = strdup(hdr);
-	lk->loop = curl_loop_new(host->base);
-	if (!lk->url_template || !lk->method || !lk->id_pointer || !lk->id_header ||
-	    !lk->extra_header || !lk->loop) {
-		snprintf(err, errlen, "out of memory");
+	lk->url_template = text_strdup(tpl);
+	lk->method = text_strdup(method);
+	lk->id_pointer = text_strdup(host->conf_str(conf, "reconcile_id_json"));
+	lk->id_header = text_strdup(host->conf_str(conf, "reconcile_id_header"));
+	lk->extra_header = text_strdup(hdr);
+	lk->loop = curl_loop_new(host->base, &(struct curl_safety){ "http,https", ca_file, proxy });
+	if (!lk->loop) {
+		snprintf(err, errlen, "cannot set up libcurl on the event loop");
 		goto fail;
 	}
 	if (!check_answers(lk, host, conf, err, errlen))
@@ -257,53 +260,17 @@ fail:
 
 /* ---- one lookup --------------------------------------------------------- */
 
-/* The target's scheme://host[:port], from libcurl's parser. */
-static bool target_origin(const char *target, char *out, size_t len, char *host, size_t hlen)
+static bool target_matches(const struct http_lookup *lk, const struct url_parts *t,
+                           const char *path)
 {
-	CURLU *u = curl_url();
-	char *o = NULL, *h = NULL;
-	bool ok = false;
-
-	if (u && curl_url_set(u, CURLUPART_URL, target, 0) == CURLUE_OK &&
-	    curl_url_set(u, CURLUPART_PATH, "", 0) == CURLUE_OK &&
-	    curl_url_set(u, CURLUPART_QUERY, NULL, 0) == CURLUE_OK &&
-	    curl_url_set(u, CURLUPART_FRAGMENT, NULL, 0) == CURLUE_OK &&
-	    curl_url_set(u, CURLUPART_USER, NULL, 0) == CURLUE_OK &&
-	    curl_url_set(u, CURLUPART_PASSWORD, NULL, 0) == CURLUE_OK &&
-	    curl_url_get(u, CURLUPART_URL, &o, 0) == CURLUE_OK &&
-	    curl_url_get(u, CURLUPART_HOST, &h, 0) == CURLUE_OK) {
-		size_t n = strlen(o);
-		while (n > 0 && o[n - 1] == '/')
-			n--;
-		ok = n < len && strlen(h) < hlen;
-		if (ok) {
-			snprintf(out, len, "%.*s", (int)n, o);
-			if (h[0] == '[')
-				snprintf(host, hlen, "%.*s", (int)(strlen(h) > 2 ? strlen(h) - 2 : 0), h + 1);
-			else
-				snprintf(host, hlen, "%s", h);
-			for (char *c = host; *c; c++)
-				*c = (char)tolower((unsigned char)*c);
-		}
-	}
-	curl_free(o);
-	curl_free(h);
-	curl_url_cleanup(u);
-	return ok;
-}
-
-static bool target_matches(const struct http_lookup *lk, const char *target, const char *host)
-{
-	for (int i = 0; i < lk->n_targets; i++) {
-		const char *t = lk->targets[i];
-		if (strstr(t, "://") ? strncmp(target, t, strlen(t)) == 0 : strcmp(host, t) == 0)
+	for (int i = 0; i < lk->n_targets; i++)
+		if (url_prefix_matches(&lk->targets[i], t, path))
 			return true;
-	}
 	return false;
 }
 
 /* The template with {key}, {effect_id} and {origin} filled in; the key and
- * id are hex and a uuid, so they need no escaping.  NULL: out of memory. */
+ * id are hex and a uuid, so they need no escaping. */
 static char *fill_template(const char *tpl, const char *key, const char *id, const char *origin)
 {
 	size_t cap = strlen(tpl) + 1, n = 0;
@@ -312,9 +279,7 @@ static char *fill_template(const char *tpl, const char *key, const char *id, con
 	for (const char *p = tpl; *p; p++)
 		if (*p == '{')
 			cap += strlen(key) + strlen(id) + strlen(origin);
-	out = malloc(cap);
-	if (out == NULL)
-		return NULL;
+	out = text_alloc(cap);
 	for (const char *p = tpl; *p;) {
 		const char *v = NULL;
 		size_t skip = 0;
@@ -388,6 +353,9 @@ bool http_lookup_pointer_id(const char *json, size_t len, const char *pointer, c
 
 static void call_free(struct lookup_call *c)
 {
+	/* reconcile_header may be a credential: wiped before it is freed. */
+	for (struct curl_slist *l = c->headers; l; l = l->next)
+		memset(l->data, 0, strlen(l->data));
 	curl_slist_free_all(c->headers);
 	free(c->url);
 	curl_body_free(&c->resp);
@@ -442,34 +410,37 @@ bool http_lookup_ask(struct http_lookup *lk, const struct outbox_effect *e, outb
                      void *token, char *err, size_t errlen)
 {
 	struct lookup_call *c;
-	char origin[1024], host[256], url_host[256];
+	struct url_parts target, lookup;
+	char origin[1024], why[256], *path = NULL;
+	bool matches;
 	CURL *easy;
 
-	if (!target_origin(e->target, origin, sizeof(origin), host, sizeof(host))) {
+	if (!url_split(e->target, &target, &path, why, sizeof(why)) ||
+	    !url_origin(&target, origin, sizeof(origin))) {
+		free(path);
 		snprintf(err, errlen, "the target is not a URL the lookup can use");
 		return false;
 	}
-	if (!target_matches(lk, e->target, host)) {
+	matches = target_matches(lk, &target, path);
+	free(path);
+	if (!matches) {
 		snprintf(err, errlen, "no lookup is configured for this target (reconcile_targets)");
 		return false;
 	}
-	c = calloc(1, sizeof(*c));
-	if (c == NULL) {
-		snprintf(err, errlen, "out of memory");
-		return false;
-	}
+	c = text_alloc(sizeof(*c));
 	c->lk = lk;
 	c->done = done;
 	c->token = token;
 	c->age_ms = e->attempt_age_ms;
+	/* {origin} is the parsed target's: never its user-info. */
 	c->url = fill_template(lk->url_template, e->effect_key, e->effect_id, origin);
-	if (c->url == NULL || !target_origin(c->url, origin, sizeof(origin), url_host, sizeof(url_host))) {
+	if (!url_split(c->url, &lookup, NULL, why, sizeof(why))) {
 		snprintf(err, errlen, "the lookup URL made for this effect is not a valid URL");
 		call_free(c);
 		return false;
 	}
 	c->guard.rules = lk->rules;
-	c->guard.host_listed = netrules_host_listed(lk->rules, url_host);
+	c->guard.host_listed = netrules_host_listed(lk->rules, lookup.host);
 	c->resp.max = LOOKUP_MAX_RESPONSE;
 	c->resp.fail_past_max = true;   /* too big to be an answer about one effect */
 	c->headers = curl_slist_append(NULL, "Accept: application/json");
@@ -492,8 +463,6 @@ bool http_lookup_ask(struct http_lookup *lk, const struct outbox_effect *e, outb
 	curl_easy_setopt(easy, CURLOPT_TIMEOUT_MS, lk->timeout_ms);
 	curl_easy_setopt(easy, CURLOPT_NOSIGNAL, 1L);
 	curl_easy_setopt(easy, CURLOPT_FORBID_REUSE, 1L);
-	curl_loop_safe_options(easy, "http,https", lk->ca_file);
-	curl_easy_setopt(easy, CURLOPT_PROXY, lk->proxy);
 	curl_io_attach(easy, &c->guard, &c->resp, on_header, c);
 	if (!curl_loop_add(lk->loop, easy, on_done, c)) {
 		curl_easy_cleanup(easy);
@@ -517,11 +486,13 @@ void http_lookup_free(struct http_lookup *lk)
 	if (lk->loop)
 		curl_loop_free(lk->loop, release_call);
 	for (int i = 0; i < lk->n_targets; i++)
-		free(lk->targets[i]);
+		url_prefix_free(&lk->targets[i]);
 	free(lk->url_template);
 	free(lk->method);
 	free(lk->id_pointer);
 	free(lk->id_header);
+	if (lk->extra_header)
+		memset(lk->extra_header, 0, strlen(lk->extra_header));
 	free(lk->extra_header);
 	free(lk);
 }

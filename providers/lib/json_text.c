@@ -6,6 +6,7 @@
  * about what values mean.
  */
 #include "json_text.h"
+#include "text.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -130,11 +131,9 @@ bool json_text_member(const char *text, size_t len, const char *key, const char 
 
 char *json_text_compact(const char *text, size_t len, size_t *out_len)
 {
-	char *out = malloc(len + 1);
+	char *out = text_alloc(len + 1);
 	size_t n = 0;
 
-	if (out == NULL)
-		return NULL;
 	for (size_t i = 0; i < len;) {
 		if (text[i] == '"') {
 			size_t end = skip_string(text, len, i);
@@ -175,9 +174,7 @@ json_t *json_text_parse_except(const char *text, size_t len, const char *const *
 		if (!json_text_member(cur, cur_len, skip[i], &v, &n))
 			continue;
 		at = (size_t)(v - cur);
-		next = malloc(cur_len - n + 4);
-		if (next == NULL)
-			break;   /* parse what we have: slower, not wrong */
+		next = text_alloc(cur_len - n + 4);
 		memcpy(next, cur, at);
 		memcpy(next + at, "null", 4);
 		memcpy(next + at + 4, cur + at + n, cur_len - at - n);

@@ -33,8 +33,8 @@ bool json_text_member(const char *text, size_t len, const char *key, const char 
 
 /* A malloc'd, NUL-terminated copy of the JSON text[0..len) without white
  * space outside strings (strings, escapes included, are copied byte for
- * byte); its length in *out_len if not NULL.  NULL when out of memory or
- * when a string is left open. */
+ * byte); its length in *out_len if not NULL.  NULL when a string is left
+ * open. */
 char *json_text_compact(const char *text, size_t len, size_t *out_len);
 
 /* json_loadb() of the object in text[0..len), except the top-level members

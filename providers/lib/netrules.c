@@ -3,6 +3,7 @@
  * netrules.c: SSRF allow-list and special address ranges (see netrules.h).
  */
 #include "netrules.h"
+#include "text.h"
 
 #include <arpa/inet.h>
 #include <ctype.h>
@@ -35,9 +36,16 @@ static const struct {
 	{ "169.254.0.0", 16 }, { "172.16.0.0", 12 }, { "192.0.0.0", 24 }, { "192.0.2.0", 24 },
 	{ "192.168.0.0", 16 }, { "198.18.0.0", 15 }, { "198.51.100.0", 24 }, { "203.0.113.0", 24 },
 	{ "224.0.0.0", 4 }, { "240.0.0.0", 4 },
+	/* 6to4 relay anycast: a relay forwards to the IPv6 address inside. */
+	{ "192.88.99.0", 24 },
 }, special_v6[] = {
 	{ "::", 128 }, { "::1", 128 }, { "fc00::", 7 }, { "fe80::", 10 }, { "ff00::", 8 },
-	{ "64:ff9b::", 96 }, { "2001:db8::", 32 }, { "100::", 64 },
+	{ "2001:db8::", 32 }, { "100::", 64 },
+	/* Translation prefixes: behind NAT64 or SIIT they reach the IPv4
+	 * address inside (loopback, metadata...): the well-known and the
+	 * local-use NAT64 prefixes, and SIIT's IPv4-translated addresses
+	 * (::ffff:0:a.b.c.d; IPv4-mapped ::ffff:a.b.c.d is checked as IPv4). */
+	{ "64:ff9b::", 96 }, { "64:ff9b:1::", 48 }, { "::ffff:0:0:0", 96 },
 	/* IPv4-compatible (deprecated), 6to4 and Teredo embed IPv4 addresses;
 	 * site-local is the old private range. */
 	{ "::", 96 }, { "2002::", 16 }, { "2001::", 32 }, { "fec0::", 10 },
@@ -113,18 +121,14 @@ void netrules_free(struct netrules *r)
 
 struct netrules *netrules_parse(const char *list, bool public_ok, char *err, size_t errlen)
 {
-	struct netrules *r = calloc(1, sizeof(*r));
-	char *copy = strdup(list ? list : ""), *save = NULL, *tok;
+	struct netrules *r = text_alloc(sizeof(*r));
+	char *copy = text_strdup(list ? list : ""), *save = NULL, *tok;
 	size_t cap = 1;
 
-	if (r == NULL || copy == NULL)
-		goto oom;
 	for (const char *p = copy; *p; p++)
 		cap += *p == ',';
-	r->names = calloc(cap, sizeof(char *));
-	r->cidrs = calloc(cap, sizeof(struct cidr));
-	if (r->names == NULL || r->cidrs == NULL)
-		goto oom;
+	r->names = text_array(cap, sizeof(char *));
+	r->cidrs = text_array(cap, sizeof(struct cidr));
 	r->public_ok = public_ok;
 	for (tok = strtok_r(copy, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
 		char *end;
@@ -138,9 +142,7 @@ struct netrules *netrules_parse(const char *list, bool public_ok, char *err, siz
 		if (parse_cidr(tok, &r->cidrs[r->n_cidrs])) {
 			r->n_cidrs++;
 		} else if (strchr(tok, '/') == NULL && strchr(tok, ':') == NULL && valid_name(tok)) {
-			r->names[r->n_names] = strdup(tok);
-			if (r->names[r->n_names] == NULL)
-				goto oom;
+			r->names[r->n_names] = text_strdup(tok);
 			for (char *c = r->names[r->n_names]; *c; c++)
 				*c = (char)tolower((unsigned char)*c);
 			r->n_names++;
@@ -153,11 +155,6 @@ struct netrules *netrules_parse(const char *list, bool public_ok, char *err, siz
 	}
 	free(copy);
 	return r;
-oom:
-	snprintf(err, errlen, "out of memory");
-	free(copy);
-	netrules_free(r);
-	return NULL;
 }
 
 bool netrules_host_listed(const struct netrules *r, const char *host)

@@ -3,7 +3,8 @@
  * netrules.h: the HTTP provider's SSRF rules: an allow-list of host
  * names, addresses and CIDR ranges, and the ranges refused unless listed
  * (loopback, private, link-local incl. cloud metadata, CGNAT, multicast,
- * reserved, unspecified; IPv4-mapped IPv6 is checked as IPv4).
+ * reserved, unspecified, the 6to4 relay anycast range, the NAT64 and
+ * SIIT translation prefixes; IPv4-mapped IPv6 is checked as IPv4).
  */
 #ifndef OUTBOX_NETRULES_H
 #define OUTBOX_NETRULES_H

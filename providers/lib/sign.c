@@ -3,30 +3,29 @@
  * sign.c: Standard Webhooks HMAC and base64 (see sign.h).
  */
 #include "sign.h"
+#include "text.h"
 
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
 #include <stdlib.h>
 #include <string.h>
 
-void webhook_hmac(const unsigned char *secret, size_t secret_len, const char *id, const char *ts,
+bool webhook_hmac(const unsigned char *secret, size_t secret_len, const char *id, const char *ts,
                   const char *body, size_t body_len, unsigned char out[32])
 {
 	size_t idl = strlen(id), tsl = strlen(ts), n = idl + tsl + body_len + 2;
-	unsigned char *msg = malloc(n ? n : 1);
+	unsigned char *msg = text_alloc(n);   /* never NULL: text.h */
 	unsigned int outlen = 32;
+	bool ok;
 
-	if (msg == NULL) {
-		memset(out, 0, 32);
-		return;
-	}
 	memcpy(msg, id, idl);
 	msg[idl] = '.';
 	memcpy(msg + idl + 1, ts, tsl);
 	msg[idl + 1 + tsl] = '.';
 	memcpy(msg + idl + tsl + 2, body, body_len);
-	HMAC(EVP_sha256(), secret, (int)secret_len, msg, n, out, &outlen);
+	ok = HMAC(EVP_sha256(), secret, (int)secret_len, msg, n, out, &outlen) != NULL && outlen == 32;
 	free(msg);
+	return ok;
 }
 
 bool b64_encode(const unsigned char *in, size_t len, char *out, size_t outlen)

@@ -4,6 +4,7 @@
  * out-of-memory policy shared by the providers (text.h).
  */
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,12 +20,37 @@ void *text_alloc(size_t n)
 	return p;
 }
 
+void *text_array(size_t n, size_t size)
+{
+	if (size != 0 && n > SIZE_MAX / size)
+		abort();
+	return text_alloc(n * size);
+}
+
+void *text_realloc(void *p, size_t n)
+{
+	void *q = realloc(p, n ? n : 1);
+
+	if (q == NULL)
+		abort();
+	return q;
+}
+
 char *text_strdup(const char *s)
 {
 	size_t n = strlen(s) + 1;
 	char *p = text_alloc(n);
 
 	memcpy(p, s, n);
+	return p;
+}
+
+char *text_strndup(const char *s, size_t n)
+{
+	size_t len = strnlen(s, n);
+	char *p = text_alloc(len + 1);
+
+	memcpy(p, s, len);
 	return p;
 }
 
@@ -61,10 +87,7 @@ void strbuf_add(struct strbuf *b, const char *s, size_t n)
 		size_t cap = b->cap ? b->cap : 1024;
 		while (cap < b->len + n + 1)
 			cap *= 2;
-		char *p = realloc(b->p, cap);
-		if (p == NULL)
-			abort();
-		b->p = p;
+		b->p = text_realloc(b->p, cap);
 		b->cap = cap;
 	}
 	memcpy(b->p + b->len, s, n);

@@ -11,9 +11,16 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-/* calloc() that aborts when memory is exhausted (never returns NULL). */
+/* The providers' allocations, all of them (providers/email/ aside): they
+ * abort when memory is exhausted and never return NULL, so no caller has
+ * an out-of-memory path to get wrong (a cut header, an all-zero HMAC).
+ * text_alloc zeroes like calloc; text_array(n, size) checks n * size for
+ * overflow; text_strndup copies at most n bytes. */
 void *text_alloc(size_t n);
+void *text_array(size_t n, size_t size);
+void *text_realloc(void *p, size_t n);
 char *text_strdup(const char *s);
+char *text_strndup(const char *s, size_t n);
 
 /* Copies src into dst[size], cut to fit, always NUL-terminated. */
 void text_copy(char *dst, const char *src, size_t size);

@@ -6,7 +6,7 @@
 -- per batch, not per effect.  The batch functions plan every statement for
 -- the batch at hand (plan_cache_mode): a generic plan cached while the
 -- table was small turns key lookups into scans of the whole table later
--- (docs/performance.md).  Every transition is a compare-and-set on
+-- (docs/performance.md, "Where the time goes").  Every transition is a CAS on
 -- (effect, lease owner, state): a worker whose lease is gone changes nothing.
 
 -- The kill-switch lock.  mark_sending holds it shared for the length of its
@@ -232,10 +232,16 @@ BEGIN
 END $$;
 
 -- Record a batch of provider outcomes.  p_results is a JSON array of
---   {effect_id, attempt, started_at, outcome, status, provider_id, error,
+--   {effect_id, attempt, started_ms_ago, outcome, status, provider_id, error,
 --    next_state, retry_delay_ms}
 -- where the worker has already applied the failure-class matrix to pick
--- next_state.  Every element of an attempt this worker held the lease of
+-- next_state.  Every time is the database's: a send's started_at is now()
+-- minus started_ms_ago (how long ago the worker started it, by its
+-- monotonic clock), never before the row went `sending` (sending_since)
+-- nor after now(); without started_ms_ago (a worker of an older version,
+-- which sent its own clock's started_at: ignored) it is now().  A worker
+-- whose wall clock is off therefore cannot move the attempt's age, which
+-- decides when a lookup's "not found" counts (outbox_reconcile_lease).  Every element of an attempt this worker held the lease of
 -- becomes an attempts-log row, whether or not the CAS still matches (a
 -- worker that lost its lease still leaves its evidence).  Returns, per
 -- element, whether the state change applied, the state it set and, when
@@ -255,6 +261,7 @@ LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp
 #variable_conflict use_column
 DECLARE
     ids uuid[];
+    since timestamptz[];
     any_unknown boolean;
     late_ids uuid[] := '{}';
     done_ids uuid[];
@@ -266,9 +273,10 @@ DECLARE
 BEGIN
     -- Lock the batch's rows in effect_id order, the order every batch
     -- function takes them in, so two batches cannot wait on each other.
-    SELECT coalesce(array_agg(l.effect_id), '{}'), coalesce(bool_or(l.state = 'unknown'), false)
-      INTO ids, any_unknown
-      FROM (SELECT o.effect_id, o.state FROM effect_outbox o
+    SELECT coalesce(array_agg(l.effect_id), '{}'), coalesce(bool_or(l.state = 'unknown'), false),
+           coalesce(array_agg(l.sending_since), '{}')
+      INTO ids, any_unknown, since
+      FROM (SELECT o.effect_id, o.state, o.sending_since FROM effect_outbox o
              WHERE o.effect_id = ANY (ARRAY(SELECT (e ->> 'effect_id')::uuid
                                               FROM jsonb_array_elements(p_results) e))
              ORDER BY o.effect_id
@@ -314,15 +322,19 @@ BEGIN
                completed_at = CASE WHEN r.next_state IN ('completed', 'failed') THEN now() END,
                updated_at = now()
           FROM jsonb_to_recordset(p_results) AS r(
-               effect_id uuid, attempt integer, started_at timestamptz, outcome text,
+               effect_id uuid, attempt integer, started_ms_ago bigint, outcome text,
                status integer, provider_id text, error text, next_state text,
                retry_delay_ms bigint)
+          LEFT JOIN unnest(ids, since) AS s(effect_id, sending_since) ON s.effect_id = r.effect_id
          WHERE o.effect_id = r.effect_id
            AND o.attempts = r.attempt
            AND r.next_state IN ('completed', 'pending', 'failed', 'unknown')
            AND ((o.lease_owner = p_owner AND o.state = 'sending')
                 OR (o.state = 'unknown' AND o.effect_id = ANY (late_ids)))
-        RETURNING o.effect_id, o.idempotency_key, o.state, r.attempt, r.started_at,
+        RETURNING o.effect_id, o.idempotency_key, o.state, r.attempt,
+                  least(now(), greatest(s.sending_since,
+                                        now() - make_interval(secs => coalesce(greatest(
+                                                    r.started_ms_ago, 0), 0) / 1000.0))) AS started_at,
                   r.outcome, r.status, r.provider_id AS r_provider_id, r.error),
     logged AS (
         INSERT INTO effect_attempts (effect_id, attempt, lease_owner, worker, started_at,
@@ -353,10 +365,11 @@ BEGIN
         INSERT INTO effect_attempts (effect_id, attempt, lease_owner, worker, started_at,
                                      outcome_class, provider_status, provider_id,
                                      error_text, cas_applied, metadata)
-        SELECT r.effect_id, r.attempt, p_owner, p_worker, coalesce(r.started_at, now()),
+        SELECT r.effect_id, r.attempt, p_owner, p_worker,
+               now() - make_interval(secs => coalesce(greatest(r.started_ms_ago, 0), 0) / 1000.0),
                r.outcome, r.status, r.provider_id, r.error, false, NULL
           FROM jsonb_to_recordset(p_results) AS r(
-                   effect_id uuid, attempt integer, started_at timestamptz, outcome text,
+                   effect_id uuid, attempt integer, started_ms_ago bigint, outcome text,
                    status integer, provider_id text, error text)
           JOIN effect_outbox o ON o.effect_id = r.effect_id
          WHERE o.effect_id = ANY (ids) AND NOT r.effect_id = ANY (done_ids)

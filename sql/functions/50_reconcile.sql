@@ -52,7 +52,9 @@ BEGIN
            l.effect_key, l.attempts,
            -- The latest start of a send of the current attempt (the
            -- reaper's row carries the sending time); reconciliation and
-           -- operator rows are not sends.
+           -- operator rows are not sends.  Every one of these times is
+           -- the database's clock (outbox_complete dates a worker's send
+           -- itself), so a worker's wrong clock cannot age an attempt.
            (extract(epoch FROM now() - coalesce(
                 (SELECT max(a.started_at) FROM effect_attempts a
                   WHERE a.effect_id = l.effect_id AND a.attempt = l.attempts
@@ -157,7 +159,7 @@ BEGIN
                                  outcome_class, provider_status, provider_id, error_text,
                                  cas_applied, metadata)
     SELECT x.effect_id, coalesce(o.attempts, 0), NULL, p_worker,
-           coalesce(x.started_at, now()),
+           now(),   -- the database's clock, never the worker's
            CASE x.verdict WHEN 'sent' THEN 'reconciled_sent'
                           WHEN 'not_sent' THEN 'reconciled_not_sent'
                           ELSE 'reconcile_unknown' END,

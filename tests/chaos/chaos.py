@@ -3,8 +3,11 @@
 """The chaos run: a fleet of real workers delivers many effects of
 every kind to fault-injecting servers (tests/chaos/fault_servers.py) while
 this harness SIGKILLs and restarts workers, SIGSTOPs one past its lease,
-restarts PostgreSQL, terminates backends, flips the kill switch and sends
-SIGHUP with a broken config.  It stops by itself, lets the fleet drain,
+restarts PostgreSQL, terminates backends, flips the kill switch, sends
+SIGHUP with a broken config and steps a worker's wall clock back or ahead
+(CLOCK_STEP_S, then back again: every worker runs under libfaketime with a
+clock file of its own; the monotonic clock is left alone, as a real step
+leaves it).  It stops by itself, lets the fleet drain,
 then checks the invariants and prints each with its count.
 
 tests/chaos/run.sh starts the throwaway PostgreSQL and runs this.
@@ -66,6 +69,18 @@ LOOKUP = os.environ.get("CHAOS_LOOKUP", "1") == "1"
 # request still on its way is never taken for "not found".
 LOOKUP_MIN_AGE_S = 25
 RECONCILE_CLASSES = ("reconciled_sent", "reconciled_not_sent", "reconcile_unknown")
+# A clock step, well past the lookup's minimum age: a worker whose wall
+# clock decided an attempt's age would have its lookups requeue effects
+# still on their way (sent twice), or wait that much longer.
+CLOCK_STEP_S = 4 * LOOKUP_MIN_AGE_S
+
+
+def libfaketime():
+    import glob
+    found = sorted(glob.glob("/usr/lib/*/faketime/libfaketime.so.1"))
+    if not found:
+        raise RuntimeError("libfaketime is missing: scripts/install-deps.sh installs it")
+    return found[0]
 
 T0 = time.time()
 
@@ -145,6 +160,8 @@ class Worker:
         self.port = free_port()
         self.cfg_path = os.path.join(WORK, f"{self.name}.ini")
         self.log_path = os.path.join(WORK, f"{self.name}.log")
+        self.clock_path = os.path.join(WORK, f"{self.name}.clock")
+        self.set_clock(0)
         self.sections = json.loads(json.dumps(cfg_base))
         self.sections["dispatcher"]["worker_name"] = self.name
         self.sections["metrics"] = {"listen": f"127.0.0.1:{self.port}"}
@@ -157,8 +174,20 @@ class Worker:
         self.events = []
         self.lock = threading.Lock()
 
+    def set_clock(self, offset_s):
+        """The worker's wall clock offset_s seconds off (libfaketime reads
+        the file again within a second)."""
+        with open(self.clock_path + ".tmp", "w") as f:
+            f.write(f"{offset_s:+d}\n")
+        os.replace(self.clock_path + ".tmp", self.clock_path)
+
     def start(self):
-        env = dict(os.environ, AI_ACTIONS_ENABLED="true")
+        asan = os.environ.get("ASAN_OPTIONS", "")
+        env = dict(os.environ, AI_ACTIONS_ENABLED="true", LD_PRELOAD=libfaketime(),
+                   FAKETIME_TIMESTAMP_FILE=self.clock_path, FAKETIME_CACHE_DURATION="1",
+                   FAKETIME_DONT_FAKE_MONOTONIC="1",
+                   # libfaketime is preloaded ahead of ASan's runtime.
+                   ASAN_OPTIONS=(asan + ":" if asan else "") + "verify_asan_link_order=0")
         self.logf = open(self.log_path, "ab")
         self.proc = subprocess.Popen([os.path.join(BUILD_DIR, "outbox-dispatcher"), "--config",
                                       self.cfg_path], stdout=self.logf, stderr=self.logf, env=env)
@@ -256,6 +285,7 @@ class Chaos:
         if r.returncode != 0:
             raise RuntimeError("migrate failed: " + r.stderr)
         self.db = Db(DSN, "chaos-harness")
+        self.note_sending_commits()
         tok = os.path.join(WORK, "crm_token")
         with open(tok, "w") as f:
             f.write(TOKEN + "\n")
@@ -417,6 +447,25 @@ class Chaos:
             w.stopped = False
             w.busy = False
 
+    def note_sending_commits(self):
+        """The kill-switch check orders commits, not arrival times: the
+        harness's own table gets one row per transition to `sending` (a mark
+        or a claim), written in that transaction, so that its commit
+        timestamp (track_commit_timestamp, set by run.sh) is the commit's."""
+        if self.db.q("SHOW track_commit_timestamp")[0][0] != "on":
+            raise RuntimeError("track_commit_timestamp is off (tests/chaos/run.sh sets it)")
+        self.db.q("""
+            CREATE TABLE chaos_sending (effect_id uuid NOT NULL,
+                                        xid xid8 NOT NULL DEFAULT pg_current_xact_id());
+            CREATE FUNCTION chaos_note_sending() RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER AS $$
+            BEGIN
+                INSERT INTO chaos_sending (effect_id) VALUES (NEW.effect_id);
+                RETURN NULL;
+            END $$;
+            CREATE TRIGGER chaos_note_sending AFTER UPDATE ON effect_outbox FOR EACH ROW
+                WHEN (NEW.state = 'sending' AND OLD.state IS DISTINCT FROM 'sending')
+                EXECUTE FUNCTION chaos_note_sending();""")
+
     def act_pg_restart(self):
         with self.dblock:
             t0 = time.time()
@@ -483,6 +532,23 @@ class Chaos:
         finally:
             w.busy = False
 
+    def act_clock_step(self):
+        """One worker's wall clock steps back or ahead, stays so for a few
+        seconds (sends start, outcomes are recorded), then steps back."""
+        w = self.pick()
+        if w is None:
+            return
+        try:
+            step = self.rng.choice((-CLOCK_STEP_S, CLOCK_STEP_S))
+            w.set_clock(step)
+            held = self.rng.uniform(2.0, 6.0)
+            self.stop_chaos.wait(held)
+            w.set_clock(0)
+            self.counts["clock_step"] += 1
+            say(f"clock of {w.name} stepped {step:+d}s for {held:.1f}s, then back")
+        finally:
+            w.busy = False
+
     # -- progress ------------------------------------------------------------------------
     def states(self):
         return dict(self.db.q("SELECT state, count(*) FROM effect_outbox GROUP BY state"))
@@ -496,7 +562,8 @@ class Chaos:
         threads = [threading.Thread(target=self.producer, args=(produce_until,), daemon=True)]
         sched = [(6, 15, self.act_kill, "sigkill"), (10, 20, self.act_stop, "sigstop"),
                  (25, 50, self.act_pg_restart, "pg_restart"), (8, 20, self.act_terminate, "terminate"),
-                 (8, 20, self.act_kill_switch, "kill_switch"), (8, 20, self.act_sighup, "sighup")]
+                 (8, 20, self.act_kill_switch, "kill_switch"), (8, 20, self.act_sighup, "sighup"),
+                 (8, 20, self.act_clock_step, "clock_step")]
         if QUICK:
             sched = [(lo * 0.6, hi * 0.6, fn, n) for lo, hi, fn, n in sched]
         for lo, hi, fn, name in sched:
@@ -903,35 +970,47 @@ class Checks:
                     f"{len(self.ch.survivors)} survivors ({', '.join(w.name for w in self.ch.survivors)}), "
                     f"{n_sends} sends counted = their attempt rows; {len(bad)} disagreements {bad[:2] if bad else ''}")
 
+    def off_windows_committed(self):
+        """The switch's off periods as the database ordered them: from the
+        commit of each flip to off (outbox_control_history, the row written
+        with the flip) to the commit of the next flip to on, or for ever."""
+        flips = self.db.q("SELECT enabled, extract(epoch FROM pg_xact_commit_timestamp(xmin))::float8 "
+                          "FROM outbox_control_history ORDER BY change_id")
+        wins = []
+        for enabled, t in flips:
+            t = float("-inf") if t is None else t     # committed before the server recorded times
+            if not enabled and (not wins or wins[-1][1] is not None):
+                wins.append([t, None])
+            elif enabled and wins and wins[-1][1] is None:
+                wins[-1][1] = t
+        return [(t_off, float("inf") if t_on is None else t_on) for t_off, t_on in wins]
+
+    def sending_commits(self):
+        """effect id -> commit times of its transitions to `sending`, in order."""
+        out = collections.defaultdict(list)
+        for eid, t in self.db.q(
+                "SELECT effect_id::text, extract(epoch FROM pg_xact_commit_timestamp("
+                "(xid::text::bigint % 4294967296)::text::xid))::float8 FROM chaos_sending"):
+            out[eid].append(t)
+        for ts in out.values():
+            ts.sort()
+        return out
+
     def check_kill_switch(self):
         """No send may start while the switch is off: every request a server
-        received, and every provider call the log says started, inside an off
-        window (from "off" returning to "on" being run) must be one of the
-        effects that off command listed as in flight.  A request of a worker
-        that was SIGSTOPped holding a send marked before the off (its lease
-        expired, so it is not in the list) is counted apart."""
+        received and every provider call the log says started goes back to
+        the transition to `sending` that let it go (its effect's last one
+        committed before it; the worker sends only once that commit is
+        answered), and no such transition may have committed after a flip to
+        off and before the next flip to on.  Commit timestamps order the
+        flips and the transitions, so a send marked just before the off and
+        arriving after it (in flight, on a loaded machine, or from a worker
+        SIGSTOPped in between) is not counted inside the window."""
         E = self.effects
-        wins = [w for w in self.ch.off_windows if w["t_on"]]
+        wins = self.off_windows_committed()
+        commits = self.sending_commits()
         viol = []
-        listed_hits = stale_hits = abandoned_hits = 0
-
-        def abandoned(eid, t_off, t):
-            """A request of an SMTP session whose call was marked before the
-            off and already given up on (logged not_sent/retry) when the
-            request arrived: the pool thread went on talking to the relay."""
-            return E[eid]["type"] == "email" and any(
-                not (a["worker"] or "").startswith("reaper:") and a["outcome"] in ("not_sent", "retry")
-                and a["started"] < t_off and gave_up_by(a, t) for a in self.attempts[eid])
-
-        def stale(eid, t_off):
-            for a in self.attempts[eid]:
-                if (a["worker"] or "").startswith("reaper:") and a["started"] < t_off:
-                    lost = re.search(r"worker (\S+) lost", a["error"] or "")
-                    # Frozen after the mark and before the off.
-                    if lost and any(a["started"] - 1 <= s <= t_off
-                                    for s, _ in self.ch.stop_windows.get(lost.group(1), [])):
-                        return True
-            return False
+        in_window = marked_before = 0
 
         events = []
         for eid, rs in self.receipts.items():
@@ -943,24 +1022,29 @@ class Checks:
                 # body), allowed while the switch is off, like crm's.
                 if a["worker"] and not a["worker"].startswith("reaper:") and \
                         a["outcome"] != "not_sent" and a["outcome"] not in RECONCILE_CLASSES:
-                    events.append((a["started"], eid, "call"))
+                    # started_at is in whole milliseconds: a send started
+                    # in the millisecond of its commit reads as before it.
+                    events.append((a["started"] + 0.001, eid, "call"))
         for t, eid, what in events:
-            for w in wins:
-                if w["t_after"] < t < w["t_on"]:
-                    if eid in w["listed"]:
-                        listed_hits += 1
-                    elif stale(eid, w["t_after"]):
-                        stale_hits += 1
-                    elif what == "request" and abandoned(eid, w["t_after"], t):
-                        abandoned_hits += 1
-                    else:
-                        viol.append((what, eid, E[eid]["type"], round(t - w["t_after"], 3)))
-        total = sum(w["t_on"] - w["t_after"] for w in wins)
-        self.record("no send started while the kill switch was off", not viol,
-                    f"{len(wins)} off windows ({total:.1f}s in all), "
-                    f"{sum(len(w['listed']) for w in wins)} effects listed in flight; inside the windows "
-                    f"{listed_hits} requests/calls of listed effects, {stale_hits} of a SIGSTOPped worker's "
-                    f"expired send, {abandoned_hits} of SMTP sessions given up on before the off, "
+            before = [c for c in commits.get(eid, []) if c is not None and c <= t]
+            if not before:
+                viol.append((what, eid, E[eid]["type"], "no transition to sending before it"))
+                continue
+            mark = before[-1]
+            for t_off, t_on in wins:
+                if t_off < mark < t_on:
+                    viol.append((what, eid, E[eid]["type"], f"marked {mark - t_off:.3f}s after the off"))
+                elif t_off < t < t_on:
+                    in_window += 1
+                    marked_before += mark <= t_off
+        closed = [(a, b) for a, b in wins if b != float("inf") and a != float("-inf")]
+        total = sum(b - a for a, b in closed)
+        self.record("no send started while the kill switch was off",
+                    not viol and len(closed) >= self.ch.counts["kill_switch_off"],
+                    f"{len(closed)} off windows by commit time ({total:.1f}s in all; "
+                    f"{self.ch.counts['kill_switch_off']} flips made), "
+                    f"{sum(len(v) for v in commits.values())} transitions to sending; inside the windows "
+                    f"{in_window} requests/calls, {marked_before} of them marked before the off; "
                     f"{len(viol)} violations {viol[:3] if viol else ''}")
 
     def unknown_split(self):

@@ -35,8 +35,9 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-# More connections than the fleet needs; a short checkpoint so restarts are quick.
-PG_EXTRA_OPTS="-c checkpoint_timeout=30s" pg_start "$work/pg" || exit 1
+# A short checkpoint so restarts are quick; commit timestamps for the
+# kill-switch check (chaos.py orders flips and marks by commit).
+PG_EXTRA_OPTS="-c checkpoint_timeout=30s -c track_commit_timestamp=on" pg_start "$work/pg" || exit 1
 echo "chaos: PostgreSQL on port $PGPORT ($work/pg)"
 /usr/bin/python3 tests/chaos/chaos.py
 rc=$?

@@ -268,6 +268,22 @@ def test_retryable_answers_honour_retry_after(conn, dispatchers, crm, token_file
     assert e["attempts"] == 2 and len(crm.records_for(key)) == 1
 
 
+@pytest.mark.parametrize("seconds", ["9223372036854776", "99999999999999999999"])
+def test_huge_retry_after_is_clamped(conn, dispatchers, crm, token_file, seconds):
+    """Seconds whose milliseconds overflow a 64-bit long, or beyond long
+    itself: the longest wait (retry_after_max_ms), the worker unharmed."""
+    kill_switch(conn, True)
+    eid, key = crm_effect(conn, {"Subject": "x"})
+    crm.fault("PATCH", key, ("status", 503, seconds))
+    w = start_worker(dispatchers, crm, token_file, retry_after_max_ms=60000)
+    wait_for(lambda: classes(conn, eid) == [("retry", 503)], what="the 503 recorded")
+    e = wait_state(conn, eid, "pending")
+    assert e["attempts"] == 1
+    assert scalar(conn, "SELECT available_at > now() + interval '30 s' FROM effect_outbox "
+                        "WHERE effect_id = %s", (eid,))
+    assert w.proc.poll() is None, w.log()
+
+
 @pytest.mark.parametrize("code", [500, 502, 504])
 def test_server_errors_are_ambiguous_and_retried_with_the_same_key(conn, dispatchers, crm,
                                                                    token_file, code):

@@ -25,7 +25,8 @@ def test_make_install_layout(tmp_path):
               "share/outbox-dispatcher/sql/functions/30_dispatcher.sql",
               "share/outbox-dispatcher/dispatcher.ini.example",
               "lib/systemd/system/outbox-dispatcher@.service",
-              "lib/systemd/system/outbox-dispatcher.target"):
+              "lib/systemd/system/outbox-dispatcher.target",
+              "lib/systemd/system/outbox-prune.service", "lib/systemd/system/outbox-prune.timer"):
         assert (p / f).exists(), f
     assert os.access(p / "bin/outbox-dispatcher", os.X_OK)
     unit = (p / "lib/systemd/system/outbox-dispatcher@.service").read_text()

@@ -63,11 +63,13 @@ def installed_units(tmp_path):
     (prefix / "bin").mkdir(parents=True)
     units = tmp_path / "units"
     units.mkdir()
-    exe = prefix / "bin" / "outbox-dispatcher"
-    shutil.copy(DAEMON if os.access(DAEMON, os.X_OK) else "/bin/true", exe)
-    os.chmod(exe, 0o755)
+    for name in ("outbox-dispatcher", "outboxctl"):
+        built = os.path.join(BUILD_DIR, name)
+        exe = prefix / "bin" / name
+        shutil.copy(built if os.access(built, os.X_OK) else "/bin/true", exe)
+        os.chmod(exe, 0o755)
     for name in os.listdir(UNIT_DIR):
-        if name.endswith((".service", ".target")):
+        if name.endswith((".service", ".target", ".timer")):
             with open(os.path.join(UNIT_DIR, name)) as f:
                 text = f.read().replace("@PREFIX@", str(prefix))
             (units / name).write_text(text)
@@ -79,7 +81,7 @@ def analyze(*args):
 
 
 def test_systemd_units_exist():
-    for name in (TEMPLATE, TARGET, "environment.example"):
+    for name in (TEMPLATE, TARGET, "outbox-prune.service", "outbox-prune.timer", "environment.example"):
         assert os.path.isfile(os.path.join(UNIT_DIR, name)), name
     with open(os.path.join(UNIT_DIR, TEMPLATE)) as f:
         assert "@PREFIX@/bin/outbox-dispatcher --config " in f.read()
@@ -91,7 +93,8 @@ def test_systemd_analyze_verify(installed_units):
     # target; any complaint (unknown key, bad syntax, missing executable)
     # is a failure, not just a non-zero exit.
     r = analyze("verify", "--man=no", str(installed_units / "outbox-dispatcher@1.service"),
-                str(installed_units / TARGET))
+                str(installed_units / TARGET), str(installed_units / "outbox-prune.service"),
+                str(installed_units / "outbox-prune.timer"))
     assert r.returncode == 0, r.stdout + r.stderr
     assert (r.stdout + r.stderr).strip() == "", r.stdout + r.stderr
 
@@ -137,7 +140,12 @@ def test_systemd_template_hardening():
     # name and the metrics port (--instance).
     assert one("Service", "ExecStart") == \
         "@PREFIX@/bin/outbox-dispatcher --config /etc/outbox-dispatcher/dispatcher.ini --instance %i"
-    assert one("Service", "ExecReload") == "/bin/kill -HUP $MAINPID"
+    # Reload checks the file first (a refused config fails `systemctl
+    # reload`), then signals the worker.
+    assert d[("Service", "ExecReload")] == [
+        "@PREFIX@/bin/outbox-dispatcher --config /etc/outbox-dispatcher/dispatcher.ini --instance %i "
+        "--check-config",
+        "/bin/kill -HUP $MAINPID"]
     assert one("Service", "Restart") == "on-failure"
     assert one("Service", "KillMode") == "mixed"
     assert one("Service", "KillSignal") == "SIGTERM"

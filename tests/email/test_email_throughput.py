@@ -85,3 +85,30 @@ def test_queue_far_deeper_than_threads_gets_a_note(dispatchers, smtp):
     edge = dispatchers(email_cfg(smtp, threads=2, max_in_flight=32), name="edge")
     assert "2 threads, max_in_flight 32," in start_line(edge)
     assert "more than 16 times threads" not in edge.log()
+
+
+def test_batches_do_not_shrink_with_a_slow_relay(conn, dispatchers):
+    """Every message answered 80 ms after its end of data (a relay far
+    away): answers end one by one, yet a busy provider is marked for only
+    once half its max_in_flight is free and its outcomes are recorded
+    together, so the database round trips carry many emails each (one
+    mark call per freed slot, one outbox_complete() call per answer
+    before)."""
+    s = SmtpServer(pipelining=True)
+    s.start()
+    try:
+        kill_switch(conn, True)
+        n = 160
+        for k in range(n):
+            enqueue(conn, "email", f"u{k}+slow-data-80@example.com", PAYLOAD)
+        dispatchers(email_cfg(s))
+        wait_for(lambda: scalar(conn, "SELECT count(*) FROM effect_outbox WHERE state = 'completed'")
+                 == n, timeout=120, what=f"{n} emails completed")
+    finally:
+        s.stop()
+    marks = scalar(conn, "SELECT count(DISTINCT mark_token) FROM effect_outbox")
+    # outbox_complete() stamps its transaction's now(): one value per call
+    records = scalar(conn, "SELECT count(DISTINCT completed_at) FROM effect_outbox")
+    assert n / marks >= 8, (n, marks)
+    assert n / records >= 6, (n, records)
+    assert sum(s.sessions.values()) == n

@@ -6,11 +6,14 @@ install it into throwaway roots.
     deb = build_deb()            # path of outbox-dispatcher_VERSION_ARCH.deb
     root = install_into_root(deb, tmp_path / "root")
 
-A test that boots systemd can install the same .deb into its own root.
+A test that boots systemd can install the same .deb into its own root;
+build_upgrade_deb(deb) is a newer build of it, for upgrades.
 """
 import atexit
+import email.utils
 import glob
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -18,6 +21,9 @@ import tempfile
 from outbox_test import ROOT
 
 _built = {}
+# The package builds' directories, shared by the tests of one process and
+# removed when it exits (the no-trace check of exclusive tests allows them).
+SHARED_DIRS = set()
 
 
 def build_deb():
@@ -28,6 +34,7 @@ def build_deb():
         return os.path.abspath(os.environ["OUTBOX_DEB"])
     if "deb" not in _built:
         out = tempfile.mkdtemp(prefix="outbox-deb.")
+        SHARED_DIRS.add(out)
         atexit.register(shutil.rmtree, out, True)
         r = subprocess.run(["make", "-s", "deb", f"BUILD={out}"], cwd=ROOT, capture_output=True,
                            text=True, timeout=900)
@@ -38,6 +45,55 @@ def build_deb():
         _built["deb"] = debs[0]
         _built["log"] = r.stdout + r.stderr
     return _built["deb"]
+
+
+def build_upgrade_deb(deb):
+    """A newer build of the package: the same tree, a changelog entry of
+    VERSION+upgrade1 dated now (so its files are newer too), built again.
+    Reuses the first build's objects when its tree is beside the .deb (a
+    few seconds: packaging only); from the working tree otherwise."""
+    if "upgrade" in _built:
+        return _built["upgrade"]
+    out = tempfile.mkdtemp(prefix="outbox-deb-up.")
+    SHARED_DIRS.add(out)
+    atexit.register(shutil.rmtree, out, True)
+    src = os.path.join(out, "src")
+    first = os.path.join(os.path.dirname(deb), "src")
+    if os.path.isdir(os.path.join(first, "build-deb")):
+        shutil.copytree(first, src, symlinks=True)
+        # debhelper's record of the first build, or dh would skip its steps.
+        for p in ("debian/outbox-dispatcher", "debian/tmp", "debian/.debhelper", "debian/files",
+                  "debian/debhelper-build-stamp") + tuple(
+                      os.path.relpath(g, src) for g in glob.glob(os.path.join(src, "debian", "*.debhelper*"))
+                      + glob.glob(os.path.join(src, "debian", "*.substvars"))):
+            path = os.path.join(src, p)
+            if os.path.isdir(path):
+                shutil.rmtree(path)
+            elif os.path.exists(path):
+                os.unlink(path)
+        flags = ["-nc"]
+    else:
+        os.makedirs(src)
+        subprocess.run(f"tar -c --exclude=./.git --exclude='./build' --exclude='./build-*' . | "
+                       f"tar -x -C '{src}'", shell=True, cwd=ROOT, check=True)
+        flags = []
+    changelog = os.path.join(src, "debian", "changelog")
+    old = open(changelog).read()
+    version = re.match(r"\S+ \(([^)]+)\)", old).group(1) + "+upgrade1"
+    entry = (f"outbox-dispatcher ({version}) unstable; urgency=medium\n\n"
+             "  * A newer build of the same tree, for the upgrade tests.\n\n"
+             f" -- outbox-dispatcher developers <dev@outbox-dispatcher.invalid>  "
+             f"{email.utils.formatdate()}\n\n")
+    with open(changelog, "w") as f:
+        f.write(entry + old)
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
+    r = subprocess.run(["dpkg-buildpackage", "-us", "-uc", "-b", "-J2"] + flags, cwd=src, env=env,
+                       capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, f"dpkg-buildpackage failed:\n{r.stdout[-6000:]}\n{r.stderr[-6000:]}"
+    debs = [p for p in glob.glob(os.path.join(out, "outbox-dispatcher_*.deb")) if "-dbgsym_" not in p]
+    assert len(debs) == 1, debs
+    _built["upgrade"] = debs[0]
+    return debs[0]
 
 
 def dpkg_root(root, *args):

@@ -244,6 +244,9 @@ class Dispatcher:
                     self.env[k] = v
         self.args = list(args)
         self.proc = None
+        # The test took the exit status itself (wait()) or chose how the
+        # worker dies (kill()): stop() then does not judge it.
+        self.exit_seen = False
 
     def start(self, wait_ready=True):
         self.logf = open(self.log_path, "ab")
@@ -279,22 +282,41 @@ class Dispatcher:
         self.proc.send_signal(sig)
 
     def wait(self, timeout=30):
-        return self.proc.wait(timeout=timeout)
+        rc = self.proc.wait(timeout=timeout)
+        self.exit_seen = True
+        return rc
 
     def stop(self, timeout=20):
-        if self.proc is None or self.proc.poll() is not None:
-            return self.proc.returncode if self.proc else None
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            return self.proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-            raise AssertionError(f"{self.name} did not stop on SIGTERM within {timeout}s")
-        finally:
-            self.logf.close()
+        """SIGTERM and wait; the worker must exit 0 (a graceful stop), so
+        that a sanitizer's report at exit (a leak, a use after free in
+        teardown: exit 1 or 23) fails the test.  A worker that already
+        exited must have exited 0 too, unless the test took its status
+        (wait()) or killed it (kill())."""
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+                raise AssertionError(f"{self.name} did not stop on SIGTERM within {timeout}s")
+            finally:
+                self.logf.close()
+        else:
+            if not self.logf.closed:
+                self.logf.close()
+            if self.exit_seen:
+                return self.proc.returncode
+        rc = self.proc.returncode
+        self.exit_seen = True
+        assert rc == 0, f"{self.name} exited {rc}:\n{self.log()[-4000:]}"
+        return rc
 
     def kill(self):
+        """SIGKILL: the test's choice, so stop() does not judge the status."""
+        self.exit_seen = True
         self.proc.kill()
         self.proc.wait()
         self.logf.close()

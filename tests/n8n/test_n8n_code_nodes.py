@@ -34,12 +34,14 @@ new AsyncFunction('$', '$input', '$prevNode', code)($, $input, prev ? { name: pr
 """
 
 
-def run_code(workflow, name, nodes=None, input=None, prev=None):
-    wf = load(workflow)
-    js = node(wf, name)["parameters"]["jsCode"]
-    r = subprocess.run([NODE, "-e", HARNESS], input=json.dumps(
+def run_js(js, nodes=None, input=None, prev=None):
+    return subprocess.run([NODE, "-e", HARNESS], input=json.dumps(
         {"code": js, "nodes": nodes or {}, "input": input or [{}], "prev": prev}, default=str),
         capture_output=True, text=True, timeout=30)
+
+
+def run_code(workflow, name, nodes=None, input=None, prev=None):
+    r = run_js(node(load(workflow), name)["parameters"]["jsCode"], nodes, input, prev)
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     assert len(out) == 1
@@ -80,9 +82,27 @@ def test_validate_draft(content, valid):
 
 
 @needs_node
-def test_validate_draft_without_choices():
-    out = run_code("approve-before-act", "Validate draft", {"Config": [CFG]}, [{"error": "x"}])
-    assert out["valid"] is False
+@pytest.mark.parametrize("answer", [
+    {"data": "<html><body>502 Bad Gateway</body></html>"},   # a 200 text page, as n8n hands it on
+    {"error": "x"},
+    {"choices": "none"},
+])
+def test_validate_draft_fails_the_call_when_the_answer_is_no_chat_completion(answer):
+    """A 200 whose body is not the model's JSON (a proxy's HTML page) is a
+    failed call, like a 500 or a truncated body: the node fails (its error
+    output releases the run as failed_retryable), it is not bad output to
+    repair and close as failed_terminal."""
+    for name in ("Validate draft", "Validate repaired draft"):
+        r = run_js(node(load("approve-before-act"), name)["parameters"]["jsCode"],
+                   {"Config": [CFG]}, [answer])
+        assert r.returncode != 0 and "not a chat completion" in r.stderr, (name, r.stdout, r.stderr)
+
+
+@needs_node
+def test_validate_draft_without_content_is_bad_output():
+    out = run_code("approve-before-act", "Validate draft", {"Config": [CFG]},
+                   [{"model": "m", "choices": [{"message": {"refusal": "no"}}]}])
+    assert out["valid"] is False and out["errors"] == ["output is not JSON"]
 
 
 @needs_node
@@ -150,6 +170,22 @@ def test_identify_approver_needs_the_sso_header():
     odd = run_code("approval", "Identify approver", dict(cfg, **{"Approval decision": [
         {"headers": {"x-auth-request-email": "a@example.com"}, "body": {"token": "t", "decision": "delete"}}]}))
     assert not odd["ok"]
+    # Where each goes: signed in and well-formed on, not signed in 401, a
+    # bad form (decision=delete) 400.
+    wf = load("approval")
+    router = node(wf, "Signed in and well-formed?")
+    expr = router["parameters"]["output"]
+    assert expr.startswith("={{") and expr.endswith("}}")
+    outs = wf["connections"][router["name"]]["main"]
+    codes = []
+    for item in (good, anon, odd):
+        js = "return [{ json: { k: (" + expr[3:-2].replace("$json", "$input.first().json") + ") } }];"
+        r = run_js(js, input=[item])
+        assert r.returncode == 0, r.stderr
+        target = node(wf, outs[json.loads(r.stdout)[0]["k"]][0]["node"])
+        codes.append(target["parameters"]["options"].get("responseCode")
+                     if target["type"] == "n8n-nodes-base.respondToWebhook" else target["name"])
+    assert codes == ["Hash token (decision)", 401, 400]
 
 
 @needs_node

@@ -138,6 +138,49 @@ def test_every_webhook_path_responds(path):
     assert seen == set(by_name), f"unreachable nodes: {set(by_name) - seen}"
 
 
+def respond_nodes(wf):
+    return [n for n in wf["nodes"] if n["type"] == "n8n-nodes-base.respondToWebhook"]
+
+
+@pytest.mark.parametrize("path", FILES, ids=os.path.basename)
+def test_every_answer_says_it_is_the_kits(path):
+    """n8n itself answers while it starts (200 "n8n is starting up. Please
+    wait", then 404) and when an execution breaks (500 with its stack): a
+    caller tells the kit's answers from those by the X-Outbox-Kit header on
+    every answer and, on JSON answers, `"outbox": true` in the body."""
+    with open(path) as f:
+        wf = json.load(f)
+    builders = {n["name"]: n for n in wf["nodes"] if n["type"] == "n8n-nodes-base.code"}
+    for n in respond_nodes(wf):
+        p = n["parameters"]
+        headers = {e["name"]: e["value"] for e in p["options"]["responseHeaders"]["entries"]}
+        assert headers.get("X-Outbox-Kit") == "1", n["name"]
+        if p["respondWith"] != "json":
+            continue
+        body = p["responseBody"]
+        if body == "={{ $json.response }}":
+            # Built in the Code node just before it.
+            src = [m for m, c in wf["connections"].items()
+                   if any(x["node"] == n["name"] for out in c["main"] for x in out)]
+            assert src and all("response: { outbox: true," in builders[m]["parameters"]["jsCode"]
+                               for m in src), n["name"]
+        else:
+            assert body.startswith("={{ { outbox: true, "), f"{n['name']}: {body}"
+
+
+@pytest.mark.parametrize("path", FILES, ids=os.path.basename)
+def test_no_header_that_n8n_drops(path):
+    """n8n 1.123 drops a Content-Security-Policy set by a workflow (it is
+    one of its protected headers) and sends its own sandbox policy instead
+    (docs/n8n.md, "What the approval page is sent with"): the kit does not
+    pretend to set one."""
+    with open(path) as f:
+        wf = json.load(f)
+    for n in respond_nodes(wf):
+        names = [e["name"].lower() for e in n["parameters"]["options"]["responseHeaders"]["entries"]]
+        assert "content-security-policy" not in names, n["name"]
+
+
 def config_values():
     """(file, node, key, value) of every Config node assignment."""
     for path in FILES:
@@ -485,6 +528,9 @@ def test_claim_returns_a_lease_once(step, conn, wf):
     # A duplicate delivery while the first execution works: busy, no lease.
     again = claim(step, wf, ev)
     assert again["status"] == "busy" and again["lease_owner"] is None
+    # ...and when to deliver again: when the holder's lease expires.
+    assert 295 <= again["retry_after_seconds"] <= 300
+    assert first["retry_after_seconds"] is None
     # The payload hash is of the canonical JSON: key order does not matter...
     reordered = json.dumps(dict(reversed(list(ev.items()))))
     assert step(wf, "Claim run", "crm:lead-1", reordered, 300)[0]["status"] == "busy"
@@ -676,6 +722,12 @@ def test_approve_by_exception_escalation_creates_an_approval(step, conn):
     assert scalar(conn, "SELECT count(*) FROM effect_outbox") == 0
 
 
+def cancel(step, eid, reason="r", actor="n8n:x"):
+    rows = step("act-with-window", "Cancel effect", eid, reason, actor)
+    assert len(rows) == 1 and rows[0]["effect_id"] == eid
+    return rows[0]["status"], rows[0]["state"]
+
+
 def test_act_with_window_enqueue_and_cancel(step, conn):
     ev = event(10)
     c = claim(step, "act-with-window", ev)
@@ -685,15 +737,30 @@ def test_act_with_window_enqueue_and_cancel(step, conn):
     eid = rows[0]["effect_id"]
     assert scalar(conn, "SELECT available_at > now() + interval '590 seconds' FROM effect_outbox")
     # Cancelled before the window closes: never sent.
-    assert step("act-with-window", "Cancel effect", eid, "customer changed mind",
-                "n8n:alice@example.com") == [{"cancelled": True, "effect_id": eid}]
+    assert cancel(step, eid, "customer changed mind", "n8n:alice@example.com") == ("cancelled", "failed")
     st, err = query(conn, "SELECT state, last_error FROM effect_outbox WHERE effect_id = %s", (eid,))[0]
-    assert st == "failed" and err.startswith("cancelled")
+    assert st == "failed" and err == "cancelled: customer changed mind"
     assert scalar(conn, "SELECT state FROM workflow_runs") == "failed_terminal"
-    assert step("act-with-window", "Cancel effect", eid, "again", "n8n:x") == [{"cancelled": False, "effect_id": eid}]
+    assert cancel(step, eid, "again") == ("finished", "failed")
     other = str(uuid.uuid4())
-    assert step("act-with-window", "Cancel effect", other, "none", "n8n:x") == \
-        [{"cancelled": False, "effect_id": other}]
+    assert cancel(step, other, "none") == ("not_found", None)
+
+
+def test_act_with_window_cancel_past_the_window_is_too_late(step, conn):
+    """Past its window the database refuses a producer's cancel; the
+    statement says so (too_late) instead of failing, so the webhook answers
+    409 "too late", not 500 "try again"."""
+    c = claim(step, "act-with-window", event(12))
+    eid = step("act-with-window", "Approve and enqueue with window", *lease_of(c), "{}",
+               *auto_effect(), 600, 300)[0]["effect_id"]
+    query(conn, "UPDATE effect_outbox SET available_at = now() - interval '1 second' WHERE effect_id = %s",
+          (eid,))
+    assert cancel(step, eid) == ("too_late", "pending")
+    assert scalar(conn, "SELECT state FROM effect_outbox") == "pending"
+    assert scalar(conn, "SELECT count(*) FROM operator_actions") == 0
+    # The plain producer cancel is what raised before.
+    with pytest.raises(psycopg2.errors.InsufficientPrivilege), step.conn.cursor() as cur:
+        cur.execute("SELECT outbox_cancel(%s::uuid, 'r', 'n8n:x')", (eid,))
 
 
 def test_act_with_window_cannot_cancel_a_sending_effect(step, conn):
@@ -701,6 +768,58 @@ def test_act_with_window_cannot_cancel_a_sending_effect(step, conn):
     eid = step("act-with-window", "Approve and enqueue with window", *lease_of(c), "{}",
                *auto_effect(), 1, 300)[0]["effect_id"]
     query(conn, "UPDATE effect_outbox SET state = 'sending' WHERE effect_id = %s", (eid,))
-    assert step("act-with-window", "Cancel effect", eid, "too late", "n8n:x") == \
-        [{"cancelled": False, "effect_id": eid}]
+    assert cancel(step, eid, "too late") == ("too_late", "sending")
     assert scalar(conn, "SELECT state FROM effect_outbox") == "sending"
+
+
+# --- re-opening an expired approval --------------------------------------------------------
+
+@pytest.fixture
+def operator(db, conn):
+    name = f"t_op_{uuid.uuid4().hex[:8]}"
+    query(conn, f'CREATE ROLE "{name}" LOGIN IN ROLE outbox_operator')
+    c = psycopg2.connect(db, user=name)
+    c.autocommit = True
+    yield c
+    c.close()
+    query(conn, f'DROP ROLE IF EXISTS "{name}"')
+
+
+REOPEN = "SELECT * FROM outbox_reopen_approval(%s, %s, %s)"
+
+
+def test_expired_approval_reopened_goes_down_the_approval_path_again(step, conn, operator):
+    ev = event(40)
+    c = claim(step, "approve-before-act", ev)
+    _, old_hash = token()
+    step("approve-before-act", "Create approval", *lease_of(c), old_hash, 60, json.dumps(EFFECTS),
+         None, None)
+    # While the approval is open, nothing to re-open.
+    with pytest.raises(psycopg2.errors.ObjectNotInPrerequisiteState, match="open until"):
+        query(operator, REOPEN, ("crm:lead-40", "lee", "approver away"))
+    query(conn, "UPDATE approvals SET expires_at = now() - interval '1 second'")
+    # A re-delivery alone is told "done, awaiting_human" and does nothing.
+    assert claim(step, "approve-before-act", ev)["status"] == "done"
+    # The producer may not re-open; the operator may, once, with a reason.
+    with pytest.raises(psycopg2.errors.InsufficientPrivilege), step.conn.cursor() as cur:
+        cur.execute(REOPEN, ("crm:lead-40", "n8n", "x"))
+    with pytest.raises(psycopg2.errors.InvalidParameterValue):
+        query(operator, REOPEN, ("crm:lead-40", "lee", ""))
+    assert query(operator, REOPEN, ("crm:lead-40", "lee", "approver away")) == \
+        [("crm:lead-40", "failed_retryable", 2)]
+    act = query(conn, "SELECT action, run_key, operator, reason, detail FROM operator_actions")
+    assert act == [("reopen_approval", "crm:lead-40", "lee", "approver away", {"expired_approvals": 1})]
+    with pytest.raises(psycopg2.errors.ObjectNotInPrerequisiteState, match="failed_retryable"):
+        query(operator, REOPEN, ("crm:lead-40", "lee", "again"))
+    # The same event delivered again takes the run over and asks again.
+    again = claim(step, "approve-before-act", ev)
+    assert again["status"] == "reclaimed"
+    _, new_hash = token()
+    assert len(step("approve-before-act", "Create approval", *lease_of(again), new_hash, 60,
+                    json.dumps(EFFECTS), None, None)) == 1
+    assert nothing(step("approval", "Peek approval", old_hash))
+    got = step("approval", "Consume approval", new_hash, "approve", "alice@example.com")
+    assert len(got) == 1 and got[0]["effect_id"]
+    assert scalar(conn, "SELECT count(*) FROM effect_outbox") == 1
+    with pytest.raises(psycopg2.errors.NoDataFound):
+        query(operator, REOPEN, ("crm:nothing", "lee", "x"))

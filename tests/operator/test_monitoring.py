@@ -148,3 +148,39 @@ def test_every_metric_named_exists_on_a_live_worker(conn, dispatchers, sink):
     assert not missing, f"named in contrib/ but not served by the worker: {missing}"
     unexpected_builtin = {n for n in named if not n.startswith("outbox_")} - PROMETHEUS_OWN
     assert not unexpected_builtin, unexpected_builtin
+
+
+def test_outbox_ready_is_what_healthz_answers(db, dispatchers):
+    """OutboxWorkerNotReady reads outbox_ready: 0 while /healthz answers 503
+    with the loop turning (here: the database unreachable), 1 once it
+    answers 200."""
+    import urllib.error
+    from outbox_test import worker_dsn
+
+    def get(port, path):
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as r:
+                return r.status, r.read().decode()
+        except urllib.error.HTTPError as e:
+            return e.code, e.read().decode()
+
+    def ready_gauge(port):
+        text = get(port, "/metrics")[1]
+        return [line for line in text.splitlines() if line.startswith("outbox_ready ")]
+
+    closed = free_port()
+    down_port = free_port()
+    dsn = " ".join(kv for kv in worker_dsn(db).split() if not kv.startswith(("host=", "port=")))
+    dispatchers({"database": {"conninfo": f"{dsn} host=127.0.0.1 port={closed}"},
+                 "metrics": {"listen": f"127.0.0.1:{down_port}"}}, name="down")
+    code, body = wait_for(lambda: (lambda r: r if "database unreachable" in r[1] else None)(
+        get(down_port, "/healthz")), what="/healthz saying the database is unreachable")
+    assert code == 503, (code, body)
+    age = re.search(r"^outbox_loop_heartbeat_age_seconds (\S+)$", get(down_port, "/metrics")[1], re.M)
+    assert float(age.group(1)) < 30, "the loop turns: the heartbeat alone would not tell"
+    assert ready_gauge(down_port) == ["outbox_ready 0"]
+
+    up_port = free_port()
+    dispatchers({"metrics": {"listen": f"127.0.0.1:{up_port}"}}, name="up")
+    wait_for(lambda: get(up_port, "/healthz")[0] == 200, what="/healthz 200")
+    assert ready_gauge(up_port) == ["outbox_ready 1"]

@@ -624,6 +624,8 @@ def test_outboxctl_cancel(db, conn):
                 "WHERE effect_id = %s", (eid,))
     r = ok(ctl(db, "cancel", eid, "--reason", "customer withdrew", "--operator", "lee"))
     assert "cancelled" in r.stdout and "never be sent" in r.stdout
+    # It says the reason it stored, not a fixed one.
+    assert "cancelled: customer withdrew" in r.stdout and "reason 'cancelled'" not in r.stdout
     e = effect(conn, eid)
     assert e["state"] == "failed" and e["last_error_class"] == "cancelled"
     assert "customer withdrew" in e["last_error"]

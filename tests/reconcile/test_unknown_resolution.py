@@ -93,16 +93,20 @@ def test_late_acceptance_completes_with_the_providers_id(conn, dispatchers, sink
 
 # -- late proof of not sending ------------------------------------------------
 
-SLOW_MARK = """
-CREATE FUNCTION test_slow_mark() RETURNS trigger LANGUAGE plpgsql AS $$
+# The `sending` transition waits for a lock the test holds, so that the
+# test can stop the worker while its statement is in the server, then let
+# the statement commit: no race against a sleep.
+HELD_MARK_LOCK = 3442
+HELD_MARK = f"""
+CREATE FUNCTION test_held_mark() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     IF OLD.state = 'pending' AND NEW.state = 'sending' THEN
-        PERFORM pg_sleep(1.5);
+        PERFORM pg_advisory_xact_lock_shared({HELD_MARK_LOCK});
     END IF;
     RETURN NEW;
 END $$;
-CREATE TRIGGER test_slow_mark BEFORE UPDATE ON effect_outbox
-    FOR EACH ROW EXECUTE FUNCTION test_slow_mark();
+CREATE TRIGGER test_held_mark BEFORE UPDATE ON effect_outbox
+    FOR EACH ROW EXECUTE FUNCTION test_held_mark();
 """
 
 
@@ -115,22 +119,27 @@ def test_mark_confirmed_too_late_goes_back_to_pending_and_is_sent_once(conn, dis
     unknown; resumed, the worker reads a confirmation too late to act on,
     sends nothing and records not sent: back to pending, then sent once."""
     kill_switch(conn, True)
-    query(conn, SLOW_MARK)
+    query(conn, HELD_MARK)
+    scalar(conn, "SELECT pg_advisory_lock(%s)", (HELD_MARK_LOCK,))
     port = free_port()
     w = dispatchers({"dispatcher": {"lease_seconds": 4, "claim": claim},
                      "metrics": {"listen": f"127.0.0.1:{port}"}})
     eid = str(enqueue(conn, "http", f"{sink.url}/ok", {"body": {"n": 2}}))
     key = key_of(conn, eid)
-    wait_for(lambda: scalar(conn, "SELECT count(*) FROM pg_stat_activity WHERE state = 'active' "
-                                  "AND query LIKE %s AND pid <> pg_backend_pid()",
-                            (f"%{statement}%",)),
-             interval=0.005, what="the worker's sending transition in flight")
-    w.signal(signal.SIGSTOP)
     try:
-        query(conn, "DROP TRIGGER test_slow_mark ON effect_outbox")
+        wait_for(lambda: scalar(conn, "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = "
+                                      "'Lock' AND wait_event = 'advisory' AND query LIKE %s",
+                                (f"%{statement}%",)),
+                 what="the worker's sending transition waiting for the test's lock")
+        w.signal(signal.SIGSTOP)
+        scalar(conn, "SELECT pg_advisory_unlock(%s)", (HELD_MARK_LOCK,))
+        wait_for(lambda: effect(conn, eid)["state"] == "sending",
+                 what="the sending transition to commit while the worker is stopped")
+        query(conn, "DROP TRIGGER test_held_mark ON effect_outbox")
         reap_when_expired(conn, eid)
         assert sink.count(key) == 0
     finally:
+        scalar(conn, "SELECT pg_advisory_unlock_all()")
         w.signal(signal.SIGCONT)
     e = wait_state(conn, eid, "completed")
     assert sink.count(key) == 1 and sink.processed(key) == 1

@@ -133,6 +133,8 @@ def test_producer_cannot_call_kill_switch_or_dispatcher_functions(conn, login_as
                "outbox_enqueue", "outbox_cancel",
                # the plain INSERT's row-level security checks
                "outbox_run_not_foreign", "outbox_metadata_ok", "outbox_metadata_max_bytes",
+               # the n8n kit's cancel that says why not (25_kit.sql)
+               "outbox_cancel_status",
                # pure, and needed by effect_outbox's generated columns for
                # the plain INSERT
                "outbox_sha256_hex"}
@@ -278,6 +280,8 @@ def test_two_producer_logins_cannot_read_or_act_on_each_others_runs(conn, login_
                     "decode(repeat('aa', 32), 'hex'), ARRAY['approve'], 60, '[]')", (oa,)) == []
     # Cancel the other's delayed effect: refused.
     denied(b, "SELECT outbox_cancel(%s, 'mine now', 'b')", (delayed,))
+    assert query(b, "SELECT status, state FROM outbox_cancel_status(%s, 'mine now', 'b')",
+                 (delayed,)) == [("not_found", None)]
     assert scalar(conn, "SELECT state FROM effect_outbox WHERE effect_id = %s", (delayed,)) == "pending"
     assert scalar(conn, "SELECT count(*) FROM effect_outbox WHERE target LIKE '%%evil%%'") == 0
     assert scalar(conn, "SELECT state FROM workflow_runs WHERE idempotency_key = 'run-a'") == "processing"

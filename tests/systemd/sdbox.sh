@@ -19,7 +19,17 @@
 # Needs root.  Reusable: any test may boot one and run what it wants in it
 # (make install, systemctl ...).  SDBOX_OVERLAYS="/usr /opt" (at start) adds
 # copy-on-write overlays over more directories: installing a .deb writes
-# to /usr, which is the host's unless overlaid.
+# to /usr, which is the host's unless overlaid.  SDBOX_TREE=DIR (at start)
+# shows DIR (the source tree) inside at its own path, copy-on-write, also
+# when it lies under /tmp: what runs there (make, make install) writes to
+# the box's layer, never to the tree.  `run` starts its command in the
+# caller's directory as the box sees it (the tree's overlay), or in /.
+#
+# Nothing the box sees depends on what earlier tests did on the host: its
+# /tmp, /run and the upper layers are new, its machine id is its own
+# (random; an empty /etc/machine-id would make systemd take the host's from
+# /var/lib/dbus/machine-id and journalctl merge the host's journal files
+# into the box's), its journal volatile (its /run, never /var/log/journal).
 set -eu
 
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -59,8 +69,22 @@ boot_inside() {   # runs as PID 1 of the new namespaces; execs systemd
     for d in /etc /usr/local /var ${SDBOX_OVERLAYS:-}; do
         [ ! -d "$d" ] || [ "$(findmnt -n -o FSTYPE --mountpoint "$d")" = overlay ] || { echo "sdbox: $d is not overlaid" >&2; exit 1; }
     done
+    tree=${SDBOX_TREE:-}
+    if [ -n "$tree" ]; then
+        mkdir -p "$dir/fs/tree.up" "$dir/fs/tree.work" "$dir/fs/tree"
+        mount -t overlay overlay -o "lowerdir=$tree,upperdir=$dir/fs/tree.up,workdir=$dir/fs/tree.work" "$dir/fs/tree"
+    fi
     mount -t tmpfs -o mode=0755 tmpfs /run
-    mount -t tmpfs -o mode=1777 tmpfs /tmp
+    # The new /tmp is built aside, the tree's overlay put in it if the tree
+    # lies under /tmp, then moved over /tmp (which hides $dir too).
+    mkdir -p "$dir/fs/tmp"
+    mount -t tmpfs -o mode=1777 tmpfs "$dir/fs/tmp"
+    case "$tree" in
+    '') ;;
+    /tmp/*) mkdir -p "$dir/fs/tmp/${tree#/tmp/}" && mount --move "$dir/fs/tree" "$dir/fs/tmp/${tree#/tmp/}" ;;
+    *) mount --move "$dir/fs/tree" "$tree" ;;
+    esac
+    mount --move "$dir/fs/tmp" /tmp
     # The kernel's settings are the host's: read-only.
     mount --bind /proc/sys /proc/sys
     mount -o remount,bind,ro /proc/sys
@@ -79,7 +103,12 @@ Requires=systemd-journald.socket
 After=systemd-journald.socket
 AllowIsolate=yes
 UNIT
-    : > /etc/machine-id
+    # A machine id of its own; a volatile journal (its flush is masked
+    # too), so that journalctl inside reads the box's entries only.
+    od -An -N16 -tx1 /dev/urandom | tr -d ' \n' > /etc/machine-id
+    echo >> /etc/machine-id
+    mkdir -p /etc/systemd/journald.conf.d
+    printf '[Journal]\nStorage=volatile\n' > /etc/systemd/journald.conf.d/sdbox.conf
     hostname sdbox
     # Without a shared root, LoadCredential= files arrive empty.
     mount --make-rshared /
@@ -125,7 +154,9 @@ __inside)
     ;;
 run)
     dir=$2; shift 2
-    exec nsenter -t "$(pid1 "$dir")" -m -p -u -i -C --wd="$(pwd)" "$@"
+    # The directory is resolved inside (nsenter's --wd would open the
+    # host's, bypassing the tree's overlay).
+    exec nsenter -t "$(pid1 "$dir")" -m -p -u -i -C sh -c 'cd "$1" 2>/dev/null || cd /; shift; exec "$@"' sh "$(pwd)" "$@"
     ;;
 stop)
     dir=$2

@@ -101,6 +101,29 @@ static void test_built_message(void **state)
 	free(msg);
 }
 
+/* No header line past 998 bytes: a 5,000-character plain-ASCII display
+ * name is folded (as encoded words), and reads back whole. */
+static void test_long_display_name_is_folded(void **state)
+{
+	char payload[6000], err[512], *msg = NULL;
+	size_t line = 0;
+
+	(void)state;
+	memcpy(payload, "{\"from\": \"", 10);
+	memset(payload + 10, 'A', 5000);
+	snprintf(payload + 5010, sizeof(payload) - 5010,
+	         " <n@example.com>\", \"subject\": \"s\", \"text\": \"t\"}");
+	assert_true(parse("bob@example.com", payload, err, sizeof(err), &msg));
+	for (const char *p = msg; *p; p++) {
+		line = *p == '\n' ? 0 : line + 1;
+		if (line > 998)
+			fail_msg("a header line longer than 998 bytes");
+	}
+	assert_non_null(strstr(msg, "From: =?UTF-8?B?"));
+	assert_non_null(strstr(msg, "?= <n@example.com>\r\n"));
+	free(msg);
+}
+
 static void test_html_is_multipart(void **state)
 {
 	char err[512], *msg = NULL;
@@ -117,6 +140,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_validation_table),
 		cmocka_unit_test(test_built_message),
+		cmocka_unit_test(test_long_display_name_is_folded),
 		cmocka_unit_test(test_html_is_multipart),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);

@@ -2,9 +2,11 @@
 /*
  * test_hosts.c: dispatcher/hosts.c, per-host concurrency and the circuit
  * breaker: closed → open after N consecutive host failures, open waits
- * open_ms, half-open lets exactly one probe through, the probe's success
- * closes and its failure re-opens; 4xx answers are not host failures.
- * The clock is passed in, so no test sleeps.
+ * BREAKER_FIRST_PROBE_MS, then twice as long after each failed probe, up
+ * to open_ms; half-open lets exactly one probe through, the probe's
+ * success closes (and resets the wait) and its failure re-opens; 4xx
+ * answers are not host failures.  Hosts no effect holds and that remember
+ * nothing are pruned.  The clock is passed in, so no test sleeps.
  */
 #include <stdarg.h>
 #include <stddef.h>
@@ -133,11 +135,11 @@ static void test_opens_after_n_consecutive_failures(void **state)
 	}
 	assert_true(send_one(hs, down(), T0 + 5));          /* the Nth opens it */
 	assert_int_equal(hs->breaker, BREAKER_OPEN);
-	assert_int_equal(hs->open_until_ms, T0 + 5 + OPEN_MS);
+	assert_int_equal(hs->open_until_ms, T0 + 5 + BREAKER_FIRST_PROBE_MS);
 	/* open: nothing goes, and the caller learns how long to wait */
 	assert_false(host_may_send(hs, 16, T0 + 5, &wait));
-	assert_int_equal(wait, OPEN_MS);
-	assert_false(host_may_send(hs, 16, T0 + 5 + OPEN_MS - 1, &wait));
+	assert_int_equal(wait, BREAKER_FIRST_PROBE_MS);
+	assert_false(host_may_send(hs, 16, T0 + 5 + BREAKER_FIRST_PROBE_MS - 1, &wait));
 	assert_int_equal(wait, 1);
 	assert_int_equal(hs->breaker, BREAKER_OPEN);
 }
@@ -213,13 +215,72 @@ static void test_probe_failure_reopens(void **state)
 	/* one failed probe is enough: no N more failures needed */
 	(void)host_send_done(hs, down(), N_FAIL, OPEN_MS, t + 50);
 	assert_int_equal(hs->breaker, BREAKER_OPEN);
-	assert_int_equal(hs->open_until_ms, t + 50 + OPEN_MS);
+	assert_int_equal(hs->open_until_ms, t + 50 + 2 * BREAKER_FIRST_PROBE_MS);
 	assert_false(hs->probe_in_flight);
 	assert_false(host_may_send(hs, 16, t + 51, &wait));
-	assert_int_equal(wait, OPEN_MS - 1);
-	/* and the cycle repeats: half-open again after another open_ms */
-	assert_true(host_may_send(hs, 16, t + 50 + OPEN_MS, &wait));
+	assert_int_equal(wait, 2 * BREAKER_FIRST_PROBE_MS - 1);
+	/* and the cycle repeats: half-open again after the (doubled) wait */
+	assert_true(host_may_send(hs, 16, t + 50 + 2 * BREAKER_FIRST_PROBE_MS, &wait));
 	assert_int_equal(hs->breaker, BREAKER_HALF_OPEN);
+}
+
+/* Probe at the earliest moment, fail: the waits are 1, 2, 4, 8, 16 s,
+ * then open_ms (30 s) for as long as the host stays down; a probe that
+ * succeeds closes the breaker, and the next opening starts at 1 s again. */
+static void probe_fails(struct host_state *hs, int64_t *t, int64_t expect_wait)
+{
+	int64_t wait = -1;
+
+	*t = hs->open_until_ms;
+	assert_false(host_may_send(hs, 16, *t - 1, &wait));
+	assert_int_equal(wait, 1);
+	assert_true(host_may_send(hs, 16, *t, &wait));
+	assert_int_equal(hs->breaker, BREAKER_HALF_OPEN);
+	host_send_started(hs);
+	assert_false(host_send_done(hs, down(), N_FAIL, OPEN_MS, *t));   /* not a new opening */
+	assert_int_equal(hs->breaker, BREAKER_OPEN);
+	assert_int_equal(hs->open_until_ms - *t, expect_wait);
+}
+
+static void test_probe_schedule_backs_off_to_open_ms(void **state)
+{
+	struct host_state *hs = hosts_get(*state, "backoff");
+	static const int64_t waits[] = { 2000, 4000, 8000, 16000, OPEN_MS, OPEN_MS, OPEN_MS };
+	int64_t wait = -1, t = T0;
+
+	assert_int_equal(BREAKER_FIRST_PROBE_MS, 1000);
+	open_breaker(hs, t);
+	assert_int_equal(hs->open_until_ms - t, 1000);
+	for (size_t i = 0; i < sizeof(waits) / sizeof(waits[0]); i++)
+		probe_fails(hs, &t, waits[i]);
+	/* back: the next probe succeeds and closes */
+	t = hs->open_until_ms;
+	assert_true(host_may_send(hs, 16, t, &wait));
+	host_send_started(hs);
+	assert_false(host_send_done(hs, ok(), N_FAIL, OPEN_MS, t));
+	assert_int_equal(hs->breaker, BREAKER_CLOSED);
+	/* down again: the schedule starts over at the first wait */
+	for (int i = 0; i < N_FAIL - 1; i++)
+		assert_false(send_one(hs, down(), t));
+	assert_true(send_one(hs, down(), t));
+	assert_int_equal(hs->open_until_ms - t, BREAKER_FIRST_PROBE_MS);
+}
+
+/* A breaker_open_ms below the first wait caps it: the breaker never
+ * waits longer than configured. */
+static void test_short_open_ms_caps_the_first_wait(void **state)
+{
+	struct host_state *hs = hosts_get(*state, "short");
+	int64_t wait = -1;
+
+	for (int i = 0; i < N_FAIL - 1; i++)
+		assert_false(host_send_done(hs, down(), N_FAIL, 200, T0));
+	assert_true(host_send_done(hs, down(), N_FAIL, 200, T0));
+	assert_int_equal(hs->open_until_ms, T0 + 200);
+	assert_true(host_may_send(hs, 16, T0 + 200, &wait));
+	host_send_started(hs);
+	assert_false(host_send_done(hs, down(), N_FAIL, 200, T0 + 200));
+	assert_int_equal(hs->open_until_ms, T0 + 400);
 }
 
 static void test_what_counts_as_a_host_failure(void **state)
@@ -301,15 +362,54 @@ static void test_stragglers_while_open(void **state)
 	assert_false(host_send_done(hs, down(), N_FAIL, OPEN_MS, T0));
 	assert_true(host_send_done(hs, down(), N_FAIL, OPEN_MS, T0));
 	assert_int_equal(hs->breaker, BREAKER_OPEN);
-	assert_false(host_send_done(hs, down(), N_FAIL, OPEN_MS, T0 + 1000));
+	assert_false(host_send_done(hs, down(), N_FAIL, OPEN_MS, T0 + 500));
 	assert_int_equal(hs->breaker, BREAKER_OPEN);
-	assert_int_equal(hs->open_until_ms, T0 + OPEN_MS);
+	assert_int_equal(hs->open_until_ms, T0 + BREAKER_FIRST_PROBE_MS);
 	assert_int_equal(hs->in_flight, 1);
 	/* half-open with a straggler still in flight: the probe still goes */
-	assert_true(host_may_send(hs, 16, T0 + OPEN_MS, &wait));
+	assert_true(host_may_send(hs, 16, T0 + BREAKER_FIRST_PROBE_MS, &wait));
 	host_send_started(hs);
-	assert_false(host_may_send(hs, 16, T0 + OPEN_MS, &wait));
+	assert_false(host_may_send(hs, 16, T0 + BREAKER_FIRST_PROBE_MS, &wait));
 	assert_true(wait > 0);
+}
+
+/* 20,000 hosts each sent to once: none is kept once its effects are gone,
+ * except the ones whose failures the breaker must remember; a host still
+ * held by an effect stays whatever its state. */
+static void test_idle_hosts_are_pruned(void **state)
+{
+	struct hosts *h = *state;
+	struct host_state *failing, *held;
+	char key[64];
+
+	for (int i = 0; i < 20000; i++) {
+		struct host_state *hs;
+
+		snprintf(key, sizeof(key), "http|https://h%d.example:443", i);
+		hs = hosts_get(h, key);
+		send_one(hs, ok(), T0);
+		hosts_release(h, hs);
+	}
+	assert_int_equal(hosts_count(h), 0);
+
+	failing = hosts_get(h, "http|down");
+	send_one(failing, down(), T0);
+	hosts_release(h, failing);
+	held = hosts_get(h, "http|held");
+	assert_int_equal(hosts_count(h), 2);
+	/* The failure count is kept: the breaker still opens on time. */
+	failing = hosts_get(h, "http|down");
+	for (int i = 1; i < N_FAIL - 1; i++)
+		send_one(failing, down(), T0);
+	assert_true(send_one(failing, down(), T0));
+	hosts_release(h, failing);
+	assert_int_equal(hosts_count(h), 2);
+	/* Two effects on one host: kept until the last lets go. */
+	assert_ptr_equal(hosts_get(h, "http|held"), held);
+	hosts_release(h, held);
+	assert_int_equal(hosts_count(h), 2);
+	hosts_release(h, held);
+	assert_int_equal(hosts_count(h), 1);
 }
 
 int main(void)
@@ -322,9 +422,12 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_half_open_lets_exactly_one_probe, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_probe_success_closes, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_probe_failure_reopens, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_probe_schedule_backs_off_to_open_ms, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_short_open_ms_caps_the_first_wait, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_what_counts_as_a_host_failure, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_4xx_does_not_count_and_resets, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_stragglers_while_open, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_idle_hosts_are_pruned, setup, teardown),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

@@ -3,7 +3,8 @@
  * test_netrules.c: providers/lib/netrules.c, the HTTP provider's SSRF
  * rules: special ranges (loopback, private, link-local and the cloud
  * metadata address, CGNAT, multicast, reserved, IPv6 ULA/link-local/::1,
- * IPv4-mapped IPv6) refused unless listed; listed CIDRs, names and
+ * IPv4-mapped IPv6, NAT64 and SIIT translation prefixes, the 6to4 relay
+ * anycast range) refused unless listed; listed CIDRs, names and
  * *.wildcards; public addresses allowed unless public_targets = false;
  * bad allow_hosts entries refused with a message naming them.
  */
@@ -79,6 +80,11 @@ static const char *const special[] = {
 	"::ffff:127.0.0.1", "::ffff:10.1.2.3", "::ffff:169.254.169.254", "::ffff:192.168.1.1",
 	"::ffff:0.0.0.0",
 	"64:ff9b::7f00:1", "64:ff9b::a9fe:a9fe",                     /* NAT64 of 127.0.0.1, metadata */
+	"64:ff9b::808:808",                                          /* NAT64 of a public address */
+	"64:ff9b:1::7f00:1", "64:ff9b:1:7f00:1::",                   /* local-use NAT64 (/48) */
+	"64:ff9b:1:a9:fea9:fe00::", "64:ff9b:1:ffff:ffff:ffff:ffff:ffff",
+	"::ffff:0:7f00:1", "::ffff:0:a9fe:a9fe", "::ffff:0:808:808", /* SIIT IPv4-translated */
+	"192.88.99.1", "192.88.99.0", "192.88.99.255",               /* 6to4 relay anycast */
 	"2001:db8::1", "100::1",
 	NULL,
 };
@@ -95,6 +101,9 @@ static const char *const public_addrs[] = {
 	"2606:4700:4700::1111", "2001:4860:4860::8888", "2a00:1450:4001::200e",
 	"fbff:ffff::1", "fe00::1",                    /* just outside ULA, before link-local */
 	"::ffff:8.8.8.8",
+	"192.88.98.255", "192.88.100.0",              /* around 192.88.99/24 */
+	"64:ff9b:2::1", "64:ff9a:ffff::1",            /* around 64:ff9b:1::/48 */
+	"::fffe:0:7f00:1", "::1:ffff:0:7f00:1",       /* around ::ffff:0:0:0/96 */
 	NULL,
 };
 

@@ -1,0 +1,97 @@
+/* SPDX-License-Identifier: ISC */
+/*
+ * decide.c: the worker's pure decisions (see decide.h): claim or lease and
+ * how many rows, a lease worth its round trip, the connection for
+ * outcomes, outcomes gathering, a free send slot.  Nothing here reads a
+ * clock, a connection or a list: the callers pass what each one reads.
+ */
+#include "decide.h"
+
+#include <limits.h>
+
+#include "hosts.h"
+#include "plugin.h"
+#include "worker_internal.h"
+
+int decide_claim_room(const struct provider_set *providers, int busiest, int leasing_rows)
+{
+	int room = INT_MAX, per_host = INT_MAX;
+
+	for (size_t i = 0; i < providers->n; i++) {
+		const struct provider_slot *p = &providers->slots[i];
+		int free_slots = (int)p->policy.max_in_flight - p->in_flight;
+
+		if (free_slots < room)
+			room = free_slots;
+		if ((int)p->policy.max_per_host < per_host)
+			per_host = (int)p->policy.max_per_host;
+	}
+	per_host -= busiest;
+	if (per_host < room)
+		room = per_host;
+	room -= leasing_rows;
+	return room > 0 ? room : 0;
+}
+
+int decide_claim_limit(const struct claim_view *v, int limit, int full, int64_t *kick_in_ms)
+{
+	int64_t age;
+
+	*kick_in_ms = 0;
+	if (!v->claim_on || !v->claimable || v->waiting)
+		return 0;
+	/* Behind an open breaker a claimed row would only be given back (a
+	 * non-HOT update each way): lease those. */
+	if (v->breakers_open > 0)
+		return 0;
+	/* A mark or a lease on the lease connection on the wire: its answer
+	 * runs this again.  (Not a head scan on the records connection: its
+	 * answer may queue behind outcomes.) */
+	if (v->lease_wire_busy)
+		return -1;
+	if (v->room >= limit || v->room * 2 >= full)
+		return v->room < limit ? v->room : limit;
+	age = v->oldest_send_age_ms >= 0 ? v->oldest_send_age_ms : CLAIM_WAIT_MS;
+	if (age < CLAIM_WAIT_MS) {
+		*kick_in_ms = CLAIM_WAIT_MS - age;
+		return -1;
+	}
+	return 0;
+}
+
+bool decide_lease_worth_it(int in_flight_rows, int limit, int full)
+{
+	return limit > 0 && (in_flight_rows == 0 || limit * 2 >= full);
+}
+
+bool decide_outcomes_on_lease_db(int busy_connections, int full_leases, bool lease_db_up)
+{
+	return busy_connections == 1 && full_leases >= BACKLOG_FULL_LEASES && lease_db_up;
+}
+
+int64_t decide_gather_ms(const struct gather_view *v)
+{
+	if (!v->claimable || v->full_leases < BACKLOG_FULL_LEASES || !v->in_flight ||
+	    v->oldest_age_ms >= BACKLOG_GATHER_MS)
+		return 0;
+	/* A row that was not sent stays `sending` until recorded: a worker
+	 * killed meanwhile would leave it `unknown`.  Record those at once. */
+	if (v->any_not_sent || v->queued * 2 >= v->complete_batch)
+		return 0;
+	return BACKLOG_GATHER_MS - v->oldest_age_ms;
+}
+
+bool slot_free(const struct batch *b, const struct effect *e, int64_t now, int64_t *wait_ms)
+{
+	int pending_for_host = 0, pending_for_prov = 0;
+
+	*wait_ms = 0;
+	for (size_t i = 0; b && i < b->n; i++) {
+		pending_for_host += b->items[i]->host == e->host;
+		pending_for_prov += b->items[i]->prov == e->prov;
+	}
+	if (e->prov->in_flight + pending_for_prov >= e->prov->policy.max_in_flight)
+		return false;
+	return host_may_send(e->host, (int)e->prov->policy.max_per_host - pending_for_host, now,
+	                     wait_ms);
+}

@@ -1,0 +1,93 @@
+# SPDX-License-Identifier: ISC
+"""The maps a reader starts from stay true: every source file of the daemon
+and of outboxctl (the Makefile's DAEMON_SRC, CORE_SRC and CTL_SRC) has a row
+in README's Layout table, every file of the worker (a daemon file that
+includes worker_internal.h) is in worker_internal.h's list of the worker's
+files, and neither map names a file that is not built."""
+import glob
+import os
+import re
+
+from outbox_test import ROOT
+
+
+def makefile_sources(var):
+    """The files of one of the Makefile's source lists (continuation lines
+    joined; a $(wildcard ...) expanded the way make would)."""
+    with open(f"{ROOT}/Makefile") as fh:
+        text = fh.read().replace("\\\n", " ")
+    m = re.search(rf"^{var}\s*:=(.*)$", text, re.M)
+    assert m, f"no {var} in the Makefile"
+    value = m.group(1)
+    wild = re.search(r"\$\(wildcard ([^)]+)\)", value)
+    if wild:
+        return sorted(os.path.relpath(p, ROOT)
+                      for p in glob.glob(f"{ROOT}/{wild.group(1)}"))
+    return value.split()
+
+
+def dispatcher_c(files):
+    return {f for f in files if f.startswith("dispatcher/") and f.endswith(".c")}
+
+
+def layout_paths():
+    """Paths named in the first column of README's Layout table; a bare name
+    after a path is in that path's folder (`dispatcher/config.c`,
+    `config_read.c`)."""
+    with open(f"{ROOT}/README.md") as fh:
+        readme = fh.read()
+    m = re.search(r"^## Layout\n(.*?)^#", readme, re.M | re.S)
+    assert m, "no Layout section in README.md"
+    paths = set()
+    for line in m.group(1).splitlines():
+        if not line.startswith("| `"):
+            continue
+        folder = ""
+        for name in re.findall(r"`([^`]+)`", line.split("|")[1]):
+            if "/" in name:
+                folder = os.path.dirname(name)
+                paths.add(name)
+            else:
+                paths.add(f"{folder}/{name}" if folder else name)
+    return paths
+
+
+def worker_list():
+    """The file names in worker_internal.h's opening comment: one per line,
+    `name.c` (or .h) followed by what it owns."""
+    with open(f"{ROOT}/dispatcher/worker_internal.h") as fh:
+        head = fh.read().split("*/", 2)[1]
+    return {f"dispatcher/{n}" for n in re.findall(r"^ \*   (\w+\.[ch]) ", head, re.M)}
+
+
+def includes_worker_internal(path):
+    with open(f"{ROOT}/{path}") as fh:
+        return '#include "worker_internal.h"' in fh.read()
+
+
+def test_makefile_lists_are_read():
+    daemon = makefile_sources("DAEMON_SRC")
+    assert "dispatcher/worker.c" in daemon and "dispatcher/wire.c" in daemon, daemon
+    assert "dispatcher/util.c" in makefile_sources("CORE_SRC")
+    assert "dispatcher/outboxctl.c" in makefile_sources("CTL_SRC")
+
+
+def test_every_daemon_and_outboxctl_file_is_in_readme_layout():
+    built = dispatcher_c(makefile_sources("DAEMON_SRC") + makefile_sources("CORE_SRC")
+                         + makefile_sources("CTL_SRC"))
+    layout = layout_paths()
+    missing = sorted(built - layout)
+    assert missing == [], "not in README's Layout table: " + ", ".join(missing)
+    stale = sorted(p for p in dispatcher_c(layout) if p not in built)
+    assert stale == [], "README's Layout names files that are not built: " + ", ".join(stale)
+
+
+def test_every_worker_file_is_in_worker_internal_h_list():
+    daemon = dispatcher_c(makefile_sources("DAEMON_SRC"))
+    worker_files = {f for f in daemon if includes_worker_internal(f)}
+    assert {"dispatcher/worker.c", "dispatcher/lease.c"} <= worker_files, worker_files
+    listed = worker_list()
+    missing = sorted(worker_files - listed)
+    assert missing == [], "not in worker_internal.h's list: " + ", ".join(missing)
+    stale = sorted(p for p in dispatcher_c(listed) if p not in daemon)
+    assert stale == [], "worker_internal.h lists files that are not built: " + ", ".join(stale)

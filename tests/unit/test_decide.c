@@ -1,0 +1,322 @@
+/* SPDX-License-Identifier: ISC */
+/*
+ * test_decide.c: dispatcher/decide.c, the worker's pure decisions, each
+ * as a table of cases: the claim's room and its row count (or lease, or
+ * wait and ask again when), a lease worth its round trip, the connection
+ * for outcomes, how long outcomes gather, and a free send slot (the
+ * provider's and the host's limits beside the batch being built, the
+ * breaker).  Each row says why it is there.
+ */
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "decide.h"
+#include "hosts.h"
+#include "plugin.h"
+#include "worker_internal.h"
+
+#define N_OF(a) (sizeof(a) / sizeof((a)[0]))
+
+/* ---- decide_claim_room ---------------------------------------------------- */
+
+struct room_case {
+	const char *why;
+	int in_flight[2], max_in_flight[2], max_per_host[2];
+	size_t providers;
+	int busiest, leasing_rows;
+	int want;
+};
+
+static const struct room_case room_cases[] = {
+	{ "idle, one provider: its per-host limit", { 0 }, { 256 }, { 64 }, 1, 0, 0, 64 },
+	{ "the busiest host's sends count against the per-host limit", { 10 }, { 256 }, { 64 }, 1, 10, 0, 54 },
+	{ "provider slots smaller than the per-host room", { 250 }, { 256 }, { 64 }, 1, 0, 0, 6 },
+	{ "rows a lease on the wire may bring are not claimed twice", { 0 }, { 256 }, { 64 }, 1, 0, 20, 44 },
+	{ "the tightest of two providers", { 0, 30 }, { 256, 32 }, { 64, 16 }, 2, 0, 0, 2 },
+	{ "the smallest per-host limit of any provider", { 0, 0 }, { 256, 256 }, { 64, 16 }, 2, 4, 0, 12 },
+	{ "never negative: full host", { 0 }, { 256 }, { 64 }, 1, 64, 0, 0 },
+	{ "never negative: leases bring more than fits", { 0 }, { 256 }, { 64 }, 1, 0, 100, 0 },
+	{ "never negative: provider over its limit after a reload", { 40 }, { 32 }, { 64 }, 1, 0, 0, 0 },
+};
+
+static void test_claim_room(void **state)
+{
+	(void)state;
+	for (size_t i = 0; i < N_OF(room_cases); i++) {
+		const struct room_case *c = &room_cases[i];
+		struct provider_slot slots[2];
+		struct provider_set set = { slots, c->providers };
+
+		memset(slots, 0, sizeof(slots));
+		for (size_t p = 0; p < c->providers; p++) {
+			slots[p].in_flight = c->in_flight[p];
+			slots[p].policy.max_in_flight = c->max_in_flight[p];
+			slots[p].policy.max_per_host = c->max_per_host[p];
+		}
+		if (decide_claim_room(&set, c->busiest, c->leasing_rows) != c->want)
+			fail_msg("%s: room %d, want %d", c->why,
+			         decide_claim_room(&set, c->busiest, c->leasing_rows), c->want);
+	}
+}
+
+/* ---- decide_claim_limit --------------------------------------------------- */
+
+struct claim_case {
+	const char *why;
+	struct claim_view v;
+	int limit, full;
+	int want;
+	int64_t want_kick_ms;
+};
+
+/* A worker that may claim, nothing waiting or on the wire, no breaker open. */
+#define CLAIMS .claim_on = true, .claimable = true
+
+static const struct claim_case claim_cases[] = {
+	{ "room for every row asked for: claim them all",
+	  { CLAIMS, .room = 64, .oldest_send_age_ms = -1 }, 64, 64, 64, 0 },
+	{ "room for more than asked: claim what was asked",
+	  { CLAIMS, .room = 200, .oldest_send_age_ms = -1 }, 32, 64, 32, 0 },
+	{ "room for half a batch: claim the room",
+	  { CLAIMS, .room = 32, .oldest_send_age_ms = -1 }, 64, 64, 32, 0 },
+	{ "claim off in the config: lease",
+	  { .claimable = true, .room = 64, .oldest_send_age_ms = -1 }, 64, 64, 0, 0 },
+	{ "a provider whose sends queue (email): lease",
+	  { .claim_on = true, .room = 64, .oldest_send_age_ms = -1 }, 64, 64, 0, 0 },
+	{ "effects wait for a slot: lease, so they keep their order",
+	  { CLAIMS, .waiting = true, .room = 64, .oldest_send_age_ms = -1 }, 64, 64, 0, 0 },
+	{ "a breaker open: lease (a claimed row would only be given back)",
+	  { CLAIMS, .breakers_open = 1, .room = 64, .oldest_send_age_ms = -1 }, 64, 64, 0, 0 },
+	{ "a mark or lease on the wire: wait for its answer, no timer",
+	  { CLAIMS, .lease_wire_busy = true, .room = 64, .oldest_send_age_ms = -1 }, 64, 64, -1, 0 },
+	{ "little room, young sends in flight: wait for them, ask again when the oldest is 100 ms old",
+	  { CLAIMS, .room = 10, .oldest_send_age_ms = 30 }, 64, 64, -1, CLAIM_WAIT_MS - 30 },
+	{ "little room, a send just started: wait the whole 100 ms",
+	  { CLAIMS, .room = 10, .oldest_send_age_ms = 0 }, 64, 64, -1, CLAIM_WAIT_MS },
+	{ "little room, the oldest send is slow: lease ahead",
+	  { CLAIMS, .room = 10, .oldest_send_age_ms = CLAIM_WAIT_MS }, 64, 64, 0, 0 },
+	{ "little room, nothing in flight: lease",
+	  { CLAIMS, .room = 10, .oldest_send_age_ms = -1 }, 64, 64, 0, 0 },
+	{ "no room at all, young sends: wait",
+	  { CLAIMS, .room = 0, .oldest_send_age_ms = 99 }, 64, 64, -1, 1 },
+	{ "a small batch: room for half of it is enough",
+	  { CLAIMS, .room = 4, .oldest_send_age_ms = 10 }, 8, 8, 4, 0 },
+};
+
+static void test_claim_limit(void **state)
+{
+	(void)state;
+	for (size_t i = 0; i < N_OF(claim_cases); i++) {
+		const struct claim_case *c = &claim_cases[i];
+		int64_t kick = -7;
+		int got = decide_claim_limit(&c->v, c->limit, c->full, &kick);
+
+		if (got != c->want || kick != c->want_kick_ms)
+			fail_msg("%s: %d rows, kick in %lld ms; want %d, %lld", c->why, got,
+			         (long long)kick, c->want, (long long)c->want_kick_ms);
+	}
+}
+
+/* ---- decide_lease_worth_it ------------------------------------------------ */
+
+struct worth_case {
+	const char *why;
+	int in_flight_rows, limit, full;
+	bool want;
+};
+
+static const struct worth_case worth_cases[] = {
+	{ "idle: any row is worth a lease (latency)", 0, 1, 64, true },
+	{ "busy, a whole batch fits", 100, 64, 64, true },
+	{ "busy, exactly half a batch fits", 100, 32, 64, true },
+	{ "busy, less than half a batch: wait for more room", 100, 31, 64, false },
+	{ "rows on the wire count as busy", 1, 10, 64, false },
+	{ "no room: never", 0, 0, 64, false },
+	{ "a batch of one: one row is half of it", 5, 1, 1, true },
+};
+
+static void test_lease_worth_it(void **state)
+{
+	(void)state;
+	for (size_t i = 0; i < N_OF(worth_cases); i++) {
+		const struct worth_case *c = &worth_cases[i];
+
+		if (decide_lease_worth_it(c->in_flight_rows, c->limit, c->full) != c->want)
+			fail_msg("%s: want %d", c->why, c->want);
+	}
+}
+
+/* ---- decide_outcomes_on_lease_db ------------------------------------------ */
+
+struct outcomes_case {
+	const char *why;
+	int busy_connections, full_leases;
+	bool lease_db_up, want;
+};
+
+static const struct outcomes_case outcomes_cases[] = {
+	{ "a backlog: outcomes behind the leases, one busy backend", 1, BACKLOG_FULL_LEASES, true, true },
+	{ "a long backlog", 1, 50, true, true },
+	{ "one full lease short of a backlog: the records connection", 1, BACKLOG_FULL_LEASES - 1, true, false },
+	{ "no backlog", 1, 0, true, false },
+	{ "busy_connections = 2 keeps the split", 2, 50, true, false },
+	{ "the lease connection down: the records connection", 1, 50, false, false },
+};
+
+static void test_outcomes_on_lease_db(void **state)
+{
+	(void)state;
+	for (size_t i = 0; i < N_OF(outcomes_cases); i++) {
+		const struct outcomes_case *c = &outcomes_cases[i];
+
+		if (decide_outcomes_on_lease_db(c->busy_connections, c->full_leases, c->lease_db_up) != c->want)
+			fail_msg("%s: want %d", c->why, c->want);
+	}
+}
+
+/* ---- decide_gather_ms ------------------------------------------------------- */
+
+struct gather_case {
+	const char *why;
+	struct gather_view v;
+	int64_t want;
+};
+
+/* A claiming worker in a backlog with sends in flight, a batch of 100. */
+#define BACKLOG .claimable = true, .full_leases = BACKLOG_FULL_LEASES, .in_flight = true, \
+                .complete_batch = 100
+
+static const struct gather_case gather_cases[] = {
+	{ "backlog, a few fresh outcomes: wait the rest of the 15 ms",
+	  { BACKLOG, .oldest_age_ms = 0, .queued = 10 }, BACKLOG_GATHER_MS },
+	{ "backlog, the oldest 10 ms old: wait 5 more",
+	  { BACKLOG, .oldest_age_ms = 10, .queued = 10 }, BACKLOG_GATHER_MS - 10 },
+	{ "waited long enough: record now",
+	  { BACKLOG, .oldest_age_ms = BACKLOG_GATHER_MS, .queued = 10 }, 0 },
+	{ "half a completion batch queued: record now",
+	  { BACKLOG, .oldest_age_ms = 0, .queued = 50 }, 0 },
+	{ "just under half a batch: wait",
+	  { BACKLOG, .oldest_age_ms = 0, .queued = 49 }, BACKLOG_GATHER_MS },
+	{ "a not-sent outcome: record now (it stays sending until recorded)",
+	  { BACKLOG, .oldest_age_ms = 0, .queued = 3, .any_not_sent = true }, 0 },
+	{ "no backlog: record now",
+	  { .claimable = true, .full_leases = BACKLOG_FULL_LEASES - 1, .in_flight = true,
+	    .complete_batch = 100, .queued = 3 }, 0 },
+	{ "nothing in flight to bring more: record now",
+	  { .claimable = true, .full_leases = BACKLOG_FULL_LEASES, .complete_batch = 100,
+	    .queued = 3 }, 0 },
+	{ "a worker whose sends queue (email): record now",
+	  { .full_leases = BACKLOG_FULL_LEASES, .in_flight = true, .complete_batch = 100,
+	    .queued = 3 }, 0 },
+};
+
+static void test_gather(void **state)
+{
+	(void)state;
+	for (size_t i = 0; i < N_OF(gather_cases); i++) {
+		const struct gather_case *c = &gather_cases[i];
+		int64_t got = decide_gather_ms(&c->v);
+
+		if (got != c->want)
+			fail_msg("%s: %lld ms, want %lld", c->why, (long long)got, (long long)c->want);
+	}
+}
+
+/* ---- slot_free ------------------------------------------------------------ */
+
+struct slot_case {
+	const char *why;
+	int prov_in_flight, max_in_flight, max_per_host;
+	int host_in_flight;
+	enum breaker_state breaker;
+	int64_t open_until_ms;
+	bool probe_in_flight;
+	int batch_same_host, batch_other_host;   /* effects already in the batch being built */
+	bool want;
+	int64_t want_wait_ms;
+	enum breaker_state want_breaker;
+};
+
+#define NOW 1000000
+
+static const struct slot_case slot_cases[] = {
+	{ "room everywhere", 0, 256, 64, 0, BREAKER_CLOSED, 0, false, 0, 0, true, 0, BREAKER_CLOSED },
+	{ "the provider full", 256, 256, 64, 0, BREAKER_CLOSED, 0, false, 0, 0, false, 0, BREAKER_CLOSED },
+	{ "the provider full with the batch", 250, 256, 64, 0, BREAKER_CLOSED, 0, false, 3, 3, false, 0,
+	  BREAKER_CLOSED },
+	{ "the host full", 10, 256, 64, 64, BREAKER_CLOSED, 0, false, 0, 0, false, 0, BREAKER_CLOSED },
+	{ "the host full with the batch's rows for it", 10, 256, 64, 60, BREAKER_CLOSED, 0, false, 4, 0,
+	  false, 0, BREAKER_CLOSED },
+	{ "the batch's rows for other hosts leave this host's room", 10, 256, 64, 60, BREAKER_CLOSED, 0,
+	  false, 3, 20, true, 0, BREAKER_CLOSED },
+	{ "breaker open: wait until it may probe", 0, 256, 64, 0, BREAKER_OPEN, NOW + 250, false, 0, 0,
+	  false, 250, BREAKER_OPEN },
+	{ "breaker open, its time up: half-open, one probe may go", 0, 256, 64, 0, BREAKER_OPEN, NOW,
+	  false, 0, 0, true, 0, BREAKER_HALF_OPEN },
+	{ "half-open with its probe out: wait 100 ms", 0, 256, 64, 1, BREAKER_HALF_OPEN, 0, true, 0, 0,
+	  false, 100, BREAKER_HALF_OPEN },
+};
+
+static void test_slot_free(void **state)
+{
+	(void)state;
+	for (size_t i = 0; i < N_OF(slot_cases); i++) {
+		const struct slot_case *c = &slot_cases[i];
+		struct provider_slot prov;
+		struct host_state host, other;
+		struct effect e, same, diff;
+		size_t n = (size_t)(c->batch_same_host + c->batch_other_host);
+		struct batch *b = calloc(1, sizeof(*b) + (n ? n : 1) * sizeof(b->items[0]));
+		int64_t wait_ms = -7;
+		bool got;
+
+		assert_non_null(b);
+		memset(&prov, 0, sizeof(prov));
+		memset(&host, 0, sizeof(host));
+		memset(&other, 0, sizeof(other));
+		memset(&e, 0, sizeof(e));
+		prov.in_flight = c->prov_in_flight;
+		prov.policy.max_in_flight = c->max_in_flight;
+		prov.policy.max_per_host = c->max_per_host;
+		host.in_flight = c->host_in_flight;
+		host.breaker = c->breaker;
+		host.open_until_ms = c->open_until_ms;
+		host.probe_in_flight = c->probe_in_flight;
+		e.prov = &prov;
+		e.host = &host;
+		same = e;
+		diff = e;
+		diff.host = &other;
+		for (int k = 0; k < c->batch_same_host; k++)
+			b->items[b->n++] = &same;
+		for (int k = 0; k < c->batch_other_host; k++)
+			b->items[b->n++] = &diff;
+		got = slot_free(n ? b : NULL, &e, NOW, &wait_ms);
+		if (got != c->want || wait_ms != c->want_wait_ms || host.breaker != c->want_breaker)
+			fail_msg("%s: %d, wait %lld ms, breaker %d; want %d, %lld, %d", c->why, got,
+			         (long long)wait_ms, host.breaker, c->want, (long long)c->want_wait_ms,
+			         c->want_breaker);
+		free(b);
+	}
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_claim_room),
+		cmocka_unit_test(test_claim_limit),
+		cmocka_unit_test(test_lease_worth_it),
+		cmocka_unit_test(test_outcomes_on_lease_db),
+		cmocka_unit_test(test_gather),
+		cmocka_unit_test(test_slot_free),
+	};
+
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
