@@ -44,7 +44,7 @@ DAEMON_SRC := dispatcher/main.c dispatcher/worker.c dispatcher/health.c dispatch
               dispatcher/lease.c dispatcher/claim.c dispatcher/decide.c dispatcher/send.c dispatcher/reconcile.c \
               dispatcher/housekeeping.c dispatcher/late.c dispatcher/wire.c dispatcher/worker_sql.c \
               dispatcher/plugin.c dispatcher/hosts.c dispatcher/policy.c \
-              dispatcher/metrics.c dispatcher/sdnotify.c \
+              dispatcher/metrics.c dispatcher/metrics_http.c dispatcher/sdnotify.c \
               providers/lib/json_text.c providers/lib/text.c
 CTL_SRC   := $(sort $(wildcard dispatcher/outboxctl*.c))
 # A plugin is providers/NAME.c or the files providers/NAME/*.c;
@@ -101,7 +101,7 @@ $(BUILD)/providers/outbox_%.so: $$(patsubst %.c,$(BUILD)/obj/%.o,$$(wildcard pro
 	@$(CC) $(ALL_CFLAGS) -shared -o $@ $^ $(ALL_LDFLAGS) $(PKG_LIBS) -lpthread
 
 # Unit tests (cmocka) link the objects they test; none includes a .c file.
-UNIT_DAEMON_OBJ := $(patsubst %,$(BUILD)/obj/dispatcher/%.o,policy hosts metrics sdnotify decide)
+UNIT_DAEMON_OBJ := $(patsubst %,$(BUILD)/obj/dispatcher/%.o,policy hosts metrics metrics_http sdnotify decide)
 $(BUILD)/tests/test_%: tests/unit/test_%.c $(CORE_OBJ) $(UNIT_DAEMON_OBJ) $(PROV_LIB_OBJ)
 	@mkdir -p $(dir $@)
 	@echo "  LD      $@"

@@ -12,6 +12,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
+#include <sys/stat.h>
 
 #include "log.h"
 #include "util.h"
@@ -125,6 +127,7 @@ static bool resolve_secret(struct conf_entry *e, const char *path, char *err, si
 		FILE *fp;
 		char buf[4096];
 		size_t n;
+		struct stat st;
 
 		/* systemd's per-unit credentials directory differs per instance
 		 * (/run/credentials/outbox-dispatcher@N.service): one config
@@ -146,6 +149,11 @@ static bool resolve_secret(struct conf_entry *e, const char *path, char *err, si
 			         e->line, e->section, e->key, file, strerror(errno));
 			return false;
 		}
+		if (fstat(fileno(fp), &st) == 0 && (st.st_mode & S_IROTH))
+			log_msg(OLOG_WARN, "secret_file_readable",
+			        "%s:%d: [%s] %s: secret file %s is readable by every user (mode %03o): "
+			        "chmod o-r it, or pass it with systemd's LoadCredential=", path, e->line,
+			        e->section, e->key, file, (unsigned)(st.st_mode & 0777));
 		n = fread(buf, 1, sizeof(buf) - 1, fp);
 		fclose(fp);
 		buf[n] = '\0';
@@ -164,6 +172,52 @@ static bool resolve_secret(struct conf_entry *e, const char *path, char *err, si
 		e->resolved = xstrdup(v);
 	}
 	return true;
+}
+
+/* A config file every user may read that holds a secret in clear. */
+static void warn_readable_config(const struct config *cfg, int line, const char *section,
+                                 const char *key)
+{
+	log_msg(OLOG_WARN, "config_readable",
+	        "%s:%d: [%s] %s: a secret in a config file every user may read: chmod o-r the "
+	        "file, or name the secret with file: or env:", cfg->path, line, section, key);
+}
+
+/* Whether a conninfo carries a password (key=value or URI user:pw@). */
+static bool conninfo_has_password(const char *ci)
+{
+	const char *auth, *at, *slash;
+
+	if (strcasestr(ci, "password") != NULL)
+		return true;
+	if (strncmp(ci, "postgresql://", 13) == 0)
+		auth = ci + 13;
+	else if (strncmp(ci, "postgres://", 11) == 0)
+		auth = ci + 11;
+	else
+		return false;
+	slash = strchr(auth, '/');
+	at = strchr(auth, '@');
+	if (at == NULL || (slash != NULL && slash < at))
+		return false;
+	return memchr(auth, ':', (size_t)(at - auth)) != NULL;
+}
+
+/* A relative provider_dir names a directory beside the config file, not
+ * one under whatever directory the worker was started from. */
+static void resolve_provider_dir(struct config *cfg)
+{
+	struct conf_entry *e = (struct conf_entry *)config_find(cfg, "dispatcher", "provider_dir");
+	const char *slash = strrchr(cfg->path, '/');
+	struct strbuf b;
+
+	if (e == NULL || e->value[0] == '\0' || e->value[0] == '/' || slash == NULL)
+		return;
+	sb_init(&b, strlen(cfg->path) + strlen(e->value) + 2);
+	sb_append(&b, cfg->path, (size_t)(slash - cfg->path) + 1);
+	sb_puts(&b, e->value);
+	free(e->value);
+	e->value = b.s;
 }
 
 static bool check_entry(struct config *cfg, struct conf_entry *e,
@@ -191,6 +245,11 @@ static bool check_entry(struct config *cfg, struct conf_entry *e,
 	case CONF_SECRET:
 		free(e->resolved);
 		e->resolved = NULL;
+		/* A conninfo is a secret only when it carries a password. */
+		if (cfg->others_can_read && strncmp(e->value, "file:", 5) != 0 &&
+		    strncmp(e->value, "env:", 4) != 0 &&
+		    (strcmp(e->key, "conninfo") != 0 || conninfo_has_password(e->value)))
+			warn_readable_config(cfg, e->line, e->section, e->key);
 		return resolve_secret(e, cfg->path, err, errlen);
 	case CONF_STR:
 		return true;
@@ -290,6 +349,7 @@ bool config_core(struct config *cfg, struct core_settings *s, char *err, size_t 
 	s->reconnect_max_ms = I("database", core_keys_database, "reconnect_max_ms");
 	s->busy_connections = I("database", core_keys_database, "busy_connections");
 	s->worker_name = S("dispatcher", core_keys_dispatcher, "worker_name");
+	resolve_provider_dir(cfg);
 	s->provider_dir = S("dispatcher", core_keys_dispatcher, "provider_dir");
 	s->providers = S("dispatcher", core_keys_dispatcher, "providers");
 	s->lease_seconds = I("dispatcher", core_keys_dispatcher, "lease_seconds");

@@ -27,6 +27,7 @@ struct config {
 	char *path;
 	struct conf_entry *entries;
 	size_t n, cap;
+	bool others_can_read;      /* the file's mode has o+r (config_load) */
 };
 
 /* The [database], [dispatcher], [metrics] and [log] settings. */

@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "util.h"
 
@@ -242,6 +243,7 @@ struct config *config_load(const char *path, char *err, size_t errlen)
 {
 	struct parse_ctx ctx = { .err = err, .errlen = errlen };
 	struct config *cfg;
+	struct stat st;
 
 	ctx.fp = fopen(path, "r");
 	if (ctx.fp == NULL) {
@@ -250,6 +252,7 @@ struct config *config_load(const char *path, char *err, size_t errlen)
 	}
 	ctx.cfg = xcalloc(1, sizeof(*ctx.cfg));
 	ctx.cfg->path = xstrdup(path);
+	ctx.cfg->others_can_read = fstat(fileno(ctx.fp), &st) == 0 && (st.st_mode & S_IROTH);
 	cfg = parse(&ctx);
 	fclose(ctx.fp);
 	return cfg;

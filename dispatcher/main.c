@@ -21,6 +21,7 @@
 #include <string.h>
 
 #include "log.h"
+#include "util.h"
 #include "worker.h"
 
 #define OUTBOX_VERSION "0.1.0"
@@ -69,6 +70,8 @@ int main(int argc, char **argv)
 		usage(stderr);
 		return 2;
 	}
+	/* Descriptors for the database, the sends and the metrics port. */
+	(void)fd_limit_raise();
 	/* A peer closing a socket must not kill the worker. */
 	signal(SIGPIPE, SIG_IGN);
 	/* Providers hand results back from their own threads. */

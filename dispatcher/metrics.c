@@ -1,12 +1,8 @@
 /* SPDX-License-Identifier: ISC */
 /*
  * metrics.c: the worker's counters, gauges and send-latency histograms,
- * rendered in the Prometheus text exposition format (version 0.0.4) and
- * served with libevent's evhttp on [metrics] listen:
- *
- *   GET /metrics   the text below
- *   GET /healthz   200 "ok" when ready and the loop turns, else 503 + reason
- *   anything else  404
+ * rendered in the Prometheus text exposition format (version 0.0.4), and
+ * the /healthz verdict; metrics_http.c serves both on [metrics] listen.
  *
  * The label sets are bounded: at most METRICS_MAX_PROVIDERS provider names
  * (later names are counted under provider="other") times a fixed list of
@@ -15,24 +11,13 @@
  */
 #include "metrics.h"
 
-#include <errno.h>
-#include <fcntl.h>
 #include <math.h>
-#include <netdb.h>
-#include <netinet/in.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
-#include <unistd.h>
 
-#include <event2/buffer.h>
-#include <event2/event.h>
-#include <event2/http.h>
-#include <event2/keyvalq_struct.h>
-#include <event2/listener.h>
 
 #include "log.h"
 #include "util.h"
@@ -132,8 +117,6 @@ static struct {
 	int64_t start_wall_ms;
 	int64_t heartbeat_ms;          /* now_mono_ms() of the last heartbeat; 0: none */
 
-	struct evhttp *http;
-	struct evhttp_bound_socket *sock;
 	metrics_ready_fn ready;
 	void *ready_arg;
 } M;
@@ -341,14 +324,12 @@ static void render_process(struct sbuf *b)
 	sb_printf(b, "\n");
 }
 
-static void health_check(char *why, size_t len);
-
 /* /healthz's answer as a gauge, for alerts (OutboxWorkerNotReady). */
 static void render_ready(struct sbuf *b)
 {
 	char why[512];
 
-	health_check(why, sizeof(why));
+	metrics_health(why, sizeof(why));
 	sb_header(b, "outbox_ready", "gauge",
 	          "1 when /healthz answers 200 (ready to serve), 0 when it answers 503.");
 	sb_printf(b, "outbox_ready %d\n", why[0] == '\0');
@@ -441,28 +422,15 @@ char *metrics_render(void)
 	return b.s;
 }
 
-/* ---- HTTP ---- */
+/* ---- /healthz ---- */
 
-static void reply_text(struct evhttp_request *req, int code, const char *reason,
-                       const char *ctype, const char *body, size_t len)
+void metrics_set_ready(metrics_ready_fn ready, void *arg)
 {
-	struct evbuffer *out = evbuffer_new();
-	struct evkeyvalq *h = evhttp_request_get_output_headers(req);
-
-	if (!out) {
-		evhttp_send_error(req, HTTP_INTERNAL, NULL);
-		return;
-	}
-	evhttp_add_header(h, "Content-Type", ctype);
-	evhttp_add_header(h, "Cache-Control", "no-store");
-	if (evhttp_request_get_command(req) != EVHTTP_REQ_HEAD)
-		evbuffer_add(out, body, len);
-	evhttp_send_reply(req, code, reason, out);
-	evbuffer_free(out);
+	M.ready = ready;
+	M.ready_arg = arg;
 }
 
-/* Why the worker is not healthy, or "" when it is. */
-static void health_check(char *why, size_t len)
+void metrics_health(char *why, size_t len)
 {
 	int64_t now = now_mono_ms();
 
@@ -484,185 +452,3 @@ static void health_check(char *why, size_t len)
 	why[0] = '\0';
 }
 
-static void http_cb(struct evhttp_request *req, void *arg)
-{
-	const struct evhttp_uri *uri = evhttp_request_get_evhttp_uri(req);
-	const char *path = uri ? evhttp_uri_get_path(uri) : NULL;
-
-	(void)arg;
-	if (path && strcmp(path, "/metrics") == 0) {
-		char *text = metrics_render();
-		reply_text(req, HTTP_OK, "OK", "text/plain; version=0.0.4; charset=utf-8",
-		           text, strlen(text));
-		free(text);
-	} else if (path && strcmp(path, "/healthz") == 0) {
-		char why[256];
-		health_check(why, sizeof(why));
-		if (!why[0]) {
-			reply_text(req, HTTP_OK, "OK", "text/plain; charset=utf-8", "ok", 2);
-		} else {
-			reply_text(req, 503, "Service Unavailable", "text/plain; charset=utf-8",
-			           why, strlen(why));
-		}
-	} else {
-		static const char nf[] = "not found: try /metrics or /healthz";
-		reply_text(req, HTTP_NOTFOUND, "Not Found", "text/plain; charset=utf-8",
-		           nf, sizeof(nf) - 1);
-	}
-}
-
-/* "host:port" or "[v6]:port" into host and port; false with err. */
-static bool split_listen(const char *listen, char *host, size_t hostlen, char *port,
-                         size_t portlen, char *err, size_t errlen)
-{
-	const char *colon, *h = listen;
-	size_t n;
-
-	if (listen[0] == '[') {
-		const char *close = strchr(listen, ']');
-		if (!close || close[1] != ':') {
-			snprintf(err, errlen, "metrics: [metrics] listen \"%s\": expected [IPv6]:port", listen);
-			return false;
-		}
-		h = listen + 1;
-		n = (size_t)(close - h);
-		colon = close + 1;
-	} else {
-		colon = strrchr(listen, ':');
-		if (!colon || memchr(listen, ':', (size_t)(colon - listen))) {
-			snprintf(err, errlen, "metrics: [metrics] listen \"%s\": expected host:port "
-			         "(IPv6 as [addr]:port)", listen);
-			return false;
-		}
-		n = (size_t)(colon - listen);
-	}
-	if (n == 0 || n >= hostlen) {
-		snprintf(err, errlen, "metrics: [metrics] listen \"%s\": missing or too long host",
-		         listen);
-		return false;
-	}
-	memcpy(host, h, n);
-	host[n] = '\0';
-	colon++;
-	if (!*colon || strlen(colon) >= portlen || strspn(colon, "0123456789") != strlen(colon) ||
-	    atol(colon) > 65535) {
-		snprintf(err, errlen, "metrics: [metrics] listen \"%s\": bad port \"%s\"", listen, colon);
-		return false;
-	}
-	str_copy(port, colon, portlen);
-	return true;
-}
-
-/* A listening, non-blocking socket on the first address of host:port
- * that binds; -1 with err naming the address on failure. */
-static int listen_socket(const char *addr, const char *host, const char *port,
-                         char *err, size_t errlen)
-{
-	struct addrinfo hints, *res = NULL, *ai;
-	int fd = -1, rc, saved = 0;
-
-	memset(&hints, 0, sizeof(hints));
-	hints.ai_family = AF_UNSPEC;
-	hints.ai_socktype = SOCK_STREAM;
-	hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
-	rc = getaddrinfo(host, port, &hints, &res);
-	if (rc != 0) {
-		snprintf(err, errlen, "metrics: cannot listen on %s ([metrics] listen): %s", addr, gai_strerror(rc));
-		return -1;
-	}
-	for (ai = res; ai; ai = ai->ai_next) {
-		int one = 1;
-		fd = socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC,
-		            ai->ai_protocol);
-		if (fd < 0) {
-			saved = errno;
-			continue;
-		}
-		(void)setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-		if (ai->ai_family == AF_INET6)
-			(void)setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof(one));
-		if (bind(fd, ai->ai_addr, ai->ai_addrlen) == 0 && listen(fd, 64) == 0)
-			break;
-		saved = errno;
-		close(fd);
-		fd = -1;
-	}
-	freeaddrinfo(res);
-	if (fd < 0)
-		snprintf(err, errlen, "metrics: cannot listen on %s ([metrics] listen): %s", addr,
-		         strerror(saved ? saved : EADDRNOTAVAIL));
-	return fd;
-}
-
-bool metrics_start(struct event_base *base, const char *listen, metrics_ready_fn ready,
-                   void *arg, char *err, size_t errlen)
-{
-	char host[256], port[8];
-	struct evconnlistener *lev;
-	int fd;
-
-	if (err && errlen)
-		err[0] = '\0';
-	metrics_stop();
-	M.ready = ready;
-	M.ready_arg = arg;
-	if (!listen || !listen[0])
-		return true;   /* off */
-	if (!err || !errlen) {
-		static char scratch[256];
-		err = scratch;
-		errlen = sizeof(scratch);
-	}
-	if (!split_listen(listen, host, sizeof(host), port, sizeof(port), err, errlen))
-		return false;
-	fd = listen_socket(listen, host, port, err, errlen);
-	if (fd < 0)
-		return false;
-	M.http = evhttp_new(base);
-	if (!M.http) {
-		close(fd);
-		snprintf(err, errlen, "metrics: cannot create the HTTP server for %s", listen);
-		return false;
-	}
-	evhttp_set_allowed_methods(M.http, EVHTTP_REQ_GET | EVHTTP_REQ_HEAD);
-	evhttp_set_timeout(M.http, 10);
-	evhttp_set_max_headers_size(M.http, 16384);
-	evhttp_set_max_body_size(M.http, 4096);
-	evhttp_set_gencb(M.http, http_cb, NULL);
-	/* The listener owns fd from here: freeing it closes the socket. */
-	lev = evconnlistener_new(base, NULL, NULL, LEV_OPT_CLOSE_ON_FREE | LEV_OPT_CLOSE_ON_EXEC,
-	                         0, fd);
-	if (!lev) {
-		close(fd);
-	} else {
-		M.sock = evhttp_bind_listener(M.http, lev);
-		if (!M.sock)
-			evconnlistener_free(lev);
-	}
-	if (!M.sock) {
-		evhttp_free(M.http);
-		M.http = NULL;
-		snprintf(err, errlen, "metrics: cannot serve HTTP on %s", listen);
-		return false;
-	}
-	{
-		struct sockaddr_storage ss;
-		socklen_t sl = sizeof(ss);
-		char h[NI_MAXHOST] = "?", p[NI_MAXSERV] = "?";
-		if (getsockname(fd, (struct sockaddr *)&ss, &sl) == 0)
-			(void)getnameinfo((struct sockaddr *)&ss, sl, h, sizeof(h), p, sizeof(p),
-			                  NI_NUMERICHOST | NI_NUMERICSERV);
-		log_msg(OLOG_INFO, "metrics_listening", "metrics on http://%s%s%s:%s/metrics",
-		        strchr(h, ':') ? "[" : "", h, strchr(h, ':') ? "]" : "", p);
-	}
-	return true;
-}
-
-void metrics_stop(void)
-{
-	if (M.http) {
-		evhttp_free(M.http);   /* closes the listener and open connections */
-		M.http = NULL;
-		M.sock = NULL;
-	}
-}

@@ -59,10 +59,23 @@ enum metric_gauge {
 typedef bool (*metrics_ready_fn)(void *arg, char *why, size_t len);
 
 void metrics_init(const char *worker);
-/* Start the HTTP listener; listen "" means off.  False with err on failure. */
+/* Start the HTTP listener (metrics_http.c); listen "" means off.  False
+ * with err on failure.  At most METRICS_MAX_CONNECTIONS connections are
+ * open at once (more are closed as soon as accepted), and each gets
+ * METRICS_CONNECTION_MS in all to send its request and read the answer. */
+#define METRICS_MAX_CONNECTIONS 64
+#define METRICS_CONNECTION_MS 5000
 bool metrics_start(struct event_base *base, const char *listen, metrics_ready_fn ready,
                    void *arg, char *err, size_t errlen);
 void metrics_stop(void);
+/* Open metrics connections (for the tests). */
+int metrics_connections(void);
+
+/* Who answers /healthz's readiness question. */
+void metrics_set_ready(metrics_ready_fn ready, void *arg);
+/* Why the worker is not healthy (starting, stalled, not ready), or "" when
+ * it is. */
+void metrics_health(char *why, size_t len);
 
 /* The exported family name of a counter or gauge (NULL out of range). */
 const char *metrics_counter_name(enum metric_counter c);

@@ -5,6 +5,7 @@
 #include "plugin.h"
 
 #include <dlfcn.h>
+#include <errno.h>
 #include <limits.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -84,6 +85,36 @@ void providers_default_dir(char *buf, size_t len)
 	str_copy(buf, OUTBOX_LIBDIR, len);
 }
 
+/*
+ * Whether path (the provider directory or a plugin in it) may be trusted
+ * to hold code: owned by root or by the user the worker runs as, and
+ * writable by neither group nor others.  Anyone who can write either could
+ * make the worker run their code, with its database login and secrets.
+ */
+static bool trusted_path(const char *what, const char *path, char *err, size_t errlen)
+{
+	struct stat st;
+
+	if (stat(path, &st) != 0) {
+		snprintf(err, errlen, "%s %s: %s", what, path, strerror(errno));
+		return false;
+	}
+	if (st.st_uid != 0 && st.st_uid != geteuid()) {
+		snprintf(err, errlen, "%s %s is owned by uid %u, neither root nor the worker's user "
+		         "(uid %u): refusing to load code from it", what, path, (unsigned)st.st_uid,
+		         (unsigned)geteuid());
+		return false;
+	}
+	if (st.st_mode & (S_IWGRP | S_IWOTH)) {
+		snprintf(err, errlen, "%s %s is writable by %s (mode %03o): refusing to load code "
+		         "from it; chmod go-w it", what, path,
+		         (st.st_mode & S_IWOTH) ? "every user" : "its group",
+		         (unsigned)(st.st_mode & 0777));
+		return false;
+	}
+	return true;
+}
+
 static bool load_one(struct provider_slot *slot, struct config *cfg, const char *dir,
                      const char *name, char *err, size_t errlen)
 {
@@ -98,6 +129,8 @@ static bool load_one(struct provider_slot *slot, struct config *cfg, const char 
 	}
 	str_copy(slot->name, name, sizeof(slot->name));
 	snprintf(path, sizeof(path), "%s/outbox_%s.so", dir, name);
+	if (access(path, F_OK) == 0 && !trusted_path("provider plugin", path, err, errlen))
+		return false;
 	slot->dl = dlopen(path, RTLD_NOW | RTLD_LOCAL);
 	if (slot->dl == NULL) {
 		snprintf(err, errlen, "provider \"%s\": cannot load %s: %s", name, path, dlerror());
@@ -170,6 +203,10 @@ bool providers_load(struct provider_set *set, struct config *cfg, const char *di
 
 	set->n = 0;
 	set->slots = xcalloc(32, sizeof(*set->slots));
+	if (access(dir, F_OK) == 0 && !trusted_path("provider_dir", dir, err, errlen)) {
+		providers_unload(set);
+		return false;
+	}
 	for (tok = strtok_r(list, ", ", &save); tok; tok = strtok_r(NULL, ", ", &save)) {
 		if (providers_find(set, tok))
 			continue;

@@ -1,18 +1,34 @@
 /* SPDX-License-Identifier: ISC */
 /*
  * util.c: clocks, randomness, UUIDs, digests, string copies, backoff,
- * a growing string.
+ * a growing string, the descriptor limit.
  */
 #include "util.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <openssl/evp.h>
 #include <openssl/sha.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
+#include <sys/resource.h>
 #include <time.h>
+
+long fd_limit_raise(void)
+{
+	struct rlimit rl;
+
+	if (getrlimit(RLIMIT_NOFILE, &rl) != 0)
+		return -1;
+	if (rl.rlim_cur < rl.rlim_max) {
+		rl.rlim_cur = rl.rlim_max;
+		if (setrlimit(RLIMIT_NOFILE, &rl) != 0 && getrlimit(RLIMIT_NOFILE, &rl) != 0)
+			return -1;
+	}
+	return rl.rlim_cur == RLIM_INFINITY ? LONG_MAX : (long)rl.rlim_cur;
+}
 
 int64_t now_mono_ms(void)
 {
@@ -294,10 +310,35 @@ static size_t utf8_seq_len(const unsigned char *s)
 	return utf8_valid((const char *)s, n) ? n : 0;
 }
 
+/*
+ * Invisible and direction-changing characters (a valid 3-byte UTF-8
+ * sequence at s): zero-width spaces and marks U+200B-200F, line and
+ * paragraph separators U+2028/2029, bidi embeddings and overrides
+ * U+202A-202E, word joiner and invisible operators U+2060-2064, bidi
+ * isolates U+2066-2069, and the byte-order mark U+FEFF.  Printed raw they
+ * make ".../<U+202E>exe.txt" read as ".../txt.exe".  Returns the code
+ * point, or 0 when it is none of these.
+ */
+static uint32_t format_char(const unsigned char *s)
+{
+	static const struct { uint32_t lo, hi; } ranges[] = {
+		{ 0x200B, 0x200F }, { 0x2028, 0x202E }, { 0x2060, 0x2064 },
+		{ 0x2066, 0x2069 }, { 0xFEFF, 0xFEFF },
+	};
+	uint32_t cp = ((uint32_t)(s[0] & 0x0F) << 12) | ((uint32_t)(s[1] & 0x3F) << 6) |
+	              (uint32_t)(s[2] & 0x3F);
+
+	for (size_t i = 0; i < sizeof(ranges) / sizeof(ranges[0]); i++)
+		if (cp >= ranges[i].lo && cp <= ranges[i].hi)
+			return cp;
+	return 0;
+}
+
 static size_t term_char(const unsigned char *s, bool keep_newlines, char esc[8])
 {
 	static const char hex[] = "0123456789abcdef";
 	size_t n;
+	uint32_t cp;
 
 	if (s[0] >= 0x20 && s[0] < 0x7F)
 		return 0;
@@ -321,6 +362,14 @@ static size_t term_char(const unsigned char *s, bool keep_newlines, char esc[8])
 		esc[5] = hex[s[1] & 0xF];
 		esc[6] = 0;
 		return 2;
+	}
+	cp = n == 3 ? format_char(s) : 0;
+	if (cp != 0) {
+		memcpy(esc, "\\u", 2);
+		for (int i = 0; i < 4; i++)
+			esc[2 + i] = hex[(cp >> (12 - 4 * i)) & 0xF];
+		esc[6] = 0;
+		return 3;
 	}
 	if (n > 0)
 		return 0;

@@ -14,6 +14,11 @@
 #define WARN_UNUSED __attribute__((warn_unused_result))
 
 /* Milliseconds on the monotonic clock (intervals, deadlines). */
+/* Raise the soft RLIMIT_NOFILE to the hard limit (every descriptor use is
+ * poll()-based, so numbers past 1024 are fine): the database connections,
+ * the sends and the metrics port then share the larger limit.  Returns the
+ * soft limit now in force, -1 when it cannot be read. */
+long fd_limit_raise(void);
 int64_t now_mono_ms(void);
 /* Milliseconds since the epoch (timestamps written to the database). */
 int64_t now_wall_ms(void);
@@ -62,7 +67,9 @@ void sb_json_string(struct strbuf *b, const char *s);
  * C0 (except \n when keep_newlines), DEL and bytes that are not valid
  * UTF-8 become \xNN, C1 (U+0080..U+009F) becomes \u00NN; \t \r \n
  * (when escaped) and ESC keep their short names (\t \r \n \e).  A
- * lone ESC or an ANSI sequence is shown, never interpreted. */
+ * lone ESC or an ANSI sequence is shown, never interpreted.  Invisible
+ * and bidi characters (U+200B-200F, U+2028-202E, U+2060-2064,
+ * U+2066-2069, U+FEFF) become \uNNNN: they reorder or hide text. */
 void sb_term_escape(struct strbuf *b, const char *s, bool keep_newlines);
 /* Whether s needs sb_term_escape() at all. */
 bool term_needs_escape(const char *s, bool keep_newlines);

@@ -92,13 +92,18 @@ CREATE FUNCTION public.outbox_cancel_as(p_effect_id uuid, p_owner uuid, p_reason
 DECLARE
     o effect_outbox%ROWTYPE;
     holder uuid;
+    run_owner text;
     why text := coalesce(nullif(p_reason, ''), 'no reason given');
 BEGIN
     SELECT * INTO o FROM effect_outbox x WHERE x.effect_id = p_effect_id FOR UPDATE;
     IF NOT FOUND OR o.state <> 'pending' THEN
         RETURN false;
     END IF;
-    SELECT w.lease_owner INTO holder FROM workflow_runs w WHERE w.idempotency_key = o.idempotency_key;
+    SELECT w.lease_owner, w.owner_role INTO holder, run_owner
+      FROM workflow_runs w WHERE w.idempotency_key = o.idempotency_key;
+    IF NOT outbox_run_is_mine(run_owner) THEN
+        PERFORM outbox_refuse_foreign_run('outbox_cancel', o.idempotency_key);
+    END IF;
     IF NOT (pg_has_role(session_user, 'outbox_operator', 'MEMBER')
             OR (p_owner IS NOT NULL AND holder IS NOT DISTINCT FROM p_owner)
             OR o.available_at > now()) THEN
@@ -165,6 +170,43 @@ BEGIN
      WHERE o.idempotency_key = p_key AND o.state = 'pending';
     GET DIAGNOSTICS n = ROW_COUNT;
     RETURN n;
+END $$;
+
+
+--
+-- Name: outbox_cancel_status(uuid, text, text); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.outbox_cancel_status(p_effect_id uuid, p_reason text, p_actor text) RETURNS TABLE(status text, state text, available_at timestamp with time zone)
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'public', 'pg_temp'
+    AS $$
+DECLARE
+    o effect_outbox%ROWTYPE;
+BEGIN
+    SELECT * INTO o FROM effect_outbox x WHERE x.effect_id = p_effect_id FOR UPDATE;
+    -- Another producer login's effect is not this login's to see
+    -- (sql/104_producer_isolation.sql): not found.
+    IF NOT FOUND OR NOT outbox_run_is_mine((SELECT w.owner_role FROM workflow_runs w
+                                             WHERE w.idempotency_key = o.idempotency_key)) THEN
+        RETURN QUERY SELECT 'not_found'::text, NULL::text, NULL::timestamptz;
+        RETURN;
+    END IF;
+    IF o.state = 'sending' THEN
+        RETURN QUERY SELECT 'too_late'::text, o.state, o.available_at;
+        RETURN;
+    END IF;
+    IF o.state <> 'pending' THEN
+        RETURN QUERY SELECT 'finished'::text, o.state, o.available_at;
+        RETURN;
+    END IF;
+    IF o.available_at <= now() AND NOT pg_has_role(session_user, 'outbox_operator', 'MEMBER') THEN
+        RETURN QUERY SELECT 'too_late'::text, o.state, o.available_at;
+        RETURN;
+    END IF;
+    PERFORM outbox_cancel_as(p_effect_id, NULL, p_reason, p_actor);
+    RETURN QUERY SELECT 'cancelled'::text, x.state, x.available_at
+                   FROM effect_outbox x WHERE x.effect_id = p_effect_id;
 END $$;
 
 
@@ -284,9 +326,9 @@ BEGIN
     END IF;
 
     INSERT INTO workflow_runs AS w (idempotency_key, state, payload_hash,
-                                    lease_owner, lease_expires_at)
+                                    lease_owner, lease_expires_at, owner_role)
     VALUES (p_key, 'processing', p_payload_hash, p_owner,
-            now() + make_interval(secs => p_lease_seconds))
+            now() + make_interval(secs => p_lease_seconds), session_user)
     ON CONFLICT ON CONSTRAINT workflow_runs_pkey DO UPDATE
     SET lease_owner = EXCLUDED.lease_owner,
         lease_expires_at = EXCLUDED.lease_expires_at,
@@ -296,12 +338,16 @@ BEGIN
     WHERE w.payload_hash = EXCLUDED.payload_hash
       AND (w.state = 'failed_retryable'
            OR (w.state = 'processing' AND w.lease_expires_at < now()))
+      AND outbox_run_is_mine(w.owner_role)
     RETURNING w.* INTO r;
 
     IF FOUND THEN
         st := CASE WHEN r.version = 0 THEN 'claimed' ELSE 'reclaimed' END;
     ELSE
         SELECT * INTO r FROM workflow_runs w WHERE w.idempotency_key = p_key;
+        IF NOT outbox_run_is_mine(r.owner_role) THEN
+            PERFORM outbox_refuse_foreign_run('outbox_claim_run', p_key);
+        END IF;
         IF r.payload_hash <> p_payload_hash THEN
             st := 'payload_mismatch';
         ELSIF r.state IN ('processing', 'failed_retryable') THEN
@@ -333,6 +379,7 @@ CREATE FUNCTION public.outbox_complete(p_owner uuid, p_worker text, p_results js
 #variable_conflict use_column
 DECLARE
     ids uuid[];
+    since timestamptz[];
     any_unknown boolean;
     late_ids uuid[] := '{}';
     done_ids uuid[];
@@ -344,9 +391,10 @@ DECLARE
 BEGIN
     -- Lock the batch's rows in effect_id order, the order every batch
     -- function takes them in, so two batches cannot wait on each other.
-    SELECT coalesce(array_agg(l.effect_id), '{}'), coalesce(bool_or(l.state = 'unknown'), false)
-      INTO ids, any_unknown
-      FROM (SELECT o.effect_id, o.state FROM effect_outbox o
+    SELECT coalesce(array_agg(l.effect_id), '{}'), coalesce(bool_or(l.state = 'unknown'), false),
+           coalesce(array_agg(l.sending_since), '{}')
+      INTO ids, any_unknown, since
+      FROM (SELECT o.effect_id, o.state, o.sending_since FROM effect_outbox o
              WHERE o.effect_id = ANY (ARRAY(SELECT (e ->> 'effect_id')::uuid
                                               FROM jsonb_array_elements(p_results) e))
              ORDER BY o.effect_id
@@ -392,22 +440,26 @@ BEGIN
                completed_at = CASE WHEN r.next_state IN ('completed', 'failed') THEN now() END,
                updated_at = now()
           FROM jsonb_to_recordset(p_results) AS r(
-               effect_id uuid, attempt integer, started_at timestamptz, outcome text,
+               effect_id uuid, attempt integer, started_ms_ago bigint, outcome text,
                status integer, provider_id text, error text, next_state text,
                retry_delay_ms bigint)
+          LEFT JOIN unnest(ids, since) AS s(effect_id, sending_since) ON s.effect_id = r.effect_id
          WHERE o.effect_id = r.effect_id
            AND o.attempts = r.attempt
            AND r.next_state IN ('completed', 'pending', 'failed', 'unknown')
            AND ((o.lease_owner = p_owner AND o.state = 'sending')
                 OR (o.state = 'unknown' AND o.effect_id = ANY (late_ids)))
-        RETURNING o.effect_id, o.idempotency_key, o.state, o.metadata, r.attempt, r.started_at,
+        RETURNING o.effect_id, o.idempotency_key, o.state, r.attempt,
+                  least(now(), greatest(s.sending_since,
+                                        now() - make_interval(secs => coalesce(greatest(
+                                                    r.started_ms_ago, 0), 0) / 1000.0))) AS started_at,
                   r.outcome, r.status, r.provider_id AS r_provider_id, r.error),
     logged AS (
         INSERT INTO effect_attempts (effect_id, attempt, lease_owner, worker, started_at,
                                      outcome_class, provider_status, provider_id,
                                      error_text, cas_applied, metadata, resolution)
         SELECT u.effect_id, u.attempt, p_owner, p_worker, coalesce(u.started_at, now()),
-               u.outcome, u.status, u.r_provider_id, u.error, true, u.metadata,
+               u.outcome, u.status, u.r_provider_id, u.error, true, NULL,
                CASE WHEN u.effect_id = ANY (late_ids)
                     THEN CASE WHEN u.outcome = 'accepted' THEN 'late_accepted'
                               ELSE 'late_not_sent' END END
@@ -431,10 +483,11 @@ BEGIN
         INSERT INTO effect_attempts (effect_id, attempt, lease_owner, worker, started_at,
                                      outcome_class, provider_status, provider_id,
                                      error_text, cas_applied, metadata)
-        SELECT r.effect_id, r.attempt, p_owner, p_worker, coalesce(r.started_at, now()),
-               r.outcome, r.status, r.provider_id, r.error, false, o.metadata
+        SELECT r.effect_id, r.attempt, p_owner, p_worker,
+               now() - make_interval(secs => coalesce(greatest(r.started_ms_ago, 0), 0) / 1000.0),
+               r.outcome, r.status, r.provider_id, r.error, false, NULL
           FROM jsonb_to_recordset(p_results) AS r(
-                   effect_id uuid, attempt integer, started_at timestamptz, outcome text,
+                   effect_id uuid, attempt integer, started_ms_ago bigint, outcome text,
                    status integer, provider_id text, error text)
           JOIN effect_outbox o ON o.effect_id = r.effect_id
          WHERE o.effect_id = ANY (ids) AND NOT r.effect_id = ANY (done_ids)
@@ -507,7 +560,8 @@ BEGIN
        AND x.expires_at > now()
        AND p_decision = ANY (x.allowed_decisions)
        FOR UPDATE;
-    IF NOT FOUND THEN
+    IF NOT FOUND OR NOT outbox_run_is_mine((SELECT w.owner_role FROM workflow_runs w
+                                             WHERE w.idempotency_key = a.idempotency_key)) THEN
         RETURN;
     END IF;
 
@@ -590,6 +644,7 @@ BEGIN
             RAISE EXCEPTION 'outbox_create_approval: each effect needs effect_type, target and payload'
                 USING ERRCODE = 'invalid_parameter_value';
         END IF;
+        PERFORM outbox_metadata_ok(e->'metadata');
     END LOOP;
     -- An approval whose effects collide on (type, target) could never be
     -- consumed (the outbox's unique constraint): refuse it now, not when
@@ -605,7 +660,7 @@ BEGIN
            result = coalesce(p_result, w.result), updated_at = now()
      WHERE w.idempotency_key = p_key AND w.lease_owner = p_owner
        AND w.version = p_version AND w.lease_expires_at > now()
-       AND w.state = 'processing'
+       AND w.state = 'processing' AND outbox_run_is_mine(w.owner_role)
     RETURNING w.version INTO v;
     IF NOT FOUND THEN
         RETURN;
@@ -681,11 +736,17 @@ CREATE FUNCTION public.outbox_enqueue(p_key text, p_effect_type text, p_target t
     AS $$
 DECLARE
     id uuid;
+    run_owner text;
 BEGIN
     IF p_delay_seconds IS NULL OR p_delay_seconds < 0 THEN
         RAISE EXCEPTION 'outbox_enqueue: delay must be >= 0 seconds'
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
+    SELECT w.owner_role INTO run_owner FROM workflow_runs w WHERE w.idempotency_key = p_key;
+    IF NOT outbox_run_is_mine(run_owner) THEN
+        PERFORM outbox_refuse_foreign_run('outbox_enqueue', p_key);
+    END IF;
+    PERFORM outbox_metadata_ok(p_metadata);
     INSERT INTO effect_outbox AS o (idempotency_key, effect_type, target, payload,
                                     metadata, available_at)
     VALUES (p_key, p_effect_type, p_target, p_payload, p_metadata,
@@ -985,6 +1046,34 @@ END $$;
 
 
 --
+-- Name: outbox_metadata_max_bytes(); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.outbox_metadata_max_bytes() RETURNS integer
+    LANGUAGE sql IMMUTABLE
+    AS $$ SELECT 65536 $$;
+
+
+--
+-- Name: outbox_metadata_ok(jsonb); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.outbox_metadata_ok(p_metadata jsonb) RETURNS boolean
+    LANGUAGE plpgsql IMMUTABLE
+    SET search_path TO 'public', 'pg_temp'
+    AS $$
+BEGIN
+    IF p_metadata IS NOT NULL AND pg_column_size(p_metadata) > outbox_metadata_max_bytes() THEN
+        RAISE EXCEPTION 'effect refused: metadata is % bytes, more than the % allowed',
+                        pg_column_size(p_metadata), outbox_metadata_max_bytes()
+            USING ERRCODE = 'program_limit_exceeded',
+                  HINT = 'metadata names the workflow version, model and trigger; data goes in the payload';
+    END IF;
+    RETURN true;
+END $$;
+
+
+--
 -- Name: outbox_op_check(text, text, text); Type: FUNCTION; Schema: public; Owner: -
 --
 
@@ -1049,7 +1138,8 @@ CREATE FUNCTION public.outbox_peek_approval(p_token_sha256 bytea) RETURNS TABLE(
       FROM approvals a JOIN workflow_runs w USING (idempotency_key)
      WHERE a.token_hash = p_token_sha256
        AND a.consumed_at IS NULL
-       AND a.expires_at > now();
+       AND a.expires_at > now()
+       AND outbox_run_is_mine(w.owner_role);
 $$;
 
 
@@ -1124,14 +1214,14 @@ BEGIN
           FROM expired e
          WHERE o.effect_id = e.effect_id
         RETURNING o.effect_id, o.state, e.lease_worker, e.lease_owner, e.attempts,
-                  e.sending_since, o.metadata),
+                  e.sending_since),
     logged AS (
         INSERT INTO effect_attempts (effect_id, attempt, lease_owner, worker, started_at,
                                      outcome_class, error_text, cas_applied, metadata)
         SELECT m.effect_id, m.attempts, m.lease_owner, 'reaper:' || p_worker,
                coalesce(m.sending_since, now()), 'ambiguous',
                'lease expired while sending; worker ' || coalesce(m.lease_worker, '?')
-               || ' lost; state ' || m.state, true, m.metadata
+               || ' lost; state ' || m.state, true, NULL
           FROM moved m)
     SELECT m.effect_id, m.state, m.lease_worker FROM moved m;
 END $$;
@@ -1174,7 +1264,9 @@ BEGIN
            l.effect_key, l.attempts,
            -- The latest start of a send of the current attempt (the
            -- reaper's row carries the sending time); reconciliation and
-           -- operator rows are not sends.
+           -- operator rows are not sends.  Every one of these times is
+           -- the database's clock (outbox_complete dates a worker's send
+           -- itself), so a worker's wrong clock cannot age an attempt.
            (extract(epoch FROM now() - coalesce(
                 (SELECT max(a.started_at) FROM effect_attempts a
                   WHERE a.effect_id = l.effect_id AND a.attempt = l.attempts
@@ -1269,17 +1361,18 @@ BEGIN
                                  outcome_class, provider_status, provider_id, error_text,
                                  cas_applied, metadata)
     SELECT x.effect_id, coalesce(o.attempts, 0), NULL, p_worker,
-           coalesce(x.started_at, now()),
+           now(),   -- the database's clock, never the worker's
            CASE x.verdict WHEN 'sent' THEN 'reconciled_sent'
                           WHEN 'not_sent' THEN 'reconciled_not_sent'
                           ELSE 'reconcile_unknown' END,
            nullif(x.status, 0), nullif(x.provider_id, ''), nullif(x.error, ''),
-           x.effect_id = ANY (done_ids), o.metadata
+           x.effect_id = ANY (done_ids), NULL
       FROM ROWS FROM (jsonb_to_recordset(p_results)
                       AS (effect_id uuid, verdict text, provider_id text, status integer,
                           error text, started_at timestamptz))
            WITH ORDINALITY AS x(effect_id, verdict, provider_id, status, error, started_at, n)
-      LEFT JOIN effect_outbox o ON o.effect_id = x.effect_id
+      JOIN effect_outbox o ON o.effect_id = x.effect_id
+     WHERE x.effect_id = ANY (done_ids) OR o.lease_owner = p_owner
      ORDER BY x.n;
 
     IF cardinality(completed_keys) > 0 THEN
@@ -1298,6 +1391,21 @@ BEGIN
       FROM ROWS FROM (jsonb_to_recordset(p_results) AS (effect_id uuid, verdict text))
            WITH ORDINALITY AS x(effect_id, verdict, n)
      ORDER BY x.n;
+END $$;
+
+
+--
+-- Name: outbox_refuse_foreign_run(text, text); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.outbox_refuse_foreign_run(p_fn text, p_key text) RETURNS void
+    LANGUAGE plpgsql
+    SET search_path TO 'public', 'pg_temp'
+    AS $$
+BEGIN
+    RAISE EXCEPTION '%: refused: run "%" belongs to another producer login', p_fn, p_key
+        USING ERRCODE = 'insufficient_privilege',
+              HINT = 'each producer login acts on the runs it claimed; use another run key';
 END $$;
 
 
@@ -1391,8 +1499,54 @@ CREATE FUNCTION public.outbox_renew_run(p_key text, p_owner uuid, p_version bigi
            updated_at = now()
      WHERE idempotency_key = p_key AND lease_owner = p_owner AND version = p_version
        AND state = 'processing' AND lease_expires_at > now()
+       AND outbox_run_is_mine(owner_role)
     RETURNING version;
 $$;
+
+
+--
+-- Name: outbox_reopen_approval(text, text, text); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.outbox_reopen_approval(p_key text, p_operator text, p_reason text) RETURNS TABLE(idempotency_key text, state text, version bigint)
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'public', 'pg_temp'
+    AS $$
+DECLARE
+    r workflow_runs%ROWTYPE;
+    open_until timestamptz;
+BEGIN
+    PERFORM outbox_op_check('outbox_reopen_approval', p_operator, p_reason);
+    SELECT * INTO r FROM workflow_runs w WHERE w.idempotency_key = p_key FOR UPDATE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'outbox_reopen_approval: no run "%"', p_key
+            USING ERRCODE = 'no_data_found';
+    END IF;
+    IF r.state <> 'awaiting_human' THEN
+        RAISE EXCEPTION 'outbox_reopen_approval: run "%" is %, not awaiting_human: nothing to re-open', p_key, r.state
+            USING ERRCODE = 'object_not_in_prerequisite_state';
+    END IF;
+    SELECT max(a.expires_at) INTO open_until FROM approvals a
+     WHERE a.idempotency_key = p_key AND a.consumed_at IS NULL AND a.expires_at > now();
+    IF open_until IS NOT NULL THEN
+        RAISE EXCEPTION 'outbox_reopen_approval: run "%" has an approval open until %: let it be decided or expire first', p_key, open_until
+            USING ERRCODE = 'object_not_in_prerequisite_state';
+    END IF;
+    UPDATE workflow_runs w
+       SET state = 'failed_retryable', version = w.version + 1,
+           lease_owner = NULL, lease_expires_at = NULL,
+           result = jsonb_build_object('reopened_by', p_operator, 'reason', p_reason,
+                                       'previous_result', w.result),
+           updated_at = now()
+     WHERE w.idempotency_key = p_key
+    RETURNING w.* INTO r;
+    INSERT INTO operator_actions (action, run_key, operator, reason, detail)
+    VALUES ('reopen_approval', p_key, p_operator, p_reason,
+            jsonb_build_object('expired_approvals',
+                               (SELECT count(*) FROM approvals a
+                                 WHERE a.idempotency_key = p_key AND a.consumed_at IS NULL)));
+    RETURN QUERY SELECT r.idempotency_key, r.state, r.version;
+END $$;
 
 
 --
@@ -1465,9 +1619,13 @@ BEGIN
     END IF;
 
     np := coalesce(p_payload, o.payload);
-    INSERT INTO workflow_runs AS w (idempotency_key, state, payload_hash, replaces_key, result)
+    -- The replacement belongs to the producer login the original's run
+    -- belongs to.
+    INSERT INTO workflow_runs AS w (idempotency_key, state, payload_hash, replaces_key, result,
+                                    owner_role)
     VALUES (p_new_key, 'approved', outbox_sha256_hex(np::text), o.idempotency_key,
-            jsonb_build_object('replaces_effect', o.effect_id, 'replaced_by', p_operator))
+            jsonb_build_object('replaces_effect', o.effect_id, 'replaced_by', p_operator),
+            (SELECT x.owner_role FROM workflow_runs x WHERE x.idempotency_key = o.idempotency_key))
     ON CONFLICT ON CONSTRAINT workflow_runs_pkey DO NOTHING;
     IF NOT FOUND THEN
         -- Created by someone else since we looked.
@@ -1620,9 +1778,8 @@ CREATE FUNCTION public.outbox_resolve_late_accepted(p_owner uuid, p_worker text,
     AS $$
 DECLARE
     k text;
-    meta jsonb;
 BEGIN
-    SELECT o.idempotency_key, o.metadata INTO k, meta
+    SELECT o.idempotency_key INTO k
       FROM effect_outbox o
      WHERE o.effect_id = p_effect_id AND o.state = 'unknown' AND o.attempts = p_attempt
        AND EXISTS (SELECT 1 FROM effect_attempts a
@@ -1651,7 +1808,7 @@ BEGIN
     VALUES (p_effect_id, p_attempt, NULL, p_worker, now(), 'reconciled_sent', p_status,
             nullif(p_provider_id, ''),
             'late evidence: the provider accepted the call after it had been given up on',
-            true, meta, 'late_accepted');
+            true, NULL, 'late_accepted');
     PERFORM outbox_advance_runs('{}', ARRAY[k]);
     RETURN 'late_accepted';
 END $$;
@@ -1723,7 +1880,7 @@ BEGIN
                                  outcome_class, provider_id, error_text, cas_applied, metadata)
     VALUES (o.effect_id, o.attempts, NULL, 'operator:' || p_operator, now(),
             CASE WHEN p_sent THEN 'operator_sent' ELSE 'operator_not_sent' END,
-            pid, p_reason, true, o.metadata);
+            pid, p_reason, true, NULL);
 
     IF p_sent THEN
         PERFORM outbox_advance_runs('{}', ARRAY[o.idempotency_key]);
@@ -1735,6 +1892,52 @@ BEGIN
                    FROM effect_outbox x JOIN workflow_runs w ON w.idempotency_key = x.idempotency_key
                   WHERE x.effect_id = o.effect_id;
 END $$;
+
+
+--
+-- Name: outbox_run_is_mine(text); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.outbox_run_is_mine(p_owner_role text) RETURNS boolean
+    LANGUAGE sql STABLE
+    SET search_path TO 'public', 'pg_temp'
+    RETURN ((p_owner_role IS NULL) OR (p_owner_role = SESSION_USER) OR pg_has_role(SESSION_USER, 'outbox_operator'::name, 'MEMBER'::text));
+
+
+SET default_tablespace = '';
+
+SET default_table_access_method = heap;
+
+--
+-- Name: workflow_runs; Type: TABLE; Schema: public; Owner: -
+--
+
+CREATE TABLE public.workflow_runs (
+    idempotency_key text NOT NULL,
+    state text NOT NULL,
+    payload_hash text NOT NULL,
+    lease_owner uuid,
+    lease_expires_at timestamp with time zone,
+    version bigint DEFAULT 0 NOT NULL,
+    result jsonb,
+    replaces_key text,
+    failure_reason text,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    owner_role text,
+    CONSTRAINT workflow_runs_state_check CHECK ((state = ANY (ARRAY['processing'::text, 'awaiting_human'::text, 'approved'::text, 'completed'::text, 'failed_retryable'::text, 'failed_terminal'::text])))
+)
+WITH (fillfactor='70');
+
+
+--
+-- Name: outbox_run_not_foreign(text); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.outbox_run_not_foreign(p_key text) RETURNS boolean
+    LANGUAGE sql STABLE SECURITY DEFINER
+    SET search_path TO 'public', 'pg_temp'
+    RETURN (NOT (EXISTS (SELECT 1 FROM public.workflow_runs w WHERE ((w.idempotency_key = outbox_run_not_foreign.p_key) AND (w.owner_role IS NOT NULL) AND (w.owner_role <> SESSION_USER)))));
 
 
 --
@@ -1783,6 +1986,10 @@ BEGIN
                        'failed_retryable', 'failed_terminal') THEN
         RAISE EXCEPTION 'outbox_transition_run: unknown state %', p_state
             USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF NOT outbox_run_is_mine((SELECT w.owner_role FROM workflow_runs w
+                                WHERE w.idempotency_key = p_key)) THEN
+        RETURN;
     END IF;
     IF p_state = 'failed_terminal' THEN
         PERFORM outbox_lock_pending_of_run(p_key);
@@ -1952,10 +2159,6 @@ BEGIN
      ORDER BY w.week DESC;
 END $$;
 
-
-SET default_tablespace = '';
-
-SET default_table_access_method = heap;
 
 --
 -- Name: approvals; Type: TABLE; Schema: public; Owner: -
@@ -2280,27 +2483,6 @@ CREATE TABLE public.schema_migrations (
 
 
 --
--- Name: workflow_runs; Type: TABLE; Schema: public; Owner: -
---
-
-CREATE TABLE public.workflow_runs (
-    idempotency_key text NOT NULL,
-    state text NOT NULL,
-    payload_hash text NOT NULL,
-    lease_owner uuid,
-    lease_expires_at timestamp with time zone,
-    version bigint DEFAULT 0 NOT NULL,
-    result jsonb,
-    replaces_key text,
-    failure_reason text,
-    created_at timestamp with time zone DEFAULT now() NOT NULL,
-    updated_at timestamp with time zone DEFAULT now() NOT NULL,
-    CONSTRAINT workflow_runs_state_check CHECK ((state = ANY (ARRAY['processing'::text, 'awaiting_human'::text, 'approved'::text, 'completed'::text, 'failed_retryable'::text, 'failed_terminal'::text])))
-)
-WITH (fillfactor='70');
-
-
---
 -- Name: effect_attempts attempt_id; Type: DEFAULT; Schema: public; Owner: -
 --
 
@@ -2599,6 +2781,77 @@ ALTER TABLE ONLY public.workflow_runs
 
 
 --
+-- Name: approvals; Type: ROW SECURITY; Schema: public; Owner: -
+--
+
+ALTER TABLE public.approvals ENABLE ROW LEVEL SECURITY;
+
+--
+-- Name: effect_outbox; Type: ROW SECURITY; Schema: public; Owner: -
+--
+
+ALTER TABLE public.effect_outbox ENABLE ROW LEVEL SECURITY;
+
+--
+-- Name: approvals outbox_producer_own_approvals; Type: POLICY; Schema: public; Owner: -
+--
+
+CREATE POLICY outbox_producer_own_approvals ON public.approvals FOR SELECT TO outbox_producer USING ((EXISTS ( SELECT 1
+   FROM public.workflow_runs w
+  WHERE ((w.idempotency_key = approvals.idempotency_key) AND ((w.owner_role IS NULL) OR (w.owner_role = SESSION_USER))))));
+
+
+--
+-- Name: effect_outbox outbox_producer_own_effects; Type: POLICY; Schema: public; Owner: -
+--
+
+CREATE POLICY outbox_producer_own_effects ON public.effect_outbox FOR SELECT TO outbox_producer USING ((EXISTS ( SELECT 1
+   FROM public.workflow_runs w
+  WHERE ((w.idempotency_key = effect_outbox.idempotency_key) AND ((w.owner_role IS NULL) OR (w.owner_role = SESSION_USER))))));
+
+
+--
+-- Name: effect_outbox outbox_producer_own_inserts; Type: POLICY; Schema: public; Owner: -
+--
+
+CREATE POLICY outbox_producer_own_inserts ON public.effect_outbox FOR INSERT TO outbox_producer WITH CHECK ((public.outbox_run_not_foreign(idempotency_key) AND ((metadata IS NULL) OR (pg_column_size(metadata) <= public.outbox_metadata_max_bytes()) OR public.outbox_metadata_ok(metadata))));
+
+
+--
+-- Name: workflow_runs outbox_producer_own_runs; Type: POLICY; Schema: public; Owner: -
+--
+
+CREATE POLICY outbox_producer_own_runs ON public.workflow_runs FOR SELECT TO outbox_producer USING (((owner_role IS NULL) OR (owner_role = SESSION_USER)));
+
+
+--
+-- Name: approvals outbox_staff_all_approvals; Type: POLICY; Schema: public; Owner: -
+--
+
+CREATE POLICY outbox_staff_all_approvals ON public.approvals TO outbox_dispatcher, outbox_operator USING (true) WITH CHECK (true);
+
+
+--
+-- Name: effect_outbox outbox_staff_all_effects; Type: POLICY; Schema: public; Owner: -
+--
+
+CREATE POLICY outbox_staff_all_effects ON public.effect_outbox TO outbox_dispatcher, outbox_operator USING (true) WITH CHECK (true);
+
+
+--
+-- Name: workflow_runs outbox_staff_all_runs; Type: POLICY; Schema: public; Owner: -
+--
+
+CREATE POLICY outbox_staff_all_runs ON public.workflow_runs TO outbox_dispatcher, outbox_operator USING (true) WITH CHECK (true);
+
+
+--
+-- Name: workflow_runs; Type: ROW SECURITY; Schema: public; Owner: -
+--
+
+ALTER TABLE public.workflow_runs ENABLE ROW LEVEL SECURITY;
+
+--
 -- Name: SCHEMA public; Type: ACL; Schema: -; Owner: -
 --
 
@@ -2656,6 +2909,14 @@ REVOKE ALL ON FUNCTION public.outbox_cancel(p_effect_id uuid, p_owner uuid, p_re
 --
 
 REVOKE ALL ON FUNCTION public.outbox_cancel_pending_of_run(p_key text, p_why text) FROM PUBLIC;
+
+
+--
+-- Name: FUNCTION outbox_cancel_status(p_effect_id uuid, p_reason text, p_actor text); Type: ACL; Schema: public; Owner: -
+--
+
+GRANT ALL ON FUNCTION public.outbox_cancel_status(p_effect_id uuid, p_reason text, p_actor text) TO outbox_producer;
+REVOKE ALL ON FUNCTION public.outbox_cancel_status(p_effect_id uuid, p_reason text, p_actor text) FROM PUBLIC;
 
 
 --
@@ -2782,6 +3043,22 @@ REVOKE ALL ON FUNCTION public.outbox_mark_sending(p_owner uuid, p_ids uuid[], p_
 
 
 --
+-- Name: FUNCTION outbox_metadata_max_bytes(); Type: ACL; Schema: public; Owner: -
+--
+
+GRANT ALL ON FUNCTION public.outbox_metadata_max_bytes() TO outbox_producer;
+REVOKE ALL ON FUNCTION public.outbox_metadata_max_bytes() FROM PUBLIC;
+
+
+--
+-- Name: FUNCTION outbox_metadata_ok(p_metadata jsonb); Type: ACL; Schema: public; Owner: -
+--
+
+GRANT ALL ON FUNCTION public.outbox_metadata_ok(p_metadata jsonb) TO outbox_producer;
+REVOKE ALL ON FUNCTION public.outbox_metadata_ok(p_metadata jsonb) FROM PUBLIC;
+
+
+--
 -- Name: FUNCTION outbox_op_check(p_fn text, p_operator text, p_reason text); Type: ACL; Schema: public; Owner: -
 --
 
@@ -2850,6 +3127,13 @@ REVOKE ALL ON FUNCTION public.outbox_reconcile_record(p_owner uuid, p_worker tex
 
 
 --
+-- Name: FUNCTION outbox_refuse_foreign_run(p_fn text, p_key text); Type: ACL; Schema: public; Owner: -
+--
+
+REVOKE ALL ON FUNCTION public.outbox_refuse_foreign_run(p_fn text, p_key text) FROM PUBLIC;
+
+
+--
 -- Name: FUNCTION outbox_register_providers(p_names text[], p_reconcilable text[]); Type: ACL; Schema: public; Owner: -
 --
 
@@ -2879,6 +3163,14 @@ REVOKE ALL ON FUNCTION public.outbox_renew(p_owner uuid, p_ids uuid[], p_lease_s
 
 GRANT ALL ON FUNCTION public.outbox_renew_run(p_key text, p_owner uuid, p_version bigint, p_lease_seconds integer) TO outbox_producer;
 REVOKE ALL ON FUNCTION public.outbox_renew_run(p_key text, p_owner uuid, p_version bigint, p_lease_seconds integer) FROM PUBLIC;
+
+
+--
+-- Name: FUNCTION outbox_reopen_approval(p_key text, p_operator text, p_reason text); Type: ACL; Schema: public; Owner: -
+--
+
+GRANT ALL ON FUNCTION public.outbox_reopen_approval(p_key text, p_operator text, p_reason text) TO outbox_operator;
+REVOKE ALL ON FUNCTION public.outbox_reopen_approval(p_key text, p_operator text, p_reason text) FROM PUBLIC;
 
 
 --
@@ -2933,6 +3225,106 @@ REVOKE ALL ON FUNCTION public.outbox_resolve_late_accepted(p_owner uuid, p_worke
 
 GRANT ALL ON FUNCTION public.outbox_resolve_unknown(p_effect_id uuid, p_sent boolean, p_operator text, p_reason text, p_provider_id text) TO outbox_operator;
 REVOKE ALL ON FUNCTION public.outbox_resolve_unknown(p_effect_id uuid, p_sent boolean, p_operator text, p_reason text, p_provider_id text) FROM PUBLIC;
+
+
+--
+-- Name: FUNCTION outbox_run_is_mine(p_owner_role text); Type: ACL; Schema: public; Owner: -
+--
+
+REVOKE ALL ON FUNCTION public.outbox_run_is_mine(p_owner_role text) FROM PUBLIC;
+
+
+--
+-- Name: TABLE workflow_runs; Type: ACL; Schema: public; Owner: -
+--
+
+GRANT SELECT ON TABLE public.workflow_runs TO outbox_operator;
+
+
+--
+-- Name: COLUMN workflow_runs.idempotency_key; Type: ACL; Schema: public; Owner: -
+--
+
+GRANT SELECT(idempotency_key) ON TABLE public.workflow_runs TO outbox_producer;
+
+
+--
+-- Name: COLUMN workflow_runs.state; Type: ACL; Schema: public; Owner: -
+--
+
+GRANT SELECT(state) ON TABLE public.workflow_runs TO outbox_producer;
+
+
+--
+-- Name: COLUMN workflow_runs.payload_hash; Type: ACL; Schema: public; Owner: -
+--
+
+GRANT SELECT(payload_hash) ON TABLE public.workflow_runs TO outbox_producer;
+
+
+--
+-- Name: COLUMN workflow_runs.lease_expires_at; Type: ACL; Schema: public; Owner: -
+--
+
+GRANT SELECT(lease_expires_at) ON TABLE public.workflow_runs TO outbox_producer;
+
+
+--
+-- Name: COLUMN workflow_runs.version; Type: ACL; Schema: public; Owner: -
+--
+
+GRANT SELECT(version) ON TABLE public.workflow_runs TO outbox_producer;
+
+
+--
+-- Name: COLUMN workflow_runs.result; Type: ACL; Schema: public; Owner: -
+--
+
+GRANT SELECT(result) ON TABLE public.workflow_runs TO outbox_producer;
+
+
+--
+-- Name: COLUMN workflow_runs.replaces_key; Type: ACL; Schema: public; Owner: -
+--
+
+GRANT SELECT(replaces_key) ON TABLE public.workflow_runs TO outbox_producer;
+
+
+--
+-- Name: COLUMN workflow_runs.failure_reason; Type: ACL; Schema: public; Owner: -
+--
+
+GRANT SELECT(failure_reason) ON TABLE public.workflow_runs TO outbox_producer;
+
+
+--
+-- Name: COLUMN workflow_runs.created_at; Type: ACL; Schema: public; Owner: -
+--
+
+GRANT SELECT(created_at) ON TABLE public.workflow_runs TO outbox_producer;
+
+
+--
+-- Name: COLUMN workflow_runs.updated_at; Type: ACL; Schema: public; Owner: -
+--
+
+GRANT SELECT(updated_at) ON TABLE public.workflow_runs TO outbox_producer;
+
+
+--
+-- Name: COLUMN workflow_runs.owner_role; Type: ACL; Schema: public; Owner: -
+--
+
+GRANT SELECT(owner_role) ON TABLE public.workflow_runs TO outbox_operator;
+GRANT SELECT(owner_role) ON TABLE public.workflow_runs TO outbox_producer;
+
+
+--
+-- Name: FUNCTION outbox_run_not_foreign(p_key text); Type: ACL; Schema: public; Owner: -
+--
+
+GRANT ALL ON FUNCTION public.outbox_run_not_foreign(p_key text) TO outbox_producer;
+REVOKE ALL ON FUNCTION public.outbox_run_not_foreign(p_key text) FROM PUBLIC;
 
 
 --
@@ -3392,83 +3784,6 @@ GRANT SELECT ON TABLE public.run_claims TO outbox_operator;
 GRANT SELECT ON TABLE public.schema_migrations TO outbox_dispatcher;
 GRANT SELECT ON TABLE public.schema_migrations TO outbox_operator;
 GRANT SELECT ON TABLE public.schema_migrations TO outbox_producer;
-
-
---
--- Name: TABLE workflow_runs; Type: ACL; Schema: public; Owner: -
---
-
-GRANT SELECT ON TABLE public.workflow_runs TO outbox_operator;
-
-
---
--- Name: COLUMN workflow_runs.idempotency_key; Type: ACL; Schema: public; Owner: -
---
-
-GRANT SELECT(idempotency_key) ON TABLE public.workflow_runs TO outbox_producer;
-
-
---
--- Name: COLUMN workflow_runs.state; Type: ACL; Schema: public; Owner: -
---
-
-GRANT SELECT(state) ON TABLE public.workflow_runs TO outbox_producer;
-
-
---
--- Name: COLUMN workflow_runs.payload_hash; Type: ACL; Schema: public; Owner: -
---
-
-GRANT SELECT(payload_hash) ON TABLE public.workflow_runs TO outbox_producer;
-
-
---
--- Name: COLUMN workflow_runs.lease_expires_at; Type: ACL; Schema: public; Owner: -
---
-
-GRANT SELECT(lease_expires_at) ON TABLE public.workflow_runs TO outbox_producer;
-
-
---
--- Name: COLUMN workflow_runs.version; Type: ACL; Schema: public; Owner: -
---
-
-GRANT SELECT(version) ON TABLE public.workflow_runs TO outbox_producer;
-
-
---
--- Name: COLUMN workflow_runs.result; Type: ACL; Schema: public; Owner: -
---
-
-GRANT SELECT(result) ON TABLE public.workflow_runs TO outbox_producer;
-
-
---
--- Name: COLUMN workflow_runs.replaces_key; Type: ACL; Schema: public; Owner: -
---
-
-GRANT SELECT(replaces_key) ON TABLE public.workflow_runs TO outbox_producer;
-
-
---
--- Name: COLUMN workflow_runs.failure_reason; Type: ACL; Schema: public; Owner: -
---
-
-GRANT SELECT(failure_reason) ON TABLE public.workflow_runs TO outbox_producer;
-
-
---
--- Name: COLUMN workflow_runs.created_at; Type: ACL; Schema: public; Owner: -
---
-
-GRANT SELECT(created_at) ON TABLE public.workflow_runs TO outbox_producer;
-
-
---
--- Name: COLUMN workflow_runs.updated_at; Type: ACL; Schema: public; Owner: -
---
-
-GRANT SELECT(updated_at) ON TABLE public.workflow_runs TO outbox_producer;
 
 
 --

@@ -6,6 +6,60 @@
 -- All are SECURITY DEFINER with a fixed search_path: the producer role gets
 -- EXECUTE on them and nothing that lets it change an effect's state.
 
+-- A run belongs to the producer login that claimed it (owner_role,
+-- sql/104_producer_isolation.sql): no other producer login may renew,
+-- transition, enqueue into, approve for or cancel it.  A run with no owner
+-- is shared; an operator (and a superuser) may act on every run.
+CREATE OR REPLACE FUNCTION outbox_run_is_mine(p_owner_role text) RETURNS boolean
+LANGUAGE sql STABLE SET search_path = public, pg_temp
+RETURN p_owner_role IS NULL OR p_owner_role = session_user
+       OR pg_has_role(session_user, 'outbox_operator', 'MEMBER');
+
+CREATE OR REPLACE FUNCTION outbox_refuse_foreign_run(p_fn text, p_key text) RETURNS void
+LANGUAGE plpgsql SET search_path = public, pg_temp AS $$
+BEGIN
+    RAISE EXCEPTION '%: refused: run "%" belongs to another producer login', p_fn, p_key
+        USING ERRCODE = 'insufficient_privilege',
+              HINT = 'each producer login acts on the runs it claimed; use another run key';
+END $$;
+
+-- The plain INSERT's row-level security check (sql/104_producer_isolation.sql):
+-- an effect may go into a run that is not another login's.  A key that
+-- names no run passes here, so that the foreign key says what is wrong.
+-- The producer cannot see other logins' runs, so the test reads them as
+-- the function's owner.
+CREATE OR REPLACE FUNCTION outbox_run_not_foreign(p_key text) RETURNS boolean
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = public, pg_temp
+RETURN NOT EXISTS (SELECT 1 FROM workflow_runs w
+                    WHERE w.idempotency_key = p_key
+                      AND w.owner_role IS NOT NULL AND w.owner_role <> session_user);
+
+-- An effect's metadata says which workflow, model and trigger made it; it
+-- is logged with every attempt of the effect, so it is bounded (64 KiB as
+-- stored, before compression).  Data belongs in the payload.  Raises with
+-- the sizes, else true; the policy below calls it only past the bound, so
+-- the usual insert pays for no PL/pgSQL call.
+CREATE OR REPLACE FUNCTION outbox_metadata_max_bytes() RETURNS integer
+LANGUAGE sql IMMUTABLE AS $$ SELECT 65536 $$;
+
+CREATE OR REPLACE FUNCTION outbox_metadata_ok(p_metadata jsonb) RETURNS boolean
+LANGUAGE plpgsql IMMUTABLE SET search_path = public, pg_temp AS $$
+BEGIN
+    IF p_metadata IS NOT NULL AND pg_column_size(p_metadata) > outbox_metadata_max_bytes() THEN
+        RAISE EXCEPTION 'effect refused: metadata is % bytes, more than the % allowed',
+                        pg_column_size(p_metadata), outbox_metadata_max_bytes()
+            USING ERRCODE = 'program_limit_exceeded',
+                  HINT = 'metadata names the workflow version, model and trigger; data goes in the payload';
+    END IF;
+    RETURN true;
+END $$;
+
+DROP POLICY IF EXISTS outbox_producer_own_inserts ON effect_outbox;
+CREATE POLICY outbox_producer_own_inserts ON effect_outbox FOR INSERT TO outbox_producer
+    WITH CHECK (outbox_run_not_foreign(idempotency_key)
+                AND (metadata IS NULL OR pg_column_size(metadata) <= outbox_metadata_max_bytes()
+                     OR outbox_metadata_ok(metadata)));
+
 -- A run that becomes failed_terminal (its approver's rejection, its lease
 -- holder's transition) cancels its still-pending effects in the same
 -- transaction: defence in depth, with no check on the send path.
@@ -66,9 +120,9 @@ BEGIN
     END IF;
 
     INSERT INTO workflow_runs AS w (idempotency_key, state, payload_hash,
-                                    lease_owner, lease_expires_at)
+                                    lease_owner, lease_expires_at, owner_role)
     VALUES (p_key, 'processing', p_payload_hash, p_owner,
-            now() + make_interval(secs => p_lease_seconds))
+            now() + make_interval(secs => p_lease_seconds), session_user)
     ON CONFLICT ON CONSTRAINT workflow_runs_pkey DO UPDATE
     SET lease_owner = EXCLUDED.lease_owner,
         lease_expires_at = EXCLUDED.lease_expires_at,
@@ -78,12 +132,16 @@ BEGIN
     WHERE w.payload_hash = EXCLUDED.payload_hash
       AND (w.state = 'failed_retryable'
            OR (w.state = 'processing' AND w.lease_expires_at < now()))
+      AND outbox_run_is_mine(w.owner_role)
     RETURNING w.* INTO r;
 
     IF FOUND THEN
         st := CASE WHEN r.version = 0 THEN 'claimed' ELSE 'reclaimed' END;
     ELSE
         SELECT * INTO r FROM workflow_runs w WHERE w.idempotency_key = p_key;
+        IF NOT outbox_run_is_mine(r.owner_role) THEN
+            PERFORM outbox_refuse_foreign_run('outbox_claim_run', p_key);
+        END IF;
         IF r.payload_hash <> p_payload_hash THEN
             st := 'payload_mismatch';
         ELSIF r.state IN ('processing', 'failed_retryable') THEN
@@ -115,6 +173,7 @@ LANGUAGE sql SECURITY DEFINER SET search_path = public, pg_temp AS $$
            updated_at = now()
      WHERE idempotency_key = p_key AND lease_owner = p_owner AND version = p_version
        AND state = 'processing' AND lease_expires_at > now()
+       AND outbox_run_is_mine(owner_role)
     RETURNING version;
 $$;
 
@@ -131,6 +190,10 @@ BEGIN
                        'failed_retryable', 'failed_terminal') THEN
         RAISE EXCEPTION 'outbox_transition_run: unknown state %', p_state
             USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF NOT outbox_run_is_mine((SELECT w.owner_role FROM workflow_runs w
+                                WHERE w.idempotency_key = p_key)) THEN
+        RETURN;
     END IF;
     IF p_state = 'failed_terminal' THEN
         PERFORM outbox_lock_pending_of_run(p_key);
@@ -195,6 +258,7 @@ BEGIN
             RAISE EXCEPTION 'outbox_create_approval: each effect needs effect_type, target and payload'
                 USING ERRCODE = 'invalid_parameter_value';
         END IF;
+        PERFORM outbox_metadata_ok(e->'metadata');
     END LOOP;
     -- An approval whose effects collide on (type, target) could never be
     -- consumed (the outbox's unique constraint): refuse it now, not when
@@ -210,7 +274,7 @@ BEGIN
            result = coalesce(p_result, w.result), updated_at = now()
      WHERE w.idempotency_key = p_key AND w.lease_owner = p_owner
        AND w.version = p_version AND w.lease_expires_at > now()
-       AND w.state = 'processing'
+       AND w.state = 'processing' AND outbox_run_is_mine(w.owner_role)
     RETURNING w.version INTO v;
     IF NOT FOUND THEN
         RETURN;
@@ -236,7 +300,8 @@ LANGUAGE sql STABLE SECURITY DEFINER SET search_path = public, pg_temp AS $$
       FROM approvals a JOIN workflow_runs w USING (idempotency_key)
      WHERE a.token_hash = p_token_sha256
        AND a.consumed_at IS NULL
-       AND a.expires_at > now();
+       AND a.expires_at > now()
+       AND outbox_run_is_mine(w.owner_role);
 $$;
 
 -- Consume an approval (one transaction: token once, run awaiting_human ->
@@ -262,7 +327,8 @@ BEGIN
        AND x.expires_at > now()
        AND p_decision = ANY (x.allowed_decisions)
        FOR UPDATE;
-    IF NOT FOUND THEN
+    IF NOT FOUND OR NOT outbox_run_is_mine((SELECT w.owner_role FROM workflow_runs w
+                                             WHERE w.idempotency_key = a.idempotency_key)) THEN
         RETURN;
     END IF;
 
@@ -318,11 +384,17 @@ RETURNS TABLE (effect_id uuid, inserted boolean, state text, available_at timest
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 DECLARE
     id uuid;
+    run_owner text;
 BEGIN
     IF p_delay_seconds IS NULL OR p_delay_seconds < 0 THEN
         RAISE EXCEPTION 'outbox_enqueue: delay must be >= 0 seconds'
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
+    SELECT w.owner_role INTO run_owner FROM workflow_runs w WHERE w.idempotency_key = p_key;
+    IF NOT outbox_run_is_mine(run_owner) THEN
+        PERFORM outbox_refuse_foreign_run('outbox_enqueue', p_key);
+    END IF;
+    PERFORM outbox_metadata_ok(p_metadata);
     INSERT INTO effect_outbox AS o (idempotency_key, effect_type, target, payload,
                                     metadata, available_at)
     VALUES (p_key, p_effect_type, p_target, p_payload, p_metadata,
@@ -346,13 +418,18 @@ LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 DECLARE
     o effect_outbox%ROWTYPE;
     holder uuid;
+    run_owner text;
     why text := coalesce(nullif(p_reason, ''), 'no reason given');
 BEGIN
     SELECT * INTO o FROM effect_outbox x WHERE x.effect_id = p_effect_id FOR UPDATE;
     IF NOT FOUND OR o.state <> 'pending' THEN
         RETURN false;
     END IF;
-    SELECT w.lease_owner INTO holder FROM workflow_runs w WHERE w.idempotency_key = o.idempotency_key;
+    SELECT w.lease_owner, w.owner_role INTO holder, run_owner
+      FROM workflow_runs w WHERE w.idempotency_key = o.idempotency_key;
+    IF NOT outbox_run_is_mine(run_owner) THEN
+        PERFORM outbox_refuse_foreign_run('outbox_cancel', o.idempotency_key);
+    END IF;
     IF NOT (pg_has_role(session_user, 'outbox_operator', 'MEMBER')
             OR (p_owner IS NOT NULL AND holder IS NOT DISTINCT FROM p_owner)
             OR o.available_at > now()) THEN
@@ -395,6 +472,11 @@ RETURN outbox_cancel_as(p_effect_id, p_owner, p_reason, p_actor);
 
 -- Nobody may call these but the roles named here.
 REVOKE EXECUTE ON FUNCTION
+    outbox_run_not_foreign(text),
+    outbox_metadata_max_bytes(),
+    outbox_metadata_ok(jsonb),
+    outbox_run_is_mine(text),
+    outbox_refuse_foreign_run(text, text),
     outbox_claim_run(text, text, uuid, integer),
     outbox_renew_run(text, uuid, bigint, integer),
     outbox_transition_run(text, uuid, bigint, text, jsonb),
@@ -410,6 +492,9 @@ REVOKE EXECUTE ON FUNCTION
     FROM PUBLIC;
 
 GRANT EXECUTE ON FUNCTION
+    outbox_run_not_foreign(text),
+    outbox_metadata_max_bytes(),
+    outbox_metadata_ok(jsonb),
     outbox_claim_run(text, text, uuid, integer),
     outbox_renew_run(text, uuid, bigint, integer),
     outbox_transition_run(text, uuid, bigint, text, jsonb),

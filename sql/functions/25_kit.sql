@@ -30,7 +30,10 @@ DECLARE
     o effect_outbox%ROWTYPE;
 BEGIN
     SELECT * INTO o FROM effect_outbox x WHERE x.effect_id = p_effect_id FOR UPDATE;
-    IF NOT FOUND THEN
+    -- Another producer login's effect is not this login's to see
+    -- (sql/104_producer_isolation.sql): not found.
+    IF NOT FOUND OR NOT outbox_run_is_mine((SELECT w.owner_role FROM workflow_runs w
+                                             WHERE w.idempotency_key = o.idempotency_key)) THEN
         RETURN QUERY SELECT 'not_found'::text, NULL::text, NULL::timestamptz;
         RETURN;
     END IF;

@@ -331,7 +331,7 @@ BEGIN
            AND r.next_state IN ('completed', 'pending', 'failed', 'unknown')
            AND ((o.lease_owner = p_owner AND o.state = 'sending')
                 OR (o.state = 'unknown' AND o.effect_id = ANY (late_ids)))
-        RETURNING o.effect_id, o.idempotency_key, o.state, o.metadata, r.attempt,
+        RETURNING o.effect_id, o.idempotency_key, o.state, r.attempt,
                   least(now(), greatest(s.sending_since,
                                         now() - make_interval(secs => coalesce(greatest(
                                                     r.started_ms_ago, 0), 0) / 1000.0))) AS started_at,
@@ -341,7 +341,7 @@ BEGIN
                                      outcome_class, provider_status, provider_id,
                                      error_text, cas_applied, metadata, resolution)
         SELECT u.effect_id, u.attempt, p_owner, p_worker, coalesce(u.started_at, now()),
-               u.outcome, u.status, u.r_provider_id, u.error, true, u.metadata,
+               u.outcome, u.status, u.r_provider_id, u.error, true, NULL,
                CASE WHEN u.effect_id = ANY (late_ids)
                     THEN CASE WHEN u.outcome = 'accepted' THEN 'late_accepted'
                               ELSE 'late_not_sent' END END
@@ -367,7 +367,7 @@ BEGIN
                                      error_text, cas_applied, metadata)
         SELECT r.effect_id, r.attempt, p_owner, p_worker,
                now() - make_interval(secs => coalesce(greatest(r.started_ms_ago, 0), 0) / 1000.0),
-               r.outcome, r.status, r.provider_id, r.error, false, o.metadata
+               r.outcome, r.status, r.provider_id, r.error, false, NULL
           FROM jsonb_to_recordset(p_results) AS r(
                    effect_id uuid, attempt integer, started_ms_ago bigint, outcome text,
                    status integer, provider_id text, error text)
@@ -484,14 +484,14 @@ BEGIN
           FROM expired e
          WHERE o.effect_id = e.effect_id
         RETURNING o.effect_id, o.state, e.lease_worker, e.lease_owner, e.attempts,
-                  e.sending_since, o.metadata),
+                  e.sending_since),
     logged AS (
         INSERT INTO effect_attempts (effect_id, attempt, lease_owner, worker, started_at,
                                      outcome_class, error_text, cas_applied, metadata)
         SELECT m.effect_id, m.attempts, m.lease_owner, 'reaper:' || p_worker,
                coalesce(m.sending_since, now()), 'ambiguous',
                'lease expired while sending; worker ' || coalesce(m.lease_worker, '?')
-               || ' lost; state ' || m.state, true, m.metadata
+               || ' lost; state ' || m.state, true, NULL
           FROM moved m)
     SELECT m.effect_id, m.state, m.lease_worker FROM moved m;
 END $$;

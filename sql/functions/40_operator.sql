@@ -97,7 +97,7 @@ BEGIN
                                  outcome_class, provider_id, error_text, cas_applied, metadata)
     VALUES (o.effect_id, o.attempts, NULL, 'operator:' || p_operator, now(),
             CASE WHEN p_sent THEN 'operator_sent' ELSE 'operator_not_sent' END,
-            pid, p_reason, true, o.metadata);
+            pid, p_reason, true, NULL);
 
     IF p_sent THEN
         PERFORM outbox_advance_runs('{}', ARRAY[o.idempotency_key]);
@@ -276,9 +276,13 @@ BEGIN
     END IF;
 
     np := coalesce(p_payload, o.payload);
-    INSERT INTO workflow_runs AS w (idempotency_key, state, payload_hash, replaces_key, result)
+    -- The replacement belongs to the producer login the original's run
+    -- belongs to.
+    INSERT INTO workflow_runs AS w (idempotency_key, state, payload_hash, replaces_key, result,
+                                    owner_role)
     VALUES (p_new_key, 'approved', outbox_sha256_hex(np::text), o.idempotency_key,
-            jsonb_build_object('replaces_effect', o.effect_id, 'replaced_by', p_operator))
+            jsonb_build_object('replaces_effect', o.effect_id, 'replaced_by', p_operator),
+            (SELECT x.owner_role FROM workflow_runs x WHERE x.idempotency_key = o.idempotency_key))
     ON CONFLICT ON CONSTRAINT workflow_runs_pkey DO NOTHING;
     IF NOT FOUND THEN
         -- Created by someone else since we looked.

@@ -66,11 +66,16 @@ END $$;
 
 -- Record a batch of reconciliation answers.  p_results is a JSON array of
 --   {effect_id, verdict: "sent"|"not_sent"|"unknown", provider_id, status, error}
--- Every element becomes an attempts-log row (outcome reconciled_sent,
--- reconciled_not_sent or reconcile_unknown, attempt = the effect's current
--- attempt count), whether or not the CAS still matches: an operator may
--- have resolved the effect meanwhile, and the provider's answer is evidence
--- all the same.  Then, by CAS on (state 'unknown', lease owner):
+-- Evidence comes only from the holder of the effect's reconcile lease: an
+-- element about an effect whose row does not name p_owner as its lease
+-- owner (another worker's lease, no lease, no such effect) is dropped,
+-- with applied = false, and writes nothing; the worker login could
+-- otherwise forge a `reconciled_sent` row, the last attempt an operator
+-- sees, for any effect.  Each element of the holder becomes an
+-- attempts-log row (outcome reconciled_sent, reconciled_not_sent or
+-- reconcile_unknown, attempt = the effect's current attempt count), also
+-- when the state no longer matches (the provider's answer is evidence all
+-- the same).  Then, by CAS on (state 'unknown', lease owner):
 --   sent      -> completed, with the provider id
 --   not_sent  -> pending with the same key, due now (workers are woken)
 --   unknown   -> stays unknown, for the next pass or an operator
@@ -159,12 +164,13 @@ BEGIN
                           WHEN 'not_sent' THEN 'reconciled_not_sent'
                           ELSE 'reconcile_unknown' END,
            nullif(x.status, 0), nullif(x.provider_id, ''), nullif(x.error, ''),
-           x.effect_id = ANY (done_ids), o.metadata
+           x.effect_id = ANY (done_ids), NULL
       FROM ROWS FROM (jsonb_to_recordset(p_results)
                       AS (effect_id uuid, verdict text, provider_id text, status integer,
                           error text, started_at timestamptz))
            WITH ORDINALITY AS x(effect_id, verdict, provider_id, status, error, started_at, n)
-      LEFT JOIN effect_outbox o ON o.effect_id = x.effect_id
+      JOIN effect_outbox o ON o.effect_id = x.effect_id
+     WHERE x.effect_id = ANY (done_ids) OR o.lease_owner = p_owner
      ORDER BY x.n;
 
     IF cardinality(completed_keys) > 0 THEN
@@ -205,9 +211,8 @@ RETURNS text
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 DECLARE
     k text;
-    meta jsonb;
 BEGIN
-    SELECT o.idempotency_key, o.metadata INTO k, meta
+    SELECT o.idempotency_key INTO k
       FROM effect_outbox o
      WHERE o.effect_id = p_effect_id AND o.state = 'unknown' AND o.attempts = p_attempt
        AND EXISTS (SELECT 1 FROM effect_attempts a
@@ -236,7 +241,7 @@ BEGIN
     VALUES (p_effect_id, p_attempt, NULL, p_worker, now(), 'reconciled_sent', p_status,
             nullif(p_provider_id, ''),
             'late evidence: the provider accepted the call after it had been given up on',
-            true, meta, 'late_accepted');
+            true, NULL, 'late_accepted');
     PERFORM outbox_advance_runs('{}', ARRAY[k]);
     RETURN 'late_accepted';
 END $$;

@@ -722,8 +722,9 @@ def test_sql_record_every_verdict(conn):
 
 def test_sql_record_needs_the_lease(conn):
     """CAS on (unknown, owner): an answer from a worker that does not hold
-    the lease, or about an effect an operator resolved meanwhile, changes
-    nothing but is still logged."""
+    the lease changes nothing and is not logged (evidence comes only from
+    the lease holder); the holder's answer about an effect whose state
+    moved meanwhile changes nothing but is logged."""
     eid, _ = crm_effect(conn, {}, state="unknown", attempts_=1)
     lease(conn, OWNER)
     assert record(conn, OTHER, [{"effect_id": eid, "verdict": "sent", "provider_id": "X"}]) == \
@@ -733,14 +734,14 @@ def test_sql_record_needs_the_lease(conn):
     assert record(conn, OWNER, [{"effect_id": eid, "verdict": "not_sent"}]) == [(eid, False, None)]
     assert effect(conn, eid)["state"] == "failed"
     assert [(a["outcome_class"], a["cas_applied"]) for a in attempts(conn, eid)] == \
-        [("reconciled_sent", False), ("reconciled_not_sent", False)]
+        [("reconciled_not_sent", False)]
     # Same worker asking twice about one attempt: two evidence rows.
     query(conn, "UPDATE effect_outbox SET state = 'unknown' WHERE effect_id = %s", (eid,))
     for _ in range(2):
         lease(conn, OWNER)
         assert record(conn, OWNER, [{"effect_id": eid, "verdict": "unknown"}]) == \
             [(eid, True, "unknown")]
-    assert len(attempts(conn, eid)) == 4
+    assert len(attempts(conn, eid)) == 3
 
 
 def test_sql_record_refuses_bad_input(conn):

@@ -181,6 +181,28 @@ def test_systemd_environment_example_is_off():
     assert values == ["AI_ACTIONS_ENABLED=false"]
 
 
+def test_ipaddressdeny_drop_in_example(installed_units):
+    """The network wall drop-in denies loopback, link-local (cloud metadata)
+    and the other metadata addresses, allows the database's address, is a
+    valid drop-in of the template, and the package ships it."""
+    path = os.path.join(UNIT_DIR, "ipaddressdeny.conf.example")
+    d = unit_directives(path)
+    deny = " ".join(d[("Service", "IPAddressDeny")]).split()
+    for must in ("localhost", "link-local", "fd00:ec2::254/128", "100.100.100.200/32",
+                 "168.63.129.16/32"):
+        assert must in deny, must
+    assert d[("Service", "IPAddressAllow")], "the database's address is allowed"
+    assert set(k for k, _ in d) == {"Service"}
+    with open(os.path.join(ROOT, "debian", "outbox-dispatcher.examples")) as f:
+        assert "systemd/ipaddressdeny.conf.example" in f.read().split()
+    if SYSTEMD_ANALYZE is not None:
+        dropin = installed_units / "outbox-dispatcher@.service.d"
+        dropin.mkdir()
+        shutil.copy(path, dropin / "ipaddressdeny.conf")
+        r = analyze("verify", "--man=no", str(installed_units / "outbox-dispatcher@1.service"))
+        assert r.returncode == 0 and (r.stdout + r.stderr).strip() == "", r.stdout + r.stderr
+
+
 # ---- /metrics and /healthz on a running worker -----------------------------
 
 SAMPLE_RE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})? (\S+)$')

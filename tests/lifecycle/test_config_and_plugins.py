@@ -135,3 +135,101 @@ def test_minimal_config_of_the_stable_keys_runs(tmp_path, db, conn, sink):
         proc.send_signal(signal.SIGTERM)
         out = proc.communicate(timeout=20)[1].decode()
     assert proc.returncode == 0, out
+
+
+# -- files that can run code or hold secrets ------------------------------------
+
+def fake_plugin_config(d):
+    return f"[metrics]\nlisten =\n[dispatcher]\nproviders = fake\nprovider_dir = {d}\n"
+
+
+def test_plugin_writable_by_others_is_refused(tmp_path):
+    """Anyone who can rewrite a plugin could run code as the worker: a
+    plugin writable by group or others is refused before it is loaded (its
+    init, which fails on purpose, never runs)."""
+    d = build_plugin(tmp_path, provider_abi())
+    so = d / "outbox_fake.so"
+    for mode, who in ((0o666, "every user"), (0o775, "its group")):
+        os.chmod(so, mode)
+        r, _ = start_expect_failure(tmp_path, fake_plugin_config(d))
+        assert r.returncode == 1
+        assert f"provider plugin {so} is writable by {who}" in r.stderr, r.stderr
+        assert "init failed" not in r.stderr
+    os.chmod(so, 0o755)
+    r, _ = start_expect_failure(tmp_path, fake_plugin_config(d))
+    assert "init failed: the relay password file is unreadable" in r.stderr, r.stderr
+
+
+def test_provider_dir_writable_by_others_is_refused(tmp_path):
+    d = build_plugin(tmp_path, provider_abi())
+    for mode, who in ((0o777, "every user"), (0o1777, "every user"), (0o770, "its group")):
+        os.chmod(d, mode)
+        r, _ = start_expect_failure(tmp_path, fake_plugin_config(d))
+        assert r.returncode == 1
+        assert f"provider_dir {d} is writable by {who}" in r.stderr, r.stderr
+        assert "init failed" not in r.stderr
+    os.chmod(d, 0o755)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give a file to another user")
+def test_plugin_owned_by_another_user_is_refused(tmp_path):
+    d = build_plugin(tmp_path, provider_abi())
+    os.chown(d / "outbox_fake.so", 12345, 12345)
+    r, _ = start_expect_failure(tmp_path, fake_plugin_config(d))
+    assert r.returncode == 1
+    assert "is owned by uid 12345, neither root nor the worker's user" in r.stderr, r.stderr
+    assert "init failed" not in r.stderr
+
+
+def test_relative_provider_dir_is_beside_the_config_file(tmp_path):
+    """provider_dir = plugins means <the config file's directory>/plugins,
+    whatever directory the worker was started from."""
+    conf = tmp_path / "etc"
+    conf.mkdir()
+    build_plugin(conf, provider_abi())        # conf/plugins/outbox_fake.so
+    p = conf / "rel.ini"
+    p.write_text("[metrics]\nlisten =\n[dispatcher]\nproviders = fake\nprovider_dir = plugins\n")
+    r = subprocess.run([os.path.join(BUILD_DIR, "outbox-dispatcher"), "--config", str(p)],
+                       capture_output=True, text=True, timeout=20, cwd="/",
+                       env=dict(os.environ, AI_ACTIONS_ENABLED="true"))
+    assert "init failed: the relay password file is unreadable" in r.stderr, r.stderr
+    assert str(conf / "plugins" / "outbox_fake.so") in r.stderr or "cannot load" not in r.stderr
+
+
+def check_config(path):
+    return subprocess.run([os.path.join(BUILD_DIR, "outbox-dispatcher"), "--config", str(path),
+                           "--check-config"], capture_output=True, text=True, timeout=20,
+                          env=dict(os.environ, AI_ACTIONS_ENABLED="true"))
+
+
+def test_secrets_readable_by_others_are_warned_about(tmp_path):
+    """A secret file, or a config holding a secret in clear, that every
+    user may read: a warning naming the file (not fatal); mode 0600: none.
+    The secret itself is never printed."""
+    secret = tmp_path / "signing"
+    secret.write_text("whsec_UzNDUkVULUZST00tRklMRQ==\n")
+    os.chmod(secret, 0o644)
+    p = tmp_path / "w.ini"
+    p.write_text("[metrics]\nlisten =\n[provider.http]\nallow_hosts = 127.0.0.1\n"
+                 f"signing_secret = file:{secret}\n")
+    os.chmod(p, 0o644)
+    r = check_config(p)
+    assert r.returncode == 0, r.stderr
+    assert "secret_file_readable" in r.stderr and str(secret) in r.stderr, r.stderr
+    assert "whsec_" not in r.stderr
+    assert "config_readable" not in r.stderr
+    os.chmod(secret, 0o600)
+    r = check_config(p)
+    assert r.returncode == 0 and "_readable\"" not in r.stderr, r.stderr
+
+    p.write_text("[metrics]\nlisten =\n[database]\nconninfo = host=db user=w password=PW-IN-CLEAR\n"
+                 "[provider.http]\nallow_hosts = 127.0.0.1\nsigning_secret = whsec_UzNDUkVULUlOTElORQ==\n")
+    os.chmod(p, 0o644)
+    r = check_config(p)
+    assert r.returncode == 0, r.stderr
+    assert r.stderr.count("config_readable") == 2, r.stderr
+    assert "[database] conninfo" in r.stderr and "[provider.http] signing_secret" in r.stderr
+    assert "whsec_" not in r.stderr and "PW-IN-CLEAR" not in r.stderr
+    os.chmod(p, 0o600)
+    r = check_config(p)
+    assert r.returncode == 0 and "_readable\"" not in r.stderr, r.stderr

@@ -36,6 +36,43 @@ def test_unknown_list_escapes_a_hostile_run_key(db, conn):
     assert rows[0]["idempotency_key"] == EVIL + C1
 
 
+BIDI = ["\u202a", "\u202b", "\u202c", "\u202d", "\u202e", "\u2066", "\u2067", "\u2068",
+        "\u2069", "\u200b", "\u200c", "\u200d", "\u200e", "\u200f", "\u2028", "\u2029",
+        "\ufeff"]
+
+
+def no_invisible(text):
+    bad = [c for c in text if c in BIDI]
+    assert not bad, f"bidi or invisible characters reached the terminal: {bad!r}"
+
+
+def test_unknown_list_escapes_bidi_and_invisible_characters(db, conn):
+    """A right-to-left override in a target makes '.../<U+202E>exe.txt'
+    read as '.../txt.exe'; every such character is shown as \\uNNNN in the
+    run key, the target and the worker name."""
+    key = make_run(conn, key="run-" + "".join(BIDI))
+    eid = enqueue(conn, "http", "https://x.example/files/\u202eexe.txt", {}, key=key)
+    query(conn, "UPDATE effect_outbox SET state = 'unknown', attempts = 1 WHERE effect_id = %s", (eid,))
+    query(conn, "INSERT INTO effect_attempts (effect_id, attempt, worker, started_at, outcome_class) "
+                "VALUES (%s, 1, %s, now(), 'ambiguous')", (eid, "w\u2066orker\u2069\u200b"))
+    r = run_ctl(["--db", db, "unknown", "list"])
+    assert r.returncode == 0, r.stderr
+    no_invisible(r.stdout)
+    assert "/files/\\u202eexe.txt" in r.stdout
+    assert "run-" + "".join("\\u%04x" % ord(c) for c in BIDI) in r.stdout
+    assert "worker w\\u2066orker\\u2069\\u200b" in r.stdout
+    rows = json.loads(run_ctl(["--db", db, "unknown", "list", "--json"]).stdout)
+    assert rows[0]["target"] == "https://x.example/files/\u202eexe.txt"
+
+
+def test_kill_switch_status_escapes_bidi_in_the_operator(db, conn):
+    kill_switch(conn, False, operator="mallory\u202e\ufeff", reason="r\u2028x")
+    r = run_ctl(["--db", db, "kill-switch", "status"])
+    assert r.returncode == 0, r.stderr
+    no_invisible(r.stdout)
+    assert "mallory\\u202e\\ufeff" in r.stdout
+
+
 def test_kill_switch_status_escapes_the_operator(db, conn):
     kill_switch(conn, False, operator="mallory\x1b]0;pwned\x07", reason="r\x1b[2J")
     r = run_ctl(["--db", db, "kill-switch", "status"])

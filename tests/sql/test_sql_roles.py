@@ -131,6 +131,8 @@ def test_producer_cannot_call_kill_switch_or_dispatcher_functions(conn, login_as
     allowed = {"outbox_claim_run", "outbox_renew_run", "outbox_transition_run",
                "outbox_create_approval", "outbox_peek_approval", "outbox_consume_approval",
                "outbox_enqueue", "outbox_cancel",
+               # the plain INSERT's row-level security checks
+               "outbox_run_not_foreign", "outbox_metadata_ok", "outbox_metadata_max_bytes",
                # the n8n kit's cancel that says why not (25_kit.sql)
                "outbox_cancel_status",
                # pure, and needed by effect_outbox's generated columns for
@@ -191,3 +193,139 @@ def test_operator_flips_kill_switch_but_cannot_read_token_hashes(conn, login_as)
     assert scalar(conn, "SELECT enabled FROM outbox_control") is True
     denied(o, "SELECT token_hash FROM approvals")
     assert query(o, "SELECT approval_id, proposed_effects FROM approvals") == []
+
+
+def test_dispatcher_cannot_forge_reconcile_evidence(conn, login_as, db):
+    """Evidence only from the holder of the effect's reconcile lease: the
+    worker login calling outbox_reconcile_record with an owner of its own
+    choosing, about an unknown effect (unleased, or leased by another
+    worker) or a uuid that names no effect, writes nothing and changes
+    nothing; `outboxctl unknown list` still shows the real last attempt."""
+    from outbox_test import run_ctl
+    forger = login_as("outbox_dispatcher")
+    holder = login_as("outbox_dispatcher")
+    _, unleased = pending_effect(conn)
+    _, leased = pending_effect(conn)
+    query(conn, "UPDATE effect_outbox SET state = 'unknown', attempts = 1")
+    query(conn, "INSERT INTO effect_attempts (effect_id, attempt, worker, started_at, outcome_class) "
+                "SELECT effect_id, 1, 'w-real', now(), 'ambiguous' FROM effect_outbox")
+    owner = str(uuid.uuid4())
+    query(conn, "UPDATE effect_outbox SET lease_owner = %s, lease_expires_at = now() + interval '1 min' "
+                "WHERE effect_id = %s", (owner, leased))
+    for eid in (unleased, leased, str(uuid.uuid4())):
+        forged = json.dumps([{"effect_id": eid, "verdict": "sent", "provider_id": "FORGED-ID",
+                              "status": 200}])
+        rows = query(forger, "SELECT effect_id::text, applied, state FROM "
+                             "outbox_reconcile_record(gen_random_uuid(), 'forger', %s)", (forged,))
+        assert rows == [(eid, False, None)]
+    assert scalar(conn, "SELECT count(*) FROM effect_attempts WHERE worker = 'forger' "
+                        "OR provider_id = 'FORGED-ID'") == 0
+    assert query(conn, "SELECT state, provider_id FROM effect_outbox ORDER BY effect_id") == \
+        [("unknown", None), ("unknown", None)]
+    r = run_ctl(["--db", db, "unknown", "list"])
+    assert r.returncode == 0, r.stderr
+    assert "FORGED" not in r.stdout and "forger" not in r.stdout
+    assert r.stdout.count("worker w-real, outcome ambiguous") == 2
+    # The lease holder's answer is evidence, and resolves the effect.
+    answer = json.dumps([{"effect_id": leased, "verdict": "sent", "provider_id": "P-1", "status": 200}])
+    assert query(holder, "SELECT effect_id::text, applied, state FROM "
+                         "outbox_reconcile_record(%s, 'w-real', %s)", (owner, answer)) == \
+        [(leased, True, "completed")]
+    assert query(conn, "SELECT outcome_class, provider_id, metadata FROM effect_attempts "
+                       "WHERE effect_id = %s ORDER BY attempt_id", (leased,)) == \
+        [("ambiguous", None, None), ("reconciled_sent", "P-1", None)]
+
+
+# --- producer isolation -----------------------------------------------------------
+
+def claim(c, key, owner, payload_hash="h"):
+    return scalar(c, "SELECT status FROM outbox_claim_run(%s, %s, %s, 300)", (key, payload_hash, owner))
+
+
+def test_two_producer_logins_cannot_read_or_act_on_each_others_runs(conn, login_as):
+    """A run, its effects and its approvals belong to the producer login
+    that claimed it: another producer login reads none of them and cannot
+    enqueue into, claim, renew, transition, approve for or cancel it, even
+    knowing the run's lease owner."""
+    a, b = login_as("outbox_producer"), login_as("outbox_producer")
+    oa, ob = str(uuid.uuid4()), str(uuid.uuid4())
+    assert claim(a, "run-a", oa) == "claimed" and claim(b, "run-b", ob) == "claimed"
+    secret = json.dumps({"headers": {"Authorization": "Bearer A-SECRET"}, "body": {}})
+    query(a, "INSERT INTO effect_outbox (idempotency_key, effect_type, target, payload) "
+             "VALUES ('run-a', 'http', 'https://a.example/', %s)", (secret,))
+    delayed = scalar(a, "SELECT effect_id FROM outbox_enqueue('run-a', 'http', 'https://a.example/2', "
+                        "'{}', NULL, 3600)")
+    query(b, "INSERT INTO effect_outbox (idempotency_key, effect_type, target, payload) "
+             "VALUES ('run-b', 'http', 'https://b.example/', '{}')")
+
+    # Reads: each sees its own only.
+    assert query(b, "SELECT idempotency_key FROM workflow_runs") == [("run-b",)]
+    assert query(b, "SELECT idempotency_key FROM effect_outbox") == [("run-b",)]
+    assert scalar(b, "SELECT count(*) FROM effect_outbox WHERE payload::text LIKE '%A-SECRET%'") == 0
+    assert sorted(r[0] for r in query(a, "SELECT target FROM effect_outbox")) == \
+        ["https://a.example/", "https://a.example/2"]
+
+    # Enqueue into the other's processing run: neither path.
+    denied(b, "INSERT INTO effect_outbox (idempotency_key, effect_type, target, payload) "
+              "VALUES ('run-a', 'http', 'https://evil.example/', '{}')")
+    with pytest.raises(DENIED) as ei:
+        query(b, "SELECT * FROM outbox_enqueue('run-a', 'http', 'https://evil.example/', '{}')")
+    assert "belongs to another producer login" in str(ei.value)
+    # Claim, renew, transition, approve: nothing, even with the owner uuid.
+    denied(b, "SELECT * FROM outbox_claim_run('run-a', 'h', %s, 300)", (ob,))
+    assert scalar(b, "SELECT outbox_renew_run('run-a', %s, 0, 300)", (oa,)) is None
+    assert query(b, "SELECT * FROM outbox_transition_run('run-a', %s, 0, 'failed_terminal')",
+                 (oa,)) == []
+    assert query(b, "SELECT * FROM outbox_create_approval('run-a', %s, 0, "
+                    "decode(repeat('aa', 32), 'hex'), ARRAY['approve'], 60, '[]')", (oa,)) == []
+    # Cancel the other's delayed effect: refused.
+    denied(b, "SELECT outbox_cancel(%s, 'mine now', 'b')", (delayed,))
+    assert query(b, "SELECT status, state FROM outbox_cancel_status(%s, 'mine now', 'b')",
+                 (delayed,)) == [("not_found", None)]
+    assert scalar(conn, "SELECT state FROM effect_outbox WHERE effect_id = %s", (delayed,)) == "pending"
+    assert scalar(conn, "SELECT count(*) FROM effect_outbox WHERE target LIKE '%%evil%%'") == 0
+    assert scalar(conn, "SELECT state FROM workflow_runs WHERE idempotency_key = 'run-a'") == "processing"
+
+    # Approvals: the other login neither reads, peeks nor consumes them.
+    effects = json.dumps([{"effect_type": "http", "target": "https://a.example/3", "payload": {}}])
+    query(a, "SELECT * FROM outbox_create_approval('run-a', %s, 0, decode(repeat('ab', 32), 'hex'), "
+             "ARRAY['approve', 'reject'], 60, %s)", (oa, effects))
+    assert query(b, "SELECT approval_id FROM approvals") == []
+    assert query(b, "SELECT * FROM outbox_peek_approval(decode(repeat('ab', 32), 'hex'))") == []
+    assert query(b, "SELECT * FROM outbox_consume_approval(decode(repeat('ab', 32), 'hex'), "
+                    "'reject', 'b')") == []
+    assert scalar(conn, "SELECT consumed_at FROM approvals") is None
+    assert len(query(a, "SELECT * FROM outbox_peek_approval(decode(repeat('ab', 32), 'hex'))")) == 1
+    # The owner still does everything: consumes, cancels its delayed effect.
+    rows = query(a, "SELECT decision, target FROM outbox_consume_approval("
+                    "decode(repeat('ab', 32), 'hex'), 'approve', 'alice')")
+    assert rows == [("approve", "https://a.example/3")]
+    assert scalar(a, "SELECT outbox_cancel(%s, 'changed mind', 'a')", (delayed,)) is True
+
+    # Workers and operators see every run's effects.
+    d, o = login_as("outbox_dispatcher"), login_as("outbox_operator")
+    assert scalar(d, "SELECT count(DISTINCT idempotency_key) FROM effect_outbox") == 2
+    assert scalar(o, "SELECT count(*) FROM workflow_runs") == 2
+    assert scalar(o, "SELECT count(*) FROM approvals") == 1
+
+
+def test_one_shared_producer_login_keeps_every_run(conn, login_as):
+    """One login for every workflow (the usual n8n credential): it claims,
+    reads, enqueues into and cancels across all its runs, as before; runs
+    with no owner (created before ownership, or by an administrator) are
+    shared by every producer login."""
+    p = login_as("outbox_producer")
+    owners = [str(uuid.uuid4()) for _ in range(2)]
+    for i, owner in enumerate(owners):
+        assert claim(p, f"wf-{i}", owner) == "claimed"
+        query(p, "INSERT INTO effect_outbox (idempotency_key, effect_type, target, payload) "
+                 "VALUES (%s, 'http', 'https://x.example/', '{}')", (f"wf-{i}",))
+    assert scalar(p, "SELECT count(*) FROM effect_outbox") == 2
+    eid = scalar(p, "SELECT effect_id FROM outbox_enqueue('wf-1', 'http', 'https://y.example/', "
+                    "'{}', NULL, 60)")
+    assert scalar(p, "SELECT outbox_cancel(%s, 'no', 'n8n')", (eid,)) is True
+    shared = make_run(conn)
+    other = login_as("outbox_producer")
+    query(other, "INSERT INTO effect_outbox (idempotency_key, effect_type, target, payload) "
+                 "VALUES (%s, 'http', 'https://x.example/', '{}')", (shared,))
+    assert query(other, "SELECT idempotency_key FROM workflow_runs") == [(shared,)]

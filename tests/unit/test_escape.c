@@ -53,6 +53,30 @@ static void test_term_escape_every_control_class(void **state)
 	expect_escaped("\xc2\xa0", "\xc2\xa0");
 }
 
+static void test_term_escape_bidi_and_invisible_characters(void **state)
+{
+	(void)state;
+	/* ".../<U+202E>exe.txt" would read as ".../txt.exe". */
+	expect_escaped("/files/\xe2\x80\xae" "exe.txt", "/files/\\u202eexe.txt");
+	/* Embeddings and overrides U+202A-202E. */
+	expect_escaped("\xe2\x80\xaa\xe2\x80\xab\xe2\x80\xac\xe2\x80\xad",
+	               "\\u202a\\u202b\\u202c\\u202d");
+	/* Isolates U+2066-2069. */
+	expect_escaped("\xe2\x81\xa6\xe2\x81\xa7\xe2\x81\xa8\xe2\x81\xa9",
+	               "\\u2066\\u2067\\u2068\\u2069");
+	/* Zero-width space, joiners and marks U+200B-200F. */
+	expect_escaped("a\xe2\x80\x8b" "b\xe2\x80\x8c\xe2\x80\x8d\xe2\x80\x8e\xe2\x80\x8f",
+	               "a\\u200bb\\u200c\\u200d\\u200e\\u200f");
+	/* Line and paragraph separators, byte-order mark, word joiner. */
+	expect_escaped("x\xe2\x80\xa8y\xe2\x80\xa9z\xef\xbb\xbf\xe2\x81\xa0",
+	               "x\\u2028y\\u2029z\\ufeff\\u2060");
+	/* Their neighbours are ordinary text: U+200A hair space, U+2010
+	 * hyphen, U+2027 hyphenation point, U+202F narrow no-break space,
+	 * U+2065 (unassigned), U+FEFE. */
+	expect_escaped("\xe2\x80\x8a\xe2\x80\x90\xe2\x80\xa7\xe2\x80\xaf\xe2\x81\xa5\xef\xbb\xbe",
+	               "\xe2\x80\x8a\xe2\x80\x90\xe2\x80\xa7\xe2\x80\xaf\xe2\x81\xa5\xef\xbb\xbe");
+}
+
 static void test_term_escape_keeps_newlines_when_asked(void **state)
 {
 	char *got;
@@ -100,6 +124,7 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_term_escape_every_control_class),
+		cmocka_unit_test(test_term_escape_bidi_and_invisible_characters),
 		cmocka_unit_test(test_term_escape_keeps_newlines_when_asked),
 		cmocka_unit_test(test_redact_encoded_and_upper_case_keys),
 	};
