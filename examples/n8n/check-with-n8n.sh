@@ -219,9 +219,11 @@ grep -q '^conninfo = host=127.0.0.1 dbname=outbox user=outbox_worker' "$work/dis
     exec "$BUILD_DIR/outbox-dispatcher" --config "$work/dispatcher.ini") > "$work/dispatcher.log" 2>&1 &
 PIDS="$PIDS $!"
 
-# 4. n8n: its own user folder, telemetry off, the kit imported and activated.
+# 4. n8n: its own user folder and temporary folder (n8n makes
+# n8nDataTableUploads in it; the check leaves the host's /tmp as it was),
+# telemetry off, the kit imported and activated.
 N8N_PORT=${N8N_PORT:-$(free_port)}
-export N8N_USER_FOLDER="$work/n8n" N8N_PORT N8N_LISTEN_ADDRESS=127.0.0.1 N8N_HOST=127.0.0.1 \
+export TMPDIR="$work/tmp" N8N_USER_FOLDER="$work/n8n" N8N_PORT N8N_LISTEN_ADDRESS=127.0.0.1 N8N_HOST=127.0.0.1 \
     DB_TYPE=postgresdb DB_POSTGRESDB_HOST=127.0.0.1 DB_POSTGRESDB_PORT="$PGPORT" \
     DB_POSTGRESDB_DATABASE=n8n DB_POSTGRESDB_USER=postgres \
     N8N_PROTOCOL=http WEBHOOK_URL="http://127.0.0.1:$N8N_PORT/" \
@@ -233,7 +235,7 @@ export N8N_USER_FOLDER="$work/n8n" N8N_PORT N8N_LISTEN_ADDRESS=127.0.0.1 N8N_HOS
     N8N_ENFORCE_SETTINGS_FILE_PERMISSIONS=true N8N_BLOCK_ENV_ACCESS_IN_NODE=true \
     N8N_SECURE_COOKIE=false N8N_LOG_LEVEL=${N8N_LOG_LEVEL:-info} \
     EXECUTIONS_DATA_SAVE_ON_SUCCESS=all EXECUTIONS_DATA_SAVE_ON_ERROR=all
-mkdir -p "$N8N_USER_FOLDER" "$work/import"
+mkdir -p "$TMPDIR" "$N8N_USER_FOLDER" "$work/import"
 
 # The settings, in one file as a user keeps them (apply-settings.py writes
 # them into every Config node), and the credential as the CLI imports it.
