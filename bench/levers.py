@@ -75,7 +75,7 @@ def no_log():
 
 def generic_plans():
     return ["ALTER FUNCTION outbox_claim(uuid, text, integer, integer, text[], boolean, text[], uuid,"
-            " timestamptz, uuid, boolean) RESET plan_cache_mode",
+            " timestamptz, uuid, boolean, integer) RESET plan_cache_mode",
             "ALTER FUNCTION outbox_complete(uuid, text, jsonb) RESET plan_cache_mode",
             "ALTER FUNCTION outbox_advance_runs(text[], text[]) RESET plan_cache_mode"]
 

@@ -169,8 +169,8 @@ static void on_claimed(struct db *db, PGresult *r, void *arg)
  * wire: the repeat returns the rows the first call moved. */
 void claim_send(struct worker *w, struct db *db, bool from_head, int limit)
 {
-	char lim[16], lease[16];
-	const char *params[11];
+	char lim[16], lease[16], max_payload[24];
+	const char *params[12];
 	struct batch *b = lease_on_wire(w, db, from_head, limit);
 
 	snprintf(lim, sizeof(lim), "%d", limit);
@@ -186,7 +186,9 @@ void claim_send(struct worker *w, struct db *db, bool from_head, int limit)
 	params[7] = b->call;
 	params[8] = from_head ? NULL : w->lease.after_at;
 	params[9] = from_head ? NULL : w->lease.after_id;
-	params[10] = "false";   /* p_repeat: DBQ_REPEAT_FLAG sets it on a repeat */
+	snprintf(max_payload, sizeof(max_payload), "%ld", w->s.max_payload_bytes);
+	params[10] = max_payload;
+	params[11] = "false";   /* p_repeat, the last: DBQ_REPEAT_FLAG sets it on a repeat */
 	worker_query(db, SQL_CLAIM, params, on_claimed, b,
 	             DBQ_RETRY | DBQ_REPEAT_FLAG | (b->on_rec ? 0 : DBQ_URGENT));
 }

@@ -245,6 +245,12 @@ struct effect *effect_from_row(struct worker *w, PGresult *r, int row, bool full
 	if (full) {
 		if (!PQgetisnull(r, row, COL_LEASE_METADATA))
 			e->metadata = json_loads(PQgetvalue(r, row, COL_LEASE_METADATA), 0, NULL);
+		else if (!PQgetisnull(r, row, COL_LEASE_METADATA_BYTES))
+			e->metadata_withheld_len =
+			    strtoul(PQgetvalue(r, row, COL_LEASE_METADATA_BYTES), NULL, 10);
+		/* An oversized payload comes as NULL text and its length. */
+		if (e->payload_text == NULL && !PQgetisnull(r, row, COL_LEASE_PAYLOAD_BYTES))
+			e->payload_len = strtoul(PQgetvalue(r, row, COL_LEASE_PAYLOAD_BYTES), NULL, 10);
 		e->approved_by = dup_field(r, row, COL_LEASE_APPROVED_BY);
 		e->retry_base = atoi(PQgetvalue(r, row, COL_LEASE_RETRY_BASE));
 	}
@@ -294,6 +300,10 @@ static bool payload_check(struct worker *w, struct effect *e, char *err, size_t 
 		         w->s.max_payload_bytes);
 		return false;
 	}
+	if (e->payload_text == NULL) {  /* withheld under a lower limit, reloaded since */
+		snprintf(err, errlen, "payload is %zu bytes, over the limit when it was leased", len);
+		return false;
+	}
 	e->payload = payload_parse(e, &jerr);
 	if (e->payload == NULL) {
 		/* PostgreSQL accepted it: deeper than jansson's limit is not "invalid". */
@@ -321,6 +331,11 @@ bool effect_validate(struct worker *w, struct effect *e, char *err, size_t errle
 	}
 	if (!payload_check(w, e, err, errlen))
 		return false;
+	if (e->metadata_withheld_len > 0) {
+		snprintf(err, errlen, "metadata is %zu bytes, over the limit of %d",
+		         e->metadata_withheld_len, OUTBOX_METADATA_MAX_BYTES);
+		return false;
+	}
 	effect_fill_view(e, e->prior_attempts + 1);
 	err[0] = '\0';
 	if (!e->prov->ops->validate(e->prov->self, &e->view, e->host_key, sizeof(e->host_key), err,

@@ -234,8 +234,8 @@ static void on_leased(struct db *db, PGresult *r, void *arg)
 /* One outbox_lease() call on `db`, from the head or from the position. */
 static void lease_send(struct worker *w, struct db *db, bool from_head, int limit)
 {
-	char lim[16], lease[16];
-	const char *params[8];
+	char lim[16], lease[16], max_payload[24];
+	const char *params[9];
 	struct batch *b = lease_on_wire(w, db, from_head, limit);
 
 	snprintf(lim, sizeof(lim), "%d", limit);
@@ -248,6 +248,8 @@ static void lease_send(struct worker *w, struct db *db, bool from_head, int limi
 	params[5] = w->env_enabled ? "true" : "false";
 	params[6] = from_head ? NULL : w->lease.after_at;
 	params[7] = from_head ? NULL : w->lease.after_id;
+	snprintf(max_payload, sizeof(max_payload), "%ld", w->s.max_payload_bytes);
+	params[8] = max_payload;
 	worker_query(db, SQL_LEASE, params, on_leased, b, b->on_rec ? 0 : DBQ_URGENT);
 }
 

@@ -73,9 +73,11 @@ struct effect {
 	enum effect_phase phase;
 	char id[40];
 	char *run_key, *type, *target, *payload_text, *payload_hash, *effect_key, *approved_by;
-	size_t payload_len;           /* of payload_text (jsonb's text: no NUL inside) */
+	size_t payload_len;           /* of payload_text (jsonb's text: no NUL inside),
+	                               * or of the text the lease withheld (NULL text) */
 	json_t *payload;
 	json_t *metadata;
+	size_t metadata_withheld_len; /* metadata the lease withheld as oversized, or 0 */
 	int prior_attempts;           /* attempts column when leased */
 	int retry_base;               /* attempts before the current retry budget */
 	struct provider_slot *prov;

@@ -12,12 +12,15 @@
 const struct worker_sql worker_sql[SQL_STATEMENTS] = {
 	[SQL_LEASE] = { "outbox_lease",
 		"SELECT effect_id, idempotency_key, effect_type, target, payload, payload_hash, "
-		"effect_key, attempts, metadata, approved_by, retry_base, available_at "
-		"FROM outbox_lease($1, $2, $3, $4, $5, $6, $7, $8)", 8 },
+		"effect_key, attempts, metadata, approved_by, retry_base, available_at, "
+		"payload_bytes, metadata_bytes "
+		"FROM outbox_lease($1, $2, $3, $4, $5, $6, $7, $8, $9)", 9 },
 	[SQL_CLAIM] = { "outbox_claim",
 		"SELECT effect_id, idempotency_key, effect_type, target, payload, payload_hash, "
-		"effect_key, attempts, metadata, approved_by, retry_base, available_at "
-		"FROM outbox_claim($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)", 11 },
+		"effect_key, attempts, metadata, approved_by, retry_base, available_at, "
+		"payload_bytes, metadata_bytes "
+		"FROM outbox_claim($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, "
+		"p_max_payload_bytes => $11, p_repeat => $12)", 12 },
 	[SQL_UNCLAIM] = { "outbox_unclaim",
 		"SELECT outbox_unclaim($1, $2, $3, $4, $5)", 5 },
 	[SQL_UNCLAIM_CALL] = { "outbox_unclaim_call",

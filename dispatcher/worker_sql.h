@@ -35,12 +35,20 @@ enum worker_stmt {
 /* An effect's row: SQL_LEASE (and SQL_CLAIM, the same columns) and
  * SQL_RECONCILE_LEASE share the first eight
  * columns (effect_from_row()). */
+/* outbox_metadata_max_bytes() in sql/functions/20_producer.sql: metadata
+ * longer than this (as text) is not fetched by the lease or the claim. */
+#define OUTBOX_METADATA_MAX_BYTES 65536
+
 enum effect_row_col {
 	COL_EFFECT_ID, COL_IDEMPOTENCY_KEY, COL_EFFECT_TYPE, COL_TARGET, COL_PAYLOAD,
 	COL_PAYLOAD_HASH, COL_EFFECT_KEY, COL_ATTEMPTS,
 	/* SQL_LEASE only */
 	COL_LEASE_METADATA = COL_ATTEMPTS + 1, COL_LEASE_APPROVED_BY, COL_LEASE_RETRY_BASE,
 	COL_LEASE_AVAILABLE_AT,
+	/* the payload's and metadata's lengths as text: the column above is
+	 * NULL when its length is over the bound (payload_bytes: the worker's
+	 * max_payload_bytes; metadata_bytes: OUTBOX_METADATA_MAX_BYTES) */
+	COL_LEASE_PAYLOAD_BYTES, COL_LEASE_METADATA_BYTES,
 	/* SQL_RECONCILE_LEASE only */
 	COL_RECON_ATTEMPT_AGE_MS = COL_ATTEMPTS + 1,
 };

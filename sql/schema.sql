@@ -211,10 +211,10 @@ END $$;
 
 
 --
--- Name: outbox_claim(uuid, text, integer, integer, text[], boolean, text[], uuid, timestamp with time zone, uuid, boolean); Type: FUNCTION; Schema: public; Owner: -
+-- Name: outbox_claim(uuid, text, integer, integer, text[], boolean, text[], uuid, timestamp with time zone, uuid, boolean, integer); Type: FUNCTION; Schema: public; Owner: -
 --
 
-CREATE FUNCTION public.outbox_claim(p_owner uuid, p_worker text, p_limit integer, p_lease_seconds integer, p_types text[], p_env_enabled boolean, p_idempotent_types text[], p_call uuid, p_after_at timestamp with time zone DEFAULT NULL::timestamp with time zone, p_after_id uuid DEFAULT NULL::uuid, p_repeat boolean DEFAULT false) RETURNS TABLE(effect_id uuid, idempotency_key text, effect_type text, target text, payload text, payload_hash text, effect_key text, attempts integer, metadata text, approved_by text, retry_base integer, available_at timestamp with time zone)
+CREATE FUNCTION public.outbox_claim(p_owner uuid, p_worker text, p_limit integer, p_lease_seconds integer, p_types text[], p_env_enabled boolean, p_idempotent_types text[], p_call uuid, p_after_at timestamp with time zone DEFAULT NULL::timestamp with time zone, p_after_id uuid DEFAULT NULL::uuid, p_repeat boolean DEFAULT false, p_max_payload_bytes integer DEFAULT 67108864) RETURNS TABLE(effect_id uuid, idempotency_key text, effect_type text, target text, payload text, payload_hash text, effect_key text, attempts integer, metadata text, approved_by text, retry_base integer, available_at timestamp with time zone, payload_bytes integer, metadata_bytes integer)
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'public', 'pg_temp'
     SET plan_cache_mode TO 'force_custom_plan'
@@ -244,13 +244,23 @@ BEGIN
             RETURN;
         END IF;
         RETURN QUERY
-        SELECT o.effect_id, o.idempotency_key, o.effect_type, o.target, o.payload::text,
-               o.payload_hash, o.effect_key, o.attempts - 1, o.metadata::text, o.approved_by,
-               o.retry_base, o.available_at
-          FROM effect_outbox o
-         WHERE o.state = 'sending' AND o.send_deadline IS NOT NULL
-           AND o.lease_owner = p_owner AND o.mark_token = p_call
-         ORDER BY o.available_at, o.effect_id;
+        WITH moved AS MATERIALIZED (
+            SELECT o.effect_id, o.idempotency_key, o.effect_type, o.target,
+                   o.payload::text AS payload_text, o.payload_hash, o.effect_key,
+                   o.attempts - 1 AS attempts, o.metadata::text AS metadata_text,
+                   o.approved_by, o.retry_base, o.available_at
+              FROM effect_outbox o
+             WHERE o.state = 'sending' AND o.send_deadline IS NOT NULL
+               AND o.lease_owner = p_owner AND o.mark_token = p_call)
+        SELECT m.effect_id, m.idempotency_key, m.effect_type, m.target,
+               CASE WHEN octet_length(m.payload_text) <= p_max_payload_bytes
+                    THEN m.payload_text END,
+               m.payload_hash, m.effect_key, m.attempts,
+               CASE WHEN octet_length(m.metadata_text) <= outbox_metadata_max_bytes()
+                    THEN m.metadata_text END,
+               m.approved_by, m.retry_base, m.available_at,
+               octet_length(m.payload_text), octet_length(m.metadata_text)
+          FROM moved m ORDER BY m.available_at, m.effect_id;
         RETURN;
     END IF;
     IF NOT allowed THEN
@@ -284,10 +294,18 @@ BEGIN
                updated_at = now()
           FROM due
          WHERE o.effect_id = due.effect_id
-        RETURNING o.effect_id, o.idempotency_key, o.effect_type, o.target, o.payload::text,
-                  o.payload_hash, o.effect_key, o.attempts - 1, o.metadata::text, o.approved_by,
-                  o.retry_base, o.available_at)
-    SELECT * FROM claimed c ORDER BY c.available_at, c.effect_id;
+        RETURNING o.effect_id, o.idempotency_key, o.effect_type, o.target,
+                  o.payload::text AS payload_text, o.payload_hash, o.effect_key,
+                  o.attempts - 1 AS attempts, o.metadata::text AS metadata_text,
+                  o.approved_by, o.retry_base, o.available_at)
+    SELECT c.effect_id, c.idempotency_key, c.effect_type, c.target,
+           CASE WHEN octet_length(c.payload_text) <= p_max_payload_bytes THEN c.payload_text END,
+           c.payload_hash, c.effect_key, c.attempts,
+           CASE WHEN octet_length(c.metadata_text) <= outbox_metadata_max_bytes()
+                THEN c.metadata_text END,
+           c.approved_by, c.retry_base, c.available_at,
+           octet_length(c.payload_text), octet_length(c.metadata_text)
+      FROM claimed c ORDER BY c.available_at, c.effect_id;
 END $$;
 
 
@@ -884,10 +902,10 @@ END $$;
 
 
 --
--- Name: outbox_lease(uuid, text, integer, integer, text[], boolean, timestamp with time zone, uuid); Type: FUNCTION; Schema: public; Owner: -
+-- Name: outbox_lease(uuid, text, integer, integer, text[], boolean, timestamp with time zone, uuid, integer); Type: FUNCTION; Schema: public; Owner: -
 --
 
-CREATE FUNCTION public.outbox_lease(p_owner uuid, p_worker text, p_limit integer, p_lease_seconds integer, p_types text[], p_env_enabled boolean, p_after_at timestamp with time zone DEFAULT NULL::timestamp with time zone, p_after_id uuid DEFAULT NULL::uuid) RETURNS TABLE(effect_id uuid, idempotency_key text, effect_type text, target text, payload text, payload_hash text, effect_key text, attempts integer, metadata text, approved_by text, retry_base integer, available_at timestamp with time zone)
+CREATE FUNCTION public.outbox_lease(p_owner uuid, p_worker text, p_limit integer, p_lease_seconds integer, p_types text[], p_env_enabled boolean, p_after_at timestamp with time zone DEFAULT NULL::timestamp with time zone, p_after_id uuid DEFAULT NULL::uuid, p_max_payload_bytes integer DEFAULT 67108864) RETURNS TABLE(effect_id uuid, idempotency_key text, effect_type text, target text, payload text, payload_hash text, effect_key text, attempts integer, metadata text, approved_by text, retry_base integer, available_at timestamp with time zone, payload_bytes integer, metadata_bytes integer)
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'public', 'pg_temp'
     SET plan_cache_mode TO 'force_custom_plan'
@@ -929,10 +947,18 @@ BEGIN
                lease_expires_at = now() + make_interval(secs => p_lease_seconds)
           FROM due
          WHERE o.effect_id = due.effect_id
-        RETURNING o.effect_id, o.idempotency_key, o.effect_type, o.target, o.payload::text,
-                  o.payload_hash, o.effect_key, o.attempts, o.metadata::text, o.approved_by,
-                  o.retry_base, o.available_at)
-    SELECT * FROM leased l ORDER BY l.available_at, l.effect_id;
+        RETURNING o.effect_id, o.idempotency_key, o.effect_type, o.target,
+                  o.payload::text AS payload_text, o.payload_hash, o.effect_key, o.attempts,
+                  o.metadata::text AS metadata_text, o.approved_by, o.retry_base, o.available_at)
+    SELECT l.effect_id, l.idempotency_key, l.effect_type, l.target,
+           CASE WHEN octet_length(l.payload_text) <= p_max_payload_bytes THEN l.payload_text END,
+           l.payload_hash, l.effect_key, l.attempts,
+           CASE WHEN octet_length(l.metadata_text) <= outbox_metadata_max_bytes()
+                THEN l.metadata_text END,
+           l.approved_by,
+           l.retry_base, l.available_at,
+           octet_length(l.payload_text), octet_length(l.metadata_text)
+      FROM leased l ORDER BY l.available_at, l.effect_id;
 END $$;
 
 
@@ -2920,11 +2946,11 @@ REVOKE ALL ON FUNCTION public.outbox_cancel_status(p_effect_id uuid, p_reason te
 
 
 --
--- Name: FUNCTION outbox_claim(p_owner uuid, p_worker text, p_limit integer, p_lease_seconds integer, p_types text[], p_env_enabled boolean, p_idempotent_types text[], p_call uuid, p_after_at timestamp with time zone, p_after_id uuid, p_repeat boolean); Type: ACL; Schema: public; Owner: -
+-- Name: FUNCTION outbox_claim(p_owner uuid, p_worker text, p_limit integer, p_lease_seconds integer, p_types text[], p_env_enabled boolean, p_idempotent_types text[], p_call uuid, p_after_at timestamp with time zone, p_after_id uuid, p_repeat boolean, p_max_payload_bytes integer); Type: ACL; Schema: public; Owner: -
 --
 
-GRANT ALL ON FUNCTION public.outbox_claim(p_owner uuid, p_worker text, p_limit integer, p_lease_seconds integer, p_types text[], p_env_enabled boolean, p_idempotent_types text[], p_call uuid, p_after_at timestamp with time zone, p_after_id uuid, p_repeat boolean) TO outbox_dispatcher;
-REVOKE ALL ON FUNCTION public.outbox_claim(p_owner uuid, p_worker text, p_limit integer, p_lease_seconds integer, p_types text[], p_env_enabled boolean, p_idempotent_types text[], p_call uuid, p_after_at timestamp with time zone, p_after_id uuid, p_repeat boolean) FROM PUBLIC;
+GRANT ALL ON FUNCTION public.outbox_claim(p_owner uuid, p_worker text, p_limit integer, p_lease_seconds integer, p_types text[], p_env_enabled boolean, p_idempotent_types text[], p_call uuid, p_after_at timestamp with time zone, p_after_id uuid, p_repeat boolean, p_max_payload_bytes integer) TO outbox_dispatcher;
+REVOKE ALL ON FUNCTION public.outbox_claim(p_owner uuid, p_worker text, p_limit integer, p_lease_seconds integer, p_types text[], p_env_enabled boolean, p_idempotent_types text[], p_call uuid, p_after_at timestamp with time zone, p_after_id uuid, p_repeat boolean, p_max_payload_bytes integer) FROM PUBLIC;
 
 
 --
@@ -3013,11 +3039,11 @@ REVOKE ALL ON FUNCTION public.outbox_kill_switch_set(p_enabled boolean, p_operat
 
 
 --
--- Name: FUNCTION outbox_lease(p_owner uuid, p_worker text, p_limit integer, p_lease_seconds integer, p_types text[], p_env_enabled boolean, p_after_at timestamp with time zone, p_after_id uuid); Type: ACL; Schema: public; Owner: -
+-- Name: FUNCTION outbox_lease(p_owner uuid, p_worker text, p_limit integer, p_lease_seconds integer, p_types text[], p_env_enabled boolean, p_after_at timestamp with time zone, p_after_id uuid, p_max_payload_bytes integer); Type: ACL; Schema: public; Owner: -
 --
 
-GRANT ALL ON FUNCTION public.outbox_lease(p_owner uuid, p_worker text, p_limit integer, p_lease_seconds integer, p_types text[], p_env_enabled boolean, p_after_at timestamp with time zone, p_after_id uuid) TO outbox_dispatcher;
-REVOKE ALL ON FUNCTION public.outbox_lease(p_owner uuid, p_worker text, p_limit integer, p_lease_seconds integer, p_types text[], p_env_enabled boolean, p_after_at timestamp with time zone, p_after_id uuid) FROM PUBLIC;
+GRANT ALL ON FUNCTION public.outbox_lease(p_owner uuid, p_worker text, p_limit integer, p_lease_seconds integer, p_types text[], p_env_enabled boolean, p_after_at timestamp with time zone, p_after_id uuid, p_max_payload_bytes integer) TO outbox_dispatcher;
+REVOKE ALL ON FUNCTION public.outbox_lease(p_owner uuid, p_worker text, p_limit integer, p_lease_seconds integer, p_types text[], p_env_enabled boolean, p_after_at timestamp with time zone, p_after_id uuid, p_max_payload_bytes integer) FROM PUBLIC;
 
 
 --

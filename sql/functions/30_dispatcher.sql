@@ -22,15 +22,28 @@ LANGUAGE sql IMMUTABLE AS $$ SELECT 7262935012345678901::bigint $$;
 -- row.  Returns nothing while the kill switch is off (env flag or control
 -- row): leasing then would only cost a release.  The authoritative check is
 -- in outbox_mark_sending.
+--
+-- A payload longer than p_max_payload_bytes (the worker's limit) or
+-- metadata longer than outbox_metadata_max_bytes(), as text, comes back
+-- NULL: the worker fails the row as invalid with payload_bytes and
+-- metadata_bytes (the text's lengths) as the reason, without ever holding
+-- it.  Rows stored before the producer's bound, or written by the table's
+-- owner, can carry either.  The text is made once, in the CTE.
+--
+-- (The older signature, without the bound and the two lengths, goes first:
+-- a result type cannot be replaced.)
+DROP FUNCTION IF EXISTS outbox_lease(uuid, text, integer, integer, text[], boolean,
+                                     timestamp with time zone, uuid);
 CREATE OR REPLACE FUNCTION outbox_lease(p_owner uuid, p_worker text, p_limit integer,
                              p_lease_seconds integer, p_types text[],
                              p_env_enabled boolean,
                              p_after_at timestamptz DEFAULT NULL,
-                             p_after_id uuid DEFAULT NULL)
+                             p_after_id uuid DEFAULT NULL,
+                             p_max_payload_bytes integer DEFAULT 67108864)
 RETURNS TABLE (effect_id uuid, idempotency_key text, effect_type text, target text,
                payload text, payload_hash text, effect_key text, attempts integer,
                metadata text, approved_by text, retry_base integer,
-               available_at timestamptz)
+               available_at timestamptz, payload_bytes integer, metadata_bytes integer)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp
     SET plan_cache_mode = force_custom_plan AS $$
 #variable_conflict use_column
@@ -70,10 +83,18 @@ BEGIN
                lease_expires_at = now() + make_interval(secs => p_lease_seconds)
           FROM due
          WHERE o.effect_id = due.effect_id
-        RETURNING o.effect_id, o.idempotency_key, o.effect_type, o.target, o.payload::text,
-                  o.payload_hash, o.effect_key, o.attempts, o.metadata::text, o.approved_by,
-                  o.retry_base, o.available_at)
-    SELECT * FROM leased l ORDER BY l.available_at, l.effect_id;
+        RETURNING o.effect_id, o.idempotency_key, o.effect_type, o.target,
+                  o.payload::text AS payload_text, o.payload_hash, o.effect_key, o.attempts,
+                  o.metadata::text AS metadata_text, o.approved_by, o.retry_base, o.available_at)
+    SELECT l.effect_id, l.idempotency_key, l.effect_type, l.target,
+           CASE WHEN octet_length(l.payload_text) <= p_max_payload_bytes THEN l.payload_text END,
+           l.payload_hash, l.effect_key, l.attempts,
+           CASE WHEN octet_length(l.metadata_text) <= outbox_metadata_max_bytes()
+                THEN l.metadata_text END,
+           l.approved_by,
+           l.retry_base, l.available_at,
+           octet_length(l.payload_text), octet_length(l.metadata_text)
+      FROM leased l ORDER BY l.available_at, l.effect_id;
 END $$;
 
 -- The commit point (docs/design.md, "Effect states"): leased rows of
@@ -599,7 +620,8 @@ END $$;
 -- Nobody may call these but the roles named here.
 REVOKE EXECUTE ON FUNCTION
     outbox_kill_switch_lock_key(),
-    outbox_lease(uuid, text, integer, integer, text[], boolean, timestamp with time zone, uuid),
+    outbox_lease(uuid, text, integer, integer, text[], boolean, timestamp with time zone, uuid,
+                 integer),
     outbox_mark_sending(uuid, uuid[], boolean, text[], integer, uuid),
     outbox_renew(uuid, uuid[], integer, integer),
     outbox_release(uuid, uuid[], bigint),
@@ -613,7 +635,8 @@ REVOKE EXECUTE ON FUNCTION
     outbox_lock_owned(uuid, uuid[])
     FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION
-    outbox_lease(uuid, text, integer, integer, text[], boolean, timestamp with time zone, uuid),
+    outbox_lease(uuid, text, integer, integer, text[], boolean, timestamp with time zone, uuid,
+                 integer),
     outbox_mark_sending(uuid, uuid[], boolean, text[], integer, uuid),
     outbox_renew(uuid, uuid[], integer, integer),
     outbox_release(uuid, uuid[], bigint),

@@ -19,6 +19,8 @@
 -- effect_id) order, from the position when given) and move them to
 -- `sending` with the next attempt, p_call as their mark token.  Returns
 -- outbox_lease's columns; `attempts` is the count before this attempt.
+-- An oversized payload or metadata comes back NULL with its length, as
+-- from outbox_lease.
 -- Nothing while the kill switch is off (read under its lock: this is the
 -- commit point, as in outbox_mark_sending).
 --
@@ -31,16 +33,22 @@
 -- leaves the token in outbox_claim_repeats, so that a first call reaching
 -- the server only after it (a retransmitted query, a stalled server)
 -- claims nothing.
+--
+-- (The older signature, without p_max_payload_bytes and the two lengths,
+-- goes first: a result type cannot be replaced.)
+DROP FUNCTION IF EXISTS outbox_claim(uuid, text, integer, integer, text[], boolean, text[], uuid,
+                                     timestamp with time zone, uuid, boolean);
 CREATE OR REPLACE FUNCTION outbox_claim(p_owner uuid, p_worker text, p_limit integer,
                                         p_lease_seconds integer, p_types text[],
                                         p_env_enabled boolean, p_idempotent_types text[],
                                         p_call uuid, p_after_at timestamptz DEFAULT NULL,
                                         p_after_id uuid DEFAULT NULL,
-                                        p_repeat boolean DEFAULT false)
+                                        p_repeat boolean DEFAULT false,
+                                        p_max_payload_bytes integer DEFAULT 67108864)
 RETURNS TABLE (effect_id uuid, idempotency_key text, effect_type text, target text,
                payload text, payload_hash text, effect_key text, attempts integer,
                metadata text, approved_by text, retry_base integer,
-               available_at timestamptz)
+               available_at timestamptz, payload_bytes integer, metadata_bytes integer)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp
     SET plan_cache_mode = force_custom_plan AS $$
 #variable_conflict use_column
@@ -68,13 +76,23 @@ BEGIN
             RETURN;
         END IF;
         RETURN QUERY
-        SELECT o.effect_id, o.idempotency_key, o.effect_type, o.target, o.payload::text,
-               o.payload_hash, o.effect_key, o.attempts - 1, o.metadata::text, o.approved_by,
-               o.retry_base, o.available_at
-          FROM effect_outbox o
-         WHERE o.state = 'sending' AND o.send_deadline IS NOT NULL
-           AND o.lease_owner = p_owner AND o.mark_token = p_call
-         ORDER BY o.available_at, o.effect_id;
+        WITH moved AS MATERIALIZED (
+            SELECT o.effect_id, o.idempotency_key, o.effect_type, o.target,
+                   o.payload::text AS payload_text, o.payload_hash, o.effect_key,
+                   o.attempts - 1 AS attempts, o.metadata::text AS metadata_text,
+                   o.approved_by, o.retry_base, o.available_at
+              FROM effect_outbox o
+             WHERE o.state = 'sending' AND o.send_deadline IS NOT NULL
+               AND o.lease_owner = p_owner AND o.mark_token = p_call)
+        SELECT m.effect_id, m.idempotency_key, m.effect_type, m.target,
+               CASE WHEN octet_length(m.payload_text) <= p_max_payload_bytes
+                    THEN m.payload_text END,
+               m.payload_hash, m.effect_key, m.attempts,
+               CASE WHEN octet_length(m.metadata_text) <= outbox_metadata_max_bytes()
+                    THEN m.metadata_text END,
+               m.approved_by, m.retry_base, m.available_at,
+               octet_length(m.payload_text), octet_length(m.metadata_text)
+          FROM moved m ORDER BY m.available_at, m.effect_id;
         RETURN;
     END IF;
     IF NOT allowed THEN
@@ -108,10 +126,18 @@ BEGIN
                updated_at = now()
           FROM due
          WHERE o.effect_id = due.effect_id
-        RETURNING o.effect_id, o.idempotency_key, o.effect_type, o.target, o.payload::text,
-                  o.payload_hash, o.effect_key, o.attempts - 1, o.metadata::text, o.approved_by,
-                  o.retry_base, o.available_at)
-    SELECT * FROM claimed c ORDER BY c.available_at, c.effect_id;
+        RETURNING o.effect_id, o.idempotency_key, o.effect_type, o.target,
+                  o.payload::text AS payload_text, o.payload_hash, o.effect_key,
+                  o.attempts - 1 AS attempts, o.metadata::text AS metadata_text,
+                  o.approved_by, o.retry_base, o.available_at)
+    SELECT c.effect_id, c.idempotency_key, c.effect_type, c.target,
+           CASE WHEN octet_length(c.payload_text) <= p_max_payload_bytes THEN c.payload_text END,
+           c.payload_hash, c.effect_key, c.attempts,
+           CASE WHEN octet_length(c.metadata_text) <= outbox_metadata_max_bytes()
+                THEN c.metadata_text END,
+           c.approved_by, c.retry_base, c.available_at,
+           octet_length(c.payload_text), octet_length(c.metadata_text)
+      FROM claimed c ORDER BY c.available_at, c.effect_id;
 END $$;
 
 -- Claimed rows of p_owner that were not sent go back to pending, the
@@ -174,14 +200,14 @@ END $$;
 
 REVOKE EXECUTE ON FUNCTION
     outbox_claim(uuid, text, integer, integer, text[], boolean, text[], uuid,
-                 timestamp with time zone, uuid, boolean),
+                 timestamp with time zone, uuid, boolean, integer),
     outbox_unclaim(uuid, uuid[], uuid, boolean, bigint),
     outbox_claim_repeated(uuid),
     outbox_unclaim_call(uuid, uuid)
     FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION
     outbox_claim(uuid, text, integer, integer, text[], boolean, text[], uuid,
-                 timestamp with time zone, uuid, boolean),
+                 timestamp with time zone, uuid, boolean, integer),
     outbox_unclaim(uuid, uuid[], uuid, boolean, bigint),
     outbox_unclaim_call(uuid, uuid)
     TO outbox_dispatcher;

@@ -5,12 +5,16 @@ metadata and payloads (memory).  The worker must go on delivering,
 reconnecting and answering /healthz, and refuse the oversized rows with
 their reason.
 """
+import json
 import os
+import re
 import resource
 import socket
 import threading
 import time
 import urllib.request
+
+import pytest
 
 from outbox_test import (Dispatcher, free_port, http_cfg, kill_switch, make_run, query, scalar,
                          wait_for)
@@ -152,3 +156,51 @@ def test_oversized_metadata_is_refused_at_the_door(conn, login_as, dispatchers, 
     wait_for(lambda: [e for e in w.events() if e.get("event") == "attempt"], what="attempt logged")
     line = [e for e in w.events() if e.get("event") == "attempt"][0]
     assert line["metadata"]["model"] == "m-2"
+
+
+def vm_hwm_kib(pid):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    raise AssertionError("no VmHWM")
+
+
+@pytest.mark.parametrize("claim", [True, False], ids=["claim", "lease"])
+def test_oversized_rows_are_refused_without_being_fetched(conn, dispatchers, sink, claim):
+    """A 60 MiB payload reached 385 MB of the worker before payload_check()
+    refused it, and rows stored before the metadata bound (or by the
+    table's owner) can carry 13 MB of metadata.  Inserted by the owner,
+    past the producer's door: the claim and the lease return neither body,
+    only its length, so both rows fail as invalid with the size and the
+    limit while the worker's peak resident size stays far below them; the
+    row beside them is delivered."""
+    kill_switch(conn, True)
+    run = make_run(conn)
+    big_payload = json.dumps({"body": "p" * (60 << 20)})
+    big_meta = json.dumps({"workflow_version": "v1", "blob": "m" * (13 << 20)})
+    ids = {}
+    for name, payload, meta in (("payload", big_payload, None), ("metadata", "{}", big_meta),
+                                ("normal", "{}", '{"model": "m-1"}')):
+        ids[name] = scalar(conn, "INSERT INTO effect_outbox (idempotency_key, effect_type, target, "
+                                 "payload, metadata) VALUES (%s, 'http', %s, %s, %s) "
+                                 "RETURNING effect_id::text",
+                           (run, f"{sink.url}/ok/{name}", payload, meta))
+    del big_payload, big_meta
+    w = dispatchers({"dispatcher": {"claim": claim}, **http_cfg()})
+
+    def settled():
+        rows = query(conn, "SELECT effect_id::text, state, last_error FROM effect_outbox")
+        return rows if all(s not in ("pending", "sending") for _, s, _ in rows) else None
+    rows = {eid: (state, err) for eid, state, err in wait_for(settled, timeout=60,
+                                                                what="all three settled")}
+    hwm = vm_hwm_kib(w.proc.pid)
+    assert rows[ids["normal"]] == ("completed", None), rows[ids["normal"]]
+    payload_text_bytes = len('{"body": ""}') + (60 << 20)    # as jsonb prints it
+    assert rows[ids["payload"]] == ("failed", f"payload is {payload_text_bytes} bytes, "
+                                              "over the limit of 262144"), rows[ids["payload"]]
+    state, err = rows[ids["metadata"]]
+    assert state == "failed" and re.fullmatch(r"metadata is \d{8} bytes, over the limit of 65536",
+                                              err), (state, err)
+    assert hwm < 100 << 10, f"peak resident size {hwm} KiB"
+    assert w.proc.poll() is None
