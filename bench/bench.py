@@ -1129,8 +1129,8 @@ def summary():
         # Where the ratio's gap comes from: the ceiling's cores run only
         # PostgreSQL, the dispatcher's also run the worker and the sink.
         # When both are CPU-bound the ratio is about ceiling CPU per effect
-        # / dispatcher CPU per effect (docs/performance.md, "What 0.7
-        # needs"); the database's own share is what a primary on its own
+        # / dispatcher CPU per effect (docs/performance-log.md,
+        # "What 0.7 needs (the analysis up to 3983071)"); the database's own share is what a primary on its own
         # host would see.
         d = tp[best_k]
         if d["pg_cpu_per_1k"] and best_c["pg_cpu_per_1k"]:
