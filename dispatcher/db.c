@@ -23,6 +23,7 @@
 #include "db.h"
 
 #include <event2/event.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
@@ -320,6 +321,24 @@ static void set_error_from_conn(struct db *db)
 	db->last_error[strcspn(db->last_error, "\n")] = '\0';
 }
 
+/* Whether the connection's settings come from a service file (the
+ * conninfo's service=, or PGSERVICE): libpq fills in a service's keys only
+ * where nothing set them, so defaults of ours would override the file's. */
+static bool uses_service(const char *conninfo)
+{
+	PQconninfoOption *opts, *o;
+	bool found = getenv("PGSERVICE") != NULL && getenv("PGSERVICE")[0] != '\0';
+
+	if (found || conninfo == NULL || conninfo[0] == '\0')
+		return found;
+	opts = PQconninfoParse(conninfo, NULL);
+	for (o = opts; o && o->keyword; o++)
+		if (strcmp(o->keyword, "service") == 0 && o->val && o->val[0])
+			found = true;
+	PQconninfoFree(opts);
+	return found;
+}
+
 static void on_timer(evutil_socket_t fd, short what, void *arg)
 {
 	struct db *db = arg;
@@ -332,18 +351,20 @@ static void on_timer(evutil_socket_t fd, short what, void *arg)
 		 * an empty one is ignored, so libpq's environment applies.
 		 * The keys before it are defaults: the expanded conninfo
 		 * overrides them (a fallback_application_name, keepalives or
-		 * tcp_user_timeout of its own wins).  The application name
+		 * tcp_user_timeout of its own wins), and are left out where a
+		 * service file gives the settings.  The application name
 		 * shows in pg_stat_activity unless the conninfo or PGAPPNAME
 		 * sets one.  libpq ignores the TCP ones on a Unix socket. */
 		const char *const keys[] = { "fallback_application_name", "keepalives",
 		                             "keepalives_idle", "keepalives_interval",
 		                             "keepalives_count", "tcp_user_timeout", "dbname", NULL };
+		bool tcp = !uses_service(db->conninfo);
 		const char *const vals[] = {
-			db->app_name, "1",
-			db->keepalives_idle[0] ? db->keepalives_idle : NULL,
-			db->keepalives_interval[0] ? db->keepalives_interval : NULL,
-			db->keepalives_interval[0] ? "3" : NULL,
-			db->tcp_user_timeout[0] ? db->tcp_user_timeout : NULL,
+			db->app_name, tcp ? "1" : NULL,
+			tcp && db->keepalives_idle[0] ? db->keepalives_idle : NULL,
+			tcp && db->keepalives_interval[0] ? db->keepalives_interval : NULL,
+			tcp && db->keepalives_interval[0] ? "3" : NULL,
+			tcp && db->tcp_user_timeout[0] ? db->tcp_user_timeout : NULL,
 			db->conninfo, NULL };
 		db->conn = PQconnectStartParams(keys, vals, 1);
 		if (db->conn == NULL) {
@@ -516,12 +537,13 @@ static void on_connected(struct db *db)
 	}
 	if (db->statement_timeout_ms > 0) {
 		/* The server's own limit on this session's statements, unless
-		 * the role, the database or the conninfo's options set one. */
+		 * the role, the database, the conninfo's options or PGOPTIONS set
+		 * one (even to 0): only a limit nobody set is replaced. */
 		char ms[24];
 		struct db_query *q = xcalloc(1, sizeof(*q));
 		snprintf(ms, sizeof(ms), "%ld", db->statement_timeout_ms);
 		q->sql = xstrdup("SELECT set_config('statement_timeout', $1, false) "
-		                 "WHERE current_setting('statement_timeout') = '0'");
+		                 "FROM pg_settings WHERE name = 'statement_timeout' AND source = 'default'");
 		q->nparams = 1;
 		q->params = xcalloc(1, sizeof(char *));
 		q->params[0] = xstrdup(ms);
@@ -694,6 +716,40 @@ static void db_send_next(struct db *db)
 	}
 }
 
+/* The statement on a connection given up on is cancelled on the server
+ * too: a backend waiting on a lock reads nothing from its socket, so
+ * closing the connection alone leaves it waiting, and the retried
+ * statement would queue a second backend behind it.  PQcancel() has no
+ * timeout (the server may be unreachable), so it runs on a detached
+ * thread that owns the request; a server that never answers costs that
+ * thread until the kernel gives up the connect. */
+static void *cancel_detached(void *arg)
+{
+	char err[200];
+
+	(void)PQcancel(arg, err, sizeof(err));
+	PQfreeCancel(arg);
+	return NULL;
+}
+
+static void cancel_on_server(struct db *db)
+{
+	pthread_attr_t attr;
+	pthread_t t;
+	PGcancel *c = PQgetCancel(db->conn);
+
+	if (c == NULL)
+		return;
+	if (pthread_attr_init(&attr) != 0) {
+		PQfreeCancel(c);
+		return;
+	}
+	(void)pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+	if (pthread_create(&t, &attr, cancel_detached, c) != 0)
+		PQfreeCancel(c);
+	pthread_attr_destroy(&attr);
+}
+
 /* A connect or an answer that took too long: the answer may be waiting
  * in the socket (the loop was busy), so read first. */
 static void on_deadline(evutil_socket_t fd, short what, void *arg)
@@ -720,6 +776,7 @@ static void on_deadline(evutil_socket_t fd, short what, void *arg)
 		snprintf(why, sizeof(why), "no answer from the server within %ld ms",
 		         db->response_timeout_ms);
 		str_copy(db->last_error, why, sizeof(db->last_error));
+		cancel_on_server(db);
 		db_lost(db, why);
 		return;
 	case DB_WAIT:

@@ -10,8 +10,8 @@
  * restarts with every byte and which has no connection limit: a thousand
  * local clients sending a byte every few seconds held every descriptor the
  * worker had, and sends, database reconnects and /healthz itself failed.
- * Here at most METRICS_MAX_CONNECTIONS are open (the next ones are closed
- * as soon as they are accepted), each has METRICS_CONNECTION_MS in all to
+ * Here at most METRICS_MAX_CONNECTIONS are open (a new one closes the
+ * oldest, so a probe still gets in past clients holding theirs), each has METRICS_CONNECTION_MS in all to
  * send its request head (at most METRICS_MAX_REQUEST bytes) and read the
  * answer, and every answer ends its connection.  Runs on the worker's
  * loop thread.
@@ -42,6 +42,7 @@ struct mconn {
 	TAILQ_ENTRY(mconn) link;
 	struct bufferevent *bev;
 	struct event *deadline;
+	size_t scanned;                /* bytes of the head searched already */
 };
 TAILQ_HEAD(mconn_list, mconn);
 
@@ -51,7 +52,7 @@ static struct {
 	struct event *resume;          /* re-enables the listener after EMFILE */
 	struct mconn_list conns;
 	int n_conns;
-	unsigned long refused;         /* closed at once: over the cap */
+	unsigned long evicted;         /* closed to make room: at the cap */
 } H = { .conns = TAILQ_HEAD_INITIALIZER(H.conns) };
 
 int metrics_connections(void)
@@ -176,14 +177,22 @@ static void conn_read(struct bufferevent *bev, void *arg)
 {
 	struct mconn *c = arg;
 	struct evbuffer *in = bufferevent_get_input(bev);
-	struct evbuffer_ptr end = evbuffer_search(in, "\r\n\r\n", 4, NULL);
-	size_t eol;
+	struct evbuffer_ptr from, end;
+	size_t eol, len = evbuffer_get_length(in);
 	char *line;
 
-	if (end.pos < 0)
-		end = evbuffer_search(in, "\n\n", 2, NULL);
+	/* The end of the head is searched for in what arrived since the last
+	 * read (and the 3 bytes before it), not from the start each time: a
+	 * client sending a byte at a time would make it quadratic. */
+	evbuffer_ptr_set(in, &from, c->scanned > 3 ? c->scanned - 3 : 0, EVBUFFER_PTR_SET);
+	end = evbuffer_search(in, "\r\n\r\n", 4, &from);
 	if (end.pos < 0) {
-		if (evbuffer_get_length(in) > METRICS_MAX_REQUEST)
+		evbuffer_ptr_set(in, &from, c->scanned > 1 ? c->scanned - 1 : 0, EVBUFFER_PTR_SET);
+		end = evbuffer_search(in, "\n\n", 2, &from);
+	}
+	if (end.pos < 0) {
+		c->scanned = len;
+		if (len > METRICS_MAX_REQUEST)
 			reply_plain(c, 431, "Request Header Fields Too Large", "request head too large", false);
 		return;
 	}
@@ -207,12 +216,13 @@ static void on_accept(struct evconnlistener *lev, evutil_socket_t fd, struct soc
 	(void)salen;
 	(void)arg;
 	if (H.n_conns >= METRICS_MAX_CONNECTIONS) {
-		/* Over the cap: the descriptor goes back at once. */
-		if (H.refused++ % 1000 == 0)
-			log_msg(OLOG_WARN, "metrics_busy", "metrics: %d connections open, closing new ones "
-			        "(%lu so far)", H.n_conns, H.refused);
-		evutil_closesocket(fd);
-		return;
+		/* At the cap the oldest connection makes room: clients that hold
+		 * connections open lose them to the next, and a probe (which asks
+		 * at once) still gets its answer. */
+		if (H.evicted++ % 1000 == 0)
+			log_msg(OLOG_WARN, "metrics_busy", "metrics: %d connections open, closing the "
+			        "oldest for a new one (%lu so far)", H.n_conns, H.evicted);
+		conn_free(TAILQ_FIRST(&H.conns));
 	}
 	c = xcalloc(1, sizeof(*c));
 	c->bev = bufferevent_socket_new(H.base, fd, BEV_OPT_CLOSE_ON_FREE);

@@ -208,6 +208,9 @@ static bool gather_more(struct worker *w)
 	};
 	int64_t wait_ms;
 
+	if (w->life.stopping)
+		return false;
+
 	TAILQ_FOREACH(e, &w->fx.done_q, link) {     /* as far as it can change the answer */
 		v.queued++;
 		v.any_not_sent |= e->result.outcome == OUTCOME_NOT_SENT;
@@ -247,8 +250,11 @@ static bool gather_queued(struct worker *w)
 	if (w->claimable || w->life.stopping || age >= QUEUED_GATHER_MS ||
 	    (p->ops->caps & OUTBOX_CAP_STARTS_AT_ONCE) || p->policy.max_in_flight < 8 || p->in_flight == 0)
 		return false;
+	/* Another provider's outcome (http beside email) is not held for
+	 * email's answers. */
 	TAILQ_FOREACH(e, &w->fx.done_q, link)
-		if (e->result.outcome == OUTCOME_NOT_SENT || ++queued * 2 >= p->policy.max_in_flight ||
+		if (e->result.outcome == OUTCOME_NOT_SENT || e->prov != p ||
+		    ++queued * 2 >= p->policy.max_in_flight ||
 		    queued >= w->s.complete_batch)
 			return false;
 	worker_kick_in(w, QUEUED_GATHER_MS - age);

@@ -220,6 +220,9 @@ static void on_sigterm(evutil_socket_t sig, short what, void *arg)
 	        strsignal((int)sig), w->s.shutdown_grace_ms, w->fx.n_sending);
 	evtimer_del(w->life.poll_ev);
 	release_waiting(w);
+	/* Outcomes held for more to share their outbox_complete() call go
+	 * now: a grace shorter than the wait would leave them `sending`. */
+	worker_kick(w);
 	tv.tv_sec = w->s.shutdown_grace_ms / 1000;
 	tv.tv_usec = (w->s.shutdown_grace_ms % 1000) * 1000;
 	w->life.grace_ev = evtimer_new(w->base, on_grace_over, w);

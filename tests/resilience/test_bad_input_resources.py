@@ -204,3 +204,24 @@ def test_oversized_rows_are_refused_without_being_fetched(conn, dispatchers, sin
                                               err), (state, err)
     assert hwm < 100 << 10, f"peak resident size {hwm} KiB"
     assert w.proc.poll() is None
+
+
+def test_a_probe_gets_in_past_clients_that_hold_every_metrics_connection(dispatchers):
+    """64 clients (the cap) each hold a connection with half a request head
+    sent: a probe that asks at once still gets /healthz, because at the
+    cap a new connection closes the oldest instead of being refused."""
+    port = free_port()
+    w = dispatchers({"metrics": {"listen": f"127.0.0.1:{port}"}})
+    wait_for(lambda: healthz(port) == 200, timeout=30, what="/healthz 200 before")
+    held = []
+    try:
+        for _ in range(64):
+            s = socket.create_connection(("127.0.0.1", port), timeout=5)
+            s.send(b"GET /metrics HTTP/1.1\r\nX-Slow: ")
+            held.append(s)
+        # Every one of them is open on the worker's side.
+        wait_for(lambda: open_fds(w.proc.pid) >= 64, what="the 64 connections accepted")
+        assert healthz(port) == 200
+    finally:
+        for s in held:
+            s.close()

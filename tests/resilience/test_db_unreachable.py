@@ -142,3 +142,33 @@ def test_a_statement_stuck_past_the_statement_timeout_fails_on_the_server(conn, 
     finally:
         locker.close()
     assert count_events(w, "db_disconnected") == 0, "the connection stays"
+
+
+def test_a_connection_given_up_on_has_its_statement_cancelled_on_the_server(conn, db, dispatchers):
+    """The server's limit is the role's (here 10 minutes, so the worker sets
+    none of its own), and a lease waits on a lock past the worker's own
+    deadline (statement_timeout + 2 s): the worker gives the connection
+    up, and cancels the statement on the server as it does, so the backend
+    it leaves does not go on waiting in the lock's queue beside the one the
+    retried lease waits on."""
+    import psycopg2
+    kill_switch(conn, True)
+    dsn = worker_dsn(db) + " options='-c statement_timeout=600000'"
+    w = dispatchers({"database": {"conninfo": dsn},
+                     "dispatcher": {"lease_seconds": LEASE_S, "claim": False}})
+    wait_for(lambda: serving(w), what="serving")
+    waiting_sql = ("SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+                   "AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()")
+    locker = psycopg2.connect(db)
+    try:
+        with locker.cursor() as cur:
+            cur.execute("LOCK TABLE effect_outbox IN ACCESS EXCLUSIVE MODE")
+            first = wait_for(lambda: [r[0] for r in query(conn, waiting_sql)],
+                             timeout=STATEMENT_TIMEOUT_S + 10, what="a statement waiting on the lock")
+            wait_for(lambda: count_events(w, "db_disconnected") > 0,
+                     timeout=STATEMENT_TIMEOUT_S + 15, what="the worker's deadline")
+            wait_for(lambda: not set(first) & {r[0] for r in query(conn, waiting_sql)},
+                     timeout=10, what="the given-up backend's statement cancelled")
+        locker.rollback()
+    finally:
+        locker.close()
