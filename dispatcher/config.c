@@ -418,9 +418,31 @@ static bool same_dir_as_file(const char *dir, const char *file)
 	return realpath(copy, real) != NULL && strcmp(real, dir) == 0;
 }
 
+/* Whether dir (resolved) holds libpq's password file: the conninfo's
+ * passfile= or $PGPASSFILE. */
+static bool passfile_dir_is(const struct config *cfg, const char *dir)
+{
+	const struct conf_entry *ci = config_find(cfg, "database", "conninfo");
+	const char *env = getenv("PGPASSFILE"), *v, *pf;
+	char file[4096];
+
+	if (env && env[0] && same_dir_as_file(dir, env))
+		return true;
+	if (ci == NULL)
+		return false;
+	v = ci->resolved ? ci->resolved : ci->value;
+	if ((pf = strcasestr(v, "passfile=")) == NULL)
+		return false;
+	pf += 9;
+	pf += *pf == '\'';
+	snprintf(file, sizeof(file), "%.*s", (int)strcspn(pf, " \t'&"), pf);
+	return file[0] && same_dir_as_file(dir, file);
+}
+
 /* A provider's secrets_dir (files a payload may name) is never where the
  * worker's own secrets are: the directory of any file: value in the config
- * (the database conninfo, SMTP passwords) or $CREDENTIALS_DIRECTORY, so no
+ * (the database conninfo, SMTP passwords), of libpq's password file, or
+ * $CREDENTIALS_DIRECTORY, so no
  * payload can name them. */
 static bool check_secrets_dir(const struct config *cfg, const char *section, char *err,
                               size_t errlen)
@@ -440,6 +462,12 @@ static bool check_secrets_dir(const struct config *cfg, const char *section, cha
 		snprintf(err, errlen, "%s:%d: [%s] secrets_dir: is $CREDENTIALS_DIRECTORY, which holds "
 		         "the worker's own credentials: use a directory of its own", cfg->path, e->line,
 		         section);
+		return false;
+	}
+	if (passfile_dir_is(cfg, real)) {
+		snprintf(err, errlen, "%s:%d: [%s] secrets_dir: is the directory of the database "
+		         "password file (passfile, PGPASSFILE), which a payload must never name: use a "
+		         "directory of its own", cfg->path, e->line, section);
 		return false;
 	}
 	for (size_t i = 0; i < cfg->n; i++) {

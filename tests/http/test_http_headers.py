@@ -151,7 +151,7 @@ def test_producer_cannot_send_the_database_conninfo_anywhere(db, conn, dispatche
     assert DB_PASSWORD not in w.log()
 
 
-@pytest.mark.parametrize("where", ["credentials", "conninfo_dir"])
+@pytest.mark.parametrize("where", ["credentials", "conninfo_dir", "passfile"])
 def test_secrets_dir_holding_the_workers_credentials_refuses_to_start(db, tmp_path, where):
     from outbox_test import Dispatcher, worker_dsn
     cred = tmp_path / "credentials"
@@ -159,8 +159,9 @@ def test_secrets_dir_holding_the_workers_credentials_refuses_to_start(db, tmp_pa
     (cred / "outbox_db-conninfo").write_text(worker_dsn(db) + "\n")
     env = {"CREDENTIALS_DIRECTORY": str(cred)} if where == "credentials" else \
         {"CREDENTIALS_DIRECTORY": None}
-    conninfo = "file:${CREDENTIALS_DIRECTORY}/outbox_db-conninfo" if where == "credentials" else \
-        f"file:{cred}/outbox_db-conninfo"
+    conninfo = {"credentials": "file:${CREDENTIALS_DIRECTORY}/outbox_db-conninfo",
+                "conninfo_dir": f"file:{cred}/outbox_db-conninfo",
+                "passfile": f"{worker_dsn(db)} passfile={cred}/pgpass"}[where]
     # Spelled another way, so the comparison is of resolved paths.
     d = Dispatcher(db, tmp_path, {"database": {"conninfo": conninfo},
                                   "provider.http": {"secrets_dir": f"{cred}/../credentials/",
