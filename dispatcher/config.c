@@ -9,6 +9,7 @@
 #include "config.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -115,6 +116,26 @@ static bool parse_long(const char *v, long *out)
 	return true;
 }
 
+/* The file a "file:" value names; false when it names
+ * ${CREDENTIALS_DIRECTORY} and that is not set.  systemd's per-unit
+ * credentials directory differs per instance
+ * (/run/credentials/outbox-dispatcher@N.service): one config for N
+ * instances names it this way. */
+static bool secret_file_path(const char *v, char *file, size_t len)
+{
+	static const char cred_var[] = "${CREDENTIALS_DIRECTORY}";
+
+	if (strncmp(v + 5, cred_var, sizeof(cred_var) - 1) == 0) {
+		const char *dir = getenv("CREDENTIALS_DIRECTORY");
+		if (dir == NULL || dir[0] == '\0')
+			return false;
+		snprintf(file, len, "%s%s", dir, v + 5 + sizeof(cred_var) - 1);
+	} else {
+		snprintf(file, len, "%s", v + 5);
+	}
+	return true;
+}
+
 /* A secret is "file:/path" (first line of the file), "env:NAME", or the
  * value itself. */
 static bool resolve_secret(struct conf_entry *e, const char *path, char *err, size_t errlen)
@@ -122,26 +143,16 @@ static bool resolve_secret(struct conf_entry *e, const char *path, char *err, si
 	const char *v = e->value;
 
 	if (strncmp(v, "file:", 5) == 0) {
-		static const char cred_var[] = "${CREDENTIALS_DIRECTORY}";
 		char file[4096];
 		FILE *fp;
 		char buf[4096];
 		size_t n;
 		struct stat st;
 
-		/* systemd's per-unit credentials directory differs per instance
-		 * (/run/credentials/outbox-dispatcher@N.service): one config
-		 * for N instances names it this way. */
-		if (strncmp(v + 5, cred_var, sizeof(cred_var) - 1) == 0) {
-			const char *dir = getenv("CREDENTIALS_DIRECTORY");
-			if (dir == NULL || dir[0] == '\0') {
-				snprintf(err, errlen, "%s:%d: [%s] %s: %s is not set (it is inside a unit "
-				         "with LoadCredential=)", path, e->line, e->section, e->key, cred_var);
-				return false;
-			}
-			snprintf(file, sizeof(file), "%s%s", dir, v + 5 + sizeof(cred_var) - 1);
-		} else {
-			snprintf(file, sizeof(file), "%s", v + 5);
+		if (!secret_file_path(v, file, sizeof(file))) {
+			snprintf(err, errlen, "%s:%d: [%s] %s: ${CREDENTIALS_DIRECTORY} is not set (it is "
+			         "inside a unit with LoadCredential=)", path, e->line, e->section, e->key);
+			return false;
 		}
 		fp = fopen(file, "r");
 		if (fp == NULL) {
@@ -390,6 +401,89 @@ bool config_core(struct config *cfg, struct core_settings *s, char *err, size_t 
 	return true;
 }
 
+/* Whether dir (resolved) is the directory holding file. */
+static bool same_dir_as_file(const char *dir, const char *file)
+{
+	char copy[4096], real[PATH_MAX];
+	char *slash;
+
+	snprintf(copy, sizeof(copy), "%s", file);
+	slash = strrchr(copy, '/');
+	if (slash == NULL)
+		snprintf(copy, sizeof(copy), ".");
+	else if (slash == copy)
+		slash[1] = '\0';
+	else
+		*slash = '\0';
+	return realpath(copy, real) != NULL && strcmp(real, dir) == 0;
+}
+
+/* Whether dir (resolved) holds libpq's password file: the conninfo's
+ * passfile= or $PGPASSFILE. */
+static bool passfile_dir_is(const struct config *cfg, const char *dir)
+{
+	const struct conf_entry *ci = config_find(cfg, "database", "conninfo");
+	const char *env = getenv("PGPASSFILE"), *v, *pf;
+	char file[4096];
+
+	if (env && env[0] && same_dir_as_file(dir, env))
+		return true;
+	if (ci == NULL)
+		return false;
+	v = ci->resolved ? ci->resolved : ci->value;
+	if ((pf = strcasestr(v, "passfile=")) == NULL)
+		return false;
+	pf += 9;
+	pf += *pf == '\'';
+	snprintf(file, sizeof(file), "%.*s", (int)strcspn(pf, " \t'&"), pf);
+	return file[0] && same_dir_as_file(dir, file);
+}
+
+/* A provider's secrets_dir (files a payload may name) is never where the
+ * worker's own secrets are: the directory of any file: value in the config
+ * (the database conninfo, SMTP passwords), of libpq's password file, or
+ * $CREDENTIALS_DIRECTORY, so no
+ * payload can name them. */
+static bool check_secrets_dir(const struct config *cfg, const char *section, char *err,
+                              size_t errlen)
+{
+	const struct conf_entry *e = config_find(cfg, section, "secrets_dir");
+	const char *cred = getenv("CREDENTIALS_DIRECTORY");
+	char real[PATH_MAX], cred_real[PATH_MAX], file[4096];
+
+	if (e == NULL || e->value[0] == '\0')
+		return true;
+	if (realpath(e->value, real) == NULL) {
+		snprintf(err, errlen, "%s:%d: [%s] secrets_dir: %s: %s", cfg->path, e->line, section,
+		         e->value, strerror(errno));
+		return false;
+	}
+	if (cred && cred[0] && realpath(cred, cred_real) != NULL && strcmp(real, cred_real) == 0) {
+		snprintf(err, errlen, "%s:%d: [%s] secrets_dir: is $CREDENTIALS_DIRECTORY, which holds "
+		         "the worker's own credentials: use a directory of its own", cfg->path, e->line,
+		         section);
+		return false;
+	}
+	if (passfile_dir_is(cfg, real)) {
+		snprintf(err, errlen, "%s:%d: [%s] secrets_dir: is the directory of the database "
+		         "password file (passfile, PGPASSFILE), which a payload must never name: use a "
+		         "directory of its own", cfg->path, e->line, section);
+		return false;
+	}
+	for (size_t i = 0; i < cfg->n; i++) {
+		const struct conf_entry *o = &cfg->entries[i];
+
+		if (strncmp(o->value, "file:", 5) == 0 && secret_file_path(o->value, file, sizeof(file)) &&
+		    same_dir_as_file(real, file)) {
+			snprintf(err, errlen, "%s:%d: [%s] secrets_dir: is the directory of [%s] %s's "
+			         "file (line %d), which a payload must never name: use a directory of "
+			         "its own", cfg->path, e->line, section, o->section, o->key, o->line);
+			return false;
+		}
+	}
+	return true;
+}
+
 bool config_provider(struct config *cfg, const char *name, const struct outbox_conf_key *own,
                      struct provider_policy *p, char *err, size_t errlen)
 {
@@ -398,7 +492,8 @@ bool config_provider(struct config *cfg, const char *name, const struct outbox_c
 	const struct conf_entry *e;
 
 	snprintf(section, sizeof(section), "provider.%s", name);
-	if (!check_section(cfg, section, provider_common_keys, own, err, errlen))
+	if (!check_section(cfg, section, provider_common_keys, own, err, errlen) ||
+	    !check_secrets_dir(cfg, section, err, errlen))
 		return false;
 	/* A provider may redeclare a common key to give it its own default
 	 * (email: max_in_flight); type and bounds stay the common table's. */

@@ -27,8 +27,11 @@ static const struct outbox_conf_key http_keys[] = {
 	{ "ca_file", CONF_STR, "", 0, 0, "CA bundle for TLS verification; empty: the system's" },
 	{ "proxy", CONF_STR, "", 0, 0, "HTTP proxy URL; empty: none (environment proxies ignored)" },
 	{ "secrets_dir", CONF_STR, "", 0, 0,
-	  "directory of the secrets payload headers name ({\"secret\": NAME}); empty: "
-	  "$CREDENTIALS_DIRECTORY" },
+	  "directory of the secrets payload headers may name ({\"secret\": NAME}); empty: none "
+	  "(never the directory of the worker's own file: secrets)" },
+	{ "secrets", CONF_STR, "", 0, 0,
+	  "the secrets payload headers may name and where to: NAME=URL-PREFIX [URL-PREFIX...]; "
+	  "NAME=..." },
 	{ "keepalive_idle_seconds", CONF_INT, "1", 0, 60,
 	  "reuse a connection idle at most this long; 0: one connection per call" },
 	/* reconciliation by lookup (lib/http_lookup.c); off while reconcile_url is empty */
@@ -78,12 +81,16 @@ static void *http_init(const struct outbox_host *host, const struct outbox_conf 
 	hp->user_agent = text_strdup(host->conf_str(conf, "user_agent"));
 	hp->ca_file = text_strdup(host->conf_str(conf, "ca_file"));
 	hp->proxy = text_strdup(host->conf_str(conf, "proxy"));
-	{
-		const char *dir = host->conf_str(conf, "secrets_dir");
-		if (dir[0] == '\0')
-			dir = getenv("CREDENTIALS_DIRECTORY");
-		if (dir && dir[0])
-			hp->secrets_dir = text_strdup(dir);
+	if (host->conf_str(conf, "secrets_dir")[0])
+		hp->secrets_dir = text_strdup(host->conf_str(conf, "secrets_dir"));
+	if (!http_secrets_parse(hp, host->conf_str(conf, "secrets"), rerr, sizeof(rerr))) {
+		snprintf(err, errlen, "%s: %s", host->conf_where(conf, "secrets"), rerr);
+		goto fail;
+	}
+	if (hp->n_secrets > 0 && hp->secrets_dir == NULL) {
+		snprintf(err, errlen, "%s: secrets are declared but secrets_dir is not set",
+		         host->conf_where(conf, "secrets"));
+		goto fail;
 	}
 	secret = host->conf_str(conf, "signing_secret");
 	if (secret[0]) {
@@ -119,6 +126,7 @@ fail:
 	free(hp->ca_file);
 	free(hp->proxy);
 	free(hp->secrets_dir);
+	http_secrets_free(hp);
 	free(hp);
 	return NULL;
 }
@@ -139,7 +147,8 @@ static void http_shutdown(void *self)
 	free(hp->ca_file);
 	free(hp->proxy);
 	free(hp->secrets_dir);
-	memset(hp->secret, 0, sizeof(hp->secret));
+	http_secrets_free(hp);
+	explicit_bzero(hp->secret, sizeof(hp->secret));
 	free(hp);
 }
 

@@ -52,6 +52,7 @@
 #include <stddef.h>
 
 #include "lib/curl_io.h"
+#include "lib/url.h"
 #include "provider.h"
 
 #define HTTP_MAX_HEADERS 64
@@ -96,11 +97,21 @@ struct http_provider {
 	long timeout_ms, connect_timeout_ms, max_response, keepalive_idle;
 	char *id_header, *id_json, *user_agent, *ca_file, *proxy;
 	char *secrets_dir;         /* secret header values' files; NULL: none */
+	struct http_secret_decl *secrets; /* the secrets that may be named, and where to */
+	int n_secrets;
 	unsigned char secret[256];
 	long secret_len;
 	CURL *pool[HTTP_EASY_POOL]; /* idle easy handles, reset */
 	int pool_len;
 	struct http_lookup *lookup; /* reconciliation (lib/http_lookup.c); NULL: off */
+};
+
+/* One secret a payload header may name ([provider.http] secrets), and the
+ * URL prefixes of the targets it may be sent to. */
+struct http_secret_decl {
+	char *name;
+	struct url_prefix *to;
+	int n_to;
 };
 
 /* One send in flight (kept small: a worker may hold a thousand). */
@@ -135,11 +146,17 @@ bool http_validate(void *self, const struct outbox_effect *e, char *host_key,
 /* secret.c: a header value named by a secret.  The name: letters, digits,
  * '_', '-', '.', not starting with '.', at most HTTP_SECRET_NAME_MAX. */
 bool http_secret_name_ok(const char *name);
+/* The secrets key ("NAME=PREFIX PREFIX; NAME=PREFIX") into hp->secrets;
+ * false with err (without file and line: the caller adds them). */
+bool http_secrets_parse(struct http_provider *hp, const char *spec, char *err, size_t errlen);
+void http_secrets_free(struct http_provider *hp);
 /* The first line of secrets_dir/NAME into out (at most outlen - 2 bytes,
- * no control characters, not empty); false with err, which names the
- * secret but never quotes its value.  The caller wipes out after use. */
-bool http_secret_read(const struct http_provider *hp, const char *name, char *out, size_t outlen,
-                      char *err, size_t errlen);
+ * no control characters, not empty), only when NAME is declared for a
+ * prefix the target URL is under; false with err, which names the secret
+ * but never quotes its value nor shows where it is kept.  The caller
+ * wipes out after use. */
+bool http_secret_read(const struct http_provider *hp, const char *name, const char *target,
+                      char *out, size_t outlen, char *err, size_t errlen);
 
 /* request.c: a call with its headers, body and signature, not started;
  * NULL with err on failure. */

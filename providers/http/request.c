@@ -35,7 +35,7 @@ static bool add_header(struct http_call *c, const char *fmt, ...)
 	if (n < 0 || (size_t)n >= sizeof(line))
 		return false;           /* never send a cut header */
 	l = curl_slist_append(c->headers, line);
-	memset(line, 0, (size_t)n);   /* it may hold a secret */
+	explicit_bzero(line, (size_t)n); /* it may hold a secret; memset would be optimised out */
 	if (l == NULL)
 		return false;
 	c->headers = l;
@@ -49,14 +49,14 @@ static bool add_secret_header(struct http_call *c, const char *k, const json_t *
 {
 	const json_t *prefix = json_object_get(ref, "prefix");
 	char value[HTTP_SECRET_MAX + 2], why[256];
-	bool ok = http_secret_read(c->hp, json_string_value(json_object_get(ref, "secret")), value,
-	                           sizeof(value), why, sizeof(why));
+	bool ok = http_secret_read(c->hp, json_string_value(json_object_get(ref, "secret")), c->target,
+	                           value, sizeof(value), why, sizeof(why));
 
 	if (!ok)
 		snprintf(err, errlen, "payload.headers.%.64s: %s", k, why);
 	else if (!(ok = add_header(c, "%s: %s%s", k, prefix ? json_string_value(prefix) : "", value)))
 		snprintf(err, errlen, "payload.headers.%.64s: the header line is too long", k);
-	memset(value, 0, sizeof(value));
+	explicit_bzero(value, sizeof(value));
 	return ok;
 }
 

@@ -94,10 +94,11 @@ bool http_target_parse(struct http_provider *hp, const char *url, char *scheme, 
 }
 
 /* A header value naming a secret: {"secret": NAME} or {"secret": NAME,
- * "prefix": TEXT}; the secret is read now, so a missing or unusable one
- * fails the effect before any attempt (and is read again at send time). */
-static bool check_secret_ref(const struct http_provider *hp, const char *k, const json_t *v,
-                             char *err, size_t errlen)
+ * "prefix": TEXT}; the secret is read now, so an undeclared, missing or
+ * unusable one, or one not declared for this target, fails the effect
+ * before any attempt (and is read again at send time). */
+static bool check_secret_ref(const struct http_provider *hp, const char *target, const char *k,
+                             const json_t *v, char *err, size_t errlen)
 {
 	const json_t *name = json_object_get(v, "secret"), *prefix = json_object_get(v, "prefix");
 	char value[HTTP_SECRET_MAX + 2], why[256];
@@ -119,14 +120,15 @@ static bool check_secret_ref(const struct http_provider *hp, const char *k, cons
 		snprintf(err, errlen, "payload.headers.%.64s.prefix contains CR/LF or control characters", k);
 		return false;
 	}
-	ok = http_secret_read(hp, json_string_value(name), value, sizeof(value), why, sizeof(why));
+	ok = http_secret_read(hp, json_string_value(name), target, value, sizeof(value), why,
+	                      sizeof(why));
 	if (ok && strlen(k) + 2 + (prefix ? strlen(json_string_value(prefix)) : 0) + strlen(value) >
 	              HTTP_MAX_HEADER_LINE) {
 		snprintf(why, sizeof(why), "the header line would be longer than %d bytes",
 		         HTTP_MAX_HEADER_LINE);
 		ok = false;
 	}
-	memset(value, 0, sizeof(value));
+	explicit_bzero(value, sizeof(value));
 	if (!ok)
 		snprintf(err, errlen, "payload.headers.%.64s: %s", k, why);
 	return ok;
@@ -135,8 +137,8 @@ static bool check_secret_ref(const struct http_provider *hp, const char *k, cons
 /* payload.headers: an object of at most HTTP_MAX_HEADERS strings (or
  * secret references), with token names, no control characters, none the
  * dispatcher sets itself, and no line that would be cut. */
-static bool check_headers(const struct http_provider *hp, const json_t *headers, char *err,
-                          size_t errlen)
+static bool check_headers(const struct http_provider *hp, const char *target, const json_t *headers,
+                          char *err, size_t errlen)
 {
 	const char *k;
 	json_t *v;
@@ -166,7 +168,7 @@ static bool check_headers(const struct http_provider *hp, const json_t *headers,
 			return false;
 		}
 		if (json_is_object(v)) {
-			if (!check_secret_ref(hp, k, v, err, errlen))
+			if (!check_secret_ref(hp, target, k, v, err, errlen))
 				return false;
 			continue;
 		}
@@ -238,7 +240,7 @@ bool http_validate(void *self, const struct outbox_effect *e, char *host_key,
 		snprintf(err, errlen, "payload.method must be one of POST, PUT, PATCH, DELETE");
 		return false;
 	}
-	if (!check_headers(hp, json_object_get(e->payload, "headers"), err, errlen) ||
+	if (!check_headers(hp, e->target, json_object_get(e->payload, "headers"), err, errlen) ||
 	    !check_body(e, err, errlen))
 		return false;
 	snprintf(host_key, host_keylen, "%s://%s:%ld", scheme, host, port);

@@ -421,6 +421,11 @@ bool http_lookup_ask(struct http_lookup *lk, const struct outbox_effect *e, outb
 		snprintf(err, errlen, "the target is not a URL the lookup can use");
 		return false;
 	}
+	if (url_path_ambiguous(path) != NULL) {
+		snprintf(err, errlen, "no lookup for this target: %s", url_path_ambiguous(path));
+		free(path);
+		return false;
+	}
 	matches = target_matches(lk, &target, path);
 	free(path);
 	if (!matches) {

@@ -172,10 +172,25 @@ void url_prefix_free(struct url_prefix *p)
 	p->path = NULL;
 }
 
+const char *url_path_ambiguous(const char *path)
+{
+	static const char *const encoded[] = { "%2e", "%2f", "%5c", NULL };
+
+	if (strchr(path, '\\') != NULL)
+		return "the target URL path contains a backslash, which servers may read as '/'";
+	for (const char *const *x = encoded; *x; x++)
+		if (strcasestr(path, *x) != NULL)
+			return "the target URL path contains %2e, %2f or %5c, which servers may decode "
+			       "into another path than the one matched";
+	return NULL;
+}
+
 bool url_prefix_matches(const struct url_prefix *p, const struct url_parts *t, const char *path)
 {
 	size_t n = strlen(p->path);
 
+	if (url_path_ambiguous(path) != NULL)
+		return false;
 	if (strcmp(p->at.scheme, t->scheme) != 0 || strcmp(p->at.host, t->host) != 0 ||
 	    p->at.port != t->port)
 		return false;

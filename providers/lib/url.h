@@ -47,9 +47,16 @@ struct url_prefix {
 bool url_prefix_parse(const char *entry, struct url_prefix *p, char *err, size_t errlen);
 void url_prefix_free(struct url_prefix *p);
 
+/* Why a path cannot be matched against a path prefix, or NULL: it holds
+ * '\\' or a percent-encoded '.', '/' or '\\' (any case), which libcurl
+ * leaves as written but servers may decode and route elsewhere ("/crm/
+ * %2e%2e/admin" is under "/crm/" as written, and not as routed). */
+const char *url_path_ambiguous(const char *path);
+
 /* The target's parsed parts and path are under the prefix: same scheme,
  * host and port, and the path equals the prefix's or continues it after a
- * '/' (a prefix "/api" covers "/api" and "/api/x", never "/apix"). */
+ * '/' (a prefix "/api" covers "/api" and "/api/x", never "/apix"); never
+ * a path url_path_ambiguous() refuses. */
 bool url_prefix_matches(const struct url_prefix *p, const struct url_parts *t, const char *path);
 
 #endif

@@ -121,6 +121,25 @@ static void test_targets_match_on_parsed_parts(void **state)
 	assert_int_equal(covers("h.example/api", "https://h.example/api"), -1);
 }
 
+/* Encoded dots, slashes and backslashes pass a prefix as written but
+ * servers may decode them into another path: never matched, with a reason. */
+static void test_ambiguous_paths_never_match(void **state)
+{
+	(void)state;
+	assert_int_equal(covers("https://h.example/crm/", "https://h.example/crm/%2e%2e/admin"), 0);
+	assert_int_equal(covers("https://h.example/crm/", "https://h.example/crm/%2E%2E/admin"), 0);
+	assert_int_equal(covers("https://h.example/crm/", "https://h.example/crm/..%2fadmin"), 0);
+	assert_int_equal(covers("https://h.example/crm/", "https://h.example/crm/..%2Fadmin"), 0);
+	assert_int_equal(covers("https://h.example/crm/", "https://h.example/crm/..%5cadmin"), 0);
+	assert_int_equal(covers("https://h.example/", "https://h.example/a/%2e%2e/b"), 0);
+	assert_int_equal(covers("https://h.example/crm/", "https://h.example/crm/x%41y"), 1);
+	assert_non_null(url_path_ambiguous("/crm/..\\admin"));
+	assert_non_null(url_path_ambiguous("/crm/%2E%2e/admin"));
+	assert_non_null(url_path_ambiguous("/crm/%5C"));
+	assert_non_null(strstr(url_path_ambiguous("/a/%2f"), "%2f"));
+	assert_null(url_path_ambiguous("/crm/v1.2/x%20y"));
+}
+
 static void test_origin_is_built_from_parsed_parts(void **state)
 {
 	struct url_parts u;
@@ -148,6 +167,7 @@ int main(void)
 		cmocka_unit_test(test_no_id),
 		cmocka_unit_test(test_too_long_is_not_cut),
 		cmocka_unit_test(test_targets_match_on_parsed_parts),
+		cmocka_unit_test(test_ambiguous_paths_never_match),
 		cmocka_unit_test(test_origin_is_built_from_parsed_parts),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);

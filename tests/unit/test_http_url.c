@@ -15,6 +15,7 @@
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "http/http.h"
 
@@ -103,11 +104,65 @@ static void test_shared_slots_long_urls(void **state)
 	free(hp);
 }
 
+/* [provider.http] secrets: declarations parsed, and a secret read only for
+ * a target under one of its prefixes, with reasons that never show where. */
+static void test_secrets_declared_per_prefix(void **state)
+{
+	static const char *const bad[] = {
+		"api", "api=", "api=not-a-url", ".x=https://a.example/", "a/b=https://a.example/",
+		"a=https://a.example/; a=https://b.example/", "a=https://u:p@a.example/", NULL,
+	};
+	struct http_provider *hp = calloc(1, sizeof(*hp));
+	char dir[] = "/tmp/secfix-unit-XXXXXX", file[64], out[HTTP_SECRET_MAX + 2], err[256];
+	FILE *fp;
+
+	(void)state;
+	for (const char *const *b = bad; *b; b++) {
+		assert_false(http_secrets_parse(hp, *b, err, sizeof(err)));
+		assert_int_equal(hp->n_secrets, 0);
+	}
+	assert_true(http_secrets_parse(hp, " api = https://a.example/crm/ https://b.example:8443/;;"
+	                               "other=http://127.0.0.1:9/x ", err, sizeof(err)));
+	assert_int_equal(hp->n_secrets, 2);
+	assert_non_null(mkdtemp(dir));
+	hp->secrets_dir = dir;
+	snprintf(file, sizeof(file), "%s/api", dir);
+	fp = fopen(file, "w");
+	assert_non_null(fp);
+	fputs("tok-1\n", fp);
+	fclose(fp);
+	assert_true(http_secret_read(hp, "api", "https://a.example/crm/v1", out, sizeof(out), err,
+	                             sizeof(err)));
+	assert_string_equal(out, "tok-1");
+	assert_true(http_secret_read(hp, "api", "https://b.example:8443/any", out, sizeof(out), err,
+	                             sizeof(err)));
+	assert_false(http_secret_read(hp, "api", "https://b.example/any", out, sizeof(out), err,
+	                              sizeof(err)));
+	assert_non_null(strstr(err, "may not be sent"));
+	assert_false(http_secret_read(hp, "api", "https://a.example/crmx", out, sizeof(out), err,
+	                              sizeof(err)));
+	assert_false(http_secret_read(hp, "api", "https://a.example/crm/%2e%2e/admin", out,
+	                              sizeof(out), err, sizeof(err)));
+	assert_false(http_secret_read(hp, "nope", "https://a.example/crm/", out, sizeof(out), err,
+	                              sizeof(err)));
+	assert_non_null(strstr(err, "secret nope is not declared"));
+	/* Declared, allowed, absent: the one reason, no directory in it. */
+	assert_false(http_secret_read(hp, "other", "http://127.0.0.1:9/x", out, sizeof(out), err,
+	                              sizeof(err)));
+	assert_string_equal(err, "secret other is not available");
+	unlink(file);
+	rmdir(dir);
+	hp->secrets_dir = NULL;
+	http_secrets_free(hp);
+	free(hp);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_answers_are_parse_url_s),
 		cmocka_unit_test(test_shared_slots_long_urls),
+		cmocka_unit_test(test_secrets_declared_per_prefix),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
