@@ -95,15 +95,22 @@ DECLARE
     run_owner text;
     why text := coalesce(nullif(p_reason, ''), 'no reason given');
 BEGIN
+    -- Ownership first, without a lock (an effect's run and a run's owner
+    -- never change): another login's effect is not found, whatever its
+    -- state, and is never locked, so no other login can stall its
+    -- completion by holding a transaction open.
+    SELECT w.owner_role INTO run_owner
+      FROM effect_outbox x JOIN workflow_runs w USING (idempotency_key)
+     WHERE x.effect_id = p_effect_id;
+    IF NOT FOUND OR NOT outbox_run_is_mine(run_owner) THEN
+        RETURN false;
+    END IF;
     SELECT * INTO o FROM effect_outbox x WHERE x.effect_id = p_effect_id FOR UPDATE;
     IF NOT FOUND OR o.state <> 'pending' THEN
         RETURN false;
     END IF;
-    SELECT w.lease_owner, w.owner_role INTO holder, run_owner
+    SELECT w.lease_owner INTO holder
       FROM workflow_runs w WHERE w.idempotency_key = o.idempotency_key;
-    IF NOT outbox_run_is_mine(run_owner) THEN
-        PERFORM outbox_refuse_foreign_run('outbox_cancel', o.idempotency_key);
-    END IF;
     IF NOT (pg_has_role(session_user, 'outbox_operator', 'MEMBER')
             OR (p_owner IS NOT NULL AND holder IS NOT DISTINCT FROM p_owner)
             OR o.available_at > now()) THEN
@@ -184,11 +191,17 @@ CREATE FUNCTION public.outbox_cancel_status(p_effect_id uuid, p_reason text, p_a
 DECLARE
     o effect_outbox%ROWTYPE;
 BEGIN
-    SELECT * INTO o FROM effect_outbox x WHERE x.effect_id = p_effect_id FOR UPDATE;
     -- Another producer login's effect is not this login's to see
-    -- (sql/104_producer_isolation.sql): not found.
-    IF NOT FOUND OR NOT outbox_run_is_mine((SELECT w.owner_role FROM workflow_runs w
-                                             WHERE w.idempotency_key = o.idempotency_key)) THEN
+    -- (sql/104_producer_isolation.sql): not found, checked before any lock
+    -- so that no other login can hold its row (an effect's run and a
+    -- run's owner never change).
+    IF NOT EXISTS (SELECT 1 FROM effect_outbox x JOIN workflow_runs w USING (idempotency_key)
+                    WHERE x.effect_id = p_effect_id AND outbox_run_is_mine(w.owner_role)) THEN
+        RETURN QUERY SELECT 'not_found'::text, NULL::text, NULL::timestamptz;
+        RETURN;
+    END IF;
+    SELECT * INTO o FROM effect_outbox x WHERE x.effect_id = p_effect_id FOR UPDATE;
+    IF NOT FOUND THEN
         RETURN QUERY SELECT 'not_found'::text, NULL::text, NULL::timestamptz;
         RETURN;
     END IF;
@@ -754,16 +767,12 @@ CREATE FUNCTION public.outbox_enqueue(p_key text, p_effect_type text, p_target t
     AS $$
 DECLARE
     id uuid;
-    run_owner text;
 BEGIN
     IF p_delay_seconds IS NULL OR p_delay_seconds < 0 THEN
         RAISE EXCEPTION 'outbox_enqueue: delay must be >= 0 seconds'
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    SELECT w.owner_role INTO run_owner FROM workflow_runs w WHERE w.idempotency_key = p_key;
-    IF NOT outbox_run_is_mine(run_owner) THEN
-        PERFORM outbox_refuse_foreign_run('outbox_enqueue', p_key);
-    END IF;
+    PERFORM outbox_lock_run_for_effect(p_key);
     PERFORM outbox_metadata_ok(p_metadata);
     INSERT INTO effect_outbox AS o (idempotency_key, effect_type, target, payload,
                                     metadata, available_at)
@@ -990,6 +999,27 @@ BEGIN
     PERFORM 1 FROM effect_outbox o
      WHERE o.idempotency_key = p_key AND o.state = 'pending'
      ORDER BY o.effect_id FOR UPDATE;
+END $$;
+
+
+--
+-- Name: outbox_lock_run_for_effect(text); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.outbox_lock_run_for_effect(p_key text) RETURNS boolean
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'public', 'pg_temp'
+    AS $$
+BEGIN
+    PERFORM 1 FROM workflow_runs w
+     WHERE w.idempotency_key = p_key AND outbox_run_is_mine(w.owner_role)
+       FOR KEY SHARE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'effect refused: no run "%"', p_key
+            USING ERRCODE = 'foreign_key_violation',
+                  HINT = 'claim the run first (outbox_claim_run); an effect belongs to a run of its own producer login';
+    END IF;
+    RETURN true;
 END $$;
 
 
@@ -1429,9 +1459,9 @@ CREATE FUNCTION public.outbox_refuse_foreign_run(p_fn text, p_key text) RETURNS 
     SET search_path TO 'public', 'pg_temp'
     AS $$
 BEGIN
-    RAISE EXCEPTION '%: refused: run "%" belongs to another producer login', p_fn, p_key
+    RAISE EXCEPTION '%: refused: run key "%" is not available to this login', p_fn, p_key
         USING ERRCODE = 'insufficient_privilege',
-              HINT = 'each producer login acts on the runs it claimed; use another run key';
+              HINT = 'run keys are shared by the producer logins of a database; give each login its own key prefix';
 END $$;
 
 
@@ -1930,42 +1960,6 @@ CREATE FUNCTION public.outbox_run_is_mine(p_owner_role text) RETURNS boolean
     RETURN ((p_owner_role IS NULL) OR (p_owner_role = SESSION_USER) OR pg_has_role(SESSION_USER, 'outbox_operator'::name, 'MEMBER'::text));
 
 
-SET default_tablespace = '';
-
-SET default_table_access_method = heap;
-
---
--- Name: workflow_runs; Type: TABLE; Schema: public; Owner: -
---
-
-CREATE TABLE public.workflow_runs (
-    idempotency_key text NOT NULL,
-    state text NOT NULL,
-    payload_hash text NOT NULL,
-    lease_owner uuid,
-    lease_expires_at timestamp with time zone,
-    version bigint DEFAULT 0 NOT NULL,
-    result jsonb,
-    replaces_key text,
-    failure_reason text,
-    created_at timestamp with time zone DEFAULT now() NOT NULL,
-    updated_at timestamp with time zone DEFAULT now() NOT NULL,
-    owner_role text,
-    CONSTRAINT workflow_runs_state_check CHECK ((state = ANY (ARRAY['processing'::text, 'awaiting_human'::text, 'approved'::text, 'completed'::text, 'failed_retryable'::text, 'failed_terminal'::text])))
-)
-WITH (fillfactor='70');
-
-
---
--- Name: outbox_run_not_foreign(text); Type: FUNCTION; Schema: public; Owner: -
---
-
-CREATE FUNCTION public.outbox_run_not_foreign(p_key text) RETURNS boolean
-    LANGUAGE sql STABLE SECURITY DEFINER
-    SET search_path TO 'public', 'pg_temp'
-    RETURN (NOT (EXISTS (SELECT 1 FROM public.workflow_runs w WHERE ((w.idempotency_key = outbox_run_not_foreign.p_key) AND (w.owner_role IS NOT NULL) AND (w.owner_role <> SESSION_USER)))));
-
-
 --
 -- Name: outbox_sha256_hex(text); Type: FUNCTION; Schema: public; Owner: -
 --
@@ -2185,6 +2179,10 @@ BEGIN
      ORDER BY w.week DESC;
 END $$;
 
+
+SET default_tablespace = '';
+
+SET default_table_access_method = heap;
 
 --
 -- Name: approvals; Type: TABLE; Schema: public; Owner: -
@@ -2506,6 +2504,28 @@ CREATE TABLE public.schema_migrations (
     checksum text NOT NULL,
     applied_at timestamp with time zone DEFAULT now() NOT NULL
 );
+
+
+--
+-- Name: workflow_runs; Type: TABLE; Schema: public; Owner: -
+--
+
+CREATE TABLE public.workflow_runs (
+    idempotency_key text NOT NULL,
+    state text NOT NULL,
+    payload_hash text NOT NULL,
+    lease_owner uuid,
+    lease_expires_at timestamp with time zone,
+    version bigint DEFAULT 0 NOT NULL,
+    result jsonb,
+    replaces_key text,
+    failure_reason text,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    owner_role text,
+    CONSTRAINT workflow_runs_state_check CHECK ((state = ANY (ARRAY['processing'::text, 'awaiting_human'::text, 'approved'::text, 'completed'::text, 'failed_retryable'::text, 'failed_terminal'::text])))
+)
+WITH (fillfactor='70');
 
 
 --
@@ -2840,7 +2860,7 @@ CREATE POLICY outbox_producer_own_effects ON public.effect_outbox FOR SELECT TO 
 -- Name: effect_outbox outbox_producer_own_inserts; Type: POLICY; Schema: public; Owner: -
 --
 
-CREATE POLICY outbox_producer_own_inserts ON public.effect_outbox FOR INSERT TO outbox_producer WITH CHECK ((public.outbox_run_not_foreign(idempotency_key) AND ((metadata IS NULL) OR (pg_column_size(metadata) <= public.outbox_metadata_max_bytes()) OR public.outbox_metadata_ok(metadata))));
+CREATE POLICY outbox_producer_own_inserts ON public.effect_outbox FOR INSERT TO outbox_producer WITH CHECK ((public.outbox_lock_run_for_effect(idempotency_key) AND ((metadata IS NULL) OR (pg_column_size(metadata) <= public.outbox_metadata_max_bytes()) OR public.outbox_metadata_ok(metadata))));
 
 
 --
@@ -3061,6 +3081,14 @@ REVOKE ALL ON FUNCTION public.outbox_lock_pending_of_run(p_key text) FROM PUBLIC
 
 
 --
+-- Name: FUNCTION outbox_lock_run_for_effect(p_key text); Type: ACL; Schema: public; Owner: -
+--
+
+GRANT ALL ON FUNCTION public.outbox_lock_run_for_effect(p_key text) TO outbox_producer;
+REVOKE ALL ON FUNCTION public.outbox_lock_run_for_effect(p_key text) FROM PUBLIC;
+
+
+--
 -- Name: FUNCTION outbox_mark_sending(p_owner uuid, p_ids uuid[], p_env_enabled boolean, p_idempotent_types text[], p_lease_seconds integer, p_call uuid); Type: ACL; Schema: public; Owner: -
 --
 
@@ -3258,99 +3286,6 @@ REVOKE ALL ON FUNCTION public.outbox_resolve_unknown(p_effect_id uuid, p_sent bo
 --
 
 REVOKE ALL ON FUNCTION public.outbox_run_is_mine(p_owner_role text) FROM PUBLIC;
-
-
---
--- Name: TABLE workflow_runs; Type: ACL; Schema: public; Owner: -
---
-
-GRANT SELECT ON TABLE public.workflow_runs TO outbox_operator;
-
-
---
--- Name: COLUMN workflow_runs.idempotency_key; Type: ACL; Schema: public; Owner: -
---
-
-GRANT SELECT(idempotency_key) ON TABLE public.workflow_runs TO outbox_producer;
-
-
---
--- Name: COLUMN workflow_runs.state; Type: ACL; Schema: public; Owner: -
---
-
-GRANT SELECT(state) ON TABLE public.workflow_runs TO outbox_producer;
-
-
---
--- Name: COLUMN workflow_runs.payload_hash; Type: ACL; Schema: public; Owner: -
---
-
-GRANT SELECT(payload_hash) ON TABLE public.workflow_runs TO outbox_producer;
-
-
---
--- Name: COLUMN workflow_runs.lease_expires_at; Type: ACL; Schema: public; Owner: -
---
-
-GRANT SELECT(lease_expires_at) ON TABLE public.workflow_runs TO outbox_producer;
-
-
---
--- Name: COLUMN workflow_runs.version; Type: ACL; Schema: public; Owner: -
---
-
-GRANT SELECT(version) ON TABLE public.workflow_runs TO outbox_producer;
-
-
---
--- Name: COLUMN workflow_runs.result; Type: ACL; Schema: public; Owner: -
---
-
-GRANT SELECT(result) ON TABLE public.workflow_runs TO outbox_producer;
-
-
---
--- Name: COLUMN workflow_runs.replaces_key; Type: ACL; Schema: public; Owner: -
---
-
-GRANT SELECT(replaces_key) ON TABLE public.workflow_runs TO outbox_producer;
-
-
---
--- Name: COLUMN workflow_runs.failure_reason; Type: ACL; Schema: public; Owner: -
---
-
-GRANT SELECT(failure_reason) ON TABLE public.workflow_runs TO outbox_producer;
-
-
---
--- Name: COLUMN workflow_runs.created_at; Type: ACL; Schema: public; Owner: -
---
-
-GRANT SELECT(created_at) ON TABLE public.workflow_runs TO outbox_producer;
-
-
---
--- Name: COLUMN workflow_runs.updated_at; Type: ACL; Schema: public; Owner: -
---
-
-GRANT SELECT(updated_at) ON TABLE public.workflow_runs TO outbox_producer;
-
-
---
--- Name: COLUMN workflow_runs.owner_role; Type: ACL; Schema: public; Owner: -
---
-
-GRANT SELECT(owner_role) ON TABLE public.workflow_runs TO outbox_operator;
-GRANT SELECT(owner_role) ON TABLE public.workflow_runs TO outbox_producer;
-
-
---
--- Name: FUNCTION outbox_run_not_foreign(p_key text); Type: ACL; Schema: public; Owner: -
---
-
-GRANT ALL ON FUNCTION public.outbox_run_not_foreign(p_key text) TO outbox_producer;
-REVOKE ALL ON FUNCTION public.outbox_run_not_foreign(p_key text) FROM PUBLIC;
 
 
 --
@@ -3810,6 +3745,91 @@ GRANT SELECT ON TABLE public.run_claims TO outbox_operator;
 GRANT SELECT ON TABLE public.schema_migrations TO outbox_dispatcher;
 GRANT SELECT ON TABLE public.schema_migrations TO outbox_operator;
 GRANT SELECT ON TABLE public.schema_migrations TO outbox_producer;
+
+
+--
+-- Name: TABLE workflow_runs; Type: ACL; Schema: public; Owner: -
+--
+
+GRANT SELECT ON TABLE public.workflow_runs TO outbox_operator;
+
+
+--
+-- Name: COLUMN workflow_runs.idempotency_key; Type: ACL; Schema: public; Owner: -
+--
+
+GRANT SELECT(idempotency_key) ON TABLE public.workflow_runs TO outbox_producer;
+
+
+--
+-- Name: COLUMN workflow_runs.state; Type: ACL; Schema: public; Owner: -
+--
+
+GRANT SELECT(state) ON TABLE public.workflow_runs TO outbox_producer;
+
+
+--
+-- Name: COLUMN workflow_runs.payload_hash; Type: ACL; Schema: public; Owner: -
+--
+
+GRANT SELECT(payload_hash) ON TABLE public.workflow_runs TO outbox_producer;
+
+
+--
+-- Name: COLUMN workflow_runs.lease_expires_at; Type: ACL; Schema: public; Owner: -
+--
+
+GRANT SELECT(lease_expires_at) ON TABLE public.workflow_runs TO outbox_producer;
+
+
+--
+-- Name: COLUMN workflow_runs.version; Type: ACL; Schema: public; Owner: -
+--
+
+GRANT SELECT(version) ON TABLE public.workflow_runs TO outbox_producer;
+
+
+--
+-- Name: COLUMN workflow_runs.result; Type: ACL; Schema: public; Owner: -
+--
+
+GRANT SELECT(result) ON TABLE public.workflow_runs TO outbox_producer;
+
+
+--
+-- Name: COLUMN workflow_runs.replaces_key; Type: ACL; Schema: public; Owner: -
+--
+
+GRANT SELECT(replaces_key) ON TABLE public.workflow_runs TO outbox_producer;
+
+
+--
+-- Name: COLUMN workflow_runs.failure_reason; Type: ACL; Schema: public; Owner: -
+--
+
+GRANT SELECT(failure_reason) ON TABLE public.workflow_runs TO outbox_producer;
+
+
+--
+-- Name: COLUMN workflow_runs.created_at; Type: ACL; Schema: public; Owner: -
+--
+
+GRANT SELECT(created_at) ON TABLE public.workflow_runs TO outbox_producer;
+
+
+--
+-- Name: COLUMN workflow_runs.updated_at; Type: ACL; Schema: public; Owner: -
+--
+
+GRANT SELECT(updated_at) ON TABLE public.workflow_runs TO outbox_producer;
+
+
+--
+-- Name: COLUMN workflow_runs.owner_role; Type: ACL; Schema: public; Owner: -
+--
+
+GRANT SELECT(owner_role) ON TABLE public.workflow_runs TO outbox_operator;
+GRANT SELECT(owner_role) ON TABLE public.workflow_runs TO outbox_producer;
 
 
 --

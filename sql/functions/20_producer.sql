@@ -15,24 +15,40 @@ LANGUAGE sql STABLE SET search_path = public, pg_temp
 RETURN p_owner_role IS NULL OR p_owner_role = session_user
        OR pg_has_role(session_user, 'outbox_operator', 'MEMBER');
 
+-- A claim of a key another login holds.  The claim's INSERT has already
+-- met the key, so the refusal cannot hide that it exists; it does not say
+-- whose it is.  Run keys are one namespace per database (docs/design.md,
+-- "Roles").
 CREATE OR REPLACE FUNCTION outbox_refuse_foreign_run(p_fn text, p_key text) RETURNS void
 LANGUAGE plpgsql SET search_path = public, pg_temp AS $$
 BEGIN
-    RAISE EXCEPTION '%: refused: run "%" belongs to another producer login', p_fn, p_key
+    RAISE EXCEPTION '%: refused: run key "%" is not available to this login', p_fn, p_key
         USING ERRCODE = 'insufficient_privilege',
-              HINT = 'each producer login acts on the runs it claimed; use another run key';
+              HINT = 'run keys are shared by the producer logins of a database; give each login its own key prefix';
 END $$;
 
--- The plain INSERT's row-level security check (sql/104_producer_isolation.sql):
--- an effect may go into a run that is not another login's.  A key that
--- names no run passes here, so that the foreign key says what is wrong.
--- The producer cannot see other logins' runs, so the test reads them as
--- the function's owner.
-CREATE OR REPLACE FUNCTION outbox_run_not_foreign(p_key text) RETURNS boolean
-LANGUAGE sql STABLE SECURITY DEFINER SET search_path = public, pg_temp
-RETURN NOT EXISTS (SELECT 1 FROM workflow_runs w
-                    WHERE w.idempotency_key = p_key
-                      AND w.owner_role IS NOT NULL AND w.owner_role <> session_user);
+-- An effect goes into a run the caller may use (its own, or one with no
+-- owner): the plain INSERT's row-level security check and outbox_enqueue
+-- call this.  The run must be found, by a fresh read (a VOLATILE function
+-- reads with a snapshot of its own, so a run claimed by another login
+-- while the insert waited is seen), and is locked FOR KEY SHARE until
+-- commit, so what was checked is what the foreign key finds.  One
+-- primary-key probe.  A missing run and another login's run give the same
+-- error (the foreign key's SQLSTATE), so the check tells nobody which keys
+-- other logins hold; it locks only rows the caller may use.
+CREATE OR REPLACE FUNCTION outbox_lock_run_for_effect(p_key text) RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = public, pg_temp AS $$
+BEGIN
+    PERFORM 1 FROM workflow_runs w
+     WHERE w.idempotency_key = p_key AND outbox_run_is_mine(w.owner_role)
+       FOR KEY SHARE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'effect refused: no run "%"', p_key
+            USING ERRCODE = 'foreign_key_violation',
+                  HINT = 'claim the run first (outbox_claim_run); an effect belongs to a run of its own producer login';
+    END IF;
+    RETURN true;
+END $$;
 
 -- An effect's metadata says which workflow, model and trigger made it; it
 -- is logged with every attempt of the effect, so it is bounded (64 KiB as
@@ -56,9 +72,12 @@ END $$;
 
 DROP POLICY IF EXISTS outbox_producer_own_inserts ON effect_outbox;
 CREATE POLICY outbox_producer_own_inserts ON effect_outbox FOR INSERT TO outbox_producer
-    WITH CHECK (outbox_run_not_foreign(idempotency_key)
+    WITH CHECK (outbox_lock_run_for_effect(idempotency_key)
                 AND (metadata IS NULL OR pg_column_size(metadata) <= outbox_metadata_max_bytes()
                      OR outbox_metadata_ok(metadata)));
+-- Replaced by outbox_lock_run_for_effect: it passed a key that named no
+-- run yet, and answered any producer whether a key was another login's.
+DROP FUNCTION IF EXISTS outbox_run_not_foreign(text);
 
 -- A run that becomes failed_terminal (its approver's rejection, its lease
 -- holder's transition) cancels its still-pending effects in the same
@@ -384,16 +403,12 @@ RETURNS TABLE (effect_id uuid, inserted boolean, state text, available_at timest
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 DECLARE
     id uuid;
-    run_owner text;
 BEGIN
     IF p_delay_seconds IS NULL OR p_delay_seconds < 0 THEN
         RAISE EXCEPTION 'outbox_enqueue: delay must be >= 0 seconds'
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    SELECT w.owner_role INTO run_owner FROM workflow_runs w WHERE w.idempotency_key = p_key;
-    IF NOT outbox_run_is_mine(run_owner) THEN
-        PERFORM outbox_refuse_foreign_run('outbox_enqueue', p_key);
-    END IF;
+    PERFORM outbox_lock_run_for_effect(p_key);
     PERFORM outbox_metadata_ok(p_metadata);
     INSERT INTO effect_outbox AS o (idempotency_key, effect_type, target, payload,
                                     metadata, available_at)
@@ -421,15 +436,22 @@ DECLARE
     run_owner text;
     why text := coalesce(nullif(p_reason, ''), 'no reason given');
 BEGIN
+    -- Ownership first, without a lock (an effect's run and a run's owner
+    -- never change): another login's effect is not found, whatever its
+    -- state, and is never locked, so no other login can stall its
+    -- completion by holding a transaction open.
+    SELECT w.owner_role INTO run_owner
+      FROM effect_outbox x JOIN workflow_runs w USING (idempotency_key)
+     WHERE x.effect_id = p_effect_id;
+    IF NOT FOUND OR NOT outbox_run_is_mine(run_owner) THEN
+        RETURN false;
+    END IF;
     SELECT * INTO o FROM effect_outbox x WHERE x.effect_id = p_effect_id FOR UPDATE;
     IF NOT FOUND OR o.state <> 'pending' THEN
         RETURN false;
     END IF;
-    SELECT w.lease_owner, w.owner_role INTO holder, run_owner
+    SELECT w.lease_owner INTO holder
       FROM workflow_runs w WHERE w.idempotency_key = o.idempotency_key;
-    IF NOT outbox_run_is_mine(run_owner) THEN
-        PERFORM outbox_refuse_foreign_run('outbox_cancel', o.idempotency_key);
-    END IF;
     IF NOT (pg_has_role(session_user, 'outbox_operator', 'MEMBER')
             OR (p_owner IS NOT NULL AND holder IS NOT DISTINCT FROM p_owner)
             OR o.available_at > now()) THEN
@@ -472,7 +494,7 @@ RETURN outbox_cancel_as(p_effect_id, p_owner, p_reason, p_actor);
 
 -- Nobody may call these but the roles named here.
 REVOKE EXECUTE ON FUNCTION
-    outbox_run_not_foreign(text),
+    outbox_lock_run_for_effect(text),
     outbox_metadata_max_bytes(),
     outbox_metadata_ok(jsonb),
     outbox_run_is_mine(text),
@@ -492,7 +514,7 @@ REVOKE EXECUTE ON FUNCTION
     FROM PUBLIC;
 
 GRANT EXECUTE ON FUNCTION
-    outbox_run_not_foreign(text),
+    outbox_lock_run_for_effect(text),
     outbox_metadata_max_bytes(),
     outbox_metadata_ok(jsonb),
     outbox_claim_run(text, text, uuid, integer),

@@ -29,11 +29,17 @@ LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 DECLARE
     o effect_outbox%ROWTYPE;
 BEGIN
-    SELECT * INTO o FROM effect_outbox x WHERE x.effect_id = p_effect_id FOR UPDATE;
     -- Another producer login's effect is not this login's to see
-    -- (sql/104_producer_isolation.sql): not found.
-    IF NOT FOUND OR NOT outbox_run_is_mine((SELECT w.owner_role FROM workflow_runs w
-                                             WHERE w.idempotency_key = o.idempotency_key)) THEN
+    -- (sql/104_producer_isolation.sql): not found, checked before any lock
+    -- so that no other login can hold its row (an effect's run and a
+    -- run's owner never change).
+    IF NOT EXISTS (SELECT 1 FROM effect_outbox x JOIN workflow_runs w USING (idempotency_key)
+                    WHERE x.effect_id = p_effect_id AND outbox_run_is_mine(w.owner_role)) THEN
+        RETURN QUERY SELECT 'not_found'::text, NULL::text, NULL::timestamptz;
+        RETURN;
+    END IF;
+    SELECT * INTO o FROM effect_outbox x WHERE x.effect_id = p_effect_id FOR UPDATE;
+    IF NOT FOUND THEN
         RETURN QUERY SELECT 'not_found'::text, NULL::text, NULL::timestamptz;
         RETURN;
     END IF;

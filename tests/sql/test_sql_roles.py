@@ -6,13 +6,14 @@ Roles are cluster-wide: each test creates uniquely named login roles and
 drops them at the end.
 """
 import json
+import threading
 import uuid
 
 import psycopg2
 import psycopg2.errors
 import pytest
 
-from outbox_test import make_run, query, scalar
+from outbox_test import kill_switch, make_run, query, scalar, wait_for
 
 DENIED = psycopg2.errors.InsufficientPrivilege
 
@@ -132,7 +133,7 @@ def test_producer_cannot_call_kill_switch_or_dispatcher_functions(conn, login_as
                "outbox_create_approval", "outbox_peek_approval", "outbox_consume_approval",
                "outbox_enqueue", "outbox_cancel",
                # the plain INSERT's row-level security checks
-               "outbox_run_not_foreign", "outbox_metadata_ok", "outbox_metadata_max_bytes",
+               "outbox_lock_run_for_effect", "outbox_metadata_ok", "outbox_metadata_max_bytes",
                # the n8n kit's cancel that says why not (25_kit.sql)
                "outbox_cancel_status",
                # pure, and needed by effect_outbox's generated columns for
@@ -266,20 +267,28 @@ def test_two_producer_logins_cannot_read_or_act_on_each_others_runs(conn, login_
         ["https://a.example/", "https://a.example/2"]
 
     # Enqueue into the other's processing run: neither path.
-    denied(b, "INSERT INTO effect_outbox (idempotency_key, effect_type, target, payload) "
-              "VALUES ('run-a', 'http', 'https://evil.example/', '{}')")
+    # The answer is the one for a run that does not exist.
+    for sql in ("INSERT INTO effect_outbox (idempotency_key, effect_type, target, payload) "
+                "VALUES (%s, 'http', 'https://evil.example/', '{}')",
+                "SELECT * FROM outbox_enqueue(%s, 'http', 'https://evil.example/', '{}')"):
+        errors = []
+        for key in ("run-a", "no-such-run"):
+            with pytest.raises(psycopg2.errors.ForeignKeyViolation) as ei:
+                query(b, sql, (key,))
+            errors.append(str(ei.value).replace(key, "K"))
+        assert errors[0] == errors[1], errors
+    # Claim, renew, transition, approve: nothing, even with the owner uuid;
+    # the refused claim does not say whose the key is.
     with pytest.raises(DENIED) as ei:
-        query(b, "SELECT * FROM outbox_enqueue('run-a', 'http', 'https://evil.example/', '{}')")
-    assert "belongs to another producer login" in str(ei.value)
-    # Claim, renew, transition, approve: nothing, even with the owner uuid.
-    denied(b, "SELECT * FROM outbox_claim_run('run-a', 'h', %s, 300)", (ob,))
+        query(b, "SELECT * FROM outbox_claim_run('run-a', 'h', %s, 300)", (ob,))
+    assert "not available to this login" in str(ei.value)
     assert scalar(b, "SELECT outbox_renew_run('run-a', %s, 0, 300)", (oa,)) is None
     assert query(b, "SELECT * FROM outbox_transition_run('run-a', %s, 0, 'failed_terminal')",
                  (oa,)) == []
     assert query(b, "SELECT * FROM outbox_create_approval('run-a', %s, 0, "
                     "decode(repeat('aa', 32), 'hex'), ARRAY['approve'], 60, '[]')", (oa,)) == []
-    # Cancel the other's delayed effect: refused.
-    denied(b, "SELECT outbox_cancel(%s, 'mine now', 'b')", (delayed,))
+    # Cancel the other's delayed effect: not found.
+    assert scalar(b, "SELECT outbox_cancel(%s, 'mine now', 'b')", (delayed,)) is False
     assert query(b, "SELECT status, state FROM outbox_cancel_status(%s, 'mine now', 'b')",
                  (delayed,)) == [("not_found", None)]
     assert scalar(conn, "SELECT state FROM effect_outbox WHERE effect_id = %s", (delayed,)) == "pending"
@@ -329,3 +338,88 @@ def test_one_shared_producer_login_keeps_every_run(conn, login_as):
     query(other, "INSERT INTO effect_outbox (idempotency_key, effect_type, target, payload) "
                  "VALUES (%s, 'http', 'https://x.example/', '{}')", (shared,))
     assert query(other, "SELECT idempotency_key FROM workflow_runs") == [(shared,)]
+
+
+def test_another_login_cannot_slip_an_effect_into_a_run_claimed_meanwhile(conn, login_as):
+    """The plain INSERT checks the run it names with a fresh read, not the
+    statement's snapshot: login B's INSERT that started before login A
+    claimed key K (and so saw no run K) is refused once A's run exists,
+    and A's own effect with the same type and target is A's."""
+    a, b = login_as("outbox_producer"), login_as("outbox_producer")
+    b_name = scalar(b, "SELECT session_user")
+    outcome = {}
+
+    def slow_insert():
+        try:
+            query(b, "INSERT INTO effect_outbox (idempotency_key, effect_type, target, payload) "
+                     "SELECT 'K', 'http', 'https://x.example/', '{\"from\": \"b\"}' FROM pg_sleep(2)")
+            outcome["error"] = None
+        except psycopg2.Error as e:
+            outcome["error"] = e
+
+    t = threading.Thread(target=slow_insert)
+    t.start()
+    wait_for(lambda: scalar(conn, "SELECT count(*) FROM pg_stat_activity WHERE usename = %s "
+                                  "AND state = 'active' AND query LIKE '%%pg_sleep%%'", (b_name,)) == 1,
+             what="B's insert to be running")
+    assert claim(a, "K", str(uuid.uuid4())) == "claimed"
+    assert t.is_alive(), "B's insert ended before A's claim: the race was not exercised"
+    t.join(timeout=30)
+    assert isinstance(outcome["error"], psycopg2.errors.ForeignKeyViolation), outcome
+    rows = query(a, "SELECT inserted, state FROM outbox_enqueue('K', 'http', 'https://x.example/', "
+                    "'{\"from\": \"a\"}')")
+    assert rows == [(True, "pending")]
+    assert query(conn, "SELECT payload->>'from' FROM effect_outbox WHERE idempotency_key = 'K'") == \
+        [("a",)]
+
+
+def test_another_logins_effects_are_not_found_by_cancel_whatever_their_state(conn, login_as):
+    """outbox_cancel and outbox_cancel_status answer for another login's
+    effect exactly as for an effect that does not exist, pending or not."""
+    a, b = login_as("outbox_producer"), login_as("outbox_producer")
+    oa, ob = str(uuid.uuid4()), str(uuid.uuid4())
+    assert claim(a, "run-a", oa) == "claimed" and claim(a, "run-a2", oa) == "claimed"
+    pending = scalar(a, "SELECT effect_id FROM outbox_enqueue('run-a', 'http', 'https://a.example/', "
+                        "'{}', NULL, 3600)")
+    done = scalar(a, "SELECT effect_id FROM outbox_enqueue('run-a2', 'http', 'https://a.example/', "
+                     "'{}', NULL, 3600)")
+    assert scalar(a, "SELECT outbox_cancel(%s, 'changed mind', 'a')", (done,)) is True
+    for eid in (pending, done, str(uuid.uuid4())):
+        assert scalar(b, "SELECT outbox_cancel(%s, 'x', 'b')", (eid,)) is False, eid
+        assert scalar(b, "SELECT outbox_cancel(%s, %s, 'x', 'b')", (eid, ob)) is False, eid
+        assert query(b, "SELECT status, state, available_at FROM outbox_cancel_status(%s, 'x', 'b')",
+                     (eid,)) == [("not_found", None, None)], eid
+    assert scalar(conn, "SELECT state FROM effect_outbox WHERE effect_id = %s", (pending,)) == "pending"
+
+
+@pytest.mark.parametrize("cancel", [
+    "SELECT outbox_cancel(%s, 'x', 'b')",
+    "SELECT * FROM outbox_cancel_status(%s, 'x', 'b')",
+])
+def test_another_logins_cancel_does_not_hold_the_effect(conn, login_as, cancel):
+    """Another login's cancel attempt on an effect in flight, in a
+    transaction it keeps open, locks nothing of it: the worker completes it
+    without waiting (lock_timeout on its side would say otherwise)."""
+    a, b = login_as("outbox_producer"), login_as("outbox_producer")
+    d = login_as("outbox_dispatcher")
+    assert claim(a, "run-a", str(uuid.uuid4())) == "claimed"
+    eid = scalar(a, "SELECT effect_id FROM outbox_enqueue('run-a', 'http', 'https://a.example/', '{}')")
+    kill_switch(conn, True)
+    worker = str(uuid.uuid4())
+    assert [r[0] for r in query(d, "SELECT effect_id FROM outbox_lease(%s, 'w', 10, 30, "
+                                   "ARRAY['http'], true)", (worker,))] == [eid]
+    assert [r[0] for r in query(d, "SELECT effect_id FROM outbox_mark_sending(%s, ARRAY[%s]::uuid[], "
+                                   "true, ARRAY['http'], 30)", (worker, eid))] == [eid]
+    b.autocommit = False
+    try:
+        with b.cursor() as cur:
+            cur.execute(cancel, (eid,))
+        query(d, "SET lock_timeout = '500ms'")
+        done = [{"effect_id": eid, "attempt": 1, "outcome": "accepted", "next_state": "completed",
+                 "provider_id": "p-1"}]
+        assert query(d, "SELECT applied FROM outbox_complete(%s, 'w', %s)",
+                     (worker, json.dumps(done))) == [(True,)]
+    finally:
+        b.rollback()
+        b.autocommit = True
+    assert scalar(conn, "SELECT state FROM effect_outbox WHERE effect_id = %s", (eid,)) == "completed"
