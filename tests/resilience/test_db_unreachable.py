@@ -172,3 +172,27 @@ def test_a_connection_given_up_on_has_its_statement_cancelled_on_the_server(conn
         locker.rollback()
     finally:
         locker.close()
+
+
+def test_a_statement_timeout_the_conninfo_sets_is_kept(conn, db, dispatchers):
+    """A statement_timeout of 0 set in the conninfo's options is the
+    operator's choice: the worker sets its own only where nobody set one,
+    so a statement stuck on a lock is not cancelled by the server (the
+    worker's own deadline gives the connection up instead)."""
+    import psycopg2
+    kill_switch(conn, True)
+    dsn = worker_dsn(db) + " options='-c statement_timeout=0'"
+    w = dispatchers({"database": {"conninfo": dsn},
+                     "dispatcher": {"lease_seconds": LEASE_S, "claim": False}})
+    wait_for(lambda: serving(w), what="serving")
+    locker = psycopg2.connect(db)
+    try:
+        with locker.cursor() as cur:
+            cur.execute("LOCK TABLE effect_outbox IN ACCESS EXCLUSIVE MODE")
+            wait_for(lambda: count_events(w, "db_disconnected") > 0,
+                     timeout=STATEMENT_TIMEOUT_S + 15, what="the worker's own deadline")
+        locker.rollback()
+    finally:
+        locker.close()
+    assert not any("statement timeout" in (e.get("msg") or "") for e in w.events()), \
+        "the server cancelled a statement: the worker replaced the conninfo's statement_timeout"
