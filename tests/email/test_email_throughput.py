@@ -15,7 +15,7 @@ note for a queue far deeper than the threads.
 
 import pytest
 
-from outbox_test import enqueue, kill_switch, query, scalar, wait_for
+from outbox_test import enqueue, free_port, kill_switch, query, scalar, scrape, wait_for
 
 from smtp_server import SmtpServer
 
@@ -112,3 +112,35 @@ def test_batches_do_not_shrink_with_a_slow_relay(conn, dispatchers):
     assert n / marks >= 8, (n, marks)
     assert n / records >= 6, (n, records)
     assert sum(s.sessions.values()) == n
+
+
+def test_outcomes_held_for_a_slow_relay_are_recorded_at_sigterm(conn, dispatchers):
+    """One email answered at once, another stalled at the relay: the first
+    one's outcome waits (up to 500 ms) for more answers to share its
+    outbox_complete() call.  A SIGTERM with a grace shorter than that wait
+    records it at once, so the stop leaves it `completed`, not `sending`
+    (which the reaper would make `unknown`)."""
+    s = SmtpServer(pipelining=True)
+    s.start()
+    port = free_port()
+    try:
+        kill_switch(conn, True)
+        fast = enqueue(conn, "email", "fast@example.com", PAYLOAD)
+        enqueue(conn, "email", "stalled+slow-data-30000@example.com", PAYLOAD)
+        cfg = email_cfg(s)
+        cfg["dispatcher"]["shutdown_grace_ms"] = 100
+        cfg["metrics"] = {"listen": f"127.0.0.1:{port}"}
+        w = dispatchers(cfg)
+        # Both messages are at the relay, the fast one answered, the
+        # stalled one not: one send in flight in the worker means the fast
+        # one's answer is in (its outcome held), the stalled one's not.
+        def fast_answered_stalled_waiting():
+            with s.lock:
+                got = {m["rcpt_tos"][0]: m["replied"] for m in s.messages}
+            return (len(got) == 2 and got.get("fast@example.com") is not None
+                    and scrape(port).get("outbox_sends_in_flight") == 1)
+        wait_for(fast_answered_stalled_waiting, what="the fast email answered, the stalled one in flight")
+        w.stop()
+        assert scalar(conn, "SELECT state FROM effect_outbox WHERE effect_id = %s", (fast,)) == "completed"
+    finally:
+        s.stop()
