@@ -196,3 +196,33 @@ def test_a_statement_timeout_the_conninfo_sets_is_kept(conn, db, dispatchers):
         locker.close()
     assert not any("statement timeout" in (e.get("msg") or "") for e in w.events()), \
         "the server cancelled a statement: the worker replaced the conninfo's statement_timeout"
+
+
+def keepalive_timers(pid, pg_port):
+    """Seconds left on the keepalive timers of pid's TCP connections to
+    the database (ss -o shows them while a connection is idle)."""
+    import re
+    import subprocess
+    out = subprocess.run(["ss", "-tnpoH", "state", "established", "dport", f"= :{pg_port}"],
+                         capture_output=True, text=True, check=True).stdout
+    unit = {"ms": 0.001, "sec": 1, "min": 60}
+    return [float(m.group(1)) * unit[m.group(2)] for line in out.splitlines() if f"pid={pid}," in line
+            for m in [re.search(r"timer:\(keepalive,([0-9.]+)(ms|sec|min)", line)] if m]
+
+
+def test_a_service_file_gives_the_tcp_settings(db, dispatchers, tmp_path):
+    """A conninfo that names a service: libpq fills in the service file's
+    keys only where nothing set them, so the worker leaves its own
+    keepalive defaults (a third of lease_seconds: 10 s) out and the
+    file's keepalives_idle (300 s) is what the connections get."""
+    params = dict(kv.split("=", 1) for kv in worker_dsn(db).split())
+    params["host"] = "127.0.0.1"       # TCP: keepalives mean nothing on a Unix socket
+    svc = tmp_path / "pg_service.conf"
+    svc.write_text("[outbox]\n" + "".join(f"{k}={v}\n" for k, v in params.items()) +
+                   "keepalives=1\nkeepalives_idle=300\nkeepalives_interval=30\n")
+    w = dispatchers({"database": {"conninfo": "service=outbox"}},
+                    env={"PGSERVICEFILE": str(svc)})
+    wait_for(lambda: serving(w), what="serving")
+    timers = wait_for(lambda: (lambda t: t if len(t) == 2 else None)(
+        keepalive_timers(w.proc.pid, params["port"])), what="both connections' keepalive timers")
+    assert min(timers) > 60, f"keepalive timers {timers}: the worker's defaults, not the service's"
