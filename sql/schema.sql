@@ -2860,7 +2860,9 @@ CREATE POLICY outbox_producer_own_effects ON public.effect_outbox FOR SELECT TO 
 -- Name: effect_outbox outbox_producer_own_inserts; Type: POLICY; Schema: public; Owner: -
 --
 
-CREATE POLICY outbox_producer_own_inserts ON public.effect_outbox FOR INSERT TO outbox_producer WITH CHECK ((public.outbox_lock_run_for_effect(idempotency_key) AND ((metadata IS NULL) OR (pg_column_size(metadata) <= public.outbox_metadata_max_bytes()) OR public.outbox_metadata_ok(metadata))));
+CREATE POLICY outbox_producer_own_inserts ON public.effect_outbox FOR INSERT TO outbox_producer WITH CHECK (((EXISTS ( SELECT 1
+   FROM public.workflow_runs w
+  WHERE ((w.idempotency_key = effect_outbox.idempotency_key) AND ((w.owner_role IS NULL) OR (w.owner_role = SESSION_USER))))) AND ((metadata IS NULL) OR (pg_column_size(metadata) <= public.outbox_metadata_max_bytes()) OR public.outbox_metadata_ok(metadata))));
 
 
 --

@@ -95,8 +95,9 @@ def test_producer_plain_insert_and_duplicates(conn, login_as):
     # Another target of the same run is another effect.
     query(p, ins, (key, "http", "https://hooks.example/b", "{}"))
     assert scalar(conn, "SELECT count(*) FROM effect_outbox") == 2
-    # The foreign key to workflow_runs stays: no effect without its run.
-    with pytest.raises(psycopg2.errors.ForeignKeyViolation):
+    # No effect without its run: a producer login is refused by the row
+    # policy (42501), before the foreign key would be.
+    with pytest.raises(psycopg2.errors.InsufficientPrivilege):
         query(p, ins, ("no-such-run", "http", "https://hooks.example/a", "{}"))
 
 
@@ -268,12 +269,14 @@ def test_two_producer_logins_cannot_read_or_act_on_each_others_runs(conn, login_
 
     # Enqueue into the other's processing run: neither path.
     # The answer is the one for a run that does not exist.
-    for sql in ("INSERT INTO effect_outbox (idempotency_key, effect_type, target, payload) "
-                "VALUES (%s, 'http', 'https://evil.example/', '{}')",
-                "SELECT * FROM outbox_enqueue(%s, 'http', 'https://evil.example/', '{}')"):
+    for sql, refused in (("INSERT INTO effect_outbox (idempotency_key, effect_type, target, payload) "
+                          "VALUES (%s, 'http', 'https://evil.example/', '{}')",
+                          psycopg2.errors.InsufficientPrivilege),
+                         ("SELECT * FROM outbox_enqueue(%s, 'http', 'https://evil.example/', '{}')",
+                          psycopg2.errors.ForeignKeyViolation)):
         errors = []
         for key in ("run-a", "no-such-run"):
-            with pytest.raises(psycopg2.errors.ForeignKeyViolation) as ei:
+            with pytest.raises(refused) as ei:
                 query(b, sql, (key,))
             errors.append(str(ei.value).replace(key, "K"))
         assert errors[0] == errors[1], errors
@@ -365,7 +368,7 @@ def test_another_login_cannot_slip_an_effect_into_a_run_claimed_meanwhile(conn, 
     assert claim(a, "K", str(uuid.uuid4())) == "claimed"
     assert t.is_alive(), "B's insert ended before A's claim: the race was not exercised"
     t.join(timeout=30)
-    assert isinstance(outcome["error"], psycopg2.errors.ForeignKeyViolation), outcome
+    assert isinstance(outcome["error"], psycopg2.errors.InsufficientPrivilege), outcome
     rows = query(a, "SELECT inserted, state FROM outbox_enqueue('K', 'http', 'https://x.example/', "
                     "'{\"from\": \"a\"}')")
     assert rows == [(True, "pending")]
