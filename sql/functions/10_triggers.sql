@@ -1,31 +1,24 @@
 -- SPDX-License-Identifier: ISC
--- Append-only, enforced for every role (the table owner included).
-CREATE OR REPLACE FUNCTION effect_attempts_append_only() RETURNS trigger
-LANGUAGE plpgsql AS $$
+-- functions/10_triggers.sql: what runs on every producer insert.
+
+-- A new effect's live row, and the wake-up of idle workers.  Statement
+-- level, from the rows the statement inserted: a bulk insert is one more
+-- INSERT and one NOTIFY, not a trigger call per row.  ON CONFLICT DO
+-- NOTHING rows that added nothing are not among them.
+CREATE OR REPLACE FUNCTION effect_body_queue() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 BEGIN
-    RAISE EXCEPTION 'effect_attempts is append-only: % refused', TG_OP
-        USING ERRCODE = 'insufficient_privilege';
-END $$;
-
-DROP TRIGGER IF EXISTS effect_attempts_append_only ON effect_attempts;
-
-CREATE TRIGGER effect_attempts_append_only
-    BEFORE UPDATE OR DELETE ON effect_attempts
-    FOR EACH ROW EXECUTE FUNCTION effect_attempts_append_only();
-
--- Wake idle workers at once.  Statement level: a bulk insert is one NOTIFY.
-CREATE OR REPLACE FUNCTION effect_outbox_notify() RETURNS trigger
-LANGUAGE plpgsql AS $$
-BEGIN
+    INSERT INTO effect_live (effect_id, effect_type, created_at, available_at)
+    SELECT n.effect_id, n.effect_type, n.created_at, n.available_at FROM new_effects n;
     PERFORM pg_notify('effect_outbox', '');
     RETURN NULL;
 END $$;
 
-DROP TRIGGER IF EXISTS effect_outbox_notify_ins ON effect_outbox;
-
-CREATE TRIGGER effect_outbox_notify_ins
-    AFTER INSERT ON effect_outbox
-    FOR EACH STATEMENT EXECUTE FUNCTION effect_outbox_notify();
+DROP TRIGGER IF EXISTS effect_body_queue ON effect_body;
+CREATE TRIGGER effect_body_queue
+    AFTER INSERT ON effect_body REFERENCING NEW TABLE AS new_effects
+    FOR EACH STATEMENT EXECUTE FUNCTION effect_body_queue();
+DROP FUNCTION IF EXISTS effect_outbox_notify();
 
 -- The approval gate (docs/design.md, "The approval gate").  A new effect is
 -- accepted only for a run that may still act:
@@ -61,7 +54,7 @@ BEGIN
        OR NEW.effect_type IS NULL THEN
         RETURN NEW;                     -- the foreign key or NOT NULL refuses the rest
     END IF;
-    IF EXISTS (SELECT 1 FROM effect_outbox o
+    IF EXISTS (SELECT 1 FROM effect_body o
                 WHERE o.idempotency_key = NEW.idempotency_key
                   AND o.effect_type = NEW.effect_type AND o.target = NEW.target) THEN
         RETURN NEW;                     -- a repeat: adds nothing
@@ -89,14 +82,13 @@ BEGIN
               HINT = 'enqueue before moving the run on, or send the effect down the approval path';
 END $$;
 
-DROP TRIGGER IF EXISTS effect_outbox_gate ON effect_outbox;
-CREATE TRIGGER effect_outbox_gate
-    BEFORE INSERT ON effect_outbox
+DROP TRIGGER IF EXISTS effect_body_gate ON effect_body;
+CREATE TRIGGER effect_body_gate
+    BEFORE INSERT ON effect_body
     FOR EACH ROW EXECUTE FUNCTION outbox_effect_gate();
 
 -- Nobody may call these but the roles named here.
 REVOKE EXECUTE ON FUNCTION
-    effect_attempts_append_only(),
-    effect_outbox_notify(),
+    effect_body_queue(),
     outbox_effect_gate()
     FROM PUBLIC;

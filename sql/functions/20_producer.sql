@@ -69,7 +69,7 @@ BEGIN
     RETURN true;
 END $$;
 
-DROP POLICY IF EXISTS outbox_producer_own_inserts ON effect_outbox;
+DROP POLICY IF EXISTS outbox_producer_own_inserts ON effect_body;
 -- The plain INSERT's check is inline (a PL/pgSQL call per row cost a
 -- bulk insert 2.6x): the run must be one the login sees, its own or a
 -- shared one (workflow_runs' policy in sql/104_producer_isolation.sql).
@@ -78,9 +78,9 @@ DROP POLICY IF EXISTS outbox_producer_own_inserts ON effect_outbox;
 -- login: that run is not in the snapshot, so the row is refused; and the
 -- foreign key locks the run it finds.  A missing run and another login's
 -- run give the same answer (42501, the policy's).
-CREATE POLICY outbox_producer_own_inserts ON effect_outbox FOR INSERT TO outbox_producer
+CREATE POLICY outbox_producer_own_inserts ON effect_body FOR INSERT TO outbox_producer
     WITH CHECK (EXISTS (SELECT 1 FROM workflow_runs w
-                         WHERE w.idempotency_key = effect_outbox.idempotency_key
+                         WHERE w.idempotency_key = effect_body.idempotency_key
                            AND (w.owner_role IS NULL OR w.owner_role = session_user))
                 AND (metadata IS NULL OR pg_column_size(metadata) <= outbox_metadata_max_bytes()
                      OR outbox_metadata_ok(metadata)));

@@ -1,0 +1,414 @@
+-- SPDX-License-Identifier: ISC
+-- 105_live_queue.sql: open effects in a narrow live queue, finished ones in
+-- an append-only history partitioned by time (docs/design.md, "Tables").
+--
+-- One wide row per effect that every transition rewrote (three versions
+-- per effect, none HOT, eight or nine index entries) becomes:
+--   effect_body     what the producer wrote, once: key, type, target,
+--                   payload, hashes, metadata.  Never updated.
+--   effect_live     the state of an effect still moving (pending, sending,
+--                   unknown): a narrow row that the claim rewrites in place
+--                   (HOT: no indexed column changes), deleted by the
+--                   statement that finishes the effect.
+--   effect_history  one row per provider call, reaper or reconciliation
+--                   verdict, and per state change without a call; the row
+--                   that finishes an effect carries its final state.
+--                   Append-only, partitioned by the effect's creation month,
+--                   so prune detaches and drops whole months.
+--   effect_calls    one row per claim or mark call: which rows it moved to
+--                   `sending` and until when, for the reaper and the kill
+--                   switch's in-flight list (the live rows carry no index a
+--                   state change would touch).
+-- effect_outbox stays the name producers insert into and everybody reads:
+-- a view over effect_body whose state columns come from the live row or
+-- the finishing history row.  A plain INSERT through it is PostgreSQL's
+-- own (an automatically updatable view), row-level security included.
+-- effect_attempts stays too: the history's provider-call rows.
+
+-- Move the old tables aside; their rows are copied below, then they go.
+DROP VIEW IF EXISTS outbox_weekly_stats;
+DROP TRIGGER IF EXISTS effect_outbox_gate ON effect_outbox;
+DROP TRIGGER IF EXISTS effect_outbox_notify_ins ON effect_outbox;
+DROP TRIGGER IF EXISTS effect_attempts_append_only ON effect_attempts;
+ALTER TABLE effect_outbox RENAME TO effect_outbox_old;
+ALTER TABLE effect_attempts RENAME TO effect_attempts_old;
+
+CREATE TABLE effect_body (
+    effect_id        uuid PRIMARY KEY DEFAULT gen_random_uuid(),
+    idempotency_key  text NOT NULL REFERENCES workflow_runs (idempotency_key),
+    effect_type      text NOT NULL,
+    target           text NOT NULL,
+    payload          jsonb NOT NULL,
+    created_at       timestamptz NOT NULL DEFAULT now(),
+    -- The key the provider sees: derived from the run's key, the type and
+    -- the target, so it is the same on every attempt and differs between
+    -- two effects of one run (docs/design.md, "Providers").
+    effect_key       text GENERATED ALWAYS AS (outbox_sha256_hex(
+                        idempotency_key || E'\n' || effect_type || E'\n' || target)) STORED,
+    payload_hash     text GENERATED ALWAYS AS (outbox_sha256_hex(payload::text)) STORED,
+    metadata         jsonb,
+    approved_by      text,
+    -- When the effect is first due (outbox_enqueue's delay); the live row
+    -- carries the due time from then on.
+    available_at     timestamptz NOT NULL DEFAULT now(),
+    replaces_effect  uuid REFERENCES effect_body (effect_id),
+    UNIQUE (idempotency_key, effect_type, target)
+);
+
+-- Replacements are found by the original they name (prune's "is it still
+-- referenced" test and the foreign key check).
+CREATE INDEX effect_body_replaces_idx ON effect_body (replaces_effect)
+    WHERE replaces_effect IS NOT NULL;
+
+-- This week's figures and prune read by creation time: rows are written in
+-- time order and never updated, so a block range covers a narrow span.
+CREATE INDEX effect_body_created_brin ON effect_body USING brin (created_at)
+    WITH (pages_per_range = 32, autosummarize = on);
+
+CREATE TABLE effect_live (
+    effect_id        uuid PRIMARY KEY,
+    effect_type      text NOT NULL,
+    -- The effect's creation time: the history partition its rows go to.
+    created_at       timestamptz NOT NULL,
+    state            text NOT NULL DEFAULT 'pending'
+                     CHECK (state IN ('pending', 'sending', 'unknown')),
+    -- When the effect is due.  An `unknown` effect is never due: 'infinity'
+    -- keeps it out of the claim's range, and the reconciliation pass finds
+    -- those rows at the end of the same index.
+    available_at     timestamptz NOT NULL,
+    attempts         integer NOT NULL DEFAULT 0 CHECK (attempts >= 0),
+    -- attempts already spent when an operator last gave the effect a fresh
+    -- retry budget (requeue, resolve --not-sent): max_attempts counts from
+    -- here, while attempt numbers in the log keep increasing.
+    retry_base       integer NOT NULL DEFAULT 0 CHECK (retry_base >= 0),
+    lease_owner      uuid,
+    lease_worker     text,
+    leased_at        timestamptz,
+    lease_expires_at timestamptz,
+    sending_since    timestamptz,
+    -- The claim or mark call that moved the row to `sending` (its
+    -- effect_calls row): only that same call, repeated after a lost
+    -- connection, gets it back.
+    mark_token       uuid,
+    -- Whether the send in progress went to a provider that honours
+    -- idempotency keys: decides pending vs unknown when its lease expires.
+    sending_idempotent boolean NOT NULL DEFAULT false,
+    provider_id      text,
+    last_error_class text,
+    last_error       text,
+    last_status      integer,
+    last_reconciled_at timestamptz,
+    updated_at       timestamptz NOT NULL DEFAULT now()
+)
+-- Room on every page for the claimed version of each row on it: a HOT
+-- update needs free space on the row's own page.
+WITH (fillfactor = 50);
+
+-- The one index besides the key.  The claim reads due rows in
+-- (available_at, effect_id) order and changes neither column, so its
+-- update stays on the page (HOT) and writes no index entry; `state` is in
+-- no index for the same reason.
+CREATE INDEX effect_live_due_idx ON effect_live (available_at, effect_id);
+
+CREATE SEQUENCE effect_history_id_seq AS bigint;
+
+CREATE TABLE effect_history (
+    history_id       bigint NOT NULL DEFAULT nextval('effect_history_id_seq'),
+    effect_id        uuid NOT NULL,
+    -- The effect's creation time (effect_body.created_at): the partition key.
+    created_at       timestamptz NOT NULL,
+    attempt          integer NOT NULL,
+    lease_owner      uuid,
+    worker           text,
+    started_at       timestamptz NOT NULL,
+    ended_at         timestamptz NOT NULL DEFAULT now(),
+    -- NULL: a state change without a provider call (an invalid row, a
+    -- cancel, an operator's verdict); effect_attempts leaves those out.
+    outcome_class    text CHECK (outcome_class IN (
+                        'accepted', 'not_sent', 'retry', 'terminal', 'ambiguous',
+                        'lease_lost', 'reconciled_sent', 'reconciled_not_sent',
+                        'reconcile_unknown', 'operator_sent', 'operator_not_sent')),
+    provider_status  integer,
+    provider_id      text,
+    error_text       text,
+    -- Whether the worker still held the lease when it recorded this.
+    cas_applied      boolean NOT NULL DEFAULT true,
+    metadata         jsonb,
+    -- How an attempt row resolved an `unknown` effect (NULL: it did not).
+    resolution       text,
+    -- The state this row finished the effect in ('completed', 'failed'),
+    -- with the effect's last error and provider id at that moment; NULL
+    -- on every row that did not take the effect out of the live queue.
+    state            text CHECK (state IN ('completed', 'failed')),
+    last_error_class text,
+    last_error       text,
+    last_provider_id text,
+    retry_base       integer
+) PARTITION BY RANGE (created_at);
+
+-- One row per provider call of one lease owner (a completion batch sent
+-- again after a lost connection is recorded once), and the lookup of an
+-- effect's rows.  The partition key is part of it, as PostgreSQL requires:
+-- an effect's rows all live in one partition, so the uniqueness is the same.
+CREATE UNIQUE INDEX effect_history_call_uq ON effect_history
+    (effect_id, attempt, lease_owner, (CASE WHEN worker NOT LIKE 'reaper:%' THEN true END),
+     created_at);
+
+-- The weekly figures read recent rows by end time.
+CREATE INDEX effect_history_ended_brin ON effect_history USING brin (ended_at)
+    WITH (pages_per_range = 32);
+
+-- Rows whose month has no partition (none should: the workers keep months
+-- ahead) land here instead of failing the completion.
+CREATE TABLE effect_history_default PARTITION OF effect_history DEFAULT;
+
+-- The partition of each month from p_from to p_to, made when missing.
+-- Run by migrations and the workers' housekeeping; safe to run anywhere.
+CREATE OR REPLACE FUNCTION outbox_history_partitions(p_from timestamptz, p_to timestamptz)
+RETURNS integer
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
+DECLARE
+    m timestamptz := date_trunc('month', p_from AT TIME ZONE 'UTC') AT TIME ZONE 'UTC';
+    made integer := 0;
+    name text;
+BEGIN
+    WHILE m < p_to LOOP
+        name := 'effect_history_' || to_char(m AT TIME ZONE 'UTC', 'YYYYMM');
+        IF to_regclass(name) IS NULL
+           AND NOT EXISTS (SELECT 1 FROM effect_history_default d
+                            WHERE d.created_at >= m AND d.created_at < m + interval '1 month') THEN
+            EXECUTE format('CREATE TABLE %I PARTITION OF effect_history FOR VALUES FROM (%L) TO (%L)',
+                           name, m, m + interval '1 month');
+            made := made + 1;
+        END IF;
+        m := m + interval '1 month';
+    END LOOP;
+    RETURN made;
+END $$;
+REVOKE EXECUTE ON FUNCTION outbox_history_partitions(timestamptz, timestamptz) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION outbox_history_partitions(timestamptz, timestamptz)
+    TO outbox_dispatcher, outbox_operator;
+
+SELECT outbox_history_partitions(
+    least(coalesce((SELECT min(created_at) FROM effect_outbox_old), now()), now()),
+    now() + interval '3 months');
+
+-- One row per claim or mark call while any of its rows may be `sending`.
+CREATE TABLE effect_calls (
+    call             uuid PRIMARY KEY,
+    lease_owner      uuid NOT NULL,
+    worker           text,
+    ids              uuid[] NOT NULL,
+    -- No row of the call is past its lease before this (renewals move
+    -- rows' leases on; the reaper moves this on when it finds them so).
+    deadline         timestamptz NOT NULL,
+    created_at       timestamptz NOT NULL DEFAULT now()
+);
+CREATE INDEX effect_calls_deadline_idx ON effect_calls (deadline);
+
+-- The rows of today, moved.
+INSERT INTO effect_body (effect_id, idempotency_key, effect_type, target, payload, created_at,
+                         metadata, approved_by, available_at, replaces_effect)
+SELECT effect_id, idempotency_key, effect_type, target, payload, created_at,
+       metadata, approved_by, available_at, NULL
+  FROM effect_outbox_old;
+UPDATE effect_body b SET replaces_effect = o.replaces_effect
+  FROM effect_outbox_old o
+ WHERE o.effect_id = b.effect_id AND o.replaces_effect IS NOT NULL;
+
+-- A `sending` row without a call token (set by hand) gets one of its own.
+UPDATE effect_outbox_old SET mark_token = gen_random_uuid()
+ WHERE state = 'sending' AND mark_token IS NULL;
+
+INSERT INTO effect_live (effect_id, effect_type, created_at, state, available_at, attempts,
+                         retry_base, lease_owner, lease_worker, leased_at, lease_expires_at,
+                         sending_since, mark_token, sending_idempotent, provider_id,
+                         last_error_class, last_error, last_status, last_reconciled_at,
+                         updated_at)
+SELECT effect_id, effect_type, created_at, state,
+       CASE WHEN state = 'unknown' THEN 'infinity' ELSE available_at END, attempts,
+       retry_base, lease_owner, lease_worker, leased_at, lease_expires_at,
+       sending_since, mark_token, sending_idempotent, provider_id,
+       last_error_class, last_error, last_status, last_reconciled_at, updated_at
+  FROM effect_outbox_old
+ WHERE state IN ('pending', 'sending', 'unknown');
+
+INSERT INTO effect_calls (call, lease_owner, worker, ids, deadline)
+SELECT mark_token, min(lease_owner::text)::uuid, min(lease_worker), array_agg(effect_id),
+       coalesce(min(lease_expires_at), now())
+  FROM effect_outbox_old
+ WHERE state = 'sending'
+ GROUP BY mark_token;
+
+INSERT INTO effect_history (history_id, effect_id, created_at, attempt, lease_owner, worker,
+                            started_at, ended_at, outcome_class, provider_status, provider_id,
+                            error_text, cas_applied, metadata, resolution)
+SELECT a.attempt_id, a.effect_id, coalesce(o.created_at, a.started_at), a.attempt,
+       a.lease_owner, a.worker, a.started_at, a.ended_at, a.outcome_class, a.provider_status,
+       a.provider_id, a.error_text, a.cas_applied, a.metadata, a.resolution
+  FROM effect_attempts_old a LEFT JOIN effect_outbox_old o USING (effect_id);
+SELECT setval('effect_history_id_seq',
+              greatest(coalesce((SELECT max(attempt_id) FROM effect_attempts_old), 0), 1));
+
+-- A finished effect's final state: one row without a call.
+INSERT INTO effect_history (effect_id, created_at, attempt, worker, started_at, ended_at,
+                            state, last_error_class, last_error, last_provider_id,
+                            provider_status, retry_base)
+SELECT effect_id, created_at, attempts, 'migration', coalesce(completed_at, updated_at),
+       coalesce(completed_at, updated_at), state, last_error_class, last_error, provider_id,
+       last_status, retry_base
+  FROM effect_outbox_old
+ WHERE state IN ('completed', 'failed');
+
+-- Policies and grants of the old tables go with them.
+DROP TABLE effect_attempts_old;
+DROP TABLE effect_outbox_old;
+
+-- Append-only, enforced for every role (the table owner included).
+-- Dropping a partition is not a DELETE: prune stays possible.
+CREATE OR REPLACE FUNCTION effect_history_append_only() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    RAISE EXCEPTION 'effect_history is append-only: % refused', TG_OP
+        USING ERRCODE = 'insufficient_privilege';
+END $$;
+REVOKE EXECUTE ON FUNCTION effect_history_append_only() FROM PUBLIC;
+CREATE TRIGGER effect_history_append_only
+    BEFORE UPDATE OR DELETE ON effect_history
+    FOR EACH ROW EXECUTE FUNCTION effect_history_append_only();
+DROP FUNCTION IF EXISTS effect_attempts_append_only();
+
+-- The effect as one row, as before: what the producer wrote, and the state
+-- from the live row while the effect moves, else from the row that
+-- finished it.  security_invoker: every reader's own rights and
+-- row-level security apply to the tables underneath.
+CREATE VIEW effect_outbox WITH (security_invoker = true) AS
+SELECT b.effect_id, b.idempotency_key, b.effect_type, b.target, b.payload,
+       coalesce((SELECT l.state FROM effect_live l WHERE l.effect_id = b.effect_id),
+                (SELECT h.state FROM effect_history h
+                  WHERE h.effect_id = b.effect_id AND h.created_at = b.created_at
+                    AND h.state IS NOT NULL
+                  ORDER BY h.history_id DESC LIMIT 1)) AS state,
+       (SELECT l.lease_owner FROM effect_live l WHERE l.effect_id = b.effect_id) AS lease_owner,
+       (SELECT l.lease_expires_at FROM effect_live l
+         WHERE l.effect_id = b.effect_id) AS lease_expires_at,
+       CASE WHEN EXISTS (SELECT 1 FROM effect_live l WHERE l.effect_id = b.effect_id)
+            THEN (SELECT l.provider_id FROM effect_live l WHERE l.effect_id = b.effect_id)
+            ELSE (SELECT h.last_provider_id FROM effect_history h
+                   WHERE h.effect_id = b.effect_id AND h.created_at = b.created_at
+                     AND h.state IS NOT NULL
+                   ORDER BY h.history_id DESC LIMIT 1) END AS provider_id,
+       b.created_at, b.effect_key, b.payload_hash, b.metadata, b.approved_by,
+       coalesce((SELECT l.attempts FROM effect_live l WHERE l.effect_id = b.effect_id),
+                (SELECT h.attempt FROM effect_history h
+                  WHERE h.effect_id = b.effect_id AND h.created_at = b.created_at
+                    AND h.state IS NOT NULL
+                  ORDER BY h.history_id DESC LIMIT 1), 0) AS attempts,
+       coalesce((SELECT l.retry_base FROM effect_live l WHERE l.effect_id = b.effect_id),
+                (SELECT h.retry_base FROM effect_history h
+                  WHERE h.effect_id = b.effect_id AND h.created_at = b.created_at
+                    AND h.state IS NOT NULL
+                  ORDER BY h.history_id DESC LIMIT 1), 0) AS retry_base,
+       coalesce((SELECT l.available_at FROM effect_live l WHERE l.effect_id = b.effect_id),
+                b.available_at) AS available_at,
+       (SELECT l.lease_worker FROM effect_live l WHERE l.effect_id = b.effect_id) AS lease_worker,
+       (SELECT l.leased_at FROM effect_live l WHERE l.effect_id = b.effect_id) AS leased_at,
+       (SELECT l.sending_since FROM effect_live l
+         WHERE l.effect_id = b.effect_id) AS sending_since,
+       (SELECT l.mark_token FROM effect_live l WHERE l.effect_id = b.effect_id) AS mark_token,
+       coalesce((SELECT l.sending_idempotent FROM effect_live l
+                  WHERE l.effect_id = b.effect_id), false) AS sending_idempotent,
+       CASE WHEN EXISTS (SELECT 1 FROM effect_live l WHERE l.effect_id = b.effect_id)
+            THEN (SELECT l.last_error_class FROM effect_live l WHERE l.effect_id = b.effect_id)
+            ELSE (SELECT h.last_error_class FROM effect_history h
+                   WHERE h.effect_id = b.effect_id AND h.created_at = b.created_at
+                     AND h.state IS NOT NULL
+                   ORDER BY h.history_id DESC LIMIT 1) END AS last_error_class,
+       CASE WHEN EXISTS (SELECT 1 FROM effect_live l WHERE l.effect_id = b.effect_id)
+            THEN (SELECT l.last_error FROM effect_live l WHERE l.effect_id = b.effect_id)
+            ELSE (SELECT h.last_error FROM effect_history h
+                   WHERE h.effect_id = b.effect_id AND h.created_at = b.created_at
+                     AND h.state IS NOT NULL
+                   ORDER BY h.history_id DESC LIMIT 1) END AS last_error,
+       CASE WHEN EXISTS (SELECT 1 FROM effect_live l WHERE l.effect_id = b.effect_id)
+            THEN (SELECT l.last_status FROM effect_live l WHERE l.effect_id = b.effect_id)
+            ELSE (SELECT h.provider_status FROM effect_history h
+                   WHERE h.effect_id = b.effect_id AND h.created_at = b.created_at
+                     AND h.state IS NOT NULL
+                   ORDER BY h.history_id DESC LIMIT 1) END AS last_status,
+       CASE WHEN NOT EXISTS (SELECT 1 FROM effect_live l WHERE l.effect_id = b.effect_id)
+            THEN (SELECT h.ended_at FROM effect_history h
+                   WHERE h.effect_id = b.effect_id AND h.created_at = b.created_at
+                     AND h.state IS NOT NULL
+                   ORDER BY h.history_id DESC LIMIT 1) END AS completed_at,
+       coalesce((SELECT l.updated_at FROM effect_live l WHERE l.effect_id = b.effect_id),
+                (SELECT h.ended_at FROM effect_history h
+                  WHERE h.effect_id = b.effect_id AND h.created_at = b.created_at
+                    AND h.state IS NOT NULL
+                  ORDER BY h.history_id DESC LIMIT 1), b.created_at) AS updated_at,
+       b.replaces_effect,
+       (SELECT l.last_reconciled_at FROM effect_live l
+         WHERE l.effect_id = b.effect_id) AS last_reconciled_at,
+       (SELECT l.lease_expires_at FROM effect_live l
+         WHERE l.effect_id = b.effect_id AND l.state = 'sending') AS send_deadline
+  FROM effect_body b;
+
+-- The provider calls and verdicts, as before: the history without its
+-- rows of state changes made without a call.
+CREATE VIEW effect_attempts WITH (security_invoker = true) AS
+SELECT h.history_id AS attempt_id, h.effect_id, h.attempt, h.lease_owner, h.worker,
+       h.started_at, h.ended_at, h.outcome_class, h.provider_status, h.provider_id,
+       h.error_text, h.cas_applied, h.metadata, h.resolution
+  FROM effect_history h
+ WHERE h.outcome_class IS NOT NULL;
+
+-- Row-level security: a producer login sees the effects of its own runs
+-- (or of runs without an owner) only, in every table an effect lives in
+-- (sql/104_producer_isolation.sql).  Workers and operators see every row.
+ALTER TABLE effect_body ENABLE ROW LEVEL SECURITY;
+ALTER TABLE effect_live ENABLE ROW LEVEL SECURITY;
+ALTER TABLE effect_history ENABLE ROW LEVEL SECURITY;
+
+CREATE POLICY outbox_producer_own_effects ON effect_body FOR SELECT TO outbox_producer
+    USING (EXISTS (SELECT 1 FROM workflow_runs w
+                    WHERE w.idempotency_key = effect_body.idempotency_key
+                      AND (w.owner_role IS NULL OR w.owner_role = session_user)));
+CREATE POLICY outbox_producer_own_live ON effect_live FOR SELECT TO outbox_producer
+    USING (EXISTS (SELECT 1 FROM effect_body b JOIN workflow_runs w USING (idempotency_key)
+                    WHERE b.effect_id = effect_live.effect_id
+                      AND (w.owner_role IS NULL OR w.owner_role = session_user)));
+CREATE POLICY outbox_producer_own_history ON effect_history FOR SELECT TO outbox_producer
+    USING (EXISTS (SELECT 1 FROM effect_body b JOIN workflow_runs w USING (idempotency_key)
+                    WHERE b.effect_id = effect_history.effect_id
+                      AND (w.owner_role IS NULL OR w.owner_role = session_user)));
+CREATE POLICY outbox_staff_all_effects ON effect_body TO outbox_dispatcher, outbox_operator
+    USING (true) WITH CHECK (true);
+CREATE POLICY outbox_staff_all_live ON effect_live TO outbox_dispatcher, outbox_operator
+    USING (true) WITH CHECK (true);
+CREATE POLICY outbox_staff_all_history ON effect_history TO outbox_dispatcher, outbox_operator
+    USING (true) WITH CHECK (true);
+-- The producer's INSERT policy (outbox_producer_own_inserts) is made with
+-- its function in sql/functions/20_producer.sql.
+
+-- Grants: as before, on the view; the invoker's rights reach the tables,
+-- so each role reads them as it read the one table.  No role but the
+-- owner writes them directly (the functions do, as the owner).
+DO $$
+DECLARE
+    cols text;
+BEGIN
+    SELECT string_agg(quote_ident(column_name), ', ' ORDER BY ordinal_position) INTO cols
+      FROM information_schema.columns
+     WHERE table_schema = 'public' AND table_name = 'effect_outbox' AND column_name <> 'lease_owner';
+    EXECUTE format('GRANT SELECT (%s) ON effect_outbox TO outbox_producer, outbox_dispatcher', cols);
+    SELECT string_agg(quote_ident(column_name), ', ' ORDER BY ordinal_position) INTO cols
+      FROM information_schema.columns
+     WHERE table_schema = 'public' AND table_name = 'effect_live' AND column_name <> 'lease_owner';
+    EXECUTE format('GRANT SELECT (%s) ON effect_live TO outbox_producer, outbox_dispatcher', cols);
+END $$;
+GRANT SELECT ON effect_body, effect_history TO outbox_producer, outbox_dispatcher;
+GRANT INSERT (idempotency_key, effect_type, target, payload, metadata)
+    ON effect_outbox, effect_body TO outbox_producer;
+GRANT SELECT ON effect_outbox, effect_attempts, effect_body, effect_live, effect_history,
+                effect_calls
+    TO outbox_operator;
