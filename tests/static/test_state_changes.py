@@ -149,15 +149,27 @@ def states_of(expr, body):
     ref = re.fullmatch(r"\s*(?:\w+\.)?(\w+)\s*", expr)
     if ref is None or ref.group(1).lower() == "state":
         raise ValueError(f"cannot tell which states `{expr.strip()}` is")
-    name = re.escape(ref.group(1))
-    states = set()
-    for lst in re.findall(rf"\b{name}\s+IN\s*\(([^)]*)\)", body, re.I):
-        states |= set(re.findall(r"'(\w+)'", lst))
-    states |= set(re.findall(rf"\b{name}\s*=\s*'(\w+)'", body, re.I))
-    states &= set(EFFECT_STATES)
+    states = compared_states(ref.group(1), body, set())
     if not states:
         raise ValueError(f"cannot tell which states `{expr.strip()}` is: the function compares "
                          f"{ref.group(1)} with no effect state")
+    return states
+
+
+def compared_states(name, body, seen):
+    """The effect states the body compares `name` with, or those of the
+    names it is an alias of (`g.next_state AS final_state`)."""
+    seen.add(name.lower())
+    n = re.escape(name)
+    states = set()
+    for lst in re.findall(rf"\b{n}\s+IN\s*\(([^)]*)\)", body, re.I):
+        states |= set(re.findall(r"'(\w+)'", lst))
+    states |= set(re.findall(rf"\b{n}\s*=\s*'(\w+)'", body, re.I))
+    states &= set(EFFECT_STATES)
+    if not states:
+        for source in re.findall(rf"(?:\w+\.)?(\w+)\s+AS\s+{n}\b", body, re.I):
+            if source.lower() not in seen and source.lower() != "state":
+                states |= compared_states(source, body, seen)
     return states
 
 
