@@ -77,22 +77,26 @@ def test_kill_switch_off_releases_leases_without_spending_attempts(conn, dispatc
 
 def test_kill_switch_lists_every_row_in_flight_from_indexes(conn):
     """outbox_kill_switch_set lists the effects in flight while it holds
-    the kill-switch lock that every outbox_mark_sending waits for.  Since
-    sql/100_baseline.sql the list reads two partial indexes (rows in
-    flight with a deadline, and the ones someone set to `sending` by hand
-    without one), not the whole table, and still lists both kinds.
-    (`outboxctl status` counts the same two ways: its count is checked in
-    test_outboxctl.py, with a row of each kind.)"""
+    the kill-switch lock that every outbox_mark_sending waits for.  The
+    list reads the call rows (effect_calls: every claim or mark that moved
+    rows to `sending`, a mark without a call token included, which gets a
+    token of its own) and the live rows by key, not the whole queue, and
+    lists the rows of every kind of call.  (`outboxctl status` counts the
+    same way: its count is checked in test_outboxctl.py.)"""
     kill_switch(conn, True)
     owner = str(uuid.uuid4())
-    ids = finished_rows_and_some_in_flight(conn, owner, pending=4, in_flight=3)
-    by_hand = query(conn, "UPDATE effect_outbox SET state = 'sending' WHERE state = 'pending' "
-                          "RETURNING effect_id::text")[0][0]
-    query(conn, "ANALYZE effect_outbox")
+    ids = finished_rows_and_some_in_flight(conn, owner, pending=5, in_flight=3)
+    (untokened,), = query(conn, "SELECT effect_id::text FROM outbox_lease(%s, 'w', 1, 30, "
+                                "'{http}', true)", (owner,))
+    assert query(conn, "SELECT effect_id::text FROM outbox_mark_sending(%s, %s::uuid[], true, "
+                       "'{}', 30)", (owner, [untokened])) == [(untokened,)]
+    (claimed,), = query(conn, "SELECT effect_id::text FROM outbox_claim(%s, 'w', 1, 30, '{http}', "
+                              "true, '{}', %s)", (owner, str(uuid.uuid4())))
+    query(conn, "ANALYZE effect_live, effect_body, effect_calls")
     plans = plans_of(conn, "SELECT effect_id::text FROM outbox_kill_switch_set(true, 'op', 'test')", None)
-    assert "effect_outbox_sending_idx" in plans, plans
-    assert "effect_outbox_sending_nodeadline_idx" in plans, plans
-    assert "Seq Scan on effect_outbox" not in plans, plans
+    assert "effect_live_pkey" in plans, plans
+    assert "Seq Scan on effect_live" not in plans, plans
+    assert "Seq Scan on effect_body" not in plans, plans
     listed = {r[0] for r in query(conn, "SELECT effect_id::text FROM "
                                         "outbox_kill_switch_set(true, 'op', 'test')")}
-    assert listed == set(ids) | {by_hand}
+    assert listed == set(ids) | {untokened, claimed}

@@ -25,21 +25,22 @@ def test_renew_and_complete_on_overlapping_batches_never_deadlock(db, conn):
     query(conn, "INSERT INTO effect_outbox (idempotency_key, effect_type, target, payload) "
                 "SELECT %s, 'http', 'https://x.example/' || g, '{}' FROM generate_series(1, 3000) g",
           (key,))
-    query(conn, "ANALYZE effect_outbox")
+    query(conn, "ANALYZE effect_live")
     renewer, completer = connect(db), connect(db)
     dl_before = scalar(conn, "SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()")
     errors = []
     owner = str(uuid.uuid4())
     try:
         for _ in range(ROUNDS):
-            ids = [r[0] for r in query(conn, "SELECT effect_id::text FROM effect_outbox "
+            ids = [r[0] for r in query(conn, "SELECT effect_id::text FROM effect_live "
                                              "WHERE state = 'pending' ORDER BY random() LIMIT %s",
                                        (BATCH,))]
-            query(conn, "UPDATE effect_outbox SET state = 'sending', attempts = attempts + 1, "
+            # Claimed by owner (as outbox_claim leaves them, in random order).
+            query(conn, "UPDATE effect_live SET state = 'sending', attempts = attempts + 1, "
                         "lease_owner = %s, lease_expires_at = now() + interval '1 minute', "
-                        "leased_at = now(), sending_since = now() WHERE effect_id = ANY (%s::uuid[])",
-                  (owner, ids))
-            att = dict(query(conn, "SELECT effect_id::text, attempts FROM effect_outbox "
+                        "leased_at = now(), sending_since = now(), mark_token = gen_random_uuid() "
+                        "WHERE effect_id = ANY (%s::uuid[])", (owner, ids))
+            att = dict(query(conn, "SELECT effect_id::text, attempts FROM effect_live "
                                    "WHERE effect_id = ANY (%s::uuid[])", (ids,)))
             results = [{"effect_id": i, "attempt": att[i], "outcome": "retry", "next_state": "pending",
                         "retry_delay_ms": 0} for i in sorted(ids, reverse=True)]
@@ -65,7 +66,7 @@ def test_renew_and_complete_on_overlapping_batches_never_deadlock(db, conn):
         completer.close()
     assert [e for e in errors if isinstance(e, psycopg2.errors.DeadlockDetected)] == []
     assert errors == []
-    assert scalar(conn, "SELECT count(*) FROM effect_outbox WHERE state = 'sending'") == 0
+    assert scalar(conn, "SELECT count(*) FROM effect_live WHERE state = 'sending'") == 0
     query(conn, "SELECT pg_stat_clear_snapshot()")
     assert scalar(conn, "SELECT deadlocks FROM pg_stat_database "
                         "WHERE datname = current_database()") == dl_before

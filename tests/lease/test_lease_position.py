@@ -48,9 +48,9 @@ def test_a_recent_position_still_finds_rows_that_committed_just_behind_it(conn):
     kill_switch(conn, True)
     behind, ahead = sorted(add_due(conn, 2))
     query(conn, "BEGIN")
-    query(conn, "UPDATE effect_outbox SET available_at = now() - interval '10 milliseconds' "
+    query(conn, "UPDATE effect_live SET available_at = now() - interval '10 milliseconds' "
                 "WHERE effect_id = %s", (behind,))
-    query(conn, "UPDATE effect_outbox SET available_at = now() - interval '5 milliseconds' "
+    query(conn, "UPDATE effect_live SET available_at = now() - interval '5 milliseconds' "
                 "WHERE effect_id = %s", (ahead,))
     rows = query(conn, "SELECT effect_id::text FROM outbox_lease(%s, 'w', 10, 30, '{http}', true, "
                        "now() - interval '5 milliseconds', %s)", (str(uuid.uuid4()), ahead))
@@ -86,7 +86,7 @@ def deliver_first_then_late(conn, sink, before_late=lambda: None):
              what="the first effect")
     before_late()
     key = make_run(conn)
-    late = scalar(conn, "INSERT INTO effect_outbox (idempotency_key, effect_type, target, payload, "
+    late = scalar(conn, "INSERT INTO effect_body (idempotency_key, effect_type, target, payload, "
                         "available_at) VALUES (%s, 'http', %s, '{}', now() - interval '1 hour') "
                         "RETURNING effect_id", (key, sink.url + "/ok"))
     wait_for(lambda: effect(conn, late)["state"] == "completed", timeout=20,
@@ -158,7 +158,7 @@ def test_an_expired_pending_lease_is_leased_again_and_neither_sweep_nor_reaper_t
     kill_switch(conn, True)
     query(conn, "UPDATE outbox_sweeps SET last_run = '-infinity'")
     [eid] = add_due(conn, 1)
-    query(conn, "UPDATE effect_outbox SET lease_owner = gen_random_uuid(), lease_worker = 'gone', "
+    query(conn, "UPDATE effect_live SET lease_owner = gen_random_uuid(), lease_worker = 'gone', "
                 "lease_expires_at = now() - interval '1 second' WHERE effect_id = %s", (eid,))
     assert query(conn, "SELECT * FROM outbox_reap('w', 500)") == []
     assert query(conn, "SELECT * FROM outbox_sweep('w', 60, 0)") == []

@@ -374,9 +374,35 @@ def add_due(conn, n, at="now() - interval '1 minute'"):
         conn, "INSERT INTO effect_outbox (idempotency_key, effect_type, target, payload) "
               "SELECT %s, 'http', 'http://127.0.0.1:9/' || g, '{}' FROM generate_series(1, %s) g "
               "RETURNING effect_id", (key, n))]
-    query(conn, f"UPDATE effect_outbox SET available_at = {at} WHERE effect_id = ANY(%s::uuid[])",
+    query(conn, f"UPDATE effect_live SET available_at = {at} WHERE effect_id = ANY(%s::uuid[])",
           (ids,))
     return ids
+
+
+def expire_sending(conn, ids, ago="1 second"):
+    """`sending` effects whose lease ran out `ago` (their worker died
+    mid-send), as time would make them: the live rows' leases and the
+    deadlines of the calls that moved them."""
+    query(conn, "UPDATE effect_live SET lease_expires_at = now() - %s::interval "
+                "WHERE effect_id = ANY (%s::uuid[]) AND state = 'sending'", (ago, list(ids)))
+    query(conn, "UPDATE effect_calls SET deadline = now() - %s::interval "
+                "WHERE ids && %s::uuid[]", (ago, list(ids)))
+
+
+def finish_as(conn, ids, state, error_class=None, error=None, provider_id=None):
+    """Open effects finished in `state` (completed or failed) the way a
+    test arranges it, as the table owner: the live rows deleted and, in the
+    same statement, their finishing history rows (docs/design.md, "State
+    changes")."""
+    query(conn, "WITH gone AS (DELETE FROM effect_live WHERE effect_id = ANY (%s::uuid[]) "
+                "RETURNING *) "
+                "INSERT INTO effect_history (effect_id, created_at, attempt, worker, started_at, "
+                "state, last_error_class, last_error, last_provider_id, provider_status, "
+                "retry_base) "
+                "SELECT effect_id, created_at, attempts, 'test', now(), %s, "
+                "coalesce(%s, last_error_class), coalesce(%s, last_error), "
+                "coalesce(%s, provider_id), last_status, retry_base FROM gone",
+          (list(ids), state, error_class, error, provider_id))
 
 
 # -- query plans -----------------------------------------------------------
@@ -395,13 +421,16 @@ def plans_of(conn, sql, args):
 
 
 def finished_rows_and_some_in_flight(conn, owner, pending, in_flight):
-    """A table of some size: 20,000 completed rows, `pending` new ones of
+    """A queue of some size: 20,000 completed effects, `pending` new ones of
     which `in_flight` are leased by owner and moved to `sending`.  Returns
     the ids in flight."""
     key = make_run(conn)
-    query(conn, "INSERT INTO effect_outbox (idempotency_key, effect_type, target, payload, state, "
-                "completed_at) SELECT %s, 'http', 'http://127.0.0.1:9/done' || g, '{}', 'completed', "
-                "now() FROM generate_series(1, 20000) g", (key,))
+    done = [r[0] for r in query(conn, "INSERT INTO effect_outbox (idempotency_key, effect_type, "
+                                      "target, payload) SELECT %s, 'http', "
+                                      "'http://127.0.0.1:9/done' || g, '{}' "
+                                      "FROM generate_series(1, 20000) g RETURNING effect_id::text",
+                                (key,))]
+    finish_as(conn, done, "completed")
     query(conn, "INSERT INTO effect_outbox (idempotency_key, effect_type, target, payload) "
                 "SELECT %s, 'http', 'http://127.0.0.1:9/' || g, '{}' FROM generate_series(1, %s) g",
           (key, pending))

@@ -13,7 +13,7 @@ import uuid
 import psycopg2
 import pytest
 
-from outbox_test import connect, make_run, query, scalar
+from outbox_test import connect, kill_switch, make_run, query, scalar
 
 CLAIM = "SELECT status, idempotency_key, state, lease_owner, version, result " \
         "FROM outbox_claim_run(%s, %s, %s, %s)"
@@ -277,11 +277,30 @@ def test_cancel_pending_effect(conn):
     assert scalar(conn, "SELECT outbox_cancel(%s)", (eid,)) is False
 
 
+def claim_one(conn, owner):
+    """The next due http effect claimed by owner (moved to `sending`)."""
+    kill_switch(conn, True)
+    return query(conn, "SELECT effect_id, attempts + 1 FROM outbox_claim(%s, 'w', 1, 30, '{http}', "
+                       "true, '{}', %s)", (owner, str(uuid.uuid4())))[0]
+
+
+def drive_to(conn, state):
+    """The one effect enqueued moved to `state` by the workers' own functions."""
+    owner = str(uuid.uuid4())
+    eid, attempt = claim_one(conn, owner)
+    if state != "sending":
+        outcome = {"completed": "accepted", "unknown": "ambiguous", "pending": "retry"}[state]
+        query(conn, "SELECT * FROM outbox_complete(%s, 'w', %s)",
+              (owner, json.dumps([{"effect_id": str(eid), "attempt": attempt, "outcome": outcome,
+                                   "next_state": state, "status": 200, "retry_delay_ms": 0}])))
+    assert scalar(conn, "SELECT state FROM effect_outbox WHERE effect_id = %s", (eid,)) == state
+
+
 @pytest.mark.parametrize("state", ["sending", "completed", "unknown"])
 def test_cancel_refuses_non_pending_effect(conn, state):
     key = make_run(conn)
     (eid, _, _, _), = query(conn, ENQ, (key, "http", "https://x.example/a", "{}", None, 0))
-    query(conn, "UPDATE effect_outbox SET state = %s WHERE effect_id = %s", (state, eid))
+    drive_to(conn, state)
     before = query(conn, "SELECT * FROM effect_outbox WHERE effect_id = %s", (eid,))
     assert scalar(conn, "SELECT outbox_cancel(%s)", (eid,)) is False
     assert query(conn, "SELECT * FROM effect_outbox WHERE effect_id = %s", (eid,)) == before
@@ -310,10 +329,13 @@ def test_effect_key_differs_per_effect_and_is_stable(conn):
     assert keys[b] == expected_effect_key(key, "email", "someone@example.com")
     assert keys[c] == expected_effect_key(key, "http", "https://x.example/b")
     # Stable across attempts, leases and state changes of the same effect.
-    query(conn, "UPDATE effect_outbox SET attempts = attempts + 3, state = 'sending', "
-                "lease_owner = gen_random_uuid(), payload = '{\"changed\": true}' "
-                "WHERE effect_id = %s", (a,))
-    assert scalar(conn, "SELECT effect_key FROM effect_outbox WHERE effect_id = %s", (a,)) == keys[a]
+    for state in ("pending", "sending"):     # a retry, then the second attempt's claim
+        # a first in the due order (the others are due too)
+        query(conn, "UPDATE effect_live SET available_at = '-infinity' WHERE effect_id = %s", (a,))
+        drive_to(conn, state)
+        assert scalar(conn, "SELECT effect_key FROM effect_outbox WHERE effect_id = %s",
+                      (a,)) == keys[a]
+    assert scalar(conn, "SELECT attempts FROM effect_outbox WHERE effect_id = %s", (a,)) == 2
     # The same (key, type, target) in another run key gets another effect key.
     other = make_run(conn)
     d = query(conn, ENQ, (other, "http", "https://x.example/a", "{}", None, 0))[0][0]

@@ -1,28 +1,43 @@
 # SPDX-License-Identifier: ISC
-"""What sql/102_cost_per_effect.sql and the completion path's SQL
-(sql/functions/30_dispatcher.sql) promise while writing less per effect:
-the attempts log's one unique index still binds exactly the rows the old
-partial one did and serves every lookup by effect and attempt; runs are
-updated in place; and two workers finishing the last two effects of one run
-still cannot both miss the other's commit.
+"""What the live queue (sql/105_live_queue.sql) and the completion path's
+SQL (sql/functions/30_dispatcher.sql) promise while writing less per
+effect: the live rows carry two indexes and the history one unique index
+(plus a block-range one), which binds exactly the rows the old partial one
+did and serves every lookup by effect and attempt; runs are updated in
+place; and a run whose last two effects two workers finish at once is
+completed when read.
 """
 import json
+import re
 import threading
 import uuid
 
 import psycopg2
 import pytest
 
-from outbox_test import connect, kill_switch, query, scalar, wait_for
+from outbox_test import connect, kill_switch, query, scalar
 
-INSERT_ATTEMPT = ("INSERT INTO effect_attempts (effect_id, attempt, lease_owner, worker, started_at, "
-                  "outcome_class) VALUES (%s, 1, %s, %s, now(), 'accepted')")
+# A history row of one effect created at one instant (the partition key).
+CREATED = "2026-01-15 12:00:00+00"
+INSERT_ATTEMPT = ("INSERT INTO effect_history (effect_id, created_at, attempt, lease_owner, worker, "
+                  "started_at, outcome_class) VALUES (%s, '" + CREATED + "', 1, %s, %s, now(), "
+                  "'accepted')")
 
 
-def test_attempts_log_has_one_index_besides_its_primary_key(conn):
-    names = sorted(r[0] for r in query(conn, "SELECT indexname FROM pg_indexes "
-                                             "WHERE tablename = 'effect_attempts'"))
-    assert names == ["effect_attempts_call_uq", "effect_attempts_pkey"]
+def indexes(conn, table):
+    return sorted(r[0] for r in query(conn, "SELECT indexname FROM pg_indexes "
+                                            "WHERE tablename = %s", (table,)))
+
+
+def test_live_rows_have_two_indexes_and_the_history_one_unique_index(conn):
+    """Each index is an entry every new effect writes: the live row's key
+    and its due order, and the history row's call key (its block-range
+    index writes a summary per range, not per row)."""
+    assert indexes(conn, "effect_live") == ["effect_live_due_idx", "effect_live_pkey"]
+    assert indexes(conn, "effect_history") == ["effect_history_call_uq",
+                                               "effect_history_ended_brin"]
+    assert scalar(conn, "SELECT amname FROM pg_class c JOIN pg_am a ON a.oid = c.relam "
+                        "WHERE c.relname = 'effect_history_ended_brin'") == "brin"
 
 
 def test_one_row_per_call_of_a_lease_owner_and_nothing_more(conn):
@@ -30,6 +45,8 @@ def test_one_row_per_call_of_a_lease_owner_and_nothing_more(conn):
     one lease owner), and leaves free what it left out: the reaper's rows,
     rows without a lease owner (reconciliation, operators), rows without a
     worker name."""
+    query(conn, "SELECT outbox_history_partitions(%s, %s::timestamptz + interval '1 day')",
+          (CREATED, CREATED))
     e, owner = str(uuid.uuid4()), str(uuid.uuid4())
     query(conn, INSERT_ATTEMPT, (e, owner, "w1"))
     with pytest.raises(psycopg2.errors.UniqueViolation):
@@ -47,37 +64,45 @@ def test_one_row_per_call_of_a_lease_owner_and_nothing_more(conn):
 @pytest.mark.parametrize("lookup", [
     # outbox_complete's and outbox_resolve_late_accepted's probe for the
     # reaper's row of an attempt (rows the old partial index did not hold)
-    "SELECT 1 FROM effect_attempts a WHERE a.effect_id = %(e)s AND a.attempt = 1 "
-    "AND a.lease_owner = %(o)s AND a.worker LIKE 'reaper:%%'",
+    "SELECT 1 FROM effect_history a WHERE a.effect_id = %(e)s AND a.created_at = %(c)s "
+    "AND a.attempt = 1 AND a.lease_owner = %(o)s AND a.worker LIKE 'reaper:%%'",
     # outbox_reconcile_lease: the latest send of the current attempt
-    "SELECT max(a.started_at) FROM effect_attempts a WHERE a.effect_id = %(e)s AND a.attempt = 1 "
-    "AND a.outcome_class IN ('accepted', 'ambiguous')",
-    # outboxctl unknown list: the effect's last attempt row
-    "SELECT x.worker FROM effect_attempts x WHERE x.effect_id = %(e)s "
-    "ORDER BY x.attempt_id DESC LIMIT 1",
+    "SELECT max(a.started_at) FROM effect_history a WHERE a.effect_id = %(e)s "
+    "AND a.created_at = %(c)s AND a.attempt = 1 AND a.outcome_class IN ('accepted', 'ambiguous')",
+    # an effect's finishing row (outbox_effect_state, the effect_outbox view)
+    "SELECT h.state FROM effect_history h WHERE h.effect_id = %(e)s AND h.created_at = %(c)s "
+    "AND h.state IS NOT NULL ORDER BY h.history_id DESC LIMIT 1",
 ])
 def test_every_lookup_by_effect_reads_the_unique_index(conn, lookup):
-    query(conn, "INSERT INTO effect_attempts (effect_id, attempt, lease_owner, worker, started_at, "
-                "outcome_class) SELECT gen_random_uuid(), 1 + g % 3, gen_random_uuid(), "
-                "CASE WHEN g % 10 = 0 THEN 'reaper:r' ELSE 'w' END, now(), 'accepted' "
-                "FROM generate_series(1, 20000) g")
-    query(conn, "ANALYZE effect_attempts")
+    query(conn, "INSERT INTO effect_history (effect_id, created_at, attempt, lease_owner, worker, "
+                "started_at, outcome_class) SELECT gen_random_uuid(), now(), 1 + g % 3, "
+                "gen_random_uuid(), CASE WHEN g % 10 = 0 THEN 'reaper:r' ELSE 'w' END, now(), "
+                "'accepted' FROM generate_series(1, 20000) g")
+    query(conn, "ANALYZE effect_history")
     plan = "\n".join(r[0] for r in query(conn, "EXPLAIN " + lookup,
-                                         {"e": str(uuid.uuid4()), "o": str(uuid.uuid4())}))
-    assert "effect_attempts_call_uq" in plan, plan
+                                         {"e": str(uuid.uuid4()), "o": str(uuid.uuid4()),
+                                          "c": scalar(conn, "SELECT now()")}))
+    # The partition's own copy of effect_history_call_uq.
+    assert re.search(r"Index (Only )?Scan.* using effect_history_\w+_effect_id_attempt_\w+", plan), plan
     assert "Seq Scan" not in plan, plan
 
 
 def test_run_updates_stay_on_their_page(conn):
-    """workflow_runs keeps room on its pages: completing every run of one
-    page in one transaction (a completion batch covers about a page of runs
-    written together) rewrites many of them on that page (HOT: no new
-    primary-key entry).  With full pages (fillfactor 100) none fits."""
+    """workflow_runs keeps room on its pages: settling every run of one page
+    in one transaction (a reader settles the runs it reads together)
+    rewrites many of them on that page (HOT: no new primary-key entry).
+    With full pages (fillfactor 100) none fits."""
     query(conn, "INSERT INTO workflow_runs (idempotency_key, state, payload_hash) "
                 "SELECT 'ff-' || g, 'processing', 'h' FROM generate_series(1, 400) g")
     keys = [r[0] for r in query(conn, "SELECT idempotency_key FROM workflow_runs "
                                       "WHERE (ctid::text::point)[0] = 0")]
-    query(conn, "SELECT outbox_advance_runs('{}', %s)", (keys,))   # runs without effects: complete
+    # One effect each, finished: its live row gone, its history row completed.
+    query(conn, "INSERT INTO effect_body (idempotency_key, effect_type, target, payload) "
+                "SELECT k, 'http', 'http://127.0.0.1:9/', '{}' FROM unnest(%s::text[]) k", (keys,))
+    query(conn, "WITH gone AS (DELETE FROM effect_live RETURNING effect_id, created_at) "
+                "INSERT INTO effect_history (effect_id, created_at, attempt, started_at, state) "
+                "SELECT effect_id, created_at, 1, now(), 'completed' FROM gone")
+    assert scalar(conn, "SELECT outbox_settle_runs(%s)", (keys,)) == len(keys)
     stayed, completed = query(conn, "SELECT count(*) FILTER (WHERE (ctid::text::point)[0] = 0), "
                                     "count(*) FILTER (WHERE state = 'completed') "
                                     "FROM workflow_runs WHERE idempotency_key = ANY (%s)", (keys,))[0]
@@ -87,10 +112,11 @@ def test_run_updates_stay_on_their_page(conn):
 
 def test_two_workers_finishing_the_last_two_effects_of_a_run_complete_it(db, conn):
     """Worker A records the run's first effect and has not committed yet;
-    worker B records the second.  B must wait for A's lock on the run and
-    then see A's effect completed: the run completes.  (Without the lock, B
-    would read A's effect as still `sending`, A had read B's the same way,
-    and the run would stay `processing` for good.)"""
+    worker B records the second.  Neither touches the run (its state is
+    settled when read), so B does not wait for A; once both have committed,
+    the run reads completed.  (Had each completion decided the run from the
+    other's uncommitted effect, both would have seen one still `sending`
+    and the run would have stayed `processing` for good.)"""
     kill_switch(conn, True)
     query(conn, "INSERT INTO workflow_runs (idempotency_key, state, payload_hash) "
                 "VALUES ('two-last', 'processing', 'h')")
@@ -108,19 +134,20 @@ def test_two_workers_finishing_the_last_two_effects_of_a_run_complete_it(db, con
     b = connect(db)
     try:
         query(a, "SELECT * FROM outbox_complete(%s, 'a', %s)", (owners[0], batches[0]))
-        b_pid = scalar(b, "SELECT pg_backend_pid()")
         result = {}
         t = threading.Thread(target=lambda: result.update(
             b=query(b, "SELECT applied FROM outbox_complete(%s, 'b', %s)", (owners[1], batches[1]))))
         t.start()
-        wait_for(lambda: scalar(conn, "SELECT wait_event_type = 'Lock' FROM pg_stat_activity "
-                                      "WHERE pid = %s", (b_pid,)),
-                 timeout=10, what="worker B waiting for the run's lock")
-        a.commit()
         t.join(10)
-        assert not t.is_alive()
+        assert not t.is_alive(), "worker B waited for worker A"
         assert result["b"] == [(True,)]
+        # A still open: the run is not complete yet, whoever reads it.
+        query(conn, "SELECT outbox_settle_runs(ARRAY['two-last'])")
+        assert scalar(conn, "SELECT state FROM workflow_runs "
+                            "WHERE idempotency_key = 'two-last'") == "processing"
+        a.commit()
     finally:
         a.close()
         b.close()
+    query(conn, "SELECT outbox_settle_runs(ARRAY['two-last'])")
     assert scalar(conn, "SELECT state FROM workflow_runs WHERE idempotency_key = 'two-last'") == "completed"

@@ -7,7 +7,7 @@ adds none.
 import json
 import uuid
 
-from outbox_test import kill_switch, query
+from outbox_test import expire_sending, kill_switch, query
 
 
 def lease(conn, owner, n):
@@ -53,8 +53,7 @@ def test_complete_usual_batch_and_leftovers(conn):
     assert [a for _, a in mark(conn, owner, ids)] == [1, 1]
     ok, lost = ids
     # The lost one's lease expired while sending: the reaper gives it up.
-    query(conn, "UPDATE effect_outbox SET lease_expires_at = now() - interval '1 second' "
-                "WHERE effect_id = %s", (lost,))
+    expire_sending(conn, [lost])
     assert [r[0] for r in query(conn, "SELECT effect_id::text FROM outbox_reap('r', 10)")] == [lost]
     batch = json.loads(outcomes([ok]))
     batch += json.loads(outcomes([lost], outcome="retry", next_state="pending"))
