@@ -30,6 +30,8 @@ TEMPLATE = "outbox_tpl"
 def pytest_configure(config):
     config.addinivalue_line("markers", "exclusive: disturbs the shared PostgreSQL server "
                             "(restarts it); tests/run.sh runs these alone, after the rest")
+    config.addinivalue_line("markers", "slow: takes more than 30 seconds (runs in CI all the "
+                            "same; -m 'not slow' leaves it out of a quick local run)")
     if not os.environ.get("PGPORT"):
         raise pytest.UsageError("run the suite through tests/run.sh (make test): "
                                 "it starts the PostgreSQL server the tests use")

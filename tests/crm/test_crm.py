@@ -14,8 +14,8 @@ import subprocess
 import psycopg2
 import pytest
 
-from outbox_test import (attempts, connect, effect, kill_switch, make_run, query, run_ctl,
-                         scalar, wait_for)
+from outbox_test import (attempts, connect, effect, finish_as, kill_switch, make_run, query,
+                         run_ctl, scalar, wait_for)
 
 from crm_server import CrmServer  # noqa: E402
 
@@ -54,21 +54,38 @@ def start_worker(dispatchers, crm, token_file, **extra):
     return dispatchers(crm_config(crm.url, token_file, **extra))
 
 
+def set_state(conn, eid, state):
+    """An effect put in `state` as the test arranges it: an open state on
+    its live row (an unknown one never due), a finished one as its live
+    row's DELETE with the finishing history row."""
+    if state in ("completed", "failed"):
+        finish_as(conn, [eid], state)
+    else:
+        query(conn, "UPDATE effect_live SET state = %s, available_at = CASE WHEN %s = 'unknown' "
+                    "THEN 'infinity' WHEN available_at = 'infinity' THEN now() ELSE available_at END "
+                    "WHERE effect_id = %s", (state, state, eid))
+
+
+def set_type(conn, where, args):
+    """Effects (chosen by a WHERE on effect_body) of another type, as their
+    producer would have written them."""
+    query(conn, f"UPDATE effect_live SET effect_type = 'email' WHERE effect_id IN "
+                f"(SELECT effect_id FROM effect_body WHERE {where})", args)
+    query(conn, f"UPDATE effect_body SET effect_type = 'email' WHERE {where}", args)
+
+
 def crm_effect(conn, payload, target=TARGET, state=None, attempts_=0):
     """One crm effect on a fresh approved run; returns (effect_id, effect_key).
     A str payload is inserted as written (numbers jansson cannot hold)."""
     run = make_run(conn)
     text = payload if isinstance(payload, str) else json.dumps(payload)
-    if state is None:
-        row = query(conn, "INSERT INTO effect_outbox (idempotency_key, effect_type, target, payload) "
-                          "VALUES (%s, 'crm', %s, %s) RETURNING effect_id, effect_key",
-                    (run, target, text))
-    else:
-        row = query(conn, "INSERT INTO effect_outbox (idempotency_key, effect_type, target, payload, "
-                          "state, attempts, last_error_class, last_error) "
-                          "VALUES (%s, 'crm', %s, %s, %s, %s, 'ambiguous', 'arranged by the test') "
-                          "RETURNING effect_id, effect_key",
-                    (run, target, text, state, attempts_))
+    row = query(conn, "INSERT INTO effect_outbox (idempotency_key, effect_type, target, payload) "
+                      "VALUES (%s, 'crm', %s, %s) RETURNING effect_id, effect_key",
+                (run, target, text))
+    if state is not None:
+        query(conn, "UPDATE effect_live SET attempts = %s, last_error_class = 'ambiguous', "
+                    "last_error = 'arranged by the test' WHERE effect_id = %s", (attempts_, row[0][0]))
+        set_state(conn, str(row[0][0]), state)
     # Approved once its effect is in (the approval gate admits effects while processing).
     query(conn, "UPDATE workflow_runs SET state = 'approved' WHERE idempotency_key = %s", (run,))
     return str(row[0][0]), row[0][1]
@@ -573,8 +590,7 @@ def test_reconcile_without_a_worker_times_out(conn, db):
     query(conn, "INSERT INTO outbox_providers (name, can_reconcile) VALUES ('crm', true), "
                 "('email', false)")
     crm_effect(conn, {"Subject": "y"}, state="unknown", attempts_=1)
-    query(conn, "UPDATE effect_outbox SET effect_type = 'email' WHERE effect_id <> %s "
-                "AND state = 'unknown'", (eid,))
+    set_type(conn, "effect_id <> %s", (eid,))
     r = ctl(db, "reconcile", "--wait", "1")
     assert r.returncode == 1, r.stdout + r.stderr
     assert "1 unknown effect was not asked" in r.stderr and "worker" in r.stderr
@@ -638,7 +654,7 @@ def test_sql_lease_only_unknown_of_the_types_once(conn):
     crm_effect(conn, {})                                  # pending: not leased
     crm_effect(conn, {}, state="completed", attempts_=1)  # finished: not leased
     other, _ = crm_effect(conn, {}, state="unknown", attempts_=1)
-    query(conn, "UPDATE effect_outbox SET effect_type = 'email' WHERE effect_id = %s", (other,))
+    set_type(conn, "effect_id = %s", (other,))
 
     got = lease(conn, OWNER)
     assert {r[0] for r in got} == {u1, u2}
@@ -649,7 +665,7 @@ def test_sql_lease_only_unknown_of_the_types_once(conn):
                       "FROM effect_outbox WHERE effect_id = %s", (u1,))[0]
     assert row == (OWNER, "w", True, True)
     # An expired reconcile lease (worker died) can be taken over.
-    query(conn, "UPDATE effect_outbox SET lease_expires_at = now() - interval '1 second' "
+    query(conn, "UPDATE effect_live SET lease_expires_at = now() - interval '1 second' "
                 "WHERE effect_id = %s", (u2,))
     assert [r[0] for r in lease(conn, OTHER)] == [u2]
 
@@ -670,11 +686,11 @@ def test_sql_lease_skips_locked_rows(conn, db):
 def test_sql_lease_respects_the_interval(conn):
     u1, _ = crm_effect(conn, {}, state="unknown", attempts_=1)
     u2, _ = crm_effect(conn, {}, state="unknown", attempts_=1)
-    query(conn, "UPDATE effect_outbox SET last_reconciled_at = now() - interval '30 seconds' "
+    query(conn, "UPDATE effect_live SET last_reconciled_at = now() - interval '30 seconds' "
                 "WHERE effect_id = %s", (u1,))
     assert [r[0] for r in lease(conn, OWNER, interval=60)] == [u2]
     # Least recently asked first; limit honoured.
-    query(conn, "UPDATE effect_outbox SET lease_owner = NULL, lease_expires_at = NULL")
+    query(conn, "UPDATE effect_live SET lease_owner = NULL, lease_expires_at = NULL")
     assert [r[0] for r in lease(conn, OWNER, interval=0, limit=1)] == [u2]
     assert [r[0] for r in lease(conn, OWNER, interval=0, limit=1)] == [u1]
     assert lease(conn, OTHER, limit=0) == []
@@ -730,13 +746,13 @@ def test_sql_record_needs_the_lease(conn):
     assert record(conn, OTHER, [{"effect_id": eid, "verdict": "sent", "provider_id": "X"}]) == \
         [(eid, False, None)]
     assert effect(conn, eid)["state"] == "unknown"
-    query(conn, "UPDATE effect_outbox SET state = 'failed' WHERE effect_id = %s", (eid,))
+    set_state(conn, eid, "pending")
     assert record(conn, OWNER, [{"effect_id": eid, "verdict": "not_sent"}]) == [(eid, False, None)]
-    assert effect(conn, eid)["state"] == "failed"
+    assert effect(conn, eid)["state"] == "pending"
     assert [(a["outcome_class"], a["cas_applied"]) for a in attempts(conn, eid)] == \
         [("reconciled_not_sent", False)]
     # Same worker asking twice about one attempt: two evidence rows.
-    query(conn, "UPDATE effect_outbox SET state = 'unknown' WHERE effect_id = %s", (eid,))
+    set_state(conn, eid, "unknown")
     for _ in range(2):
         lease(conn, OWNER)
         assert record(conn, OWNER, [{"effect_id": eid, "verdict": "unknown"}]) == \

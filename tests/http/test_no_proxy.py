@@ -97,10 +97,13 @@ def test_crm_upserts_and_lookups_ignore_proxy_variables(conn, dispatchers, db, t
         # One effect found by the lookup (its record is already there)...
         run = make_run(conn)
         (found_id, found_key), = query(
-            conn, "INSERT INTO effect_outbox (idempotency_key, effect_type, target, payload, "
-                  "state, attempts, last_error_class, last_error) VALUES (%s, 'crm', "
-                  "'Task/Outbox_Key__c', %s, 'unknown', 1, 'ambiguous', 'arranged by the test') "
+            conn, "INSERT INTO effect_outbox (idempotency_key, effect_type, target, payload) "
+                  "VALUES (%s, 'crm', 'Task/Outbox_Key__c', %s) "
                   "RETURNING effect_id::text, effect_key", (run, json.dumps({"Subject": "a"})))
+        # Unknown after one attempt, as the test arranges it (never due).
+        query(conn, "UPDATE effect_live SET state = 'unknown', available_at = 'infinity', "
+                    "attempts = 1, last_error_class = 'ambiguous', "
+                    "last_error = 'arranged by the test' WHERE effect_id = %s", (found_id,))
         rec = crm.put("Task", "Outbox_Key__c", found_key, {"Subject": "a"})
         # ...and one sent, on another run.
         run2 = make_run(conn)

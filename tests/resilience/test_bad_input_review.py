@@ -168,14 +168,20 @@ ESCALATIONS = [
     "SET ROLE postgres",
     "ALTER FUNCTION outbox_enqueue(text, text, text, jsonb, jsonb, integer) SECURITY INVOKER",
     "CREATE FUNCTION public.outbox_sha256_hex(t text, u text) RETURNS text LANGUAGE sql AS 'select t'",
-    "ALTER TABLE effect_outbox DISABLE TRIGGER effect_outbox_gate",
-    "DROP TRIGGER effect_outbox_gate ON effect_outbox",
+    "ALTER TABLE effect_body DISABLE TRIGGER effect_body_gate",
+    "DROP TRIGGER effect_body_gate ON effect_body",
+    "DROP TRIGGER effect_body_queue ON effect_body",
     "GRANT outbox_operator TO CURRENT_USER",
     "UPDATE workflow_runs SET state = 'processing'",
     "INSERT INTO approvals (idempotency_key, token_hash, allowed_decisions, expires_at) "
     "VALUES ('x', '\\x00', '{approve}', now())",
     "INSERT INTO effect_attempts (effect_id, attempt, started_at, outcome_class) "
     "VALUES (gen_random_uuid(), 1, now(), 'accepted')",
+    "INSERT INTO effect_history (effect_id, created_at, attempt, started_at, outcome_class, state) "
+    "VALUES (gen_random_uuid(), now(), 1, now(), 'accepted', 'completed')",
+    "UPDATE effect_live SET state = 'pending', attempts = 0",
+    "DELETE FROM effect_live",
+    "UPDATE effect_body SET target = 'http://127.0.0.1:9/elsewhere'",
     "SELECT outbox_kill_switch_set(true, 'me', 'x')",
     "SELECT * FROM outbox_requeue(gen_random_uuid(), 'me', 'x')",
     "SELECT outbox_replace_ungated(gen_random_uuid(), 'k', 'me', 'x', NULL, NULL)",

@@ -65,7 +65,7 @@ def test_complete_dates_a_send_by_the_database_clock(conn):
     kill_switch(conn, True)
     ids = leased_and_marked(conn, 4)
     # The mark is 2 s in the past, so that "started 1.5 s ago" fits after it.
-    query(conn, "UPDATE effect_outbox SET sending_since = now() - interval '2 seconds' "
+    query(conn, "UPDATE effect_live SET sending_since = now() - interval '2 seconds' "
                 "WHERE effect_id = ANY (%s::uuid[])", (ids,))
     forged = "2000-01-01T00:00:00Z"
     batch = [

@@ -7,7 +7,7 @@ adds none.
 import json
 import uuid
 
-from outbox_test import expire_sending, kill_switch, query
+from outbox_test import expire_sending, kill_switch, query, scalar
 
 
 def lease(conn, owner, n):
@@ -65,5 +65,10 @@ def test_complete_usual_batch_and_leftovers(conn):
                        "FROM effect_attempts WHERE worker = 'w' ORDER BY cas_applied DESC")
     assert rows == [(ok, 1, "accepted", True, "p-" + ok[:8]), (lost, 1, "retry", False, "p-" + lost[:8])]
     assert query(conn, "SELECT state FROM effect_outbox WHERE effect_id = %s", (lost,))[0][0] == "unknown"
-    assert query(conn, "SELECT w.state FROM workflow_runs w JOIN effect_outbox o USING (idempotency_key) "
-                       "WHERE o.effect_id = %s", (ok,))[0][0] == "completed"
+    # The run's state follows from its effects when it is read (settled).
+    key = scalar(conn, "SELECT idempotency_key FROM effect_body WHERE effect_id = %s", (ok,))
+    assert scalar(conn, "SELECT state FROM workflow_runs WHERE idempotency_key = %s",
+                  (key,)) == "processing"
+    query(conn, "SELECT outbox_settle_runs(ARRAY[%s])", (key,))
+    assert scalar(conn, "SELECT state FROM workflow_runs WHERE idempotency_key = %s",
+                  (key,)) == "completed"

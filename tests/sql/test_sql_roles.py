@@ -23,6 +23,31 @@ def denied(c, sql, args=None):
         query(c, sql, args)
 
 
+def refused(c, sql, args=None):
+    """A write through a compatibility view: refused, by the view itself
+    (its state columns are not updatable) or by the missing grant."""
+    with pytest.raises((DENIED, psycopg2.errors.FeatureNotSupported,
+                        psycopg2.errors.ObjectNotInPrerequisiteState)):
+        query(c, sql, args)
+
+
+# Every direct write to the tables an effect lives in (sql/105_live_queue.sql).
+TABLE_WRITES = [
+    "UPDATE effect_live SET state = 'unknown' WHERE effect_id = %(e)s",
+    "UPDATE effect_live SET lease_owner = gen_random_uuid(), "
+    "lease_expires_at = now() + interval '1 hour' WHERE effect_id = %(e)s",
+    "DELETE FROM effect_live WHERE effect_id = %(e)s",
+    "INSERT INTO effect_live (effect_id, effect_type, created_at, available_at) "
+    "VALUES (gen_random_uuid(), 'http', now(), now())",
+    "UPDATE effect_body SET target = 'https://elsewhere.example/' WHERE effect_id = %(e)s",
+    "DELETE FROM effect_body WHERE effect_id = %(e)s",
+    "INSERT INTO effect_history (effect_id, created_at, attempt, started_at, state) "
+    "VALUES (%(e)s, now(), 1, now(), 'completed')",
+    "INSERT INTO effect_calls (call, lease_owner, ids, deadline) "
+    "VALUES (gen_random_uuid(), gen_random_uuid(), ARRAY[%(e)s]::uuid[], now())",
+]
+
+
 def pending_effect(conn):
     key = make_run(conn)
     eid = scalar(conn, "INSERT INTO effect_outbox (idempotency_key, effect_type, target, payload) "
@@ -36,19 +61,23 @@ def test_producer_cannot_change_effect_states(conn, login_as):
     p = login_as("outbox_producer")
     key, eid = pending_effect(conn)
     before = query(conn, "SELECT * FROM effect_outbox WHERE effect_id = %s", (eid,))
-    denied(p, "UPDATE effect_outbox SET state = 'completed' WHERE effect_id = %s", (eid,))
-    denied(p, "UPDATE effect_outbox SET lease_owner = gen_random_uuid(), "
-              "lease_expires_at = now() + interval '1 hour' WHERE effect_id = %s", (eid,))
-    denied(p, "DELETE FROM effect_outbox WHERE effect_id = %s", (eid,))
+    refused(p, "UPDATE effect_outbox SET state = 'completed' WHERE effect_id = %s", (eid,))
+    refused(p, "UPDATE effect_outbox SET lease_owner = gen_random_uuid(), "
+               "lease_expires_at = now() + interval '1 hour' WHERE effect_id = %s", (eid,))
+    refused(p, "DELETE FROM effect_outbox WHERE effect_id = %s", (eid,))
+    for sql in TABLE_WRITES:
+        denied(p, sql, {"e": str(eid)})
     denied(p, "UPDATE workflow_runs SET state = 'completed' WHERE idempotency_key = %s", (key,))
     denied(p, "INSERT INTO effect_attempts (effect_id, attempt, started_at, outcome_class) "
               "VALUES (%s, 1, now(), 'accepted')", (eid,))
     # Nor can it insert an effect that starts in another state or with
     # dispatching columns set.
-    denied(p, "INSERT INTO effect_outbox (idempotency_key, effect_type, target, payload, state) "
-              "VALUES (%s, 'http', 'https://y.example/', '{}', 'completed')", (key,))
-    denied(p, "INSERT INTO effect_outbox (idempotency_key, effect_type, target, payload, attempts) "
-              "VALUES (%s, 'http', 'https://y.example/', '{}', 99)", (key,))
+    refused(p, "INSERT INTO effect_outbox (idempotency_key, effect_type, target, payload, state) "
+               "VALUES (%s, 'http', 'https://y.example/', '{}', 'completed')", (key,))
+    refused(p, "INSERT INTO effect_outbox (idempotency_key, effect_type, target, payload, attempts) "
+               "VALUES (%s, 'http', 'https://y.example/', '{}', 99)", (key,))
+    denied(p, "INSERT INTO effect_body (idempotency_key, effect_type, target, payload, approved_by) "
+              "VALUES (%s, 'http', 'https://y.example/', '{}', 'nobody')", (key,))
     assert query(conn, "SELECT * FROM effect_outbox WHERE effect_id = %s", (eid,)) == before
     assert scalar(conn, "SELECT count(*) FROM effect_outbox") == 1
 
@@ -179,9 +208,11 @@ def test_dispatcher_cannot_touch_approvals(conn, login_as):
 def test_dispatcher_cannot_write_tables_directly(conn, login_as):
     d = login_as("outbox_dispatcher")
     _, eid = pending_effect(conn)
-    denied(d, "UPDATE effect_outbox SET state = 'completed' WHERE effect_id = %s", (eid,))
+    refused(d, "UPDATE effect_outbox SET state = 'completed' WHERE effect_id = %s", (eid,))
     denied(d, "INSERT INTO effect_outbox (idempotency_key, effect_type, target, payload) "
               "SELECT idempotency_key, 'http', 'https://z.example/', '{}' FROM effect_outbox")
+    for sql in TABLE_WRITES:
+        denied(d, sql, {"e": str(eid)})
     # It does its work through its functions (kill switch off: nothing leased).
     assert query(d, "SELECT * FROM outbox_lease(gen_random_uuid(), 'w', 10, 30, "
                     "ARRAY['http'], true)") == []
@@ -208,11 +239,12 @@ def test_dispatcher_cannot_forge_reconcile_evidence(conn, login_as, db):
     holder = login_as("outbox_dispatcher")
     _, unleased = pending_effect(conn)
     _, leased = pending_effect(conn)
-    query(conn, "UPDATE effect_outbox SET state = 'unknown', attempts = 1")
-    query(conn, "INSERT INTO effect_attempts (effect_id, attempt, worker, started_at, outcome_class) "
-                "SELECT effect_id, 1, 'w-real', now(), 'ambiguous' FROM effect_outbox")
+    query(conn, "UPDATE effect_live SET state = 'unknown', available_at = 'infinity', attempts = 1")
+    query(conn, "INSERT INTO effect_history (effect_id, created_at, attempt, worker, started_at, "
+                "outcome_class) SELECT effect_id, created_at, 1, 'w-real', now(), 'ambiguous' "
+                "FROM effect_live")
     owner = str(uuid.uuid4())
-    query(conn, "UPDATE effect_outbox SET lease_owner = %s, lease_expires_at = now() + interval '1 min' "
+    query(conn, "UPDATE effect_live SET lease_owner = %s, lease_expires_at = now() + interval '1 min' "
                 "WHERE effect_id = %s", (owner, leased))
     for eid in (unleased, leased, str(uuid.uuid4())):
         forged = json.dumps([{"effect_id": eid, "verdict": "sent", "provider_id": "FORGED-ID",
