@@ -462,7 +462,7 @@ class Chaos:
                 INSERT INTO chaos_sending (effect_id) VALUES (NEW.effect_id);
                 RETURN NULL;
             END $$;
-            CREATE TRIGGER chaos_note_sending AFTER UPDATE ON effect_outbox FOR EACH ROW
+            CREATE TRIGGER chaos_note_sending AFTER UPDATE ON effect_live FOR EACH ROW
                 WHEN (NEW.state = 'sending' AND OLD.state IS DISTINCT FROM 'sending')
                 EXECUTE FUNCTION chaos_note_sending();""")
 

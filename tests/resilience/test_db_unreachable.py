@@ -135,7 +135,7 @@ def test_a_statement_stuck_past_the_statement_timeout_fails_on_the_server(conn, 
     locker = psycopg2.connect(db)
     try:
         with locker.cursor() as cur:
-            cur.execute("LOCK TABLE effect_outbox IN ACCESS EXCLUSIVE MODE")
+            cur.execute("LOCK TABLE effect_live IN ACCESS EXCLUSIVE MODE")
             wait_for(lambda: any("statement timeout" in (e.get("msg") or "") for e in w.events()),
                      timeout=STATEMENT_TIMEOUT_S + 5, what="a statement cancelled by its timeout")
         locker.rollback()
@@ -162,7 +162,7 @@ def test_a_connection_given_up_on_has_its_statement_cancelled_on_the_server(conn
     locker = psycopg2.connect(db)
     try:
         with locker.cursor() as cur:
-            cur.execute("LOCK TABLE effect_outbox IN ACCESS EXCLUSIVE MODE")
+            cur.execute("LOCK TABLE effect_live IN ACCESS EXCLUSIVE MODE")
             first = wait_for(lambda: [r[0] for r in query(conn, waiting_sql)],
                              timeout=STATEMENT_TIMEOUT_S + 10, what="a statement waiting on the lock")
             wait_for(lambda: count_events(w, "db_disconnected") > 0,
@@ -188,7 +188,7 @@ def test_a_statement_timeout_the_conninfo_sets_is_kept(conn, db, dispatchers):
     locker = psycopg2.connect(db)
     try:
         with locker.cursor() as cur:
-            cur.execute("LOCK TABLE effect_outbox IN ACCESS EXCLUSIVE MODE")
+            cur.execute("LOCK TABLE effect_live IN ACCESS EXCLUSIVE MODE")
             wait_for(lambda: count_events(w, "db_disconnected") > 0,
                      timeout=STATEMENT_TIMEOUT_S + 15, what="the worker's own deadline")
         locker.rollback()

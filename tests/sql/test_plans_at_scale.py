@@ -127,7 +127,7 @@ def test_hot_path_generic_plans_are_index_probes_at_two_million_rows(conn, login
     plans = generic_plans(conn, "SELECT count(*) FROM outbox_claim(%s, 'w', 64, 30, '{http}', true, "
                                 "'{}', %s)", (claimer, call))
     check(plans, "outbox_claim", ["effect_live_due_idx", "effect_body_pkey"])
-    claimed = scalar(conn, "SELECT ids FROM effect_calls WHERE call = %s", (call,))
+    claimed = scalar(conn, "SELECT ids::text[] FROM effect_calls WHERE call = %s", (call,))
     assert len(claimed) == 64
 
     # reap: the claim's worker died; its call and rows are past their lease
