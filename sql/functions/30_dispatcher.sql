@@ -3,11 +3,16 @@
 -- functions, and the kill switch.
 --
 -- Each takes arrays or a JSON batch so that a worker spends one round trip
--- per batch, not per effect.  The batch functions plan every statement for
--- the batch at hand (plan_cache_mode): a generic plan cached while the
--- table was small turns key lookups into scans of the whole table later
--- (docs/performance.md, "Where the time goes").  Every transition is a CAS on
--- (effect, lease owner, state): a worker whose lease is gone changes nothing.
+-- per batch, not per effect.  The hot-path functions run cached generic
+-- plans (plan_cache_mode = force_generic_plan: planning was most of a
+-- batch's fixed cost), so every statement is written to plan as index
+-- probes whatever the table's size: rows are found by `= ANY (array)` of
+-- keys or by a LATERAL probe per key, never by joining a set to a table
+-- (tests/sql/test_plans_at_scale.py checks the plans at 2,000,000 rows;
+-- docs/performance.md, "Where the time goes").  Every transition is a CAS
+-- on (effect, lease owner, state): a worker whose lease is gone changes
+-- nothing.  Effects move between states only through the functions listed
+-- in docs/design.md, "State changes".
 
 -- The kill-switch lock.  mark_sending holds it shared for the length of its
 -- transaction; turning the switch off takes it exclusively.  So once the

@@ -199,7 +199,7 @@ $$;
 -- and the call given up on (outbox_claim_repeated): a repeated claim after
 -- the kill switch went off, or a worker whose claim or mark was refused (it cannot
 -- tell whether that was a repeat whose first call committed).  Found
--- through the index of rows in flight; only those rare cases get here.
+-- through the call's row; only those rare cases get here.
 CREATE OR REPLACE FUNCTION outbox_unclaim_call(p_owner uuid, p_call uuid)
 RETURNS integer
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
