@@ -149,8 +149,8 @@ static void claim_rows(struct worker *w, const struct batch *b, PGresult *r)
 /* Refused, so rolled back.  But a refused repeat (DBQ_RETRY sets p_repeat
  * after a lost connection, and the answer cannot tell) leaves what its
  * first call claimed: give the call up, which puts any such rows back and
- * makes a late first call claim nothing.  (NULL: the connection is being
- * freed.) */
+ * makes a late first call claim nothing (NULL: the connection is being
+ * freed); then the pump runs again. */
 static bool claim_refused(struct worker *w, const struct batch *b, PGresult *r)
 {
 	if (r != NULL) {

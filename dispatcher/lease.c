@@ -103,7 +103,8 @@ static void lease_rows(struct worker *w, const struct batch *b, PGresult *r)
 		release_waiting(w);
 }
 
-/* A refused lease took nothing: nothing to undo, and no new room. */
+/* A refused lease took nothing: nothing to undo, and the pump is left to
+ * the next NOTIFY, poll tick or answer. */
 static bool lease_refused(struct worker *w, const struct batch *b, PGresult *r)
 {
 	(void)w;
