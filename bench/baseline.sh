@@ -34,7 +34,6 @@ fi
 tree=$scratch/baseline-$commit
 cleanup() {
     git worktree remove --force "$tree" >/dev/null 2>&1 || rm -rf "$tree"
-    git worktree prune >/dev/null 2>&1 || true
     [ -z "$own_scratch" ] || rm -rf "$own_scratch"
 }
 trap cleanup EXIT

@@ -221,8 +221,10 @@ def main():
                 statistics.median(v), min(v), max(v), statistics.median(v) / base,
                 statistics.median(wal[(name, way)])))
     for name, _, _ in variants[1:]:
-        print("insert ratio %s/%s: %s" % (name, ref, " ".join(
+        print("insert ratio %s/%s: %s (the rounds': %s)" % (name, ref, " ".join(
             "%s: %.2f" % (way, statistics.median(res[(name, way)]) / statistics.median(res[(ref, way)]))
+            for way, _ in WAYS), "; ".join(
+            "%s %s" % (way, " ".join("%.2f" % (c / b) for c, b in zip(res[(name, way)], res[(ref, way)])))
             for way, _ in WAYS)))
     with open("/proc/loadavg") as f:
         print("load average: %s" % " ".join(f.read().split()[:3]))
