@@ -126,8 +126,12 @@ class Side:
         self.ns += t1 - t0
 
     def rows_in_outbox(self):
-        self.cur.execute("SELECT count(*) FROM effect_outbox WHERE idempotency_key LIKE %s", (self.prefix + "%",))
-        return self.cur.fetchone()[0]
+        owner = connect(self.db)
+        cur = owner.cursor()
+        cur.execute("SELECT count(*) FROM effect_outbox WHERE idempotency_key LIKE %s", (self.prefix + "%",))
+        n = cur.fetchone()[0]
+        owner.close()
+        return n
 
     def close(self):
         self.conn.close()
@@ -207,8 +211,12 @@ def main():
                 print("%s round %d: %s per row (a row without its run refused: SQLSTATE %s)" % (
                     way, rnd, "; ".join(line), refused), flush=True)
     finally:
-        for db in templates.values():
-            admin.execute("DROP DATABASE IF EXISTS %s" % db)
+        # Every database of this run, also those a failure left behind, then the login.
+        admin.execute("SELECT datname FROM pg_database WHERE datname LIKE %s",
+                      (PREFIX.replace("_", "\\_") + "\\_%",))
+        for (db,) in admin.fetchall():
+            admin.execute("DROP DATABASE %s WITH (FORCE)" % db)
+        admin.execute("DROP ROLE IF EXISTS %s" % LOGIN)
     print()
     print("| insert | variant | rows | producer backend CPU µs/row (median; min-max) | vs %s | WAL B/row |" % ref)
     print("|---|---|---|---|---|---|")

@@ -50,7 +50,7 @@ OWNER = "00000000-0000-4000-8000-000000000001"
 PREFIX = os.environ.get("LEVERS_DB_PREFIX", "lever")
 USER_TABLES = ("SELECT c.oid::regclass::text FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
                " WHERE c.relkind = 'r' AND n.nspname NOT IN ('pg_catalog', 'information_schema')"
-               " AND n.nspname NOT LIKE 'pg\\_toast%%' ORDER BY 1")
+               " AND n.nspname NOT LIKE 'pg\\_toast%' ORDER BY 1")
 
 
 def parse_variants(text):
@@ -83,6 +83,16 @@ def connect(db):
 def admin(sql):
     c = connect("postgres")
     c.cursor().execute(sql)
+    c.close()
+
+
+def drop_databases():
+    """Every database of this run, also those a failure left behind."""
+    c = connect("postgres")
+    cur = c.cursor()
+    cur.execute("SELECT datname FROM pg_database WHERE datname LIKE %s", (PREFIX.replace("_", "\\_") + "\\_%",))
+    for (db,) in cur.fetchall():
+        cur.execute("DROP DATABASE %s WITH (FORCE)" % db)
     c.close()
 
 
@@ -261,8 +271,7 @@ def main():
                     r["variant"], r["claim_us"], r["complete_us"], r["vacuum_us"], r["total_us"],
                     r["total_us"] / base, r["wal"], " / ".join(r["check"])), flush=True)
     finally:
-        for db in templates.values():
-            admin("DROP DATABASE IF EXISTS %s" % db)
+        drop_databases()
     print()
     print("summary: total µs per effect (WAL B per effect), %s" % " | ".join(
         "%s: %s" % (name, ", ".join("%d: %.1f (%.0f)" % (r["batch"], r["total_us"], r["wal"])
