@@ -6,7 +6,7 @@
 #   make install PREFIX=/usr/local [DESTDIR=...] [LIBDIR=...] [UNITDIR=...]
 #   make man          build/man/*.8 from the --help texts (help2man)
 #   make deb          build/deb/outbox-dispatcher_VERSION_ARCH.deb (debian/)
-#   make bench / make bench-quick / make bench-email / make bench-levers / make bench-peer
+#   make bench / make bench-quick / make bench-email / make bench-levers / make bench-insert / make bench-peer
 #   make chaos
 #   make cppcheck     static analysis (kept clean)
 #   make schema       sql/schema.sql from a fresh install (after changing sql/)
@@ -69,7 +69,7 @@ UNIT_BIN  := $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(UNIT_SRC))
 MIGRATIONS := $(sort $(wildcard sql/[0-9]*.sql))
 FUNCTION_SQL := $(sort $(wildcard sql/functions/*.sql))
 
-.PHONY: all clean install test unit cppcheck bench bench-quick bench-email bench-levers bench-peer chaos demo fuzz man deb schema
+.PHONY: all clean install test unit cppcheck bench bench-quick bench-email bench-levers bench-insert bench-peer chaos demo fuzz man deb schema
 all: $(BUILD)/outbox-dispatcher $(BUILD)/outboxctl $(PLUGINS)
 
 # -MMD -MP: each object's header dependencies, read back below.
@@ -175,9 +175,16 @@ bench-quick: all
 bench-email: all
 	sh bench/email_run.sh
 
-# The database's cost per effect, lever by lever, measured call by call (bench/README.md).
+# Claim + completion PostgreSQL CPU and WAL per effect, this tree's schema
+# against LEVERS_BASELINE_REF's (default 2d13b03), interleaved call by call
+# at 16/64/128 rows per call (bench/README.md).
 bench-levers: all
 	sh bench/levers.sh
+
+# The producer's plain INSERT as a producer login, one row per transaction
+# and in bulk, this tree against LEVERS_BASELINE_REF's schema (bench/README.md).
+bench-insert: all
+	sh bench/insert_cost.sh
 
 # The dispatcher beside graphile-worker on identical HTTP work (bench/README.md).
 bench-peer: all
