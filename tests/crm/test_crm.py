@@ -14,7 +14,7 @@ import subprocess
 import psycopg2
 import pytest
 
-from outbox_test import (attempts, connect, effect, finish_as, kill_switch, make_run, query,
+from outbox_test import (attempts, run_state as settled_run_state, connect, effect, finish_as, kill_switch, make_run, query,
                          run_ctl, scalar, wait_for)
 
 from crm_server import CrmServer  # noqa: E402
@@ -97,8 +97,9 @@ def wait_state(conn, eid, *states, timeout=30):
 
 
 def run_state(conn, eid):
-    return scalar(conn, "SELECT w.state FROM workflow_runs w JOIN effect_outbox o "
-                        "ON o.idempotency_key = w.idempotency_key WHERE o.effect_id = %s", (eid,))
+    """The state of the effect's run, settled as a reader gets it."""
+    return settled_run_state(conn, scalar(conn, "SELECT idempotency_key FROM effect_body "
+                                                "WHERE effect_id = %s", (eid,)))
 
 
 def classes(conn, eid):

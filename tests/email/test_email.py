@@ -23,7 +23,7 @@ import time
 import pytest
 
 from outbox_test import (BUILD_DIR, ROOT, Dispatcher, attempts, effect, enqueue, kill_switch,
-                         make_run, query, scalar, wait_for, write_config)
+                         make_run, query, run_state, scalar, wait_for, write_config)
 
 from smtp_server import SmtpServer  # noqa: E402
 
@@ -270,8 +270,7 @@ def test_mixed_results_across_the_effects_of_one_run(conn, dispatchers, smtp):
     assert b["last_error_class"] == "retry" and b["attempts"] == 3
     assert sorted(r for m in smtp.received() for r in m["rcpt_tos"]) == \
         ["ann@example.com", "dan@example.com"]
-    assert scalar(conn, "SELECT state FROM workflow_runs WHERE idempotency_key = %s",
-                  (run,)) == "failed_terminal"
+    assert run_state(conn, run) == "failed_terminal"
 
 
 def test_mixed_results_direct(direct, smtp):

@@ -189,6 +189,13 @@ def attempts(conn, effect_id):
     return [dict(zip(k, r)) for r in rows]
 
 
+def run_state(conn, key):
+    """A run's state as a reader gets it: settled first from its effects
+    (outbox_settle_runs), as every function that reads a run does."""
+    query(conn, "SELECT outbox_settle_runs(ARRAY[%s])", (key,))
+    return scalar(conn, "SELECT state FROM workflow_runs WHERE idempotency_key = %s", (key,))
+
+
 def states(conn):
     return dict(query(conn, "SELECT state, count(*) FROM effect_outbox GROUP BY state"))
 

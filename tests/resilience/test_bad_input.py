@@ -25,7 +25,7 @@ import psycopg2
 import pytest
 
 from outbox_test import (BUILD_DIR, ROOT, Dispatcher, admin_dsn, attempts, connect, dsn_for, effect,
-                         make_run, query, run_ctl, scalar, wait_for)
+                         make_run, query, run_ctl, run_state, scalar, wait_for)
 
 SERVERS = os.path.join(ROOT, "tests", "servers")
 
@@ -255,8 +255,8 @@ def test_malformed_row_fails_with_its_reason_and_the_worker_goes_on(fleet, kind,
     assert e["attempts"] == 0 and attempts(fleet.conn, bad) == [], "nothing was sent"
     assert fleet.traffic() == before, "no server saw the bad row"
     # The run it belonged to is over.
-    assert scalar(fleet.conn, "SELECT w.state FROM workflow_runs w JOIN effect_outbox o USING "
-                              "(idempotency_key) WHERE o.effect_id = %s", (bad,)) == "failed_terminal"
+    assert run_state(fleet.conn, scalar(fleet.conn, "SELECT idempotency_key FROM effect_body "
+                                                    "WHERE effect_id = %s", (bad,))) == "failed_terminal"
     # The worker keeps working: a good effect of the same kind goes through.
     good = fleet.good(kind if kind in fleet.kinds else fleet.kinds[0])
     assert fleet.settled(good)["state"] == "completed"

@@ -175,8 +175,6 @@ ESCALATIONS = [
     "UPDATE workflow_runs SET state = 'processing'",
     "INSERT INTO approvals (idempotency_key, token_hash, allowed_decisions, expires_at) "
     "VALUES ('x', '\\x00', '{approve}', now())",
-    "INSERT INTO effect_attempts (effect_id, attempt, started_at, outcome_class) "
-    "VALUES (gen_random_uuid(), 1, now(), 'accepted')",
     "INSERT INTO effect_history (effect_id, created_at, attempt, started_at, outcome_class, state) "
     "VALUES (gen_random_uuid(), now(), 1, now(), 'accepted', 'completed')",
     "UPDATE effect_live SET state = 'pending', attempts = 0",

@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from outbox_test import (enqueue, final, http_cfg, kill_switch, make_run, pg_restart, query, scalar,
-                         states, wait_for)
+from outbox_test import (enqueue, final, http_cfg, kill_switch, make_run, pg_restart, query,
+                         run_state, scalar, states, wait_for)
 
 
 @pytest.mark.exclusive
@@ -32,7 +32,7 @@ def test_postgres_restart_during_a_run(conn, dispatchers, sink):
     assert sink.count() == n
     assert all(v == 1 for v in sink.keys().values()), "no effect sent twice"
     assert scalar(c, "SELECT count(*) FROM effect_attempts") == n
-    assert scalar(c, "SELECT state FROM workflow_runs WHERE idempotency_key = %s", (key,)) == "completed"
+    assert run_state(c, key) == "completed"
     c.close()
 
 

@@ -20,7 +20,7 @@ import time
 import pytest
 
 from outbox_test import (attempts, effect, enqueue, final, free_port, http_cfg, kill_switch,
-                         make_run, query, run_ctl, scalar, states, wait_for)
+                         make_run, query, run_ctl, run_state, scalar, states, wait_for)
 
 
 MATRIX = [
@@ -235,7 +235,7 @@ def test_run_moves_on_when_its_last_effect_completes(conn, dispatchers, sink):
     dispatchers(http_cfg())
     final(conn, a)
     final(conn, b)
-    assert scalar(conn, "SELECT state FROM workflow_runs WHERE idempotency_key = %s", (key,)) == "completed"
+    assert run_state(conn, key) == "completed"
     key2 = make_run(conn)
     # Both effects in one statement, as an approval enqueues them: two
     # separate commits let a fast worker complete the run after the first.
@@ -244,8 +244,7 @@ def test_run_moves_on_when_its_last_effect_completes(conn, dispatchers, sink):
                        "SELECT effect_id FROM e WHERE target LIKE '%%/status/400'",
                  (key2, sink.url + "/ok?c", key2, sink.url + "/status/400"))
     final(conn, bad)
-    wait_for(lambda: scalar(conn, "SELECT state FROM workflow_runs WHERE idempotency_key = %s",
-                            (key2,)) == "failed_terminal", what="run failed_terminal")
+    wait_for(lambda: run_state(conn, key2) == "failed_terminal", what="run failed_terminal")
 
 
 def test_requeue_gives_a_fresh_retry_budget(conn, db, dispatchers, sink):

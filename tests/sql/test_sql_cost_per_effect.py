@@ -1,11 +1,11 @@
 # SPDX-License-Identifier: ISC
 """What the live queue (sql/105_live_queue.sql) and the completion path's
 SQL (sql/functions/30_dispatcher.sql) promise while writing less per
-effect: the live rows carry two indexes and the history one unique index
-(plus a block-range one), which binds exactly the rows the old partial one
-did and serves every lookup by effect and attempt; runs are updated in
-place; and a run whose last two effects two workers finish at once is
-completed when read.
+effect: the live rows carry two indexes and the history one (plus a
+block-range one) that serves every lookup of an effect's rows; each
+provider call is recorded once however often its batch arrives; runs are
+updated in place; and a run whose last two effects two workers finish at
+once is completed when read.
 """
 import json
 import re
@@ -15,13 +15,7 @@ import uuid
 import psycopg2
 import pytest
 
-from outbox_test import connect, kill_switch, query, scalar
-
-# A history row of one effect created at one instant (the partition key).
-CREATED = "2026-01-15 12:00:00+00"
-INSERT_ATTEMPT = ("INSERT INTO effect_history (effect_id, created_at, attempt, lease_owner, worker, "
-                  "started_at, outcome_class) VALUES (%s, '" + CREATED + "', 1, %s, %s, now(), "
-                  "'accepted')")
+from outbox_test import connect, enqueue, expire_sending, kill_switch, query, scalar
 
 
 def indexes(conn, table):
@@ -29,36 +23,45 @@ def indexes(conn, table):
                                             "WHERE tablename = %s", (table,)))
 
 
-def test_live_rows_have_two_indexes_and_the_history_one_unique_index(conn):
+def test_live_rows_have_two_indexes_and_the_history_one(conn):
     """Each index is an entry every new effect writes: the live row's key
-    and its due order, and the history row's call key (its block-range
-    index writes a summary per range, not per row)."""
+    and its due order, and the history row's (creation time, effect)
+    (its block-range index writes a summary per range, not per row)."""
     assert indexes(conn, "effect_live") == ["effect_live_due_idx", "effect_live_pkey"]
-    assert indexes(conn, "effect_history") == ["effect_history_call_uq",
+    assert indexes(conn, "effect_history") == ["effect_history_effect_idx",
                                                "effect_history_ended_brin"]
     assert scalar(conn, "SELECT amname FROM pg_class c JOIN pg_am a ON a.oid = c.relam "
                         "WHERE c.relname = 'effect_history_ended_brin'") == "brin"
 
 
-def test_one_row_per_call_of_a_lease_owner_and_nothing_more(conn):
-    """Binds what the partial index bound (a worker's row for one attempt of
-    one lease owner), and leaves free what it left out: the reaper's rows,
-    rows without a lease owner (reconciliation, operators), rows without a
-    worker name."""
-    query(conn, "SELECT outbox_history_partitions(%s, %s::timestamptz + interval '1 day')",
-          (CREATED, CREATED))
-    e, owner = str(uuid.uuid4()), str(uuid.uuid4())
-    query(conn, INSERT_ATTEMPT, (e, owner, "w1"))
-    with pytest.raises(psycopg2.errors.UniqueViolation):
-        query(conn, INSERT_ATTEMPT, (e, owner, "w2"))
-    for worker in ("reaper:a", "reaper:a", "reaper:b"):
-        query(conn, INSERT_ATTEMPT, (e, owner, worker))
-    for worker in ("w1", "w1", "reconcile:x"):
-        query(conn, INSERT_ATTEMPT, (e, None, worker))
-    for _ in range(2):
-        query(conn, INSERT_ATTEMPT, (e, owner, None))
-    query(conn, INSERT_ATTEMPT, (e, str(uuid.uuid4()), "w1"))   # another lease owner
-    assert scalar(conn, "SELECT count(*) FROM effect_attempts WHERE effect_id = %s", (e,)) == 10
+def test_one_row_per_call_however_often_its_batch_arrives(conn):
+    """No unique index binds the history any more: the completion itself
+    records a call once.  A batch with an applied element and one whose
+    lease the reaper took, delivered three times: one row for the applied
+    call; the reaper's row and one evidence row for the other."""
+    kill_switch(conn, True)
+    owner = str(uuid.uuid4())
+    ok, lost = sorted(str(enqueue(conn, "http", f"http://127.0.0.1:9/{n}", {})) for n in "ab")
+    query(conn, "UPDATE effect_live SET available_at = '-infinity'")
+    ids = [r[0] for r in query(conn, "SELECT effect_id::text FROM outbox_claim(%s, 'w', 2, 30, "
+                                     "'{http}', true, '{}', %s)", (owner, str(uuid.uuid4())))]
+    assert sorted(ids) == [ok, lost]
+    expire_sending(conn, [lost])
+    query(conn, "UPDATE effect_live SET lease_expires_at = now() + interval '30 seconds' "
+                "WHERE effect_id = %s", (ok,))
+    assert [r[0] for r in query(conn, "SELECT effect_id::text FROM outbox_reap('r', 10)")] == [lost]
+    batch = json.dumps([{"effect_id": i, "attempt": 1, "outcome": "accepted",
+                         "next_state": "completed", "status": 200, "provider_id": "p"}
+                        for i in (ok, lost)])
+    for _ in range(3):
+        query(conn, "SELECT * FROM outbox_complete(%s, 'w', %s)", (owner, batch))
+    rows = query(conn, "SELECT effect_id::text, worker, cas_applied, resolution FROM effect_attempts")
+    # The lost one's acceptance is late evidence of the attempt the reaper
+    # gave up on: it resolves the effect.
+    assert sorted(rows) == sorted([(ok, "w", True, None), (lost, "reaper:r", True, None),
+                                   (lost, "w", True, "late_accepted")]), rows
+    assert dict(query(conn, "SELECT effect_id::text, state FROM effect_outbox")) == \
+        {ok: "completed", lost: "completed"}
 
 
 @pytest.mark.parametrize("lookup", [
@@ -82,8 +85,8 @@ def test_every_lookup_by_effect_reads_the_unique_index(conn, lookup):
     plan = "\n".join(r[0] for r in query(conn, "EXPLAIN " + lookup,
                                          {"e": str(uuid.uuid4()), "o": str(uuid.uuid4()),
                                           "c": scalar(conn, "SELECT now()")}))
-    # The partition's own copy of effect_history_call_uq.
-    assert re.search(r"Index (Only )?Scan.* using effect_history_\w+_effect_id_attempt_\w+", plan), plan
+    # The partition's own copy of effect_history_effect_idx.
+    assert re.search(r"Index (Only )?Scan.* using effect_history_\w+_created_at_effect_id_idx", plan), plan
     assert "Seq Scan" not in plan, plan
 
 

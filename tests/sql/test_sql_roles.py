@@ -68,7 +68,7 @@ def test_producer_cannot_change_effect_states(conn, login_as):
     for sql in TABLE_WRITES:
         denied(p, sql, {"e": str(eid)})
     denied(p, "UPDATE workflow_runs SET state = 'completed' WHERE idempotency_key = %s", (key,))
-    denied(p, "INSERT INTO effect_attempts (effect_id, attempt, started_at, outcome_class) "
+    refused(p, "INSERT INTO effect_attempts (effect_id, attempt, started_at, outcome_class) "
               "VALUES (%s, 1, now(), 'accepted')", (eid,))
     # Nor can it insert an effect that starts in another state or with
     # dispatching columns set.
