@@ -43,9 +43,9 @@ def load(conn):
     query(conn, "INSERT INTO workflow_runs (idempotency_key, state, payload_hash) "
                 "SELECT 'big-' || g, 'processing', 'h' FROM generate_series(1, %s) g", (RUNS,))
     query(conn, "SET session_replication_role = replica")
-    query(conn, "INSERT INTO effect_body (effect_id, idempotency_key, effect_type, target, payload, "
+    query(conn, "INSERT INTO effect_body (idempotency_key, effect_type, target, payload, "
                 "created_at, available_at) "
-                "SELECT gen_random_uuid(), 'big-' || (1 + g %% %s), 'http', "
+                "SELECT 'big-' || (1 + g %% %s), 'http', "
                 "'http://127.0.0.1:9/' || g, '{\"n\": 1}', "
                 "now() - interval '1 day' + g * interval '10 microseconds', "
                 "now() - interval '1 day' + g * interval '10 microseconds' "
