@@ -184,6 +184,11 @@ static const char unknown_list_sql[] =
 	"WHERE l.available_at = 'infinity' AND l.state = 'unknown' "
 	"ORDER BY l.updated_at, l.effect_id";
 
+static const char unknown_settle_sql[] =
+	"SELECT outbox_settle_runs(ARRAY(SELECT DISTINCT b.idempotency_key "
+	"FROM effect_live l JOIN effect_body b ON b.effect_id = l.effect_id "
+	"WHERE l.available_at = 'infinity' AND l.state = 'unknown'))";
+
 static int unknown_list(struct ctl *ctl, int argc, char **argv)
 {
 	static const char *const allowed[] = { "--json", NULL };
@@ -197,6 +202,11 @@ static int unknown_list(struct ctl *ctl, int argc, char **argv)
 
 	if (!ctl_check_opts(argc, argv, allowed))
 		return CTL_USAGE;
+	/* Their runs' states as their effects make them, before the list reads them. */
+	r = ops_exec(ctl, "unknown list", unknown_settle_sql, 0, NULL, &rc);
+	if (r == NULL)
+		return rc;
+	PQclear(r);
 	r = ops_exec(ctl, "unknown list", unknown_list_sql, 0, NULL, &rc);
 	if (r == NULL)
 		return rc;
