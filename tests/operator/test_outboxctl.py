@@ -552,8 +552,9 @@ def test_outboxctl_prune_removes_only_old_finished_rows_in_batches(db, conn):
     old_done = [old_effect(conn, 3, "completed" if i % 2 else "failed", "40 days")
                 for i in range(5)]
     query(conn, "INSERT INTO effect_history (effect_id, created_at, attempt, lease_owner, worker, "
-                "started_at, outcome_class) SELECT effect_id, created_at, 1, gen_random_uuid(), "
-                "'w1', now() - interval '41 days', 'accepted' FROM effect_body WHERE effect_id = %s",
+                "started_at, ended_at, outcome_class) SELECT effect_id, created_at, 1, "
+                "gen_random_uuid(), 'w1', now() - interval '41 days', now() - interval '41 days', "
+                "'accepted' FROM effect_body WHERE effect_id = %s",
           (old_done[0],))
     recent = new_effect(conn)
     arrange(conn, recent, "completed", completed_at="SQL:now() - interval '1 day'")
@@ -621,21 +622,21 @@ def test_outboxctl_prune_keeps_an_original_while_its_replacement_exists(db, conn
     history_months(conn, "now() - interval '7 months'", "now()")
     orig = old_effect(conn, 3, "failed", "40 days")
     ok(ctl(db, "replace", orig, "--new-key", "repl-1", "--operator", "a", "--reason", "r"))
-    r = ok(ctl(db, "prune", "--older-than", "30d"))
-    assert "pruned 0 " in r.stdout
-    assert effect(conn, orig) is not None
-    assert month_partition(conn, month_ago(3)) is not None
-
     # An original and its replacement both old and finished go in one pass.
     first = old_effect(conn, 5, "failed", "100 days")
-    key = make_run(conn)
-    second = effect_created_at(conn, key, month_ago(4), replaces_effect=first)
+    second = effect_created_at(conn, make_run(conn), month_ago(4), replaces_effect=first)
     arrange(conn, second, "completed", completed_at="SQL:now() - interval '90 days'")
+
     r = ok(ctl(db, "prune", "--older-than", "30d"))
     assert "pruned 2 " in r.stdout
     assert effect(conn, first) is None and effect(conn, second) is None
     assert month_partition(conn, month_ago(5)) is None
-    assert effect(conn, orig) is not None
+    assert month_partition(conn, month_ago(4)) is None
+    # The replacement made this month holds its original's month back.
+    assert effect(conn, orig)["state"] == "failed"
+    assert month_partition(conn, month_ago(3)) is not None
+    r = ok(ctl(db, "prune", "--older-than", "30d"))
+    assert "pruned 0 " in r.stdout and effect(conn, orig) is not None
 
 
 def test_outboxctl_prune_skips_rows_someone_holds_instead_of_waiting(db, conn):
