@@ -87,19 +87,20 @@ BEGIN
     IF p_sent THEN
         pid := coalesce(nullif(p_provider_id, ''), l.provider_id, 'operator:' || act);
         WITH done AS (
-            DELETE FROM effect_live x WHERE x.effect_id = l.effect_id RETURNING x.*)
+            DELETE FROM effect_live x WHERE x.effect_id = l.effect_id RETURNING x.*),
+        verdict AS (
+            INSERT INTO effect_history (effect_id, created_at, attempt, lease_owner, worker,
+                                        started_at, outcome_class, provider_id, error_text,
+                                        cas_applied)
+            SELECT d.effect_id, d.created_at, d.attempts, NULL, 'operator:' || p_operator, now(),
+                   'operator_sent', pid, p_reason, true
+              FROM done d)
         INSERT INTO effect_history (effect_id, created_at, attempt, lease_owner, worker,
-                                    started_at, outcome_class, provider_status, provider_id,
-                                    error_text, cas_applied, state, last_provider_id, retry_base)
+                                    started_at, provider_status, cas_applied, state,
+                                    last_provider_id, retry_base)
         SELECT d.effect_id, d.created_at, d.attempts, NULL, 'operator:' || p_operator, now(),
-               v.outcome_class, v.provider_status, v.provider_id, v.error_text, true, v.state,
-               v.last_provider_id, v.retry_base
-          FROM done d,
-               LATERAL (VALUES ('operator_sent', NULL::integer, pid, p_reason, NULL::text,
-                                NULL::text, NULL::integer),
-                               (NULL, d.last_status, NULL, NULL, 'completed', pid, d.retry_base))
-                       AS v(outcome_class, provider_status, provider_id, error_text, state,
-                            last_provider_id, retry_base);
+               d.last_status, true, 'completed', pid, d.retry_base
+          FROM done d;
         PERFORM outbox_settle_runs(ARRAY[b.idempotency_key]);
     ELSE
         -- Attempts are not reset (attempt numbers in the log stay unique);
