@@ -3,11 +3,16 @@
 -- functions, and the kill switch.
 --
 -- Each takes arrays or a JSON batch so that a worker spends one round trip
--- per batch, not per effect.  The batch functions plan every statement for
--- the batch at hand (plan_cache_mode): a generic plan cached while the
--- table was small turns key lookups into scans of the whole table later
--- (docs/performance.md, "Where the time goes").  Every transition is a CAS on
--- (effect, lease owner, state): a worker whose lease is gone changes nothing.
+-- per batch, not per effect.  The hot-path functions run cached generic
+-- plans (plan_cache_mode = force_generic_plan: planning was most of a
+-- batch's fixed cost), so every statement is written to plan as index
+-- probes whatever the table's size: rows are found by `= ANY (array)` of
+-- keys or by a LATERAL probe per key, never by joining a set to a table
+-- (tests/sql/test_plans_at_scale.py checks the plans at 2,000,000 rows;
+-- docs/performance.md, "Where the time goes").  Every transition is a CAS
+-- on (effect, lease owner, state): a worker whose lease is gone changes
+-- nothing.  Effects move between states only through the functions listed
+-- in docs/design.md, "State changes".
 
 -- The kill-switch lock.  mark_sending holds it shared for the length of its
 -- transaction; turning the switch off takes it exclusively.  So once the
@@ -58,7 +63,8 @@ RETURNS TABLE (effect_id uuid, idempotency_key text, effect_type text, target te
                payload text, payload_hash text, effect_key text, attempts integer,
                metadata text, approved_by text, retry_base integer,
                available_at timestamptz, payload_bytes integer, metadata_bytes integer)
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp
+    SET plan_cache_mode = force_generic_plan AS $$
 #variable_conflict use_column
 DECLARE
     after_at timestamptz := p_after_at;
@@ -137,7 +143,8 @@ CREATE OR REPLACE FUNCTION outbox_mark_sending(p_owner uuid, p_ids uuid[], p_env
                                                p_idempotent_types text[], p_lease_seconds integer,
                                                p_call uuid DEFAULT NULL)
 RETURNS TABLE (effect_id uuid, attempts integer, blocked boolean)
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp
+    SET plan_cache_mode = force_generic_plan AS $$
 #variable_conflict use_column
 DECLARE
     allowed boolean;
@@ -214,7 +221,8 @@ END $$;
 CREATE OR REPLACE FUNCTION outbox_renew(p_owner uuid, p_ids uuid[], p_lease_seconds integer,
                                         p_max_lease_seconds integer)
 RETURNS TABLE (effect_id uuid, lease_expires_at timestamptz)
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp
+    SET plan_cache_mode = force_generic_plan AS $$
 #variable_conflict use_column
 BEGIN
     PERFORM outbox_lock_owned(p_owner, p_ids);      -- lock order: effect_id
@@ -232,7 +240,8 @@ END $$;
 
 CREATE OR REPLACE FUNCTION outbox_release(p_owner uuid, p_ids uuid[], p_delay_ms bigint DEFAULT 0)
 RETURNS integer
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp
+    SET plan_cache_mode = force_generic_plan AS $$
 #variable_conflict use_column
 DECLARE
     n integer;
@@ -345,7 +354,8 @@ END $$;
 -- delivered twice) (docs/performance.md, "Where the time goes").
 CREATE OR REPLACE FUNCTION outbox_complete(p_owner uuid, p_worker text, p_results jsonb)
 RETURNS TABLE (effect_id uuid, applied boolean, state text, resolved text)
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp
+    SET plan_cache_mode = force_generic_plan AS $$
 #variable_conflict use_column
 DECLARE
     ids uuid[];
@@ -386,9 +396,9 @@ BEGIN
     END IF;
 
     -- The state change and, in the same statement, the history row of
-    -- every element it applied to.  ON CONFLICT: the same batch sent again
-    -- after a lost connection (the first may have committed) records each
-    -- provider call once.
+    -- every element it applied to.  The same batch sent again after a lost
+    -- connection (the first may have committed) finds its rows moved on:
+    -- the CAS records each provider call once.
     WITH r AS MATERIALIZED (
         SELECT r.*,
                r.next_state IN ('completed', 'failed') AS finishes,
@@ -407,7 +417,7 @@ BEGIN
          WHERE r.next_state IN ('completed', 'pending', 'failed', 'unknown')),
     gone AS (
         DELETE FROM effect_live o USING r
-         WHERE o.effect_id = ANY (ids) AND o.effect_id = r.effect_id AND r.finishes
+         WHERE o.effect_id = r.effect_id AND r.finishes
            AND o.attempts = r.attempt
            AND ((o.lease_owner = p_owner AND o.state = 'sending')
                 OR (o.state = 'unknown' AND o.effect_id = ANY (late_ids)))
@@ -427,7 +437,7 @@ BEGIN
                last_error_class = r.error_class, last_error = r.error_text,
                last_status = r.status, updated_at = now()
           FROM r
-         WHERE o.effect_id = ANY (ids) AND o.effect_id = r.effect_id AND NOT r.finishes
+         WHERE o.effect_id = r.effect_id AND NOT r.finishes
            AND o.attempts = r.attempt
            AND ((o.lease_owner = p_owner AND o.state = 'sending')
                 OR (o.state = 'unknown' AND o.effect_id = ANY (late_ids)))
@@ -460,10 +470,7 @@ BEGIN
                                                  u.started_ms_ago, 0), 0) / 1000.0))),
                u.outcome, u.status, u.provider_id, u.error, true, u.resolution, u.final_state,
                u.error_class, u.final_error, u.effect_provider_id, u.retry_base
-          FROM u
-        ON CONFLICT (effect_id, attempt, lease_owner,
-                     (CASE WHEN worker NOT LIKE 'reaper:%' THEN true END), created_at)
-        DO NOTHING)
+          FROM u)
     SELECT coalesce(array_agg(u.effect_id), '{}'), coalesce(array_agg(u.next_state), '{}'),
            coalesce(array_agg(u.outcome), '{}'),
            count(*) FILTER (WHERE u.next_state = 'pending' AND u.effect_id = ANY (late_ids))
@@ -473,7 +480,10 @@ BEGIN
     -- Elements whose CAS did not apply: evidence only from the worker that
     -- held this attempt's lease, the lease owner now or the owner the
     -- reaper's row for the attempt names (a worker that resumes after its
-    -- lease was reaped).  ON CONFLICT as above.
+    -- lease was reaped); once per (attempt, owner): a batch delivered twice
+    -- leaves one row.  The rows of the batch that are still live are
+    -- locked, so a second delivery waits for the first and then sees its
+    -- rows.
     IF cardinality(done_ids) < jsonb_array_length(p_results) THEN
         INSERT INTO effect_history (effect_id, created_at, attempt, lease_owner, worker,
                                     started_at, outcome_class, provider_status, provider_id,
@@ -495,9 +505,11 @@ BEGIN
                             WHERE a.effect_id = r.effect_id AND a.created_at = b.created_at
                               AND a.attempt = r.attempt
                               AND a.lease_owner = p_owner AND a.worker LIKE 'reaper:%'))
-        ON CONFLICT (effect_id, attempt, lease_owner,
-                     (CASE WHEN worker NOT LIKE 'reaper:%' THEN true END), created_at)
-        DO NOTHING;
+           AND NOT EXISTS (SELECT 1 FROM effect_history a
+                            WHERE a.effect_id = r.effect_id AND a.created_at = b.created_at
+                              AND a.attempt = r.attempt AND a.lease_owner = p_owner
+                              AND a.outcome_class IS NOT NULL
+                              AND a.worker NOT LIKE 'reaper:%');
     END IF;
 
     IF requeued > 0 THEN
@@ -544,7 +556,8 @@ END $$;
 -- history row (no call) carries the reason.
 CREATE OR REPLACE FUNCTION outbox_fail_invalid(p_owner uuid, p_items jsonb)
 RETURNS TABLE (effect_id uuid)
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp
+    SET plan_cache_mode = force_generic_plan AS $$
 #variable_conflict use_column
 DECLARE
     ids uuid[];
@@ -745,7 +758,8 @@ END $$;
 -- deadlocking (renew and complete did, in both directions).
 CREATE OR REPLACE FUNCTION outbox_lock_owned(p_owner uuid, p_ids uuid[])
 RETURNS void
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp
+    SET plan_cache_mode = force_generic_plan AS $$
 BEGIN
     PERFORM 1 FROM effect_live o
      WHERE o.effect_id = ANY (p_ids) AND o.lease_owner = p_owner
