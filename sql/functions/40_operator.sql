@@ -101,7 +101,6 @@ BEGIN
         SELECT d.effect_id, d.created_at, d.attempts, NULL, 'operator:' || p_operator, now(),
                d.last_status, true, 'completed', pid, d.retry_base
           FROM done d;
-        PERFORM outbox_settle_runs(ARRAY[b.idempotency_key]);
     ELSE
         -- Attempts are not reset (attempt numbers in the log stay unique);
         -- the retry budget starts again from here.
@@ -118,6 +117,8 @@ BEGIN
         PERFORM pg_notify('effect_outbox', '');
     END IF;
 
+    -- The run as its effects now make it (completed with its last effect).
+    PERFORM outbox_settle_runs(ARRAY[b.idempotency_key]);
     RETURN QUERY SELECT true, CASE WHEN p_sent THEN 'completed' ELSE 'pending' END,
                         b.idempotency_key, CASE WHEN p_sent THEN pid ELSE l.provider_id END,
                         w.state
