@@ -522,7 +522,8 @@ BEGIN
                 dropped := dropped || part;
             END LOOP;
             PERFORM set_config('lock_timeout', old_timeout, true);
-        EXCEPTION WHEN lock_not_available THEN
+        EXCEPTION WHEN lock_not_available OR deadlock_detected THEN
+            -- Waiting for the lock: the next call drops them.
             dropped := '{}';
         END;
     END IF;

@@ -38,8 +38,8 @@ BEGIN
             PERFORM set_config('lock_timeout', '1s', true);
             PERFORM outbox_history_partitions(now(), now() + interval '3 months');
             PERFORM set_config('lock_timeout', old_timeout, true);
-        EXCEPTION WHEN lock_not_available THEN
-            NULL;
+        EXCEPTION WHEN lock_not_available OR deadlock_detected THEN
+            NULL;                           -- a later hour's pass makes them
         END;
     END IF;
     RETURN QUERY SELECT * FROM outbox_fail_unknown_types(p_grace_seconds, p_limit);

@@ -657,6 +657,28 @@ def test_outboxctl_prune_skips_rows_someone_holds_instead_of_waiting(db, conn):
     assert month_partition(conn, month_ago(3)) is None
 
 
+def test_outboxctl_prune_leaves_the_drop_to_the_next_run_while_a_reader_holds_the_history(db, conn):
+    """Dropping a month takes the history's exclusive lock, which every
+    worker's completion queues behind: prune waits a second at most for a
+    long reader, keeps the deletes it made, and the next run drops the month."""
+    history_months(conn, "now() - interval '7 months'", "now()")
+    done = old_effect(conn, 3, "completed", "40 days")
+    reader = psycopg2.connect(db)
+    try:
+        reader.cursor().execute("SELECT count(*) FROM effect_history")
+        r = ok(run_ctl(["--db", db, "prune", "--older-than", "30d"], timeout=20))
+        assert "pruned 1 " in r.stdout
+        assert effect(conn, done) is None
+        assert month_partition(conn, month_ago(3)) is not None
+    finally:
+        reader.rollback()
+        reader.close()
+    r = ok(ctl(db, "prune", "--older-than", "30d"))
+    assert "pruned 0 " in r.stdout
+    assert month_partition(conn, month_ago(3)) is None
+    assert actions(conn, "prune")[-1]["detail"]["dropped_partitions"] != []
+
+
 @pytest.mark.parametrize("age,words", [
     ("soon", "invalid input syntax for type interval"),
     ("0d", "must be positive"),
