@@ -2,7 +2,8 @@
 -- functions/60_housekeeping.sql: what one worker of the fleet runs for all
 -- of it, at most every few seconds or minutes (an advisory lock and a
 -- timestamp row decide who): failing rows of effect types nobody serves,
--- and this week's figures; and the operators' view of the weekly figures.
+-- the history's months ahead, and this week's figures; and the operators'
+-- view of the weekly figures.
 
 -- Fail pending rows of types no worker has registered for p_grace_seconds.
 -- Expired leases of pending rows are left alone: every reader treats an
