@@ -677,7 +677,7 @@ def test_sql_lease_skips_locked_rows(conn, db):
     other = psycopg2.connect(db)
     try:
         cur = other.cursor()
-        cur.execute("SELECT 1 FROM effect_outbox WHERE effect_id = %s FOR UPDATE", (u1,))
+        cur.execute("SELECT 1 FROM effect_live WHERE effect_id = %s FOR UPDATE", (u1,))
         assert [r[0] for r in lease(conn, OWNER)] == [u2]
     finally:
         other.rollback()

@@ -167,8 +167,11 @@ def test_producer_cannot_call_kill_switch_or_dispatcher_functions(conn, login_as
                # the n8n kit's cancel that says why not (25_kit.sql)
                "outbox_cancel_status",
                # pure, and needed by effect_outbox's generated columns for
-               # the plain INSERT
-               "outbox_sha256_hex"}
+               # the plain INSERT, and the effect id's default
+               "outbox_sha256_hex", "outbox_new_effect_id",
+               # the effect_outbox view's moving columns, read with the
+               # reader's own rights (not SECURITY DEFINER)
+               "outbox_effect_now"}
     executable = {r[0] for r in query(p, """
         SELECT p.proname FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
          WHERE n.nspname = 'public' AND p.prokind = 'f'
