@@ -17,9 +17,9 @@ from outbox_test import enqueue, expire_sending, kill_switch, make_run, query, s
 OWNER = "00000000-0000-4000-8000-0000000000aa"
 
 
-def claim(conn, n=10):
+def claim(conn, n=10, types="{http}"):
     return [r[0] for r in query(conn, "SELECT effect_id::text FROM outbox_claim(%s, 'w', %s, 30, "
-                                      "'{http}', true, '{}', %s)", (OWNER, n, str(uuid.uuid4())))]
+                                      "%s, true, '{}', %s)", (OWNER, n, types, str(uuid.uuid4())))]
 
 
 def xact_counts(conn, table):
@@ -41,9 +41,9 @@ def counted(conn, tables, action):
             for t in tables}, got
 
 
-def lease(conn, n=10):
+def lease(conn, n=10, types="{http}"):
     return [r[0] for r in query(conn, "SELECT effect_id::text FROM outbox_lease(%s, 'w', %s, 30, "
-                                      "'{http}', true)", (OWNER, n))]
+                                      "%s, true)", (OWNER, n, types))]
 
 
 def mark(conn, ids):
@@ -101,14 +101,16 @@ def test_a_batch_that_takes_whole_pages_is_leased_hot(conn):
                                    "amount_cents": 129900, "currency": "EUR",
                                    "customer": {"id": "cus_42", "email": "a@example.com"},
                                    "note": "bench payload of a typical webhook size"}})
-    query(conn, "INSERT INTO effect_body (idempotency_key, effect_type, target, payload, available_at) "
-                "SELECT %s, 'http', 'http://127.0.0.1:9/' || g, %s::jsonb, "
-                "now() - interval '1 hour' + g * interval '1 millisecond' "
-                "FROM generate_series(1, 500) g", (key, payload))
+    # A backlog of its own for each (another type), so that neither finds
+    # the other's old versions on its pages.
     seen = {}
-    for take in (lease, claim):
+    for take, kind in ((lease, "http"), (claim, "email")):
+        query(conn, "INSERT INTO effect_body (idempotency_key, effect_type, target, payload, "
+                    "available_at) SELECT %s, %s, 'http://127.0.0.1:9/' || g, %s::jsonb, "
+                    "now() - interval '1 hour' + g * interval '1 millisecond' "
+                    "FROM generate_series(1, 500) g", (key, kind, payload))
         query(conn, "BEGIN")
-        counts, got = counted(conn, ["effect_live"], lambda: take(conn, 500))
+        counts, got = counted(conn, ["effect_live"], lambda: take(conn, 500, "{%s}" % kind))
         assert len(got) == 500
         seen[take.__name__] = counts["effect_live"]
         query(conn, "ROLLBACK")
