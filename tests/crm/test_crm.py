@@ -503,8 +503,10 @@ def test_reconcile_finds_the_record(conn, dispatchers, crm, token_file, db):
         ("reconciled_sent", 200, rec_id, 1)
     assert a["cas_applied"] and a["worker"] == "w1"
     assert crm.count(key, "PATCH") == 0, "reconciliation must never re-send"
-    assert scalar(conn, "SELECT last_reconciled_at IS NOT NULL AND lease_owner IS NULL "
-                        "FROM effect_outbox WHERE effect_id = %s", (eid,))
+    # Finished: out of the live queue (whose row carried the lease and the
+    # reconciliation stamp); the verdict's history row finished it.
+    assert scalar(conn, "SELECT lease_owner IS NULL FROM effect_outbox WHERE effect_id = %s", (eid,))
+    assert scalar(conn, "SELECT count(*) FROM effect_live WHERE effect_id = %s", (eid,)) == 0
 
 
 def test_reconcile_not_found_requeues_and_delivers_once(conn, dispatchers, crm, token_file, db):
@@ -722,10 +724,12 @@ def test_sql_record_every_verdict(conn):
     assert run_state(conn, not_sent) == "approved"
     e = effect(conn, cannot)
     assert e["state"] == "unknown" and e["last_error"] == "arranged by the test"
-    for eid in (sent, not_sent, cannot):
+    for eid in (not_sent, cannot):
         assert scalar(conn, "SELECT lease_owner IS NULL AND lease_expires_at IS NULL "
                             "AND last_reconciled_at IS NOT NULL FROM effect_outbox "
                             "WHERE effect_id = %s", (eid,))
+    # The sent one is finished: its live row (lease, stamp) is gone.
+    assert scalar(conn, "SELECT count(*) FROM effect_live WHERE effect_id = %s", (sent,)) == 0
     assert [(a["attempt"], a["outcome_class"], a["provider_status"], a["provider_id"],
              a["error_text"], a["cas_applied"]) for a in
             attempts(conn, sent) + attempts(conn, not_sent) + attempts(conn, cannot)] == [
