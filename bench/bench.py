@@ -565,9 +565,9 @@ def throughput(k, label, prefix="t", hold_xmin=False, profile=False):
     # pays its fillfactor and the versions a held snapshot keeps
     # (sql/105_live_queue.sql); the body and the history grow by what
     # the run wrote.
-    heaps = dict(q("SELECT t, coalesce(sum(pg_relation_size(relid)), 0) / 1048576.0"
+    heaps = dict(q("SELECT t, sum(pg_relation_size(p.relid)) / 1048576.0"
                    " FROM unnest(ARRAY['effect_body', 'effect_live', 'effect_history']) t"
-                   " CROSS JOIN LATERAL pg_partition_tree(t::regclass) GROUP BY t"))
+                   " CROSS JOIN LATERAL " + RELATION_AND_PARTITIONS + " GROUP BY t"))
     heap_mib = float(sum(heaps.values()))
     r = {"workers": k, "heap_mib": heap_mib, "heap_live_mib": float(heaps["effect_live"]),
          "heap_body_mib": float(heaps["effect_body"]), "heap_history_mib": float(heaps["effect_history"]),
@@ -590,6 +590,10 @@ def throughput(k, label, prefix="t", hold_xmin=False, profile=False):
 
 
 # effect_history's counts are its partitions', summed under its name.
+# The relation t and its partitions, if any (pg_partition_tree returns no
+# row for a table that is not partitioned).
+RELATION_AND_PARTITIONS = ("(SELECT t::regclass AS relid"
+                           " UNION SELECT relid FROM pg_partition_tree(t::regclass)) p")
 WRITE_TABLES = ("effect_body", "effect_live", "effect_history", "effect_calls", "workflow_runs")
 
 
@@ -605,7 +609,7 @@ def table_writes():
     q("SELECT pg_stat_clear_snapshot()")
     rows = q("SELECT t, sum(s.n_tup_ins), sum(s.n_tup_upd), sum(s.n_tup_hot_upd),"
              " sum(pg_indexes_size(s.relid))"
-             " FROM unnest(%s::text[]) t CROSS JOIN LATERAL pg_partition_tree(t::regclass) p"
+             " FROM unnest(%s::text[]) t CROSS JOIN LATERAL " + RELATION_AND_PARTITIONS +
              " JOIN pg_stat_user_tables s ON s.relid = p.relid GROUP BY t",
              (list(WRITE_TABLES),))
     return {r[0]: [int(x) for x in r[1:]] for r in rows}
