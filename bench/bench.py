@@ -709,10 +709,13 @@ def ceiling(clients):
                           "-t", str(per_client), "-f", os.path.join(ROOT, "bench", "ceiling.sql"),
                           "bench"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     bench_cpu = CpuTracker(lambda: [p.pid])
+    # pgbench's backends live only as long as the run (a fraction of a
+    # second at QUICK scale), and a backend that exits between two samples
+    # takes its CPU with it: sampled far more often than the workers' runs.
     while p.poll() is None:
         pgcpu.sample()
         bench_cpu.sample()
-        time.sleep(0.25)
+        time.sleep(0.02)
     so, se = p.communicate()
     if p.returncode != 0:
         sys.exit("bench: pgbench failed:\n" + so + se)
