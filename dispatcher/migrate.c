@@ -175,8 +175,11 @@ fail:
 }
 
 /* Function files after the tables: each re-run whenever its text changed
- * (CREATE OR REPLACE), in name order. */
-static int apply_function_files(PGconn *conn, FILE *out, char *err, size_t errlen)
+ * (CREATE OR REPLACE), in name order, and every one of them after any
+ * migration ran: a migration may drop or replace what an unchanged file
+ * made (a view over a table it rebuilds, a trigger on a table it
+ * renames). */
+static int apply_function_files(PGconn *conn, FILE *out, char *err, size_t errlen, bool all)
 {
 	int n = 0;
 
@@ -199,7 +202,7 @@ static int apply_function_files(PGconn *conn, FILE *out, char *err, size_t errle
 		}
 		same = PQntuples(r) == 1;
 		PQclear(r);
-		if (same)
+		if (same && !all)
 			continue;
 		if (!exec_ok(conn, ff->sql, err, errlen, ff->name) ||
 		    !exec_params_ok(conn,
@@ -238,7 +241,7 @@ int migrate_apply(PGconn *conn, FILE *out, char *err, size_t errlen)
 	tables = apply_migrations(conn, out, err, errlen);
 	if (tables < 0)
 		goto fail;
-	functions = apply_function_files(conn, out, err, errlen);
+	functions = apply_function_files(conn, out, err, errlen, tables > 0);
 	if (functions < 0)
 		goto fail;
 	if (!exec_ok(conn, "COMMIT", err, errlen, "commit"))

@@ -5,7 +5,9 @@
 -- Each takes arrays or a JSON batch so that a worker spends one round trip
 -- per batch, not per effect.  The hot-path functions run cached generic
 -- plans (plan_cache_mode = force_generic_plan: planning was most of a
--- batch's fixed cost), so every statement is written to plan as index
+-- batch's fixed cost) made with enable_seqscan off (a plan cached while
+-- the queue was empty must not stay a scan of the table once it holds
+-- millions), so every statement is written to plan as index
 -- probes whatever the table's size: rows are found by `= ANY (array)` of
 -- keys or by a LATERAL probe per key, never by joining a set to a table
 -- (tests/sql/test_plans_at_scale.py checks the plans at 2,000,000 rows;
@@ -64,7 +66,7 @@ RETURNS TABLE (effect_id uuid, idempotency_key text, effect_type text, target te
                metadata text, approved_by text, retry_base integer,
                available_at timestamptz, payload_bytes integer, metadata_bytes integer)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp
-    SET plan_cache_mode = force_generic_plan AS $$
+    SET plan_cache_mode = force_generic_plan SET enable_seqscan = off AS $$
 #variable_conflict use_column
 DECLARE
     after_at timestamptz := p_after_at;
@@ -145,7 +147,7 @@ CREATE OR REPLACE FUNCTION outbox_mark_sending(p_owner uuid, p_ids uuid[], p_env
                                                p_call uuid DEFAULT NULL)
 RETURNS TABLE (effect_id uuid, attempts integer, blocked boolean)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp
-    SET plan_cache_mode = force_generic_plan AS $$
+    SET plan_cache_mode = force_generic_plan SET enable_seqscan = off AS $$
 #variable_conflict use_column
 DECLARE
     allowed boolean;
@@ -223,7 +225,7 @@ CREATE OR REPLACE FUNCTION outbox_renew(p_owner uuid, p_ids uuid[], p_lease_seco
                                         p_max_lease_seconds integer)
 RETURNS TABLE (effect_id uuid, lease_expires_at timestamptz)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp
-    SET plan_cache_mode = force_generic_plan AS $$
+    SET plan_cache_mode = force_generic_plan SET enable_seqscan = off AS $$
 #variable_conflict use_column
 BEGIN
     PERFORM outbox_lock_owned(p_owner, p_ids);      -- lock order: effect_id
@@ -242,7 +244,7 @@ END $$;
 CREATE OR REPLACE FUNCTION outbox_release(p_owner uuid, p_ids uuid[], p_delay_ms bigint DEFAULT 0)
 RETURNS integer
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp
-    SET plan_cache_mode = force_generic_plan AS $$
+    SET plan_cache_mode = force_generic_plan SET enable_seqscan = off AS $$
 #variable_conflict use_column
 DECLARE
     n integer;
@@ -355,7 +357,7 @@ END $$;
 CREATE OR REPLACE FUNCTION outbox_complete(p_owner uuid, p_worker text, p_results jsonb)
 RETURNS TABLE (effect_id uuid, applied boolean, state text, resolved text)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp
-    SET plan_cache_mode = force_generic_plan AS $$
+    SET plan_cache_mode = force_generic_plan SET enable_seqscan = off AS $$
 #variable_conflict use_column
 DECLARE
     n integer := jsonb_array_length(p_results);
@@ -589,7 +591,7 @@ END $$;
 CREATE OR REPLACE FUNCTION outbox_fail_invalid(p_owner uuid, p_items jsonb)
 RETURNS TABLE (effect_id uuid)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp
-    SET plan_cache_mode = force_generic_plan AS $$
+    SET plan_cache_mode = force_generic_plan SET enable_seqscan = off AS $$
 #variable_conflict use_column
 DECLARE
     ids uuid[];
@@ -791,7 +793,7 @@ END $$;
 CREATE OR REPLACE FUNCTION outbox_lock_owned(p_owner uuid, p_ids uuid[])
 RETURNS void
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp
-    SET plan_cache_mode = force_generic_plan AS $$
+    SET plan_cache_mode = force_generic_plan SET enable_seqscan = off AS $$
 BEGIN
     PERFORM 1 FROM effect_live o
      WHERE o.effect_id = ANY (p_ids) AND o.lease_owner = p_owner

@@ -50,7 +50,7 @@ RETURNS TABLE (effect_id uuid, idempotency_key text, effect_type text, target te
                metadata text, approved_by text, retry_base integer,
                available_at timestamptz, payload_bytes integer, metadata_bytes integer)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp
-    SET plan_cache_mode = force_generic_plan AS $$
+    SET plan_cache_mode = force_generic_plan SET enable_seqscan = off AS $$
 #variable_conflict use_column
 DECLARE
     allowed boolean;
@@ -170,7 +170,7 @@ CREATE OR REPLACE FUNCTION outbox_unclaim(p_owner uuid, p_ids uuid[], p_call uui
                                           p_release boolean, p_delay_ms bigint DEFAULT 0)
 RETURNS integer
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp
-    SET plan_cache_mode = force_generic_plan AS $$
+    SET plan_cache_mode = force_generic_plan SET enable_seqscan = off AS $$
 #variable_conflict use_column
 DECLARE
     n integer;
