@@ -168,8 +168,12 @@ def failed_effect(conn, state):
     """A failed effect whose run is then put in `state`."""
     key = make_run(conn)
     eid = scalar(conn, PLAIN + " RETURNING effect_id", (key, "https://x.example/f"))
-    query(conn, "UPDATE effect_outbox SET state = 'failed', last_error_class = 'terminal', "
-                "completed_at = now() WHERE effect_id = %s", (eid,))
+    # Finished: the live row goes, the history row that finishes it comes.
+    query(conn, "WITH gone AS (DELETE FROM effect_live WHERE effect_id = %s RETURNING *) "
+                "INSERT INTO effect_history (effect_id, created_at, attempt, worker, started_at, "
+                "state, last_error_class, retry_base) "
+                "SELECT effect_id, created_at, attempts, 'test', now(), 'failed', 'terminal', "
+                "retry_base FROM gone", (eid,))
     query(conn, "UPDATE workflow_runs SET state = %s WHERE idempotency_key = %s", (state, key))
     return key, eid
 
@@ -255,9 +259,15 @@ def leased_sending(conn, owner, n=1):
     key = make_run(conn)
     ids = [scalar(conn, PLAIN + " RETURNING effect_id", (key, f"https://x.example/{i}"))
            for i in range(n)]
-    query(conn, "UPDATE effect_outbox SET state = 'sending', attempts = 1, lease_owner = %s, "
-                "lease_expires_at = now() + interval '1 hour', sending_since = now() "
-                "WHERE effect_id = ANY (%s::uuid[])", (owner, [str(i) for i in ids]))
+    # As a claim leaves them: the live rows sending under one call.
+    call = str(uuid.uuid4())
+    query(conn, "UPDATE effect_live SET state = 'sending', attempts = 1, lease_owner = %s, "
+                "lease_expires_at = now() + interval '1 hour', sending_since = now(), "
+                "mark_token = %s WHERE effect_id = ANY (%s::uuid[])",
+          (owner, call, [str(i) for i in ids]))
+    query(conn, "INSERT INTO effect_calls (call, lease_owner, worker, ids, deadline) "
+                "VALUES (%s, %s, 'w1', %s::uuid[], now() + interval '1 hour')",
+          (call, owner, [str(i) for i in ids]))
     return ids
 
 
@@ -275,8 +285,10 @@ def test_dispatcher_cannot_add_attempts_for_effects_it_never_leased(conn, login_
     assert rows == [(False,)]
     assert scalar(conn, "SELECT count(*) FROM effect_attempts WHERE effect_id = %s", (eid,)) == 0
     # A stranger cannot resolve it after the reaper moved the row either...
-    query(conn, "UPDATE effect_outbox SET lease_expires_at = now() - interval '1 second' "
+    query(conn, "UPDATE effect_live SET lease_expires_at = now() - interval '1 second' "
                 "WHERE effect_id = %s", (eid,))
+    query(conn, "UPDATE effect_calls SET deadline = now() - interval '1 second' "
+                "WHERE %s = ANY (ids)", (eid,))
     assert query(d, "SELECT state FROM outbox_reap('r', 10)") == [("unknown",)]
     rows = query(d, "SELECT applied FROM outbox_complete(%s, 'evil', %s)",
                  (stranger, json.dumps([result(eid)])))
