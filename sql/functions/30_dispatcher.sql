@@ -16,6 +16,20 @@
 CREATE OR REPLACE FUNCTION outbox_kill_switch_lock_key() RETURNS bigint
 LANGUAGE sql IMMUTABLE AS $$ SELECT 7262935012345678901::bigint $$;
 
+-- The state of an effect now: its live row's, else the one its last
+-- finishing history row gave it (NULL: no such effect, or one being
+-- inserted by a statement still running).
+CREATE OR REPLACE FUNCTION outbox_effect_state(p_effect_id uuid)
+RETURNS text
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = public, pg_temp AS $$
+    SELECT coalesce(
+        (SELECT l.state FROM effect_live l WHERE l.effect_id = p_effect_id),
+        (SELECT h.state FROM effect_body b JOIN effect_history h
+                ON h.effect_id = b.effect_id AND h.created_at = b.created_at
+          WHERE b.effect_id = p_effect_id AND h.state IS NOT NULL
+          ORDER BY h.history_id DESC LIMIT 1));
+$$;
+
 -- Lease up to p_limit due pending rows, in (available_at, effect_id) order,
 -- starting after (p_after_at, p_after_id) when given (at most 50 ms ago).  Rows come back in
 -- that order, with available_at, so the caller's next position is the last
@@ -28,7 +42,7 @@ LANGUAGE sql IMMUTABLE AS $$ SELECT 7262935012345678901::bigint $$;
 -- NULL: the worker fails the row as invalid with payload_bytes and
 -- metadata_bytes (the text's lengths) as the reason, without ever holding
 -- it.  Rows stored before the producer's bound, or written by the table's
--- owner, can carry either.  The text is made once, in the CTE.
+-- owner, can carry either.  The text is made once per row.
 --
 -- (The older signature, without the bound and the two lengths, goes first:
 -- a result type cannot be replaced.)
@@ -44,8 +58,7 @@ RETURNS TABLE (effect_id uuid, idempotency_key text, effect_type text, target te
                payload text, payload_hash text, effect_key text, attempts integer,
                metadata text, approved_by text, retry_base integer,
                available_at timestamptz, payload_bytes integer, metadata_bytes integer)
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp
-    SET plan_cache_mode = force_custom_plan AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
     after_at timestamptz := p_after_at;
@@ -68,34 +81,49 @@ BEGIN
     after_id := coalesce(after_id, '00000000-0000-0000-0000-000000000000');
     RETURN QUERY
     WITH due AS (
-        SELECT o.effect_id FROM effect_outbox o
-         WHERE o.state = 'pending'
-           AND (o.available_at, o.effect_id) > (after_at, after_id)
-           AND o.available_at <= now()
-           AND (o.lease_expires_at IS NULL OR o.lease_expires_at < now())
-           AND o.effect_type = ANY (p_types)
-         ORDER BY o.available_at, o.effect_id
+        SELECT l.effect_id FROM effect_live l
+         WHERE (l.available_at, l.effect_id) > (after_at, after_id)
+           AND l.available_at <= now()
+           AND l.state = 'pending'
+           AND (l.lease_expires_at IS NULL OR l.lease_expires_at < now())
+           AND l.effect_type = ANY (p_types)
+         ORDER BY l.available_at, l.effect_id
          LIMIT p_limit
          FOR UPDATE SKIP LOCKED),
     leased AS (
-        UPDATE effect_outbox o
+        UPDATE effect_live l
            SET lease_owner = p_owner, lease_worker = p_worker, leased_at = now(),
                lease_expires_at = now() + make_interval(secs => p_lease_seconds)
-          FROM due
-         WHERE o.effect_id = due.effect_id
-        RETURNING o.effect_id, o.idempotency_key, o.effect_type, o.target,
-                  o.payload::text AS payload_text, o.payload_hash, o.effect_key, o.attempts,
-                  o.metadata::text AS metadata_text, o.approved_by, o.retry_base, o.available_at)
-    SELECT l.effect_id, l.idempotency_key, l.effect_type, l.target,
-           CASE WHEN octet_length(l.payload_text) <= p_max_payload_bytes THEN l.payload_text END,
-           l.payload_hash, l.effect_key, l.attempts,
-           CASE WHEN octet_length(l.metadata_text) <= outbox_metadata_max_bytes()
-                THEN l.metadata_text END,
-           l.approved_by,
-           l.retry_base, l.available_at,
-           octet_length(l.payload_text), octet_length(l.metadata_text)
-      FROM leased l ORDER BY l.available_at, l.effect_id;
+         WHERE l.effect_id = ANY (ARRAY(SELECT d.effect_id FROM due d))
+        RETURNING l.effect_id, l.attempts, l.retry_base, l.available_at)
+    SELECT l.effect_id, b.idempotency_key, b.effect_type, b.target,
+           CASE WHEN octet_length(b.payload_text) <= p_max_payload_bytes THEN b.payload_text END,
+           b.payload_hash, b.effect_key, l.attempts,
+           CASE WHEN octet_length(b.metadata_text) <= outbox_metadata_max_bytes()
+                THEN b.metadata_text END,
+           b.approved_by, l.retry_base, l.available_at,
+           octet_length(b.payload_text), octet_length(b.metadata_text)
+      FROM leased l
+     CROSS JOIN LATERAL (
+           SELECT e.idempotency_key, e.effect_type, e.target, e.payload::text AS payload_text,
+                  e.payload_hash, e.effect_key, e.metadata::text AS metadata_text, e.approved_by
+             FROM effect_body e WHERE e.effect_id = l.effect_id) b
+     ORDER BY l.available_at, l.effect_id;
 END $$;
+
+-- The call row of a claim or mark: which rows it moved to `sending` and
+-- when the first lease of them ends (docs/design.md, "Tables").  A repeat
+-- of the same call adds the rows it moved this time.
+CREATE OR REPLACE FUNCTION outbox_record_call(p_call uuid, p_owner uuid, p_worker text,
+                                              p_ids uuid[], p_deadline timestamptz)
+RETURNS void
+LANGUAGE sql SECURITY DEFINER SET search_path = public, pg_temp AS $$
+    INSERT INTO effect_calls AS c (call, lease_owner, worker, ids, deadline)
+    SELECT p_call, p_owner, p_worker, p_ids, p_deadline WHERE cardinality(p_ids) > 0
+    ON CONFLICT (call) DO UPDATE
+       SET ids = ARRAY(SELECT DISTINCT x FROM unnest(c.ids || EXCLUDED.ids) AS x),
+           deadline = least(c.deadline, EXCLUDED.deadline);
+$$;
 
 -- The commit point (docs/design.md, "Effect states"): leased rows of
 -- p_owner move to `sending` only while the kill switch allows it, read
@@ -103,18 +131,20 @@ END $$;
 -- an attempt.  Rows are locked in effect_id order first, as in every batch
 -- function.  A call repeated after a lost connection (same p_call) gets
 -- back the rows it already moved; that second half is read only when some
--- id did not move.
+-- id did not move.  A call without a token gets one: every `sending` row
+-- belongs to a call row.
 CREATE OR REPLACE FUNCTION outbox_mark_sending(p_owner uuid, p_ids uuid[], p_env_enabled boolean,
                                                p_idempotent_types text[], p_lease_seconds integer,
                                                p_call uuid DEFAULT NULL)
 RETURNS TABLE (effect_id uuid, attempts integer, blocked boolean)
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp
-    SET plan_cache_mode = force_custom_plan AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
     allowed boolean;
     ids uuid[];
     atts integer[];
+    call uuid := coalesce(p_call, gen_random_uuid());
+    worker text;
 BEGIN
     -- A call the worker gave up on (outbox_unclaim_call, after its repeat
     -- was refused) marks nothing, even if its first delivery reaches the
@@ -138,7 +168,7 @@ BEGIN
         -- (Their lease is dropped, so the release below skips them.)
         IF p_call IS NOT NULL THEN
             RETURN QUERY
-            UPDATE effect_outbox o
+            UPDATE effect_live o
                SET state = 'pending', attempts = o.attempts - 1, sending_since = NULL,
                    mark_token = NULL, sending_idempotent = false,
                    lease_owner = NULL, lease_expires_at = NULL, lease_worker = NULL,
@@ -148,16 +178,16 @@ BEGIN
             RETURNING o.effect_id, o.attempts, true;
         END IF;
         RETURN QUERY
-        UPDATE effect_outbox o
+        UPDATE effect_live o
            SET lease_owner = NULL, lease_expires_at = NULL, lease_worker = NULL
          WHERE o.effect_id = ANY (p_ids) AND o.lease_owner = p_owner AND o.state = 'pending'
         RETURNING o.effect_id, o.attempts, true;
         RETURN;
     END IF;
     WITH u AS (
-        UPDATE effect_outbox o
+        UPDATE effect_live o
            SET state = 'sending', attempts = o.attempts + 1,
-               sending_since = now(), mark_token = p_call,
+               sending_since = now(), mark_token = call,
                sending_idempotent = o.effect_type = ANY (p_idempotent_types),
                lease_expires_at = now() + make_interval(secs => p_lease_seconds),
                updated_at = now()
@@ -165,13 +195,16 @@ BEGIN
            AND o.lease_owner = p_owner
            AND o.state = 'pending'
            AND o.lease_expires_at > now()
-        RETURNING o.effect_id, o.attempts)
-    SELECT coalesce(array_agg(u.effect_id), '{}'), coalesce(array_agg(u.attempts), '{}')
-      INTO ids, atts FROM u;
+        RETURNING o.effect_id, o.attempts, o.lease_worker)
+    SELECT coalesce(array_agg(u.effect_id), '{}'), coalesce(array_agg(u.attempts), '{}'),
+           min(u.lease_worker)
+      INTO ids, atts, worker FROM u;
+    PERFORM outbox_record_call(call, p_owner, worker, ids,
+                               now() + make_interval(secs => p_lease_seconds));
     RETURN QUERY SELECT x.id, x.att, false FROM unnest(ids, atts) AS x(id, att);
     IF p_call IS NOT NULL AND cardinality(ids) < cardinality(p_ids) THEN
         RETURN QUERY
-        SELECT o.effect_id, o.attempts, false FROM effect_outbox o
+        SELECT o.effect_id, o.attempts, false FROM effect_live o
          WHERE o.effect_id = ANY (p_ids) AND NOT o.effect_id = ANY (ids)
            AND o.lease_owner = p_owner AND o.state = 'sending'
            AND o.mark_token = p_call;
@@ -181,13 +214,12 @@ END $$;
 CREATE OR REPLACE FUNCTION outbox_renew(p_owner uuid, p_ids uuid[], p_lease_seconds integer,
                                         p_max_lease_seconds integer)
 RETURNS TABLE (effect_id uuid, lease_expires_at timestamptz)
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp
-    SET plan_cache_mode = force_custom_plan AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 #variable_conflict use_column
 BEGIN
     PERFORM outbox_lock_owned(p_owner, p_ids);      -- lock order: effect_id
     RETURN QUERY
-    UPDATE effect_outbox o
+    UPDATE effect_live o
        SET lease_expires_at = least(now() + make_interval(secs => p_lease_seconds),
                                     coalesce(o.sending_since, o.leased_at)
                                       + make_interval(secs => p_max_lease_seconds))
@@ -200,14 +232,13 @@ END $$;
 
 CREATE OR REPLACE FUNCTION outbox_release(p_owner uuid, p_ids uuid[], p_delay_ms bigint DEFAULT 0)
 RETURNS integer
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp
-    SET plan_cache_mode = force_custom_plan AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
     n integer;
 BEGIN
     PERFORM outbox_lock_owned(p_owner, p_ids);      -- lock order: effect_id
-    UPDATE effect_outbox o
+    UPDATE effect_live o
        SET lease_owner = NULL, lease_expires_at = NULL, lease_worker = NULL,
            available_at = greatest(o.available_at,
                                    now() + make_interval(secs => greatest(p_delay_ms, 0) / 1000.0))
@@ -216,40 +247,75 @@ BEGIN
     RETURN n;
 END $$;
 
--- Move runs on after their effects moved: a run whose effect failed
--- becomes failed_terminal; a run whose effects are all completed becomes
--- completed.  Locks the runs in key order first, so two workers finishing
--- the last two effects of one run cannot both miss the other's commit (the
--- lock is its own statement: the update after it reads with a snapshot
--- taken once the lock is held, so it sees the other's committed effects).
--- Each update runs only when it has keys: every statement here is planned
--- on every call, and an empty one costs as much to plan as a small one.
-CREATE OR REPLACE FUNCTION outbox_advance_runs(p_failed text[], p_completed text[])
-RETURNS void
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp
-    SET plan_cache_mode = force_custom_plan AS $$
+-- A run's state as its effects make it: a run in processing or approved
+-- whose effect failed becomes failed_terminal; one with effects that are
+-- all completed becomes completed.  The workers no longer write runs when
+-- they finish effects (a run update per completion batch was ~5 % of the
+-- database's time per effect); every function that reads or changes a
+-- run's state calls this first for the runs it reads, and bulk readers
+-- with NULL (every run that can move), so each answers as if the runs had
+-- moved with their effects.  An effect whose row is still being inserted
+-- (no live row, no history row yet) counts as open.  Locks the runs in key
+-- order first; the checks after it read with a snapshot taken once the
+-- locks are held, so they see every effect committed before.
+DROP FUNCTION IF EXISTS outbox_advance_runs(text[], text[]);
+CREATE OR REPLACE FUNCTION outbox_settle_runs(p_keys text[])
+RETURNS integer
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 #variable_conflict use_column
+DECLARE
+    keys text[];
+    n integer;
+    m integer;
 BEGIN
-    PERFORM 1 FROM workflow_runs w
-     WHERE w.idempotency_key = ANY (p_failed || p_completed)
-     ORDER BY w.idempotency_key FOR UPDATE;
-    IF cardinality(p_failed) > 0 THEN
-        UPDATE workflow_runs w
-           SET state = 'failed_terminal', version = w.version + 1,
-               failure_reason = coalesce(w.failure_reason, 'an effect failed terminally'),
-               updated_at = now()
-         WHERE w.idempotency_key = ANY (p_failed)
-           AND w.state NOT IN ('completed', 'failed_terminal');
+    IF p_keys IS NULL THEN
+        SELECT coalesce(array_agg(w.idempotency_key ORDER BY w.idempotency_key), '{}') INTO keys
+          FROM workflow_runs w
+         WHERE w.state IN ('approved', 'processing')
+           AND EXISTS (SELECT 1 FROM effect_body b WHERE b.idempotency_key = w.idempotency_key);
+    ELSE
+        keys := p_keys;
     END IF;
-    IF cardinality(p_completed) > 0 THEN
-        UPDATE workflow_runs w
-           SET state = 'completed', version = w.version + 1, updated_at = now()
-         WHERE w.idempotency_key = ANY (p_completed)
-           AND w.state IN ('approved', 'processing')
-           AND NOT EXISTS (SELECT 1 FROM effect_outbox o
-                            WHERE o.idempotency_key = w.idempotency_key
-                              AND o.state <> 'completed');
+    IF cardinality(keys) = 0 THEN
+        RETURN 0;
     END IF;
+    SELECT coalesce(array_agg(x.k), '{}') INTO keys FROM (
+        SELECT w.idempotency_key AS k FROM workflow_runs w
+         WHERE w.idempotency_key = ANY (keys) AND w.state IN ('approved', 'processing')
+         ORDER BY w.idempotency_key FOR UPDATE) x;
+    IF cardinality(keys) = 0 THEN
+        RETURN 0;
+    END IF;
+    UPDATE workflow_runs w
+       SET state = 'failed_terminal', version = w.version + 1,
+           failure_reason = coalesce(w.failure_reason, 'an effect failed terminally'),
+           updated_at = now()
+     WHERE w.idempotency_key = ANY (keys)
+       AND w.state IN ('approved', 'processing')
+       AND EXISTS (SELECT 1 FROM effect_body b
+                    WHERE b.idempotency_key = w.idempotency_key
+                      AND NOT EXISTS (SELECT 1 FROM effect_live l WHERE l.effect_id = b.effect_id)
+                      AND (SELECT h.state FROM effect_history h
+                            WHERE h.effect_id = b.effect_id AND h.created_at = b.created_at
+                              AND h.state IS NOT NULL
+                            ORDER BY h.history_id DESC LIMIT 1) = 'failed');
+    GET DIAGNOSTICS n = ROW_COUNT;
+    UPDATE workflow_runs w
+       SET state = 'completed', version = w.version + 1, updated_at = now()
+     WHERE w.idempotency_key = ANY (keys)
+       AND w.state IN ('approved', 'processing')
+       AND EXISTS (SELECT 1 FROM effect_body b WHERE b.idempotency_key = w.idempotency_key)
+       AND NOT EXISTS (SELECT 1 FROM effect_body b
+                        WHERE b.idempotency_key = w.idempotency_key
+                          AND (EXISTS (SELECT 1 FROM effect_live l WHERE l.effect_id = b.effect_id)
+                               OR coalesce((SELECT h.state FROM effect_history h
+                                             WHERE h.effect_id = b.effect_id
+                                               AND h.created_at = b.created_at
+                                               AND h.state IS NOT NULL
+                                             ORDER BY h.history_id DESC LIMIT 1), '')
+                                  <> 'completed'));
+    GET DIAGNOSTICS m = ROW_COUNT;
+    RETURN n + m;
 END $$;
 
 -- Record a batch of provider outcomes.  p_results is a JSON array of
@@ -262,42 +328,39 @@ END $$;
 -- nor after now(); without started_ms_ago (a worker of an older version,
 -- which sent its own clock's started_at: ignored) it is now().  A worker
 -- whose wall clock is off therefore cannot move the attempt's age, which
--- decides when a lookup's "not found" counts (outbox_reconcile_lease).  Every element of an attempt this worker held the lease of
--- becomes an attempts-log row, whether or not the CAS still matches (a
--- worker that lost its lease still leaves its evidence).  Returns, per
--- element, whether the state change applied, the state it set and, when
--- it resolved an `unknown` effect, how (late_accepted, late_not_sent).
+-- decides when a lookup's "not found" counts (outbox_reconcile_lease).
+-- Every element of an attempt this worker held the lease of becomes a
+-- history row, whether or not the CAS still matches (a worker that lost
+-- its lease still leaves its evidence).  Returns, per element, whether the
+-- state change applied, the state it set and, when it resolved an
+-- `unknown` effect, how (late_accepted, late_not_sent).
 --
--- The usual batch (every CAS applies, no `unknown` row) costs four
--- statements: the row locks; the state change with its attempts rows (one
--- statement: they are built from the UPDATE's RETURNING, no second read of
--- the effects); the runs; the result rows (from the UPDATE's arrays).  The
--- rest runs only for what is left over: late evidence for `unknown` rows,
--- and elements whose CAS did not apply (lease lost, a batch delivered
--- twice) (docs/performance.md, "Cost per effect in the database").
+-- The usual batch (every CAS applies, no `unknown` row) costs three
+-- statements: the row locks; the state change with its history rows (one
+-- statement: finished effects leave the live queue by a DELETE whose
+-- RETURNING makes their finishing history rows, retried ones are updated
+-- in place); the result rows.  Runs are not touched (outbox_settle_runs).
+-- The rest runs only for what is left over: late evidence for `unknown`
+-- rows, and elements whose CAS did not apply (lease lost, a batch
+-- delivered twice) (docs/performance.md, "Where the time goes").
 CREATE OR REPLACE FUNCTION outbox_complete(p_owner uuid, p_worker text, p_results jsonb)
 RETURNS TABLE (effect_id uuid, applied boolean, state text, resolved text)
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp
-    SET plan_cache_mode = force_custom_plan AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
     ids uuid[];
-    since timestamptz[];
     any_unknown boolean;
     late_ids uuid[] := '{}';
     done_ids uuid[];
     done_states text[];
     done_outcomes text[];
-    failed_keys text[];
-    completed_keys text[];
     requeued integer;
 BEGIN
     -- Lock the batch's rows in effect_id order, the order every batch
     -- function takes them in, so two batches cannot wait on each other.
-    SELECT coalesce(array_agg(l.effect_id), '{}'), coalesce(bool_or(l.state = 'unknown'), false),
-           coalesce(array_agg(l.sending_since), '{}')
-      INTO ids, any_unknown, since
-      FROM (SELECT o.effect_id, o.state, o.sending_since FROM effect_outbox o
+    SELECT coalesce(array_agg(l.effect_id), '{}'), coalesce(bool_or(l.state = 'unknown'), false)
+      INTO ids, any_unknown
+      FROM (SELECT o.effect_id, o.state FROM effect_live o
              WHERE o.effect_id = ANY (ARRAY(SELECT (e ->> 'effect_id')::uuid
                                               FROM jsonb_array_elements(p_results) e))
              ORDER BY o.effect_id
@@ -305,10 +368,10 @@ BEGIN
 
     -- The `unknown` rows whose unknown-ness came from this worker's lease
     -- on exactly the attempt being recorded are the candidates for a late
-    -- resolution (rare: only then is the attempts log probed, by index).
+    -- resolution (rare: only then is the history probed, by index).
     IF any_unknown THEN
         SELECT coalesce(array_agg(o.effect_id), '{}') INTO late_ids
-          FROM effect_outbox o
+          FROM effect_live o
           JOIN jsonb_to_recordset(p_results) AS r(effect_id uuid, attempt integer, outcome text,
                                                   next_state text)
             ON r.effect_id = o.effect_id
@@ -316,66 +379,95 @@ BEGIN
            AND ((r.outcome = 'accepted' AND r.next_state = 'completed')
                 OR (r.outcome = 'not_sent' AND r.next_state IN ('pending', 'failed')))
            AND o.attempts = r.attempt
-           AND EXISTS (SELECT 1 FROM effect_attempts a
-                        WHERE a.effect_id = o.effect_id AND a.attempt = r.attempt
+           AND EXISTS (SELECT 1 FROM effect_history a
+                        WHERE a.effect_id = o.effect_id AND a.created_at = o.created_at
+                          AND a.attempt = r.attempt
                           AND a.lease_owner = p_owner AND a.worker LIKE 'reaper:%');
     END IF;
 
-    -- The state change and, in the same statement, the attempts row of
+    -- The state change and, in the same statement, the history row of
     -- every element it applied to.  ON CONFLICT: the same batch sent again
     -- after a lost connection (the first may have committed) records each
     -- provider call once.
-    WITH u AS (
-        UPDATE effect_outbox o
+    WITH r AS MATERIALIZED (
+        SELECT r.*,
+               r.next_state IN ('completed', 'failed') AS finishes,
+               CASE WHEN r.outcome = 'accepted' THEN NULL ELSE r.outcome END AS error_class,
+               CASE WHEN r.effect_id = ANY (late_ids) AND r.outcome = 'not_sent'
+                    THEN 'late evidence: the attempt given up on was not sent ('
+                         || coalesce(r.error, 'no detail') || ')'
+                    ELSE r.error END AS error_text,
+               CASE WHEN r.effect_id = ANY (late_ids)
+                    THEN CASE WHEN r.outcome = 'accepted' THEN 'late_accepted'
+                              ELSE 'late_not_sent' END END AS resolution
+          FROM jsonb_to_recordset(p_results) AS r(
+               effect_id uuid, attempt integer, started_ms_ago bigint, outcome text,
+               status integer, provider_id text, error text, next_state text,
+               retry_delay_ms bigint)
+         WHERE r.next_state IN ('completed', 'pending', 'failed', 'unknown')),
+    gone AS (
+        DELETE FROM effect_live o USING r
+         WHERE o.effect_id = ANY (ids) AND o.effect_id = r.effect_id AND r.finishes
+           AND o.attempts = r.attempt
+           AND ((o.lease_owner = p_owner AND o.state = 'sending')
+                OR (o.state = 'unknown' AND o.effect_id = ANY (late_ids)))
+        RETURNING o.effect_id, o.created_at, o.sending_since, o.retry_base,
+                  coalesce(r.provider_id, o.provider_id) AS effect_provider_id,
+                  r.started_ms_ago, r.attempt, r.outcome, r.status, r.provider_id, r.error,
+                  r.next_state, r.resolution, r.error_class, r.error_text),
+    moved AS (
+        UPDATE effect_live o
            SET state = r.next_state,
                provider_id = coalesce(r.provider_id, o.provider_id),
                lease_owner = NULL, lease_expires_at = NULL, lease_worker = NULL,
                sending_since = NULL,
                available_at = CASE WHEN r.next_state = 'pending'
                                    THEN now() + make_interval(secs => greatest(r.retry_delay_ms, 0) / 1000.0)
-                                   ELSE o.available_at END,
-               last_error_class = CASE WHEN r.outcome = 'accepted' THEN NULL ELSE r.outcome END,
-               last_error = CASE WHEN o.effect_id = ANY (late_ids) AND r.outcome = 'not_sent'
-                                 THEN 'late evidence: the attempt given up on was not sent ('
-                                      || coalesce(r.error, 'no detail') || ')'
-                                 ELSE r.error END,
-               last_status = r.status,
-               completed_at = CASE WHEN r.next_state IN ('completed', 'failed') THEN now() END,
-               updated_at = now()
-          FROM jsonb_to_recordset(p_results) AS r(
-               effect_id uuid, attempt integer, started_ms_ago bigint, outcome text,
-               status integer, provider_id text, error text, next_state text,
-               retry_delay_ms bigint)
-          LEFT JOIN unnest(ids, since) AS s(effect_id, sending_since) ON s.effect_id = r.effect_id
-         WHERE o.effect_id = r.effect_id
+                                   ELSE 'infinity' END,
+               last_error_class = r.error_class, last_error = r.error_text,
+               last_status = r.status, updated_at = now()
+          FROM r
+         WHERE o.effect_id = ANY (ids) AND o.effect_id = r.effect_id AND NOT r.finishes
            AND o.attempts = r.attempt
-           AND r.next_state IN ('completed', 'pending', 'failed', 'unknown')
            AND ((o.lease_owner = p_owner AND o.state = 'sending')
                 OR (o.state = 'unknown' AND o.effect_id = ANY (late_ids)))
-        RETURNING o.effect_id, o.idempotency_key, o.state, r.attempt,
-                  least(now(), greatest(s.sending_since,
-                                        now() - make_interval(secs => coalesce(greatest(
-                                                    r.started_ms_ago, 0), 0) / 1000.0))) AS started_at,
-                  r.outcome, r.status, r.provider_id AS r_provider_id, r.error),
+        RETURNING o.effect_id, o.created_at, r.started_ms_ago, r.attempt, r.outcome, r.status,
+                  r.provider_id, r.error, r.next_state, r.resolution),
+    moved_since AS (
+        -- sending_since before the update: the row's old version.
+        SELECT m.*, (SELECT s.sending_since FROM effect_live s
+                      WHERE s.effect_id = m.effect_id) AS sending_since
+          FROM moved m),
+    u AS (
+        SELECT g.effect_id, g.created_at, g.sending_since, g.started_ms_ago, g.attempt,
+               g.outcome, g.status, g.provider_id, g.error, g.next_state, g.resolution,
+               g.next_state AS final_state, g.error_class, g.error_text AS final_error,
+               g.effect_provider_id, g.retry_base
+          FROM gone g
+        UNION ALL
+        SELECT m.effect_id, m.created_at, m.sending_since, m.started_ms_ago, m.attempt,
+               m.outcome, m.status, m.provider_id, m.error, m.next_state, m.resolution,
+               NULL, NULL, NULL, NULL, NULL
+          FROM moved_since m),
     logged AS (
-        INSERT INTO effect_attempts (effect_id, attempt, lease_owner, worker, started_at,
-                                     outcome_class, provider_status, provider_id,
-                                     error_text, cas_applied, metadata, resolution)
-        SELECT u.effect_id, u.attempt, p_owner, p_worker, coalesce(u.started_at, now()),
-               u.outcome, u.status, u.r_provider_id, u.error, true, NULL,
-               CASE WHEN u.effect_id = ANY (late_ids)
-                    THEN CASE WHEN u.outcome = 'accepted' THEN 'late_accepted'
-                              ELSE 'late_not_sent' END END
+        INSERT INTO effect_history (effect_id, created_at, attempt, lease_owner, worker,
+                                    started_at, outcome_class, provider_status, provider_id,
+                                    error_text, cas_applied, resolution, state,
+                                    last_error_class, last_error, last_provider_id, retry_base)
+        SELECT u.effect_id, u.created_at, u.attempt, p_owner, p_worker,
+               least(now(), greatest(u.sending_since,
+                                     now() - make_interval(secs => coalesce(greatest(
+                                                 u.started_ms_ago, 0), 0) / 1000.0))),
+               u.outcome, u.status, u.provider_id, u.error, true, u.resolution, u.final_state,
+               u.error_class, u.final_error, u.effect_provider_id, u.retry_base
           FROM u
         ON CONFLICT (effect_id, attempt, lease_owner,
-                     (CASE WHEN worker NOT LIKE 'reaper:%' THEN true END))
+                     (CASE WHEN worker NOT LIKE 'reaper:%' THEN true END), created_at)
         DO NOTHING)
-    SELECT coalesce(array_agg(u.effect_id), '{}'), coalesce(array_agg(u.state), '{}'),
+    SELECT coalesce(array_agg(u.effect_id), '{}'), coalesce(array_agg(u.next_state), '{}'),
            coalesce(array_agg(u.outcome), '{}'),
-           coalesce(array_agg(u.idempotency_key) FILTER (WHERE u.state = 'failed'), '{}'),
-           coalesce(array_agg(u.idempotency_key) FILTER (WHERE u.state = 'completed'), '{}'),
-           count(*) FILTER (WHERE u.state = 'pending' AND u.effect_id = ANY (late_ids))
-      INTO done_ids, done_states, done_outcomes, failed_keys, completed_keys, requeued
+           count(*) FILTER (WHERE u.next_state = 'pending' AND u.effect_id = ANY (late_ids))
+      INTO done_ids, done_states, done_outcomes, requeued
       FROM u;
 
     -- Elements whose CAS did not apply: evidence only from the worker that
@@ -383,29 +475,31 @@ BEGIN
     -- reaper's row for the attempt names (a worker that resumes after its
     -- lease was reaped).  ON CONFLICT as above.
     IF cardinality(done_ids) < jsonb_array_length(p_results) THEN
-        INSERT INTO effect_attempts (effect_id, attempt, lease_owner, worker, started_at,
-                                     outcome_class, provider_status, provider_id,
-                                     error_text, cas_applied, metadata)
-        SELECT r.effect_id, r.attempt, p_owner, p_worker,
+        INSERT INTO effect_history (effect_id, created_at, attempt, lease_owner, worker,
+                                    started_at, outcome_class, provider_status, provider_id,
+                                    error_text, cas_applied)
+        SELECT r.effect_id, b.created_at, r.attempt, p_owner, p_worker,
                now() - make_interval(secs => coalesce(greatest(r.started_ms_ago, 0), 0) / 1000.0),
-               r.outcome, r.status, r.provider_id, r.error, false, NULL
+               r.outcome, r.status, r.provider_id, r.error, false
           FROM jsonb_to_recordset(p_results) AS r(
                    effect_id uuid, attempt integer, started_ms_ago bigint, outcome text,
                    status integer, provider_id text, error text)
-          JOIN effect_outbox o ON o.effect_id = r.effect_id
-         WHERE o.effect_id = ANY (ids) AND NOT r.effect_id = ANY (done_ids)
-           AND (o.lease_owner = p_owner
-                OR EXISTS (SELECT 1 FROM effect_attempts a
-                            WHERE a.effect_id = r.effect_id AND a.attempt = r.attempt
+         CROSS JOIN LATERAL (SELECT e.created_at FROM effect_body e
+                              WHERE e.effect_id = r.effect_id) b
+         WHERE NOT r.effect_id = ANY (done_ids)
+           AND r.outcome IS NOT NULL
+           AND (EXISTS (SELECT 1 FROM effect_live o
+                         WHERE o.effect_id = r.effect_id AND o.effect_id = ANY (ids)
+                           AND o.lease_owner = p_owner)
+                OR EXISTS (SELECT 1 FROM effect_history a
+                            WHERE a.effect_id = r.effect_id AND a.created_at = b.created_at
+                              AND a.attempt = r.attempt
                               AND a.lease_owner = p_owner AND a.worker LIKE 'reaper:%'))
         ON CONFLICT (effect_id, attempt, lease_owner,
-                     (CASE WHEN worker NOT LIKE 'reaper:%' THEN true END))
+                     (CASE WHEN worker NOT LIKE 'reaper:%' THEN true END), created_at)
         DO NOTHING;
     END IF;
 
-    IF cardinality(failed_keys) > 0 OR cardinality(completed_keys) > 0 THEN
-        PERFORM outbox_advance_runs(failed_keys, completed_keys);
-    END IF;
     IF requeued > 0 THEN
         PERFORM pg_notify('effect_outbox', '');
     END IF;
@@ -420,7 +514,7 @@ BEGIN
         RETURN;
     END IF;
     -- "applied" also when an earlier delivery of this same batch applied it
-    -- (the rare case: only then is the attempts log probed, by its index).
+    -- (the rare case: only then is the history probed, by its index).
     RETURN QUERY
     SELECT r.effect_id, r.effect_id = ANY (done_ids) OR coalesce(prev.applied, false),
            CASE WHEN r.effect_id = ANY (done_ids) OR coalesce(prev.applied, false) THEN r.next_state END,
@@ -431,10 +525,13 @@ BEGIN
       FROM jsonb_to_recordset(p_results) AS r(
                effect_id uuid, attempt integer, outcome text, next_state text)
       LEFT JOIN LATERAL (
-          SELECT true AS applied, a.resolution FROM effect_attempts a
+          SELECT true AS applied, a.resolution FROM effect_history a
            WHERE NOT r.effect_id = ANY (done_ids)
              AND a.effect_id = r.effect_id AND a.attempt = r.attempt
+             AND a.created_at = (SELECT e.created_at FROM effect_body e
+                                  WHERE e.effect_id = r.effect_id)
              AND a.lease_owner = p_owner AND a.cas_applied
+             AND a.outcome_class IS NOT NULL
              AND a.worker NOT LIKE 'reaper:%'
            LIMIT 1) prev ON true;
 END $$;
@@ -443,60 +540,77 @@ END $$;
 -- locked in effect_id order first.  A claimed row (outbox_claim: already
 -- `sending`, never sent; the item names its claim's call token, so that a
 -- late call cannot fail a row claimed or marked since) gets its attempt
--- undone: no provider was called.
+-- undone: no provider was called.  The row leaves the live queue; its
+-- history row (no call) carries the reason.
 CREATE OR REPLACE FUNCTION outbox_fail_invalid(p_owner uuid, p_items jsonb)
 RETURNS TABLE (effect_id uuid)
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp
-    SET plan_cache_mode = force_custom_plan AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
-    keys text[];
     ids uuid[];
 BEGIN
     PERFORM outbox_lock_owned(p_owner, ARRAY(SELECT x.effect_id FROM
                               jsonb_to_recordset(p_items) AS x(effect_id uuid)));
-    WITH u AS (
-        UPDATE effect_outbox o
-           SET state = 'failed', last_error_class = coalesce(x.error_class, 'invalid'),
-               last_error = x.error, lease_owner = NULL, lease_expires_at = NULL,
-               lease_worker = NULL, completed_at = now(), updated_at = now(),
-               attempts = CASE WHEN o.state = 'sending' THEN o.attempts - 1 ELSE o.attempts END,
-               sending_since = NULL, mark_token = NULL, sending_idempotent = false
-          FROM jsonb_to_recordset(p_items) AS x(effect_id uuid, error_class text, error text,
-                                                call uuid)
-         WHERE o.effect_id = x.effect_id AND o.lease_owner = p_owner
+    WITH x AS MATERIALIZED (
+        SELECT x.* FROM jsonb_to_recordset(p_items) AS x(effect_id uuid, error_class text,
+                                                         error text, call uuid)),
+    gone AS (
+        DELETE FROM effect_live o USING x
+         WHERE o.effect_id = ANY (ARRAY(SELECT y.effect_id FROM x y))
+           AND o.effect_id = x.effect_id AND o.lease_owner = p_owner
            AND (o.state = 'pending' OR (o.state = 'sending' AND o.mark_token = x.call))
-        RETURNING o.effect_id, o.idempotency_key)
-    SELECT coalesce(array_agg(u.effect_id), '{}'), coalesce(array_agg(u.idempotency_key), '{}')
-      INTO ids, keys FROM u;
-    IF cardinality(keys) > 0 THEN
-        PERFORM outbox_advance_runs(keys, '{}');
-    END IF;
+        RETURNING o.effect_id, o.created_at, o.retry_base, o.provider_id, o.last_status,
+                  CASE WHEN o.state = 'sending' THEN o.attempts - 1 ELSE o.attempts END AS attempts,
+                  coalesce(x.error_class, 'invalid') AS error_class, x.error),
+    logged AS (
+        INSERT INTO effect_history (effect_id, created_at, attempt, lease_owner, worker,
+                                    started_at, state, last_error_class, last_error,
+                                    last_provider_id, provider_status, retry_base)
+        SELECT g.effect_id, g.created_at, g.attempts, p_owner, NULL, now(), 'failed',
+               g.error_class, g.error, g.provider_id, g.last_status, g.retry_base
+          FROM gone g)
+    SELECT coalesce(array_agg(g.effect_id), '{}') INTO ids FROM gone g;
     RETURN QUERY SELECT unnest(ids);
 END $$;
 
--- The reaper: a `sending` row whose send_deadline passed belonged to a
--- worker that died or stalled mid-send.  It goes to `unknown`, or back to
--- pending with the same key where the provider honours keys; never simply
--- re-sent.
+-- The reaper: a `sending` row whose lease passed belonged to a worker that
+-- died or stalled mid-send.  It goes to `unknown`, or back to pending with
+-- the same key where the provider honours keys; never simply re-sent.  The
+-- rows are found through their calls (effect_calls, by deadline): the live
+-- rows carry no index that a claim would have to update.  A call whose
+-- rows were renewed gets its deadline moved to the first of theirs; a call
+-- with no row left in `sending` goes.
 CREATE OR REPLACE FUNCTION outbox_reap(p_worker text, p_limit integer DEFAULT 500)
 RETURNS TABLE (effect_id uuid, state text, lost_worker text)
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp
-    SET plan_cache_mode = force_custom_plan AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 #variable_conflict use_column
+DECLARE
+    calls uuid[];
+    reaped uuid[];
+    states text[];
+    workers text[];
 BEGIN
-    RETURN QUERY
+    SELECT coalesce(array_agg(c.call), '{}') INTO calls FROM (
+        SELECT c.call FROM effect_calls c WHERE c.deadline < now()
+         ORDER BY c.deadline LIMIT greatest(p_limit / 16, 8)
+           FOR UPDATE SKIP LOCKED) c;
+    IF cardinality(calls) = 0 THEN
+        RETURN;
+    END IF;
     WITH expired AS (
-        SELECT o.effect_id, o.lease_worker, o.lease_owner, o.attempts, o.sending_since
-          FROM effect_outbox o
-         WHERE o.state = 'sending' AND o.send_deadline < now()
-         ORDER BY o.send_deadline
+        SELECT o.effect_id, o.created_at, o.lease_worker, o.lease_owner, o.attempts,
+               o.sending_since
+          FROM effect_calls c
+          JOIN effect_live o ON o.effect_id = ANY (c.ids) AND o.mark_token = c.call
+         WHERE c.call = ANY (calls)
+           AND o.state = 'sending' AND o.lease_expires_at < now()
+         ORDER BY o.effect_id
          LIMIT p_limit
-           FOR UPDATE SKIP LOCKED),
+           FOR UPDATE OF o SKIP LOCKED),
     moved AS (
-        UPDATE effect_outbox o
+        UPDATE effect_live o
            SET state = CASE WHEN o.sending_idempotent THEN 'pending' ELSE 'unknown' END,
-               available_at = now(),
+               available_at = CASE WHEN o.sending_idempotent THEN now() ELSE 'infinity' END,
                last_error_class = 'ambiguous',
                last_error = 'lease expired while sending (worker '
                             || coalesce(e.lease_worker, '?') || ' lost)',
@@ -504,17 +618,39 @@ BEGIN
                sending_since = NULL, updated_at = now()
           FROM expired e
          WHERE o.effect_id = e.effect_id
-        RETURNING o.effect_id, o.state, e.lease_worker, e.lease_owner, e.attempts,
-                  e.sending_since),
+        RETURNING o.effect_id, o.state, e.created_at, e.lease_worker, e.lease_owner,
+                  e.attempts, e.sending_since),
     logged AS (
-        INSERT INTO effect_attempts (effect_id, attempt, lease_owner, worker, started_at,
-                                     outcome_class, error_text, cas_applied, metadata)
-        SELECT m.effect_id, m.attempts, m.lease_owner, 'reaper:' || p_worker,
+        INSERT INTO effect_history (effect_id, created_at, attempt, lease_owner, worker,
+                                    started_at, outcome_class, error_text, cas_applied)
+        SELECT m.effect_id, m.created_at, m.attempts, m.lease_owner, 'reaper:' || p_worker,
                coalesce(m.sending_since, now()), 'ambiguous',
                'lease expired while sending; worker ' || coalesce(m.lease_worker, '?')
-               || ' lost; state ' || m.state, true, NULL
+               || ' lost; state ' || m.state, true
           FROM moved m)
-    SELECT m.effect_id, m.state, m.lease_worker FROM moved m;
+    SELECT coalesce(array_agg(m.effect_id), '{}'), coalesce(array_agg(m.state), '{}'),
+           coalesce(array_agg(m.lease_worker), '{}')
+      INTO reaped, states, workers FROM moved m;
+
+    -- The calls looked at: gone when none of their rows is still in
+    -- `sending` under them, else due again at their rows' first deadline.
+    WITH left_over AS (
+        SELECT c.call, min(o.lease_expires_at) AS deadline
+          FROM effect_calls c
+          LEFT JOIN effect_live o ON o.effect_id = ANY (c.ids) AND o.mark_token = c.call
+                                 AND o.state = 'sending'
+                                 AND NOT o.effect_id = ANY (reaped)
+         WHERE c.call = ANY (calls)
+         GROUP BY c.call),
+    dropped AS (
+        DELETE FROM effect_calls c USING left_over x
+         WHERE c.call = x.call AND x.deadline IS NULL
+        RETURNING c.call)
+    UPDATE effect_calls c SET deadline = greatest(x.deadline, now() + interval '1 second')
+      FROM left_over x
+     WHERE c.call = x.call AND x.deadline IS NOT NULL;
+
+    RETURN QUERY SELECT * FROM unnest(reaped, states, workers);
 END $$;
 
 -- Provider names some worker serves (only provider-like names).
@@ -547,28 +683,29 @@ LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 DECLARE
     ids uuid[];
     types text[];
-    keys text[];
 BEGIN
-    WITH u AS (
-        UPDATE effect_outbox o
-           SET state = 'failed', last_error_class = 'invalid',
-               last_error = 'unknown effect type "' || o.effect_type || '": no worker serves it',
-               completed_at = now(), updated_at = now(),
-               lease_owner = NULL, lease_expires_at = NULL, lease_worker = NULL
-         WHERE o.effect_id IN (
-            SELECT p.effect_id FROM effect_outbox p
-             WHERE p.state = 'pending'
-               AND p.created_at < now() - make_interval(secs => p_grace_seconds)
-               AND (p.lease_expires_at IS NULL OR p.lease_expires_at < now())
-               AND NOT EXISTS (SELECT 1 FROM outbox_providers v WHERE v.name = p.effect_type)
-             LIMIT p_limit FOR UPDATE SKIP LOCKED)
-        RETURNING o.effect_id, o.effect_type, o.idempotency_key)
-    SELECT coalesce(array_agg(u.effect_id), '{}'), coalesce(array_agg(u.effect_type), '{}'),
-           coalesce(array_agg(u.idempotency_key), '{}')
-      INTO ids, types, keys FROM u;
-    IF cardinality(keys) > 0 THEN
-        PERFORM outbox_advance_runs(keys, '{}');
-    END IF;
+    WITH doomed AS (
+        SELECT p.effect_id FROM effect_live p
+         WHERE p.state = 'pending'
+           AND p.created_at < now() - make_interval(secs => p_grace_seconds)
+           AND (p.lease_expires_at IS NULL OR p.lease_expires_at < now())
+           AND NOT EXISTS (SELECT 1 FROM outbox_providers v WHERE v.name = p.effect_type)
+         LIMIT p_limit FOR UPDATE SKIP LOCKED),
+    gone AS (
+        DELETE FROM effect_live o
+         WHERE o.effect_id = ANY (ARRAY(SELECT d.effect_id FROM doomed d))
+        RETURNING o.effect_id, o.effect_type, o.created_at, o.attempts, o.retry_base,
+                  o.provider_id, o.last_status),
+    logged AS (
+        INSERT INTO effect_history (effect_id, created_at, attempt, worker, started_at,
+                                    state, last_error_class, last_error, last_provider_id,
+                                    provider_status, retry_base)
+        SELECT g.effect_id, g.created_at, g.attempts, NULL, now(), 'failed', 'invalid',
+               'unknown effect type "' || g.effect_type || '": no worker serves it',
+               g.provider_id, g.last_status, g.retry_base
+          FROM gone g)
+    SELECT coalesce(array_agg(g.effect_id), '{}'), coalesce(array_agg(g.effect_type), '{}')
+      INTO ids, types FROM gone g;
     RETURN QUERY SELECT * FROM unnest(ids, types);
 END $$;
 
@@ -592,13 +729,12 @@ BEGIN
         PERFORM pg_notify('effect_outbox', 'kill-switch-on');
     END IF;
     RETURN QUERY
-    SELECT i.effect_id, i.effect_key, i.effect_type, i.target, i.lease_worker, i.sending_since
-      FROM (SELECT o.effect_id, o.effect_key, o.effect_type, o.target, o.lease_worker, o.sending_since
-              FROM effect_outbox o WHERE o.state = 'sending' AND o.send_deadline IS NOT NULL
-            UNION ALL
-            SELECT o.effect_id, o.effect_key, o.effect_type, o.target, o.lease_worker, o.sending_since
-              FROM effect_outbox o WHERE o.state = 'sending' AND o.send_deadline IS NULL) i
-     ORDER BY i.sending_since;
+    SELECT o.effect_id, b.effect_key, b.effect_type, b.target, o.lease_worker, o.sending_since
+      FROM effect_calls c
+      JOIN effect_live o ON o.effect_id = ANY (c.ids) AND o.mark_token = c.call
+      JOIN effect_body b ON b.effect_id = o.effect_id
+     WHERE o.state = 'sending'
+     ORDER BY o.sending_since;
 END $$;
 
 -- 5 and 6. One lock order; attempts only from the lease holder ---------------
@@ -609,10 +745,9 @@ END $$;
 -- deadlocking (renew and complete did, in both directions).
 CREATE OR REPLACE FUNCTION outbox_lock_owned(p_owner uuid, p_ids uuid[])
 RETURNS void
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp
-    SET plan_cache_mode = force_custom_plan AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 BEGIN
-    PERFORM 1 FROM effect_outbox o
+    PERFORM 1 FROM effect_live o
      WHERE o.effect_id = ANY (p_ids) AND o.lease_owner = p_owner
      ORDER BY o.effect_id FOR UPDATE;
 END $$;
@@ -625,7 +760,9 @@ REVOKE EXECUTE ON FUNCTION
     outbox_mark_sending(uuid, uuid[], boolean, text[], integer, uuid),
     outbox_renew(uuid, uuid[], integer, integer),
     outbox_release(uuid, uuid[], bigint),
-    outbox_advance_runs(text[], text[]),
+    outbox_effect_state(uuid),
+    outbox_record_call(uuid, uuid, text, uuid[], timestamp with time zone),
+    outbox_settle_runs(text[]),
     outbox_complete(uuid, text, jsonb),
     outbox_fail_invalid(uuid, jsonb),
     outbox_reap(text, integer),
@@ -646,6 +783,10 @@ GRANT EXECUTE ON FUNCTION
     outbox_register_providers(text[], text[]),
     outbox_fail_unknown_types(integer, integer)
     TO outbox_dispatcher;
+GRANT EXECUTE ON FUNCTION
+    outbox_effect_state(uuid),
+    outbox_settle_runs(text[])
+    TO outbox_dispatcher, outbox_operator;
 GRANT EXECUTE ON FUNCTION
     outbox_kill_switch_set(boolean, text, text)
     TO outbox_operator;

@@ -49,8 +49,7 @@ RETURNS TABLE (effect_id uuid, idempotency_key text, effect_type text, target te
                payload text, payload_hash text, effect_key text, attempts integer,
                metadata text, approved_by text, retry_base integer,
                available_at timestamptz, payload_bytes integer, metadata_bytes integer)
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp
-    SET plan_cache_mode = force_custom_plan AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
     allowed boolean;
@@ -77,22 +76,27 @@ BEGIN
         END IF;
         RETURN QUERY
         WITH moved AS MATERIALIZED (
-            SELECT o.effect_id, o.idempotency_key, o.effect_type, o.target,
-                   o.payload::text AS payload_text, o.payload_hash, o.effect_key,
-                   o.attempts - 1 AS attempts, o.metadata::text AS metadata_text,
-                   o.approved_by, o.retry_base, o.available_at
-              FROM effect_outbox o
-             WHERE o.state = 'sending' AND o.send_deadline IS NOT NULL
+            SELECT o.effect_id, o.attempts - 1 AS attempts, o.retry_base, o.available_at
+              FROM effect_live o
+             WHERE o.effect_id = ANY (coalesce((SELECT c.ids FROM effect_calls c
+                                                 WHERE c.call = p_call), '{}'))
+               AND o.state = 'sending'
                AND o.lease_owner = p_owner AND o.mark_token = p_call)
-        SELECT m.effect_id, m.idempotency_key, m.effect_type, m.target,
-               CASE WHEN octet_length(m.payload_text) <= p_max_payload_bytes
-                    THEN m.payload_text END,
-               m.payload_hash, m.effect_key, m.attempts,
-               CASE WHEN octet_length(m.metadata_text) <= outbox_metadata_max_bytes()
-                    THEN m.metadata_text END,
-               m.approved_by, m.retry_base, m.available_at,
-               octet_length(m.payload_text), octet_length(m.metadata_text)
-          FROM moved m ORDER BY m.available_at, m.effect_id;
+        SELECT m.effect_id, b.idempotency_key, b.effect_type, b.target,
+               CASE WHEN octet_length(b.payload_text) <= p_max_payload_bytes
+                    THEN b.payload_text END,
+               b.payload_hash, b.effect_key, m.attempts,
+               CASE WHEN octet_length(b.metadata_text) <= outbox_metadata_max_bytes()
+                    THEN b.metadata_text END,
+               b.approved_by, m.retry_base, m.available_at,
+               octet_length(b.payload_text), octet_length(b.metadata_text)
+          FROM moved m
+         CROSS JOIN LATERAL (
+               SELECT e.idempotency_key, e.effect_type, e.target,
+                      e.payload::text AS payload_text, e.payload_hash, e.effect_key,
+                      e.metadata::text AS metadata_text, e.approved_by
+                 FROM effect_body e WHERE e.effect_id = m.effect_id) b
+         ORDER BY m.available_at, m.effect_id;
         RETURN;
     END IF;
     IF NOT allowed THEN
@@ -105,39 +109,49 @@ BEGIN
     END IF;
     after_at := coalesce(after_at, '-infinity');
     after_id := coalesce(after_id, '00000000-0000-0000-0000-000000000000');
+    -- One statement: the due rows, their move to `sending` (in place: no
+    -- indexed column changes), the call's row for the reaper, and what the
+    -- worker sends, read from the immutable body row by its key.
     RETURN QUERY
     WITH due AS (
-        SELECT o.effect_id FROM effect_outbox o
-         WHERE o.state = 'pending'
-           AND (o.available_at, o.effect_id) > (after_at, after_id)
-           AND o.available_at <= now()
-           AND (o.lease_expires_at IS NULL OR o.lease_expires_at < now())
-           AND o.effect_type = ANY (p_types)
-         ORDER BY o.available_at, o.effect_id
+        SELECT l.effect_id FROM effect_live l
+         WHERE (l.available_at, l.effect_id) > (after_at, after_id)
+           AND l.available_at <= now()
+           AND l.state = 'pending'
+           AND (l.lease_expires_at IS NULL OR l.lease_expires_at < now())
+           AND l.effect_type = ANY (p_types)
+         ORDER BY l.available_at, l.effect_id
          LIMIT p_limit
          FOR UPDATE SKIP LOCKED),
     claimed AS (
-        UPDATE effect_outbox o
+        UPDATE effect_live o
            SET state = 'sending', attempts = o.attempts + 1,
                lease_owner = p_owner, lease_worker = p_worker, leased_at = now(),
                lease_expires_at = now() + make_interval(secs => p_lease_seconds),
                sending_since = now(), mark_token = p_call,
                sending_idempotent = o.effect_type = ANY (p_idempotent_types),
                updated_at = now()
-          FROM due
-         WHERE o.effect_id = due.effect_id
-        RETURNING o.effect_id, o.idempotency_key, o.effect_type, o.target,
-                  o.payload::text AS payload_text, o.payload_hash, o.effect_key,
-                  o.attempts - 1 AS attempts, o.metadata::text AS metadata_text,
-                  o.approved_by, o.retry_base, o.available_at)
-    SELECT c.effect_id, c.idempotency_key, c.effect_type, c.target,
-           CASE WHEN octet_length(c.payload_text) <= p_max_payload_bytes THEN c.payload_text END,
-           c.payload_hash, c.effect_key, c.attempts,
-           CASE WHEN octet_length(c.metadata_text) <= outbox_metadata_max_bytes()
-                THEN c.metadata_text END,
-           c.approved_by, c.retry_base, c.available_at,
-           octet_length(c.payload_text), octet_length(c.metadata_text)
-      FROM claimed c ORDER BY c.available_at, c.effect_id;
+         WHERE o.effect_id = ANY (ARRAY(SELECT d.effect_id FROM due d))
+        RETURNING o.effect_id, o.attempts - 1 AS attempts, o.retry_base, o.available_at),
+    called AS (
+        INSERT INTO effect_calls (call, lease_owner, worker, ids, deadline)
+        SELECT p_call, p_owner, p_worker, array_agg(c.effect_id),
+               now() + make_interval(secs => p_lease_seconds)
+          FROM claimed c HAVING count(*) > 0
+        ON CONFLICT (call) DO NOTHING)
+    SELECT c.effect_id, b.idempotency_key, b.effect_type, b.target,
+           CASE WHEN octet_length(b.payload_text) <= p_max_payload_bytes THEN b.payload_text END,
+           b.payload_hash, b.effect_key, c.attempts,
+           CASE WHEN octet_length(b.metadata_text) <= outbox_metadata_max_bytes()
+                THEN b.metadata_text END,
+           b.approved_by, c.retry_base, c.available_at,
+           octet_length(b.payload_text), octet_length(b.metadata_text)
+      FROM claimed c
+     CROSS JOIN LATERAL (
+           SELECT e.idempotency_key, e.effect_type, e.target, e.payload::text AS payload_text,
+                  e.payload_hash, e.effect_key, e.metadata::text AS metadata_text, e.approved_by
+             FROM effect_body e WHERE e.effect_id = c.effect_id) b
+     ORDER BY c.available_at, c.effect_id;
 END $$;
 
 -- Claimed rows of p_owner that were not sent go back to pending, the
@@ -147,14 +161,13 @@ END $$;
 CREATE OR REPLACE FUNCTION outbox_unclaim(p_owner uuid, p_ids uuid[], p_call uuid,
                                           p_release boolean, p_delay_ms bigint DEFAULT 0)
 RETURNS integer
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp
-    SET plan_cache_mode = force_custom_plan AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
     n integer;
 BEGIN
     PERFORM outbox_lock_owned(p_owner, p_ids);      -- lock order: effect_id
-    UPDATE effect_outbox o
+    UPDATE effect_live o
        SET state = 'pending', attempts = o.attempts - 1, sending_since = NULL,
            mark_token = NULL, sending_idempotent = false, updated_at = now(),
            lease_owner = CASE WHEN p_release THEN NULL ELSE o.lease_owner END,
@@ -192,8 +205,11 @@ BEGIN
     PERFORM pg_advisory_xact_lock(hashtextextended(p_call::text, 0));
     PERFORM outbox_claim_repeated(p_call);
     RETURN outbox_unclaim(p_owner,
-                          ARRAY(SELECT o.effect_id FROM effect_outbox o
-                                 WHERE o.state = 'sending' AND o.send_deadline IS NOT NULL
+                          ARRAY(SELECT o.effect_id FROM effect_live o
+                                 WHERE o.effect_id = ANY (coalesce(
+                                           (SELECT c.ids FROM effect_calls c
+                                             WHERE c.call = p_call), '{}'))
+                                   AND o.state = 'sending'
                                    AND o.lease_owner = p_owner AND o.mark_token = p_call),
                           p_call, true, 0);
 END $$;
