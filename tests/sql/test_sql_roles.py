@@ -32,25 +32,48 @@ def pending_effect(conn):
 
 # --- producer -------------------------------------------------------------------
 
+def refused_by_the_view(c, sql, args=None):
+    """A write through effect_outbox other than the producer's INSERT: its
+    state columns are not columns of a table (not updatable), the rest is
+    not granted."""
+    with pytest.raises((DENIED, psycopg2.errors.FeatureNotSupported)):
+        query(c, sql, args)
+
+
 def test_producer_cannot_change_effect_states(conn, login_as):
     p = login_as("outbox_producer")
     key, eid = pending_effect(conn)
     before = query(conn, "SELECT * FROM effect_outbox WHERE effect_id = %s", (eid,))
-    denied(p, "UPDATE effect_outbox SET state = 'completed' WHERE effect_id = %s", (eid,))
-    denied(p, "UPDATE effect_outbox SET lease_owner = gen_random_uuid(), "
-              "lease_expires_at = now() + interval '1 hour' WHERE effect_id = %s", (eid,))
+    live = query(conn, "SELECT * FROM effect_live WHERE effect_id = %s", (eid,))
+    refused_by_the_view(p, "UPDATE effect_outbox SET state = 'completed' WHERE effect_id = %s", (eid,))
+    refused_by_the_view(p, "UPDATE effect_outbox SET lease_owner = gen_random_uuid(), "
+                           "lease_expires_at = now() + interval '1 hour' WHERE effect_id = %s", (eid,))
+    denied(p, "UPDATE effect_outbox SET payload = '{\"x\": 1}' WHERE effect_id = %s", (eid,))
     denied(p, "DELETE FROM effect_outbox WHERE effect_id = %s", (eid,))
     denied(p, "UPDATE workflow_runs SET state = 'completed' WHERE idempotency_key = %s", (key,))
-    denied(p, "INSERT INTO effect_attempts (effect_id, attempt, started_at, outcome_class) "
-              "VALUES (%s, 1, now(), 'accepted')", (eid,))
+    refused_by_the_view(p, "INSERT INTO effect_attempts (effect_id, attempt, started_at, outcome_class) "
+                           "VALUES (%s, 1, now(), 'accepted')", (eid,))
+    # Nor the tables underneath: the live row, the history, the body.
+    denied(p, "UPDATE effect_live SET state = 'sending' WHERE effect_id = %s", (eid,))
+    denied(p, "DELETE FROM effect_live WHERE effect_id = %s", (eid,))
+    denied(p, "INSERT INTO effect_live (effect_id, effect_type, created_at, available_at) "
+              "VALUES (gen_random_uuid(), 'http', now(), now())")
+    denied(p, "INSERT INTO effect_history (effect_id, created_at, attempt, started_at, state) "
+              "VALUES (%s, now(), 1, now(), 'completed')", (eid,))
+    denied(p, "UPDATE effect_body SET target = 'https://evil.example/' WHERE effect_id = %s", (eid,))
+    denied(p, "DELETE FROM effect_body WHERE effect_id = %s", (eid,))
     # Nor can it insert an effect that starts in another state or with
     # dispatching columns set.
-    denied(p, "INSERT INTO effect_outbox (idempotency_key, effect_type, target, payload, state) "
-              "VALUES (%s, 'http', 'https://y.example/', '{}', 'completed')", (key,))
-    denied(p, "INSERT INTO effect_outbox (idempotency_key, effect_type, target, payload, attempts) "
-              "VALUES (%s, 'http', 'https://y.example/', '{}', 99)", (key,))
+    refused_by_the_view(p, "INSERT INTO effect_outbox (idempotency_key, effect_type, target, payload, state) "
+                           "VALUES (%s, 'http', 'https://y.example/', '{}', 'completed')", (key,))
+    refused_by_the_view(p, "INSERT INTO effect_outbox (idempotency_key, effect_type, target, payload, attempts) "
+                           "VALUES (%s, 'http', 'https://y.example/', '{}', 99)", (key,))
+    denied(p, "INSERT INTO effect_body (idempotency_key, effect_type, target, payload, available_at) "
+              "VALUES (%s, 'http', 'https://y.example/', '{}', now() - interval '1 day')", (key,))
     assert query(conn, "SELECT * FROM effect_outbox WHERE effect_id = %s", (eid,)) == before
+    assert query(conn, "SELECT * FROM effect_live WHERE effect_id = %s", (eid,)) == live
     assert scalar(conn, "SELECT count(*) FROM effect_outbox") == 1
+    assert scalar(conn, "SELECT count(*) FROM effect_history") == 0
 
 
 def test_producer_cannot_read_token_hashes(conn, login_as):
