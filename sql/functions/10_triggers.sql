@@ -39,6 +39,16 @@ DROP FUNCTION IF EXISTS effect_outbox_notify();
 -- insert that would only repeat an existing (key, type, target) passes: it
 -- adds nothing (ON CONFLICT DO NOTHING returns the existing row, a plain
 -- INSERT gets 23505).
+--
+-- A processing run whose effects have all finished is completed (or
+-- failed_terminal) although the completion did not write it: it is settled
+-- here first (outbox_settle_runs), so such a run takes no new effect, as
+-- when the completion moved the run itself.  The run's first effect, the
+-- usual insert, costs one index probe for it.  Not for an `approved` run:
+-- the effects of its approval, or of the lease holder's approve-by-
+-- exception, are the ones it was approved for.  The settle's lock is taken
+-- before this insert's share lock on the run, so two inserts into one run
+-- queue on it instead of deadlocking.
 CREATE OR REPLACE FUNCTION outbox_effect_gate() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 DECLARE
@@ -46,6 +56,12 @@ DECLARE
     ours boolean;
     me xid := pg_current_xact_id()::xid;
 BEGIN
+    IF EXISTS (SELECT 1 FROM workflow_runs w
+                WHERE w.idempotency_key = NEW.idempotency_key AND w.state = 'processing'
+                  AND EXISTS (SELECT 1 FROM effect_body o
+                               WHERE o.idempotency_key = NEW.idempotency_key)) THEN
+        PERFORM outbox_settle_runs(ARRAY[NEW.idempotency_key]);
+    END IF;
     -- FOR SHARE: a concurrent state change waits for this insert (or this
     -- insert for it), so the state checked is the state at commit.
     SELECT w.state, w.xmin = me INTO st, ours
