@@ -6,7 +6,7 @@
 #   make install PREFIX=/usr/local [DESTDIR=...] [LIBDIR=...] [UNITDIR=...]
 #   make man          build/man/*.8 from the --help texts (help2man)
 #   make deb          build/deb/outbox-dispatcher_VERSION_ARCH.deb (debian/)
-#   make bench / make bench-quick / make bench-email / make bench-levers / make bench-peer
+#   make bench / make bench-quick / make bench-email / make bench-levers / make bench-insert / make bench-peer
 #   make chaos
 #   make cppcheck     static analysis (kept clean)
 #   make schema       sql/schema.sql from a fresh install (after changing sql/)
@@ -37,18 +37,21 @@ REQ_CFLAGS := -std=c11 -D_GNU_SOURCE $(WARN) -fPIC -Idispatcher -Iproviders \
 ALL_CFLAGS = $(REQ_CFLAGS) $(CPPFLAGS) $(CFLAGS) $(EXTRA_CFLAGS)
 ALL_LDFLAGS = $(LDFLAGS) $(EXTRA_LDFLAGS)
 
-# Core objects shared by the daemon and outboxctl.
+# Core objects shared by the daemon and outboxctl (providers/lib/text.c:
+# the growing string and the out-of-memory policy the plugins use too).
 CORE_SRC  := dispatcher/util.c dispatcher/log.c dispatcher/config.c dispatcher/db.c \
-             dispatcher/migrate.c dispatcher/config_read.c
+             dispatcher/migrate.c dispatcher/config_read.c providers/lib/text.c
 DAEMON_SRC := dispatcher/main.c dispatcher/worker.c dispatcher/health.c dispatcher/effect.c \
-              dispatcher/lease.c dispatcher/claim.c dispatcher/decide.c dispatcher/send.c dispatcher/reconcile.c \
+              dispatcher/take.c dispatcher/lease.c dispatcher/claim.c dispatcher/decide.c dispatcher/send.c dispatcher/reconcile.c \
               dispatcher/housekeeping.c dispatcher/late.c dispatcher/wire.c dispatcher/worker_sql.c \
               dispatcher/plugin.c dispatcher/hosts.c dispatcher/policy.c \
               dispatcher/metrics.c dispatcher/metrics_http.c dispatcher/sdnotify.c \
-              providers/lib/json_text.c providers/lib/text.c
+              providers/lib/json_text.c
 CTL_SRC   := $(sort $(wildcard dispatcher/outboxctl*.c))
 # A plugin is providers/NAME.c or the files providers/NAME/*.c;
-# providers/lib/*.c is linked into each.
+# providers/lib/*.c is linked into each.  A plugin exports only
+# outbox_provider_entry (providers/plugin.map): its own copies of
+# providers/lib/ are what it calls, never the loading daemon's.
 PROV_SRC  := $(sort $(wildcard providers/*.c))
 PROV_DIRS := $(filter-out lib,$(notdir $(patsubst %/,%,$(sort $(dir $(wildcard providers/*/*.c))))))
 PROV_LIB_SRC := $(sort $(wildcard providers/lib/*.c))
@@ -66,7 +69,7 @@ UNIT_BIN  := $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(UNIT_SRC))
 MIGRATIONS := $(sort $(wildcard sql/[0-9]*.sql))
 FUNCTION_SQL := $(sort $(wildcard sql/functions/*.sql))
 
-.PHONY: all clean install test unit cppcheck bench bench-quick bench-email bench-levers bench-peer chaos demo fuzz man deb schema
+.PHONY: all clean install test unit cppcheck bench bench-quick bench-email bench-levers bench-insert bench-peer chaos demo fuzz man deb schema
 all: $(BUILD)/outbox-dispatcher $(BUILD)/outboxctl $(PLUGINS)
 
 # -MMD -MP: each object's header dependencies, read back below.
@@ -95,10 +98,21 @@ $(BUILD)/outboxctl: $(CTL_OBJ) $(CORE_OBJ)
 	@$(CC) $(ALL_CFLAGS) -o $@ $^ $(ALL_LDFLAGS) $(PKG_LIBS) -lm
 
 .SECONDEXPANSION:
-$(BUILD)/providers/outbox_%.so: $$(patsubst %.c,$(BUILD)/obj/%.o,$$(wildcard providers/$$*.c providers/$$*/*.c)) $(PROV_LIB_OBJ)
+# The objects of some sources, for the prerequisites below: no % in it, as
+# a pattern rule puts its stem into every % of its prerequisites (a
+# patsubst there listed the .c files themselves, compiled at link time
+# without their header dependencies).  The plugins' objects are named as
+# targets, so that the unit-test rules that link them are not passed over
+# for the generic test_% rule.
+objects_of = $(addprefix $(BUILD)/obj/,$(addsuffix .o,$(basename $(1))))
+PROV_OBJ  := $(call objects_of,$(wildcard providers/*.c providers/*/*.c))
+$(PROV_OBJ): Makefile
+$(BUILD)/providers/outbox_%.so: $$(call objects_of,$$(wildcard providers/$$*.c providers/$$*/*.c)) $(PROV_LIB_OBJ)
 	@mkdir -p $(dir $@)
 	@echo "  LD      $@"
-	@$(CC) $(ALL_CFLAGS) -shared -o $@ $^ $(ALL_LDFLAGS) $(PKG_LIBS) -lpthread
+	@$(CC) $(ALL_CFLAGS) -shared -Wl,--version-script=providers/plugin.map -o $@ $(filter %.o,$^) \
+	  $(ALL_LDFLAGS) $(PKG_LIBS) -lpthread
+$(PLUGINS): providers/plugin.map
 
 # Unit tests (cmocka) link the objects they test; none includes a .c file.
 UNIT_DAEMON_OBJ := $(patsubst %,$(BUILD)/obj/dispatcher/%.o,policy hosts metrics metrics_http sdnotify decide)
@@ -110,7 +124,7 @@ $(BUILD)/tests/test_%: tests/unit/test_%.c $(CORE_OBJ) $(UNIT_DAEMON_OBJ) $(PROV
 # A plugin's own unit tests (tests/unit/test_NAME_PART.c) also link the
 # objects of providers/NAME/ but its glue (NAME.c).
 $(BUILD)/tests/test_email_%: tests/unit/test_email_%.c $(CORE_OBJ) $(PROV_LIB_OBJ) \
-  $$(patsubst %.c,$(BUILD)/obj/%.o,$$(filter-out providers/email/email.c,$$(wildcard providers/email/*.c)))
+  $$(call objects_of,$$(filter-out providers/email/email.c,$$(wildcard providers/email/*.c)))
 	@mkdir -p $(dir $@)
 	@echo "  LD      $@"
 	@$(CC) $(ALL_CFLAGS) -o $@ $^ $(ALL_LDFLAGS) $(PKG_LIBS) $(shell pkg-config --libs cmocka) -lpthread -lm
@@ -126,7 +140,7 @@ $(BUILD)/tests/test_effect: tests/unit/test_effect.c $(CORE_OBJ) $(PROV_LIB_OBJ)
 # Likewise the http provider's (tests/unit/test_http_PART.c): providers/http/
 # but its glue (http.c).
 $(BUILD)/tests/test_http_%: tests/unit/test_http_%.c $(CORE_OBJ) $(PROV_LIB_OBJ) \
-  $$(patsubst %.c,$(BUILD)/obj/%.o,$$(filter-out providers/http/http.c,$$(wildcard providers/http/*.c)))
+  $$(call objects_of,$$(filter-out providers/http/http.c,$$(wildcard providers/http/*.c)))
 	@mkdir -p $(dir $@)
 	@echo "  LD      $@"
 	@$(CC) $(ALL_CFLAGS) -o $@ $^ $(ALL_LDFLAGS) $(PKG_LIBS) $(shell pkg-config --libs cmocka) -lm
@@ -161,9 +175,16 @@ bench-quick: all
 bench-email: all
 	sh bench/email_run.sh
 
-# The database's cost per effect, lever by lever, measured call by call (bench/README.md).
+# Claim + completion PostgreSQL CPU and WAL per effect, this tree's schema
+# against LEVERS_BASELINE_REF's (default 2d13b03), interleaved call by call
+# at 16/64/128 rows per call (bench/README.md).
 bench-levers: all
 	sh bench/levers.sh
+
+# The producer's plain INSERT as a producer login, one row per transaction
+# and in bulk, this tree against LEVERS_BASELINE_REF's schema (bench/README.md).
+bench-insert: all
+	sh bench/insert_cost.sh
 
 # The dispatcher beside graphile-worker on identical HTTP work (bench/README.md).
 bench-peer: all

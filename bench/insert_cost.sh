@@ -1,11 +1,17 @@
 #!/bin/sh
 # SPDX-License-Identifier: ISC
-# bench/insert_cost.sh: the producer's insert, PostgreSQL CPU and WAL per
-# effect, single-row and bulk (bench/insert_cost.py says how).  One
-# throwaway server (tests/lib/pg.sh, the settings of make bench), one
-# database migrated by this tree's outboxctl; no worker runs.
+# bench/insert_cost.sh: the producer's plain insert as a producer login,
+# PostgreSQL CPU and WAL per row, one row per transaction and in bulk, this
+# tree's schema against a baseline commit's, interleaved
+# (bench/insert_cost.py says how).  One throwaway server (tests/lib/pg.sh,
+# the settings of make bench); no worker runs.
 #
-#   sh bench/insert_cost.sh      # knobs: INSERT_N, INSERT_ROUNDS, INSERT_BULK, BUILD_DIR
+#   sh bench/insert_cost.sh      # or: make bench-insert
+#
+# baseline = the outboxctl of LEVERS_BASELINE_REF (2d13b03 by default,
+# bench/baseline.sh, cached by commit id), current = $BUILD_DIR/outboxctl;
+# INSERT_VARIANTS replaces the list (NAME=OUTBOXCTL ..., the first is the
+# reference).  Knobs: INSERT_N, INSERT_ROUNDS, INSERT_BULK, INSERT_CHUNK.
 set -eu
 cd "$(dirname "$0")/.."
 BUILD_DIR=${BUILD_DIR:-build}
@@ -17,9 +23,12 @@ work=$(mktemp -d /tmp/outbox-insert.XXXXXX)
 chmod 755 "$work"
 trap 'pg_stop "$work/pg"; rm -rf "$work"' EXIT
 trap 'exit 130' INT TERM
-PG_EXTRA_OPTS="${PG_EXTRA_OPTS:-} -c max_wal_size=4GB -c checkpoint_timeout=30min"
+if [ -z "${INSERT_VARIANTS:-}" ]; then
+    baseline=$(sh bench/baseline.sh "${LEVERS_BASELINE_REF:-2d13b03}" "$work")
+    INSERT_VARIANTS="baseline=$baseline current=$(cd "$BUILD_DIR" && pwd)/outboxctl"
+fi
+export INSERT_VARIANTS
+PG_EXTRA_OPTS="${PG_EXTRA_OPTS:-} -c max_wal_size=4GB -c checkpoint_timeout=30min -c autovacuum=off"
 export PG_EXTRA_OPTS
 pg_start "$work/pg" >/dev/null
-psql -q -d postgres -c "CREATE DATABASE bench" >/dev/null
-"$BUILD_DIR/outboxctl" --db "host=$PGHOST port=$PGPORT user=$PGUSER dbname=bench" migrate >/dev/null
-INSERT_PGDATA="$work/pg/data" /usr/bin/python3 bench/insert_cost.py
+/usr/bin/python3 bench/insert_cost.py

@@ -1,18 +1,23 @@
 #!/bin/sh
 # SPDX-License-Identifier: ISC
-# bench/levers.sh: what each lever of the database's cost is worth inside PostgreSQL,
-# measured per call and interleaved (bench/levers.py).  One throwaway
-# server (tests/lib/pg.sh, the bench's settings), one database per variant,
-# each migrated with this tree's outboxctl and then changed by the SQL of
-# its variant (bench/levers/*.sql, or the rewrites levers.py makes of the
-# shipped functions).  No worker and no provider: the claim and the
-# completion are called directly, the way bench/ceiling.sql calls the lease.
+# bench/levers.sh: claim + completion PostgreSQL CPU and WAL per effect of
+# this tree's schema against a baseline commit's, measured per call and
+# interleaved (bench/levers.py says how).  One throwaway server
+# (tests/lib/pg.sh, the bench's settings, autovacuum off), one database per
+# variant, each migrated by its own outboxctl.  No worker and no provider:
+# the claim and the completion are called directly.
 #
 #   sh bench/levers.sh            # or: make bench-levers
 #
-# Knobs: LEVERS_N (effects per variant, 30000), LEVERS_BATCH (rows per
-# claim and per completion, 64 = [dispatcher] batch_size),
-# LEVERS_VARIANTS (names, see levers.py; default all), BUILD_DIR.
+# Variants: baseline = the outboxctl of LEVERS_BASELINE_REF (2d13b03 by
+# default, built once by bench/baseline.sh and cached by commit id),
+# current = $BUILD_DIR/outboxctl.  LEVERS_VARIANTS replaces that list
+# (NAME=OUTBOXCTL[:EXTRA.sql] ..., the first is the reference); to add one,
+# LEVERS_EXTRA_VARIANTS appends to it, e.g.
+#   LEVERS_EXTRA_VARIANTS="tried=build/outboxctl:/tmp/try.sql" sh bench/levers.sh
+# Other knobs: LEVERS_N (effects per variant and batch size, 30000),
+# LEVERS_BATCHES (rows per claim and per completion, "16 64 128"),
+# LEVERS_RESULTS (a JSON file), BUILD_DIR.
 set -eu
 cd "$(dirname "$0")/.."
 BUILD_DIR=${BUILD_DIR:-build}
@@ -25,8 +30,13 @@ work=$(mktemp -d /tmp/outbox-levers.XXXXXX)
 chmod 755 "$work"
 trap 'pg_stop "$work/pg"; rm -rf "$work"' EXIT
 trap 'exit 130' INT TERM
-PG_EXTRA_OPTS="${PG_EXTRA_OPTS:-} -c max_wal_size=4GB -c checkpoint_timeout=30min"
+if [ -z "${LEVERS_VARIANTS:-}" ]; then
+    baseline=$(sh bench/baseline.sh "${LEVERS_BASELINE_REF:-2d13b03}" "$work")
+    LEVERS_VARIANTS="baseline=$baseline current=$(cd "$BUILD_DIR" && pwd)/outboxctl"
+fi
+LEVERS_VARIANTS="$LEVERS_VARIANTS ${LEVERS_EXTRA_VARIANTS:-}"
+export LEVERS_VARIANTS
+PG_EXTRA_OPTS="${PG_EXTRA_OPTS:-} -c max_wal_size=4GB -c checkpoint_timeout=30min -c autovacuum=off"
 export PG_EXTRA_OPTS
 pg_start "$work/pg" >/dev/null
-export LEVERS_OUTBOXCTL="$BUILD_DIR/outboxctl" LEVERS_PGDATA="$work/pg/data"
 /usr/bin/python3 bench/levers.py

@@ -1,19 +1,20 @@
 /* SPDX-License-Identifier: ISC */
 /*
- * claim.c: the lease and the sending transition in one call
- * (outbox_claim(), sql/functions/35_claim.sql) for rows this worker can
- * send at once.  claim_limit() decides, for each lease lease_batch()
- * issues, whether it is a claim and of how many rows: only while nothing
- * waits for a slot and the providers and the busiest host have room for
- * every row asked for, so that each claimed row starts its send when the
+ * claim.c: the claim kind of take.c's requests (claim_take): the lease
+ * and the sending transition in one call (outbox_claim(),
+ * sql/functions/35_claim.sql) for rows this worker can send at once.
+ * claim_limit() decides, for each take take_batch() issues, whether it
+ * can be a claim and of how many rows: only while nothing waits for a
+ * slot and the providers and the busiest host have room for every row
+ * asked for, so that each claimed row starts its send when the
  * answer arrives, as a marked row does; and only for a worker whose every
  * provider starts its sends at once (OUTBOX_CAP_STARTS_AT_ONCE; not
  * email's thread pool, where a claimed row could wait `sending` in a
- * queue).  on_claimed() sends them; a row that cannot go after all
+ * queue).  claim_rows() sends them; a row that cannot go after all
  * (invalid, already held, its host's breaker open, the worker stopping)
  * is failed or given back (outbox_unclaim(), attempt undone).  Everything
- * else goes through outbox_lease and outbox_mark_sending as before
- * (lease.c, send.c).
+ * else goes through outbox_lease and outbox_mark_sending (lease.c,
+ * send.c).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -74,7 +75,7 @@ struct claimed {
 };
 
 /* A new row: sent, failed as invalid, given back or kept waiting. */
-static void claimed_new(struct worker *w, struct batch *b, PGresult *r, int row,
+static void claimed_new(struct worker *w, const struct batch *b, PGresult *r, int row,
                         struct claimed *c)
 {
 	struct effect *e = effect_from_row(w, r, row, true);
@@ -100,7 +101,7 @@ static void claimed_new(struct worker *w, struct batch *b, PGresult *r, int row,
 	}
 }
 
-static void claimed_rows(struct worker *w, struct batch *b, PGresult *r)
+static void claimed_rows(struct worker *w, const struct batch *b, PGresult *r)
 {
 	size_t n = (size_t)PQntuples(r);
 	struct claimed c = { .back = xcalloc(n + 1, sizeof(struct effect *)),
@@ -139,56 +140,52 @@ static void claimed_rows(struct worker *w, struct batch *b, PGresult *r)
 	free(c.kept);
 }
 
-static void on_claimed(struct db *db, PGresult *r, void *arg)
+static void claim_rows(struct worker *w, const struct batch *b, PGresult *r)
 {
-	struct batch *b = arg;
-	struct worker *w = b->w;
-
-	if (!lease_answered(w, db, b, r, worker_sql[SQL_CLAIM].name)) {
-		/* Refused, so rolled back.  But a refused repeat (DBQ_RETRY sets
-		 * p_repeat after a lost connection, and this callback cannot tell)
-		 * leaves what its first call claimed: give the call up, which
-		 * puts any such rows back and makes a late first call claim
-		 * nothing.  (NULL: the connection is being freed.) */
-		if (r != NULL) {
-			const char *params[2] = { w->owner, b->call };
-			worker_query(w->db, SQL_UNCLAIM_CALL, params, NULL, NULL, DBQ_RETRY | DBQ_URGENT);
-		}
-		free(b);
-		worker_kick(w);
-		return;
-	}
 	metrics_inc(M_CLAIMED, (unsigned long)PQntuples(r));
 	claimed_rows(w, b, r);
-	free(b);
-	worker_kick(w);
 }
 
-/* One outbox_claim() call on `db`, from the head or from the position.
- * Repeated with p_repeat = true if the connection breaks with it on the
- * wire: the repeat returns the rows the first call moved. */
-void claim_send(struct worker *w, struct db *db, bool from_head, int limit)
+/* Refused, so rolled back.  But a refused repeat (DBQ_RETRY sets p_repeat
+ * after a lost connection, and the answer cannot tell) leaves what its
+ * first call claimed: give the call up, which puts any such rows back and
+ * makes a late first call claim nothing (NULL: the connection is being
+ * freed); then the pump runs again. */
+static bool claim_refused(struct worker *w, const struct batch *b, PGresult *r)
 {
-	char lim[16], lease[16], max_payload[24];
-	const char *params[12];
-	struct batch *b = lease_on_wire(w, db, from_head, limit);
-
-	snprintf(lim, sizeof(lim), "%d", limit);
-	snprintf(lease, sizeof(lease), "%ld", w->s.lease_seconds);
-	uuid_v4(b->call);
-	params[0] = w->owner;
-	params[1] = w->name;
-	params[2] = lim;
-	params[3] = lease;
-	params[4] = w->types_array;
-	params[5] = w->env_enabled ? "true" : "false";
-	params[6] = w->idem_array;
-	params[7] = b->call;
-	params[8] = from_head ? NULL : w->lease.after_at;
-	params[9] = from_head ? NULL : w->lease.after_id;
-	snprintf(max_payload, sizeof(max_payload), "%ld", w->s.max_payload_bytes);
-	params[10] = max_payload;
-	params[11] = "false";   /* p_repeat, the last: DBQ_REPEAT_FLAG sets it on a repeat */
-	worker_query(db, SQL_CLAIM, params, on_claimed, b,
-	             DBQ_RETRY | DBQ_REPEAT_FLAG | (b->on_rec ? 0 : DBQ_URGENT));
+	if (r != NULL) {
+		const char *params[2] = { w->owner, b->call };
+		worker_query(w->db, SQL_UNCLAIM_CALL, params, NULL, NULL, DBQ_RETRY | DBQ_URGENT);
+	}
+	return true;
 }
+
+/* The statement's parameters, in outbox_claim()'s order; p_repeat last,
+ * false: DBQ_REPEAT_FLAG sets it on a repeat. */
+static void claim_params(const struct take_args *a, const char *params[TAKE_PARAMS_MAX])
+{
+	params[0] = a->owner;
+	params[1] = a->name;
+	params[2] = a->limit;
+	params[3] = a->lease_seconds;
+	params[4] = a->types;
+	params[5] = a->env_enabled;
+	params[6] = a->idem_types;
+	params[7] = a->call;
+	params[8] = a->after_at;
+	params[9] = a->after_id;
+	params[10] = a->max_payload;
+	params[11] = "false";
+}
+
+/* The claim as take.c sends it, with a call token of its own.  Repeated
+ * with p_repeat = true if the connection breaks with it on the wire: the
+ * repeat returns the rows the first call moved. */
+const struct take_handlers claim_take = {
+	.stmt = SQL_CLAIM,
+	.flags = DBQ_RETRY | DBQ_REPEAT_FLAG,
+	.has_call = true,
+	.params = claim_params,
+	.rows = claim_rows,
+	.refused = claim_refused,
+};

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: ISC */
 /*
- * decide.c: the worker's pure decisions (see decide.h): claim or lease and
- * how many rows, a lease worth its round trip, the connection for
+ * decide.c: the worker's pure decisions (see decide.h): claim, lease or
+ * neither and how many rows, a lease worth its round trip, the connection for
  * outcomes, outcomes gathering, a free send slot.  Nothing here reads a
  * clock, a connection or a list: the callers pass what each one reads.
  */
@@ -62,6 +62,25 @@ int decide_claim_limit(const struct claim_view *v, int limit, int full, int64_t 
 bool decide_lease_worth_it(int in_flight_rows, int limit, int full)
 {
 	return limit > 0 && (in_flight_rows == 0 || limit * 2 >= full);
+}
+
+bool decide_take(int claim, int limit, int full, int in_flight_rows, enum take_kind *kind,
+                 int *rows)
+{
+	if (claim < 0)
+		return false;
+	if (claim > 0 && decide_lease_worth_it(in_flight_rows, claim, full)) {
+		*kind = TAKE_CLAIM;
+		*rows = claim;
+		return true;
+	}
+	/* A claim on offer but too small: wait for more room rather than
+	 * lease rows that would then wait for a slot. */
+	if (claim > 0 || !decide_lease_worth_it(in_flight_rows, limit, full))
+		return false;
+	*kind = TAKE_LEASE;
+	*rows = limit;
+	return true;
 }
 
 bool decide_outcomes_on_lease_db(int busy_connections, int full_leases, bool lease_db_up)

@@ -1,10 +1,11 @@
 /* SPDX-License-Identifier: ISC */
 /*
  * decide.h: the worker's pure decisions (decide.c), each a function of
- * what it reads, passed in as arguments: whether a lease is a claim and of
- * how many rows, whether a lease is worth its round trip, which connection
- * records outcomes, whether outcomes wait for more to share their call,
- * and whether an effect has a send slot.  claim.c, lease.c and send.c read
+ * what it reads, passed in as arguments: whether a take of due rows is a
+ * claim or a lease (or neither now) and of how many rows, whether it is
+ * worth its round trip, which connection records outcomes, whether
+ * outcomes wait for more to share their call, and whether an effect has a
+ * send slot.  claim.c, take.c and send.c read
  * the worker's state into them and act on the answer;
  * tests/unit/test_decide.c tables each one.
  */
@@ -33,7 +34,7 @@ struct provider_set;
 #endif
 /* While the room is below half a batch and every send in flight started
  * less than this long ago, wait for them to finish (each finish runs
- * lease_batch() again) rather than lease ahead the old way: a fast host
+ * take_batch() again) rather than lease ahead the old way: a fast host
  * frees its slots within milliseconds; a slow one must not hold up the
  * rows of the others. */
 #define CLAIM_WAIT_MS 100
@@ -63,6 +64,21 @@ int decide_claim_limit(const struct claim_view *v, int limit, int full, int64_t 
  * wire may bring) leases only once at least half a batch fits: a round
  * trip per few rows costs the database more than the rows themselves. */
 bool decide_lease_worth_it(int in_flight_rows, int limit, int full);
+
+/* The two kinds of request that take due rows (take.c). */
+enum take_kind {
+	TAKE_LEASE,              /* outbox_lease: rows get our lease, marked later */
+	TAKE_CLAIM,              /* outbox_claim: lease and mark in one call */
+	TAKE_KINDS
+};
+
+/* For a take of `limit` rows (`full`: a whole batch), with `claim` what
+ * decide_claim_limit() said and `in_flight_rows` as for
+ * decide_lease_worth_it(): true with *kind and *rows, a claim of `claim`
+ * rows if worth its round trip, else a lease of `limit` if no claim was on
+ * offer (claim 0) and it is worth it; false: neither now. */
+bool decide_take(int claim, int limit, int full, int in_flight_rows, enum take_kind *kind,
+                 int *rows);
 
 /* Whether outcomes go on the lease connection: in a backlog
  * (BACKLOG_FULL_LEASES full leases in a row) with one busy connection per

@@ -12,7 +12,6 @@
 #include "metrics.h"
 
 #include <math.h>
-#include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -239,38 +238,8 @@ void metrics_observe_send(const char *provider, double seconds)
 
 /* ---- rendering ---- */
 
-struct sbuf {
-	char *s;
-	size_t len, cap;
-};
-
-static void sb_printf(struct sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-
-static void sb_printf(struct sbuf *b, const char *fmt, ...)
-{
-	va_list ap;
-	int n;
-
-	for (;;) {
-		va_start(ap, fmt);
-		n = vsnprintf(b->s + b->len, b->cap - b->len, fmt, ap);
-		va_end(ap);
-		if (n < 0)
-			return;
-		if ((size_t)n < b->cap - b->len) {
-			b->len += (size_t)n;
-			return;
-		}
-		b->cap = b->cap * 2 + (size_t)n + 1;
-		char *s = realloc(b->s, b->cap);
-		if (!s)
-			abort();
-		b->s = s;
-	}
-}
-
 /* A label value with \, " and newline escaped, as the format wants. */
-static void sb_label(struct sbuf *b, const char *v)
+static void sb_label(struct strbuf *b, const char *v)
 {
 	for (; *v; v++) {
 		if (*v == '\\')
@@ -285,7 +254,7 @@ static void sb_label(struct sbuf *b, const char *v)
 }
 
 /* A sample value: Go's float formatting as Prometheus parses it. */
-static void sb_value(struct sbuf *b, double v)
+static void sb_value(struct strbuf *b, double v)
 {
 	if (isnan(v))
 		sb_printf(b, "NaN");
@@ -295,13 +264,13 @@ static void sb_value(struct sbuf *b, double v)
 		sb_printf(b, "%.15g", v);
 }
 
-static void sb_header(struct sbuf *b, const char *name, const char *type, const char *help)
+static void sb_header(struct strbuf *b, const char *name, const char *type, const char *help)
 {
 	sb_printf(b, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
 }
 
 /* The worker's identity, start time and loop heartbeat. */
-static void render_process(struct sbuf *b)
+static void render_process(struct strbuf *b)
 {
 	sb_header(b, "outbox_worker_info", "gauge", "The worker this endpoint belongs to.");
 	sb_printf(b, "outbox_worker_info{worker=\"");
@@ -325,7 +294,7 @@ static void render_process(struct sbuf *b)
 }
 
 /* /healthz's answer as a gauge, for alerts (OutboxWorkerNotReady). */
-static void render_ready(struct sbuf *b)
+static void render_ready(struct strbuf *b)
 {
 	char why[512];
 
@@ -336,7 +305,7 @@ static void render_ready(struct sbuf *b)
 }
 
 /* The label-less counters and gauges of the two tables. */
-static void render_counters_and_gauges(struct sbuf *b)
+static void render_counters_and_gauges(struct strbuf *b)
 {
 	size_t i;
 
@@ -353,7 +322,7 @@ static void render_counters_and_gauges(struct sbuf *b)
 }
 
 /* outbox_sends_total{provider,outcome}. */
-static void render_sends(struct sbuf *b)
+static void render_sends(struct strbuf *b)
 {
 	sb_header(b, "outbox_sends_total", "counter",
 	          "Provider calls by provider and outcome class "
@@ -373,7 +342,7 @@ static void render_sends(struct sbuf *b)
 }
 
 /* outbox_send_duration_seconds{provider}: cumulative buckets, sum, count. */
-static void render_durations(struct sbuf *b)
+static void render_durations(struct strbuf *b)
 {
 	sb_header(b, "outbox_send_duration_seconds", "histogram",
 	          "Provider call duration by provider, in seconds.");
@@ -405,9 +374,9 @@ static void render_durations(struct sbuf *b)
 
 char *metrics_render(void)
 {
-	struct sbuf b = { xmalloc(4096), 0, 4096 };
+	struct strbuf b;
 
-	b.s[0] = '\0';
+	sb_init(&b, 4096);
 	render_process(&b);
 	render_ready(&b);
 	render_counters_and_gauges(&b);

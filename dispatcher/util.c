@@ -207,60 +207,7 @@ bool utf8_valid(const char *s, size_t len)
 	return true;
 }
 
-/* ---- a growing string ---------------------------------------------------- */
-
-void sb_init(struct strbuf *b, size_t cap)
-{
-	b->cap = cap ? cap : 64;
-	b->s = xmalloc(b->cap);
-	b->len = 0;
-	b->s[0] = '\0';
-}
-
-/* Room for n more bytes and the NUL. */
-static void sb_reserve(struct strbuf *b, size_t n)
-{
-	char *grown;
-
-	if (b->len + n < b->cap)
-		return;
-	while (b->len + n >= b->cap)
-		b->cap *= 2;
-	grown = realloc(b->s, b->cap);
-	if (grown == NULL) {
-		fputs("outbox: out of memory\n", stderr);
-		abort();
-	}
-	b->s = grown;
-}
-
-void sb_append(struct strbuf *b, const char *s, size_t n)
-{
-	sb_reserve(b, n);
-	memcpy(b->s + b->len, s, n);
-	b->len += n;
-	b->s[b->len] = '\0';
-}
-
-void sb_puts(struct strbuf *b, const char *s)
-{
-	sb_append(b, s, strlen(s));
-}
-
-void sb_int(struct strbuf *b, long long v)
-{
-	char digits[24], *p = digits + sizeof(digits);
-	/* Unsigned, so that the most negative value negates without overflow. */
-	unsigned long long u = v < 0 ? 0ULL - (unsigned long long)v : (unsigned long long)v;
-
-	do {
-		*--p = (char)('0' + u % 10);
-		u /= 10;
-	} while (u);
-	if (v < 0)
-		*--p = '-';
-	sb_append(b, p, (size_t)(digits + sizeof(digits) - p));
-}
+/* ---- escaping onto a growing string (lib/text.h) ---------------------- */
 
 void sb_json_string(struct strbuf *b, const char *s)
 {

@@ -1,8 +1,9 @@
 /* SPDX-License-Identifier: ISC */
 /*
  * util.h: small helpers every part uses: clocks, randomness, UUIDs,
- * SHA-256, bounded string copies, jittered backoff and a growing string
- * with JSON string escaping.
+ * SHA-256, bounded string copies, jittered backoff, and JSON-string and
+ * terminal escaping onto the growing string (struct strbuf, which the
+ * dispatcher shares with the providers: providers/lib/text.h).
  */
 #ifndef OUTBOX_UTIL_H
 #define OUTBOX_UTIL_H
@@ -10,6 +11,8 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+
+#include "lib/text.h"
 
 #define WARN_UNUSED __attribute__((warn_unused_result))
 
@@ -48,17 +51,6 @@ int64_t backoff_full_jitter_ms(int64_t base_ms, int64_t cap_ms, int attempt);
 /* True when s is valid UTF-8 (no overlongs, no surrogates). */
 bool utf8_valid(const char *s, size_t len);
 
-/* Text built by appending (the completion batch's JSON): s is always
- * NUL-terminated, and owned by whoever holds the struct (free(sb.s)).
- * Out of memory aborts, as xmalloc does. */
-struct strbuf {
-	char *s;
-	size_t len, cap;
-};
-void sb_init(struct strbuf *b, size_t cap);
-void sb_append(struct strbuf *b, const char *s, size_t n);
-void sb_puts(struct strbuf *b, const char *s);
-void sb_int(struct strbuf *b, long long v);
 /* s as a JSON string, quotes included: ", \ and control characters
  * escaped the way jansson's json_dumps() escapes them (s is UTF-8). */
 void sb_json_string(struct strbuf *b, const char *s);

@@ -7,19 +7,23 @@
  * and NOTIFYs, SIGTERM (a graceful stop), SIGHUP (a reload), teardown.
  *
  * An effect's life in one worker, each step a batch and one round trip
- * (README, "The hot path, in order").  The default path, for rows this
- * worker can send at once (claim.c: claim_limit() says how many; http and
- * crm, whose sends start at once):
+ * (README, "The hot path, in order").  take.c's take_batch() asks for
+ * due rows, a claim or a lease, through one sender and one answer path
+ * (take_send(), on_taken()); the kind's handlers (claim.c, lease.c) say
+ * what becomes of the rows.  The default path, for rows this worker can
+ * send at once (claim.c: claim_limit() says how many; http and crm, whose
+ * sends start at once):
  *
- *   claim        claim.c: outbox_claim(): pending rows go straight to
- *                `sending` under the kill-switch lock (lease and mark in
- *                one call); each is validated, then sent as below; a row
+ *   claim        take.c, claim.c: outbox_claim(): pending rows go straight
+ *                to `sending` under the kill-switch lock (lease and mark
+ *                in one call); each is validated, then sent as below; a row
  *                that cannot go after all is given back (outbox_unclaim())
  *
  * Otherwise (no room for every row asked for, or a provider such as
  * email whose sends wait in a queue):
  *
- *   lease        lease.c: outbox_lease(): pending rows get this worker's lease
+ *   lease        take.c, lease.c: outbox_lease(): pending rows get this
+ *                worker's lease
  *   validate     effect.c: payload parsed and checked by its provider; bad
  *                rows go to outbox_fail_invalid() with the reason (nothing sent)
  *   wait         until its provider and host have a free slot and the
@@ -75,7 +79,7 @@ static void on_pump(evutil_socket_t fd, short what, void *arg)
 	flush_reconciled(w);
 	mark_ready(w);
 	if (!w->life.stopping) {
-		lease_batch(w);
+		take_batch(w);
 		if (w->recon.requested)
 			reconcile_pass(w, true);
 	}
@@ -117,7 +121,7 @@ static void on_db_state(struct db *db, bool up, void *arg)
 	metrics_set(G_DB_UP, up && db_is_up(w->rec));
 	if (!up) {
 		/* lease.busy stays: a lease on the wire was answered NULL
-		 * (on_leased() cleared it); a queued one survives the
+		 * (on_taken() cleared it); a queued one survives the
 		 * reconnect and clears it when it is answered. */
 		metrics_inc(M_DB_RECONNECTS, 1);
 		if (w->life.ready_sent)
@@ -126,7 +130,7 @@ static void on_db_state(struct db *db, bool up, void *arg)
 			readiness_update(w);
 		return;
 	}
-	lease_cursor_reset(w);
+	take_cursor_reset(w);
 	/* Urgent, so that no lease issued after the reconnect passes it. */
 	worker_query(db, SQL_SCHEMA_VERSION, NULL, on_schema, w, DBQ_URGENT);
 	if (w->life.ready_sent)
@@ -169,7 +173,7 @@ static void on_notify(struct db *db, const char *channel, const char *payload, v
 		w->lease.wanted = true;
 	/* Rows given back while the switch was off sit behind our position. */
 	if (payload && strcmp(payload, "kill-switch-on") == 0)
-		lease_cursor_reset(w);
+		take_cursor_reset(w);
 	worker_kick(w);
 }
 

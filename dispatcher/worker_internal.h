@@ -8,8 +8,14 @@
  *   worker.c        loop, pump, signals, reload, start and teardown
  *   health.c        readiness (READY=1, STATUS=) and /healthz
  *   effect.c        the effect, the held set, effect_set_phase()
- *   lease.c         leasing, the due-index position, lease renewal
- *   claim.c         lease and mark in one call for rows that go at once
+ *   take.c          taking due rows: a claim or a lease, how many, on
+ *                   which connection; the one sender and answer path for
+ *                   both (a table of the two kinds); the due-index position
+ *   lease.c         the lease kind: validating leased rows; lease renewal,
+ *                   giving leases back
+ *   claim.c         the claim kind (lease and mark in one call for rows
+ *                   that go at once): how many rows, sending them, giving
+ *                   back what cannot go
  *   decide.c        the pure decisions: claim or lease, how many rows, where
  *                   outcomes go, whether they wait, a free slot (decide.h)
  *   send.c          mark (the kill-switch commit point), send, record
@@ -31,9 +37,11 @@
 #include <sys/queue.h>
 
 #include "config.h"
+#include "decide.h"
 #include "plugin.h"
 #include "policy.h"
 #include "worker.h"
+#include "worker_sql.h"
 
 struct db;
 struct event;
@@ -109,9 +117,13 @@ TAILQ_HEAD(effect_list, effect);
 /* The effects of one statement, handed to its answer's callback. */
 struct batch {
 	struct worker *w;
-	uint64_t gen;
-	bool from_head;               /* a lease that scanned the due index from its head */
-	bool on_rec;                  /* a lease on the records connection (a head scan in position mode) */
+	/* A claim or a lease (take.c): */
+	enum take_kind kind;
+	int rows_asked;               /* its row limit (counted in lease.leasing_rows until answered) */
+	bool from_head;               /* it scanned the due index from its head */
+	bool on_rec;                  /* on the records connection (a head scan in position mode) */
+	/* A renewal (lease.c): the generation it covers (effect.renew_gen). */
+	uint64_t renew_gen;
 	int64_t sent_mono;            /* when the statement was queued */
 	char call[37];                /* outbox_mark_sending's or outbox_claim's call token */
 	size_t n;
@@ -148,10 +160,11 @@ struct worker_life {
 	struct event *sigterm_ev, *sigint_ev, *sighup_ev;
 };
 
-/* lease.c: leasing and renewal. */
+/* take.c: claims and leases on the wire, the due-index position; lease.c:
+ * renewal. */
 struct worker_lease {
-	int leasing_rows;             /* rows asked for by leases on the wire */
-	bool busy;                    /* a lease on the lease connection is on the wire */
+	int leasing_rows;             /* rows asked for by claims and leases on the wire */
+	bool busy;                    /* a claim or lease on the lease connection is on the wire */
 	bool head_busy;               /* a head scan on the records connection is on the wire */
 	bool wanted;                  /* a NOTIFY, a poll tick or a reconnect asked for a lease */
 	bool more_due;                /* the last lease came back full (cleared by the next lease) */
@@ -289,20 +302,45 @@ struct batch *batch_new(struct worker *w, size_t cap);
 char *ids_array(struct effect **items, size_t n);
 void effects_free_all(struct worker *w);
 
+/* take.c */
+void take_batch(struct worker *w);
+void take_cursor_reset(struct worker *w);
+
+/* What a kind's statement gets (take.c fills it in), as text parameters. */
+struct take_args {
+	const char *owner, *name, *limit, *lease_seconds, *types, *env_enabled;
+	const char *idem_types;       /* types whose provider honours idempotency keys */
+	const char *call;             /* the batch's call token */
+	const char *after_at, *after_id; /* the due-index position; NULL: from the head */
+	const char *max_payload;
+};
+#define TAKE_PARAMS_MAX 12
+
+/* One kind of request take.c sends and answers: its statement, the flags
+ * it goes with (besides DBQ_URGENT on the lease connection), whether it
+ * carries a call token, its parameters in the statement's order, and what
+ * becomes of its answer.  rows() gets an answer that passed job_ok();
+ * refused() one that did not (r NULL: the connection is being freed) and
+ * says whether the pump should run again.  Neither frees the batch. */
+struct take_handlers {
+	enum worker_stmt stmt;
+	unsigned flags;
+	bool has_call;
+	void (*params)(const struct take_args *a, const char *params[TAKE_PARAMS_MAX]);
+	void (*rows)(struct worker *w, const struct batch *b, PGresult *r);
+	bool (*refused)(struct worker *w, const struct batch *b, PGresult *r);
+};
+
 /* lease.c */
-void lease_batch(struct worker *w);
-void lease_cursor_reset(struct worker *w);
-struct batch *lease_on_wire(struct worker *w, struct db *db, bool from_head, int limit);
-bool lease_answered(struct worker *w, struct db *db, const struct batch *b, PGresult *r,
-                    const char *what);
+extern const struct take_handlers lease_take;
 void release_waiting(struct worker *w);
 void on_heartbeat(evutil_socket_t fd, short what, void *arg);
 
-/* claim.c: rows to claim for a lease of `limit` (batch `full`): > 0 claim
- * that many, 0 lease the old way, -1 neither now (sends in flight will
- * make room). */
+/* claim.c: rows to claim for a take of `limit` (batch `full`): > 0 claim
+ * that many, 0 lease instead, -1 neither now (sends in flight will make
+ * room). */
+extern const struct take_handlers claim_take;
 int claim_limit(struct worker *w, int limit, int full);
-void claim_send(struct worker *w, struct db *db, bool from_head, int limit);
 /* send.c */
 void mark_ready(struct worker *w);
 void start_send(struct worker *w, struct effect *e, int attempt, int64_t confirmed_sent_mono);

@@ -146,13 +146,15 @@ CREATE TABLE effect_history (
     retry_base       integer
 ) PARTITION BY RANGE (created_at);
 
--- One row per provider call of one lease owner (a completion batch sent
--- again after a lost connection is recorded once), and the lookup of an
--- effect's rows.  The partition key is part of it, as PostgreSQL requires:
--- an effect's rows all live in one partition, so the uniqueness is the same.
-CREATE UNIQUE INDEX effect_history_call_uq ON effect_history
-    (effect_id, attempt, lease_owner, (CASE WHEN worker NOT LIKE 'reaper:%' THEN true END),
-     created_at);
+-- An effect's rows, found by the effect's creation time and id (both on
+-- its body row): the partition, then the rows.  Effects finish in about
+-- the order they were created, so new entries land at the right-hand
+-- edge of the index instead of at random pages, as an index led by the
+-- random effect_id would take them.  No uniqueness: the completion's CAS
+-- records each provider call once, and the evidence of a call whose CAS
+-- failed is written only when the same owner's row for that attempt is
+-- not there yet (sql/functions/30_dispatcher.sql).
+CREATE INDEX effect_history_effect_idx ON effect_history (created_at, effect_id);
 
 -- The weekly figures read recent rows by end time.
 CREATE INDEX effect_history_ended_brin ON effect_history USING brin (ended_at)
@@ -359,7 +361,8 @@ CREATE VIEW effect_attempts WITH (security_invoker = true) AS
 SELECT h.history_id AS attempt_id, h.effect_id, h.attempt, h.lease_owner, h.worker,
        h.started_at, h.ended_at, h.outcome_class, h.provider_status, h.provider_id,
        h.error_text, h.cas_applied, h.metadata, h.resolution
-  FROM effect_history h
+  FROM effect_body b
+  JOIN effect_history h ON h.created_at = b.created_at AND h.effect_id = b.effect_id
  WHERE h.outcome_class IS NOT NULL;
 
 -- Row-level security: a producer login sees the effects of its own runs

@@ -29,8 +29,8 @@ static void sb_base64_lines(struct strbuf *b, const unsigned char *data, size_t 
 	for (size_t off = 0; off < len; off += 57) {
 		size_t n = len - off < 57 ? len - off : 57;
 		int w = EVP_EncodeBlock(out, data + off, (int)n);
-		strbuf_add(b, (const char *)out, (size_t)w);
-		strbuf_add(b, "\r\n", 2);
+		sb_append(b, (const char *)out, (size_t)w);
+		sb_append(b, "\r\n", 2);
 	}
 }
 
@@ -53,10 +53,10 @@ static void sb_encoded_words(struct strbuf *b, const char *s)
 			n = len - off < 45 ? len - off : 45;
 		int w = EVP_EncodeBlock(out, (const unsigned char *)s + off, (int)n);
 		if (!first)
-			strbuf_add(b, "\r\n ", 3);
-		strbuf_puts(b, "=?UTF-8?B?");
-		strbuf_add(b, (const char *)out, (size_t)w);
-		strbuf_puts(b, "?=");
+			sb_append(b, "\r\n ", 3);
+		sb_puts(b, "=?UTF-8?B?");
+		sb_append(b, (const char *)out, (size_t)w);
+		sb_puts(b, "?=");
 		first = false;
 		off += n;
 	}
@@ -75,7 +75,7 @@ static bool is_ascii_printable(const char *s)
 static void sb_unstructured(struct strbuf *b, const char *value, size_t room)
 {
 	if (is_ascii_printable(value) && strlen(value) <= room && strstr(value, "=?") == NULL)
-		strbuf_puts(b, value);
+		sb_puts(b, value);
 	else
 		sb_encoded_words(b, value);
 }
@@ -440,7 +440,7 @@ static bool body_normalise(const char *s, size_t len, struct strbuf *out)
 		if (c == '\r' || c == '\n') {
 			if (c == '\r' && i + 1 < len && s[i + 1] == '\n')
 				i++;
-			strbuf_add(out, "\r\n", 2);
+			sb_append(out, "\r\n", 2);
 			line = 0;
 			continue;
 		}
@@ -448,35 +448,39 @@ static bool body_normalise(const char *s, size_t len, struct strbuf *out)
 			seven = false;
 		if (++line > 998)
 			seven = false;
-		strbuf_add(out, (const char *)&c, 1);
+		sb_append(out, (const char *)&c, 1);
 	}
-	if (out->len < 2 || memcmp(out->p + out->len - 2, "\r\n", 2) != 0)
-		strbuf_add(out, "\r\n", 2);
+	if (out->len < 2 || memcmp(out->s + out->len - 2, "\r\n", 2) != 0)
+		sb_append(out, "\r\n", 2);
 	return seven;
 }
 
 static void sb_part(struct strbuf *b, const char *subtype, const char *body, size_t len, bool force_b64)
 {
-	struct strbuf norm = { 0 };
-	bool seven = body_normalise(body, len, &norm);
+	struct strbuf norm;
+	bool seven;
 
-	strbuf_printf(b, "Content-Type: text/%s; charset=utf-8\r\n", subtype);
+	sb_init(&norm, len + 3);        /* the body, most often unchanged, and a CRLF */
+	seven = body_normalise(body, len, &norm);
+
+	sb_printf(b, "Content-Type: text/%s; charset=utf-8\r\n", subtype);
 	if (seven && !force_b64) {
-		strbuf_puts(b, "Content-Transfer-Encoding: 7bit\r\n\r\n");
-		strbuf_add(b, norm.p, norm.len);
+		sb_puts(b, "Content-Transfer-Encoding: 7bit\r\n\r\n");
+		sb_append(b, norm.s, norm.len);
 	} else {
-		strbuf_puts(b, "Content-Transfer-Encoding: base64\r\n\r\n");
-		sb_base64_lines(b, (const unsigned char *)norm.p, norm.len);
+		sb_puts(b, "Content-Transfer-Encoding: base64\r\n\r\n");
+		sb_base64_lines(b, (const unsigned char *)norm.s, norm.len);
 	}
-	free(norm.p);
+	free(norm.s);
 }
 
 char *email_build(const struct outbox_effect *e, const struct email_msg *m,
                          const char *msgid_domain, size_t *lenp)
 {
-	struct strbuf b = { 0 };
+	struct strbuf b;
 
-	strbuf_puts(&b, "From: ");
+	sb_init(&b, 1024);
+	sb_puts(&b, "From: ");
 	if (m->from_name) {
 		char *name = text_alloc(m->from_name_len + 1);
 		memcpy(name, m->from_name, m->from_name_len);
@@ -484,53 +488,53 @@ char *email_build(const struct outbox_effect *e, const struct email_msg *m,
 		 * name is folded as encoded words. */
 		if (is_ascii_printable(name) && strstr(name, "=?") == NULL &&
 		    2 * m->from_name_len + strlen(m->from_addr) + 12 <= EMAIL_HDR_LINE) {
-			strbuf_add(&b, "\"", 1);
+			sb_append(&b, "\"", 1);
 			for (const char *p = name; *p; p++) {
 				if (*p == '"' || *p == '\\')
-					strbuf_add(&b, "\\", 1);
-				strbuf_add(&b, p, 1);
+					sb_append(&b, "\\", 1);
+				sb_append(&b, p, 1);
 			}
-			strbuf_add(&b, "\" ", 2);
+			sb_append(&b, "\" ", 2);
 		} else {
 			sb_encoded_words(&b, name);
-			strbuf_add(&b, " ", 1);
+			sb_append(&b, " ", 1);
 		}
 		free(name);
-		strbuf_printf(&b, "<%s>\r\n", m->from_addr);
+		sb_printf(&b, "<%s>\r\n", m->from_addr);
 	} else {
-		strbuf_printf(&b, "%s\r\n", m->from_addr);
+		sb_printf(&b, "%s\r\n", m->from_addr);
 	}
-	strbuf_printf(&b, "To: %s\r\n", e->target);
-	strbuf_puts(&b, "Subject: ");
+	sb_printf(&b, "To: %s\r\n", e->target);
+	sb_puts(&b, "Subject: ");
 	sb_unstructured(&b, m->subject, EMAIL_HDR_LINE - 9);
-	strbuf_puts(&b, "\r\n");
-	strbuf_printf(&b, "Message-ID: <%s@%s>\r\n", e->effect_key, msgid_domain);
-	strbuf_printf(&b, "X-Outbox-Effect-Id: %s\r\n", e->effect_id);
+	sb_puts(&b, "\r\n");
+	sb_printf(&b, "Message-ID: <%s@%s>\r\n", e->effect_key, msgid_domain);
+	sb_printf(&b, "X-Outbox-Effect-Id: %s\r\n", e->effect_id);
 	if (m->headers) {
 		const char *name;
 		const json_t *hv;
 		json_object_foreach((json_t *)m->headers, name, hv) {
-			strbuf_printf(&b, "%s: ", name);
+			sb_printf(&b, "%s: ", name);
 			sb_unstructured(&b, json_string_value(hv), EMAIL_HDR_LINE - strlen(name) - 2);
-			strbuf_puts(&b, "\r\n");
+			sb_puts(&b, "\r\n");
 		}
 	}
-	strbuf_puts(&b, "MIME-Version: 1.0\r\n");
+	sb_puts(&b, "MIME-Version: 1.0\r\n");
 	if (m->html == NULL) {
 		sb_part(&b, "plain", m->text, m->text_len, false);
 	} else {
 		/* Base64 parts cannot contain the boundary ("=_" is not base64). */
 		char boundary[64];
 		snprintf(boundary, sizeof(boundary), "=_outbox_%.32s", e->effect_key);
-		strbuf_printf(&b, "Content-Type: multipart/alternative; boundary=\"%s\"\r\n\r\n", boundary);
-		strbuf_puts(&b, "This is a multi-part message in MIME format.\r\n");
-		strbuf_printf(&b, "\r\n--%s\r\n", boundary);
+		sb_printf(&b, "Content-Type: multipart/alternative; boundary=\"%s\"\r\n\r\n", boundary);
+		sb_puts(&b, "This is a multi-part message in MIME format.\r\n");
+		sb_printf(&b, "\r\n--%s\r\n", boundary);
 		sb_part(&b, "plain", m->text, m->text_len, true);
-		strbuf_printf(&b, "\r\n--%s\r\n", boundary);
+		sb_printf(&b, "\r\n--%s\r\n", boundary);
 		sb_part(&b, "html", m->html, m->html_len, true);
-		strbuf_printf(&b, "\r\n--%s--\r\n", boundary);
+		sb_printf(&b, "\r\n--%s--\r\n", boundary);
 	}
 	*lenp = b.len;
-	return b.p;
+	return b.s;
 }
 

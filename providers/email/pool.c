@@ -278,7 +278,7 @@ bool email_pool_start(struct email *em, char *err, size_t errlen)
 	}
 	/* Pool threads take no signals (SIGPIPE from a relay that hung up
 	 * becomes EPIPE; SIGTERM and SIGHUP stay with the loop). */
-	em->threads = text_alloc(sizeof(pthread_t) * (size_t)em->nthreads);
+	em->threads = text_array((size_t)em->nthreads, sizeof(pthread_t));
 	sigfillset(&all);
 	pthread_sigmask(SIG_SETMASK, &all, &old);
 	for (int i = 0; i < em->nthreads && ok; i++) {

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: ISC */
 /*
- * text.c: bounded and printable copies, the growing buffer and the
- * out-of-memory policy shared by the providers (text.h).
+ * text.c: bounded and printable copies, the growing string and the
+ * out-of-memory policy shared by the providers and the dispatcher (text.h).
  */
 #include <stdarg.h>
 #include <stdint.h>
@@ -11,19 +11,26 @@
 
 #include "text.h"
 
+/* Said once on stderr (the journal) so that the abort has a cause. */
+static void text_out_of_memory(void)
+{
+	fputs("outbox: out of memory\n", stderr);
+	abort();
+}
+
 void *text_alloc(size_t n)
 {
 	void *p = calloc(1, n ? n : 1);
 
 	if (p == NULL)
-		abort();
+		text_out_of_memory();
 	return p;
 }
 
 void *text_array(size_t n, size_t size)
 {
 	if (size != 0 && n > SIZE_MAX / size)
-		abort();
+		text_out_of_memory();
 	return text_alloc(n * size);
 }
 
@@ -32,7 +39,7 @@ void *text_realloc(void *p, size_t n)
 	void *q = realloc(p, n ? n : 1);
 
 	if (q == NULL)
-		abort();
+		text_out_of_memory();
 	return q;
 }
 
@@ -81,44 +88,75 @@ void text_copy_printable(char *dst, const char *src, size_t srclen, size_t size)
 	dst[o] = '\0';
 }
 
-void strbuf_add(struct strbuf *b, const char *s, size_t n)
+/* ---- the growing string ------------------------------------------------- */
+
+void sb_init(struct strbuf *b, size_t cap)
 {
-	if (b->len + n + 1 > b->cap) {
-		size_t cap = b->cap ? b->cap : 1024;
-		while (cap < b->len + n + 1)
-			cap *= 2;
-		b->p = text_realloc(b->p, cap);
-		b->cap = cap;
-	}
-	memcpy(b->p + b->len, s, n);
+	b->cap = cap ? cap : 64;
+	b->s = text_alloc(b->cap);
+	b->len = 0;
+}
+
+/* Room for n more bytes and the NUL. */
+static void sb_reserve(struct strbuf *b, size_t n)
+{
+	size_t need, cap;
+
+	if (n >= SIZE_MAX - b->len)
+		text_out_of_memory();
+	need = b->len + n + 1;
+	if (need <= b->cap)
+		return;
+	cap = b->cap ? b->cap : 64;
+	while (cap < need)
+		cap = cap > SIZE_MAX / 2 ? need : cap * 2;
+	b->s = text_realloc(b->s, cap);
+	b->cap = cap;
+}
+
+void sb_append(struct strbuf *b, const char *s, size_t n)
+{
+	sb_reserve(b, n);
+	if (n)
+		memcpy(b->s + b->len, s, n);
 	b->len += n;
-	b->p[b->len] = '\0';
+	b->s[b->len] = '\0';
 }
 
-void strbuf_puts(struct strbuf *b, const char *s)
+void sb_puts(struct strbuf *b, const char *s)
 {
-	strbuf_add(b, s, strlen(s));
+	sb_append(b, s, strlen(s));
 }
 
-void strbuf_printf(struct strbuf *b, const char *fmt, ...)
+void sb_int(struct strbuf *b, long long v)
+{
+	char digits[24], *p = digits + sizeof(digits);
+	/* Unsigned, so that the most negative value negates without overflow. */
+	unsigned long long u = v < 0 ? 0ULL - (unsigned long long)v : (unsigned long long)v;
+
+	do {
+		*--p = (char)('0' + u % 10);
+		u /= 10;
+	} while (u);
+	if (v < 0)
+		*--p = '-';
+	sb_append(b, p, (size_t)(digits + sizeof(digits) - p));
+}
+
+void sb_printf(struct strbuf *b, const char *fmt, ...)
 {
 	va_list ap;
-	char small[512];
 	int n;
 
+	/* Straight into the buffer: measure, make room, write. */
 	va_start(ap, fmt);
-	n = vsnprintf(small, sizeof(small), fmt, ap);
+	n = vsnprintf(NULL, 0, fmt, ap);
 	va_end(ap);
 	if (n < 0)
-		abort();
-	if ((size_t)n < sizeof(small)) {
-		strbuf_add(b, small, (size_t)n);
-		return;
-	}
-	char *big = text_alloc((size_t)n + 1);
+		abort();        /* a bad format, or text past INT_MAX: inputs are capped far below */
+	sb_reserve(b, (size_t)n);
 	va_start(ap, fmt);
-	vsnprintf(big, (size_t)n + 1, fmt, ap);
+	vsnprintf(b->s + b->len, (size_t)n + 1, fmt, ap);
 	va_end(ap);
-	strbuf_add(b, big, (size_t)n);
-	free(big);
+	b->len += (size_t)n;
 }

@@ -1,9 +1,16 @@
 /* SPDX-License-Identifier: ISC */
 /*
  * text.h: small text helpers every provider needs: bounded copies,
- * printable copies of peer text, a growing byte buffer, and the providers'
- * out-of-memory policy (abort: a worker that cannot allocate a few bytes
- * cannot record outcomes either, and the lease reaper recovers its rows).
+ * printable copies of peer text, the growing string the dispatcher and the
+ * providers share, and the providers' out-of-memory policy (abort: a worker
+ * that cannot allocate a few bytes cannot record outcomes either, and the
+ * lease reaper recovers its rows).
+ *
+ * text.c is compiled into each plugin and into the daemon and outboxctl
+ * (the Makefile's CORE_SRC): the providers build against provider.h and
+ * providers/lib/ only, never against the daemon's files, and a plugin
+ * exports nothing but its entry point (providers/plugin.map), so its calls
+ * here bind to its own copy, whatever the loading daemon was built from.
  */
 #ifndef OUTBOX_TEXT_H
 #define OUTBOX_TEXT_H
@@ -11,7 +18,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-/* The providers' allocations, all of them (providers/email/ aside): they
+/* The providers' allocations, all of them (tests/static checks): they
  * abort when memory is exhausted and never return NULL, so no caller has
  * an out-of-memory path to get wrong (a cut header, an all-zero HMAC).
  * text_alloc zeroes like calloc; text_array(n, size) checks n * size for
@@ -30,14 +37,31 @@ void text_copy(char *dst, const char *src, size_t size);
  * 0x20..0x7e become '?'.  Reads src[0..srclen). */
 void text_copy_printable(char *dst, const char *src, size_t srclen, size_t size);
 
-/* A growing byte buffer, always NUL-terminated once written to. */
+/* A growing string: text built by appending (an email message, the
+ * completion batch's JSON, the metrics page, a config path), the one the
+ * dispatcher and the providers share.  After sb_init, s is always a
+ * NUL-terminated string of len bytes (it may hold NULs of its own), owned
+ * by whoever holds the struct: free(b.s).
+ *
+ * Why this shape: sb_init makes s a valid (empty) string before anything
+ * is appended, so a caller may read b.s at once and never meets a NULL; a
+ * zeroed struct still works, as an empty buffer with no allocation yet.
+ * Growth checks len + n for overflow and, like every allocation here,
+ * aborts when memory runs out, so no caller has a half-built text to
+ * handle.  Why here: the plugins build against provider.h and
+ * providers/lib/ only, and the dispatcher links this file too; the
+ * dispatcher's own formatters over it (JSON strings, terminal escapes)
+ * are in dispatcher/util.c. */
 struct strbuf {
-	char *p;
+	char *s;
 	size_t len, cap;
 };
 
-void strbuf_add(struct strbuf *b, const char *s, size_t n);
-void strbuf_puts(struct strbuf *b, const char *s);
-void strbuf_printf(struct strbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* cap: the first allocation (0 for a small default). */
+void sb_init(struct strbuf *b, size_t cap);
+void sb_append(struct strbuf *b, const char *s, size_t n);
+void sb_puts(struct strbuf *b, const char *s);
+void sb_int(struct strbuf *b, long long v);
+void sb_printf(struct strbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 #endif

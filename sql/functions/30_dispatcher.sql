@@ -3,11 +3,16 @@
 -- functions, and the kill switch.
 --
 -- Each takes arrays or a JSON batch so that a worker spends one round trip
--- per batch, not per effect.  The batch functions plan every statement for
--- the batch at hand (plan_cache_mode): a generic plan cached while the
--- table was small turns key lookups into scans of the whole table later
--- (docs/performance.md, "Where the time goes").  Every transition is a CAS on
--- (effect, lease owner, state): a worker whose lease is gone changes nothing.
+-- per batch, not per effect.  The hot-path functions run cached generic
+-- plans (plan_cache_mode = force_generic_plan: planning was most of a
+-- batch's fixed cost), so every statement is written to plan as index
+-- probes whatever the table's size: rows are found by `= ANY (array)` of
+-- keys or by a LATERAL probe per key, never by joining a set to a table
+-- (tests/sql/test_plans_at_scale.py checks the plans at 2,000,000 rows;
+-- docs/performance.md, "Where the time goes").  Every transition is a CAS
+-- on (effect, lease owner, state): a worker whose lease is gone changes
+-- nothing.  Effects move between states only through the functions listed
+-- in docs/design.md, "State changes".
 
 -- The kill-switch lock.  mark_sending holds it shared for the length of its
 -- transaction; turning the switch off takes it exclusively.  So once the
@@ -58,7 +63,8 @@ RETURNS TABLE (effect_id uuid, idempotency_key text, effect_type text, target te
                payload text, payload_hash text, effect_key text, attempts integer,
                metadata text, approved_by text, retry_base integer,
                available_at timestamptz, payload_bytes integer, metadata_bytes integer)
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp
+    SET plan_cache_mode = force_generic_plan AS $$
 #variable_conflict use_column
 DECLARE
     after_at timestamptz := p_after_at;
@@ -137,7 +143,8 @@ CREATE OR REPLACE FUNCTION outbox_mark_sending(p_owner uuid, p_ids uuid[], p_env
                                                p_idempotent_types text[], p_lease_seconds integer,
                                                p_call uuid DEFAULT NULL)
 RETURNS TABLE (effect_id uuid, attempts integer, blocked boolean)
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp
+    SET plan_cache_mode = force_generic_plan AS $$
 #variable_conflict use_column
 DECLARE
     allowed boolean;
@@ -214,7 +221,8 @@ END $$;
 CREATE OR REPLACE FUNCTION outbox_renew(p_owner uuid, p_ids uuid[], p_lease_seconds integer,
                                         p_max_lease_seconds integer)
 RETURNS TABLE (effect_id uuid, lease_expires_at timestamptz)
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp
+    SET plan_cache_mode = force_generic_plan AS $$
 #variable_conflict use_column
 BEGIN
     PERFORM outbox_lock_owned(p_owner, p_ids);      -- lock order: effect_id
@@ -232,7 +240,8 @@ END $$;
 
 CREATE OR REPLACE FUNCTION outbox_release(p_owner uuid, p_ids uuid[], p_delay_ms bigint DEFAULT 0)
 RETURNS integer
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp
+    SET plan_cache_mode = force_generic_plan AS $$
 #variable_conflict use_column
 DECLARE
     n integer;
@@ -335,47 +344,159 @@ END $$;
 -- state change applied, the state it set and, when it resolved an
 -- `unknown` effect, how (late_accepted, late_not_sent).
 --
--- The usual batch (every CAS applies, no `unknown` row) costs three
--- statements: the row locks; the state change with its history rows (one
--- statement: finished effects leave the live queue by a DELETE whose
--- RETURNING makes their finishing history rows, retried ones are updated
--- in place); the result rows.  Runs are not touched (outbox_settle_runs).
+-- The usual batch (every CAS applies, no `unknown` row) costs one
+-- statement that touches tables: the state change with its history rows
+-- (finished effects leave the live queue by a DELETE whose RETURNING makes
+-- their finishing history rows, retried ones are updated in place).  Runs are not touched (outbox_settle_runs).
 -- The rest runs only for what is left over: late evidence for `unknown`
 -- rows, and elements whose CAS did not apply (lease lost, a batch
 -- delivered twice) (docs/performance.md, "Where the time goes").
 CREATE OR REPLACE FUNCTION outbox_complete(p_owner uuid, p_worker text, p_results jsonb)
 RETURNS TABLE (effect_id uuid, applied boolean, state text, resolved text)
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp
+    SET plan_cache_mode = force_generic_plan AS $$
 #variable_conflict use_column
 DECLARE
-    ids uuid[];
-    any_unknown boolean;
+    n integer := jsonb_array_length(p_results);
+    mixed boolean;
     late_ids uuid[] := '{}';
-    done_ids uuid[];
-    done_states text[];
-    done_outcomes text[];
-    requeued integer;
+    pass_ids uuid[];
+    pass_states text[];
+    pass_outcomes text[];
+    done_ids uuid[] := '{}';
+    done_states text[] := '{}';
+    done_outcomes text[] := '{}';
+    requeued integer := 0;
+    pass_requeued integer;
+    left_ids uuid[];
 BEGIN
-    -- Lock the batch's rows in effect_id order, the order every batch
-    -- function takes them in, so two batches cannot wait on each other.
-    SELECT coalesce(array_agg(l.effect_id), '{}'), coalesce(bool_or(l.state = 'unknown'), false)
-      INTO ids, any_unknown
-      FROM (SELECT o.effect_id, o.state FROM effect_live o
-             WHERE o.effect_id = ANY (ARRAY(SELECT (e ->> 'effect_id')::uuid
-                                              FROM jsonb_array_elements(p_results) e))
-             ORDER BY o.effect_id
-               FOR UPDATE) l;
+    -- Rows are locked in effect_id order, the order every batch function
+    -- takes them in, so two batches cannot wait on each other: the state
+    -- change below walks the batch in that order.  A batch that finishes
+    -- some effects and retries others changes them in two steps (DELETE,
+    -- UPDATE), so it takes its locks first.
+    SELECT count(*) FILTER (WHERE e ->> 'next_state' IN ('completed', 'failed'))
+               NOT IN (0, count(*))
+      INTO mixed FROM jsonb_array_elements(p_results) e;
+    IF mixed THEN
+        PERFORM 1 FROM effect_live o
+         WHERE o.effect_id = ANY (ARRAY(SELECT (e ->> 'effect_id')::uuid
+                                          FROM jsonb_array_elements(p_results) e))
+         ORDER BY o.effect_id FOR UPDATE;
+    END IF;
 
-    -- The `unknown` rows whose unknown-ness came from this worker's lease
-    -- on exactly the attempt being recorded are the candidates for a late
-    -- resolution (rare: only then is the history probed, by index).
-    IF any_unknown THEN
+    -- Two passes at most.  The first applies what the lease holder
+    -- reports for its `sending` rows: the usual batch ends there.  Only
+    -- when some element did not apply are the rest looked at: the
+    -- `unknown` rows whose unknown-ness came from this worker's lease on
+    -- exactly the attempt being recorded (late evidence) get a second
+    -- pass of the same statement; what still did not apply is evidence
+    -- only, below.
+    FOR pass IN 1 .. 2 LOOP
+        -- The state change and, in the same statement, the history row of
+        -- every element it applied to.  The same batch sent again after a lost
+        -- connection (the first may have committed) finds its rows moved on:
+        -- the CAS records each provider call once.
+        WITH r AS MATERIALIZED (
+            SELECT r.*,
+                   r.next_state IN ('completed', 'failed') AS finishes,
+                   CASE WHEN r.outcome = 'accepted' THEN NULL ELSE r.outcome END AS error_class,
+                   CASE WHEN r.effect_id = ANY (late_ids) AND r.outcome = 'not_sent'
+                        THEN 'late evidence: the attempt given up on was not sent ('
+                             || coalesce(r.error, 'no detail') || ')'
+                        ELSE r.error END AS error_text,
+                   CASE WHEN r.effect_id = ANY (late_ids)
+                        THEN CASE WHEN r.outcome = 'accepted' THEN 'late_accepted'
+                                  ELSE 'late_not_sent' END END AS resolution
+              FROM jsonb_to_recordset(p_results) AS r(
+                   effect_id uuid, attempt integer, started_ms_ago bigint, outcome text,
+                   status integer, provider_id text, error text, next_state text,
+                   retry_delay_ms bigint)
+             WHERE r.next_state IN ('completed', 'pending', 'failed', 'unknown')
+               AND NOT r.effect_id = ANY (done_ids)
+               AND (pass = 1 OR r.effect_id = ANY (late_ids))
+             ORDER BY r.effect_id),
+        gone AS (
+            DELETE FROM effect_live o USING r
+             WHERE o.effect_id = r.effect_id AND r.finishes
+               AND o.attempts = r.attempt
+               AND ((o.lease_owner = p_owner AND o.state = 'sending')
+                    OR (o.state = 'unknown' AND o.effect_id = ANY (late_ids)))
+            RETURNING o.effect_id, o.created_at, o.sending_since, o.retry_base,
+                      coalesce(r.provider_id, o.provider_id) AS effect_provider_id,
+                      r.started_ms_ago, r.attempt, r.outcome, r.status, r.provider_id, r.error,
+                      r.next_state, r.resolution, r.error_class, r.error_text),
+        moved AS (
+            UPDATE effect_live o
+               SET state = r.next_state,
+                   provider_id = coalesce(r.provider_id, o.provider_id),
+                   lease_owner = NULL, lease_expires_at = NULL, lease_worker = NULL,
+                   sending_since = NULL,
+                   available_at = CASE WHEN r.next_state = 'pending'
+                                       THEN now() + make_interval(secs => greatest(r.retry_delay_ms, 0) / 1000.0)
+                                       ELSE 'infinity' END,
+                   last_error_class = r.error_class, last_error = r.error_text,
+                   last_status = r.status, updated_at = now()
+              FROM r
+             WHERE o.effect_id = r.effect_id AND NOT r.finishes
+               AND o.attempts = r.attempt
+               AND ((o.lease_owner = p_owner AND o.state = 'sending')
+                    OR (o.state = 'unknown' AND o.effect_id = ANY (late_ids)))
+            RETURNING o.effect_id, o.created_at, r.started_ms_ago, r.attempt, r.outcome, r.status,
+                      r.provider_id, r.error, r.next_state, r.resolution),
+        moved_since AS (
+            -- sending_since before the update: the row's old version.
+            SELECT m.*, (SELECT s.sending_since FROM effect_live s
+                          WHERE s.effect_id = m.effect_id) AS sending_since
+              FROM moved m),
+        u AS (
+            SELECT g.effect_id, g.created_at, g.sending_since, g.started_ms_ago, g.attempt,
+                   g.outcome, g.status, g.provider_id, g.error, g.next_state, g.resolution,
+                   g.next_state AS final_state, g.error_class, g.error_text AS final_error,
+                   g.effect_provider_id, g.retry_base
+              FROM gone g
+            UNION ALL
+            SELECT m.effect_id, m.created_at, m.sending_since, m.started_ms_ago, m.attempt,
+                   m.outcome, m.status, m.provider_id, m.error, m.next_state, m.resolution,
+                   NULL, NULL, NULL, NULL, NULL
+              FROM moved_since m),
+        logged AS (
+            INSERT INTO effect_history (effect_id, created_at, attempt, lease_owner, worker,
+                                        started_at, outcome_class, provider_status, provider_id,
+                                        error_text, cas_applied, resolution, state,
+                                        last_error_class, last_error, last_provider_id, retry_base)
+            SELECT u.effect_id, u.created_at, u.attempt, p_owner, p_worker,
+                   least(now(), greatest(u.sending_since,
+                                         now() - make_interval(secs => coalesce(greatest(
+                                                     u.started_ms_ago, 0), 0) / 1000.0))),
+                   u.outcome, u.status, u.provider_id, u.error, true, u.resolution, u.final_state,
+                   u.error_class, u.final_error, u.effect_provider_id, u.retry_base
+              FROM u)
+        SELECT coalesce(array_agg(u.effect_id), '{}'), coalesce(array_agg(u.next_state), '{}'),
+               coalesce(array_agg(u.outcome), '{}'),
+               count(*) FILTER (WHERE u.next_state = 'pending' AND u.effect_id = ANY (late_ids))
+          INTO pass_ids, pass_states, pass_outcomes, pass_requeued
+          FROM u;
+        done_ids := done_ids || pass_ids;
+        done_states := done_states || pass_states;
+        done_outcomes := done_outcomes || pass_outcomes;
+        requeued := requeued + pass_requeued;
+        EXIT WHEN pass = 2 OR cardinality(done_ids) = n;
+
+        -- What is left: locked in effect_id order, then the late candidates.
+        SELECT coalesce(array_agg(l.effect_id), '{}') INTO left_ids
+          FROM (SELECT o.effect_id FROM effect_live o
+                 WHERE o.effect_id = ANY (ARRAY(SELECT (e ->> 'effect_id')::uuid
+                                                  FROM jsonb_array_elements(p_results) e))
+                   AND NOT o.effect_id = ANY (done_ids)
+                 ORDER BY o.effect_id
+                   FOR UPDATE) l;
         SELECT coalesce(array_agg(o.effect_id), '{}') INTO late_ids
           FROM effect_live o
           JOIN jsonb_to_recordset(p_results) AS r(effect_id uuid, attempt integer, outcome text,
                                                   next_state text)
             ON r.effect_id = o.effect_id
-         WHERE o.effect_id = ANY (ids) AND o.state = 'unknown'
+         WHERE o.effect_id = ANY (left_ids) AND o.state = 'unknown'
            AND ((r.outcome = 'accepted' AND r.next_state = 'completed')
                 OR (r.outcome = 'not_sent' AND r.next_state IN ('pending', 'failed')))
            AND o.attempts = r.attempt
@@ -383,98 +504,18 @@ BEGIN
                         WHERE a.effect_id = o.effect_id AND a.created_at = o.created_at
                           AND a.attempt = r.attempt
                           AND a.lease_owner = p_owner AND a.worker LIKE 'reaper:%');
-    END IF;
+        EXIT WHEN cardinality(late_ids) = 0;
+    END LOOP;
 
-    -- The state change and, in the same statement, the history row of
-    -- every element it applied to.  ON CONFLICT: the same batch sent again
-    -- after a lost connection (the first may have committed) records each
-    -- provider call once.
-    WITH r AS MATERIALIZED (
-        SELECT r.*,
-               r.next_state IN ('completed', 'failed') AS finishes,
-               CASE WHEN r.outcome = 'accepted' THEN NULL ELSE r.outcome END AS error_class,
-               CASE WHEN r.effect_id = ANY (late_ids) AND r.outcome = 'not_sent'
-                    THEN 'late evidence: the attempt given up on was not sent ('
-                         || coalesce(r.error, 'no detail') || ')'
-                    ELSE r.error END AS error_text,
-               CASE WHEN r.effect_id = ANY (late_ids)
-                    THEN CASE WHEN r.outcome = 'accepted' THEN 'late_accepted'
-                              ELSE 'late_not_sent' END END AS resolution
-          FROM jsonb_to_recordset(p_results) AS r(
-               effect_id uuid, attempt integer, started_ms_ago bigint, outcome text,
-               status integer, provider_id text, error text, next_state text,
-               retry_delay_ms bigint)
-         WHERE r.next_state IN ('completed', 'pending', 'failed', 'unknown')),
-    gone AS (
-        DELETE FROM effect_live o USING r
-         WHERE o.effect_id = ANY (ids) AND o.effect_id = r.effect_id AND r.finishes
-           AND o.attempts = r.attempt
-           AND ((o.lease_owner = p_owner AND o.state = 'sending')
-                OR (o.state = 'unknown' AND o.effect_id = ANY (late_ids)))
-        RETURNING o.effect_id, o.created_at, o.sending_since, o.retry_base,
-                  coalesce(r.provider_id, o.provider_id) AS effect_provider_id,
-                  r.started_ms_ago, r.attempt, r.outcome, r.status, r.provider_id, r.error,
-                  r.next_state, r.resolution, r.error_class, r.error_text),
-    moved AS (
-        UPDATE effect_live o
-           SET state = r.next_state,
-               provider_id = coalesce(r.provider_id, o.provider_id),
-               lease_owner = NULL, lease_expires_at = NULL, lease_worker = NULL,
-               sending_since = NULL,
-               available_at = CASE WHEN r.next_state = 'pending'
-                                   THEN now() + make_interval(secs => greatest(r.retry_delay_ms, 0) / 1000.0)
-                                   ELSE 'infinity' END,
-               last_error_class = r.error_class, last_error = r.error_text,
-               last_status = r.status, updated_at = now()
-          FROM r
-         WHERE o.effect_id = ANY (ids) AND o.effect_id = r.effect_id AND NOT r.finishes
-           AND o.attempts = r.attempt
-           AND ((o.lease_owner = p_owner AND o.state = 'sending')
-                OR (o.state = 'unknown' AND o.effect_id = ANY (late_ids)))
-        RETURNING o.effect_id, o.created_at, r.started_ms_ago, r.attempt, r.outcome, r.status,
-                  r.provider_id, r.error, r.next_state, r.resolution),
-    moved_since AS (
-        -- sending_since before the update: the row's old version.
-        SELECT m.*, (SELECT s.sending_since FROM effect_live s
-                      WHERE s.effect_id = m.effect_id) AS sending_since
-          FROM moved m),
-    u AS (
-        SELECT g.effect_id, g.created_at, g.sending_since, g.started_ms_ago, g.attempt,
-               g.outcome, g.status, g.provider_id, g.error, g.next_state, g.resolution,
-               g.next_state AS final_state, g.error_class, g.error_text AS final_error,
-               g.effect_provider_id, g.retry_base
-          FROM gone g
-        UNION ALL
-        SELECT m.effect_id, m.created_at, m.sending_since, m.started_ms_ago, m.attempt,
-               m.outcome, m.status, m.provider_id, m.error, m.next_state, m.resolution,
-               NULL, NULL, NULL, NULL, NULL
-          FROM moved_since m),
-    logged AS (
-        INSERT INTO effect_history (effect_id, created_at, attempt, lease_owner, worker,
-                                    started_at, outcome_class, provider_status, provider_id,
-                                    error_text, cas_applied, resolution, state,
-                                    last_error_class, last_error, last_provider_id, retry_base)
-        SELECT u.effect_id, u.created_at, u.attempt, p_owner, p_worker,
-               least(now(), greatest(u.sending_since,
-                                     now() - make_interval(secs => coalesce(greatest(
-                                                 u.started_ms_ago, 0), 0) / 1000.0))),
-               u.outcome, u.status, u.provider_id, u.error, true, u.resolution, u.final_state,
-               u.error_class, u.final_error, u.effect_provider_id, u.retry_base
-          FROM u
-        ON CONFLICT (effect_id, attempt, lease_owner,
-                     (CASE WHEN worker NOT LIKE 'reaper:%' THEN true END), created_at)
-        DO NOTHING)
-    SELECT coalesce(array_agg(u.effect_id), '{}'), coalesce(array_agg(u.next_state), '{}'),
-           coalesce(array_agg(u.outcome), '{}'),
-           count(*) FILTER (WHERE u.next_state = 'pending' AND u.effect_id = ANY (late_ids))
-      INTO done_ids, done_states, done_outcomes, requeued
-      FROM u;
 
     -- Elements whose CAS did not apply: evidence only from the worker that
     -- held this attempt's lease, the lease owner now or the owner the
     -- reaper's row for the attempt names (a worker that resumes after its
-    -- lease was reaped).  ON CONFLICT as above.
-    IF cardinality(done_ids) < jsonb_array_length(p_results) THEN
+    -- lease was reaped); once per (attempt, owner): a batch delivered twice
+    -- leaves one row.  The rows of the batch that are still live are
+    -- locked, so a second delivery waits for the first and then sees its
+    -- rows.
+    IF cardinality(done_ids) < n THEN
         INSERT INTO effect_history (effect_id, created_at, attempt, lease_owner, worker,
                                     started_at, outcome_class, provider_status, provider_id,
                                     error_text, cas_applied)
@@ -489,22 +530,23 @@ BEGIN
          WHERE NOT r.effect_id = ANY (done_ids)
            AND r.outcome IS NOT NULL
            AND (EXISTS (SELECT 1 FROM effect_live o
-                         WHERE o.effect_id = r.effect_id AND o.effect_id = ANY (ids)
-                           AND o.lease_owner = p_owner)
+                         WHERE o.effect_id = r.effect_id AND o.lease_owner = p_owner)
                 OR EXISTS (SELECT 1 FROM effect_history a
                             WHERE a.effect_id = r.effect_id AND a.created_at = b.created_at
                               AND a.attempt = r.attempt
                               AND a.lease_owner = p_owner AND a.worker LIKE 'reaper:%'))
-        ON CONFLICT (effect_id, attempt, lease_owner,
-                     (CASE WHEN worker NOT LIKE 'reaper:%' THEN true END), created_at)
-        DO NOTHING;
+           AND NOT EXISTS (SELECT 1 FROM effect_history a
+                            WHERE a.effect_id = r.effect_id AND a.created_at = b.created_at
+                              AND a.attempt = r.attempt AND a.lease_owner = p_owner
+                              AND a.outcome_class IS NOT NULL
+                              AND a.worker NOT LIKE 'reaper:%');
     END IF;
 
     IF requeued > 0 THEN
         PERFORM pg_notify('effect_outbox', '');
     END IF;
 
-    IF cardinality(done_ids) = jsonb_array_length(p_results) THEN
+    IF cardinality(done_ids) = n THEN
         RETURN QUERY
         SELECT x.id, true, x.st,
                CASE WHEN x.id = ANY (late_ids)
@@ -544,7 +586,8 @@ END $$;
 -- history row (no call) carries the reason.
 CREATE OR REPLACE FUNCTION outbox_fail_invalid(p_owner uuid, p_items jsonb)
 RETURNS TABLE (effect_id uuid)
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp
+    SET plan_cache_mode = force_generic_plan AS $$
 #variable_conflict use_column
 DECLARE
     ids uuid[];
@@ -745,7 +788,8 @@ END $$;
 -- deadlocking (renew and complete did, in both directions).
 CREATE OR REPLACE FUNCTION outbox_lock_owned(p_owner uuid, p_ids uuid[])
 RETURNS void
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp
+    SET plan_cache_mode = force_generic_plan AS $$
 BEGIN
     PERFORM 1 FROM effect_live o
      WHERE o.effect_id = ANY (p_ids) AND o.lease_owner = p_owner

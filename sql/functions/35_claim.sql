@@ -49,7 +49,8 @@ RETURNS TABLE (effect_id uuid, idempotency_key text, effect_type text, target te
                payload text, payload_hash text, effect_key text, attempts integer,
                metadata text, approved_by text, retry_base integer,
                available_at timestamptz, payload_bytes integer, metadata_bytes integer)
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp
+    SET plan_cache_mode = force_generic_plan AS $$
 #variable_conflict use_column
 DECLARE
     allowed boolean;
@@ -114,7 +115,7 @@ BEGIN
     -- worker sends, read from the immutable body row by its key.
     RETURN QUERY
     WITH due AS (
-        SELECT l.effect_id FROM effect_live l
+        SELECT l.ctid AS row_at FROM effect_live l
          WHERE (l.available_at, l.effect_id) > (after_at, after_id)
            AND l.available_at <= now()
            AND l.state = 'pending'
@@ -131,7 +132,7 @@ BEGIN
                sending_since = now(), mark_token = p_call,
                sending_idempotent = o.effect_type = ANY (p_idempotent_types),
                updated_at = now()
-         WHERE o.effect_id = ANY (ARRAY(SELECT d.effect_id FROM due d))
+         WHERE o.ctid = ANY (ARRAY(SELECT d.row_at FROM due d))
         RETURNING o.effect_id, o.attempts - 1 AS attempts, o.retry_base, o.available_at),
     called AS (
         INSERT INTO effect_calls (call, lease_owner, worker, ids, deadline)
@@ -161,7 +162,8 @@ END $$;
 CREATE OR REPLACE FUNCTION outbox_unclaim(p_owner uuid, p_ids uuid[], p_call uuid,
                                           p_release boolean, p_delay_ms bigint DEFAULT 0)
 RETURNS integer
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp
+    SET plan_cache_mode = force_generic_plan AS $$
 #variable_conflict use_column
 DECLARE
     n integer;
@@ -197,7 +199,7 @@ $$;
 -- and the call given up on (outbox_claim_repeated): a repeated claim after
 -- the kill switch went off, or a worker whose claim or mark was refused (it cannot
 -- tell whether that was a repeat whose first call committed).  Found
--- through the index of rows in flight; only those rare cases get here.
+-- through the call's row; only those rare cases get here.
 CREATE OR REPLACE FUNCTION outbox_unclaim_call(p_owner uuid, p_call uuid)
 RETURNS integer
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$

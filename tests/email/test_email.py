@@ -83,10 +83,12 @@ def no_secret_in(text):
 @pytest.fixture(scope="session")
 def provider_send(tmp_path_factory):
     """Compile tests/tools/provider_send.c against the build's own config
-    (config, config_read), util and log objects (sanitizer flags when the build has them)."""
+    (config, config_read), util, log and text objects (sanitizer flags when
+    the build has them)."""
     out = tmp_path_factory.mktemp("tools") / "provider_send"
-    objs = [os.path.join(BUILD_DIR, "obj", "dispatcher", f"{n}.o")
-            for n in ("config", "config_read", "util", "log")]
+    objs = [os.path.join(BUILD_DIR, "obj", f"{n}.o")
+            for n in ("dispatcher/config", "dispatcher/config_read", "dispatcher/util",
+                      "dispatcher/log", "providers/lib/text")]
     pkgs = ["jansson", "libevent", "libevent_pthreads", "inih", "libcrypto", "libpq", "libsystemd"]
     flags = subprocess.run(["pkg-config", "--cflags", "--libs"] + pkgs, check=True,
                            capture_output=True, text=True).stdout.split()

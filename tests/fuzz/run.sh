@@ -40,7 +40,7 @@ CFLAGS="-g -O1 -fno-omit-frame-pointer -fsanitize=fuzzer,address,undefined -fno-
 # Per target: the code under test, and the longest input worth trying.
 sources() {
     case "$1" in
-    fuzz_config)  echo "dispatcher/config.c dispatcher/config_read.c dispatcher/util.c dispatcher/log.c" ;;
+    fuzz_config)  echo "dispatcher/config.c dispatcher/config_read.c dispatcher/util.c dispatcher/log.c providers/lib/text.c" ;;
     fuzz_payload) echo providers/http/*.c providers/lib/*.c ;;
     *)            echo "" ;;
     esac

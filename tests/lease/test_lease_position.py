@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: ISC
 """Leasing from a position in the due index
-(outbox_lease in sql/functions/30_dispatcher.sql, lease_batch() in dispatcher/worker.c).
+(outbox_lease in sql/functions/30_dispatcher.sql, take_batch() in dispatcher/take.c).
 
 A worker leases from just after the last row it leased, so that a lease
 does not walk the dead entries earlier rows left at the head of the index

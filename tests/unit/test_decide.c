@@ -2,10 +2,10 @@
 /*
  * test_decide.c: dispatcher/decide.c, the worker's pure decisions, each
  * as a table of cases: the claim's room and its row count (or lease, or
- * wait and ask again when), a lease worth its round trip, the connection
- * for outcomes, how long outcomes gather, and a free send slot (the
- * provider's and the host's limits beside the batch being built, the
- * breaker).  Each row says why it is there.
+ * wait and ask again when), a lease worth its round trip, a claim, a lease
+ * or neither, the connection for outcomes, how long outcomes gather, and a
+ * free send slot (the provider's and the host's limits beside the batch
+ * being built, the breaker).  Each row says why it is there.
  */
 #include <stdarg.h>
 #include <stddef.h>
@@ -150,6 +150,49 @@ static void test_lease_worth_it(void **state)
 
 		if (decide_lease_worth_it(c->in_flight_rows, c->limit, c->full) != c->want)
 			fail_msg("%s: want %d", c->why, c->want);
+	}
+}
+
+/* ---- decide_take ---------------------------------------------------------- */
+
+struct take_case {
+	const char *why;
+	int claim, limit, full, in_flight_rows;
+	bool want;
+	enum take_kind kind;
+	int rows;
+};
+
+static const struct take_case take_cases[] = {
+	{ "claim_limit says wait: neither", -1, 64, 64, 0, false, TAKE_LEASE, 0 },
+	{ "claim_limit says wait, even with a full batch of room", -1, 64, 64, 100, false, TAKE_LEASE, 0 },
+	{ "idle, a claim on offer: claim that many", 10, 64, 64, 0, true, TAKE_CLAIM, 10 },
+	{ "busy, a claim of half a batch: claim", 32, 64, 64, 100, true, TAKE_CLAIM, 32 },
+	{ "busy, a claim of less than half a batch: neither (no lease instead)", 31, 64, 64, 100,
+	  false, TAKE_LEASE, 0 },
+	{ "no claim (0), idle: lease the whole limit", 0, 5, 64, 0, true, TAKE_LEASE, 5 },
+	{ "no claim, busy, half a batch of room: lease", 0, 32, 64, 100, true, TAKE_LEASE, 32 },
+	{ "no claim, busy, less than half a batch: neither", 0, 31, 64, 100, false, TAKE_LEASE, 0 },
+	{ "no claim, no room: neither", 0, 0, 64, 0, false, TAKE_LEASE, 0 },
+	{ "a claim is never bigger than it was offered", 3, 64, 64, 0, true, TAKE_CLAIM, 3 },
+};
+
+static void test_take(void **state)
+{
+	(void)state;
+	for (size_t i = 0; i < N_OF(take_cases); i++) {
+		const struct take_case *c = &take_cases[i];
+		enum take_kind kind = TAKE_KINDS;
+		int rows = -1;
+		bool got = decide_take(c->claim, c->limit, c->full, c->in_flight_rows, &kind, &rows);
+
+		if (got != c->want)
+			fail_msg("%s: want %d, got %d", c->why, c->want, got);
+		if (got && (kind != c->kind || rows != c->rows))
+			fail_msg("%s: want kind %d rows %d, got kind %d rows %d", c->why, c->kind, c->rows,
+			         kind, rows);
+		if (!got && (kind != TAKE_KINDS || rows != -1))
+			fail_msg("%s: neither, yet kind or rows written", c->why);
 	}
 }
 
@@ -313,6 +356,7 @@ int main(void)
 		cmocka_unit_test(test_claim_room),
 		cmocka_unit_test(test_claim_limit),
 		cmocka_unit_test(test_lease_worth_it),
+		cmocka_unit_test(test_take),
 		cmocka_unit_test(test_outcomes_on_lease_db),
 		cmocka_unit_test(test_gather),
 		cmocka_unit_test(test_slot_free),

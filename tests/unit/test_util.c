@@ -568,6 +568,37 @@ static void test_sb_growth_and_int(void **state)
 	free(b.s);
 }
 
+/* sb_printf writes in place: a short piece, then one longer than what
+ * is left (and than any stack buffer), then one with an embedded NUL
+ * appended around them; a zeroed struct works as an empty one. */
+static void test_sb_printf_grows_in_place(void **state)
+{
+	struct strbuf b, z = { 0 };
+	char big[3001];
+
+	(void)state;
+	memset(big, 'a', sizeof(big) - 1);
+	big[sizeof(big) - 1] = '\0';
+	sb_init(&b, 4);
+	sb_printf(&b, "%s=%d;", "n", -42);
+	assert_string_equal(b.s, "n=-42;");
+	sb_append(&b, "\0", 1);
+	sb_printf(&b, "[%s]", big);
+	assert_int_equal(b.len, 7 + 3002);
+	assert_true(b.cap > b.len);
+	assert_memory_equal(b.s, "n=-42;\0[", 8);
+	assert_memory_equal(b.s + 8, big, 3000);
+	assert_string_equal(b.s + 3008, "]");
+	sb_printf(&b, "%s", "");
+	assert_int_equal(b.len, 7 + 3002);
+	free(b.s);
+
+	sb_printf(&z, "%05u", 7u);
+	assert_string_equal(z.s, "00007");
+	assert_int_equal(z.len, 5);
+	free(z.s);
+}
+
 /* ---- db_redact_conninfo ------------------------------------------------------ */
 
 static void redact(const char *in, char *out, size_t len)
@@ -660,6 +691,7 @@ int main(void)
 		cmocka_unit_test(test_str_copy_and_iso8601),
 		cmocka_unit_test(test_sb_json_string_matches_jansson),
 		cmocka_unit_test(test_sb_growth_and_int),
+		cmocka_unit_test(test_sb_printf_grows_in_place),
 		cmocka_unit_test(test_redact_conninfo),
 		cmocka_unit_test(test_redact_conninfo_spaces_and_quotes),
 		cmocka_unit_test(test_redact_conninfo_sslpassword_first),
