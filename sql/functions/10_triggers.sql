@@ -49,17 +49,22 @@ DROP FUNCTION IF EXISTS effect_outbox_notify();
 -- exception, are the ones it was approved for.  The settle's lock is taken
 -- before this insert's share lock on the run, so two inserts into one run
 -- queue on it instead of deadlocking.
+--
+-- Its plans are cached for the session; one made while effect_body was
+-- nearly empty would scan the table for every row after (a bulk insert
+-- then costs the square of its rows), so they are made without sequential
+-- scans: every statement here is a probe of a run's key.
 CREATE OR REPLACE FUNCTION outbox_effect_gate() RETURNS trigger
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp
+    SET enable_seqscan = off AS $$
 DECLARE
     st text;
     ours boolean;
     me xid := pg_current_xact_id()::xid;
 BEGIN
-    IF EXISTS (SELECT 1 FROM workflow_runs w
-                WHERE w.idempotency_key = NEW.idempotency_key AND w.state = 'processing'
-                  AND EXISTS (SELECT 1 FROM effect_body o
-                               WHERE o.idempotency_key = NEW.idempotency_key)) THEN
+    IF EXISTS (SELECT 1 FROM effect_body o WHERE o.idempotency_key = NEW.idempotency_key)
+       AND EXISTS (SELECT 1 FROM workflow_runs w
+                    WHERE w.idempotency_key = NEW.idempotency_key AND w.state = 'processing') THEN
         PERFORM outbox_settle_runs(ARRAY[NEW.idempotency_key]);
     END IF;
     -- FOR SHARE: a concurrent state change waits for this insert (or this

@@ -17,7 +17,7 @@ import psycopg2
 import psycopg2.errors
 import pytest
 
-from outbox_test import make_run, query, scalar
+from outbox_test import make_run, query, scalar, wait_for
 
 REFUSED = psycopg2.errors.ObjectNotInPrerequisiteState
 STATES = ["processing", "awaiting_human", "approved", "completed", "failed_retryable",
@@ -310,3 +310,34 @@ def test_register_providers_refuses_odd_names(conn, login_as, name):
     with pytest.raises(psycopg2.errors.InvalidParameterValue):
         query(d, "SELECT outbox_register_providers(%s, '{}')", ([name],))
     query(d, "SELECT outbox_register_providers(ARRAY['http', 'crm_v2'], '{}')")
+
+
+def test_a_bulk_insert_probes_the_effects_by_index_from_an_empty_table(conn, login_as):
+    """The gate's plans are cached for the session.  One made while
+    effect_body was empty (just vacuumed, as a new database is) must still
+    be an index probe when the table has grown: a sequential scan per row
+    would make a bulk insert cost the square of its rows."""
+    p = login_as("outbox_producer")
+    n = 300
+    owner = str(uuid.uuid4())
+    assert scalar(p, "SELECT count(*) FROM generate_series(1, %s) g, "
+                     "LATERAL outbox_claim_run('bulk-' || g, 'h', %s::uuid, 300) c "
+                     "WHERE c.status = 'claimed'", (n, owner)) == n
+    query(conn, "VACUUM ANALYZE effect_body")
+    stats = ("SELECT coalesce(seq_scan, 0), coalesce(idx_scan, 0), n_tup_ins FROM pg_stat_user_tables "
+             "WHERE relname = 'effect_body'")
+
+    def counters():
+        query(conn, "SELECT pg_stat_clear_snapshot()")
+        return query(conn, stats)[0]
+    seq0, idx0, ins0 = counters()
+    # The first rows plan the gate's statements on the empty table; the
+    # rest run those plans on a table that grows.
+    query(p, "INSERT INTO effect_outbox (idempotency_key, effect_type, target, payload) "
+             "SELECT 'bulk-' || g, 'http', 'https://x.example/', '{}' FROM generate_series(1, %s) g",
+          (n,))
+    query(p, "SELECT pg_stat_force_next_flush()")
+    query(p, "SELECT 1")
+    seq1, idx1, _ = wait_for(lambda: (lambda c: c if c[2] - ins0 >= n else None)(counters()),
+                             what="the producer's inserts counted")
+    assert seq1 - seq0 < 5 and idx1 - idx0 >= n, (seq1 - seq0, idx1 - idx0)
