@@ -124,22 +124,34 @@ int cmd_status(struct ctl *ctl, int argc, char **argv)
 		return CTL_USAGE;
 	json = ctl_flag(argc, argv, "--json");
 	r = ctl_exec(ctl, "status",
-	             "SELECT"
-	             " (SELECT count(*) FROM effect_outbox WHERE state = 'pending'),"
-	             /* Two partial indexes together hold every `sending` row
-	              * (sql/100_baseline.sql): no read of the whole table. */
-	             " (SELECT count(*) FROM effect_outbox WHERE state = 'sending' AND send_deadline IS NOT NULL)"
-	             " + (SELECT count(*) FROM effect_outbox WHERE state = 'sending' AND send_deadline IS NULL),"
-	             " (SELECT count(*) FROM effect_outbox WHERE state = 'completed'),"
-	             " (SELECT count(*) FROM effect_outbox WHERE state = 'unknown'),"
-	             " (SELECT count(*) FROM effect_outbox WHERE state = 'failed'),"
-	             " coalesce((SELECT extract(epoch FROM now() - min(available_at))::numeric(12,3)"
-	             "    FROM effect_outbox WHERE state = 'pending' AND available_at <= now()), 0),"
-	             " (SELECT count(*) FROM effect_outbox WHERE state = 'failed'"
-	             "    AND completed_at > now() - interval '1 hour'),"
+	             /* Open effects from the live queue (one pass over it),
+	              * finished ones from the history's finishing rows (those
+	              * that are still the effect's last word: an operator's
+	              * requeue puts a failed effect back in the live queue, and
+	              * it may fail again; a completed effect is never reopened). */
+	             "WITH live AS ("
+	             "  SELECT count(*) FILTER (WHERE state = 'pending') AS pending,"
+	             "         count(*) FILTER (WHERE state = 'sending') AS sending,"
+	             "         count(*) FILTER (WHERE state = 'unknown') AS unknown,"
+	             "         min(available_at) FILTER (WHERE state = 'pending' AND available_at <= now())"
+	             "           AS oldest_due"
+	             "    FROM effect_live),"
+	             " failed AS ("
+	             "  SELECT h.ended_at FROM effect_history h"
+	             "   WHERE h.state = 'failed'"
+	             "     AND NOT EXISTS (SELECT 1 FROM effect_live l WHERE l.effect_id = h.effect_id)"
+	             "     AND NOT EXISTS (SELECT 1 FROM effect_history n"
+	             "                      WHERE n.effect_id = h.effect_id AND n.created_at = h.created_at"
+	             "                        AND n.state IS NOT NULL AND n.history_id > h.history_id))"
+	             "SELECT l.pending, l.sending,"
+	             " (SELECT count(*) FROM effect_history WHERE state = 'completed'),"
+	             " l.unknown,"
+	             " (SELECT count(*) FROM failed),"
+	             " coalesce(extract(epoch FROM now() - l.oldest_due)::numeric(12,3), 0),"
+	             " (SELECT count(*) FROM failed WHERE ended_at > now() - interval '1 hour'),"
 	             " c.enabled, c.changed_by, c.reason,"
 	             " to_char(c.changed_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"')"
-	             " FROM outbox_control c WHERE c.id = 1",
+	             " FROM live l, outbox_control c WHERE c.id = 1",
 	             0, NULL);
 	if (r == NULL)
 		return CTL_DB;

@@ -168,16 +168,26 @@ static void ops_print_json(json_t *v)
 
 /* ---- unknown ----------------------------------------------------------- */
 
+/* `unknown` effects sit at available_at = 'infinity' in the live queue's
+ * index; the last provider call from the history, by the effect's id. */
 static const char unknown_list_sql[] =
-	"SELECT o.effect_id, o.idempotency_key, o.effect_key, o.effect_type, o.target, o.attempts, "
-	OPS_TIME("o.updated_at") ", " OPS_TIME("o.created_at") ", o.last_error_class, o.last_error, "
+	"SELECT l.effect_id, b.idempotency_key, b.effect_key, b.effect_type, b.target, l.attempts, "
+	OPS_TIME("l.updated_at") ", " OPS_TIME("l.created_at") ", l.last_error_class, l.last_error, "
 	"a.worker, a.outcome_class, a.provider_status, w.state "
-	"FROM effect_outbox o "
-	"JOIN workflow_runs w ON w.idempotency_key = o.idempotency_key "
+	"FROM effect_live l "
+	"JOIN effect_body b ON b.effect_id = l.effect_id "
+	"JOIN workflow_runs w ON w.idempotency_key = b.idempotency_key "
 	"LEFT JOIN LATERAL (SELECT x.worker, x.outcome_class, x.provider_status "
-	"                     FROM effect_attempts x WHERE x.effect_id = o.effect_id "
-	"                    ORDER BY x.attempt_id DESC LIMIT 1) a ON true "
-	"WHERE o.state = 'unknown' ORDER BY o.updated_at, o.effect_id";
+	"                     FROM effect_history x WHERE x.effect_id = l.effect_id "
+	"                      AND x.created_at = l.created_at AND x.outcome_class IS NOT NULL "
+	"                    ORDER BY x.history_id DESC LIMIT 1) a ON true "
+	"WHERE l.available_at = 'infinity' AND l.state = 'unknown' "
+	"ORDER BY l.updated_at, l.effect_id";
+
+static const char unknown_settle_sql[] =
+	"SELECT outbox_settle_runs(ARRAY(SELECT DISTINCT b.idempotency_key "
+	"FROM effect_live l JOIN effect_body b ON b.effect_id = l.effect_id "
+	"WHERE l.available_at = 'infinity' AND l.state = 'unknown'))";
 
 static int unknown_list(struct ctl *ctl, int argc, char **argv)
 {
@@ -192,6 +202,11 @@ static int unknown_list(struct ctl *ctl, int argc, char **argv)
 
 	if (!ctl_check_opts(argc, argv, allowed))
 		return CTL_USAGE;
+	/* Their runs' states as their effects make them, before the list reads them. */
+	r = ops_exec(ctl, "unknown list", unknown_settle_sql, 0, NULL, &rc);
+	if (r == NULL)
+		return rc;
+	PQclear(r);
 	r = ops_exec(ctl, "unknown list", unknown_list_sql, 0, NULL, &rc);
 	if (r == NULL)
 		return rc;
@@ -472,13 +487,29 @@ int cmd_replace(struct ctl *ctl, int argc, char **argv)
 
 /* ---- prune ------------------------------------------------------------- */
 
+/* How many months the history has partitions for; -1 on a database error. */
+static long prune_months(struct ctl *ctl, int *rc)
+{
+	PGresult *r = ops_exec(ctl, "prune",
+	                       "SELECT count(*) FROM pg_inherits"
+	                       " WHERE inhparent = 'effect_history'::regclass",
+	                       0, NULL, rc);
+	long n;
+
+	if (r == NULL)
+		return -1;
+	n = strtol(PQgetvalue(r, 0, 0), NULL, 10);
+	PQclear(r);
+	return n;
+}
+
 int cmd_prune(struct ctl *ctl, int argc, char **argv)
 {
 	static const char *const allowed[] = { "--older-than=", "--batch=", "--operator=",
 		                                   "--reason=", NULL };
 	const char *older, *batch_s, *op, *reason, *params[4];
 	char ival[64], batch_buf[16], why[160], *end;
-	long batch = 1000, total = 0, batches = 0;
+	long batch = 1000, total = 0, batches = 0, months_before, months_after;
 	int rc = CTL_OK;
 
 	if (!ctl_check_opts(argc, argv, allowed))
@@ -511,6 +542,9 @@ int cmd_prune(struct ctl *ctl, int argc, char **argv)
 	params[2] = op && op[0] ? op : NULL;
 	params[3] = reason;
 
+	months_before = prune_months(ctl, &rc);
+	if (months_before < 0)
+		return rc;
 	/* One batch per statement, each its own transaction: the workers wait
 	 * at most one short delete, and an interrupted prune keeps what it did. */
 	for (;;) {
@@ -533,9 +567,14 @@ int cmd_prune(struct ctl *ctl, int argc, char **argv)
 		if (n < batch)
 			break;
 	}
+	months_after = prune_months(ctl, &rc);
+	if (months_after < 0)
+		return rc;
 	printf("pruned %ld completed or failed effect%s that ended more than %s ago, in %ld "
-	       "batch%s of up to %ld (the attempts log is kept)\n", total, total == 1 ? "" : "s",
-	       older, batches, batches == 1 ? "" : "es", batch);
+	       "batch%s of up to %ld; %ld month%s of history dropped whole, attempts log "
+	       "included (a month holding an open or recent effect is kept)\n", total,
+	       total == 1 ? "" : "s", older, batches, batches == 1 ? "" : "es", batch,
+	       months_before - months_after, months_before - months_after == 1 ? "" : "s");
 	return CTL_OK;
 }
 

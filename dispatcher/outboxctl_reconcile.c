@@ -44,21 +44,21 @@ struct verdict_counts {
 };
 
 /* Print the verdicts written since the start and not printed yet; *last
- * is the highest attempt_id printed.  False on a database error. */
+ * is the highest history_id printed.  False on a database error. */
 static bool print_verdicts(struct ctl *ctl, const char *start, char *last, size_t lastlen,
                            struct verdict_counts *n)
 {
 	const char *params[2] = { start, last };
 	PGresult *r = ctl_exec(ctl, "reconcile: reading verdicts",
-	                       "SELECT a.attempt_id, a.effect_id, coalesce(o.effect_type, '?'),"
+	                       "SELECT a.history_id, a.effect_id, coalesce(b.effect_type, '?'),"
 	                       " a.outcome_class, coalesce(a.provider_status::text, ''),"
 	                       " coalesce(a.provider_id, ''), coalesce(a.error_text, ''),"
 	                       " coalesce(a.worker, ''), a.cas_applied"
-	                       " FROM effect_attempts a LEFT JOIN effect_outbox o USING (effect_id)"
+	                       " FROM effect_history a LEFT JOIN effect_body b USING (effect_id)"
 	                       " WHERE a.outcome_class IN ('reconciled_sent', 'reconciled_not_sent',"
 	                       "                           'reconcile_unknown')"
-	                       "   AND a.ended_at >= $1::timestamptz AND a.attempt_id > $2::bigint"
-	                       " ORDER BY a.attempt_id",
+	                       "   AND a.ended_at >= $1::timestamptz AND a.history_id > $2::bigint"
+	                       " ORDER BY a.history_id",
 	                       2, params);
 
 	if (r == NULL)
@@ -122,9 +122,13 @@ static bool ask_fleet(struct ctl *ctl, char *start, size_t startlen)
 
 	r = ctl_exec(ctl, "reconcile",
 	             "SELECT clock_timestamp()::text,"
-	             " (SELECT count(*) FROM effect_outbox o JOIN outbox_providers p"
-	             "     ON p.name = o.effect_type AND p.can_reconcile WHERE o.state = 'unknown'),"
-	             " (SELECT count(*) FROM effect_outbox o WHERE o.state = 'unknown' AND NOT EXISTS"
+	             /* `unknown` rows sit at available_at = 'infinity' in the
+	              * live queue's index. */
+	             " (SELECT count(*) FROM effect_live o JOIN outbox_providers p"
+	             "     ON p.name = o.effect_type AND p.can_reconcile"
+	             "   WHERE o.available_at = 'infinity' AND o.state = 'unknown'),"
+	             " (SELECT count(*) FROM effect_live o"
+	             "   WHERE o.available_at = 'infinity' AND o.state = 'unknown' AND NOT EXISTS"
 	             "     (SELECT 1 FROM outbox_providers p"
 	             "       WHERE p.name = o.effect_type AND p.can_reconcile))",
 	             0, NULL);
@@ -165,9 +169,10 @@ static long wait_for_fleet(struct ctl *ctl, const char *start, long wait_s,
 		if (!print_verdicts(ctl, start, last, sizeof(last), counts))
 			return -1;
 		r = ctl_exec(ctl, "reconcile: checking progress",
-		             "SELECT count(*) FROM effect_outbox o JOIN outbox_providers p"
+		             "SELECT count(*) FROM effect_live o JOIN outbox_providers p"
 		             "  ON p.name = o.effect_type AND p.can_reconcile"
-		             " WHERE o.state = 'unknown' AND o.created_at <= $1::timestamptz"
+		             " WHERE o.available_at = 'infinity' AND o.state = 'unknown'"
+		             "   AND o.created_at <= $1::timestamptz"
 		             "   AND (o.last_reconciled_at IS NULL OR o.last_reconciled_at < $1::timestamptz)",
 		             1, params);
 		if (r == NULL)

@@ -50,13 +50,17 @@ const struct worker_sql worker_sql[SQL_STATEMENTS] = {
 		"SELECT duplicate_share, approval_wait_p50_seconds, approval_wait_p95_seconds,"
 		" validation_failure_share, automatic_share, retries_exhausted"
 		" FROM outbox_weekly_figures($1, $2)", 2 },
+	/* The live queue's one index, both ends: the oldest due pending row
+	 * (past the rows being sent, which keep their due time), and the
+	 * `unknown` rows, parked at available_at = 'infinity'. */
 	[SQL_GAUGES_WITH_LAG] = { "gauges",
-		"SELECT coalesce((SELECT extract(epoch FROM now() - min(available_at)) FROM effect_outbox "
+		"SELECT coalesce((SELECT extract(epoch FROM now() - min(available_at)) FROM effect_live "
 		"  WHERE state = 'pending' AND available_at <= now()), 0),"
-		" (SELECT count(*) FROM effect_outbox WHERE state = 'unknown'),"
+		" (SELECT count(*) FROM effect_live WHERE available_at = 'infinity' AND state = 'unknown'),"
 		" (SELECT enabled FROM outbox_control WHERE id = 1)", 0 },
 	[SQL_GAUGES] = { "gauges",
-		"SELECT NULL, (SELECT count(*) FROM effect_outbox WHERE state = 'unknown'),"
+		"SELECT NULL, (SELECT count(*) FROM effect_live"
+		"  WHERE available_at = 'infinity' AND state = 'unknown'),"
 		" (SELECT enabled FROM outbox_control WHERE id = 1)", 0 },
 	[SQL_SCHEMA_VERSION] = { "schema version", MIGRATE_VERSION_SQL, 0 },
 	[SQL_RESOLVE_LATE] = { "outbox_resolve_late_accepted",

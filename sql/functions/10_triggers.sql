@@ -5,12 +5,18 @@
 -- level, from the rows the statement inserted: a bulk insert is one more
 -- INSERT and one NOTIFY, not a trigger call per row.  ON CONFLICT DO
 -- NOTHING rows that added nothing are not among them.
+--
+-- SECURITY DEFINER without SET search_path, unlike every other definer
+-- function here: setting the path on each call cost a producer's one-row
+-- INSERT about 5 %.  Instead every name it uses is schema-qualified (the
+-- transition table is the statement's own and is found before any table),
+-- and it uses no operator, so nothing in the caller's path is ever reached.
 CREATE OR REPLACE FUNCTION effect_body_queue() RETURNS trigger
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
+LANGUAGE plpgsql SECURITY DEFINER AS $$
 BEGIN
-    INSERT INTO effect_live (effect_id, effect_type, created_at, available_at)
+    INSERT INTO public.effect_live (effect_id, effect_type, created_at, available_at)
     SELECT n.effect_id, n.effect_type, n.created_at, n.available_at FROM new_effects n;
-    PERFORM pg_notify('effect_outbox', '');
+    PERFORM pg_catalog.pg_notify('effect_outbox', '');
     RETURN NULL;
 END $$;
 

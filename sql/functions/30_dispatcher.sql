@@ -113,7 +113,8 @@ BEGIN
      CROSS JOIN LATERAL (
            SELECT e.idempotency_key, e.effect_type, e.target, e.payload::text AS payload_text,
                   e.payload_hash, e.effect_key, e.metadata::text AS metadata_text, e.approved_by
-             FROM effect_body e WHERE e.effect_id = l.effect_id) b
+             FROM effect_body e WHERE e.effect_id = l.effect_id
+            OFFSET 0) b
      ORDER BY l.available_at, l.effect_id;
 END $$;
 
@@ -375,9 +376,10 @@ BEGIN
     -- change below walks the batch in that order.  A batch that finishes
     -- some effects and retries others changes them in two steps (DELETE,
     -- UPDATE), so it takes its locks first.
-    SELECT count(*) FILTER (WHERE e ->> 'next_state' IN ('completed', 'failed'))
-               NOT IN (0, count(*))
-      INTO mixed FROM jsonb_array_elements(p_results) e;
+    -- (Expressions without a table, so PL/pgSQL evaluates them without
+    -- starting an executor.)
+    mixed := jsonb_path_exists(p_results, '$[*] ? (@.next_state == "completed" || @.next_state == "failed")')
+             AND jsonb_path_exists(p_results, '$[*] ? (@.next_state != "completed" && @.next_state != "failed")');
     IF mixed THEN
         PERFORM 1 FROM effect_live o
          WHERE o.effect_id = ANY (ARRAY(SELECT (e ->> 'effect_id')::uuid

@@ -54,6 +54,7 @@ LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp
 #variable_conflict use_column
 DECLARE
     allowed boolean;
+    locked text;
     after_at timestamptz := p_after_at;
     after_id uuid := p_after_id;
 BEGIN
@@ -61,13 +62,15 @@ BEGIN
         RAISE EXCEPTION 'outbox_claim: a call token is required'
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    PERFORM pg_advisory_xact_lock(hashtextextended(p_call::text, 0));
+    -- Locks by assignment, not PERFORM: an expression without a table is
+    -- evaluated without starting an executor (this runs once per claim).
+    locked := pg_advisory_xact_lock(hashtextextended(p_call::text, 0))::text;
     IF p_repeat THEN
         PERFORM outbox_claim_repeated(p_call);
     ELSIF EXISTS (SELECT 1 FROM outbox_claim_repeats r WHERE r.call = p_call) THEN
         RETURN;     -- its repeat (or a give-up) came first
     END IF;
-    PERFORM pg_advisory_xact_lock_shared(outbox_kill_switch_lock_key());
+    locked := pg_advisory_xact_lock_shared(outbox_kill_switch_lock_key())::text;
     SELECT c.enabled INTO allowed FROM outbox_control c WHERE c.id = 1;
     allowed := coalesce(allowed, false) AND p_env_enabled;
     IF p_repeat THEN
@@ -96,7 +99,8 @@ BEGIN
                SELECT e.idempotency_key, e.effect_type, e.target,
                       e.payload::text AS payload_text, e.payload_hash, e.effect_key,
                       e.metadata::text AS metadata_text, e.approved_by
-                 FROM effect_body e WHERE e.effect_id = m.effect_id) b
+                 FROM effect_body e WHERE e.effect_id = m.effect_id
+            OFFSET 0) b
          ORDER BY m.available_at, m.effect_id;
         RETURN;
     END IF;
@@ -112,7 +116,9 @@ BEGIN
     after_id := coalesce(after_id, '00000000-0000-0000-0000-000000000000');
     -- One statement: the due rows, their move to `sending` (in place: no
     -- indexed column changes), the call's row for the reaper, and what the
-    -- worker sends, read from the immutable body row by its key.
+    -- worker sends, read from the immutable body row by its key.  OFFSET 0
+    -- keeps the body's subquery whole, so each payload is turned into text
+    -- once, not once per use of it (pulled up, it was three times).
     RETURN QUERY
     WITH due AS (
         SELECT l.ctid AS row_at FROM effect_live l
@@ -151,7 +157,8 @@ BEGIN
      CROSS JOIN LATERAL (
            SELECT e.idempotency_key, e.effect_type, e.target, e.payload::text AS payload_text,
                   e.payload_hash, e.effect_key, e.metadata::text AS metadata_text, e.approved_by
-             FROM effect_body e WHERE e.effect_id = c.effect_id) b
+             FROM effect_body e WHERE e.effect_id = c.effect_id
+            OFFSET 0) b
      ORDER BY c.available_at, c.effect_id;
 END $$;
 

@@ -34,6 +34,12 @@ END $$;
 -- this is the operator's recorded decision (docs/design.md, "Effect states").
 -- A sent effect with no provider id gets a local reference to the
 -- decision, so every completed effect has one.
+--
+-- The decision is evidence like any provider call: a history row with
+-- outcome operator_sent / operator_not_sent and no lease owner (so it
+-- never collides with a worker's row for the same attempt).  --sent also
+-- takes the effect out of the live queue, in the same statement, with the
+-- row that finishes it (the effect's last status kept, as before).
 CREATE OR REPLACE FUNCTION outbox_resolve_unknown(p_effect_id uuid, p_sent boolean, p_operator text,
                                        p_reason text, p_provider_id text DEFAULT NULL)
 RETURNS TABLE (applied boolean, state text, idempotency_key text, provider_id text,
@@ -41,7 +47,8 @@ RETURNS TABLE (applied boolean, state text, idempotency_key text, provider_id te
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
-    o effect_outbox%ROWTYPE;
+    b effect_body%ROWTYPE;
+    l effect_live%ROWTYPE;
     act bigint;
     pid text;
 BEGIN
@@ -55,99 +62,138 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
 
-    SELECT * INTO o FROM effect_outbox x WHERE x.effect_id = p_effect_id FOR UPDATE;
+    SELECT * INTO b FROM effect_body x WHERE x.effect_id = p_effect_id;
     IF NOT FOUND THEN
         RETURN;
     END IF;
-    IF o.state <> 'unknown' THEN
+    SELECT * INTO l FROM effect_live x WHERE x.effect_id = p_effect_id FOR UPDATE;
+    IF NOT FOUND OR l.state <> 'unknown' THEN
+        PERFORM outbox_settle_runs(ARRAY[b.idempotency_key]);
         RETURN QUERY SELECT false, o.state, o.idempotency_key, o.provider_id, w.state
-                       FROM workflow_runs w WHERE w.idempotency_key = o.idempotency_key;
+                       FROM effect_outbox o
+                       JOIN workflow_runs w ON w.idempotency_key = o.idempotency_key
+                      WHERE o.effect_id = p_effect_id;
         RETURN;
     END IF;
 
     INSERT INTO operator_actions (action, effect_id, run_key, operator, reason, detail)
     VALUES (CASE WHEN p_sent THEN 'resolve_sent' ELSE 'resolve_not_sent' END,
-            o.effect_id, o.idempotency_key, p_operator, p_reason,
-            jsonb_build_object('from_state', o.state, 'attempts', o.attempts,
+            b.effect_id, b.idempotency_key, p_operator, p_reason,
+            jsonb_build_object('from_state', l.state, 'attempts', l.attempts,
                                'provider_id', nullif(p_provider_id, ''),
-                               'last_error', o.last_error))
+                               'last_error', l.last_error))
     RETURNING action_id INTO act;
 
     IF p_sent THEN
-        pid := coalesce(nullif(p_provider_id, ''), o.provider_id, 'operator:' || act);
-        UPDATE effect_outbox x
-           SET state = 'completed', provider_id = pid,
-               last_error_class = NULL, last_error = NULL,
-               lease_owner = NULL, lease_expires_at = NULL, lease_worker = NULL,
-               sending_since = NULL, completed_at = now(), updated_at = now()
-         WHERE x.effect_id = o.effect_id;
+        pid := coalesce(nullif(p_provider_id, ''), l.provider_id, 'operator:' || act);
+        WITH done AS (
+            DELETE FROM effect_live x WHERE x.effect_id = l.effect_id RETURNING x.*),
+        verdict AS (
+            INSERT INTO effect_history (effect_id, created_at, attempt, lease_owner, worker,
+                                        started_at, outcome_class, provider_id, error_text,
+                                        cas_applied)
+            SELECT d.effect_id, d.created_at, d.attempts, NULL, 'operator:' || p_operator, now(),
+                   'operator_sent', pid, p_reason, true
+              FROM done d)
+        INSERT INTO effect_history (effect_id, created_at, attempt, lease_owner, worker,
+                                    started_at, provider_status, cas_applied, state,
+                                    last_provider_id, retry_base)
+        SELECT d.effect_id, d.created_at, d.attempts, NULL, 'operator:' || p_operator, now(),
+               d.last_status, true, 'completed', pid, d.retry_base
+          FROM done d;
     ELSE
         -- Attempts are not reset (attempt numbers in the log stay unique);
         -- the retry budget starts again from here.
-        UPDATE effect_outbox x
+        UPDATE effect_live x
            SET state = 'pending', available_at = now(), retry_base = x.attempts,
                lease_owner = NULL, lease_expires_at = NULL, lease_worker = NULL,
-               sending_since = NULL, completed_at = NULL, updated_at = now()
-         WHERE x.effect_id = o.effect_id;
-    END IF;
-
-    -- The decision is evidence like any provider call.  No lease owner, so
-    -- it never collides with a worker's row for the same attempt.
-    INSERT INTO effect_attempts (effect_id, attempt, lease_owner, worker, started_at,
-                                 outcome_class, provider_id, error_text, cas_applied, metadata)
-    VALUES (o.effect_id, o.attempts, NULL, 'operator:' || p_operator, now(),
-            CASE WHEN p_sent THEN 'operator_sent' ELSE 'operator_not_sent' END,
-            pid, p_reason, true, NULL);
-
-    IF p_sent THEN
-        PERFORM outbox_advance_runs('{}', ARRAY[o.idempotency_key]);
-    ELSE
+               sending_since = NULL, updated_at = now()
+         WHERE x.effect_id = l.effect_id;
+        INSERT INTO effect_history (effect_id, created_at, attempt, lease_owner, worker,
+                                    started_at, outcome_class, provider_id, error_text,
+                                    cas_applied)
+        VALUES (l.effect_id, l.created_at, l.attempts, NULL, 'operator:' || p_operator, now(),
+                'operator_not_sent', NULL, p_reason, true);
         PERFORM pg_notify('effect_outbox', '');
     END IF;
 
-    RETURN QUERY SELECT true, x.state, x.idempotency_key, x.provider_id, w.state
-                   FROM effect_outbox x JOIN workflow_runs w ON w.idempotency_key = x.idempotency_key
-                  WHERE x.effect_id = o.effect_id;
+    -- The run as its effects now make it (completed with its last effect).
+    PERFORM outbox_settle_runs(ARRAY[b.idempotency_key]);
+    RETURN QUERY SELECT true, CASE WHEN p_sent THEN 'completed' ELSE 'pending' END,
+                        b.idempotency_key, CASE WHEN p_sent THEN pid ELSE l.provider_id END,
+                        w.state
+                   FROM workflow_runs w WHERE w.idempotency_key = b.idempotency_key;
 END $$;
 
--- Put a failed or not-sent effect back with the same key, behind the gate (outbox_requeue reaches
--- it; outbox_requeue_failed_since skips such effects, below).
+-- Put a failed effect back with the same key, behind the gate (outbox_requeue reaches
+-- it; outbox_requeue_failed_since skips such effects, below).  A failed
+-- effect lives in the history only: it gets a new live row, due now, with
+-- the attempts and errors of the row that finished it and a fresh retry
+-- budget, and the history a row saying who requeued it (no call, no
+-- outcome: resolution 'requeued').  Its run goes back from failed_terminal
+-- to approved when no other effect of it is failed.  The body row, locked
+-- here, is what two requeues of one effect (or a requeue and a prune or a
+-- replacement) queue on.  Returns the run's state, or NULL when the effect
+-- is not failed (nothing changed).
 CREATE OR REPLACE FUNCTION outbox_requeue_locked(p_effect_id uuid, p_operator text, p_reason text,
                                                  p_detail jsonb)
 RETURNS text
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
-    o effect_outbox%ROWTYPE;
+    b effect_body%ROWTYPE;
+    h effect_history%ROWTYPE;
     run_before text;
     run_after text;
 BEGIN
-    PERFORM outbox_operator_gate('outbox_requeue',
-                                 (SELECT x.idempotency_key FROM effect_outbox x
-                                   WHERE x.effect_id = p_effect_id));
-    UPDATE effect_outbox x
-       SET state = 'pending', available_at = now(), retry_base = x.attempts,
-           lease_owner = NULL, lease_expires_at = NULL, lease_worker = NULL,
-           sending_since = NULL, completed_at = NULL, updated_at = now()
-     WHERE x.effect_id = p_effect_id AND x.state = 'failed'
-    RETURNING x.* INTO o;
+    SELECT * INTO b FROM effect_body x WHERE x.effect_id = p_effect_id FOR NO KEY UPDATE;
+    IF NOT FOUND THEN
+        RETURN NULL;
+    END IF;
+    PERFORM outbox_operator_gate('outbox_requeue', b.idempotency_key);
+    IF EXISTS (SELECT 1 FROM effect_live l WHERE l.effect_id = b.effect_id) THEN
+        RETURN NULL;
+    END IF;
+    SELECT * INTO h FROM effect_history x
+     WHERE x.effect_id = b.effect_id AND x.created_at = b.created_at AND x.state IS NOT NULL
+     ORDER BY x.history_id DESC LIMIT 1;
+    IF NOT FOUND OR h.state <> 'failed' THEN
+        RETURN NULL;
+    END IF;
 
+    -- The run as its effects have it before this one moves (an effect that
+    -- failed makes it failed_terminal), locked: effects first, then runs.
+    PERFORM outbox_settle_runs(ARRAY[b.idempotency_key]);
     SELECT w.state INTO run_before FROM workflow_runs w
-     WHERE w.idempotency_key = o.idempotency_key FOR UPDATE;
+     WHERE w.idempotency_key = b.idempotency_key FOR UPDATE;
+
+    INSERT INTO effect_live (effect_id, effect_type, created_at, state, available_at, attempts,
+                             retry_base, provider_id, last_error_class, last_error, last_status,
+                             updated_at)
+    VALUES (b.effect_id, b.effect_type, b.created_at, 'pending', now(), h.attempt, h.attempt,
+            h.last_provider_id, h.last_error_class, h.last_error, h.provider_status, now());
+    INSERT INTO effect_history (effect_id, created_at, attempt, lease_owner, worker, started_at,
+                                outcome_class, error_text, cas_applied, resolution,
+                                last_error_class)
+    VALUES (b.effect_id, b.created_at, h.attempt, NULL, 'operator:' || p_operator, now(),
+            NULL, p_reason, true, 'requeued', h.last_error_class);
+
     UPDATE workflow_runs w
        SET state = 'approved', version = w.version + 1, failure_reason = NULL, updated_at = now()
-     WHERE w.idempotency_key = o.idempotency_key
+     WHERE w.idempotency_key = b.idempotency_key
        AND w.state = 'failed_terminal'
-       AND NOT EXISTS (SELECT 1 FROM effect_outbox e
-                        WHERE e.idempotency_key = w.idempotency_key AND e.state = 'failed')
+       AND NOT EXISTS (SELECT 1 FROM effect_body e
+                        WHERE e.idempotency_key = w.idempotency_key
+                          AND e.effect_id <> b.effect_id
+                          AND outbox_effect_state(e.effect_id) = 'failed')
     RETURNING w.state INTO run_after;
 
     INSERT INTO operator_actions (action, effect_id, run_key, operator, reason, detail)
-    VALUES ('requeue', o.effect_id, o.idempotency_key, p_operator, p_reason,
+    VALUES ('requeue', b.effect_id, b.idempotency_key, p_operator, p_reason,
             coalesce(p_detail, '{}'::jsonb)
-            || jsonb_build_object('from_state', 'failed', 'attempts', o.attempts,
-                                  'last_error_class', o.last_error_class,
-                                  'last_error', o.last_error,
+            || jsonb_build_object('from_state', 'failed', 'attempts', h.attempt,
+                                  'last_error_class', h.last_error_class,
+                                  'last_error', h.last_error,
                                   'run_state_before', run_before,
                                   'run_state_after', coalesce(run_after, run_before)));
     RETURN coalesce(run_after, run_before);
@@ -159,26 +205,33 @@ RETURNS TABLE (applied boolean, state text, idempotency_key text, last_error_cla
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
-    o effect_outbox%ROWTYPE;
+    b effect_body%ROWTYPE;
+    st text;
+    cls text;
     rs text;
 BEGIN
     PERFORM outbox_op_check('outbox_requeue', p_operator, p_reason);
-    SELECT * INTO o FROM effect_outbox x WHERE x.effect_id = p_effect_id FOR UPDATE;
+    SELECT * INTO b FROM effect_body x WHERE x.effect_id = p_effect_id FOR NO KEY UPDATE;
     IF NOT FOUND THEN
         RETURN;
     END IF;
-    IF o.state <> 'failed' THEN
-        RETURN QUERY SELECT false, o.state, o.idempotency_key, o.last_error_class, w.state
-                       FROM workflow_runs w WHERE w.idempotency_key = o.idempotency_key;
+    SELECT o.state, o.last_error_class INTO st, cls FROM effect_outbox o
+     WHERE o.effect_id = p_effect_id;
+    IF st IS DISTINCT FROM 'failed' THEN
+        PERFORM outbox_settle_runs(ARRAY[b.idempotency_key]);
+        RETURN QUERY SELECT false, st, b.idempotency_key, cls, w.state
+                       FROM workflow_runs w WHERE w.idempotency_key = b.idempotency_key;
         RETURN;
     END IF;
-    rs := outbox_requeue_locked(o.effect_id, p_operator, p_reason, NULL);
+    rs := outbox_requeue_locked(b.effect_id, p_operator, p_reason, NULL);
     PERFORM pg_notify('effect_outbox', '');
-    RETURN QUERY SELECT true, 'pending'::text, o.idempotency_key, o.last_error_class, rs;
+    RETURN QUERY SELECT true, 'pending'::text, b.idempotency_key, cls, rs;
 END $$;
 
 -- Requeue every failed effect since a time, skipping effects whose run the
--- gate refuses.
+-- gate refuses.  The failures are the history's finishing rows that ended
+-- since then (its BRIN index on ended_at), each still the effect's last
+-- word: no later finishing row, no live row.
 CREATE OR REPLACE FUNCTION outbox_requeue_failed_since(p_since timestamptz, p_operator text,
                                                        p_reason text)
 RETURNS TABLE (effect_id uuid, idempotency_key text, effect_type text, target text,
@@ -188,21 +241,32 @@ LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 DECLARE
     o record;
     rs text;
+    n integer := 0;
 BEGIN
     PERFORM outbox_op_check('outbox_requeue_failed_since', p_operator, p_reason);
     IF p_since IS NULL THEN
         RAISE EXCEPTION 'outbox_requeue_failed_since: a start time is required'
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    FOR o IN SELECT x.effect_id, x.idempotency_key, x.effect_type, x.target, x.last_error_class
-               FROM effect_outbox x
-              WHERE x.state = 'failed' AND x.completed_at >= p_since
-                AND x.last_error_class IS DISTINCT FROM 'cancelled'
-                AND outbox_operator_refusal(x.idempotency_key) IS NULL
-              ORDER BY x.completed_at, x.effect_id
-                FOR UPDATE LOOP
+    FOR o IN SELECT b.effect_id, b.idempotency_key, b.effect_type, b.target, h.last_error_class
+               FROM effect_history h
+               JOIN effect_body b ON b.effect_id = h.effect_id
+              WHERE h.state = 'failed' AND h.ended_at >= p_since
+                AND h.last_error_class IS DISTINCT FROM 'cancelled'
+                AND NOT EXISTS (SELECT 1 FROM effect_live l WHERE l.effect_id = h.effect_id)
+                AND NOT EXISTS (SELECT 1 FROM effect_history later
+                                 WHERE later.effect_id = h.effect_id
+                                   AND later.created_at = h.created_at
+                                   AND later.state IS NOT NULL
+                                   AND later.history_id > h.history_id)
+                AND outbox_operator_refusal(b.idempotency_key) IS NULL
+              ORDER BY h.ended_at, b.effect_id
+                FOR NO KEY UPDATE OF b LOOP
+        -- NULL: it moved between the scan and the lock.
         rs := outbox_requeue_locked(o.effect_id, p_operator, p_reason,
                                     jsonb_build_object('failed_since', p_since));
+        CONTINUE WHEN rs IS NULL;
+        n := n + 1;
         effect_id := o.effect_id;
         idempotency_key := o.idempotency_key;
         effect_type := o.effect_type;
@@ -211,7 +275,7 @@ BEGIN
         run_state := rs;
         RETURN NEXT;
     END LOOP;
-    IF FOUND THEN
+    IF n > 0 THEN
         PERFORM pg_notify('effect_outbox', '');
     END IF;
 END $$;
@@ -220,8 +284,8 @@ END $$;
 -- run under the key the operator brings from the source system (never a
 -- made-up suffix), linked by replaces_key, already approved (the
 -- operator is the approver), and its effect, linked by replaces_effect,
--- inserted through the ordinary INSERT (so the workers are notified).
--- The original is not touched.
+-- inserted as a producer's is (so its live row is made and the workers
+-- are notified).  The original is not touched.
 --   status created     done
 --          exists      this same replacement was made before: returned
 --          wrong_state the original may still be sent (pending, sending,
@@ -233,7 +297,8 @@ RETURNS TABLE (status text, state text, new_effect_id uuid, new_key text, origin
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
-    o effect_outbox%ROWTYPE;
+    o effect_body%ROWTYPE;
+    st text;
     r workflow_runs%ROWTYPE;
     nid uuid;
     np jsonb;
@@ -248,8 +313,9 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
 
-    -- FOR SHARE: the original cannot move while its replacement is made.
-    SELECT * INTO o FROM effect_outbox x WHERE x.effect_id = p_effect_id FOR SHARE;
+    -- FOR SHARE: a finished original cannot be put back on the queue
+    -- (requeue locks the same row) while its replacement is made.
+    SELECT * INTO o FROM effect_body x WHERE x.effect_id = p_effect_id FOR SHARE;
     IF NOT FOUND THEN
         RETURN;
     END IF;
@@ -257,21 +323,23 @@ BEGIN
         RAISE EXCEPTION 'outbox_replace: the new key must differ from the original run''s key'
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
+    st := outbox_effect_state(o.effect_id);
 
+    PERFORM outbox_settle_runs(ARRAY[p_new_key]);
     SELECT * INTO r FROM workflow_runs w WHERE w.idempotency_key = p_new_key;
     IF FOUND THEN
-        SELECT x.effect_id INTO nid FROM effect_outbox x
+        SELECT x.effect_id INTO nid FROM effect_body x
          WHERE x.idempotency_key = p_new_key AND x.replaces_effect = o.effect_id;
         IF r.replaces_key = o.idempotency_key AND nid IS NOT NULL THEN
-            RETURN QUERY SELECT 'exists'::text, x.state, x.effect_id, p_new_key, o.idempotency_key
-                           FROM effect_outbox x WHERE x.effect_id = nid;
+            RETURN QUERY SELECT 'exists'::text, outbox_effect_state(nid), nid, p_new_key,
+                                o.idempotency_key;
         ELSE
             RETURN QUERY SELECT 'key_taken'::text, r.state, NULL::uuid, p_new_key, o.idempotency_key;
         END IF;
         RETURN;
     END IF;
-    IF o.state IN ('pending', 'sending', 'unknown') THEN
-        RETURN QUERY SELECT 'wrong_state'::text, o.state, NULL::uuid, p_new_key, o.idempotency_key;
+    IF st IN ('pending', 'sending', 'unknown') THEN
+        RETURN QUERY SELECT 'wrong_state'::text, st, NULL::uuid, p_new_key, o.idempotency_key;
         RETURN;
     END IF;
 
@@ -291,8 +359,8 @@ BEGIN
         RETURN;
     END IF;
 
-    INSERT INTO effect_outbox AS x (idempotency_key, effect_type, target, payload, metadata,
-                                    approved_by, replaces_effect)
+    INSERT INTO effect_body AS x (idempotency_key, effect_type, target, payload, metadata,
+                                  approved_by, replaces_effect)
     VALUES (p_new_key, o.effect_type, coalesce(p_target, o.target), np,
             coalesce(o.metadata, '{}'::jsonb)
             || jsonb_build_object('replaces_effect', o.effect_id, 'replaces_key', o.idempotency_key),
@@ -301,7 +369,7 @@ BEGIN
 
     INSERT INTO operator_actions (action, effect_id, run_key, operator, reason, detail)
     VALUES ('replace', o.effect_id, o.idempotency_key, p_operator, p_reason,
-            jsonb_build_object('original_state', o.state, 'new_key', p_new_key,
+            jsonb_build_object('original_state', st, 'new_key', p_new_key,
                                'new_effect_id', nid,
                                'target_changed', coalesce(p_target, o.target) <> o.target,
                                'payload_changed', np <> o.payload));
@@ -317,25 +385,56 @@ RETURNS TABLE (status text, state text, new_effect_id uuid, new_key text, origin
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 BEGIN
     PERFORM outbox_operator_gate('outbox_replace',
-                                 (SELECT x.idempotency_key FROM effect_outbox x
+                                 (SELECT x.idempotency_key FROM effect_body x
                                    WHERE x.effect_id = p_effect_id));
     RETURN QUERY SELECT * FROM outbox_replace_ungated(p_effect_id, p_new_key, p_operator,
                                                       p_reason, p_target, p_payload);
 END $$;
 
--- Retention: delete up to p_batch completed or failed effects that ended
--- more than p_older_than ago, and return how many went.  outboxctl calls
--- it in a loop, one short transaction per batch, so the workers never wait
--- behind a long delete; rows someone has locked are skipped this time.
--- Never pending, sending or unknown rows; never the attempts log (the
--- evidence is append-only); never an original whose replacement is still
--- here (its link would break).
+-- Retention, by whole months.  The history is partitioned by the month an
+-- effect was created in; a month goes when every effect of it is finished
+-- and nothing in it happened since the cutoff (now() - p_older_than):
+--   - the month ended before the cutoff (no new effect can land in it);
+--   - no effect of it is open (an effect still in effect_live keeps its
+--     month, finished neighbours and all, until it finishes);
+--   - no history row of it ended after the cutoff;
+--   - no effect of it is the original of a replacement that stays (its
+--     link would break): a replacement is made later than its original,
+--     so months are taken newest first and a replacement in a month
+--     pruned in the same pass does not hold its original back.
+-- The body rows of such a month are deleted in batches of at most p_batch
+-- per call (outboxctl calls it in a loop, one short transaction per call,
+-- so the workers never wait behind a long delete; rows someone has locked
+-- are skipped this time and keep their month for the next).  effect_body
+-- cannot be partitioned like the history: the (key, type, target)
+-- uniqueness needs one index over every effect kept, and a unique index
+-- on a partitioned table must contain the partition key.  Once a month has
+-- no body row left, its history partition (the attempts log of those
+-- effects with it) is detached and dropped: no DELETE churn, no vacuum
+-- debt.  The drop takes the history's exclusive lock for a moment; when
+-- that lock is not granted within a second (a long reader), the month is
+-- dropped by the next call instead of holding up every worker's
+-- completion behind it.  Months whose rows went to the default partition
+-- (no partition existed for them) stay.  Returns the number of effects
+-- deleted; each call that did something is one operator_actions row.
 CREATE OR REPLACE FUNCTION outbox_prune(p_older_than interval, p_batch integer, p_operator text,
                              p_reason text)
 RETURNS integer
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 DECLARE
-    n integer;
+    cutoff timestamptz;
+    budget integer := p_batch;
+    n integer := 0;
+    got integer;
+    ids uuid[];
+    m record;
+    open_months timestamptz[];
+    ok_months timestamptz[] := '{}';
+    empty text[] := '{}';
+    dropped text[] := '{}';
+    part text;
+    blocked boolean;
+    old_timeout text;
 BEGIN
     PERFORM outbox_op_check('outbox_prune', p_operator, p_reason);
     IF p_older_than IS NULL OR p_older_than <= interval '0' THEN
@@ -346,21 +445,94 @@ BEGIN
         RAISE EXCEPTION 'outbox_prune: the batch size must be 1..100000'
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    WITH victims AS (
-        SELECT o.effect_id FROM effect_outbox o
-         WHERE o.state IN ('completed', 'failed')
-           AND o.completed_at < now() - p_older_than
-           AND NOT EXISTS (SELECT 1 FROM effect_outbox r WHERE r.replaces_effect = o.effect_id)
-         ORDER BY o.completed_at
-         LIMIT p_batch
-           FOR UPDATE SKIP LOCKED)
-    DELETE FROM effect_outbox o USING victims v WHERE o.effect_id = v.effect_id;
-    GET DIAGNOSTICS n = ROW_COUNT;
-    IF n > 0 THEN
+    cutoff := now() - p_older_than;
+    -- One read of the (small) live queue for the months still open.
+    SELECT coalesce(array_agg(DISTINCT date_trunc('month', l.created_at AT TIME ZONE 'UTC')
+                                       AT TIME ZONE 'UTC'), '{}')
+      INTO open_months FROM effect_live l;
+
+    FOR m IN
+        SELECT p.name, p.lo, ((p.lo AT TIME ZONE 'UTC') + interval '1 month') AT TIME ZONE 'UTC' AS hi
+          FROM (SELECT c.relname::text AS name,
+                       to_date(substr(c.relname, 16), 'YYYYMM')::timestamp AT TIME ZONE 'UTC' AS lo
+                  FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+                 WHERE i.inhparent = 'effect_history'::regclass
+                   AND c.relname ~ '^effect_history_[0-9]{6}$') p
+         ORDER BY p.lo DESC
+    LOOP
+        CONTINUE WHEN m.hi > cutoff OR m.lo = ANY (open_months);
+        EXECUTE format('SELECT EXISTS (SELECT 1 FROM %I h WHERE h.ended_at >= $1)', m.name)
+           INTO blocked USING cutoff;
+        CONTINUE WHEN blocked;
+        CONTINUE WHEN EXISTS (
+            SELECT 1 FROM effect_body o JOIN effect_body r ON r.replaces_effect = o.effect_id
+             WHERE o.created_at >= m.lo AND o.created_at < m.hi
+               AND NOT (r.created_at >= m.lo AND r.created_at < m.hi)
+               AND NOT (date_trunc('month', r.created_at AT TIME ZONE 'UTC') AT TIME ZONE 'UTC'
+                        = ANY (ok_months)));
+        ok_months := ok_months || m.lo;
+
+        -- The month's bodies, replacements before their originals (the
+        -- foreign key), locked first; then deleted by a statement whose
+        -- snapshot is taken with the locks held, so an effect requeued
+        -- meanwhile (it held the lock, or committed before we took it) is
+        -- seen open and kept.
+        WHILE budget > 0 LOOP
+            SELECT array_agg(s.effect_id) INTO ids
+              FROM (SELECT b.effect_id FROM effect_body b
+                     WHERE b.created_at >= m.lo AND b.created_at < m.hi
+                       AND NOT EXISTS (SELECT 1 FROM effect_body r
+                                        WHERE r.replaces_effect = b.effect_id)
+                     LIMIT budget
+                       FOR UPDATE SKIP LOCKED) s;
+            EXIT WHEN ids IS NULL;
+            DELETE FROM effect_body b
+             WHERE b.effect_id = ANY (ids)
+               AND NOT EXISTS (SELECT 1 FROM effect_live l WHERE l.effect_id = b.effect_id);
+            GET DIAGNOSTICS got = ROW_COUNT;
+            n := n + got;
+            budget := budget - got;
+            EXIT WHEN got < cardinality(ids);
+        END LOOP;
+
+        IF NOT EXISTS (SELECT 1 FROM effect_body b
+                        WHERE b.created_at >= m.lo AND b.created_at < m.hi) THEN
+            empty := empty || m.name;
+        END IF;
+        EXIT WHEN budget = 0;
+    END LOOP;
+
+    -- The drops last: the lock they take is held to the commit.
+    IF cardinality(empty) > 0 THEN
+        old_timeout := current_setting('lock_timeout');
+        BEGIN
+            PERFORM set_config('lock_timeout', '1s', true);
+            LOCK TABLE effect_history IN ACCESS EXCLUSIVE MODE;
+            FOREACH part IN ARRAY empty LOOP
+                -- Under the lock, with a fresh snapshot: still no body row
+                -- (a live row always has its body row).
+                CONTINUE WHEN EXISTS (
+                    SELECT 1 FROM effect_body b
+                     WHERE b.created_at >= to_date(substr(part, 16), 'YYYYMM')::timestamp
+                                           AT TIME ZONE 'UTC'
+                       AND b.created_at < (to_date(substr(part, 16), 'YYYYMM')::timestamp
+                                           + interval '1 month') AT TIME ZONE 'UTC');
+                EXECUTE format('ALTER TABLE effect_history DETACH PARTITION %I', part);
+                EXECUTE format('DROP TABLE %I', part);
+                dropped := dropped || part;
+            END LOOP;
+            PERFORM set_config('lock_timeout', old_timeout, true);
+        EXCEPTION WHEN lock_not_available OR deadlock_detected THEN
+            -- Waiting for the lock: the next call drops them.
+            dropped := '{}';
+        END;
+    END IF;
+
+    IF n > 0 OR cardinality(dropped) > 0 THEN
         INSERT INTO operator_actions (action, operator, reason, detail)
         VALUES ('prune', p_operator, p_reason,
                 jsonb_build_object('deleted', n, 'older_than', p_older_than::text,
-                                   'batch', p_batch));
+                                   'batch', p_batch, 'dropped_partitions', to_jsonb(dropped)));
     END IF;
     RETURN n;
 END $$;

@@ -30,38 +30,43 @@ BEGIN
     END IF;
     RETURN QUERY
     WITH due AS (
-        SELECT o.effect_id FROM effect_outbox o
-         WHERE o.state = 'unknown'
-           AND o.effect_type = ANY (p_types)
-           AND (o.lease_expires_at IS NULL OR o.lease_expires_at < now())
-           AND (o.last_reconciled_at IS NULL
-                OR o.last_reconciled_at
+        -- `unknown` rows are never due: they sit at available_at =
+        -- 'infinity', the end of the queue's one index.
+        SELECT l.effect_id FROM effect_live l
+         WHERE l.available_at = 'infinity' AND l.state = 'unknown'
+           AND l.effect_type = ANY (p_types)
+           AND (l.lease_expires_at IS NULL OR l.lease_expires_at < now())
+           AND (l.last_reconciled_at IS NULL
+                OR l.last_reconciled_at
                    <= now() - make_interval(secs => greatest(coalesce(p_min_interval_seconds, 0), 0)))
-         ORDER BY o.last_reconciled_at NULLS FIRST, o.created_at
+         ORDER BY l.last_reconciled_at NULLS FIRST, l.created_at
          LIMIT p_limit
          FOR UPDATE SKIP LOCKED),
     leased AS (
-        UPDATE effect_outbox o
+        UPDATE effect_live l
            SET lease_owner = p_owner, lease_worker = p_worker, leased_at = now(),
                lease_expires_at = now() + make_interval(secs => outbox_reconcile_lease_seconds())
           FROM due
-         WHERE o.effect_id = due.effect_id
-        RETURNING o.effect_id, o.idempotency_key, o.effect_type, o.target, o.payload::text,
-                  o.payload_hash, o.effect_key, o.attempts, o.updated_at)
-    SELECT l.effect_id, l.idempotency_key, l.effect_type, l.target, l.payload, l.payload_hash,
-           l.effect_key, l.attempts,
+         WHERE l.effect_id = due.effect_id
+        RETURNING l.effect_id, l.created_at, l.attempts, l.updated_at)
+    SELECT l.effect_id, b.idempotency_key, b.effect_type, b.target, b.payload::text,
+           b.payload_hash, b.effect_key, l.attempts,
            -- The latest start of a send of the current attempt (the
            -- reaper's row carries the sending time); reconciliation and
            -- operator rows are not sends.  Every one of these times is
            -- the database's clock (outbox_complete dates a worker's send
            -- itself), so a worker's wrong clock cannot age an attempt.
            (extract(epoch FROM now() - coalesce(
-                (SELECT max(a.started_at) FROM effect_attempts a
-                  WHERE a.effect_id = l.effect_id AND a.attempt = l.attempts
-                    AND a.outcome_class IN ('accepted', 'not_sent', 'retry', 'terminal',
+                (SELECT max(h.started_at) FROM effect_history h
+                  WHERE h.effect_id = l.effect_id AND h.created_at = l.created_at
+                    AND h.attempt = l.attempts
+                    AND h.outcome_class IN ('accepted', 'not_sent', 'retry', 'terminal',
                                             'ambiguous', 'lease_lost')),
                 l.updated_at)) * 1000)::bigint
-      FROM leased l;
+      FROM leased l
+      JOIN LATERAL (SELECT x.idempotency_key, x.effect_type, x.target, x.payload, x.payload_hash,
+                           x.effect_key
+                      FROM effect_body x WHERE x.effect_id = l.effect_id) b ON true;
 END $$;
 
 -- Record a batch of reconciliation answers.  p_results is a JSON array of
@@ -76,13 +81,14 @@ END $$;
 -- reconcile_unknown, attempt = the effect's current attempt count), also
 -- when the state no longer matches (the provider's answer is evidence all
 -- the same).  Then, by CAS on (state 'unknown', lease owner):
---   sent      -> completed, with the provider id
+--   sent      -> completed, with the provider id: the live row goes, a
+--                history row finishes the effect
 --   not_sent  -> pending with the same key, due now (workers are woken)
---   unknown   -> stays unknown, for the next pass or an operator
+--   unknown   -> stays unknown (never due), for the next pass or an operator
 -- Each releases the lease and stamps last_reconciled_at.
 --
 -- The attempts-log rows carry no lease_owner: the unique index
--- effect_attempts_call_uq means "one row per provider call of one lease
+-- effect_history_call_uq means "one row per provider call of one lease
 -- owner", and a worker may ask about one attempt several times (each
 -- "cannot tell"), or ask about an attempt it made itself.  The worker's
 -- name is in `worker`.
@@ -96,7 +102,8 @@ LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp
 DECLARE
     bad text;
     done_ids uuid[];
-    completed_keys text[];
+    done_created timestamptz[];
+    done_attempts integer[];
     requeued integer;
 BEGIN
     IF p_results IS NULL OR jsonb_typeof(p_results) <> 'array' THEN
@@ -114,6 +121,8 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
 
+    -- sent: out of the live queue, with the row that finishes the effect
+    -- (its last status kept); not_sent / unknown: the live row rewritten.
     WITH r AS (
         -- One answer per effect: a batch naming an effect twice keeps the
         -- first answer for the state change (every answer is logged).
@@ -122,43 +131,53 @@ BEGIN
                           AS (effect_id uuid, verdict text, provider_id text))
                WITH ORDINALITY AS x(effect_id, verdict, provider_id, n)
          ORDER BY x.effect_id, x.n
-    ), u AS (
-        UPDATE effect_outbox o
-           SET state = CASE r.verdict WHEN 'sent' THEN 'completed'
-                                      WHEN 'not_sent' THEN 'pending'
-                                      ELSE 'unknown' END,
-               provider_id = CASE WHEN r.verdict = 'sent'
-                                  THEN coalesce(nullif(r.provider_id, ''), o.provider_id)
-                                  ELSE o.provider_id END,
-               completed_at = CASE WHEN r.verdict = 'sent' THEN now() ELSE o.completed_at END,
-               -- Proven not sent: a fresh retry budget, as an operator's --not-sent gives.
-               retry_base = CASE WHEN r.verdict = 'not_sent' THEN o.attempts ELSE o.retry_base END,
-               available_at = CASE WHEN r.verdict = 'not_sent' THEN now() ELSE o.available_at END,
-               last_error_class = CASE r.verdict WHEN 'sent' THEN NULL
-                                                 WHEN 'not_sent' THEN 'reconciled_not_sent'
-                                                 ELSE o.last_error_class END,
-               last_error = CASE r.verdict
-                                WHEN 'sent' THEN NULL
-                                WHEN 'not_sent' THEN 'reconciliation: the provider has no trace of '
-                                                     'it; sending again with the same key'
-                                ELSE o.last_error END,
+    ), fin AS (
+        DELETE FROM effect_live l USING r
+         WHERE l.effect_id = r.effect_id AND r.verdict = 'sent'
+           AND l.state = 'unknown' AND l.lease_owner = p_owner
+        RETURNING l.effect_id, l.created_at, l.attempts, l.retry_base, l.last_status,
+                  coalesce(nullif(r.provider_id, ''), l.provider_id) AS provider_id
+    ), fin_rows AS (
+        INSERT INTO effect_history (effect_id, created_at, attempt, lease_owner, worker,
+                                    started_at, provider_status, cas_applied, state,
+                                    last_provider_id, retry_base)
+        SELECT f.effect_id, f.created_at, f.attempts, NULL, p_worker, now(), f.last_status, true,
+               'completed', f.provider_id, f.retry_base
+          FROM fin f
+    ), moved AS (
+        UPDATE effect_live l
+           SET state = CASE r.verdict WHEN 'not_sent' THEN 'pending' ELSE 'unknown' END,
+               -- Proven not sent: due now, with a fresh retry budget, as an
+               -- operator's --not-sent gives.  Still unknown: never due.
+               available_at = CASE WHEN r.verdict = 'not_sent' THEN now() ELSE l.available_at END,
+               retry_base = CASE WHEN r.verdict = 'not_sent' THEN l.attempts ELSE l.retry_base END,
+               last_error_class = CASE WHEN r.verdict = 'not_sent' THEN 'reconciled_not_sent'
+                                       ELSE l.last_error_class END,
+               last_error = CASE WHEN r.verdict = 'not_sent'
+                                 THEN 'reconciliation: the provider has no trace of '
+                                      'it; sending again with the same key'
+                                 ELSE l.last_error END,
                lease_owner = NULL, lease_expires_at = NULL, lease_worker = NULL,
                last_reconciled_at = now(), updated_at = now()
           FROM r
-         WHERE o.effect_id = r.effect_id
-           AND o.state = 'unknown'
-           AND o.lease_owner = p_owner
-        RETURNING o.effect_id, o.idempotency_key, o.state)
-    SELECT coalesce(array_agg(u.effect_id), '{}'),
-           coalesce(array_agg(u.idempotency_key) FILTER (WHERE u.state = 'completed'), '{}'),
-           count(*) FILTER (WHERE u.state = 'pending')
-      INTO done_ids, completed_keys, requeued
-      FROM u;
+         WHERE l.effect_id = r.effect_id AND r.verdict <> 'sent'
+           AND l.state = 'unknown' AND l.lease_owner = p_owner
+        RETURNING l.effect_id, l.created_at, l.attempts, l.state
+    ), done AS (
+        SELECT f.effect_id, f.created_at, f.attempts, 'completed' AS state FROM fin f
+        UNION ALL
+        SELECT m.effect_id, m.created_at, m.attempts, m.state FROM moved m)
+    SELECT coalesce(array_agg(d.effect_id), '{}'), coalesce(array_agg(d.created_at), '{}'),
+           coalesce(array_agg(d.attempts), '{}'), count(*) FILTER (WHERE d.state = 'pending')
+      INTO done_ids, done_created, done_attempts, requeued
+      FROM done d;
 
-    INSERT INTO effect_attempts (effect_id, attempt, lease_owner, worker, started_at,
-                                 outcome_class, provider_status, provider_id, error_text,
-                                 cas_applied, metadata)
-    SELECT x.effect_id, coalesce(o.attempts, 0), NULL, p_worker,
+    -- The answers, as evidence: each element about an effect this worker
+    -- held, applied or not.
+    INSERT INTO effect_history (effect_id, created_at, attempt, lease_owner, worker, started_at,
+                                outcome_class, provider_status, provider_id, error_text,
+                                cas_applied, metadata)
+    SELECT x.effect_id, e.created_at, e.attempts, NULL, p_worker,
            now(),   -- the database's clock, never the worker's
            CASE x.verdict WHEN 'sent' THEN 'reconciled_sent'
                           WHEN 'not_sent' THEN 'reconciled_not_sent'
@@ -169,13 +188,17 @@ BEGIN
                       AS (effect_id uuid, verdict text, provider_id text, status integer,
                           error text, started_at timestamptz))
            WITH ORDINALITY AS x(effect_id, verdict, provider_id, status, error, started_at, n)
-      JOIN effect_outbox o ON o.effect_id = x.effect_id
-     WHERE x.effect_id = ANY (done_ids) OR o.lease_owner = p_owner
+      JOIN LATERAL (
+            SELECT d.created_at, d.attempts
+              FROM unnest(done_ids, done_created, done_attempts) AS d(effect_id, created_at, attempts)
+             WHERE d.effect_id = x.effect_id
+            UNION ALL
+            SELECT l.created_at, l.attempts FROM effect_live l
+             WHERE l.effect_id = x.effect_id AND l.lease_owner = p_owner
+               AND NOT (x.effect_id = ANY (done_ids))
+            LIMIT 1) e ON true
      ORDER BY x.n;
 
-    IF cardinality(completed_keys) > 0 THEN
-        PERFORM outbox_advance_runs('{}', completed_keys);
-    END IF;
     IF requeued > 0 THEN
         PERFORM pg_notify('effect_outbox', '');
     END IF;
@@ -196,10 +219,11 @@ END $$;
 -- provider's own timeout).  The acceptance is proof the effect was sent
 -- once: an `unknown` effect whose unknown-ness comes from exactly this
 -- attempt of this lease owner (its own ambiguous row, or the reaper's row
--- naming it) becomes `completed` with the provider id, and the attempts
--- log gets a resolution row shaped like a lookup's (reconciled_sent,
+-- naming it) becomes `completed` with the provider id: it leaves the live
+-- queue with one history row, shaped like a lookup's (reconciled_sent,
 -- lease_owner NULL: evidence about the call, so the call itself stays one
--- row, the worker's ambiguous one) with resolution = late_accepted.
+-- row, the worker's ambiguous one) with resolution = late_accepted, which
+-- also finishes it.
 -- Called again for an attempt already resolved so (the first answer was
 -- lost with the connection): 'late_accepted' again, nothing changes.
 -- Anything else (the row moved on, a later attempt, another owner):
@@ -210,39 +234,39 @@ CREATE OR REPLACE FUNCTION outbox_resolve_late_accepted(p_owner uuid, p_worker t
 RETURNS text
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 DECLARE
-    k text;
+    l effect_live%ROWTYPE;
 BEGIN
-    SELECT o.idempotency_key INTO k
-      FROM effect_outbox o
-     WHERE o.effect_id = p_effect_id AND o.state = 'unknown' AND o.attempts = p_attempt
-       AND EXISTS (SELECT 1 FROM effect_attempts a
-                    WHERE a.effect_id = p_effect_id AND a.attempt = p_attempt
-                      AND a.lease_owner = p_owner
+    SELECT * INTO l
+      FROM effect_live x
+     WHERE x.effect_id = p_effect_id AND x.state = 'unknown' AND x.attempts = p_attempt
+       AND EXISTS (SELECT 1 FROM effect_history a
+                    WHERE a.effect_id = p_effect_id AND a.created_at = x.created_at
+                      AND a.attempt = p_attempt AND a.lease_owner = p_owner
+                      AND a.outcome_class IS NOT NULL
                       AND (a.worker LIKE 'reaper:%' OR a.outcome_class = 'ambiguous'))
        FOR UPDATE;
     IF NOT FOUND THEN
-        RETURN (SELECT 'late_accepted' FROM effect_attempts a
-                 WHERE a.effect_id = p_effect_id AND a.attempt = p_attempt
+        RETURN (SELECT 'late_accepted' FROM effect_history a
+                 WHERE a.effect_id = p_effect_id
+                   AND a.created_at = (SELECT b.created_at FROM effect_body b
+                                        WHERE b.effect_id = p_effect_id)
+                   AND a.attempt = p_attempt
                    AND a.resolution = 'late_accepted' AND a.lease_owner IS NULL
                    AND a.worker = p_worker
                  LIMIT 1);
     END IF;
-    UPDATE effect_outbox o
-       SET state = 'completed',
-           provider_id = coalesce(nullif(p_provider_id, ''), o.provider_id),
-           completed_at = now(), last_error_class = NULL,
-           last_error = NULL, last_status = p_status,
-           lease_owner = NULL, lease_expires_at = NULL, lease_worker = NULL,
-           updated_at = now()
-     WHERE o.effect_id = p_effect_id;
-    INSERT INTO effect_attempts (effect_id, attempt, lease_owner, worker, started_at,
-                                 outcome_class, provider_status, provider_id, error_text,
-                                 cas_applied, metadata, resolution)
-    VALUES (p_effect_id, p_attempt, NULL, p_worker, now(), 'reconciled_sent', p_status,
-            nullif(p_provider_id, ''),
-            'late evidence: the provider accepted the call after it had been given up on',
-            true, NULL, 'late_accepted');
-    PERFORM outbox_advance_runs('{}', ARRAY[k]);
+    WITH done AS (
+        DELETE FROM effect_live x WHERE x.effect_id = l.effect_id RETURNING x.*)
+    INSERT INTO effect_history (effect_id, created_at, attempt, lease_owner, worker, started_at,
+                                outcome_class, provider_status, provider_id, error_text,
+                                cas_applied, metadata, resolution, state, last_error_class,
+                                last_error, last_provider_id, retry_base)
+    SELECT d.effect_id, d.created_at, p_attempt, NULL, p_worker, now(), 'reconciled_sent',
+           p_status, nullif(p_provider_id, ''),
+           'late evidence: the provider accepted the call after it had been given up on',
+           true, NULL, 'late_accepted', 'completed', NULL, NULL,
+           coalesce(nullif(p_provider_id, ''), d.provider_id), d.retry_base
+      FROM done d;
     RETURN 'late_accepted';
 END $$;
 

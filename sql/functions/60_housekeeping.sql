@@ -2,25 +2,46 @@
 -- functions/60_housekeeping.sql: what one worker of the fleet runs for all
 -- of it, at most every few seconds or minutes (an advisory lock and a
 -- timestamp row decide who): failing rows of effect types nobody serves,
--- and this week's figures; and the operators' view of the weekly figures.
+-- the history's months ahead, and this week's figures; and the operators'
+-- view of the weekly figures.
 
 -- Fail pending rows of types no worker has registered for p_grace_seconds.
 -- Expired leases of pending rows are left alone: every reader treats an
 -- expired lease as none and the next lease overwrites the columns, while
 -- clearing them would read the whole outbox.
+-- The first pass of each hour also makes the history's partitions for
+-- this month and the next three (outbox_history_partitions), so that no
+-- completion ever lands in the default partition.  Making one takes the
+-- history's exclusive lock: when it is not granted within a second (a
+-- long reader), the months are made by a later hour's pass instead of
+-- holding up every worker's completion behind it.
 CREATE OR REPLACE FUNCTION outbox_sweep(p_worker text, p_grace_seconds integer,
                                         p_every_seconds integer, p_limit integer DEFAULT 500)
 RETURNS TABLE (effect_id uuid, effect_type text)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 #variable_conflict use_column
+DECLARE
+    prev timestamptz;
+    old_timeout text;
 BEGIN
     IF NOT pg_try_advisory_xact_lock(7262935012345678902) THEN
         RETURN;
     END IF;
+    SELECT s.last_run INTO prev FROM outbox_sweeps s WHERE s.id = 1;
     UPDATE outbox_sweeps s SET last_run = now(), last_worker = p_worker
      WHERE s.id = 1 AND s.last_run <= now() - make_interval(secs => greatest(p_every_seconds, 0));
     IF NOT FOUND THEN
         RETURN;
+    END IF;
+    IF prev < date_trunc('hour', now()) THEN
+        old_timeout := current_setting('lock_timeout');
+        BEGIN
+            PERFORM set_config('lock_timeout', '1s', true);
+            PERFORM outbox_history_partitions(now(), now() + interval '3 months');
+            PERFORM set_config('lock_timeout', old_timeout, true);
+        EXCEPTION WHEN lock_not_available OR deadlock_detected THEN
+            NULL;                           -- a later hour's pass makes them
+        END;
     END IF;
     RETURN QUERY SELECT * FROM outbox_fail_unknown_types(p_grace_seconds, p_limit);
 END $$;
@@ -87,17 +108,37 @@ BEGIN
                percentile_cont(0.95) WITHIN GROUP (
                    ORDER BY extract(epoch FROM a.consumed_at - a.created_at)) AS p95
           FROM approvals a WHERE a.consumed_at >= since GROUP BY 1),
+    -- Effects by the week they were created in: what the producers wrote
+    -- (effect_body, its BRIN index on created_at).
     created AS (
-        SELECT date_trunc('week', o.created_at AT TIME ZONE 'UTC') AS week, count(*) AS effects,
-               count(*) FILTER (WHERE o.state = 'failed' AND o.last_error_class = 'invalid') AS invalid,
-               count(*) FILTER (WHERE o.approved_by IS NULL) AS automatic,
-               count(*) FILTER (WHERE o.approved_by IS NOT NULL) AS human
-          FROM effect_outbox o WHERE o.created_at >= since GROUP BY 1),
+        SELECT date_trunc('week', b.created_at AT TIME ZONE 'UTC') AS week, count(*) AS effects,
+               count(*) FILTER (WHERE b.approved_by IS NULL) AS automatic,
+               count(*) FILTER (WHERE b.approved_by IS NOT NULL) AS human
+          FROM effect_body b WHERE b.created_at >= since GROUP BY 1),
+    -- The finishing rows that are still an effect's last word (no live
+    -- row, no later finishing row: an operator may have requeued it), of
+    -- the failures counted here only.  A finishing row ends after the
+    -- effect was created, so ended_at >= since holds for every one of them
+    -- and lets the BRIN index on ended_at skip the older blocks of each
+    -- partition.
+    failed AS (
+        SELECT h.created_at, h.ended_at, h.last_error_class
+          FROM effect_history h
+         WHERE h.state = 'failed' AND h.ended_at >= since
+           AND h.last_error_class IN ('invalid', 'retry', 'not_sent', 'ambiguous')
+           AND NOT EXISTS (SELECT 1 FROM effect_live l WHERE l.effect_id = h.effect_id)
+           AND NOT EXISTS (SELECT 1 FROM effect_history later
+                            WHERE later.effect_id = h.effect_id
+                              AND later.created_at = h.created_at
+                              AND later.state IS NOT NULL
+                              AND later.history_id > h.history_id)),
+    invalid AS (
+        SELECT date_trunc('week', f.created_at AT TIME ZONE 'UTC') AS week, count(*) AS n
+          FROM failed f WHERE f.last_error_class = 'invalid' AND f.created_at >= since
+         GROUP BY 1),
     exhausted AS (
-        SELECT date_trunc('week', o.completed_at AT TIME ZONE 'UTC') AS week, count(*) AS n
-          FROM effect_outbox o
-         WHERE o.state = 'failed' AND o.last_error_class IN ('retry', 'not_sent', 'ambiguous')
-           AND o.completed_at >= since
+        SELECT date_trunc('week', f.ended_at AT TIME ZONE 'UTC') AS week, count(*) AS n
+          FROM failed f WHERE f.last_error_class IN ('retry', 'not_sent', 'ambiguous')
          GROUP BY 1)
     SELECT w.week AT TIME ZONE 'UTC',
            coalesce(c.claims, 0),
@@ -107,8 +148,8 @@ BEGIN
            round(a.p50::numeric, 3),
            round(a.p95::numeric, 3),
            coalesce(e.effects, 0),
-           coalesce(e.invalid, 0),
-           round(e.invalid::numeric / nullif(e.effects, 0), 4),
+           coalesce(i.n, 0),
+           round(coalesce(i.n, 0)::numeric / nullif(e.effects, 0), 4),
            coalesce(e.automatic, 0),
            coalesce(e.human, 0),
            round(e.automatic::numeric / nullif(e.effects, 0), 4),
@@ -117,6 +158,7 @@ BEGIN
       LEFT JOIN claims c ON c.week = w.week
       LEFT JOIN waits a ON a.week = w.week
       LEFT JOIN created e ON e.week = w.week
+      LEFT JOIN invalid i ON i.week = w.week
       LEFT JOIN exhausted x ON x.week = w.week
      ORDER BY w.week DESC;
 END $$;

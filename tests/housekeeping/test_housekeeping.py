@@ -7,6 +7,7 @@ as metrics, and a slow or cut housekeeping pass never stops the next.
 import re
 import time
 
+from effect_arrange import history_months, month_partition
 from outbox_test import (effect, enqueue, free_port, http_cfg, kill_switch, make_run, plans_of,
                          query, scalar, states, wait_for)
 
@@ -159,20 +160,77 @@ def test_weekly_figures_are_computed_once_per_interval_for_the_fleet(conn):
 
 def test_weekly_figures_read_only_this_weeks_rows(conn):
     """The workers' weekly figures (outbox_weekly_figures) read this week's effects through
-    the created_at block-range index, not the whole table: with the view's
-    26 weeks they read every row kept, some twenty seconds at two million."""
+    the block-range indexes on the bodies' created_at and the history's ended_at, not
+    every row: with the view's 26 weeks they read every row kept, some twenty seconds at
+    two million."""
+    history_months(conn, "now() - interval '4 months'", "now()")
     key = make_run(conn)
-    query(conn, "INSERT INTO effect_outbox (idempotency_key, effect_type, target, payload, state, "
-                "created_at, completed_at) SELECT %s, 'http', 'http://127.0.0.1:9/old' || g, '{}', "
-                "'completed', now() - interval '10 weeks', now() - interval '10 weeks' "
-                "FROM generate_series(1, 20000) g", (key,))
+    old = [r[0] for r in query(conn, "INSERT INTO effect_body (idempotency_key, effect_type, "
+                                     "target, payload, created_at) SELECT %s, 'http', "
+                                     "'http://127.0.0.1:9/old' || g, '{}', now() - interval '10 weeks' "
+                                     "FROM generate_series(1, 20000) g RETURNING effect_id::text",
+                               (key,))]
+    query(conn, "WITH gone AS (DELETE FROM effect_live WHERE effect_id = ANY (%s::uuid[]) "
+                "RETURNING *) INSERT INTO effect_history (effect_id, created_at, attempt, worker, "
+                "started_at, ended_at, state, retry_base) SELECT effect_id, created_at, 0, 'test', "
+                "now() - interval '10 weeks', now() - interval '10 weeks', "
+                "CASE WHEN random() < 0.1 THEN 'failed' ELSE 'completed' END, 0 FROM gone",
+          (old,))
     query(conn, "INSERT INTO effect_outbox (idempotency_key, effect_type, target, payload) "
                 "SELECT %s, 'http', 'http://127.0.0.1:9/new' || g, '{}' FROM generate_series(1, 10) g",
           (key,))
     # What autovacuum's autosummarize does for a production table.
-    query(conn, "SELECT brin_summarize_new_values('effect_outbox_created_brin')")
-    query(conn, "ANALYZE effect_outbox")
+    query(conn, "SELECT brin_summarize_new_values('effect_body_created_brin')")
+    for (ix,) in query(conn, "SELECT i.indexrelid::regclass::text FROM pg_index i "
+                             "JOIN pg_inherits p ON p.inhrelid = i.indrelid "
+                             "WHERE p.inhparent = 'effect_history'::regclass "
+                             "AND i.indexrelid::regclass::text LIKE '%%ended_at%%'"):
+        query(conn, "SELECT brin_summarize_new_values(%s)", (ix,))
+    query(conn, "ANALYZE effect_body")
+    query(conn, "ANALYZE effect_history")
+    old_month = month_partition(conn, "now() - interval '10 weeks'")
     plans = plans_of(conn, "SELECT * FROM outbox_weekly_figures('t', 0)", ())
-    assert "effect_outbox_created_brin" in plans, plans
-    assert "Seq Scan on effect_outbox" not in plans, plans
+    assert "effect_body_created_brin" in plans, plans
+    assert "Seq Scan on effect_body" not in plans, plans
+    assert re.search(rf"Bitmap Index Scan on {old_month}_ended_at\w*", plans), plans
+    assert f"Seq Scan on {old_month} " not in plans, plans
     assert query(conn, "SELECT automatic_share FROM outbox_weekly_cache")[0][0] == 1
+
+
+def test_sweep_keeps_history_months_ahead_once_an_hour(conn):
+    """The fleet's first sweep of each hour makes the history partitions of the
+    months ahead that are missing; the other sweeps of the hour make none."""
+    ahead = "now() + interval '2 months'"
+    name = month_partition(conn, ahead)
+    assert name
+
+    def drop_it():
+        query(conn, f"ALTER TABLE effect_history DETACH PARTITION {name}")
+        query(conn, f"DROP TABLE {name}")
+    drop_it()
+    query(conn, "UPDATE outbox_sweeps SET last_run = date_trunc('hour', now())")
+    query(conn, "SELECT * FROM outbox_sweep('a', 60, 0)")
+    assert month_partition(conn, ahead) is None     # this hour's first sweep was before
+    query(conn, "UPDATE outbox_sweeps SET last_run = date_trunc('hour', now()) - interval '1 second'")
+    query(conn, "SELECT * FROM outbox_sweep('a', 60, 0)")
+    assert month_partition(conn, ahead) == name
+
+    # A long reader of the history holds the lock a new partition needs: the
+    # sweep does its other work and leaves the months to a later hour.
+    import psycopg2
+    drop_it()
+    key = make_run(conn)
+    stray = scalar(conn, "INSERT INTO effect_outbox (idempotency_key, effect_type, target, payload, "
+                         "created_at) VALUES (%s, 'nobody-serves-this', 'x', '{}', "
+                         "now() - interval '1 hour') RETURNING effect_id", (key,))
+    reader = psycopg2.connect(conn.dsn)
+    try:
+        reader.cursor().execute("SELECT count(*) FROM effect_history")
+        query(conn, "UPDATE outbox_sweeps SET last_run = '-infinity'")
+        t0 = time.monotonic()
+        assert query(conn, "SELECT * FROM outbox_sweep('a', 60, 0)") == [(stray, "nobody-serves-this")]
+        assert time.monotonic() - t0 < 5
+        assert month_partition(conn, ahead) is None
+    finally:
+        reader.rollback()
+        reader.close()

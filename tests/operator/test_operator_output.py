@@ -9,6 +9,7 @@ import os
 import socket
 import subprocess
 
+from effect_arrange import arrange
 from outbox_test import BUILD_DIR, enqueue, kill_switch, make_run, query, run_ctl, wait_for
 
 EVIL = "\x1b[2J\x1b[1;31mFAKE: all effects resolved\x1b]0;pwned\x07"
@@ -23,8 +24,7 @@ def no_control(text):
 def test_unknown_list_escapes_a_hostile_run_key(db, conn):
     key = make_run(conn, key=EVIL + C1)
     eid = enqueue(conn, "http", "https://x.example/\x1b[0m", {}, key=key)
-    query(conn, "UPDATE effect_outbox SET state = 'unknown', attempts = 1, "
-                "last_error = %s WHERE effect_id = %s", ("boom\x1b[2K\r", eid))
+    arrange(conn, eid, "unknown", attempts=1, last_error="boom\x1b[2K\r")
     r = run_ctl(["--db", db, "unknown", "list"])
     assert r.returncode == 0, r.stderr
     no_control(r.stdout)
@@ -52,9 +52,10 @@ def test_unknown_list_escapes_bidi_and_invisible_characters(db, conn):
     run key, the target and the worker name."""
     key = make_run(conn, key="run-" + "".join(BIDI))
     eid = enqueue(conn, "http", "https://x.example/files/\u202eexe.txt", {}, key=key)
-    query(conn, "UPDATE effect_outbox SET state = 'unknown', attempts = 1 WHERE effect_id = %s", (eid,))
-    query(conn, "INSERT INTO effect_attempts (effect_id, attempt, worker, started_at, outcome_class) "
-                "VALUES (%s, 1, %s, now(), 'ambiguous')", (eid, "w\u2066orker\u2069\u200b"))
+    arrange(conn, eid, "unknown", attempts=1)
+    query(conn, "INSERT INTO effect_history (effect_id, created_at, attempt, worker, started_at, "
+                "outcome_class) SELECT effect_id, created_at, 1, %s, now(), 'ambiguous' "
+                "FROM effect_body WHERE effect_id = %s", ("w\u2066orker\u2069\u200b", eid))
     r = run_ctl(["--db", db, "unknown", "list"])
     assert r.returncode == 0, r.stderr
     no_invisible(r.stdout)

@@ -4,7 +4,8 @@
 and its exit codes (0 done, 1 refused or not found, 2 usage, 3 database).
 
 Scenarios are arranged directly with SQL as the superuser (an effect
-forced to `unknown`, `failed`, `sending`...), so no worker is needed.
+forced to `unknown`, `failed`, `sending`... in the live queue and its
+history: tests/lib/effect_arrange.py), so no worker is needed.
 """
 import json
 import select
@@ -13,6 +14,7 @@ import uuid
 import psycopg2
 import pytest
 
+from effect_arrange import arrange, effect_created_at, history_months, month_partition
 from outbox_test import (OPERATOR_ROLE, attempts, connect, effect, enqueue, make_run, query,
                          run_ctl, scalar, wait_for)
 
@@ -36,35 +38,22 @@ def fails(r, code, *words):
     return r
 
 
-def arrange(conn, eid, state, **cols):
-    """Force an effect into a state, with whatever columns the scenario needs."""
-    sets = ["state = %s"]
-    args = [state]
-    for k, v in cols.items():
-        if isinstance(v, str) and v.startswith("SQL:"):
-            sets.append(f"{k} = {v[4:]}")
-        else:
-            sets.append(f"{k} = %s")
-            args.append(v)
-    query(conn, f"UPDATE effect_outbox SET {', '.join(sets)} WHERE effect_id = %s",
-          args + [eid])
-
-
-def new_effect(conn, key=None, target=None, payload=None, effect_type="http"):
+def new_effect(conn, key=None, target=None, payload=None, effect_type="http", metadata=None):
     """An effect of an approved run (the approval gate, admits
     effects while the run is processing: the run is arranged around it)."""
     key = key or make_run(conn)
     before = run_state(conn, key)
     query(conn, "UPDATE workflow_runs SET state = 'processing' WHERE idempotency_key = %s", (key,))
     eid = str(enqueue(conn, effect_type, target or f"https://sink.example/{uuid.uuid4().hex[:6]}",
-                      payload if payload is not None else {"body": {"n": 1}}, key=key))
+                      payload if payload is not None else {"body": {"n": 1}}, key=key,
+                      metadata=metadata))
     query(conn, "UPDATE workflow_runs SET state = %s WHERE idempotency_key = %s",
           ("approved" if before == "processing" else before, key))
     return eid
 
 
 def run_of(conn, eid):
-    return scalar(conn, "SELECT idempotency_key FROM effect_outbox WHERE effect_id = %s", (eid,))
+    return scalar(conn, "SELECT idempotency_key FROM effect_body WHERE effect_id = %s", (eid,))
 
 
 def run_state(conn, key):
@@ -87,9 +76,10 @@ def make_unknown(conn, key=None):
     eid = new_effect(conn, key=key)
     arrange(conn, eid, "unknown", attempts=1, last_error_class="ambiguous",
             last_error="timeout after the request was sent")
-    query(conn, "INSERT INTO effect_attempts (effect_id, attempt, lease_owner, worker, started_at, "
-                "outcome_class, error_text) VALUES (%s, 1, gen_random_uuid(), 'w1', now(), "
-                "'ambiguous', 'timeout')", (eid,))
+    query(conn, "INSERT INTO effect_history (effect_id, created_at, attempt, lease_owner, worker, "
+                "started_at, outcome_class, error_text) SELECT effect_id, created_at, 1, "
+                "gen_random_uuid(), 'w1', now(), 'ambiguous', 'timeout' FROM effect_body "
+                "WHERE effect_id = %s", (eid,))
     return eid
 
 
@@ -239,17 +229,17 @@ def test_outboxctl_status_counts_match_the_database(db, conn):
     ids = [new_effect(conn) for _ in range(10)]
     arrange(conn, ids[0], "sending", lease_owner=str(uuid.uuid4()), lease_worker="w1",
             sending_since="SQL:now()", lease_expires_at="SQL:now() + interval '1 minute'")
-    # Set to `sending` by hand, without a deadline: still in flight (sql/100_baseline.sql).
-    arrange(conn, ids[9], "sending")
+    # Its lease already past: still in flight until the reaper moves it.
+    arrange(conn, ids[9], "sending", lease_expires_at="SQL:now() - interval '1 minute'")
     for i in ids[1:3]:
         arrange(conn, i, "completed", completed_at="SQL:now()")
     arrange(conn, ids[3], "unknown")
     arrange(conn, ids[4], "failed", completed_at="SQL:now() - interval '10 minutes'")
     arrange(conn, ids[5], "failed", completed_at="SQL:now() - interval '2 hours'")
     # Pending: ids[6..8]; the oldest became due 5 minutes ago, one is due later.
-    query(conn, "UPDATE effect_outbox SET available_at = now() - interval '5 minutes' "
+    query(conn, "UPDATE effect_live SET available_at = now() - interval '5 minutes' "
                 "WHERE effect_id = %s", (ids[6],))
-    query(conn, "UPDATE effect_outbox SET available_at = now() + interval '1 hour' "
+    query(conn, "UPDATE effect_live SET available_at = now() + interval '1 hour' "
                 "WHERE effect_id = %s", (ids[8],))
     ok(ctl(db, "kill-switch", "off", "--operator", "cara", "--reason", "maintenance"))
 
@@ -280,7 +270,7 @@ def test_outboxctl_unknown_list(db, conn):
     a = make_unknown(conn)
     b = make_unknown(conn)
     new_effect(conn)   # pending: not listed
-    query(conn, "UPDATE effect_outbox SET updated_at = now() - interval '1 hour' "
+    query(conn, "UPDATE effect_live SET updated_at = now() - interval '1 hour' "
                 "WHERE effect_id = %s", (b,))
 
     items = json.loads(ok(ctl(db, "unknown", "list", "--json")).stdout)
@@ -455,9 +445,8 @@ def test_outboxctl_requeue_failed_since(db, conn):
 # --- replace ---------------------------------------------------------------------------
 
 def test_outboxctl_replace_creates_a_linked_event_and_leaves_the_original(db, conn):
-    eid = new_effect(conn, target="https://crm.example/a", payload={"body": {"v": 1}})
-    query(conn, "UPDATE effect_outbox SET metadata = '{\"model\": \"m-3\"}' WHERE effect_id = %s",
-          (eid,))
+    eid = new_effect(conn, target="https://crm.example/a", payload={"body": {"v": 1}},
+                     metadata={"model": "m-3"})
     arrange(conn, eid, "completed", provider_id="p-1", completed_at="SQL:now()")
     key = run_of(conn, eid)
     query(conn, "UPDATE workflow_runs SET state = 'completed' WHERE idempotency_key = %s", (key,))
@@ -539,69 +528,155 @@ def test_outboxctl_replace_refuses_a_taken_key_and_the_same_key(db, conn):
 
 # --- prune -----------------------------------------------------------------------------
 
+# Months by their distance from this one (UTC), a few days in: the history
+# is partitioned by the month an effect was created in.
+def month_ago(n):
+    return (f"(date_trunc('month', now() AT TIME ZONE 'UTC') - interval '{n} months' "
+            f"+ interval '3 days') AT TIME ZONE 'UTC'")
+
+
+def old_effect(conn, months, state=None, ended=None, key=None):
+    """An effect created `months` months ago, finished `ended` ago (an
+    interval) in `state` when given."""
+    key = key or make_run(conn)
+    eid = effect_created_at(conn, key, month_ago(months))
+    if state in ("completed", "failed"):
+        arrange(conn, eid, state, completed_at=f"SQL:now() - interval '{ended}'")
+    elif state:
+        arrange(conn, eid, state)
+    return eid
+
+
 def test_outboxctl_prune_removes_only_old_finished_rows_in_batches(db, conn):
-    old_done = []
-    for i in range(5):
-        eid = new_effect(conn)
-        arrange(conn, eid, "completed" if i % 2 else "failed",
-                completed_at="SQL:now() - interval '40 days'")
-        old_done.append(eid)
-    query(conn, "INSERT INTO effect_attempts (effect_id, attempt, lease_owner, worker, started_at, "
-                "outcome_class) VALUES (%s, 1, gen_random_uuid(), 'w1', now(), 'accepted')",
+    history_months(conn, "now() - interval '7 months'", "now()")
+    old_done = [old_effect(conn, 3, "completed" if i % 2 else "failed", "40 days")
+                for i in range(5)]
+    query(conn, "INSERT INTO effect_history (effect_id, created_at, attempt, lease_owner, worker, "
+                "started_at, ended_at, outcome_class) SELECT effect_id, created_at, 1, "
+                "gen_random_uuid(), 'w1', now() - interval '41 days', now() - interval '41 days', "
+                "'accepted' FROM effect_body WHERE effect_id = %s",
           (old_done[0],))
     recent = new_effect(conn)
     arrange(conn, recent, "completed", completed_at="SQL:now() - interval '1 day'")
     keep = {recent: "completed"}
     for state in ("pending", "unknown", "sending"):
-        eid = new_effect(conn)
-        arrange(conn, eid, state, created_at="SQL:now() - interval '90 days'",
-                completed_at="SQL:now() - interval '90 days'" if state != "pending" else None)
-        keep[eid] = state
+        keep[old_effect(conn, 5, state)] = state
 
     r = ok(ctl(db, "prune", "--older-than", "30d", "--batch", "2"))
     assert "pruned 5 " in r.stdout and "3 batches" in r.stdout
     left = dict(query(conn, "SELECT effect_id::text, state FROM effect_outbox"))
     assert left == keep
-    # The attempts log is evidence: kept.
-    assert len(attempts(conn, old_done[0])) == 1
+    # Their month went whole, the attempts log with it.
+    assert attempts(conn, old_done[0]) == []
+    assert month_partition(conn, month_ago(3)) is None
+    assert month_partition(conn, month_ago(5)) is not None
     acts = actions(conn, "prune")
     assert [a["detail"]["deleted"] for a in acts] == [2, 2, 1]
     assert all(a["reason"] == "retention: older than 30d" for a in acts)
     assert acts[0]["operator"] == OPERATOR_ROLE      # the login outboxctl used (run_ctl)
+    assert "effect_history_" + scalar(conn, f"SELECT to_char({month_ago(3)} AT TIME ZONE 'UTC', "
+                                            "'YYYYMM')") in acts[-1]["detail"]["dropped_partitions"]
 
-    r = ok(ctl(db, "prune", "--older-than", "12 hours", "--operator", "kim", "--reason", "disk"))
-    assert "pruned 1 " in r.stdout and "1 batch " in r.stdout
-    assert actions(conn, "prune")[-1]["operator"] == "kim"
-    assert dict(query(conn, "SELECT effect_id::text, state FROM effect_outbox")) == \
-        {k: v for k, v in keep.items() if k != recent}
+    # This month is not over: its effects stay, however long ago they ended.
+    r = ok(ctl(db, "prune", "--older-than", "1s", "--operator", "kim", "--reason", "disk"))
+    assert "pruned 0 " in r.stdout and "1 batch " in r.stdout
+    assert dict(query(conn, "SELECT effect_id::text, state FROM effect_outbox")) == keep
+
+
+def test_outboxctl_prune_drops_a_finished_month_and_keeps_a_month_with_an_open_effect(db, conn):
+    history_months(conn, "now() - interval '7 months'", "now()")
+    gone = [old_effect(conn, 4, "completed", "100 days") for _ in range(3)]
+    held_open = old_effect(conn, 3, "unknown")
+    held_done = old_effect(conn, 3, "failed", "80 days")
+    # Recent evidence about an effect keeps its month too.
+    recent_log = old_effect(conn, 2, "completed", "50 days")
+    query(conn, "INSERT INTO effect_history (effect_id, created_at, attempt, worker, started_at, "
+                "ended_at, outcome_class) SELECT effect_id, created_at, 1, 'w1', now(), now(), "
+                "'reconcile_unknown' FROM effect_body WHERE effect_id = %s", (recent_log,))
+    parts = {n: month_partition(conn, month_ago(n)) for n in (2, 3, 4)}
+    assert all(parts.values()), parts
+    history_of_kept = scalar(conn, "SELECT count(*) FROM effect_history WHERE effect_id = ANY (%s::uuid[])",
+                             ([held_open, held_done, recent_log],))
+
+    r = ok(ctl(db, "prune", "--older-than", "30d"))
+    assert "pruned 3 " in r.stdout
+    assert month_partition(conn, month_ago(4)) is None
+    assert scalar(conn, "SELECT count(*) FROM effect_body WHERE effect_id = ANY (%s::uuid[])",
+                  (gone,)) == 0
+    assert month_partition(conn, month_ago(3)) == parts[3]
+    assert month_partition(conn, month_ago(2)) == parts[2]
+    assert {e: effect(conn, e)["state"] for e in (held_open, held_done, recent_log)} == \
+        {held_open: "unknown", held_done: "failed", recent_log: "completed"}
+    assert scalar(conn, "SELECT count(*) FROM effect_history WHERE effect_id = ANY (%s::uuid[])",
+                  ([held_open, held_done, recent_log],)) == history_of_kept
+
+    # Once the open one is finished long enough, its month goes too.
+    arrange(conn, held_open, "completed", completed_at="SQL:now() - interval '31 days'")
+    r = ok(ctl(db, "prune", "--older-than", "30d"))
+    assert "pruned 2 " in r.stdout
+    assert month_partition(conn, month_ago(3)) is None
+    assert month_partition(conn, month_ago(2)) == parts[2]
 
 
 def test_outboxctl_prune_keeps_an_original_while_its_replacement_exists(db, conn):
-    orig = new_effect(conn)
-    arrange(conn, orig, "failed", completed_at="SQL:now() - interval '40 days'")
+    history_months(conn, "now() - interval '7 months'", "now()")
+    orig = old_effect(conn, 3, "failed", "40 days")
     ok(ctl(db, "replace", orig, "--new-key", "repl-1", "--operator", "a", "--reason", "r"))
-    ok(ctl(db, "prune", "--older-than", "30d"))
-    assert effect(conn, orig) is not None
-    repl = scalar(conn, "SELECT effect_id FROM effect_outbox WHERE replaces_effect = %s", (orig,))
-    arrange(conn, repl, "completed", completed_at="SQL:now() - interval '40 days'")
-    ok(ctl(db, "prune", "--older-than", "30d"))   # the replacement goes first...
-    ok(ctl(db, "prune", "--older-than", "30d"))   # ...then the original may
-    assert scalar(conn, "SELECT count(*) FROM effect_outbox") == 0
+    # An original and its replacement both old and finished go in one pass.
+    first = old_effect(conn, 5, "failed", "100 days")
+    second = effect_created_at(conn, make_run(conn), month_ago(4), replaces_effect=first)
+    arrange(conn, second, "completed", completed_at="SQL:now() - interval '90 days'")
+
+    r = ok(ctl(db, "prune", "--older-than", "30d"))
+    assert "pruned 2 " in r.stdout
+    assert effect(conn, first) is None and effect(conn, second) is None
+    assert month_partition(conn, month_ago(5)) is None
+    assert month_partition(conn, month_ago(4)) is None
+    # The replacement made this month holds its original's month back.
+    assert effect(conn, orig)["state"] == "failed"
+    assert month_partition(conn, month_ago(3)) is not None
+    r = ok(ctl(db, "prune", "--older-than", "30d"))
+    assert "pruned 0 " in r.stdout and effect(conn, orig) is not None
 
 
 def test_outboxctl_prune_skips_rows_someone_holds_instead_of_waiting(db, conn):
-    held, free = new_effect(conn), new_effect(conn)
-    for eid in (held, free):
-        arrange(conn, eid, "completed", completed_at="SQL:now() - interval '40 days'")
+    history_months(conn, "now() - interval '7 months'", "now()")
+    held, free = old_effect(conn, 3, "completed", "40 days"), old_effect(conn, 3, "completed", "40 days")
     locker = psycopg2.connect(db)
     try:
-        query(locker, "SELECT 1 FROM effect_outbox WHERE effect_id = %s FOR UPDATE", (held,))
+        query(locker, "SELECT 1 FROM effect_body WHERE effect_id = %s FOR UPDATE", (held,))
         r = ok(run_ctl(["--db", db, "prune", "--older-than", "30d"], timeout=20))
         assert "pruned 1 " in r.stdout
         assert effect(conn, held) is not None and effect(conn, free) is None
+        assert month_partition(conn, month_ago(3)) is not None   # not empty yet
     finally:
         locker.rollback()
         locker.close()
+    r = ok(ctl(db, "prune", "--older-than", "30d"))
+    assert "pruned 1 " in r.stdout
+    assert month_partition(conn, month_ago(3)) is None
+
+
+def test_outboxctl_prune_leaves_the_drop_to_the_next_run_while_a_reader_holds_the_history(db, conn):
+    """Dropping a month takes the history's exclusive lock, which every
+    worker's completion queues behind: prune waits a second at most for a
+    long reader, keeps the deletes it made, and the next run drops the month."""
+    history_months(conn, "now() - interval '7 months'", "now()")
+    done = old_effect(conn, 3, "completed", "40 days")
+    reader = psycopg2.connect(db)
+    try:
+        reader.cursor().execute("SELECT count(*) FROM effect_history")
+        r = ok(run_ctl(["--db", db, "prune", "--older-than", "30d"], timeout=20))
+        assert "pruned 1 " in r.stdout
+        assert effect(conn, done) is None
+        assert month_partition(conn, month_ago(3)) is not None
+    finally:
+        reader.rollback()
+        reader.close()
+    r = ok(ctl(db, "prune", "--older-than", "30d"))
+    assert "pruned 0 " in r.stdout
+    assert month_partition(conn, month_ago(3)) is None
+    assert actions(conn, "prune")[-1]["detail"]["dropped_partitions"] != []
 
 
 @pytest.mark.parametrize("age,words", [
@@ -620,7 +695,7 @@ def test_outboxctl_prune_bad_age_is_a_usage_error(db, conn, age, words):
 
 def test_outboxctl_cancel(db, conn):
     eid = new_effect(conn)
-    query(conn, "UPDATE effect_outbox SET available_at = now() + interval '10 minutes' "
+    query(conn, "UPDATE effect_live SET available_at = now() + interval '10 minutes' "
                 "WHERE effect_id = %s", (eid,))
     r = ok(ctl(db, "cancel", eid, "--reason", "customer withdrew", "--operator", "lee"))
     assert "cancelled" in r.stdout and "never be sent" in r.stdout
@@ -703,8 +778,8 @@ def test_outboxctl_weekly_stats_view(db, conn):
                     "VALUES (%s, sha256(random()::text::bytea), '{approve}', now() + interval '1 day', "
                     "now() - make_interval(mins => %s), now(), 'approve')", (key, minutes))
     # Effects: 5; 1 human-approved; 1 failed invalid; 2 failed after retries.
-    ids = [new_effect(conn) for _ in range(5)]
-    query(conn, "UPDATE effect_outbox SET approved_by = 'sam' WHERE effect_id = %s", (ids[0],))
+    ids = [effect_created_at(conn, make_run(conn), approved_by="sam")]
+    ids += [new_effect(conn) for _ in range(4)]
     arrange(conn, ids[1], "failed", last_error_class="invalid", completed_at="SQL:now()")
     arrange(conn, ids[2], "failed", last_error_class="retry", completed_at="SQL:now()")
     arrange(conn, ids[3], "failed", last_error_class="ambiguous", completed_at="SQL:now()")
@@ -731,6 +806,7 @@ def test_outboxctl_weekly_stats_view(db, conn):
 def test_workers_weekly_figures_are_the_views_current_week(db, conn, login):
     """The workers compute this week only (outbox_weekly_figures); the figures they export
     are the view's newest row, and rows of earlier weeks count in neither."""
+    history_months(conn, "now() - interval '2 months'", "now()")
     for ago in ("0", "3 weeks"):
         for outcome in ("claimed", "busy", "claimed"):
             query(conn, "INSERT INTO run_claims (idempotency_key, outcome, claimed_at) "
@@ -742,11 +818,10 @@ def test_workers_weekly_figures_are_the_views_current_week(db, conn, login):
                         "VALUES (%s, sha256(random()::text::bytea), '{approve}', now() + interval '1 day', "
                         "now() - %s::interval - make_interval(mins => %s), now() - %s::interval, "
                         "'approve')", (key, ago, minutes, ago))
-        ids = [new_effect(conn) for _ in range(4 if ago == "0" else 2)]
-        query(conn, "UPDATE effect_outbox SET created_at = now() - %s::interval, approved_by = 'sam' "
-                    "WHERE effect_id = %s", (ago, ids[0]))
-        query(conn, "UPDATE effect_outbox SET created_at = now() - %s::interval "
-                    "WHERE effect_id = ANY(%s::uuid[])", (ago, ids))
+        created = f"now() - interval '{ago} seconds'" if ago == "0" else f"now() - interval '{ago}'"
+        key = make_run(conn)
+        ids = [effect_created_at(conn, key, created, approved_by="sam")]
+        ids += [effect_created_at(conn, key, created) for _ in range(3 if ago == "0" else 1)]
         arrange(conn, ids[1], "failed", last_error_class="invalid", completed_at="SQL:now()")
     with conn.cursor() as c:
         c.execute("SELECT * FROM outbox_weekly_figures('t', 0)")

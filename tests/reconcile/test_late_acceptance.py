@@ -21,6 +21,7 @@ import json
 import psycopg2
 import pytest
 
+from effect_arrange import arrange
 from outbox_test import (attempts, effect, enqueue, free_port, kill_switch, query, scalar,
                          unknown_resolved, wait_for)
 
@@ -36,8 +37,10 @@ def rows(conn, eid):
 
 
 def run_state(conn, eid):
-    return scalar(conn, "SELECT w.state FROM workflow_runs w JOIN effect_outbox o "
-                        "ON o.idempotency_key = w.idempotency_key WHERE o.effect_id = %s", (eid,))
+    """The run's state as a reader gets it: settled from its effects first."""
+    key = scalar(conn, "SELECT idempotency_key FROM effect_body WHERE effect_id = %s", (eid,))
+    query(conn, "SELECT outbox_settle_runs(ARRAY[%s])", (key,))
+    return scalar(conn, "SELECT state FROM workflow_runs WHERE idempotency_key = %s", (key,))
 
 
 # -- end to end -------------------------------------------------------------
@@ -88,9 +91,9 @@ def test_relays_late_250_completes_the_unknown_email(conn, dispatchers, smtp, tm
 
 def sending_effect(conn, owner=OWNER):
     eid = str(enqueue(conn, "email", "bob@example.com", {"from": "a@example.com", "text": "t"}))
-    query(conn, "UPDATE effect_outbox SET state = 'sending', attempts = 1, lease_owner = %s, "
-                "lease_worker = 'w', leased_at = now(), sending_since = now(), "
-                "lease_expires_at = now() - interval '1 s' WHERE effect_id = %s", (owner, eid))
+    arrange(conn, eid, "sending", attempts=1, lease_owner=owner, lease_worker="w",
+            leased_at="SQL:now()", sending_since="SQL:now()",
+            lease_expires_at="SQL:now() - interval '1 s'")
     return eid
 
 
@@ -122,10 +125,10 @@ def test_sql_late_acceptance_resolves_only_its_own_ambiguous_attempt(conn):
     # Another owner's evidence: not its attempt.
     assert late(conn, b, owner=OTHER) is None
     # Another attempt (an operator requeued it and it went again): no.
-    query(conn, "UPDATE effect_outbox SET attempts = 2 WHERE effect_id = %s", (c,))
+    query(conn, "UPDATE effect_live SET attempts = 2 WHERE effect_id = %s", (c,))
     assert late(conn, c) is None
     # An unknown effect an operator already resolved: no.
-    query(conn, "UPDATE effect_outbox SET state = 'failed' WHERE effect_id = %s", (d,))
+    arrange(conn, d, "failed")
     assert late(conn, d) is None
     # Still sending (the worker's own verdict not recorded yet): no.
     assert late(conn, f) is None and effect(conn, f)["state"] == "sending"

@@ -25,6 +25,7 @@ import uuid
 
 import pytest
 
+from effect_arrange import arrange
 from outbox_test import (effect, enqueue, free_port, kill_switch, query, run_ctl, scalar,
                          unknown_resolved, wait_for)
 
@@ -83,8 +84,11 @@ def test_late_acceptance_completes_with_the_providers_id(conn, dispatchers, sink
     assert sink.count(key) == 1 and sink.processed(key) == 1
     assert rows(conn, eid) == [(1, "ambiguous", True, None, True),
                                (1, "accepted", True, "late_accepted", False)]
-    assert scalar(conn, "SELECT w.state FROM workflow_runs w JOIN effect_outbox o "
-                        "ON o.idempotency_key = w.idempotency_key WHERE o.effect_id = %s",
+    # The run, as a reader gets it (settled from its effects first).
+    query(conn, "SELECT outbox_settle_runs(ARRAY(SELECT idempotency_key FROM effect_body "
+                "WHERE effect_id = %s))", (eid,))
+    assert scalar(conn, "SELECT w.state FROM workflow_runs w JOIN effect_body b "
+                        "ON b.idempotency_key = w.idempotency_key WHERE b.effect_id = %s",
                   (eid,)) == "completed"
     wait_for(lambda: unknown_resolved(port, "late_accepted") == 1, what="the late_accepted counter")
     assert any(ev.get("event") == "unknown_resolved" and ev.get("how") == "late_accepted"
@@ -105,7 +109,7 @@ BEGIN
     END IF;
     RETURN NEW;
 END $$;
-CREATE TRIGGER test_held_mark BEFORE UPDATE ON effect_outbox
+CREATE TRIGGER test_held_mark BEFORE UPDATE ON effect_live
     FOR EACH ROW EXECUTE FUNCTION test_held_mark();
 """
 
@@ -135,7 +139,7 @@ def test_mark_confirmed_too_late_goes_back_to_pending_and_is_sent_once(conn, dis
         scalar(conn, "SELECT pg_advisory_unlock(%s)", (HELD_MARK_LOCK,))
         wait_for(lambda: effect(conn, eid)["state"] == "sending",
                  what="the sending transition to commit while the worker is stopped")
-        query(conn, "DROP TRIGGER test_held_mark ON effect_outbox")
+        query(conn, "DROP TRIGGER test_held_mark ON effect_live")
         reap_when_expired(conn, eid)
         assert sink.count(key) == 0
     finally:
@@ -278,9 +282,9 @@ def test_lookup_config_errors_name_the_key(db, tmp_path, sink, extra, words):
 def sending_effect(conn, owner=OWNER):
     """An http effect in `sending`, attempt 1, leased by owner."""
     eid = str(enqueue(conn, "http", "https://x.example/h", {"body": {}}))
-    query(conn, "UPDATE effect_outbox SET state = 'sending', attempts = 1, lease_owner = %s, "
-                "lease_worker = 'w', leased_at = now(), sending_since = now(), "
-                "lease_expires_at = now() - interval '1 s' WHERE effect_id = %s", (owner, eid))
+    arrange(conn, eid, "sending", attempts=1, lease_owner=owner, lease_worker="w",
+            leased_at="SQL:now()", sending_since="SQL:now()",
+            lease_expires_at="SQL:now() - interval '1 s'")
     return eid
 
 
@@ -314,7 +318,7 @@ def test_sql_late_outcomes_resolve_only_their_own_attempt(conn):
     assert effect(conn, d)["state"] == "unknown"
     assert [r[1] for r in rows(conn, d)] == ["ambiguous"]
     # another attempt (an operator requeued it and it was sent again): no.
-    query(conn, "UPDATE effect_outbox SET attempts = 2 WHERE effect_id = %s", (f,))
+    query(conn, "UPDATE effect_live SET attempts = 2 WHERE effect_id = %s", (f,))
     assert complete(conn, OWNER, f, "accepted", "completed") == (False, None, None)
     assert effect(conn, f)["state"] == "unknown"
     # every resolution row says how; the ambiguous one says nothing.
