@@ -33,10 +33,12 @@ def pending_effect(conn):
 # --- producer -------------------------------------------------------------------
 
 def refused_by_the_view(c, sql, args=None):
-    """A write through effect_outbox other than the producer's INSERT: its
-    state columns are not columns of a table (not updatable), the rest is
-    not granted."""
-    with pytest.raises((DENIED, psycopg2.errors.FeatureNotSupported)):
+    """A write through effect_outbox or effect_attempts other than the
+    producer's INSERT: effect_outbox's state columns are not columns of a
+    table and effect_attempts is not one table (neither is updatable), the
+    rest is not granted."""
+    with pytest.raises((DENIED, psycopg2.errors.FeatureNotSupported,
+                        psycopg2.errors.ObjectNotInPrerequisiteState)):
         query(c, sql, args)
 
 
@@ -162,7 +164,12 @@ def test_producer_cannot_call_kill_switch_or_dispatcher_functions(conn, login_as
                "outbox_cancel_status",
                # pure, and needed by effect_outbox's generated columns for
                # the plain INSERT
-               "outbox_sha256_hex"}
+               "outbox_sha256_hex",
+               # the plain INSERT's new effect id (the column's default)
+               "outbox_new_effect_id",
+               # the effect_outbox view's moving columns, read with the
+               # reader's own rights (security_invoker)
+               "outbox_effect_now"}
     executable = {r[0] for r in query(p, """
         SELECT p.proname FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
          WHERE n.nspname = 'public' AND p.prokind = 'f'
