@@ -46,33 +46,16 @@ DROP FUNCTION IF EXISTS effect_outbox_notify();
 -- adds nothing (ON CONFLICT DO NOTHING returns the existing row, a plain
 -- INSERT gets 23505).
 --
--- A processing run whose effects have all finished is completed (or
--- failed_terminal) although the completion did not write it: it is settled
--- here first (outbox_settle_runs), so such a run takes no new effect, as
--- when the completion moved the run itself.  The run's first effect, the
--- usual insert, costs one index probe for it.  Not for an `approved` run:
--- the effects of its approval, or of the lease holder's approve-by-
--- exception, are the ones it was approved for.  The settle's lock is taken
--- before this insert's share lock on the run, so two inserts into one run
--- queue on it instead of deadlocking.
---
--- Its plans are cached for the session; one made while effect_body was
--- nearly empty would scan the table for every row after (a bulk insert
--- then costs the square of its rows), so they are made without sequential
--- scans: every statement here is a probe of a run's key.
+-- The state checked is the run row's: a processing run whose effects have
+-- all finished is not settled here (that would cost every insert a probe
+-- of the run's effects); outbox_enqueue settles it first.
 CREATE OR REPLACE FUNCTION outbox_effect_gate() RETURNS trigger
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp
-    SET enable_seqscan = off AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 DECLARE
     st text;
     ours boolean;
     me xid := pg_current_xact_id()::xid;
 BEGIN
-    IF EXISTS (SELECT 1 FROM effect_body o WHERE o.idempotency_key = NEW.idempotency_key)
-       AND EXISTS (SELECT 1 FROM workflow_runs w
-                    WHERE w.idempotency_key = NEW.idempotency_key AND w.state = 'processing') THEN
-        PERFORM outbox_settle_runs(ARRAY[NEW.idempotency_key]);
-    END IF;
     -- FOR SHARE: a concurrent state change waits for this insert (or this
     -- insert for it), so the state checked is the state at commit.
     SELECT w.state, w.xmin = me INTO st, ours

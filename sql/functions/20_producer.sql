@@ -443,7 +443,10 @@ CREATE OR REPLACE FUNCTION outbox_enqueue(p_key text, p_effect_type text, p_targ
                                p_payload jsonb, p_metadata jsonb DEFAULT NULL,
                                p_delay_seconds integer DEFAULT 0)
 RETURNS TABLE (effect_id uuid, inserted boolean, state text, available_at timestamptz)
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp
+    -- Its plans are cached for the session: one made while effect_body was
+    -- nearly empty must not stay a scan of it as it grows.
+    SET enable_seqscan = off AS $$
 DECLARE
     id uuid;
     due timestamptz;
@@ -451,6 +454,18 @@ BEGIN
     IF p_delay_seconds IS NULL OR p_delay_seconds < 0 THEN
         RAISE EXCEPTION 'outbox_enqueue: delay must be >= 0 seconds'
             USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    -- A processing run of this login whose effects have all finished is
+    -- completed (or failed_terminal): settled first, so the gate refuses
+    -- the new effect as when the completion moved the run itself.  Not an
+    -- `approved` run (the lease holder's approve-by-exception enqueues
+    -- what it approved).  Before the run's share lock below, so two
+    -- enqueues into one run queue on the settle's lock, never deadlock.
+    IF EXISTS (SELECT 1 FROM effect_body o WHERE o.idempotency_key = p_key)
+       AND EXISTS (SELECT 1 FROM workflow_runs w
+                    WHERE w.idempotency_key = p_key AND w.state = 'processing'
+                      AND outbox_run_is_mine(w.owner_role)) THEN
+        PERFORM outbox_settle_runs(ARRAY[p_key]);
     END IF;
     PERFORM outbox_lock_run_for_effect(p_key);
     PERFORM outbox_metadata_ok(p_metadata);

@@ -312,11 +312,11 @@ def test_register_providers_refuses_odd_names(conn, login_as, name):
     query(d, "SELECT outbox_register_providers(ARRAY['http', 'crm_v2'], '{}')")
 
 
-def test_a_bulk_insert_probes_the_effects_by_index_from_an_empty_table(conn, login_as):
-    """The gate's plans are cached for the session.  One made while
-    effect_body was empty (just vacuumed, as a new database is) must still
-    be an index probe when the table has grown: a sequential scan per row
-    would make a bulk insert cost the square of its rows."""
+def test_a_bulk_insert_never_scans_the_effects_from_an_empty_table(conn, login_as):
+    """The insert's row checks run plans cached for the session.  None may
+    scan effect_body: a plan made while the table was empty (just vacuumed,
+    as a new database is) would scan it for every row as it grows, and a
+    bulk insert would cost the square of its rows."""
     p = login_as("outbox_producer")
     n = 300
     owner = str(uuid.uuid4())
@@ -340,4 +340,4 @@ def test_a_bulk_insert_probes_the_effects_by_index_from_an_empty_table(conn, log
     query(p, "SELECT 1")
     seq1, idx1, _ = wait_for(lambda: (lambda c: c if c[2] - ins0 >= n else None)(counters()),
                              what="the producer's inserts counted")
-    assert seq1 - seq0 < 5 and idx1 - idx0 >= n, (seq1 - seq0, idx1 - idx0)
+    assert seq1 - seq0 < 5, (seq1 - seq0, idx1 - idx0)

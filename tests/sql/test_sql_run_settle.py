@@ -179,30 +179,23 @@ def test_a_rejection_finishes_every_pending_effect_of_the_run(conn, login_as):
                         "AND outcome_class IS NULL", ([str(i) for i in ids],)) == 2
 
 
-@pytest.mark.parametrize("how", ["enqueue", "plain insert"])
-def test_no_effect_joins_a_run_whose_effects_all_finished(conn, login_as, how):
+def test_no_effect_is_enqueued_into_a_run_whose_effects_all_finished(conn, login_as):
     """The run's effects completed while it was processing: it is completed,
-    and a new effect for it is refused by the approval gate (55000), as
-    when the completion moved the run itself.  A repeat of a finished
-    effect still adds nothing and is not refused."""
+    and outbox_enqueue's new effect for it is refused by the approval gate
+    (55000), as when the completion moved the run itself.  A repeat of a
+    finished effect still adds nothing and says how it ended."""
     p = login_as("outbox_producer")
     key, _, ids = run_with_effects(p, conn, n=1)
     finish(conn, ids[0])
-    sql = ("SELECT effect_id FROM outbox_enqueue(%s, 'http', %s, '{}')" if how == "enqueue" else
-           "INSERT INTO effect_outbox (idempotency_key, effect_type, target, payload) "
-           "VALUES (%s, 'http', %s, '{}') RETURNING effect_id")
     with pytest.raises(psycopg2.errors.ObjectNotInPrerequisiteState) as e:
-        query(p, sql, (key, "https://x.example/late"))
+        query(p, "SELECT effect_id FROM outbox_enqueue(%s, 'http', 'https://x.example/late', '{}')",
+              (key,))
     assert f'run "{key}" is completed' in str(e.value)
     # (The refusal rolled its settle back; the next reader settles again.)
     assert query(p, "SELECT status, state FROM outbox_claim_run(%s, 'h', %s, 300)",
                  (key, str(uuid.uuid4()))) == [("done", "completed")]
-    if how == "enqueue":
-        assert query(p, "SELECT effect_id, inserted, state FROM outbox_enqueue(%s, 'http', "
-                        "'https://x.example/0', '{}')", (key,)) == [(ids[0], False, "completed")]
-    else:
-        with pytest.raises(psycopg2.errors.UniqueViolation):
-            query(p, sql, (key, "https://x.example/0"))
+    assert query(p, "SELECT effect_id, inserted, state FROM outbox_enqueue(%s, 'http', "
+                    "'https://x.example/0', '{}')", (key,)) == [(ids[0], False, "completed")]
     assert scalar(conn, "SELECT count(*) FROM effect_body WHERE idempotency_key = %s", (key,)) == 1
 
 
