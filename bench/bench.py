@@ -392,7 +392,8 @@ def pg_backend_pids():
 # ---- data ------------------------------------------------------------------
 
 def reset():
-    q("TRUNCATE effect_outbox, effect_attempts, workflow_runs, approvals, run_claims CASCADE", fetch=False)
+    q("TRUNCATE effect_body, effect_live, effect_history, effect_calls, workflow_runs, approvals,"
+      " run_claims CASCADE", fetch=False)
     q("DROP SEQUENCE IF EXISTS bench_seq", fetch=False)
 
 
@@ -409,7 +410,7 @@ def load(n, target, prefix="t"):
     5,430-5,470 effects/s)."""
     q("INSERT INTO workflow_runs (idempotency_key, state, payload_hash)"
       " SELECT %s || g, 'processing', 'h' FROM generate_series(1, %s) g", (prefix, n), fetch=False)
-    q("INSERT INTO effect_outbox (idempotency_key, effect_type, target, payload, available_at)"
+    q("INSERT INTO effect_body (idempotency_key, effect_type, target, payload, available_at)"
       " SELECT %s || g, 'http', %s, %s::jsonb, now() - interval '1 hour' + g * interval '1 microsecond'"
       " FROM generate_series(1, %s) g",
       (prefix, target, PAYLOAD, n), fetch=False)
@@ -426,20 +427,37 @@ def settle():
 
 
 def queue_empty():
-    """Cheap: the partial indexes, never a scan of the whole table (a
-    separate session with seq scans off, so the poll costs the database
-    next to nothing while it measures)."""
+    """No pending or sending effect left.  Cheap: one probe of the live
+    queue's due index, whose finite due times are exactly the pending and
+    sending rows (an `unknown` row is due at 'infinity'), never a scan of
+    a table (a separate session with seq scans off, so the poll costs the
+    database next to nothing while it measures)."""
     with POLL.cursor() as cur:
-        cur.execute("SELECT NOT EXISTS (SELECT 1 FROM effect_outbox WHERE state = 'pending')"
-                    " AND NOT EXISTS (SELECT 1 FROM effect_outbox WHERE state = 'sending')")
+        cur.execute("SELECT NOT EXISTS (SELECT 1 FROM effect_live WHERE available_at < 'infinity')")
         return cur.fetchone()[0]
+
+
+def finished_in(state):
+    """Effects finished in state: their finishing history row (state set;
+    the benchmarks finish each effect once)."""
+    return q1("SELECT count(*) FROM effect_history WHERE state = %s", (state,))
+
+
+def not_completed():
+    """Effects still open or finished otherwise than completed."""
+    return q1("SELECT (SELECT count(*) FROM effect_live)"
+              " + (SELECT count(*) FROM effect_history WHERE state IS NOT NULL AND state <> 'completed')")
 
 
 def drained_rate(prefix):
     """Effects per second from the database's own clock: effects completed
     between the first lease and the last completion."""
-    n, span = q("SELECT count(*), extract(epoch FROM max(completed_at) - min(leased_at))"
-                " FROM effect_outbox WHERE state = 'completed' AND idempotency_key LIKE %s",
+    # The completion writes one history row per effect: the provider call
+    # (started when the row went to sending) that finished it.
+    n, span = q("SELECT count(*), extract(epoch FROM max(h.ended_at) - min(h.started_at))"
+                " FROM effect_body b JOIN effect_history h"
+                " ON h.created_at = b.created_at AND h.effect_id = b.effect_id"
+                " WHERE h.state = 'completed' AND b.idempotency_key LIKE %s",
                 (prefix + "%",))[0]
     return n, float(span or 0), (n / float(span) if span else 0.0)
 
@@ -447,19 +465,25 @@ def drained_rate(prefix):
 # ---- throughput ------------------------------------------------------------
 
 def attempts_logged():
-    """The attempts log's last id: one index probe, whatever the state of
-    the due index (under a held snapshot queue_empty() walks its dead
-    entries, which would charge the bench's own polling to the database)."""
+    """The history's last id handed out: a read of its sequence, whatever
+    the state of the live queue's due index (under a held snapshot
+    queue_empty() walks its dead entries, which would charge the bench's
+    own polling to the database) and however many history rows there are
+    (history_id carries no index)."""
+    return history_seq()
+
+
+def history_seq():
     with POLL.cursor() as cur:
-        cur.execute("SELECT coalesce(max(attempt_id), 0) FROM effect_attempts")
+        cur.execute("SELECT CASE WHEN is_called THEN last_value ELSE last_value - 1 END"
+                    " FROM effect_history_id_seq")
         return cur.fetchone()[0]
 
 
 def throughput(k, label, prefix="t", hold_xmin=False, profile=False):
     # Where the attempt ids start (the table was truncated; its sequence
     # was not).
-    a0 = q1("SELECT CASE WHEN is_called THEN last_value ELSE last_value - 1 END"
-            " FROM effect_attempts_attempt_id_seq")
+    a0 = history_seq()
     tab0 = table_writes()
     workers = [Worker("%s-w%d" % (label, i + 1)) for i in range(k)]
     holder = None
@@ -492,7 +516,7 @@ def throughput(k, label, prefix="t", hold_xmin=False, profile=False):
         if profile and perf is None and time.time() - t_start > 1.0:
             perf = start_perf([w.pid for w in workers] + backends)
         if holder and time.time() - t_start >= HOLD:
-            held_done = q1("SELECT count(*) FROM effect_outbox WHERE state = 'completed'")
+            held_done = finished_in("completed")
             held = time.time() - t_start
             holder.rollback()
             holder.close()
@@ -505,7 +529,7 @@ def throughput(k, label, prefix="t", hold_xmin=False, profile=False):
         if logged >= N and queue_empty():
             break
         # Progress from the attempts log's last id, not a count over
-        # effect_outbox: with 2,000,000 completed rows in the table that
+        # the history: with 2,000,000 completed effects in it that
         # count read them all (1.5-3 s of CPU every 10 s, charged to the run).
         if time.time() - last_log > 10:
             last_log = time.time()
@@ -520,7 +544,7 @@ def throughput(k, label, prefix="t", hold_xmin=False, profile=False):
     for w in workers:
         w.sample()
     if holder:
-        held_done = q1("SELECT count(*) FROM effect_outbox WHERE state = 'completed'")
+        held_done = finished_in("completed")
         held = time.time() - t_start
         holder.rollback()
         holder.close()
@@ -531,14 +555,23 @@ def throughput(k, label, prefix="t", hold_xmin=False, profile=False):
     writes = table_writes_per_effect(tab0, n)
     if PGSS:
         top_statements(label)
-    bad = q1("SELECT count(*) FROM effect_outbox WHERE state <> 'completed'")
+    bad = not_completed()
     if bad:
         log("  WARNING: %d effects not completed" % bad)
-    attempts = q1("SELECT count(*) FROM effect_attempts")
-    # What the run left on disk (heap, without indexes): the price of the
-    # fillfactor (sql/100_baseline.sql) is paid here.
-    heap_mib = q1("SELECT pg_relation_size('effect_outbox')") / 1048576.0
-    r = {"workers": k, "heap_mib": heap_mib, "effects": n, "seconds": span, "wall": wall, "rate": rate,
+    # The provider calls this run logged (effect_attempts' rows).
+    attempts = q1("SELECT count(*) FROM effect_history WHERE outcome_class IS NOT NULL"
+                  " AND history_id > %s", (a0,))
+    # What the run left on disk (heaps, without indexes): the live queue
+    # pays its fillfactor and the versions a held snapshot keeps
+    # (sql/105_live_queue.sql); the body and the history grow by what
+    # the run wrote.
+    heaps = dict(q("SELECT t, sum(pg_relation_size(p.relid)) / 1048576.0"
+                   " FROM unnest(ARRAY['effect_body', 'effect_live', 'effect_history']) t"
+                   " CROSS JOIN LATERAL " + RELATION_AND_PARTITIONS + " GROUP BY t"))
+    heap_mib = float(sum(heaps.values()))
+    r = {"workers": k, "heap_mib": heap_mib, "heap_live_mib": float(heaps["effect_live"]),
+         "heap_body_mib": float(heaps["effect_body"]), "heap_history_mib": float(heaps["effect_history"]),
+         "effects": n, "seconds": span, "wall": wall, "rate": rate,
          "rss_kb": [w.hwm_kb for w in workers],
          "worker_cpu_per_1k": sum(w.cpu for w in workers) / n * 1000 if n else 0,
          "pg_cpu_per_1k": pg_cpu / n * 1000 if n else 0, "attempt_rows": attempts,
@@ -547,14 +580,21 @@ def throughput(k, label, prefix="t", hold_xmin=False, profile=False):
          "held_seconds": held, "held_done": held_done,
          "held_rate": held_done / held if held else None}
     log("  %s: %d effects in %.1f s = %.0f effects/s (CPU s per 1000 effects: workers %.3f,"
-        " PostgreSQL %.3f, sink %.3f; peak RSS %s MiB; WAL %.0f bytes/effect; heap %.0f MiB)" % (
+        " PostgreSQL %.3f, sink %.3f; peak RSS %s MiB; WAL %.0f bytes/effect; heap %.0f MiB:"
+        " live %.1f, body %.0f, history %.0f)" % (
             label, n, span, rate, r["worker_cpu_per_1k"], r["pg_cpu_per_1k"], r["sink_cpu_per_1k"],
-            "/".join("%.1f" % (x / 1024.0) for x in r["rss_kb"] if x), r["wal_per_effect"], heap_mib))
+            "/".join("%.1f" % (x / 1024.0) for x in r["rss_kb"] if x), r["wal_per_effect"], heap_mib,
+            r["heap_live_mib"], r["heap_body_mib"], r["heap_history_mib"]))
     log("  %s: per effect: %s" % (label, writes_text(writes)))
     return r
 
 
-WRITE_TABLES = ("effect_outbox", "effect_attempts", "workflow_runs")
+# effect_history's counts are its partitions', summed under its name.
+# The relation t and its partitions, if any (pg_partition_tree returns no
+# row for a table that is not partitioned).
+RELATION_AND_PARTITIONS = ("(SELECT t::regclass AS relid"
+                           " UNION SELECT relid FROM pg_partition_tree(t::regclass)) p")
+WRITE_TABLES = ("effect_body", "effect_live", "effect_history", "effect_calls", "workflow_runs")
 
 
 def table_writes():
@@ -567,10 +607,12 @@ def table_writes():
         time.sleep(0.05)
     q("SELECT pg_stat_force_next_flush()")     # this session's own counts (the load)
     q("SELECT pg_stat_clear_snapshot()")
-    rows = q("SELECT relname, n_tup_ins, n_tup_upd, n_tup_hot_upd,"
-             " pg_indexes_size(relid) FROM pg_stat_user_tables WHERE relname = ANY (%s)",
+    rows = q("SELECT t, sum(s.n_tup_ins), sum(s.n_tup_upd), sum(s.n_tup_hot_upd),"
+             " sum(pg_indexes_size(s.relid))"
+             " FROM unnest(%s::text[]) t CROSS JOIN LATERAL " + RELATION_AND_PARTITIONS +
+             " JOIN pg_stat_user_tables s ON s.relid = p.relid GROUP BY t",
              (list(WRITE_TABLES),))
-    return {r[0]: r[1:] for r in rows}
+    return {r[0]: [int(x) for x in r[1:]] for r in rows}
 
 
 def table_writes_per_effect(before, n):
@@ -667,10 +709,13 @@ def ceiling(clients):
                           "-t", str(per_client), "-f", os.path.join(ROOT, "bench", "ceiling.sql"),
                           "bench"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     bench_cpu = CpuTracker(lambda: [p.pid])
+    # pgbench's backends live only as long as the run (a fraction of a
+    # second at QUICK scale), and a backend that exits between two samples
+    # takes its CPU with it: sampled far more often than the workers' runs.
     while p.poll() is None:
         pgcpu.sample()
         bench_cpu.sample()
-        time.sleep(0.25)
+        time.sleep(0.02)
     so, se = p.communicate()
     if p.returncode != 0:
         sys.exit("bench: pgbench failed:\n" + so + se)
@@ -679,7 +724,7 @@ def ceiling(clients):
     if PGSS:
         top_statements("ceiling-%d" % clients)
     pg_cpu, pgb_cpu = pgcpu.total(), bench_cpu.total()
-    left = q1("SELECT count(*) FROM effect_outbox WHERE state <> 'completed'")
+    left = not_completed()
     r = {"clients": clients, "effects": n, "seconds": span, "rate": rate,
          "pg_cpu_per_1k": pg_cpu / n * 1000 if n else 0, "pgbench_cpu_per_1k": pgb_cpu / n * 1000 if n else 0,
          "wal_per_effect": wal / n if n else 0}
@@ -779,7 +824,7 @@ def latencies(sink, label, lo, hi):
             parts = line.split()
             if len(parts) == 2:
                 recv.setdefault(parts[1], float(parts[0]))   # first delivery
-    rows = q("SELECT effect_key, extract(epoch FROM created_at)::float8 FROM effect_outbox"
+    rows = q("SELECT effect_key, extract(epoch FROM created_at)::float8 FROM effect_body"
              " WHERE idempotency_key LIKE 'lat-%%'"
              " AND substr(idempotency_key, 5)::bigint > %s AND substr(idempotency_key, 5)::bigint <= %s",
              (lo, hi))
@@ -836,20 +881,30 @@ def inflight_run():
 # ---- variants --------------------------------------------------------------
 
 def load_completed(n):
-    """n completed effects (and their runs), as if dispatched long ago.  The
-    foreign-key triggers are skipped for speed (session_replication_role):
-    the rows satisfy them anyway."""
+    """n completed effects (and their runs), as if dispatched long ago: the
+    body row and the one history row a completion writes (the accepted
+    call that finished the effect), no live row.  The triggers are skipped
+    for speed (session_replication_role): the foreign keys hold anyway,
+    and the body's statement trigger would queue the effects again."""
+    q("SELECT outbox_history_partitions(now() - interval '1 day', now())")
     q("SET session_replication_role = replica", fetch=False)
     step = 500000
     for lo in range(1, n + 1, step):
         hi = min(n, lo + step - 1)
         q("INSERT INTO workflow_runs (idempotency_key, state, payload_hash)"
           " SELECT 'old' || g, 'completed', 'h' FROM generate_series(%s, %s) g", (lo, hi), fetch=False)
-        q("INSERT INTO effect_outbox (idempotency_key, effect_type, target, payload, state, attempts,"
-          " provider_id, completed_at, created_at, updated_at)"
-          " SELECT 'old' || g, 'http', 'http://127.0.0.1:9/old', %s::jsonb, 'completed', 1, 'x',"
-          " now() - interval '1 day', now() - interval '1 day', now() - interval '1 day'"
-          " FROM generate_series(%s, %s) g", (PAYLOAD, lo, hi), fetch=False)
+        q("WITH body AS ("
+          "  INSERT INTO effect_body (idempotency_key, effect_type, target, payload, created_at,"
+          "                           available_at)"
+          "  SELECT 'old' || g, 'http', 'http://127.0.0.1:9/old', %s::jsonb,"
+          "         now() - interval '1 day', now() - interval '1 day'"
+          "    FROM generate_series(%s, %s) g"
+          "  RETURNING effect_id, created_at)"
+          " INSERT INTO effect_history (effect_id, created_at, attempt, worker, started_at, ended_at,"
+          "                             outcome_class, provider_status, provider_id, state,"
+          "                             last_provider_id, retry_base)"
+          " SELECT effect_id, created_at, 1, 'old', created_at, created_at, 'accepted', 200, 'x',"
+          "        'completed', 'x', 0 FROM body", (PAYLOAD, lo, hi), fetch=False)
     q("SET session_replication_role = origin", fetch=False)
 
 

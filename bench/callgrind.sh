@@ -110,12 +110,13 @@ AI_ACTIONS_ENABLED=true valgrind --tool=callgrind --callgrind-out-file="$out" \
     >/dev/null 2>"$work/worker.log" &
 worker_pid=$!
 
-# Until every effect has an attempt and nothing is pending or sending.
+# Until every effect has an attempt and nothing is pending or sending
+# (the live queue's rows due at a finite time; `unknown` is due at infinity).
 start=$(date +%s)
 while :; do
     kill -0 "$worker_pid" 2>/dev/null || { echo "callgrind: worker exited:" >&2; tail -20 "$work/worker.log" >&2; exit 1; }
-    left=$(psql -tA -d bench -c "SELECT (SELECT count(*) FROM effect_attempts) >= $N
-        AND NOT EXISTS (SELECT 1 FROM effect_outbox WHERE state IN ('pending', 'sending'))")
+    left=$(psql -tA -d bench -c "SELECT (SELECT count(*) FROM effect_history WHERE outcome_class IS NOT NULL) >= $N
+        AND NOT EXISTS (SELECT 1 FROM effect_live WHERE available_at < 'infinity')")
     [ "$left" = t ] && break
     [ $(($(date +%s) - start)) -lt 1800 ] || { echo "callgrind: not drained in 30 min" >&2; exit 1; }
     sleep 0.5
@@ -123,7 +124,7 @@ done
 kill -TERM "$worker_pid"
 wait "$worker_pid" || true
 worker_pid=""
-done_n=$(psql -tA -d bench -c "SELECT count(*) FROM effect_outbox WHERE state = 'completed'")
+done_n=$(psql -tA -d bench -c "SELECT count(*) FROM effect_history WHERE state = 'completed'")
 
 total=$(callgrind_annotate "$out" 2>/dev/null | awk '/PROGRAM TOTALS/ { gsub(",", "", $1); print $1; exit }')
 echo "effects completed: $done_n of $N"

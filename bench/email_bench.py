@@ -16,8 +16,8 @@ offering PIPELINING).  Against each, N emails per run, alternately:
                end - first start).
   provider     2 workers, [provider.email] at its defaults (4 threads,
                max_in_flight 32, sessions reused): N effects loaded as
-               pending rows, rate = completed / (last completed_at - first
-               leased_at).
+               pending rows, rate = completed / (last completion - first
+               send start, from the completing history rows).
   provider-1spm  (once) the provider with session_idle_ms = 0: one session
                per message through the same code.
 
@@ -218,22 +218,45 @@ starttls = off
 def load(n, prefix):
     q("INSERT INTO workflow_runs (idempotency_key, state, payload_hash)"
       " SELECT %s || g, 'processing', 'h' FROM generate_series(1, %s) g", (prefix, n))
-    q("INSERT INTO effect_outbox (idempotency_key, effect_type, target, payload, available_at)"
+    q("INSERT INTO effect_body (idempotency_key, effect_type, target, payload, available_at)"
       " SELECT %s || g, 'email', 'user' || g || '@example.com', %s::jsonb,"
       " now() - interval '1 hour' + g * interval '1 microsecond'"
       " FROM generate_series(1, %s) g", (prefix, PAYLOAD, n))
 
 
+def calls_inserted():
+    """effect_calls rows inserted so far (one per claim or mark call), once
+    the workers' sessions have ended and so reported their counts."""
+    end = time.time() + 10
+    while q("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+            " AND pid <> pg_backend_pid() AND backend_type = 'client backend'")[0][0] \
+            and time.time() < end:
+        time.sleep(0.05)
+    q("SELECT pg_stat_clear_snapshot()")
+    return q("SELECT coalesce(sum(n_tup_ins), 0) FROM pg_stat_user_tables"
+             " WHERE relname = 'effect_calls'")[0][0]
+
+
 def provider_run(label, n, port, extra="", timeout=600):
     prefix = label + "-"
     load(n, prefix)
+    calls0 = calls_inserted()
+    started = q("SELECT now()")[0][0]
     meter = CpuMeter()
     procs = [worker("%s-w%d" % (label, i), port, extra) for i in range(2)]
     deadline = time.time() + timeout
+    biggest_call = 0
     try:
         while time.time() < deadline:
-            left = q("SELECT count(*) FROM effect_outbox WHERE idempotency_key LIKE %s"
-                     " AND state IN ('pending', 'sending')", (prefix + "%",))[0][0]
+            # Open effects are the live queue's rows; pending and sending
+            # ones have a finite due time (unknown: 'infinity').
+            left = q("SELECT count(*) FROM effect_body b JOIN effect_live l USING (effect_id)"
+                     " WHERE b.idempotency_key LIKE %s AND l.available_at < 'infinity'",
+                     (prefix + "%",))[0][0]
+            # A call's row lives until the reaper finds none of its rows
+            # sending any more (after its lease): seen by a poll a second.
+            biggest_call = max(biggest_call, q("SELECT coalesce(max(cardinality(ids)), 0) FROM effect_calls"
+                                               " WHERE created_at >= %s", (started,))[0][0])
             if left == 0:
                 break
             for p in procs:
@@ -245,24 +268,33 @@ def provider_run(label, n, port, extra="", timeout=600):
             p.send_signal(signal.SIGTERM)
         for p in procs:
             p.wait(30)
-    states = dict(q("SELECT state, count(*) FROM effect_outbox WHERE idempotency_key LIKE %s"
-                    " GROUP BY state", (prefix + "%",)))
-    done, span = q("SELECT count(*), extract(epoch FROM max(completed_at) - min(leased_at))"
-                   " FROM effect_outbox WHERE state = 'completed' AND idempotency_key LIKE %s",
+    # An effect's state: its live row while open, else its latest
+    # finishing history row.
+    states = dict(q("SELECT coalesce(l.state, f.state), count(*) FROM effect_body b"
+                    " LEFT JOIN effect_live l USING (effect_id)"
+                    " LEFT JOIN LATERAL (SELECT h.state FROM effect_history h"
+                    "                     WHERE h.created_at = b.created_at AND h.effect_id = b.effect_id"
+                    "                       AND h.state IS NOT NULL"
+                    "                     ORDER BY h.history_id DESC LIMIT 1) f ON true"
+                    " WHERE b.idempotency_key LIKE %s GROUP BY 1", (prefix + "%",)))
+    # The completing row is the provider call that finished the effect:
+    # started when it went to sending, ended at the completion.
+    done, span = q("SELECT count(*), extract(epoch FROM max(h.ended_at) - min(h.started_at))"
+                   " FROM effect_body b JOIN effect_history h"
+                   " ON h.created_at = b.created_at AND h.effect_id = b.effect_id"
+                   " WHERE h.state = 'completed' AND b.idempotency_key LIKE %s",
                    (prefix + "%",))[0]
     rate = done / float(span) if span else 0.0
-    ambiguous = q("SELECT count(*) FROM effect_attempts a JOIN effect_outbox e USING (effect_id)"
-                  " WHERE e.idempotency_key LIKE %s AND a.outcome_class = 'ambiguous'",
-                  (prefix + "%",))[0][0]
-    retries = q("SELECT count(*) FROM effect_attempts a JOIN effect_outbox e USING (effect_id)"
-                " WHERE e.idempotency_key LIKE %s AND a.outcome_class <> 'accepted'",
-                (prefix + "%",))[0][0]
-    # The worker takes sends to `sending` in batches, one mark call each
-    # (outbox_mark_sending stamps its call's mark_token): how many emails a
-    # database round trip of that step carries.
-    marks = q("SELECT count(DISTINCT mark_token), max(c) FROM (SELECT mark_token, count(*) c"
-              " FROM effect_outbox WHERE idempotency_key LIKE %s GROUP BY 1) m",
-              (prefix + "%",))[0]
+    outcomes = dict(q("SELECT h.outcome_class, count(*) FROM effect_body b JOIN effect_history h"
+                      " ON h.created_at = b.created_at AND h.effect_id = b.effect_id"
+                      " WHERE b.idempotency_key LIKE %s AND h.outcome_class IS NOT NULL GROUP BY 1",
+                      (prefix + "%",)))
+    ambiguous = outcomes.get("ambiguous", 0)
+    retries = sum(c for o, c in outcomes.items() if o != "accepted")
+    # The worker takes sends to `sending` in batches, one claim or mark
+    # call each (one effect_calls row): how many emails a database round
+    # trip of that step carries.
+    marks = (calls_inserted() - calls0, biggest_call or "-")
     log("%-12s %5d emails  %7.1f emails/s  states %s  non-accepted attempts %d, ambiguous %d;"
         " %s; emails per mark call %.1f (max %s)"
         % (label, n, rate, states, retries, ambiguous, meter.report(n),

@@ -54,8 +54,14 @@ def one_run(sink, k, label, bouncer=None):
     r["bouncer_cpu_per_1k"] = bcpu.total() / r["effects"] * 1000 if bouncer and r["effects"] else 0.0
     r["label"], r["load"] = label, load
     # What did not end completed, and why (a loaded machine times sends out).
-    r["not_completed"] = bench.q("SELECT state, last_error_class, left(last_error, 120), count(*) FROM effect_outbox"
-                                 " WHERE state <> 'completed' GROUP BY 1, 2, 3 ORDER BY 4 DESC")
+    # Open effects are in the live queue; finished ones in their finishing
+    # history row.
+    r["not_completed"] = bench.q(
+        "SELECT state, last_error_class, left(last_error, 120), count(*)"
+        " FROM (SELECT state, last_error_class, last_error FROM effect_live"
+        "       UNION ALL SELECT state, last_error_class, last_error FROM effect_history"
+        "        WHERE state IS NOT NULL AND state <> 'completed') x"
+        " GROUP BY 1, 2, 3 ORDER BY 4 DESC")
     if r["not_completed"]:
         bench.log("  %s: not completed: %s" % (label, r["not_completed"]))
     # PostgreSQL CPU seconds per wall second of the run: cores kept busy.

@@ -198,7 +198,8 @@ class DispatcherSide:
         self.procs = []
 
     def reset(self):
-        one(self.db, "TRUNCATE effect_outbox, effect_attempts, workflow_runs, approvals, run_claims CASCADE")
+        one(self.db, "TRUNCATE effect_body, effect_live, effect_history, effect_calls, workflow_runs,"
+                     " approvals, run_claims CASCADE")
 
     def start(self, label):
         self.workers = [B.Worker("%s-w%d" % (label, i + 1)) for i in range(DISPATCHER_WORKERS)]
@@ -218,7 +219,7 @@ class DispatcherSide:
 
     def insert(self, prefix, n):
         """One bulk INSERT of the effects, the producer's columns only, after
-        the one of their runs (effect_outbox.idempotency_key references
+        the one of their runs (an effect's idempotency_key references
         workflow_runs: a producer records the run it acts for), in one
         transaction; returns when its COMMIT has."""
         with self.db.cursor() as cur:
@@ -229,13 +230,14 @@ class DispatcherSide:
                         " SELECT %s || g, 'http', %s, %s::jsonb FROM generate_series(1, %s) g",
                         (prefix, self.sink.url(), B.PAYLOAD, n))
             if ANALYZE:
-                cur.execute("ANALYZE workflow_runs, effect_outbox")
+                cur.execute("ANALYZE workflow_runs, effect_body, effect_live")
             cur.execute("COMMIT")
 
     def drained(self):
         with self.poll.cursor() as cur:
-            cur.execute("SELECT NOT EXISTS (SELECT 1 FROM effect_outbox WHERE state = 'pending')"
-                        " AND NOT EXISTS (SELECT 1 FROM effect_outbox WHERE state = 'sending')")
+            # Pending and sending rows are the live queue's finite due
+            # times (an `unknown` one is due at 'infinity'): one index probe.
+            cur.execute("SELECT NOT EXISTS (SELECT 1 FROM effect_live WHERE available_at < 'infinity')")
             return cur.fetchone()[0]
 
     def alive(self):
@@ -252,19 +254,24 @@ class DispatcherSide:
     def keys(self, prefix, n):
         """What the HTTP provider sends as Idempotency-Key: effect_key, a
         hash the table generates from the effect's identity."""
-        keys = {r[0] for r in B.q("SELECT effect_key FROM effect_outbox WHERE idempotency_key LIKE %s",
+        keys = {r[0] for r in B.q("SELECT effect_key FROM effect_body WHERE idempotency_key LIKE %s",
                                   (prefix + "%",))}
         if len(keys) != n:
             fail("dispatcher %s: %d distinct effect keys for %d effects" % (prefix, len(keys), n))
         return keys
 
     def check_db(self, prefix, n):
-        done, total, attempts = B.q(
-            "SELECT (SELECT count(*) FROM effect_outbox WHERE state = 'completed' AND idempotency_key LIKE %s),"
-            " (SELECT count(*) FROM effect_outbox), (SELECT count(*) FROM effect_attempts)", (prefix + "%",))[0]
-        if (done, total, attempts) != (n, n, n):
-            fail("dispatcher %s: %d of %d effects completed, %d attempts rows (want %d each)" % (
-                prefix, done, total, attempts, n))
+        # Completed: the effect's finishing history row says so (one per
+        # effect here); open ones are still in the live queue.
+        done, total, open_, attempts = B.q(
+            "SELECT (SELECT count(*) FROM effect_body b JOIN effect_history h"
+            "         ON h.created_at = b.created_at AND h.effect_id = b.effect_id"
+            "        WHERE h.state = 'completed' AND b.idempotency_key LIKE %s),"
+            " (SELECT count(*) FROM effect_body), (SELECT count(*) FROM effect_live),"
+            " (SELECT count(*) FROM effect_history WHERE outcome_class IS NOT NULL)", (prefix + "%",))[0]
+        if (done, total, open_, attempts) != (n, n, 0, n):
+            fail("dispatcher %s: %d of %d effects completed, %d still open, %d attempts rows"
+                 " (want %d, %d, 0, %d)" % (prefix, done, total, open_, attempts, n, n, n))
 
 
 class GraphileSide:
