@@ -111,6 +111,12 @@ def check(name, fn):
         results.append((name, False))
         print(f"FAIL {name}: {e}", flush=True)
 
+def run_state(key):
+    """The run's state as the producer functions see it: the completion of
+    its last effect does not write the run, every reader settles it first."""
+    q("SELECT outbox_settle_runs(ARRAY[%s])", key)
+    return q("SELECT state FROM workflow_runs WHERE idempotency_key = %s", key)[0][0]
+
 def jsonl(name):
     try:
         return [json.loads(l) for l in open(f"{work}/{name}.jsonl")]
@@ -302,8 +308,7 @@ def delivered_once(event_id, key):
         d = wait_for(lambda: delivered(event_id), 60, f"delivery of {event_id}")
         ek, st, pid = q("SELECT effect_key, state, provider_id FROM effect_outbox WHERE idempotency_key = %s", key)[0]
         assert d[0]["headers"].get("idempotency-key") == ek, (d[0]["headers"], ek)
-        wait_for(lambda: q("SELECT state FROM workflow_runs WHERE idempotency_key = %s", key)[0][0] == "completed",
-                 30, f"run {key} completed")
+        wait_for(lambda: run_state(key) == "completed", 30, f"run {key} completed")
         st, pid = q("SELECT state, provider_id FROM effect_outbox WHERE idempotency_key = %s", key)[0]
         assert st == "completed", st
         assert len(delivered(event_id)) == 1

@@ -45,6 +45,10 @@ DROP FUNCTION IF EXISTS effect_outbox_notify();
 -- insert that would only repeat an existing (key, type, target) passes: it
 -- adds nothing (ON CONFLICT DO NOTHING returns the existing row, a plain
 -- INSERT gets 23505).
+--
+-- The state checked is the run row's: a processing run whose effects have
+-- all finished is not settled here (that would cost every insert a probe
+-- of the run's effects); outbox_enqueue settles it first.
 CREATE OR REPLACE FUNCTION outbox_effect_gate() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 DECLARE

@@ -95,18 +95,27 @@ DROP FUNCTION IF EXISTS outbox_run_not_foreign(text);
 -- Cancel the pending effects of a run that has just been refused (leased
 -- ones too: the worker's CAS to `sending` then finds them gone).  The
 -- caller locks them first, in effect_id order, before the run row (the
--- order outbox_complete and outbox_fail_invalid use: effects, then runs).
+-- order every function takes: effects, then runs).  A cancel finishes the
+-- effect: its live row goes and the history row that finishes it
+-- (failed, cancelled) is written by the same statement.
 CREATE OR REPLACE FUNCTION outbox_cancel_pending_of_run(p_key text, p_why text)
 RETURNS integer
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 DECLARE
     n integer;
 BEGIN
-    UPDATE effect_outbox o
-       SET state = 'failed', last_error_class = 'cancelled', last_error = 'cancelled: ' || p_why,
-           lease_owner = NULL, lease_expires_at = NULL, lease_worker = NULL,
-           completed_at = now(), updated_at = now()
-     WHERE o.idempotency_key = p_key AND o.state = 'pending';
+    WITH gone AS (
+        DELETE FROM effect_live l
+         USING effect_body b
+         WHERE b.idempotency_key = p_key AND l.effect_id = b.effect_id AND l.state = 'pending'
+        RETURNING l.*)
+    INSERT INTO effect_history (effect_id, created_at, attempt, worker, started_at, ended_at,
+                                state, last_error_class, last_error, last_provider_id,
+                                provider_status, retry_base)
+    SELECT g.effect_id, g.created_at, g.attempts, 'cancel', now(), now(),
+           'failed', 'cancelled', 'cancelled: ' || p_why, g.provider_id, g.last_status,
+           g.retry_base
+      FROM gone g;
     GET DIAGNOSTICS n = ROW_COUNT;
     RETURN n;
 END $$;
@@ -115,9 +124,9 @@ CREATE OR REPLACE FUNCTION outbox_lock_pending_of_run(p_key text)
 RETURNS void
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 BEGIN
-    PERFORM 1 FROM effect_outbox o
-     WHERE o.idempotency_key = p_key AND o.state = 'pending'
-     ORDER BY o.effect_id FOR UPDATE;
+    PERFORM 1 FROM effect_body b JOIN effect_live l USING (effect_id)
+     WHERE b.idempotency_key = p_key AND l.state = 'pending'
+     ORDER BY l.effect_id FOR UPDATE OF l;
 END $$;
 
 -- Step 2: claim a run.  The seed's INSERT ... ON CONFLICT ... WHERE, plus a
@@ -146,6 +155,10 @@ BEGIN
         RAISE EXCEPTION 'outbox_claim_run: lease_seconds must be 1..86400'
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
+    -- A run whose effects have all finished is completed (or
+    -- failed_terminal) before anything reads it: an expired processing
+    -- lease over finished effects is `done`, never reclaimed.
+    PERFORM outbox_settle_runs(ARRAY[p_key]);
 
     INSERT INTO workflow_runs AS w (idempotency_key, state, payload_hash,
                                     lease_owner, lease_expires_at, owner_role)
@@ -191,19 +204,25 @@ END $$;
 -- Renew the run's lease: only its live owner at its version, while the run
 -- is processing, and each renewal at most a day ahead.  There is no cap on
 -- the total time yet (that needs the claim time, which workflow_runs does
--- not record): a workflow must not renew forever.
+-- not record): a workflow must not renew forever.  A run whose effects
+-- have all finished is settled first, so it is no longer processing.
 CREATE OR REPLACE FUNCTION outbox_renew_run(p_key text, p_owner uuid, p_version bigint,
                                  p_lease_seconds integer DEFAULT 300)
 RETURNS bigint
-LANGUAGE sql SECURITY DEFINER SET search_path = public, pg_temp AS $$
-    UPDATE workflow_runs
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
+DECLARE
+    v bigint;
+BEGIN
+    PERFORM outbox_settle_runs(ARRAY[p_key]);
+    UPDATE workflow_runs w
        SET lease_expires_at = now() + make_interval(secs => least(greatest(p_lease_seconds, 1), 86400)),
            updated_at = now()
-     WHERE idempotency_key = p_key AND lease_owner = p_owner AND version = p_version
-       AND state = 'processing' AND lease_expires_at > now()
-       AND outbox_run_is_mine(owner_role)
-    RETURNING version;
-$$;
+     WHERE w.idempotency_key = p_key AND w.lease_owner = p_owner AND w.version = p_version
+       AND w.state = 'processing' AND w.lease_expires_at > now()
+       AND outbox_run_is_mine(w.owner_role)
+    RETURNING w.version INTO v;
+    RETURN v;
+END $$;
 
 -- CAS transition of a run by its lease holder; a transition to
 -- failed_terminal cancels the run's pending effects.
@@ -226,6 +245,7 @@ BEGIN
     IF p_state = 'failed_terminal' THEN
         PERFORM outbox_lock_pending_of_run(p_key);
     END IF;
+    PERFORM outbox_settle_runs(ARRAY[p_key]);
     UPDATE workflow_runs w
        SET state = p_state,
            version = w.version + 1,
@@ -297,6 +317,7 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
 
+    PERFORM outbox_settle_runs(ARRAY[p_key]);
     UPDATE workflow_runs w
        SET state = 'awaiting_human', version = w.version + 1,
            result = coalesce(p_result, w.result), updated_at = now()
@@ -317,12 +338,24 @@ BEGIN
     RETURNING a.approval_id, a.expires_at, v;
 END $$;
 
--- What a confirmation page may show (GET changes nothing): no hash, no
--- other approvals, nothing once the token is used or expired.
+-- What a confirmation page may show (GET decides nothing): no hash, no
+-- other approvals, nothing once the token is used or expired.  The run's
+-- state is settled first (the only write: what its finished effects
+-- already decided), so the page shows the state every other reader sees.
 CREATE OR REPLACE FUNCTION outbox_peek_approval(p_token_sha256 bytea)
 RETURNS TABLE (idempotency_key text, allowed_decisions text[], expires_at timestamptz,
                approver_audience text, proposed_effects jsonb, run_state text)
-LANGUAGE sql STABLE SECURITY DEFINER SET search_path = public, pg_temp AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
+DECLARE
+    k text;
+BEGIN
+    SELECT a.idempotency_key INTO k FROM approvals a
+     WHERE a.token_hash = p_token_sha256 AND a.consumed_at IS NULL AND a.expires_at > now();
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    PERFORM outbox_settle_runs(ARRAY[k]);
+    RETURN QUERY
     SELECT a.idempotency_key, a.allowed_decisions, a.expires_at, a.approver_audience,
            a.proposed_effects, w.state
       FROM approvals a JOIN workflow_runs w USING (idempotency_key)
@@ -330,7 +363,7 @@ LANGUAGE sql STABLE SECURITY DEFINER SET search_path = public, pg_temp AS $$
        AND a.consumed_at IS NULL
        AND a.expires_at > now()
        AND outbox_run_is_mine(w.owner_role);
-$$;
+END $$;
 
 -- Consume an approval (one transaction: token once, run awaiting_human ->
 -- approved, the proposed effects inserted); a rejection cancels the run's
@@ -363,6 +396,7 @@ BEGIN
     IF p_decision = 'reject' THEN
         PERFORM outbox_lock_pending_of_run(a.idempotency_key);
     END IF;
+    PERFORM outbox_settle_runs(ARRAY[a.idempotency_key]);
     SELECT w.state INTO run_state FROM workflow_runs w
      WHERE w.idempotency_key = a.idempotency_key FOR UPDATE;
     IF run_state IS DISTINCT FROM 'awaiting_human' THEN
@@ -388,8 +422,8 @@ BEGIN
      WHERE w.idempotency_key = a.idempotency_key;
 
     RETURN QUERY
-    INSERT INTO effect_outbox AS o (idempotency_key, effect_type, target, payload,
-                                    metadata, approved_by)
+    INSERT INTO effect_body AS o (idempotency_key, effect_type, target, payload,
+                                  metadata, approved_by)
     SELECT a.idempotency_key, e->>'effect_type', e->>'target', e->'payload',
            e->'metadata', p_approver
       FROM jsonb_array_elements(a.proposed_effects) AS e
@@ -409,38 +443,61 @@ CREATE OR REPLACE FUNCTION outbox_enqueue(p_key text, p_effect_type text, p_targ
                                p_payload jsonb, p_metadata jsonb DEFAULT NULL,
                                p_delay_seconds integer DEFAULT 0)
 RETURNS TABLE (effect_id uuid, inserted boolean, state text, available_at timestamptz)
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp
+    -- Its plans are cached for the session: one made while effect_body was
+    -- nearly empty must not stay a scan of it as it grows.
+    SET enable_seqscan = off AS $$
 DECLARE
     id uuid;
+    due timestamptz;
 BEGIN
     IF p_delay_seconds IS NULL OR p_delay_seconds < 0 THEN
         RAISE EXCEPTION 'outbox_enqueue: delay must be >= 0 seconds'
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
+    -- A processing run of this login whose effects have all finished is
+    -- completed (or failed_terminal): settled first, so the gate refuses
+    -- the new effect as when the completion moved the run itself.  Not an
+    -- `approved` run (the lease holder's approve-by-exception enqueues
+    -- what it approved).  Before the run's share lock below, so two
+    -- enqueues into one run queue on the settle's lock, never deadlock.
+    IF EXISTS (SELECT 1 FROM effect_body o WHERE o.idempotency_key = p_key)
+       AND EXISTS (SELECT 1 FROM workflow_runs w
+                    WHERE w.idempotency_key = p_key AND w.state = 'processing'
+                      AND outbox_run_is_mine(w.owner_role)) THEN
+        PERFORM outbox_settle_runs(ARRAY[p_key]);
+    END IF;
     PERFORM outbox_lock_run_for_effect(p_key);
     PERFORM outbox_metadata_ok(p_metadata);
-    INSERT INTO effect_outbox AS o (idempotency_key, effect_type, target, payload,
-                                    metadata, available_at)
+    -- The delay is the body's first due time; the insert's trigger makes
+    -- the live row, pending and due then, so a new effect is returned as
+    -- the insert wrote it, without reading it back.
+    INSERT INTO effect_body AS o (idempotency_key, effect_type, target, payload,
+                                  metadata, available_at)
     VALUES (p_key, p_effect_type, p_target, p_payload, p_metadata,
             now() + make_interval(secs => p_delay_seconds))
     ON CONFLICT (idempotency_key, effect_type, target) DO NOTHING
-    RETURNING o.effect_id INTO id;
+    RETURNING o.effect_id, o.available_at INTO id, due;
     IF FOUND THEN
-        RETURN QUERY SELECT o.effect_id, true, o.state, o.available_at
-                       FROM effect_outbox o WHERE o.effect_id = id;
+        RETURN QUERY SELECT id, true, 'pending'::text, due;
     ELSE
-        RETURN QUERY SELECT o.effect_id, false, o.state, o.available_at
-                       FROM effect_outbox o
-                      WHERE o.idempotency_key = p_key AND o.effect_type = p_effect_type
-                        AND o.target = p_target;
+        RETURN QUERY SELECT b.effect_id, false, outbox_effect_state(b.effect_id),
+                            coalesce(l.available_at, b.available_at)
+                       FROM effect_body b LEFT JOIN effect_live l USING (effect_id)
+                      WHERE b.idempotency_key = p_key AND b.effect_type = p_effect_type
+                        AND b.target = p_target;
     END IF;
 END $$;
 
+-- Cancel one pending effect: it finishes failed ("cancelled: <reason>")
+-- and its run becomes failed_terminal.  Its live row goes and the history
+-- row that finishes it is written by the same statement.
 CREATE OR REPLACE FUNCTION outbox_cancel_as(p_effect_id uuid, p_owner uuid, p_reason text, p_actor text)
 RETURNS boolean
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 DECLARE
-    o effect_outbox%ROWTYPE;
+    o effect_live%ROWTYPE;
+    run_key text;
     holder uuid;
     run_owner text;
     why text := coalesce(nullif(p_reason, ''), 'no reason given');
@@ -449,37 +506,44 @@ BEGIN
     -- never change): another login's effect is not found, whatever its
     -- state, and is never locked, so no other login can stall its
     -- completion by holding a transaction open.
-    SELECT w.owner_role INTO run_owner
-      FROM effect_outbox x JOIN workflow_runs w USING (idempotency_key)
-     WHERE x.effect_id = p_effect_id;
+    SELECT b.idempotency_key, w.owner_role INTO run_key, run_owner
+      FROM effect_body b JOIN workflow_runs w USING (idempotency_key)
+     WHERE b.effect_id = p_effect_id;
     IF NOT FOUND OR NOT outbox_run_is_mine(run_owner) THEN
         RETURN false;
     END IF;
-    SELECT * INTO o FROM effect_outbox x WHERE x.effect_id = p_effect_id FOR UPDATE;
+    -- A finished effect has no live row: nothing to cancel.
+    SELECT * INTO o FROM effect_live l WHERE l.effect_id = p_effect_id FOR UPDATE;
     IF NOT FOUND OR o.state <> 'pending' THEN
         RETURN false;
     END IF;
+    -- The effect is locked, then the run (effects first, then runs).
+    PERFORM outbox_settle_runs(ARRAY[run_key]);
     SELECT w.lease_owner INTO holder
-      FROM workflow_runs w WHERE w.idempotency_key = o.idempotency_key;
+      FROM workflow_runs w WHERE w.idempotency_key = run_key;
     IF NOT (pg_has_role(session_user, 'outbox_operator', 'MEMBER')
             OR (p_owner IS NOT NULL AND holder IS NOT DISTINCT FROM p_owner)
             OR o.available_at > now()) THEN
         RAISE EXCEPTION 'outbox_cancel: refused: effect % of run "%" is due; only the run''s lease holder (outbox_cancel with its owner) or the operator role may cancel it; a producer may cancel inside the effect''s delay window only',
-                        p_effect_id, o.idempotency_key
+                        p_effect_id, run_key
             USING ERRCODE = 'insufficient_privilege';
     END IF;
-    UPDATE effect_outbox x
-       SET state = 'failed', last_error_class = 'cancelled', last_error = 'cancelled: ' || why,
-           lease_owner = NULL, lease_expires_at = NULL, lease_worker = NULL,
-           completed_at = now(), updated_at = now()
-     WHERE x.effect_id = p_effect_id;
+    WITH gone AS (
+        DELETE FROM effect_live l WHERE l.effect_id = p_effect_id RETURNING l.*)
+    INSERT INTO effect_history (effect_id, created_at, attempt, worker, started_at, ended_at,
+                                state, last_error_class, last_error, last_provider_id,
+                                provider_status, retry_base)
+    SELECT g.effect_id, g.created_at, g.attempts, 'cancel', now(), now(),
+           'failed', 'cancelled', 'cancelled: ' || why, g.provider_id, g.last_status,
+           g.retry_base
+      FROM gone g;
     UPDATE workflow_runs w
        SET state = 'failed_terminal', version = w.version + 1,
            failure_reason = coalesce(w.failure_reason, 'effect ' || p_effect_id || ' cancelled: ' || why),
            updated_at = now()
-     WHERE w.idempotency_key = o.idempotency_key AND w.state NOT IN ('completed', 'failed_terminal');
+     WHERE w.idempotency_key = run_key AND w.state NOT IN ('completed', 'failed_terminal');
     INSERT INTO operator_actions (action, effect_id, run_key, operator, reason, detail)
-    VALUES ('cancel', p_effect_id, o.idempotency_key, coalesce(p_actor, 'producer'),
+    VALUES ('cancel', p_effect_id, run_key, coalesce(p_actor, 'producer'),
             coalesce(nullif(p_reason, ''), 'cancelled'),
             jsonb_build_object('as', CASE WHEN p_owner IS NOT NULL AND holder = p_owner
                                           THEN 'lease holder'

@@ -27,20 +27,30 @@ CREATE OR REPLACE FUNCTION outbox_cancel_status(p_effect_id uuid, p_reason text,
 RETURNS TABLE (status text, state text, available_at timestamptz)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 DECLARE
-    o effect_outbox%ROWTYPE;
+    o effect_live%ROWTYPE;
+    live boolean;
+    run_key text;
 BEGIN
     -- Another producer login's effect is not this login's to see
     -- (sql/104_producer_isolation.sql): not found, checked before any lock
     -- so that no other login can hold its row (an effect's run and a
     -- run's owner never change).
-    IF NOT EXISTS (SELECT 1 FROM effect_outbox x JOIN workflow_runs w USING (idempotency_key)
-                    WHERE x.effect_id = p_effect_id AND outbox_run_is_mine(w.owner_role)) THEN
+    SELECT b.idempotency_key INTO run_key
+      FROM effect_body b JOIN workflow_runs w USING (idempotency_key)
+     WHERE b.effect_id = p_effect_id AND outbox_run_is_mine(w.owner_role);
+    IF NOT FOUND THEN
         RETURN QUERY SELECT 'not_found'::text, NULL::text, NULL::timestamptz;
         RETURN;
     END IF;
-    SELECT * INTO o FROM effect_outbox x WHERE x.effect_id = p_effect_id FOR UPDATE;
-    IF NOT FOUND THEN
-        RETURN QUERY SELECT 'not_found'::text, NULL::text, NULL::timestamptz;
+    SELECT * INTO o FROM effect_live l WHERE l.effect_id = p_effect_id FOR UPDATE;
+    live := FOUND;
+    -- The effect is locked (effects first, then runs): its run's state is
+    -- what its other finished effects already decided.
+    PERFORM outbox_settle_runs(ARRAY[run_key]);
+    IF NOT live THEN
+        -- No live row: the effect has finished (completed or failed).
+        RETURN QUERY SELECT 'finished'::text, outbox_effect_state(b.effect_id), b.available_at
+                       FROM effect_body b WHERE b.effect_id = p_effect_id;
         RETURN;
     END IF;
     IF o.state = 'sending' THEN
@@ -56,8 +66,7 @@ BEGIN
         RETURN;
     END IF;
     PERFORM outbox_cancel_as(p_effect_id, NULL, p_reason, p_actor);
-    RETURN QUERY SELECT 'cancelled'::text, x.state, x.available_at
-                   FROM effect_outbox x WHERE x.effect_id = p_effect_id;
+    RETURN QUERY SELECT 'cancelled'::text, outbox_effect_state(p_effect_id), o.available_at;
 END $$;
 
 -- Re-open the approval path of a run whose approvals all expired unused
@@ -75,6 +84,7 @@ DECLARE
     open_until timestamptz;
 BEGIN
     PERFORM outbox_op_check('outbox_reopen_approval', p_operator, p_reason);
+    PERFORM outbox_settle_runs(ARRAY[p_key]);
     SELECT * INTO r FROM workflow_runs w WHERE w.idempotency_key = p_key FOR UPDATE;
     IF NOT FOUND THEN
         RAISE EXCEPTION 'outbox_reopen_approval: no run "%"', p_key

@@ -755,7 +755,7 @@ def test_act_with_window_cancel_past_the_window_is_too_late(step, conn):
     c = claim(step, "act-with-window", event(12))
     eid = step("act-with-window", "Approve and enqueue with window", *lease_of(c), "{}",
                *auto_effect(), 600, 300)[0]["effect_id"]
-    query(conn, "UPDATE effect_outbox SET available_at = now() - interval '1 second' WHERE effect_id = %s",
+    query(conn, "UPDATE effect_live SET available_at = now() - interval '1 second' WHERE effect_id = %s",
           (eid,))
     assert cancel(step, eid) == ("too_late", "pending")
     assert scalar(conn, "SELECT state FROM effect_outbox") == "pending"
@@ -769,7 +769,7 @@ def test_act_with_window_cannot_cancel_a_sending_effect(step, conn):
     c = claim(step, "act-with-window", event(11))
     eid = step("act-with-window", "Approve and enqueue with window", *lease_of(c), "{}",
                *auto_effect(), 1, 300)[0]["effect_id"]
-    query(conn, "UPDATE effect_outbox SET state = 'sending' WHERE effect_id = %s", (eid,))
+    query(conn, "UPDATE effect_live SET state = 'sending' WHERE effect_id = %s", (eid,))
     assert cancel(step, eid, "too late") == ("too_late", "sending")
     assert scalar(conn, "SELECT state FROM effect_outbox") == "sending"
 

@@ -17,7 +17,7 @@ import psycopg2
 import psycopg2.errors
 import pytest
 
-from outbox_test import make_run, query, scalar
+from outbox_test import make_run, query, scalar, wait_for
 
 REFUSED = psycopg2.errors.ObjectNotInPrerequisiteState
 STATES = ["processing", "awaiting_human", "approved", "completed", "failed_retryable",
@@ -168,8 +168,12 @@ def failed_effect(conn, state):
     """A failed effect whose run is then put in `state`."""
     key = make_run(conn)
     eid = scalar(conn, PLAIN + " RETURNING effect_id", (key, "https://x.example/f"))
-    query(conn, "UPDATE effect_outbox SET state = 'failed', last_error_class = 'terminal', "
-                "completed_at = now() WHERE effect_id = %s", (eid,))
+    # Finished: the live row goes, the history row that finishes it comes.
+    query(conn, "WITH gone AS (DELETE FROM effect_live WHERE effect_id = %s RETURNING *) "
+                "INSERT INTO effect_history (effect_id, created_at, attempt, worker, started_at, "
+                "state, last_error_class, retry_base) "
+                "SELECT effect_id, created_at, attempts, 'test', now(), 'failed', 'terminal', "
+                "retry_base FROM gone", (eid,))
     query(conn, "UPDATE workflow_runs SET state = %s WHERE idempotency_key = %s", (state, key))
     return key, eid
 
@@ -255,9 +259,15 @@ def leased_sending(conn, owner, n=1):
     key = make_run(conn)
     ids = [scalar(conn, PLAIN + " RETURNING effect_id", (key, f"https://x.example/{i}"))
            for i in range(n)]
-    query(conn, "UPDATE effect_outbox SET state = 'sending', attempts = 1, lease_owner = %s, "
-                "lease_expires_at = now() + interval '1 hour', sending_since = now() "
-                "WHERE effect_id = ANY (%s::uuid[])", (owner, [str(i) for i in ids]))
+    # As a claim leaves them: the live rows sending under one call.
+    call = str(uuid.uuid4())
+    query(conn, "UPDATE effect_live SET state = 'sending', attempts = 1, lease_owner = %s, "
+                "lease_expires_at = now() + interval '1 hour', sending_since = now(), "
+                "mark_token = %s WHERE effect_id = ANY (%s::uuid[])",
+          (owner, call, [str(i) for i in ids]))
+    query(conn, "INSERT INTO effect_calls (call, lease_owner, worker, ids, deadline) "
+                "VALUES (%s, %s, 'w1', %s::uuid[], now() + interval '1 hour')",
+          (call, owner, [str(i) for i in ids]))
     return ids
 
 
@@ -275,8 +285,10 @@ def test_dispatcher_cannot_add_attempts_for_effects_it_never_leased(conn, login_
     assert rows == [(False,)]
     assert scalar(conn, "SELECT count(*) FROM effect_attempts WHERE effect_id = %s", (eid,)) == 0
     # A stranger cannot resolve it after the reaper moved the row either...
-    query(conn, "UPDATE effect_outbox SET lease_expires_at = now() - interval '1 second' "
+    query(conn, "UPDATE effect_live SET lease_expires_at = now() - interval '1 second' "
                 "WHERE effect_id = %s", (eid,))
+    query(conn, "UPDATE effect_calls SET deadline = now() - interval '1 second' "
+                "WHERE %s = ANY (ids)", (eid,))
     assert query(d, "SELECT state FROM outbox_reap('r', 10)") == [("unknown",)]
     rows = query(d, "SELECT applied FROM outbox_complete(%s, 'evil', %s)",
                  (stranger, json.dumps([result(eid)])))
@@ -298,3 +310,34 @@ def test_register_providers_refuses_odd_names(conn, login_as, name):
     with pytest.raises(psycopg2.errors.InvalidParameterValue):
         query(d, "SELECT outbox_register_providers(%s, '{}')", ([name],))
     query(d, "SELECT outbox_register_providers(ARRAY['http', 'crm_v2'], '{}')")
+
+
+def test_a_bulk_insert_never_scans_the_effects_from_an_empty_table(conn, login_as):
+    """The insert's row checks run plans cached for the session.  None may
+    scan effect_body: a plan made while the table was empty (just vacuumed,
+    as a new database is) would scan it for every row as it grows, and a
+    bulk insert would cost the square of its rows."""
+    p = login_as("outbox_producer")
+    n = 300
+    owner = str(uuid.uuid4())
+    assert scalar(p, "SELECT count(*) FROM generate_series(1, %s) g, "
+                     "LATERAL outbox_claim_run('bulk-' || g, 'h', %s::uuid, 300) c "
+                     "WHERE c.status = 'claimed'", (n, owner)) == n
+    query(conn, "VACUUM ANALYZE effect_body")
+    stats = ("SELECT coalesce(seq_scan, 0), coalesce(idx_scan, 0), n_tup_ins FROM pg_stat_user_tables "
+             "WHERE relname = 'effect_body'")
+
+    def counters():
+        query(conn, "SELECT pg_stat_clear_snapshot()")
+        return query(conn, stats)[0]
+    seq0, idx0, ins0 = counters()
+    # The first rows plan the gate's statements on the empty table; the
+    # rest run those plans on a table that grows.
+    query(p, "INSERT INTO effect_outbox (idempotency_key, effect_type, target, payload) "
+             "SELECT 'bulk-' || g, 'http', 'https://x.example/', '{}' FROM generate_series(1, %s) g",
+          (n,))
+    query(p, "SELECT pg_stat_force_next_flush()")
+    query(p, "SELECT 1")
+    seq1, idx1, _ = wait_for(lambda: (lambda c: c if c[2] - ins0 >= n else None)(counters()),
+                             what="the producer's inserts counted")
+    assert seq1 - seq0 < 5, (seq1 - seq0, idx1 - idx0)
