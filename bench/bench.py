@@ -392,7 +392,7 @@ def pg_backend_pids():
 # ---- data ------------------------------------------------------------------
 
 def reset():
-    q("TRUNCATE effect_body, effect_live, effect_history, effect_calls, workflow_runs, approvals,"
+    q("TRUNCATE effect_outbox, effect_live, effect_history, effect_calls, workflow_runs, approvals,"
       " run_claims CASCADE", fetch=False)
     q("DROP SEQUENCE IF EXISTS bench_seq", fetch=False)
 
@@ -410,7 +410,7 @@ def load(n, target, prefix="t"):
     5,430-5,470 effects/s)."""
     q("INSERT INTO workflow_runs (idempotency_key, state, payload_hash)"
       " SELECT %s || g, 'processing', 'h' FROM generate_series(1, %s) g", (prefix, n), fetch=False)
-    q("INSERT INTO effect_body (idempotency_key, effect_type, target, payload, available_at)"
+    q("INSERT INTO effect_outbox (idempotency_key, effect_type, target, payload, available_at)"
       " SELECT %s || g, 'http', %s, %s::jsonb, now() - interval '1 hour' + g * interval '1 microsecond'"
       " FROM generate_series(1, %s) g",
       (prefix, target, PAYLOAD, n), fetch=False)
@@ -455,7 +455,7 @@ def drained_rate(prefix):
     # The completion writes one history row per effect: the provider call
     # (started when the row went to sending) that finished it.
     n, span = q("SELECT count(*), extract(epoch FROM max(h.ended_at) - min(h.started_at))"
-                " FROM effect_body b JOIN effect_history h"
+                " FROM effect_outbox b JOIN effect_history h"
                 " ON h.created_at = b.created_at AND h.effect_id = b.effect_id"
                 " WHERE h.state = 'completed' AND b.idempotency_key LIKE %s",
                 (prefix + "%",))[0]
@@ -566,11 +566,11 @@ def throughput(k, label, prefix="t", hold_xmin=False, profile=False):
     # (sql/105_live_queue.sql); the body and the history grow by what
     # the run wrote.
     heaps = dict(q("SELECT t, sum(pg_relation_size(p.relid)) / 1048576.0"
-                   " FROM unnest(ARRAY['effect_body', 'effect_live', 'effect_history']) t"
+                   " FROM unnest(ARRAY['effect_outbox', 'effect_live', 'effect_history']) t"
                    " CROSS JOIN LATERAL " + RELATION_AND_PARTITIONS + " GROUP BY t"))
     heap_mib = float(sum(heaps.values()))
     r = {"workers": k, "heap_mib": heap_mib, "heap_live_mib": float(heaps["effect_live"]),
-         "heap_body_mib": float(heaps["effect_body"]), "heap_history_mib": float(heaps["effect_history"]),
+         "heap_body_mib": float(heaps["effect_outbox"]), "heap_history_mib": float(heaps["effect_history"]),
          "effects": n, "seconds": span, "wall": wall, "rate": rate,
          "rss_kb": [w.hwm_kb for w in workers],
          "worker_cpu_per_1k": sum(w.cpu for w in workers) / n * 1000 if n else 0,
@@ -594,7 +594,7 @@ def throughput(k, label, prefix="t", hold_xmin=False, profile=False):
 # row for a table that is not partitioned).
 RELATION_AND_PARTITIONS = ("(SELECT t::regclass AS relid"
                            " UNION SELECT relid FROM pg_partition_tree(t::regclass)) p")
-WRITE_TABLES = ("effect_body", "effect_live", "effect_history", "effect_calls", "workflow_runs")
+WRITE_TABLES = ("effect_outbox", "effect_live", "effect_history", "effect_calls", "workflow_runs")
 
 
 def table_writes():
@@ -824,7 +824,7 @@ def latencies(sink, label, lo, hi):
             parts = line.split()
             if len(parts) == 2:
                 recv.setdefault(parts[1], float(parts[0]))   # first delivery
-    rows = q("SELECT effect_key, extract(epoch FROM created_at)::float8 FROM effect_body"
+    rows = q("SELECT effect_key, extract(epoch FROM created_at)::float8 FROM effect_outbox"
              " WHERE idempotency_key LIKE 'lat-%%'"
              " AND substr(idempotency_key, 5)::bigint > %s AND substr(idempotency_key, 5)::bigint <= %s",
              (lo, hi))
@@ -894,7 +894,7 @@ def load_completed(n):
         q("INSERT INTO workflow_runs (idempotency_key, state, payload_hash)"
           " SELECT 'old' || g, 'completed', 'h' FROM generate_series(%s, %s) g", (lo, hi), fetch=False)
         q("WITH body AS ("
-          "  INSERT INTO effect_body (idempotency_key, effect_type, target, payload, created_at,"
+          "  INSERT INTO effect_outbox (idempotency_key, effect_type, target, payload, created_at,"
           "                           available_at)"
           "  SELECT 'old' || g, 'http', 'http://127.0.0.1:9/old', %s::jsonb,"
           "         now() - interval '1 day', now() - interval '1 day'"

@@ -218,7 +218,7 @@ starttls = off
 def load(n, prefix):
     q("INSERT INTO workflow_runs (idempotency_key, state, payload_hash)"
       " SELECT %s || g, 'processing', 'h' FROM generate_series(1, %s) g", (prefix, n))
-    q("INSERT INTO effect_body (idempotency_key, effect_type, target, payload, available_at)"
+    q("INSERT INTO effect_outbox (idempotency_key, effect_type, target, payload, available_at)"
       " SELECT %s || g, 'email', 'user' || g || '@example.com', %s::jsonb,"
       " now() - interval '1 hour' + g * interval '1 microsecond'"
       " FROM generate_series(1, %s) g", (prefix, PAYLOAD, n))
@@ -250,7 +250,7 @@ def provider_run(label, n, port, extra="", timeout=600):
         while time.time() < deadline:
             # Open effects are the live queue's rows; pending and sending
             # ones have a finite due time (unknown: 'infinity').
-            left = q("SELECT count(*) FROM effect_body b JOIN effect_live l USING (effect_id)"
+            left = q("SELECT count(*) FROM effect_outbox b JOIN effect_live l USING (effect_id)"
                      " WHERE b.idempotency_key LIKE %s AND l.available_at < 'infinity'",
                      (prefix + "%",))[0][0]
             # A call's row lives until the reaper finds none of its rows
@@ -270,7 +270,7 @@ def provider_run(label, n, port, extra="", timeout=600):
             p.wait(30)
     # An effect's state: its live row while open, else its latest
     # finishing history row.
-    states = dict(q("SELECT coalesce(l.state, f.state), count(*) FROM effect_body b"
+    states = dict(q("SELECT coalesce(l.state, f.state), count(*) FROM effect_outbox b"
                     " LEFT JOIN effect_live l USING (effect_id)"
                     " LEFT JOIN LATERAL (SELECT h.state FROM effect_history h"
                     "                     WHERE h.created_at = b.created_at AND h.effect_id = b.effect_id"
@@ -280,12 +280,12 @@ def provider_run(label, n, port, extra="", timeout=600):
     # The completing row is the provider call that finished the effect:
     # started when it went to sending, ended at the completion.
     done, span = q("SELECT count(*), extract(epoch FROM max(h.ended_at) - min(h.started_at))"
-                   " FROM effect_body b JOIN effect_history h"
+                   " FROM effect_outbox b JOIN effect_history h"
                    " ON h.created_at = b.created_at AND h.effect_id = b.effect_id"
                    " WHERE h.state = 'completed' AND b.idempotency_key LIKE %s",
                    (prefix + "%",))[0]
     rate = done / float(span) if span else 0.0
-    outcomes = dict(q("SELECT h.outcome_class, count(*) FROM effect_body b JOIN effect_history h"
+    outcomes = dict(q("SELECT h.outcome_class, count(*) FROM effect_outbox b JOIN effect_history h"
                       " ON h.created_at = b.created_at AND h.effect_id = b.effect_id"
                       " WHERE b.idempotency_key LIKE %s AND h.outcome_class IS NOT NULL GROUP BY 1",
                       (prefix + "%",)))

@@ -130,10 +130,10 @@ def make_template(name, ctl, extra):
     if cur.fetchone()[0] != N:
         sys.exit("levers: %s: outbox_claim_run did not claim %d runs" % (name, N))
     # Due a microsecond apart, in order: the table the producer's rows go
-    # to (effect_body where the schema has one; a plain INSERT cannot set
-    # the due time through the effect_outbox view).
-    cur.execute("SELECT to_regclass('effect_body') IS NOT NULL")
-    table = "effect_body" if cur.fetchone()[0] else "effect_outbox"
+    # to (effect_outbox where the schema has one; a plain INSERT cannot set
+    # the due time through the outbox_effects view).
+    cur.execute("SELECT to_regclass('effect_outbox') IS NOT NULL")
+    table = "effect_outbox" if cur.fetchone()[0] else "outbox_effects"
     cur.execute("INSERT INTO " + table + " (idempotency_key, effect_type, target, payload, available_at)"
                 " SELECT 't' || g, 'http', 'http://127.0.0.1:9/x', %s::jsonb,"
                 " now() - interval '1 hour' + g * interval '1 microsecond'"
@@ -227,7 +227,7 @@ class Variant:
             done = "SELECT count(*) FROM effect_history WHERE state = 'completed'"
             cur.execute("SELECT outbox_settle_runs(NULL)")
         else:
-            done = "SELECT count(*) FROM effect_outbox WHERE state = 'completed'"
+            done = "SELECT count(*) FROM outbox_effects WHERE state = 'completed'"
         return [count(cur, done),
                 count(cur, "SELECT count(*) FROM workflow_runs WHERE state = 'completed'"),
                 count(cur, "SELECT count(*) FROM effect_attempts")]

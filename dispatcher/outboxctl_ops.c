@@ -175,7 +175,7 @@ static const char unknown_list_sql[] =
 	OPS_TIME("l.updated_at") ", " OPS_TIME("l.created_at") ", l.last_error_class, l.last_error, "
 	"a.worker, a.outcome_class, a.provider_status, w.state "
 	"FROM effect_live l "
-	"JOIN effect_body b ON b.effect_id = l.effect_id "
+	"JOIN effect_outbox b ON b.effect_id = l.effect_id "
 	"JOIN workflow_runs w ON w.idempotency_key = b.idempotency_key "
 	"LEFT JOIN LATERAL (SELECT x.worker, x.outcome_class, x.provider_status "
 	"                     FROM effect_history x WHERE x.effect_id = l.effect_id "
@@ -186,7 +186,7 @@ static const char unknown_list_sql[] =
 
 static const char unknown_settle_sql[] =
 	"SELECT outbox_settle_runs(ARRAY(SELECT DISTINCT b.idempotency_key "
-	"FROM effect_live l JOIN effect_body b ON b.effect_id = l.effect_id "
+	"FROM effect_live l JOIN effect_outbox b ON b.effect_id = l.effect_id "
 	"WHERE l.available_at = 'infinity' AND l.state = 'unknown'))";
 
 static int unknown_list(struct ctl *ctl, int argc, char **argv)
@@ -610,7 +610,7 @@ int cmd_cancel(struct ctl *ctl, int argc, char **argv)
 	 * why), from the row as it is now. */
 	r = ops_exec(ctl, "cancel",
 	             "SELECT state, coalesce(last_error_class, ''), coalesce(last_error, '') "
-	             "FROM effect_outbox WHERE effect_id = $1::uuid",
+	             "FROM outbox_effects WHERE effect_id = $1::uuid",
 	             1, params, &rc);
 	if (r == NULL)
 		return rc;

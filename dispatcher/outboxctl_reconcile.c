@@ -54,7 +54,7 @@ static bool print_verdicts(struct ctl *ctl, const char *start, char *last, size_
 	                       " a.outcome_class, coalesce(a.provider_status::text, ''),"
 	                       " coalesce(a.provider_id, ''), coalesce(a.error_text, ''),"
 	                       " coalesce(a.worker, ''), a.cas_applied"
-	                       " FROM effect_history a LEFT JOIN effect_body b USING (effect_id)"
+	                       " FROM effect_history a LEFT JOIN effect_outbox b USING (effect_id)"
 	                       " WHERE a.outcome_class IN ('reconciled_sent', 'reconciled_not_sent',"
 	                       "                           'reconcile_unknown')"
 	                       "   AND a.ended_at >= $1::timestamptz AND a.history_id > $2::bigint"

@@ -4,8 +4,10 @@
 --
 -- One wide row per effect that every transition rewrote (three versions
 -- per effect, none HOT, eight or nine index entries) becomes:
---   effect_body     what the producer wrote, once: key, type, target,
---                   payload, hashes, metadata.  Never updated.
+--   effect_outbox   what the producer wrote, once: key, type, target,
+--                   payload, hashes, metadata.  Never updated.  Still the
+--                   table producers insert into (a plain INSERT into a
+--                   table: through a view it cost a one-row INSERT 10 %).
 --   effect_live     the state of an effect still moving (pending, sending,
 --                   unknown): a narrow row that the claim rewrites in place
 --                   (HOT: no indexed column changes), deleted by the
@@ -19,19 +21,28 @@
 --                   `sending` and until when, for the reaper and the kill
 --                   switch's in-flight list (the live rows carry no index a
 --                   state change would touch).
--- effect_outbox stays the name producers insert into and everybody reads:
--- a view over effect_body whose state columns come from the live row or
--- the finishing history row.  A plain INSERT through it is PostgreSQL's
--- own (an automatically updatable view), row-level security included.
--- effect_attempts stays too: the history's provider-call rows.
+-- outbox_effects is the effect as one row with every column the single
+-- table had (state, attempts, provider id, errors ...): a view over the
+-- three, for reading.  effect_attempts stays, as a view: the history's
+-- provider-call rows.
 
 -- Move the old tables aside; their rows are copied below, then they go.
+-- Their indexes get other names first: the new tables reuse them.
 DROP VIEW IF EXISTS outbox_weekly_stats;
 DROP TRIGGER IF EXISTS effect_outbox_gate ON effect_outbox;
 DROP TRIGGER IF EXISTS effect_outbox_notify_ins ON effect_outbox;
 DROP TRIGGER IF EXISTS effect_attempts_append_only ON effect_attempts;
 ALTER TABLE effect_outbox RENAME TO effect_outbox_old;
 ALTER TABLE effect_attempts RENAME TO effect_attempts_old;
+DO $$
+DECLARE
+    i regclass;
+BEGIN
+    FOR i IN SELECT x.indexrelid::regclass FROM pg_index x
+              WHERE x.indrelid IN ('effect_outbox_old'::regclass, 'effect_attempts_old'::regclass) LOOP
+        EXECUTE format('ALTER INDEX %s RENAME TO %I', i, i::text || '_old');
+    END LOOP;
+END $$;
 
 -- Effect ids ordered by creation time (the UUID version 7 layout: 48 bits
 -- of Unix milliseconds, then random bits): the primary keys and the
@@ -49,7 +60,7 @@ REVOKE EXECUTE ON FUNCTION outbox_new_effect_id() FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION outbox_new_effect_id()
     TO outbox_producer, outbox_dispatcher, outbox_operator;
 
-CREATE TABLE effect_body (
+CREATE TABLE effect_outbox (
     effect_id        uuid PRIMARY KEY DEFAULT outbox_new_effect_id(),
     idempotency_key  text NOT NULL REFERENCES workflow_runs (idempotency_key),
     effect_type      text NOT NULL,
@@ -67,18 +78,18 @@ CREATE TABLE effect_body (
     -- When the effect is first due (outbox_enqueue's delay); the live row
     -- carries the due time from then on.
     available_at     timestamptz NOT NULL DEFAULT now(),
-    replaces_effect  uuid REFERENCES effect_body (effect_id),
+    replaces_effect  uuid REFERENCES effect_outbox (effect_id),
     UNIQUE (idempotency_key, effect_type, target)
 );
 
 -- Replacements are found by the original they name (prune's "is it still
 -- referenced" test and the foreign key check).
-CREATE INDEX effect_body_replaces_idx ON effect_body (replaces_effect)
+CREATE INDEX effect_outbox_replaces_idx ON effect_outbox (replaces_effect)
     WHERE replaces_effect IS NOT NULL;
 
 -- This week's figures and prune read by creation time: rows are written in
 -- time order and never updated, so a block range covers a narrow span.
-CREATE INDEX effect_body_created_brin ON effect_body USING brin (created_at)
+CREATE INDEX effect_outbox_created_brin ON effect_outbox USING brin (created_at)
     WITH (pages_per_range = 32, autosummarize = on);
 
 CREATE TABLE effect_live (
@@ -137,7 +148,7 @@ CREATE SEQUENCE effect_history_id_seq AS bigint;
 CREATE TABLE effect_history (
     history_id       bigint NOT NULL DEFAULT nextval('effect_history_id_seq'),
     effect_id        uuid NOT NULL,
-    -- The effect's creation time (effect_body.created_at): the partition key.
+    -- The effect's creation time (effect_outbox.created_at): the partition key.
     created_at       timestamptz NOT NULL,
     attempt          integer NOT NULL,
     lease_owner      uuid,
@@ -231,12 +242,12 @@ CREATE TABLE effect_calls (
 CREATE INDEX effect_calls_deadline_idx ON effect_calls (deadline);
 
 -- The rows of today, moved.
-INSERT INTO effect_body (effect_id, idempotency_key, effect_type, target, payload, created_at,
+INSERT INTO effect_outbox (effect_id, idempotency_key, effect_type, target, payload, created_at,
                          metadata, approved_by, available_at, replaces_effect)
 SELECT effect_id, idempotency_key, effect_type, target, payload, created_at,
        metadata, approved_by, available_at, NULL
   FROM effect_outbox_old;
-UPDATE effect_body b SET replaces_effect = o.replaces_effect
+UPDATE effect_outbox b SET replaces_effect = o.replaces_effect
   FROM effect_outbox_old o
  WHERE o.effect_id = b.effect_id AND o.replaces_effect IS NOT NULL;
 
@@ -304,93 +315,40 @@ DROP FUNCTION IF EXISTS effect_attempts_append_only();
 
 -- The effect as one row, as before: what the producer wrote, and the state
 -- from the live row while the effect moves, else from the row that
--- finished it.  security_invoker: every reader's own rights and
--- row-level security apply to the tables underneath.
---
--- The moving columns come from one function call each, not a subquery
--- each: PostgreSQL copies a view's whole definition into every INSERT
--- through it, and thirty subqueries cost the producer's one-row INSERT
--- about 45 µs; function calls cost nothing measurable.
-CREATE TYPE outbox_effect_now AS (
-    state text, attempts integer, retry_base integer, available_at timestamptz,
-    provider_id text, lease_expires_at timestamptz, lease_worker text, leased_at timestamptz,
-    sending_since timestamptz, mark_token uuid, sending_idempotent boolean,
-    last_error_class text, last_error text, last_status integer, completed_at timestamptz,
-    updated_at timestamptz, last_reconciled_at timestamptz, send_deadline timestamptz);
-
--- An effect's moving columns now (the reader's rights: a producer login
--- sees its own effects' only).  An effect whose INSERT is still running
--- has neither a live row nor a history row yet: it is pending.
-CREATE OR REPLACE FUNCTION outbox_effect_now(p_effect_id uuid, p_created_at timestamptz,
-                                             p_available_at timestamptz)
-RETURNS outbox_effect_now
-LANGUAGE plpgsql STABLE AS $$
-DECLARE
-    r outbox_effect_now;
-BEGIN
-    SELECT l.state, l.attempts, l.retry_base, l.available_at, l.provider_id,
-           l.lease_expires_at, l.lease_worker, l.leased_at, l.sending_since, l.mark_token,
-           l.sending_idempotent, l.last_error_class, l.last_error, l.last_status, NULL,
-           l.updated_at, l.last_reconciled_at,
-           CASE WHEN l.state = 'sending' THEN l.lease_expires_at END
-      INTO r FROM public.effect_live l WHERE l.effect_id = p_effect_id;
-    IF FOUND THEN
-        RETURN r;
-    END IF;
-    SELECT h.state, h.attempt, coalesce(h.retry_base, 0), p_available_at, h.last_provider_id,
-           NULL, NULL, NULL, NULL, NULL, false, h.last_error_class, h.last_error,
-           h.provider_status, h.ended_at, h.ended_at, NULL, NULL
-      INTO r FROM public.effect_history h
-     WHERE h.created_at = p_created_at AND h.effect_id = p_effect_id AND h.state IS NOT NULL
-     ORDER BY h.history_id DESC LIMIT 1;
-    IF FOUND THEN
-        RETURN r;
-    END IF;
-    r.state := 'pending';
-    r.attempts := 0;
-    r.retry_base := 0;
-    r.available_at := p_available_at;
-    r.sending_idempotent := false;
-    r.updated_at := p_created_at;
-    RETURN r;
-END $$;
-
--- The lease holder, apart: producers may not read it (as before).
-CREATE OR REPLACE FUNCTION outbox_effect_lease_owner(p_effect_id uuid)
-RETURNS uuid
-LANGUAGE sql STABLE AS $$
-    SELECT l.lease_owner FROM public.effect_live l WHERE l.effect_id = p_effect_id
-$$;
-
-CREATE VIEW effect_outbox WITH (security_invoker = true) AS
+-- finished it (an effect whose INSERT is still running has neither: it is
+-- pending).  security_invoker: every reader's own rights and row-level
+-- security apply to the tables underneath.  Found by effect_id or key, it
+-- is three index probes.
+CREATE VIEW outbox_effects WITH (security_invoker = true) AS
 SELECT b.effect_id, b.idempotency_key, b.effect_type, b.target, b.payload,
-       (outbox_effect_now(b.effect_id, b.created_at, b.available_at)).state,
-       outbox_effect_lease_owner(b.effect_id) AS lease_owner,
-       (outbox_effect_now(b.effect_id, b.created_at, b.available_at)).lease_expires_at,
-       (outbox_effect_now(b.effect_id, b.created_at, b.available_at)).provider_id,
+       coalesce(l.state, f.state, 'pending') AS state,
+       l.lease_owner, l.lease_expires_at,
+       CASE WHEN l.effect_id IS NOT NULL THEN l.provider_id ELSE f.last_provider_id END
+           AS provider_id,
        b.created_at, b.effect_key, b.payload_hash, b.metadata, b.approved_by,
-       (outbox_effect_now(b.effect_id, b.created_at, b.available_at)).attempts,
-       (outbox_effect_now(b.effect_id, b.created_at, b.available_at)).retry_base,
-       (outbox_effect_now(b.effect_id, b.created_at, b.available_at)).available_at,
-       (outbox_effect_now(b.effect_id, b.created_at, b.available_at)).lease_worker,
-       (outbox_effect_now(b.effect_id, b.created_at, b.available_at)).leased_at,
-       (outbox_effect_now(b.effect_id, b.created_at, b.available_at)).sending_since,
-       (outbox_effect_now(b.effect_id, b.created_at, b.available_at)).mark_token,
-       (outbox_effect_now(b.effect_id, b.created_at, b.available_at)).sending_idempotent,
-       (outbox_effect_now(b.effect_id, b.created_at, b.available_at)).last_error_class,
-       (outbox_effect_now(b.effect_id, b.created_at, b.available_at)).last_error,
-       (outbox_effect_now(b.effect_id, b.created_at, b.available_at)).last_status,
-       (outbox_effect_now(b.effect_id, b.created_at, b.available_at)).completed_at,
-       (outbox_effect_now(b.effect_id, b.created_at, b.available_at)).updated_at,
-       b.replaces_effect,
-       (outbox_effect_now(b.effect_id, b.created_at, b.available_at)).last_reconciled_at,
-       (outbox_effect_now(b.effect_id, b.created_at, b.available_at)).send_deadline
-  FROM effect_body b;
-REVOKE EXECUTE ON FUNCTION outbox_effect_now(uuid, timestamptz, timestamptz),
-    outbox_effect_lease_owner(uuid) FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION outbox_effect_now(uuid, timestamptz, timestamptz)
-    TO outbox_producer, outbox_dispatcher, outbox_operator;
-GRANT EXECUTE ON FUNCTION outbox_effect_lease_owner(uuid) TO outbox_dispatcher, outbox_operator;
+       coalesce(l.attempts, f.attempt, 0) AS attempts,
+       coalesce(l.retry_base, f.retry_base, 0) AS retry_base,
+       coalesce(l.available_at, b.available_at) AS available_at,
+       l.lease_worker, l.leased_at, l.sending_since, l.mark_token,
+       coalesce(l.sending_idempotent, false) AS sending_idempotent,
+       CASE WHEN l.effect_id IS NOT NULL THEN l.last_error_class ELSE f.last_error_class END
+           AS last_error_class,
+       CASE WHEN l.effect_id IS NOT NULL THEN l.last_error ELSE f.last_error END AS last_error,
+       CASE WHEN l.effect_id IS NOT NULL THEN l.last_status ELSE f.provider_status END
+           AS last_status,
+       CASE WHEN l.effect_id IS NULL THEN f.ended_at END AS completed_at,
+       coalesce(l.updated_at, f.ended_at, b.created_at) AS updated_at,
+       b.replaces_effect, l.last_reconciled_at,
+       CASE WHEN l.state = 'sending' THEN l.lease_expires_at END AS send_deadline
+  FROM effect_outbox b
+  LEFT JOIN effect_live l ON l.effect_id = b.effect_id
+  LEFT JOIN LATERAL (
+      SELECT h.state, h.attempt, h.retry_base, h.last_provider_id, h.last_error_class,
+             h.last_error, h.provider_status, h.ended_at
+        FROM effect_history h
+       WHERE l.effect_id IS NULL
+         AND h.created_at = b.created_at AND h.effect_id = b.effect_id AND h.state IS NOT NULL
+       ORDER BY h.history_id DESC LIMIT 1) f ON true;
 
 -- The provider calls and verdicts, as before: the history without its
 -- rows of state changes made without a call.
@@ -398,30 +356,30 @@ CREATE VIEW effect_attempts WITH (security_invoker = true) AS
 SELECT h.history_id AS attempt_id, h.effect_id, h.attempt, h.lease_owner, h.worker,
        h.started_at, h.ended_at, h.outcome_class, h.provider_status, h.provider_id,
        h.error_text, h.cas_applied, h.metadata, h.resolution
-  FROM effect_body b
+  FROM effect_outbox b
   JOIN effect_history h ON h.created_at = b.created_at AND h.effect_id = b.effect_id
  WHERE h.outcome_class IS NOT NULL;
 
 -- Row-level security: a producer login sees the effects of its own runs
 -- (or of runs without an owner) only, in every table an effect lives in
 -- (sql/104_producer_isolation.sql).  Workers and operators see every row.
-ALTER TABLE effect_body ENABLE ROW LEVEL SECURITY;
+ALTER TABLE effect_outbox ENABLE ROW LEVEL SECURITY;
 ALTER TABLE effect_live ENABLE ROW LEVEL SECURITY;
 ALTER TABLE effect_history ENABLE ROW LEVEL SECURITY;
 
-CREATE POLICY outbox_producer_own_effects ON effect_body FOR SELECT TO outbox_producer
+CREATE POLICY outbox_producer_own_effects ON effect_outbox FOR SELECT TO outbox_producer
     USING (EXISTS (SELECT 1 FROM workflow_runs w
-                    WHERE w.idempotency_key = effect_body.idempotency_key
+                    WHERE w.idempotency_key = effect_outbox.idempotency_key
                       AND (w.owner_role IS NULL OR w.owner_role = session_user)));
 CREATE POLICY outbox_producer_own_live ON effect_live FOR SELECT TO outbox_producer
-    USING (EXISTS (SELECT 1 FROM effect_body b JOIN workflow_runs w USING (idempotency_key)
+    USING (EXISTS (SELECT 1 FROM effect_outbox b JOIN workflow_runs w USING (idempotency_key)
                     WHERE b.effect_id = effect_live.effect_id
                       AND (w.owner_role IS NULL OR w.owner_role = session_user)));
 CREATE POLICY outbox_producer_own_history ON effect_history FOR SELECT TO outbox_producer
-    USING (EXISTS (SELECT 1 FROM effect_body b JOIN workflow_runs w USING (idempotency_key)
+    USING (EXISTS (SELECT 1 FROM effect_outbox b JOIN workflow_runs w USING (idempotency_key)
                     WHERE b.effect_id = effect_history.effect_id
                       AND (w.owner_role IS NULL OR w.owner_role = session_user)));
-CREATE POLICY outbox_staff_all_effects ON effect_body TO outbox_dispatcher, outbox_operator
+CREATE POLICY outbox_staff_all_effects ON effect_outbox TO outbox_dispatcher, outbox_operator
     USING (true) WITH CHECK (true);
 CREATE POLICY outbox_staff_all_live ON effect_live TO outbox_dispatcher, outbox_operator
     USING (true) WITH CHECK (true);
@@ -430,25 +388,26 @@ CREATE POLICY outbox_staff_all_history ON effect_history TO outbox_dispatcher, o
 -- The producer's INSERT policy (outbox_producer_own_inserts) is made with
 -- its function in sql/functions/20_producer.sql.
 
--- Grants: as before, on the view; the invoker's rights reach the tables,
--- so each role reads them as it read the one table.  No role but the
--- owner writes them directly (the functions do, as the owner).
+-- Grants: as before.  The views run with the reader's rights, so each role
+-- reads the tables as it read the one table; no role but the owner writes
+-- them directly (the functions do, as the owner), the producer's INSERT
+-- aside.
 DO $$
 DECLARE
     cols text;
 BEGIN
     SELECT string_agg(quote_ident(column_name), ', ' ORDER BY ordinal_position) INTO cols
       FROM information_schema.columns
-     WHERE table_schema = 'public' AND table_name = 'effect_outbox' AND column_name <> 'lease_owner';
-    EXECUTE format('GRANT SELECT (%s) ON effect_outbox TO outbox_producer, outbox_dispatcher', cols);
+     WHERE table_schema = 'public' AND table_name = 'outbox_effects' AND column_name <> 'lease_owner';
+    EXECUTE format('GRANT SELECT (%s) ON outbox_effects TO outbox_producer, outbox_dispatcher', cols);
     SELECT string_agg(quote_ident(column_name), ', ' ORDER BY ordinal_position) INTO cols
       FROM information_schema.columns
      WHERE table_schema = 'public' AND table_name = 'effect_live' AND column_name <> 'lease_owner';
     EXECUTE format('GRANT SELECT (%s) ON effect_live TO outbox_producer, outbox_dispatcher', cols);
 END $$;
-GRANT SELECT ON effect_body, effect_history TO outbox_producer, outbox_dispatcher;
-GRANT INSERT (idempotency_key, effect_type, target, payload, metadata)
-    ON effect_outbox, effect_body TO outbox_producer;
-GRANT SELECT ON effect_outbox, effect_attempts, effect_body, effect_live, effect_history,
+GRANT SELECT ON effect_outbox, effect_history TO outbox_producer, outbox_dispatcher;
+GRANT INSERT (idempotency_key, effect_type, target, payload, metadata, available_at)
+    ON effect_outbox TO outbox_producer;
+GRANT SELECT ON outbox_effects, effect_attempts, effect_outbox, effect_live, effect_history,
                 effect_calls
     TO outbox_operator;

@@ -22,62 +22,30 @@ SET client_min_messages = warning;
 SET row_security = off;
 
 --
--- Name: effect_attempts_append_only(); Type: FUNCTION; Schema: public; Owner: -
+-- Name: effect_history_append_only(); Type: FUNCTION; Schema: public; Owner: -
 --
 
-CREATE FUNCTION public.effect_attempts_append_only() RETURNS trigger
+CREATE FUNCTION public.effect_history_append_only() RETURNS trigger
     LANGUAGE plpgsql
     AS $$
 BEGIN
-    RAISE EXCEPTION 'effect_attempts is append-only: % refused', TG_OP
+    RAISE EXCEPTION 'effect_history is append-only: % refused', TG_OP
         USING ERRCODE = 'insufficient_privilege';
 END $$;
 
 
 --
--- Name: effect_outbox_notify(); Type: FUNCTION; Schema: public; Owner: -
+-- Name: effect_outbox_queue(); Type: FUNCTION; Schema: public; Owner: -
 --
 
-CREATE FUNCTION public.effect_outbox_notify() RETURNS trigger
-    LANGUAGE plpgsql
-    AS $$
-BEGIN
-    PERFORM pg_notify('effect_outbox', '');
-    RETURN NULL;
-END $$;
-
-
---
--- Name: outbox_advance_runs(text[], text[]); Type: FUNCTION; Schema: public; Owner: -
---
-
-CREATE FUNCTION public.outbox_advance_runs(p_failed text[], p_completed text[]) RETURNS void
+CREATE FUNCTION public.effect_outbox_queue() RETURNS trigger
     LANGUAGE plpgsql SECURITY DEFINER
-    SET search_path TO 'public', 'pg_temp'
-    SET plan_cache_mode TO 'force_custom_plan'
     AS $$
-#variable_conflict use_column
 BEGIN
-    PERFORM 1 FROM workflow_runs w
-     WHERE w.idempotency_key = ANY (p_failed || p_completed)
-     ORDER BY w.idempotency_key FOR UPDATE;
-    IF cardinality(p_failed) > 0 THEN
-        UPDATE workflow_runs w
-           SET state = 'failed_terminal', version = w.version + 1,
-               failure_reason = coalesce(w.failure_reason, 'an effect failed terminally'),
-               updated_at = now()
-         WHERE w.idempotency_key = ANY (p_failed)
-           AND w.state NOT IN ('completed', 'failed_terminal');
-    END IF;
-    IF cardinality(p_completed) > 0 THEN
-        UPDATE workflow_runs w
-           SET state = 'completed', version = w.version + 1, updated_at = now()
-         WHERE w.idempotency_key = ANY (p_completed)
-           AND w.state IN ('approved', 'processing')
-           AND NOT EXISTS (SELECT 1 FROM effect_outbox o
-                            WHERE o.idempotency_key = w.idempotency_key
-                              AND o.state <> 'completed');
-    END IF;
+    INSERT INTO public.effect_live (effect_id, effect_type, created_at, available_at)
+    SELECT n.effect_id, n.effect_type, n.created_at, n.available_at FROM new_effects n;
+    PERFORM pg_catalog.pg_notify('effect_outbox', '');
+    RETURN NULL;
 END $$;
 
 
@@ -90,7 +58,8 @@ CREATE FUNCTION public.outbox_cancel_as(p_effect_id uuid, p_owner uuid, p_reason
     SET search_path TO 'public', 'pg_temp'
     AS $$
 DECLARE
-    o effect_outbox%ROWTYPE;
+    o effect_live%ROWTYPE;
+    run_key text;
     holder uuid;
     run_owner text;
     why text := coalesce(nullif(p_reason, ''), 'no reason given');
@@ -99,37 +68,44 @@ BEGIN
     -- never change): another login's effect is not found, whatever its
     -- state, and is never locked, so no other login can stall its
     -- completion by holding a transaction open.
-    SELECT w.owner_role INTO run_owner
-      FROM effect_outbox x JOIN workflow_runs w USING (idempotency_key)
-     WHERE x.effect_id = p_effect_id;
+    SELECT b.idempotency_key, w.owner_role INTO run_key, run_owner
+      FROM effect_outbox b JOIN workflow_runs w USING (idempotency_key)
+     WHERE b.effect_id = p_effect_id;
     IF NOT FOUND OR NOT outbox_run_is_mine(run_owner) THEN
         RETURN false;
     END IF;
-    SELECT * INTO o FROM effect_outbox x WHERE x.effect_id = p_effect_id FOR UPDATE;
+    -- A finished effect has no live row: nothing to cancel.
+    SELECT * INTO o FROM effect_live l WHERE l.effect_id = p_effect_id FOR UPDATE;
     IF NOT FOUND OR o.state <> 'pending' THEN
         RETURN false;
     END IF;
+    -- The effect is locked, then the run (effects first, then runs).
+    PERFORM outbox_settle_runs(ARRAY[run_key]);
     SELECT w.lease_owner INTO holder
-      FROM workflow_runs w WHERE w.idempotency_key = o.idempotency_key;
+      FROM workflow_runs w WHERE w.idempotency_key = run_key;
     IF NOT (pg_has_role(session_user, 'outbox_operator', 'MEMBER')
             OR (p_owner IS NOT NULL AND holder IS NOT DISTINCT FROM p_owner)
             OR o.available_at > now()) THEN
         RAISE EXCEPTION 'outbox_cancel: refused: effect % of run "%" is due; only the run''s lease holder (outbox_cancel with its owner) or the operator role may cancel it; a producer may cancel inside the effect''s delay window only',
-                        p_effect_id, o.idempotency_key
+                        p_effect_id, run_key
             USING ERRCODE = 'insufficient_privilege';
     END IF;
-    UPDATE effect_outbox x
-       SET state = 'failed', last_error_class = 'cancelled', last_error = 'cancelled: ' || why,
-           lease_owner = NULL, lease_expires_at = NULL, lease_worker = NULL,
-           completed_at = now(), updated_at = now()
-     WHERE x.effect_id = p_effect_id;
+    WITH gone AS (
+        DELETE FROM effect_live l WHERE l.effect_id = p_effect_id RETURNING l.*)
+    INSERT INTO effect_history (effect_id, created_at, attempt, worker, started_at, ended_at,
+                                state, last_error_class, last_error, last_provider_id,
+                                provider_status, retry_base)
+    SELECT g.effect_id, g.created_at, g.attempts, 'cancel', now(), now(),
+           'failed', 'cancelled', 'cancelled: ' || why, g.provider_id, g.last_status,
+           g.retry_base
+      FROM gone g;
     UPDATE workflow_runs w
        SET state = 'failed_terminal', version = w.version + 1,
            failure_reason = coalesce(w.failure_reason, 'effect ' || p_effect_id || ' cancelled: ' || why),
            updated_at = now()
-     WHERE w.idempotency_key = o.idempotency_key AND w.state NOT IN ('completed', 'failed_terminal');
+     WHERE w.idempotency_key = run_key AND w.state NOT IN ('completed', 'failed_terminal');
     INSERT INTO operator_actions (action, effect_id, run_key, operator, reason, detail)
-    VALUES ('cancel', p_effect_id, o.idempotency_key, coalesce(p_actor, 'producer'),
+    VALUES ('cancel', p_effect_id, run_key, coalesce(p_actor, 'producer'),
             coalesce(nullif(p_reason, ''), 'cancelled'),
             jsonb_build_object('as', CASE WHEN p_owner IS NOT NULL AND holder = p_owner
                                           THEN 'lease holder'
@@ -170,11 +146,18 @@ CREATE FUNCTION public.outbox_cancel_pending_of_run(p_key text, p_why text) RETU
 DECLARE
     n integer;
 BEGIN
-    UPDATE effect_outbox o
-       SET state = 'failed', last_error_class = 'cancelled', last_error = 'cancelled: ' || p_why,
-           lease_owner = NULL, lease_expires_at = NULL, lease_worker = NULL,
-           completed_at = now(), updated_at = now()
-     WHERE o.idempotency_key = p_key AND o.state = 'pending';
+    WITH gone AS (
+        DELETE FROM effect_live l
+         USING effect_outbox b
+         WHERE b.idempotency_key = p_key AND l.effect_id = b.effect_id AND l.state = 'pending'
+        RETURNING l.*)
+    INSERT INTO effect_history (effect_id, created_at, attempt, worker, started_at, ended_at,
+                                state, last_error_class, last_error, last_provider_id,
+                                provider_status, retry_base)
+    SELECT g.effect_id, g.created_at, g.attempts, 'cancel', now(), now(),
+           'failed', 'cancelled', 'cancelled: ' || p_why, g.provider_id, g.last_status,
+           g.retry_base
+      FROM gone g;
     GET DIAGNOSTICS n = ROW_COUNT;
     RETURN n;
 END $$;
@@ -189,20 +172,30 @@ CREATE FUNCTION public.outbox_cancel_status(p_effect_id uuid, p_reason text, p_a
     SET search_path TO 'public', 'pg_temp'
     AS $$
 DECLARE
-    o effect_outbox%ROWTYPE;
+    o effect_live%ROWTYPE;
+    live boolean;
+    run_key text;
 BEGIN
     -- Another producer login's effect is not this login's to see
     -- (sql/104_producer_isolation.sql): not found, checked before any lock
     -- so that no other login can hold its row (an effect's run and a
     -- run's owner never change).
-    IF NOT EXISTS (SELECT 1 FROM effect_outbox x JOIN workflow_runs w USING (idempotency_key)
-                    WHERE x.effect_id = p_effect_id AND outbox_run_is_mine(w.owner_role)) THEN
+    SELECT b.idempotency_key INTO run_key
+      FROM effect_outbox b JOIN workflow_runs w USING (idempotency_key)
+     WHERE b.effect_id = p_effect_id AND outbox_run_is_mine(w.owner_role);
+    IF NOT FOUND THEN
         RETURN QUERY SELECT 'not_found'::text, NULL::text, NULL::timestamptz;
         RETURN;
     END IF;
-    SELECT * INTO o FROM effect_outbox x WHERE x.effect_id = p_effect_id FOR UPDATE;
-    IF NOT FOUND THEN
-        RETURN QUERY SELECT 'not_found'::text, NULL::text, NULL::timestamptz;
+    SELECT * INTO o FROM effect_live l WHERE l.effect_id = p_effect_id FOR UPDATE;
+    live := FOUND;
+    -- The effect is locked (effects first, then runs): its run's state is
+    -- what its other finished effects already decided.
+    PERFORM outbox_settle_runs(ARRAY[run_key]);
+    IF NOT live THEN
+        -- No live row: the effect has finished (completed or failed).
+        RETURN QUERY SELECT 'finished'::text, outbox_effect_state(b.effect_id), b.available_at
+                       FROM effect_outbox b WHERE b.effect_id = p_effect_id;
         RETURN;
     END IF;
     IF o.state = 'sending' THEN
@@ -218,8 +211,7 @@ BEGIN
         RETURN;
     END IF;
     PERFORM outbox_cancel_as(p_effect_id, NULL, p_reason, p_actor);
-    RETURN QUERY SELECT 'cancelled'::text, x.state, x.available_at
-                   FROM effect_outbox x WHERE x.effect_id = p_effect_id;
+    RETURN QUERY SELECT 'cancelled'::text, outbox_effect_state(p_effect_id), o.available_at;
 END $$;
 
 
@@ -230,11 +222,13 @@ END $$;
 CREATE FUNCTION public.outbox_claim(p_owner uuid, p_worker text, p_limit integer, p_lease_seconds integer, p_types text[], p_env_enabled boolean, p_idempotent_types text[], p_call uuid, p_after_at timestamp with time zone DEFAULT NULL::timestamp with time zone, p_after_id uuid DEFAULT NULL::uuid, p_repeat boolean DEFAULT false, p_max_payload_bytes integer DEFAULT 67108864) RETURNS TABLE(effect_id uuid, idempotency_key text, effect_type text, target text, payload text, payload_hash text, effect_key text, attempts integer, metadata text, approved_by text, retry_base integer, available_at timestamp with time zone, payload_bytes integer, metadata_bytes integer)
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'public', 'pg_temp'
-    SET plan_cache_mode TO 'force_custom_plan'
+    SET plan_cache_mode TO 'force_generic_plan'
+    SET enable_seqscan TO 'off'
     AS $$
 #variable_conflict use_column
 DECLARE
     allowed boolean;
+    locked text;
     after_at timestamptz := p_after_at;
     after_id uuid := p_after_id;
 BEGIN
@@ -242,13 +236,15 @@ BEGIN
         RAISE EXCEPTION 'outbox_claim: a call token is required'
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    PERFORM pg_advisory_xact_lock(hashtextextended(p_call::text, 0));
+    -- Locks by assignment, not PERFORM: an expression without a table is
+    -- evaluated without starting an executor (this runs once per claim).
+    locked := pg_advisory_xact_lock(hashtextextended(p_call::text, 0))::text;
     IF p_repeat THEN
         PERFORM outbox_claim_repeated(p_call);
     ELSIF EXISTS (SELECT 1 FROM outbox_claim_repeats r WHERE r.call = p_call) THEN
         RETURN;     -- its repeat (or a give-up) came first
     END IF;
-    PERFORM pg_advisory_xact_lock_shared(outbox_kill_switch_lock_key());
+    locked := pg_advisory_xact_lock_shared(outbox_kill_switch_lock_key())::text;
     SELECT c.enabled INTO allowed FROM outbox_control c WHERE c.id = 1;
     allowed := coalesce(allowed, false) AND p_env_enabled;
     IF p_repeat THEN
@@ -258,22 +254,28 @@ BEGIN
         END IF;
         RETURN QUERY
         WITH moved AS MATERIALIZED (
-            SELECT o.effect_id, o.idempotency_key, o.effect_type, o.target,
-                   o.payload::text AS payload_text, o.payload_hash, o.effect_key,
-                   o.attempts - 1 AS attempts, o.metadata::text AS metadata_text,
-                   o.approved_by, o.retry_base, o.available_at
-              FROM effect_outbox o
-             WHERE o.state = 'sending' AND o.send_deadline IS NOT NULL
+            SELECT o.effect_id, o.attempts - 1 AS attempts, o.retry_base, o.available_at
+              FROM effect_live o
+             WHERE o.effect_id = ANY (coalesce((SELECT c.ids FROM effect_calls c
+                                                 WHERE c.call = p_call), '{}'))
+               AND o.state = 'sending'
                AND o.lease_owner = p_owner AND o.mark_token = p_call)
-        SELECT m.effect_id, m.idempotency_key, m.effect_type, m.target,
-               CASE WHEN octet_length(m.payload_text) <= p_max_payload_bytes
-                    THEN m.payload_text END,
-               m.payload_hash, m.effect_key, m.attempts,
-               CASE WHEN octet_length(m.metadata_text) <= outbox_metadata_max_bytes()
-                    THEN m.metadata_text END,
-               m.approved_by, m.retry_base, m.available_at,
-               octet_length(m.payload_text), octet_length(m.metadata_text)
-          FROM moved m ORDER BY m.available_at, m.effect_id;
+        SELECT m.effect_id, b.idempotency_key, b.effect_type, b.target,
+               CASE WHEN octet_length(b.payload_text) <= p_max_payload_bytes
+                    THEN b.payload_text END,
+               b.payload_hash, b.effect_key, m.attempts,
+               CASE WHEN octet_length(b.metadata_text) <= outbox_metadata_max_bytes()
+                    THEN b.metadata_text END,
+               b.approved_by, m.retry_base, m.available_at,
+               octet_length(b.payload_text), octet_length(b.metadata_text)
+          FROM moved m
+         CROSS JOIN LATERAL (
+               SELECT e.idempotency_key, e.effect_type, e.target,
+                      e.payload::text AS payload_text, e.payload_hash, e.effect_key,
+                      e.metadata::text AS metadata_text, e.approved_by
+                 FROM effect_outbox e WHERE e.effect_id = m.effect_id
+            OFFSET 0) b
+         ORDER BY m.available_at, m.effect_id;
         RETURN;
     END IF;
     IF NOT allowed THEN
@@ -286,39 +288,52 @@ BEGIN
     END IF;
     after_at := coalesce(after_at, '-infinity');
     after_id := coalesce(after_id, '00000000-0000-0000-0000-000000000000');
+    -- One statement: the due rows, their move to `sending` (in place: no
+    -- indexed column changes), the call's row for the reaper, and what the
+    -- worker sends, read from the immutable body row by its key.  OFFSET 0
+    -- keeps the body's subquery whole, so each payload is turned into text
+    -- once, not once per use of it (pulled up, it was three times).
     RETURN QUERY
     WITH due AS (
-        SELECT o.effect_id FROM effect_outbox o
-         WHERE o.state = 'pending'
-           AND (o.available_at, o.effect_id) > (after_at, after_id)
-           AND o.available_at <= now()
-           AND (o.lease_expires_at IS NULL OR o.lease_expires_at < now())
-           AND o.effect_type = ANY (p_types)
-         ORDER BY o.available_at, o.effect_id
+        SELECT l.ctid AS row_at FROM effect_live l
+         WHERE (l.available_at, l.effect_id) > (after_at, after_id)
+           AND l.available_at <= now()
+           AND l.state = 'pending'
+           AND (l.lease_expires_at IS NULL OR l.lease_expires_at < now())
+           AND l.effect_type = ANY (p_types)
+         ORDER BY l.available_at, l.effect_id
          LIMIT p_limit
          FOR UPDATE SKIP LOCKED),
     claimed AS (
-        UPDATE effect_outbox o
+        UPDATE effect_live o
            SET state = 'sending', attempts = o.attempts + 1,
                lease_owner = p_owner, lease_worker = p_worker, leased_at = now(),
                lease_expires_at = now() + make_interval(secs => p_lease_seconds),
                sending_since = now(), mark_token = p_call,
                sending_idempotent = o.effect_type = ANY (p_idempotent_types),
                updated_at = now()
-          FROM due
-         WHERE o.effect_id = due.effect_id
-        RETURNING o.effect_id, o.idempotency_key, o.effect_type, o.target,
-                  o.payload::text AS payload_text, o.payload_hash, o.effect_key,
-                  o.attempts - 1 AS attempts, o.metadata::text AS metadata_text,
-                  o.approved_by, o.retry_base, o.available_at)
-    SELECT c.effect_id, c.idempotency_key, c.effect_type, c.target,
-           CASE WHEN octet_length(c.payload_text) <= p_max_payload_bytes THEN c.payload_text END,
-           c.payload_hash, c.effect_key, c.attempts,
-           CASE WHEN octet_length(c.metadata_text) <= outbox_metadata_max_bytes()
-                THEN c.metadata_text END,
-           c.approved_by, c.retry_base, c.available_at,
-           octet_length(c.payload_text), octet_length(c.metadata_text)
-      FROM claimed c ORDER BY c.available_at, c.effect_id;
+         WHERE o.ctid = ANY (ARRAY(SELECT d.row_at FROM due d))
+        RETURNING o.effect_id, o.attempts - 1 AS attempts, o.retry_base, o.available_at),
+    called AS (
+        INSERT INTO effect_calls (call, lease_owner, worker, ids, deadline)
+        SELECT p_call, p_owner, p_worker, array_agg(c.effect_id),
+               now() + make_interval(secs => p_lease_seconds)
+          FROM claimed c HAVING count(*) > 0
+        ON CONFLICT (call) DO NOTHING)
+    SELECT c.effect_id, b.idempotency_key, b.effect_type, b.target,
+           CASE WHEN octet_length(b.payload_text) <= p_max_payload_bytes THEN b.payload_text END,
+           b.payload_hash, b.effect_key, c.attempts,
+           CASE WHEN octet_length(b.metadata_text) <= outbox_metadata_max_bytes()
+                THEN b.metadata_text END,
+           b.approved_by, c.retry_base, c.available_at,
+           octet_length(b.payload_text), octet_length(b.metadata_text)
+      FROM claimed c
+     CROSS JOIN LATERAL (
+           SELECT e.idempotency_key, e.effect_type, e.target, e.payload::text AS payload_text,
+                  e.payload_hash, e.effect_key, e.metadata::text AS metadata_text, e.approved_by
+             FROM effect_outbox e WHERE e.effect_id = c.effect_id
+            OFFSET 0) b
+     ORDER BY c.available_at, c.effect_id;
 END $$;
 
 
@@ -355,6 +370,10 @@ BEGIN
         RAISE EXCEPTION 'outbox_claim_run: lease_seconds must be 1..86400'
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
+    -- A run whose effects have all finished is completed (or
+    -- failed_terminal) before anything reads it: an expired processing
+    -- lease over finished effects is `done`, never reclaimed.
+    PERFORM outbox_settle_runs(ARRAY[p_key]);
 
     INSERT INTO workflow_runs AS w (idempotency_key, state, payload_hash,
                                     lease_owner, lease_expires_at, owner_role)
@@ -405,140 +424,202 @@ END $$;
 CREATE FUNCTION public.outbox_complete(p_owner uuid, p_worker text, p_results jsonb) RETURNS TABLE(effect_id uuid, applied boolean, state text, resolved text)
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'public', 'pg_temp'
-    SET plan_cache_mode TO 'force_custom_plan'
-    AS $$
+    SET plan_cache_mode TO 'force_generic_plan'
+    SET enable_seqscan TO 'off'
+    AS $_$
 #variable_conflict use_column
 DECLARE
-    ids uuid[];
-    since timestamptz[];
-    any_unknown boolean;
+    n integer := jsonb_array_length(p_results);
+    mixed boolean;
     late_ids uuid[] := '{}';
-    done_ids uuid[];
-    done_states text[];
-    done_outcomes text[];
-    failed_keys text[];
-    completed_keys text[];
-    requeued integer;
+    pass_ids uuid[];
+    pass_states text[];
+    pass_outcomes text[];
+    done_ids uuid[] := '{}';
+    done_states text[] := '{}';
+    done_outcomes text[] := '{}';
+    requeued integer := 0;
+    pass_requeued integer;
+    left_ids uuid[];
 BEGIN
-    -- Lock the batch's rows in effect_id order, the order every batch
-    -- function takes them in, so two batches cannot wait on each other.
-    SELECT coalesce(array_agg(l.effect_id), '{}'), coalesce(bool_or(l.state = 'unknown'), false),
-           coalesce(array_agg(l.sending_since), '{}')
-      INTO ids, any_unknown, since
-      FROM (SELECT o.effect_id, o.state, o.sending_since FROM effect_outbox o
-             WHERE o.effect_id = ANY (ARRAY(SELECT (e ->> 'effect_id')::uuid
-                                              FROM jsonb_array_elements(p_results) e))
-             ORDER BY o.effect_id
-               FOR UPDATE) l;
+    -- Rows are locked in effect_id order, the order every batch function
+    -- takes them in, so two batches cannot wait on each other: the state
+    -- change below walks the batch in that order.  A batch that finishes
+    -- some effects and retries others changes them in two steps (DELETE,
+    -- UPDATE), so it takes its locks first.
+    -- (Expressions without a table, so PL/pgSQL evaluates them without
+    -- starting an executor.)
+    mixed := jsonb_path_exists(p_results, '$[*] ? (@.next_state == "completed" || @.next_state == "failed")')
+             AND jsonb_path_exists(p_results, '$[*] ? (@.next_state != "completed" && @.next_state != "failed")');
+    IF mixed THEN
+        PERFORM 1 FROM effect_live o
+         WHERE o.effect_id = ANY (ARRAY(SELECT (e ->> 'effect_id')::uuid
+                                          FROM jsonb_array_elements(p_results) e))
+         ORDER BY o.effect_id FOR UPDATE;
+    END IF;
 
-    -- The `unknown` rows whose unknown-ness came from this worker's lease
-    -- on exactly the attempt being recorded are the candidates for a late
-    -- resolution (rare: only then is the attempts log probed, by index).
-    IF any_unknown THEN
+    -- Two passes at most.  The first applies what the lease holder
+    -- reports for its `sending` rows: the usual batch ends there.  Only
+    -- when some element did not apply are the rest looked at: the
+    -- `unknown` rows whose unknown-ness came from this worker's lease on
+    -- exactly the attempt being recorded (late evidence) get a second
+    -- pass of the same statement; what still did not apply is evidence
+    -- only, below.
+    FOR pass IN 1 .. 2 LOOP
+        -- The state change and, in the same statement, the history row of
+        -- every element it applied to.  The same batch sent again after a lost
+        -- connection (the first may have committed) finds its rows moved on:
+        -- the CAS records each provider call once.
+        WITH r AS MATERIALIZED (
+            SELECT r.*,
+                   r.next_state IN ('completed', 'failed') AS finishes,
+                   CASE WHEN r.outcome = 'accepted' THEN NULL ELSE r.outcome END AS error_class,
+                   CASE WHEN r.effect_id = ANY (late_ids) AND r.outcome = 'not_sent'
+                        THEN 'late evidence: the attempt given up on was not sent ('
+                             || coalesce(r.error, 'no detail') || ')'
+                        ELSE r.error END AS error_text,
+                   CASE WHEN r.effect_id = ANY (late_ids)
+                        THEN CASE WHEN r.outcome = 'accepted' THEN 'late_accepted'
+                                  ELSE 'late_not_sent' END END AS resolution
+              FROM jsonb_to_recordset(p_results) AS r(
+                   effect_id uuid, attempt integer, started_ms_ago bigint, outcome text,
+                   status integer, provider_id text, error text, next_state text,
+                   retry_delay_ms bigint)
+             WHERE r.next_state IN ('completed', 'pending', 'failed', 'unknown')
+               AND NOT r.effect_id = ANY (done_ids)
+               AND (pass = 1 OR r.effect_id = ANY (late_ids))
+             ORDER BY r.effect_id),
+        gone AS (
+            DELETE FROM effect_live o USING r
+             WHERE o.effect_id = r.effect_id AND r.finishes
+               AND o.attempts = r.attempt
+               AND ((o.lease_owner = p_owner AND o.state = 'sending')
+                    OR (o.state = 'unknown' AND o.effect_id = ANY (late_ids)))
+            RETURNING o.effect_id, o.created_at, o.sending_since, o.retry_base,
+                      coalesce(r.provider_id, o.provider_id) AS effect_provider_id,
+                      r.started_ms_ago, r.attempt, r.outcome, r.status, r.provider_id, r.error,
+                      r.next_state, r.resolution, r.error_class, r.error_text),
+        moved AS (
+            UPDATE effect_live o
+               SET state = r.next_state,
+                   provider_id = coalesce(r.provider_id, o.provider_id),
+                   lease_owner = NULL, lease_expires_at = NULL, lease_worker = NULL,
+                   sending_since = NULL,
+                   available_at = CASE WHEN r.next_state = 'pending'
+                                       THEN now() + make_interval(secs => greatest(r.retry_delay_ms, 0) / 1000.0)
+                                       ELSE 'infinity' END,
+                   last_error_class = r.error_class, last_error = r.error_text,
+                   last_status = r.status, updated_at = now()
+              FROM r
+             WHERE o.effect_id = r.effect_id AND NOT r.finishes
+               AND o.attempts = r.attempt
+               AND ((o.lease_owner = p_owner AND o.state = 'sending')
+                    OR (o.state = 'unknown' AND o.effect_id = ANY (late_ids)))
+            RETURNING o.effect_id, o.created_at, r.started_ms_ago, r.attempt, r.outcome, r.status,
+                      r.provider_id, r.error, r.next_state, r.resolution),
+        moved_since AS (
+            -- sending_since before the update: the row's old version.
+            SELECT m.*, (SELECT s.sending_since FROM effect_live s
+                          WHERE s.effect_id = m.effect_id) AS sending_since
+              FROM moved m),
+        u AS (
+            SELECT g.effect_id, g.created_at, g.sending_since, g.started_ms_ago, g.attempt,
+                   g.outcome, g.status, g.provider_id, g.error, g.next_state, g.resolution,
+                   g.next_state AS final_state, g.error_class, g.error_text AS final_error,
+                   g.effect_provider_id, g.retry_base
+              FROM gone g
+            UNION ALL
+            SELECT m.effect_id, m.created_at, m.sending_since, m.started_ms_ago, m.attempt,
+                   m.outcome, m.status, m.provider_id, m.error, m.next_state, m.resolution,
+                   NULL, NULL, NULL, NULL, NULL
+              FROM moved_since m),
+        logged AS (
+            INSERT INTO effect_history (effect_id, created_at, attempt, lease_owner, worker,
+                                        started_at, outcome_class, provider_status, provider_id,
+                                        error_text, cas_applied, resolution, state,
+                                        last_error_class, last_error, last_provider_id, retry_base)
+            SELECT u.effect_id, u.created_at, u.attempt, p_owner, p_worker,
+                   least(now(), greatest(u.sending_since,
+                                         now() - make_interval(secs => coalesce(greatest(
+                                                     u.started_ms_ago, 0), 0) / 1000.0))),
+                   u.outcome, u.status, u.provider_id, u.error, true, u.resolution, u.final_state,
+                   u.error_class, u.final_error, u.effect_provider_id, u.retry_base
+              FROM u)
+        SELECT coalesce(array_agg(u.effect_id), '{}'), coalesce(array_agg(u.next_state), '{}'),
+               coalesce(array_agg(u.outcome), '{}'),
+               count(*) FILTER (WHERE u.next_state = 'pending' AND u.effect_id = ANY (late_ids))
+          INTO pass_ids, pass_states, pass_outcomes, pass_requeued
+          FROM u;
+        done_ids := done_ids || pass_ids;
+        done_states := done_states || pass_states;
+        done_outcomes := done_outcomes || pass_outcomes;
+        requeued := requeued + pass_requeued;
+        EXIT WHEN pass = 2 OR cardinality(done_ids) = n;
+
+        -- What is left: locked in effect_id order, then the late candidates.
+        SELECT coalesce(array_agg(l.effect_id), '{}') INTO left_ids
+          FROM (SELECT o.effect_id FROM effect_live o
+                 WHERE o.effect_id = ANY (ARRAY(SELECT (e ->> 'effect_id')::uuid
+                                                  FROM jsonb_array_elements(p_results) e))
+                   AND NOT o.effect_id = ANY (done_ids)
+                 ORDER BY o.effect_id
+                   FOR UPDATE) l;
         SELECT coalesce(array_agg(o.effect_id), '{}') INTO late_ids
-          FROM effect_outbox o
+          FROM effect_live o
           JOIN jsonb_to_recordset(p_results) AS r(effect_id uuid, attempt integer, outcome text,
                                                   next_state text)
             ON r.effect_id = o.effect_id
-         WHERE o.effect_id = ANY (ids) AND o.state = 'unknown'
+         WHERE o.effect_id = ANY (left_ids) AND o.state = 'unknown'
            AND ((r.outcome = 'accepted' AND r.next_state = 'completed')
                 OR (r.outcome = 'not_sent' AND r.next_state IN ('pending', 'failed')))
            AND o.attempts = r.attempt
-           AND EXISTS (SELECT 1 FROM effect_attempts a
-                        WHERE a.effect_id = o.effect_id AND a.attempt = r.attempt
+           AND EXISTS (SELECT 1 FROM effect_history a
+                        WHERE a.effect_id = o.effect_id AND a.created_at = o.created_at
+                          AND a.attempt = r.attempt
                           AND a.lease_owner = p_owner AND a.worker LIKE 'reaper:%');
-    END IF;
+        EXIT WHEN cardinality(late_ids) = 0;
+    END LOOP;
 
-    -- The state change and, in the same statement, the attempts row of
-    -- every element it applied to.  ON CONFLICT: the same batch sent again
-    -- after a lost connection (the first may have committed) records each
-    -- provider call once.
-    WITH u AS (
-        UPDATE effect_outbox o
-           SET state = r.next_state,
-               provider_id = coalesce(r.provider_id, o.provider_id),
-               lease_owner = NULL, lease_expires_at = NULL, lease_worker = NULL,
-               sending_since = NULL,
-               available_at = CASE WHEN r.next_state = 'pending'
-                                   THEN now() + make_interval(secs => greatest(r.retry_delay_ms, 0) / 1000.0)
-                                   ELSE o.available_at END,
-               last_error_class = CASE WHEN r.outcome = 'accepted' THEN NULL ELSE r.outcome END,
-               last_error = CASE WHEN o.effect_id = ANY (late_ids) AND r.outcome = 'not_sent'
-                                 THEN 'late evidence: the attempt given up on was not sent ('
-                                      || coalesce(r.error, 'no detail') || ')'
-                                 ELSE r.error END,
-               last_status = r.status,
-               completed_at = CASE WHEN r.next_state IN ('completed', 'failed') THEN now() END,
-               updated_at = now()
-          FROM jsonb_to_recordset(p_results) AS r(
-               effect_id uuid, attempt integer, started_ms_ago bigint, outcome text,
-               status integer, provider_id text, error text, next_state text,
-               retry_delay_ms bigint)
-          LEFT JOIN unnest(ids, since) AS s(effect_id, sending_since) ON s.effect_id = r.effect_id
-         WHERE o.effect_id = r.effect_id
-           AND o.attempts = r.attempt
-           AND r.next_state IN ('completed', 'pending', 'failed', 'unknown')
-           AND ((o.lease_owner = p_owner AND o.state = 'sending')
-                OR (o.state = 'unknown' AND o.effect_id = ANY (late_ids)))
-        RETURNING o.effect_id, o.idempotency_key, o.state, r.attempt,
-                  least(now(), greatest(s.sending_since,
-                                        now() - make_interval(secs => coalesce(greatest(
-                                                    r.started_ms_ago, 0), 0) / 1000.0))) AS started_at,
-                  r.outcome, r.status, r.provider_id AS r_provider_id, r.error),
-    logged AS (
-        INSERT INTO effect_attempts (effect_id, attempt, lease_owner, worker, started_at,
-                                     outcome_class, provider_status, provider_id,
-                                     error_text, cas_applied, metadata, resolution)
-        SELECT u.effect_id, u.attempt, p_owner, p_worker, coalesce(u.started_at, now()),
-               u.outcome, u.status, u.r_provider_id, u.error, true, NULL,
-               CASE WHEN u.effect_id = ANY (late_ids)
-                    THEN CASE WHEN u.outcome = 'accepted' THEN 'late_accepted'
-                              ELSE 'late_not_sent' END END
-          FROM u
-        ON CONFLICT (effect_id, attempt, lease_owner,
-                     (CASE WHEN worker NOT LIKE 'reaper:%' THEN true END))
-        DO NOTHING)
-    SELECT coalesce(array_agg(u.effect_id), '{}'), coalesce(array_agg(u.state), '{}'),
-           coalesce(array_agg(u.outcome), '{}'),
-           coalesce(array_agg(u.idempotency_key) FILTER (WHERE u.state = 'failed'), '{}'),
-           coalesce(array_agg(u.idempotency_key) FILTER (WHERE u.state = 'completed'), '{}'),
-           count(*) FILTER (WHERE u.state = 'pending' AND u.effect_id = ANY (late_ids))
-      INTO done_ids, done_states, done_outcomes, failed_keys, completed_keys, requeued
-      FROM u;
 
     -- Elements whose CAS did not apply: evidence only from the worker that
     -- held this attempt's lease, the lease owner now or the owner the
     -- reaper's row for the attempt names (a worker that resumes after its
-    -- lease was reaped).  ON CONFLICT as above.
-    IF cardinality(done_ids) < jsonb_array_length(p_results) THEN
-        INSERT INTO effect_attempts (effect_id, attempt, lease_owner, worker, started_at,
-                                     outcome_class, provider_status, provider_id,
-                                     error_text, cas_applied, metadata)
-        SELECT r.effect_id, r.attempt, p_owner, p_worker,
+    -- lease was reaped); once per (attempt, owner): a batch delivered twice
+    -- leaves one row.  The rows of the batch that are still live are
+    -- locked, so a second delivery waits for the first and then sees its
+    -- rows.
+    IF cardinality(done_ids) < n THEN
+        INSERT INTO effect_history (effect_id, created_at, attempt, lease_owner, worker,
+                                    started_at, outcome_class, provider_status, provider_id,
+                                    error_text, cas_applied)
+        SELECT r.effect_id, b.created_at, r.attempt, p_owner, p_worker,
                now() - make_interval(secs => coalesce(greatest(r.started_ms_ago, 0), 0) / 1000.0),
-               r.outcome, r.status, r.provider_id, r.error, false, NULL
+               r.outcome, r.status, r.provider_id, r.error, false
           FROM jsonb_to_recordset(p_results) AS r(
                    effect_id uuid, attempt integer, started_ms_ago bigint, outcome text,
                    status integer, provider_id text, error text)
-          JOIN effect_outbox o ON o.effect_id = r.effect_id
-         WHERE o.effect_id = ANY (ids) AND NOT r.effect_id = ANY (done_ids)
-           AND (o.lease_owner = p_owner
-                OR EXISTS (SELECT 1 FROM effect_attempts a
-                            WHERE a.effect_id = r.effect_id AND a.attempt = r.attempt
+         CROSS JOIN LATERAL (SELECT e.created_at FROM effect_outbox e
+                              WHERE e.effect_id = r.effect_id) b
+         WHERE NOT r.effect_id = ANY (done_ids)
+           AND r.outcome IS NOT NULL
+           AND (EXISTS (SELECT 1 FROM effect_live o
+                         WHERE o.effect_id = r.effect_id AND o.lease_owner = p_owner)
+                OR EXISTS (SELECT 1 FROM effect_history a
+                            WHERE a.effect_id = r.effect_id AND a.created_at = b.created_at
+                              AND a.attempt = r.attempt
                               AND a.lease_owner = p_owner AND a.worker LIKE 'reaper:%'))
-        ON CONFLICT (effect_id, attempt, lease_owner,
-                     (CASE WHEN worker NOT LIKE 'reaper:%' THEN true END))
-        DO NOTHING;
+           AND NOT EXISTS (SELECT 1 FROM effect_history a
+                            WHERE a.effect_id = r.effect_id AND a.created_at = b.created_at
+                              AND a.attempt = r.attempt AND a.lease_owner = p_owner
+                              AND a.outcome_class IS NOT NULL
+                              AND a.worker NOT LIKE 'reaper:%');
     END IF;
 
-    IF cardinality(failed_keys) > 0 OR cardinality(completed_keys) > 0 THEN
-        PERFORM outbox_advance_runs(failed_keys, completed_keys);
-    END IF;
     IF requeued > 0 THEN
         PERFORM pg_notify('effect_outbox', '');
     END IF;
 
-    IF cardinality(done_ids) = jsonb_array_length(p_results) THEN
+    IF cardinality(done_ids) = n THEN
         RETURN QUERY
         SELECT x.id, true, x.st,
                CASE WHEN x.id = ANY (late_ids)
@@ -548,7 +629,7 @@ BEGIN
         RETURN;
     END IF;
     -- "applied" also when an earlier delivery of this same batch applied it
-    -- (the rare case: only then is the attempts log probed, by its index).
+    -- (the rare case: only then is the history probed, by its index).
     RETURN QUERY
     SELECT r.effect_id, r.effect_id = ANY (done_ids) OR coalesce(prev.applied, false),
            CASE WHEN r.effect_id = ANY (done_ids) OR coalesce(prev.applied, false) THEN r.next_state END,
@@ -559,13 +640,16 @@ BEGIN
       FROM jsonb_to_recordset(p_results) AS r(
                effect_id uuid, attempt integer, outcome text, next_state text)
       LEFT JOIN LATERAL (
-          SELECT true AS applied, a.resolution FROM effect_attempts a
+          SELECT true AS applied, a.resolution FROM effect_history a
            WHERE NOT r.effect_id = ANY (done_ids)
              AND a.effect_id = r.effect_id AND a.attempt = r.attempt
+             AND a.created_at = (SELECT e.created_at FROM effect_outbox e
+                                  WHERE e.effect_id = r.effect_id)
              AND a.lease_owner = p_owner AND a.cas_applied
+             AND a.outcome_class IS NOT NULL
              AND a.worker NOT LIKE 'reaper:%'
            LIMIT 1) prev ON true;
-END $$;
+END $_$;
 
 
 --
@@ -599,6 +683,7 @@ BEGIN
     IF p_decision = 'reject' THEN
         PERFORM outbox_lock_pending_of_run(a.idempotency_key);
     END IF;
+    PERFORM outbox_settle_runs(ARRAY[a.idempotency_key]);
     SELECT w.state INTO run_state FROM workflow_runs w
      WHERE w.idempotency_key = a.idempotency_key FOR UPDATE;
     IF run_state IS DISTINCT FROM 'awaiting_human' THEN
@@ -625,7 +710,7 @@ BEGIN
 
     RETURN QUERY
     INSERT INTO effect_outbox AS o (idempotency_key, effect_type, target, payload,
-                                    metadata, approved_by)
+                                  metadata, approved_by)
     SELECT a.idempotency_key, e->>'effect_type', e->>'target', e->'payload',
            e->'metadata', p_approver
       FROM jsonb_array_elements(a.proposed_effects) AS e
@@ -686,6 +771,7 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
 
+    PERFORM outbox_settle_runs(ARRAY[p_key]);
     UPDATE workflow_runs w
        SET state = 'awaiting_human', version = w.version + 1,
            result = coalesce(p_result, w.result), updated_at = now()
@@ -758,36 +844,70 @@ END $$;
 
 
 --
+-- Name: outbox_effect_state(uuid); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.outbox_effect_state(p_effect_id uuid) RETURNS text
+    LANGUAGE sql STABLE SECURITY DEFINER
+    SET search_path TO 'public', 'pg_temp'
+    AS $$
+    SELECT coalesce(
+        (SELECT l.state FROM effect_live l WHERE l.effect_id = p_effect_id),
+        (SELECT h.state FROM effect_outbox b JOIN effect_history h
+                ON h.effect_id = b.effect_id AND h.created_at = b.created_at
+          WHERE b.effect_id = p_effect_id AND h.state IS NOT NULL
+          ORDER BY h.history_id DESC LIMIT 1));
+$$;
+
+
+--
 -- Name: outbox_enqueue(text, text, text, jsonb, jsonb, integer); Type: FUNCTION; Schema: public; Owner: -
 --
 
 CREATE FUNCTION public.outbox_enqueue(p_key text, p_effect_type text, p_target text, p_payload jsonb, p_metadata jsonb DEFAULT NULL::jsonb, p_delay_seconds integer DEFAULT 0) RETURNS TABLE(effect_id uuid, inserted boolean, state text, available_at timestamp with time zone)
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'public', 'pg_temp'
+    SET enable_seqscan TO 'off'
     AS $$
 DECLARE
     id uuid;
+    due timestamptz;
 BEGIN
     IF p_delay_seconds IS NULL OR p_delay_seconds < 0 THEN
         RAISE EXCEPTION 'outbox_enqueue: delay must be >= 0 seconds'
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
+    -- A processing run of this login whose effects have all finished is
+    -- completed (or failed_terminal): settled first, so the gate refuses
+    -- the new effect as when the completion moved the run itself.  Not an
+    -- `approved` run (the lease holder's approve-by-exception enqueues
+    -- what it approved).  Before the run's share lock below, so two
+    -- enqueues into one run queue on the settle's lock, never deadlock.
+    IF EXISTS (SELECT 1 FROM effect_outbox o WHERE o.idempotency_key = p_key)
+       AND EXISTS (SELECT 1 FROM workflow_runs w
+                    WHERE w.idempotency_key = p_key AND w.state = 'processing'
+                      AND outbox_run_is_mine(w.owner_role)) THEN
+        PERFORM outbox_settle_runs(ARRAY[p_key]);
+    END IF;
     PERFORM outbox_lock_run_for_effect(p_key);
     PERFORM outbox_metadata_ok(p_metadata);
+    -- The delay is the body's first due time; the insert's trigger makes
+    -- the live row, pending and due then, so a new effect is returned as
+    -- the insert wrote it, without reading it back.
     INSERT INTO effect_outbox AS o (idempotency_key, effect_type, target, payload,
-                                    metadata, available_at)
+                                  metadata, available_at)
     VALUES (p_key, p_effect_type, p_target, p_payload, p_metadata,
             now() + make_interval(secs => p_delay_seconds))
     ON CONFLICT (idempotency_key, effect_type, target) DO NOTHING
-    RETURNING o.effect_id INTO id;
+    RETURNING o.effect_id, o.available_at INTO id, due;
     IF FOUND THEN
-        RETURN QUERY SELECT o.effect_id, true, o.state, o.available_at
-                       FROM effect_outbox o WHERE o.effect_id = id;
+        RETURN QUERY SELECT id, true, 'pending'::text, due;
     ELSE
-        RETURN QUERY SELECT o.effect_id, false, o.state, o.available_at
-                       FROM effect_outbox o
-                      WHERE o.idempotency_key = p_key AND o.effect_type = p_effect_type
-                        AND o.target = p_target;
+        RETURN QUERY SELECT b.effect_id, false, outbox_effect_state(b.effect_id),
+                            coalesce(l.available_at, b.available_at)
+                       FROM effect_outbox b LEFT JOIN effect_live l USING (effect_id)
+                      WHERE b.idempotency_key = p_key AND b.effect_type = p_effect_type
+                        AND b.target = p_target;
     END IF;
 END $$;
 
@@ -799,32 +919,34 @@ END $$;
 CREATE FUNCTION public.outbox_fail_invalid(p_owner uuid, p_items jsonb) RETURNS TABLE(effect_id uuid)
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'public', 'pg_temp'
-    SET plan_cache_mode TO 'force_custom_plan'
+    SET plan_cache_mode TO 'force_generic_plan'
+    SET enable_seqscan TO 'off'
     AS $$
 #variable_conflict use_column
 DECLARE
-    keys text[];
     ids uuid[];
 BEGIN
     PERFORM outbox_lock_owned(p_owner, ARRAY(SELECT x.effect_id FROM
                               jsonb_to_recordset(p_items) AS x(effect_id uuid)));
-    WITH u AS (
-        UPDATE effect_outbox o
-           SET state = 'failed', last_error_class = coalesce(x.error_class, 'invalid'),
-               last_error = x.error, lease_owner = NULL, lease_expires_at = NULL,
-               lease_worker = NULL, completed_at = now(), updated_at = now(),
-               attempts = CASE WHEN o.state = 'sending' THEN o.attempts - 1 ELSE o.attempts END,
-               sending_since = NULL, mark_token = NULL, sending_idempotent = false
-          FROM jsonb_to_recordset(p_items) AS x(effect_id uuid, error_class text, error text,
-                                                call uuid)
-         WHERE o.effect_id = x.effect_id AND o.lease_owner = p_owner
+    WITH x AS MATERIALIZED (
+        SELECT x.* FROM jsonb_to_recordset(p_items) AS x(effect_id uuid, error_class text,
+                                                         error text, call uuid)),
+    gone AS (
+        DELETE FROM effect_live o USING x
+         WHERE o.effect_id = ANY (ARRAY(SELECT y.effect_id FROM x y))
+           AND o.effect_id = x.effect_id AND o.lease_owner = p_owner
            AND (o.state = 'pending' OR (o.state = 'sending' AND o.mark_token = x.call))
-        RETURNING o.effect_id, o.idempotency_key)
-    SELECT coalesce(array_agg(u.effect_id), '{}'), coalesce(array_agg(u.idempotency_key), '{}')
-      INTO ids, keys FROM u;
-    IF cardinality(keys) > 0 THEN
-        PERFORM outbox_advance_runs(keys, '{}');
-    END IF;
+        RETURNING o.effect_id, o.created_at, o.retry_base, o.provider_id, o.last_status,
+                  CASE WHEN o.state = 'sending' THEN o.attempts - 1 ELSE o.attempts END AS attempts,
+                  coalesce(x.error_class, 'invalid') AS error_class, x.error),
+    logged AS (
+        INSERT INTO effect_history (effect_id, created_at, attempt, lease_owner, worker,
+                                    started_at, state, last_error_class, last_error,
+                                    last_provider_id, provider_status, retry_base)
+        SELECT g.effect_id, g.created_at, g.attempts, p_owner, NULL, now(), 'failed',
+               g.error_class, g.error, g.provider_id, g.last_status, g.retry_base
+          FROM gone g)
+    SELECT coalesce(array_agg(g.effect_id), '{}') INTO ids FROM gone g;
     RETURN QUERY SELECT unnest(ids);
 END $$;
 
@@ -841,29 +963,58 @@ CREATE FUNCTION public.outbox_fail_unknown_types(p_grace_seconds integer, p_limi
 DECLARE
     ids uuid[];
     types text[];
-    keys text[];
 BEGIN
-    WITH u AS (
-        UPDATE effect_outbox o
-           SET state = 'failed', last_error_class = 'invalid',
-               last_error = 'unknown effect type "' || o.effect_type || '": no worker serves it',
-               completed_at = now(), updated_at = now(),
-               lease_owner = NULL, lease_expires_at = NULL, lease_worker = NULL
-         WHERE o.effect_id IN (
-            SELECT p.effect_id FROM effect_outbox p
-             WHERE p.state = 'pending'
-               AND p.created_at < now() - make_interval(secs => p_grace_seconds)
-               AND (p.lease_expires_at IS NULL OR p.lease_expires_at < now())
-               AND NOT EXISTS (SELECT 1 FROM outbox_providers v WHERE v.name = p.effect_type)
-             LIMIT p_limit FOR UPDATE SKIP LOCKED)
-        RETURNING o.effect_id, o.effect_type, o.idempotency_key)
-    SELECT coalesce(array_agg(u.effect_id), '{}'), coalesce(array_agg(u.effect_type), '{}'),
-           coalesce(array_agg(u.idempotency_key), '{}')
-      INTO ids, types, keys FROM u;
-    IF cardinality(keys) > 0 THEN
-        PERFORM outbox_advance_runs(keys, '{}');
-    END IF;
+    WITH doomed AS (
+        SELECT p.effect_id FROM effect_live p
+         WHERE p.state = 'pending'
+           AND p.created_at < now() - make_interval(secs => p_grace_seconds)
+           AND (p.lease_expires_at IS NULL OR p.lease_expires_at < now())
+           AND NOT EXISTS (SELECT 1 FROM outbox_providers v WHERE v.name = p.effect_type)
+         LIMIT p_limit FOR UPDATE SKIP LOCKED),
+    gone AS (
+        DELETE FROM effect_live o
+         WHERE o.effect_id = ANY (ARRAY(SELECT d.effect_id FROM doomed d))
+        RETURNING o.effect_id, o.effect_type, o.created_at, o.attempts, o.retry_base,
+                  o.provider_id, o.last_status),
+    logged AS (
+        INSERT INTO effect_history (effect_id, created_at, attempt, worker, started_at,
+                                    state, last_error_class, last_error, last_provider_id,
+                                    provider_status, retry_base)
+        SELECT g.effect_id, g.created_at, g.attempts, NULL, now(), 'failed', 'invalid',
+               'unknown effect type "' || g.effect_type || '": no worker serves it',
+               g.provider_id, g.last_status, g.retry_base
+          FROM gone g)
+    SELECT coalesce(array_agg(g.effect_id), '{}'), coalesce(array_agg(g.effect_type), '{}')
+      INTO ids, types FROM gone g;
     RETURN QUERY SELECT * FROM unnest(ids, types);
+END $$;
+
+
+--
+-- Name: outbox_history_partitions(timestamp with time zone, timestamp with time zone); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.outbox_history_partitions(p_from timestamp with time zone, p_to timestamp with time zone) RETURNS integer
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'public', 'pg_temp'
+    AS $$
+DECLARE
+    m timestamptz := date_trunc('month', p_from AT TIME ZONE 'UTC') AT TIME ZONE 'UTC';
+    made integer := 0;
+    name text;
+BEGIN
+    WHILE m < p_to LOOP
+        name := 'effect_history_' || to_char(m AT TIME ZONE 'UTC', 'YYYYMM');
+        IF to_regclass(name) IS NULL
+           AND NOT EXISTS (SELECT 1 FROM effect_history_default d
+                            WHERE d.created_at >= m AND d.created_at < m + interval '1 month') THEN
+            EXECUTE format('CREATE TABLE %I PARTITION OF effect_history FOR VALUES FROM (%L) TO (%L)',
+                           name, m, m + interval '1 month');
+            made := made + 1;
+        END IF;
+        m := m + interval '1 month';
+    END LOOP;
+    RETURN made;
 END $$;
 
 
@@ -900,13 +1051,12 @@ BEGIN
         PERFORM pg_notify('effect_outbox', 'kill-switch-on');
     END IF;
     RETURN QUERY
-    SELECT i.effect_id, i.effect_key, i.effect_type, i.target, i.lease_worker, i.sending_since
-      FROM (SELECT o.effect_id, o.effect_key, o.effect_type, o.target, o.lease_worker, o.sending_since
-              FROM effect_outbox o WHERE o.state = 'sending' AND o.send_deadline IS NOT NULL
-            UNION ALL
-            SELECT o.effect_id, o.effect_key, o.effect_type, o.target, o.lease_worker, o.sending_since
-              FROM effect_outbox o WHERE o.state = 'sending' AND o.send_deadline IS NULL) i
-     ORDER BY i.sending_since;
+    SELECT o.effect_id, b.effect_key, b.effect_type, b.target, o.lease_worker, o.sending_since
+      FROM effect_calls c
+      JOIN effect_live o ON o.effect_id = ANY (c.ids) AND o.mark_token = c.call
+      JOIN effect_outbox b ON b.effect_id = o.effect_id
+     WHERE o.state = 'sending'
+     ORDER BY o.sending_since;
 END $$;
 
 
@@ -917,7 +1067,8 @@ END $$;
 CREATE FUNCTION public.outbox_lease(p_owner uuid, p_worker text, p_limit integer, p_lease_seconds integer, p_types text[], p_env_enabled boolean, p_after_at timestamp with time zone DEFAULT NULL::timestamp with time zone, p_after_id uuid DEFAULT NULL::uuid, p_max_payload_bytes integer DEFAULT 67108864) RETURNS TABLE(effect_id uuid, idempotency_key text, effect_type text, target text, payload text, payload_hash text, effect_key text, attempts integer, metadata text, approved_by text, retry_base integer, available_at timestamp with time zone, payload_bytes integer, metadata_bytes integer)
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'public', 'pg_temp'
-    SET plan_cache_mode TO 'force_custom_plan'
+    SET plan_cache_mode TO 'force_generic_plan'
+    SET enable_seqscan TO 'off'
     AS $$
 #variable_conflict use_column
 DECLARE
@@ -941,33 +1092,35 @@ BEGIN
     after_id := coalesce(after_id, '00000000-0000-0000-0000-000000000000');
     RETURN QUERY
     WITH due AS (
-        SELECT o.effect_id FROM effect_outbox o
-         WHERE o.state = 'pending'
-           AND (o.available_at, o.effect_id) > (after_at, after_id)
-           AND o.available_at <= now()
-           AND (o.lease_expires_at IS NULL OR o.lease_expires_at < now())
-           AND o.effect_type = ANY (p_types)
-         ORDER BY o.available_at, o.effect_id
+        SELECT l.effect_id FROM effect_live l
+         WHERE (l.available_at, l.effect_id) > (after_at, after_id)
+           AND l.available_at <= now()
+           AND l.state = 'pending'
+           AND (l.lease_expires_at IS NULL OR l.lease_expires_at < now())
+           AND l.effect_type = ANY (p_types)
+         ORDER BY l.available_at, l.effect_id
          LIMIT p_limit
          FOR UPDATE SKIP LOCKED),
     leased AS (
-        UPDATE effect_outbox o
+        UPDATE effect_live l
            SET lease_owner = p_owner, lease_worker = p_worker, leased_at = now(),
                lease_expires_at = now() + make_interval(secs => p_lease_seconds)
-          FROM due
-         WHERE o.effect_id = due.effect_id
-        RETURNING o.effect_id, o.idempotency_key, o.effect_type, o.target,
-                  o.payload::text AS payload_text, o.payload_hash, o.effect_key, o.attempts,
-                  o.metadata::text AS metadata_text, o.approved_by, o.retry_base, o.available_at)
-    SELECT l.effect_id, l.idempotency_key, l.effect_type, l.target,
-           CASE WHEN octet_length(l.payload_text) <= p_max_payload_bytes THEN l.payload_text END,
-           l.payload_hash, l.effect_key, l.attempts,
-           CASE WHEN octet_length(l.metadata_text) <= outbox_metadata_max_bytes()
-                THEN l.metadata_text END,
-           l.approved_by,
-           l.retry_base, l.available_at,
-           octet_length(l.payload_text), octet_length(l.metadata_text)
-      FROM leased l ORDER BY l.available_at, l.effect_id;
+         WHERE l.effect_id = ANY (ARRAY(SELECT d.effect_id FROM due d))
+        RETURNING l.effect_id, l.attempts, l.retry_base, l.available_at)
+    SELECT l.effect_id, b.idempotency_key, b.effect_type, b.target,
+           CASE WHEN octet_length(b.payload_text) <= p_max_payload_bytes THEN b.payload_text END,
+           b.payload_hash, b.effect_key, l.attempts,
+           CASE WHEN octet_length(b.metadata_text) <= outbox_metadata_max_bytes()
+                THEN b.metadata_text END,
+           b.approved_by, l.retry_base, l.available_at,
+           octet_length(b.payload_text), octet_length(b.metadata_text)
+      FROM leased l
+     CROSS JOIN LATERAL (
+           SELECT e.idempotency_key, e.effect_type, e.target, e.payload::text AS payload_text,
+                  e.payload_hash, e.effect_key, e.metadata::text AS metadata_text, e.approved_by
+             FROM effect_outbox e WHERE e.effect_id = l.effect_id
+            OFFSET 0) b
+     ORDER BY l.available_at, l.effect_id;
 END $$;
 
 
@@ -978,10 +1131,11 @@ END $$;
 CREATE FUNCTION public.outbox_lock_owned(p_owner uuid, p_ids uuid[]) RETURNS void
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'public', 'pg_temp'
-    SET plan_cache_mode TO 'force_custom_plan'
+    SET plan_cache_mode TO 'force_generic_plan'
+    SET enable_seqscan TO 'off'
     AS $$
 BEGIN
-    PERFORM 1 FROM effect_outbox o
+    PERFORM 1 FROM effect_live o
      WHERE o.effect_id = ANY (p_ids) AND o.lease_owner = p_owner
      ORDER BY o.effect_id FOR UPDATE;
 END $$;
@@ -996,9 +1150,9 @@ CREATE FUNCTION public.outbox_lock_pending_of_run(p_key text) RETURNS void
     SET search_path TO 'public', 'pg_temp'
     AS $$
 BEGIN
-    PERFORM 1 FROM effect_outbox o
-     WHERE o.idempotency_key = p_key AND o.state = 'pending'
-     ORDER BY o.effect_id FOR UPDATE;
+    PERFORM 1 FROM effect_outbox b JOIN effect_live l USING (effect_id)
+     WHERE b.idempotency_key = p_key AND l.state = 'pending'
+     ORDER BY l.effect_id FOR UPDATE OF l;
 END $$;
 
 
@@ -1030,13 +1184,16 @@ END $$;
 CREATE FUNCTION public.outbox_mark_sending(p_owner uuid, p_ids uuid[], p_env_enabled boolean, p_idempotent_types text[], p_lease_seconds integer, p_call uuid DEFAULT NULL::uuid) RETURNS TABLE(effect_id uuid, attempts integer, blocked boolean)
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'public', 'pg_temp'
-    SET plan_cache_mode TO 'force_custom_plan'
+    SET plan_cache_mode TO 'force_generic_plan'
+    SET enable_seqscan TO 'off'
     AS $$
 #variable_conflict use_column
 DECLARE
     allowed boolean;
     ids uuid[];
     atts integer[];
+    call uuid := coalesce(p_call, gen_random_uuid());
+    worker text;
 BEGIN
     -- A call the worker gave up on (outbox_unclaim_call, after its repeat
     -- was refused) marks nothing, even if its first delivery reaches the
@@ -1060,7 +1217,7 @@ BEGIN
         -- (Their lease is dropped, so the release below skips them.)
         IF p_call IS NOT NULL THEN
             RETURN QUERY
-            UPDATE effect_outbox o
+            UPDATE effect_live o
                SET state = 'pending', attempts = o.attempts - 1, sending_since = NULL,
                    mark_token = NULL, sending_idempotent = false,
                    lease_owner = NULL, lease_expires_at = NULL, lease_worker = NULL,
@@ -1070,16 +1227,16 @@ BEGIN
             RETURNING o.effect_id, o.attempts, true;
         END IF;
         RETURN QUERY
-        UPDATE effect_outbox o
+        UPDATE effect_live o
            SET lease_owner = NULL, lease_expires_at = NULL, lease_worker = NULL
          WHERE o.effect_id = ANY (p_ids) AND o.lease_owner = p_owner AND o.state = 'pending'
         RETURNING o.effect_id, o.attempts, true;
         RETURN;
     END IF;
     WITH u AS (
-        UPDATE effect_outbox o
+        UPDATE effect_live o
            SET state = 'sending', attempts = o.attempts + 1,
-               sending_since = now(), mark_token = p_call,
+               sending_since = now(), mark_token = call,
                sending_idempotent = o.effect_type = ANY (p_idempotent_types),
                lease_expires_at = now() + make_interval(secs => p_lease_seconds),
                updated_at = now()
@@ -1087,13 +1244,16 @@ BEGIN
            AND o.lease_owner = p_owner
            AND o.state = 'pending'
            AND o.lease_expires_at > now()
-        RETURNING o.effect_id, o.attempts)
-    SELECT coalesce(array_agg(u.effect_id), '{}'), coalesce(array_agg(u.attempts), '{}')
-      INTO ids, atts FROM u;
+        RETURNING o.effect_id, o.attempts, o.lease_worker)
+    SELECT coalesce(array_agg(u.effect_id), '{}'), coalesce(array_agg(u.attempts), '{}'),
+           min(u.lease_worker)
+      INTO ids, atts, worker FROM u;
+    PERFORM outbox_record_call(call, p_owner, worker, ids,
+                               now() + make_interval(secs => p_lease_seconds));
     RETURN QUERY SELECT x.id, x.att, false FROM unnest(ids, atts) AS x(id, att);
     IF p_call IS NOT NULL AND cardinality(ids) < cardinality(p_ids) THEN
         RETURN QUERY
-        SELECT o.effect_id, o.attempts, false FROM effect_outbox o
+        SELECT o.effect_id, o.attempts, false FROM effect_live o
          WHERE o.effect_id = ANY (p_ids) AND NOT o.effect_id = ANY (ids)
            AND o.lease_owner = p_owner AND o.state = 'sending'
            AND o.mark_token = p_call;
@@ -1127,6 +1287,15 @@ BEGIN
     END IF;
     RETURN true;
 END $$;
+
+
+--
+-- Name: outbox_new_effect_id(); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.outbox_new_effect_id() RETURNS uuid
+    LANGUAGE sql PARALLEL SAFE
+    RETURN (encode(set_bit(set_bit(OVERLAY(uuid_send(gen_random_uuid()) PLACING SUBSTRING(int8send((floor((EXTRACT(epoch FROM clock_timestamp()) * (1000)::numeric)))::bigint) FROM 3) FROM 1 FOR 6), (52)::bigint, 1), (53)::bigint, 1), 'hex'::text))::uuid;
 
 
 --
@@ -1186,9 +1355,19 @@ $$;
 --
 
 CREATE FUNCTION public.outbox_peek_approval(p_token_sha256 bytea) RETURNS TABLE(idempotency_key text, allowed_decisions text[], expires_at timestamp with time zone, approver_audience text, proposed_effects jsonb, run_state text)
-    LANGUAGE sql STABLE SECURITY DEFINER
+    LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'public', 'pg_temp'
     AS $$
+DECLARE
+    k text;
+BEGIN
+    SELECT a.idempotency_key INTO k FROM approvals a
+     WHERE a.token_hash = p_token_sha256 AND a.consumed_at IS NULL AND a.expires_at > now();
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    PERFORM outbox_settle_runs(ARRAY[k]);
+    RETURN QUERY
     SELECT a.idempotency_key, a.allowed_decisions, a.expires_at, a.approver_audience,
            a.proposed_effects, w.state
       FROM approvals a JOIN workflow_runs w USING (idempotency_key)
@@ -1196,7 +1375,7 @@ CREATE FUNCTION public.outbox_peek_approval(p_token_sha256 bytea) RETURNS TABLE(
        AND a.consumed_at IS NULL
        AND a.expires_at > now()
        AND outbox_run_is_mine(w.owner_role);
-$$;
+END $$;
 
 
 --
@@ -1206,9 +1385,21 @@ $$;
 CREATE FUNCTION public.outbox_prune(p_older_than interval, p_batch integer, p_operator text, p_reason text) RETURNS integer
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'public', 'pg_temp'
-    AS $$
+    AS $_$
 DECLARE
-    n integer;
+    cutoff timestamptz;
+    budget integer := p_batch;
+    n integer := 0;
+    got integer;
+    ids uuid[];
+    m record;
+    open_months timestamptz[];
+    ok_months timestamptz[] := '{}';
+    empty text[] := '{}';
+    dropped text[] := '{}';
+    part text;
+    blocked boolean;
+    old_timeout text;
 BEGIN
     PERFORM outbox_op_check('outbox_prune', p_operator, p_reason);
     IF p_older_than IS NULL OR p_older_than <= interval '0' THEN
@@ -1219,24 +1410,97 @@ BEGIN
         RAISE EXCEPTION 'outbox_prune: the batch size must be 1..100000'
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    WITH victims AS (
-        SELECT o.effect_id FROM effect_outbox o
-         WHERE o.state IN ('completed', 'failed')
-           AND o.completed_at < now() - p_older_than
-           AND NOT EXISTS (SELECT 1 FROM effect_outbox r WHERE r.replaces_effect = o.effect_id)
-         ORDER BY o.completed_at
-         LIMIT p_batch
-           FOR UPDATE SKIP LOCKED)
-    DELETE FROM effect_outbox o USING victims v WHERE o.effect_id = v.effect_id;
-    GET DIAGNOSTICS n = ROW_COUNT;
-    IF n > 0 THEN
+    cutoff := now() - p_older_than;
+    -- One read of the (small) live queue for the months still open.
+    SELECT coalesce(array_agg(DISTINCT date_trunc('month', l.created_at AT TIME ZONE 'UTC')
+                                       AT TIME ZONE 'UTC'), '{}')
+      INTO open_months FROM effect_live l;
+
+    FOR m IN
+        SELECT p.name, p.lo, ((p.lo AT TIME ZONE 'UTC') + interval '1 month') AT TIME ZONE 'UTC' AS hi
+          FROM (SELECT c.relname::text AS name,
+                       to_date(substr(c.relname, 16), 'YYYYMM')::timestamp AT TIME ZONE 'UTC' AS lo
+                  FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+                 WHERE i.inhparent = 'effect_history'::regclass
+                   AND c.relname ~ '^effect_history_[0-9]{6}$') p
+         ORDER BY p.lo DESC
+    LOOP
+        CONTINUE WHEN m.hi > cutoff OR m.lo = ANY (open_months);
+        EXECUTE format('SELECT EXISTS (SELECT 1 FROM %I h WHERE h.ended_at >= $1)', m.name)
+           INTO blocked USING cutoff;
+        CONTINUE WHEN blocked;
+        CONTINUE WHEN EXISTS (
+            SELECT 1 FROM effect_outbox o JOIN effect_outbox r ON r.replaces_effect = o.effect_id
+             WHERE o.created_at >= m.lo AND o.created_at < m.hi
+               AND NOT (r.created_at >= m.lo AND r.created_at < m.hi)
+               AND NOT (date_trunc('month', r.created_at AT TIME ZONE 'UTC') AT TIME ZONE 'UTC'
+                        = ANY (ok_months)));
+        ok_months := ok_months || m.lo;
+
+        -- The month's bodies, replacements before their originals (the
+        -- foreign key), locked first; then deleted by a statement whose
+        -- snapshot is taken with the locks held, so an effect requeued
+        -- meanwhile (it held the lock, or committed before we took it) is
+        -- seen open and kept.
+        WHILE budget > 0 LOOP
+            SELECT array_agg(s.effect_id) INTO ids
+              FROM (SELECT b.effect_id FROM effect_outbox b
+                     WHERE b.created_at >= m.lo AND b.created_at < m.hi
+                       AND NOT EXISTS (SELECT 1 FROM effect_outbox r
+                                        WHERE r.replaces_effect = b.effect_id)
+                     LIMIT budget
+                       FOR UPDATE SKIP LOCKED) s;
+            EXIT WHEN ids IS NULL;
+            DELETE FROM effect_outbox b
+             WHERE b.effect_id = ANY (ids)
+               AND NOT EXISTS (SELECT 1 FROM effect_live l WHERE l.effect_id = b.effect_id);
+            GET DIAGNOSTICS got = ROW_COUNT;
+            n := n + got;
+            budget := budget - got;
+            EXIT WHEN got < cardinality(ids);
+        END LOOP;
+
+        IF NOT EXISTS (SELECT 1 FROM effect_outbox b
+                        WHERE b.created_at >= m.lo AND b.created_at < m.hi) THEN
+            empty := empty || m.name;
+        END IF;
+        EXIT WHEN budget = 0;
+    END LOOP;
+
+    -- The drops last: the lock they take is held to the commit.
+    IF cardinality(empty) > 0 THEN
+        old_timeout := current_setting('lock_timeout');
+        BEGIN
+            PERFORM set_config('lock_timeout', '1s', true);
+            LOCK TABLE effect_history IN ACCESS EXCLUSIVE MODE;
+            FOREACH part IN ARRAY empty LOOP
+                -- Under the lock, with a fresh snapshot: still no body row
+                -- (a live row always has its body row).
+                CONTINUE WHEN EXISTS (
+                    SELECT 1 FROM effect_outbox b
+                     WHERE b.created_at >= to_date(substr(part, 16), 'YYYYMM')::timestamp
+                                           AT TIME ZONE 'UTC'
+                       AND b.created_at < (to_date(substr(part, 16), 'YYYYMM')::timestamp
+                                           + interval '1 month') AT TIME ZONE 'UTC');
+                EXECUTE format('ALTER TABLE effect_history DETACH PARTITION %I', part);
+                EXECUTE format('DROP TABLE %I', part);
+                dropped := dropped || part;
+            END LOOP;
+            PERFORM set_config('lock_timeout', old_timeout, true);
+        EXCEPTION WHEN lock_not_available OR deadlock_detected THEN
+            -- Waiting for the lock: the next call drops them.
+            dropped := '{}';
+        END;
+    END IF;
+
+    IF n > 0 OR cardinality(dropped) > 0 THEN
         INSERT INTO operator_actions (action, operator, reason, detail)
         VALUES ('prune', p_operator, p_reason,
                 jsonb_build_object('deleted', n, 'older_than', p_older_than::text,
-                                   'batch', p_batch));
+                                   'batch', p_batch, 'dropped_partitions', to_jsonb(dropped)));
     END IF;
     RETURN n;
-END $$;
+END $_$;
 
 
 --
@@ -1246,22 +1510,35 @@ END $$;
 CREATE FUNCTION public.outbox_reap(p_worker text, p_limit integer DEFAULT 500) RETURNS TABLE(effect_id uuid, state text, lost_worker text)
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'public', 'pg_temp'
-    SET plan_cache_mode TO 'force_custom_plan'
     AS $$
 #variable_conflict use_column
+DECLARE
+    calls uuid[];
+    reaped uuid[];
+    states text[];
+    workers text[];
 BEGIN
-    RETURN QUERY
+    SELECT coalesce(array_agg(c.call), '{}') INTO calls FROM (
+        SELECT c.call FROM effect_calls c WHERE c.deadline < now()
+         ORDER BY c.deadline LIMIT greatest(p_limit / 16, 8)
+           FOR UPDATE SKIP LOCKED) c;
+    IF cardinality(calls) = 0 THEN
+        RETURN;
+    END IF;
     WITH expired AS (
-        SELECT o.effect_id, o.lease_worker, o.lease_owner, o.attempts, o.sending_since
-          FROM effect_outbox o
-         WHERE o.state = 'sending' AND o.send_deadline < now()
-         ORDER BY o.send_deadline
+        SELECT o.effect_id, o.created_at, o.lease_worker, o.lease_owner, o.attempts,
+               o.sending_since
+          FROM effect_calls c
+          JOIN effect_live o ON o.effect_id = ANY (c.ids) AND o.mark_token = c.call
+         WHERE c.call = ANY (calls)
+           AND o.state = 'sending' AND o.lease_expires_at < now()
+         ORDER BY o.effect_id
          LIMIT p_limit
-           FOR UPDATE SKIP LOCKED),
+           FOR UPDATE OF o SKIP LOCKED),
     moved AS (
-        UPDATE effect_outbox o
+        UPDATE effect_live o
            SET state = CASE WHEN o.sending_idempotent THEN 'pending' ELSE 'unknown' END,
-               available_at = now(),
+               available_at = CASE WHEN o.sending_idempotent THEN now() ELSE 'infinity' END,
                last_error_class = 'ambiguous',
                last_error = 'lease expired while sending (worker '
                             || coalesce(e.lease_worker, '?') || ' lost)',
@@ -1269,17 +1546,39 @@ BEGIN
                sending_since = NULL, updated_at = now()
           FROM expired e
          WHERE o.effect_id = e.effect_id
-        RETURNING o.effect_id, o.state, e.lease_worker, e.lease_owner, e.attempts,
-                  e.sending_since),
+        RETURNING o.effect_id, o.state, e.created_at, e.lease_worker, e.lease_owner,
+                  e.attempts, e.sending_since),
     logged AS (
-        INSERT INTO effect_attempts (effect_id, attempt, lease_owner, worker, started_at,
-                                     outcome_class, error_text, cas_applied, metadata)
-        SELECT m.effect_id, m.attempts, m.lease_owner, 'reaper:' || p_worker,
+        INSERT INTO effect_history (effect_id, created_at, attempt, lease_owner, worker,
+                                    started_at, outcome_class, error_text, cas_applied)
+        SELECT m.effect_id, m.created_at, m.attempts, m.lease_owner, 'reaper:' || p_worker,
                coalesce(m.sending_since, now()), 'ambiguous',
                'lease expired while sending; worker ' || coalesce(m.lease_worker, '?')
-               || ' lost; state ' || m.state, true, NULL
+               || ' lost; state ' || m.state, true
           FROM moved m)
-    SELECT m.effect_id, m.state, m.lease_worker FROM moved m;
+    SELECT coalesce(array_agg(m.effect_id), '{}'), coalesce(array_agg(m.state), '{}'),
+           coalesce(array_agg(m.lease_worker), '{}')
+      INTO reaped, states, workers FROM moved m;
+
+    -- The calls looked at: gone when none of their rows is still in
+    -- `sending` under them, else due again at their rows' first deadline.
+    WITH left_over AS (
+        SELECT c.call, min(o.lease_expires_at) AS deadline
+          FROM effect_calls c
+          LEFT JOIN effect_live o ON o.effect_id = ANY (c.ids) AND o.mark_token = c.call
+                                 AND o.state = 'sending'
+                                 AND NOT o.effect_id = ANY (reaped)
+         WHERE c.call = ANY (calls)
+         GROUP BY c.call),
+    dropped AS (
+        DELETE FROM effect_calls c USING left_over x
+         WHERE c.call = x.call AND x.deadline IS NULL
+        RETURNING c.call)
+    UPDATE effect_calls c SET deadline = greatest(x.deadline, now() + interval '1 second')
+      FROM left_over x
+     WHERE c.call = x.call AND x.deadline IS NOT NULL;
+
+    RETURN QUERY SELECT * FROM unnest(reaped, states, workers);
 END $$;
 
 
@@ -1298,38 +1597,43 @@ BEGIN
     END IF;
     RETURN QUERY
     WITH due AS (
-        SELECT o.effect_id FROM effect_outbox o
-         WHERE o.state = 'unknown'
-           AND o.effect_type = ANY (p_types)
-           AND (o.lease_expires_at IS NULL OR o.lease_expires_at < now())
-           AND (o.last_reconciled_at IS NULL
-                OR o.last_reconciled_at
+        -- `unknown` rows are never due: they sit at available_at =
+        -- 'infinity', the end of the queue's one index.
+        SELECT l.effect_id FROM effect_live l
+         WHERE l.available_at = 'infinity' AND l.state = 'unknown'
+           AND l.effect_type = ANY (p_types)
+           AND (l.lease_expires_at IS NULL OR l.lease_expires_at < now())
+           AND (l.last_reconciled_at IS NULL
+                OR l.last_reconciled_at
                    <= now() - make_interval(secs => greatest(coalesce(p_min_interval_seconds, 0), 0)))
-         ORDER BY o.last_reconciled_at NULLS FIRST, o.created_at
+         ORDER BY l.last_reconciled_at NULLS FIRST, l.created_at
          LIMIT p_limit
          FOR UPDATE SKIP LOCKED),
     leased AS (
-        UPDATE effect_outbox o
+        UPDATE effect_live l
            SET lease_owner = p_owner, lease_worker = p_worker, leased_at = now(),
                lease_expires_at = now() + make_interval(secs => outbox_reconcile_lease_seconds())
           FROM due
-         WHERE o.effect_id = due.effect_id
-        RETURNING o.effect_id, o.idempotency_key, o.effect_type, o.target, o.payload::text,
-                  o.payload_hash, o.effect_key, o.attempts, o.updated_at)
-    SELECT l.effect_id, l.idempotency_key, l.effect_type, l.target, l.payload, l.payload_hash,
-           l.effect_key, l.attempts,
+         WHERE l.effect_id = due.effect_id
+        RETURNING l.effect_id, l.created_at, l.attempts, l.updated_at)
+    SELECT l.effect_id, b.idempotency_key, b.effect_type, b.target, b.payload::text,
+           b.payload_hash, b.effect_key, l.attempts,
            -- The latest start of a send of the current attempt (the
            -- reaper's row carries the sending time); reconciliation and
            -- operator rows are not sends.  Every one of these times is
            -- the database's clock (outbox_complete dates a worker's send
            -- itself), so a worker's wrong clock cannot age an attempt.
            (extract(epoch FROM now() - coalesce(
-                (SELECT max(a.started_at) FROM effect_attempts a
-                  WHERE a.effect_id = l.effect_id AND a.attempt = l.attempts
-                    AND a.outcome_class IN ('accepted', 'not_sent', 'retry', 'terminal',
+                (SELECT max(h.started_at) FROM effect_history h
+                  WHERE h.effect_id = l.effect_id AND h.created_at = l.created_at
+                    AND h.attempt = l.attempts
+                    AND h.outcome_class IN ('accepted', 'not_sent', 'retry', 'terminal',
                                             'ambiguous', 'lease_lost')),
                 l.updated_at)) * 1000)::bigint
-      FROM leased l;
+      FROM leased l
+      JOIN LATERAL (SELECT x.idempotency_key, x.effect_type, x.target, x.payload, x.payload_hash,
+                           x.effect_key
+                      FROM effect_outbox x WHERE x.effect_id = l.effect_id) b ON true;
 END $$;
 
 
@@ -1354,7 +1658,8 @@ CREATE FUNCTION public.outbox_reconcile_record(p_owner uuid, p_worker text, p_re
 DECLARE
     bad text;
     done_ids uuid[];
-    completed_keys text[];
+    done_created timestamptz[];
+    done_attempts integer[];
     requeued integer;
 BEGIN
     IF p_results IS NULL OR jsonb_typeof(p_results) <> 'array' THEN
@@ -1372,6 +1677,8 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
 
+    -- sent: out of the live queue, with the row that finishes the effect
+    -- (its last status kept); not_sent / unknown: the live row rewritten.
     WITH r AS (
         -- One answer per effect: a batch naming an effect twice keeps the
         -- first answer for the state change (every answer is logged).
@@ -1380,43 +1687,53 @@ BEGIN
                           AS (effect_id uuid, verdict text, provider_id text))
                WITH ORDINALITY AS x(effect_id, verdict, provider_id, n)
          ORDER BY x.effect_id, x.n
-    ), u AS (
-        UPDATE effect_outbox o
-           SET state = CASE r.verdict WHEN 'sent' THEN 'completed'
-                                      WHEN 'not_sent' THEN 'pending'
-                                      ELSE 'unknown' END,
-               provider_id = CASE WHEN r.verdict = 'sent'
-                                  THEN coalesce(nullif(r.provider_id, ''), o.provider_id)
-                                  ELSE o.provider_id END,
-               completed_at = CASE WHEN r.verdict = 'sent' THEN now() ELSE o.completed_at END,
-               -- Proven not sent: a fresh retry budget, as an operator's --not-sent gives.
-               retry_base = CASE WHEN r.verdict = 'not_sent' THEN o.attempts ELSE o.retry_base END,
-               available_at = CASE WHEN r.verdict = 'not_sent' THEN now() ELSE o.available_at END,
-               last_error_class = CASE r.verdict WHEN 'sent' THEN NULL
-                                                 WHEN 'not_sent' THEN 'reconciled_not_sent'
-                                                 ELSE o.last_error_class END,
-               last_error = CASE r.verdict
-                                WHEN 'sent' THEN NULL
-                                WHEN 'not_sent' THEN 'reconciliation: the provider has no trace of '
-                                                     'it; sending again with the same key'
-                                ELSE o.last_error END,
+    ), fin AS (
+        DELETE FROM effect_live l USING r
+         WHERE l.effect_id = r.effect_id AND r.verdict = 'sent'
+           AND l.state = 'unknown' AND l.lease_owner = p_owner
+        RETURNING l.effect_id, l.created_at, l.attempts, l.retry_base, l.last_status,
+                  coalesce(nullif(r.provider_id, ''), l.provider_id) AS provider_id
+    ), fin_rows AS (
+        INSERT INTO effect_history (effect_id, created_at, attempt, lease_owner, worker,
+                                    started_at, provider_status, cas_applied, state,
+                                    last_provider_id, retry_base)
+        SELECT f.effect_id, f.created_at, f.attempts, NULL, p_worker, now(), f.last_status, true,
+               'completed', f.provider_id, f.retry_base
+          FROM fin f
+    ), moved AS (
+        UPDATE effect_live l
+           SET state = CASE r.verdict WHEN 'not_sent' THEN 'pending' ELSE 'unknown' END,
+               -- Proven not sent: due now, with a fresh retry budget, as an
+               -- operator's --not-sent gives.  Still unknown: never due.
+               available_at = CASE WHEN r.verdict = 'not_sent' THEN now() ELSE l.available_at END,
+               retry_base = CASE WHEN r.verdict = 'not_sent' THEN l.attempts ELSE l.retry_base END,
+               last_error_class = CASE WHEN r.verdict = 'not_sent' THEN 'reconciled_not_sent'
+                                       ELSE l.last_error_class END,
+               last_error = CASE WHEN r.verdict = 'not_sent'
+                                 THEN 'reconciliation: the provider has no trace of '
+                                      'it; sending again with the same key'
+                                 ELSE l.last_error END,
                lease_owner = NULL, lease_expires_at = NULL, lease_worker = NULL,
                last_reconciled_at = now(), updated_at = now()
           FROM r
-         WHERE o.effect_id = r.effect_id
-           AND o.state = 'unknown'
-           AND o.lease_owner = p_owner
-        RETURNING o.effect_id, o.idempotency_key, o.state)
-    SELECT coalesce(array_agg(u.effect_id), '{}'),
-           coalesce(array_agg(u.idempotency_key) FILTER (WHERE u.state = 'completed'), '{}'),
-           count(*) FILTER (WHERE u.state = 'pending')
-      INTO done_ids, completed_keys, requeued
-      FROM u;
+         WHERE l.effect_id = r.effect_id AND r.verdict <> 'sent'
+           AND l.state = 'unknown' AND l.lease_owner = p_owner
+        RETURNING l.effect_id, l.created_at, l.attempts, l.state
+    ), done AS (
+        SELECT f.effect_id, f.created_at, f.attempts, 'completed' AS state FROM fin f
+        UNION ALL
+        SELECT m.effect_id, m.created_at, m.attempts, m.state FROM moved m)
+    SELECT coalesce(array_agg(d.effect_id), '{}'), coalesce(array_agg(d.created_at), '{}'),
+           coalesce(array_agg(d.attempts), '{}'), count(*) FILTER (WHERE d.state = 'pending')
+      INTO done_ids, done_created, done_attempts, requeued
+      FROM done d;
 
-    INSERT INTO effect_attempts (effect_id, attempt, lease_owner, worker, started_at,
-                                 outcome_class, provider_status, provider_id, error_text,
-                                 cas_applied, metadata)
-    SELECT x.effect_id, coalesce(o.attempts, 0), NULL, p_worker,
+    -- The answers, as evidence: each element about an effect this worker
+    -- held, applied or not.
+    INSERT INTO effect_history (effect_id, created_at, attempt, lease_owner, worker, started_at,
+                                outcome_class, provider_status, provider_id, error_text,
+                                cas_applied, metadata)
+    SELECT x.effect_id, e.created_at, e.attempts, NULL, p_worker,
            now(),   -- the database's clock, never the worker's
            CASE x.verdict WHEN 'sent' THEN 'reconciled_sent'
                           WHEN 'not_sent' THEN 'reconciled_not_sent'
@@ -1427,13 +1744,17 @@ BEGIN
                       AS (effect_id uuid, verdict text, provider_id text, status integer,
                           error text, started_at timestamptz))
            WITH ORDINALITY AS x(effect_id, verdict, provider_id, status, error, started_at, n)
-      JOIN effect_outbox o ON o.effect_id = x.effect_id
-     WHERE x.effect_id = ANY (done_ids) OR o.lease_owner = p_owner
+      JOIN LATERAL (
+            SELECT d.created_at, d.attempts
+              FROM unnest(done_ids, done_created, done_attempts) AS d(effect_id, created_at, attempts)
+             WHERE d.effect_id = x.effect_id
+            UNION ALL
+            SELECT l.created_at, l.attempts FROM effect_live l
+             WHERE l.effect_id = x.effect_id AND l.lease_owner = p_owner
+               AND NOT (x.effect_id = ANY (done_ids))
+            LIMIT 1) e ON true
      ORDER BY x.n;
 
-    IF cardinality(completed_keys) > 0 THEN
-        PERFORM outbox_advance_runs('{}', completed_keys);
-    END IF;
     IF requeued > 0 THEN
         PERFORM pg_notify('effect_outbox', '');
     END IF;
@@ -1448,6 +1769,22 @@ BEGIN
            WITH ORDINALITY AS x(effect_id, verdict, n)
      ORDER BY x.n;
 END $$;
+
+
+--
+-- Name: outbox_record_call(uuid, uuid, text, uuid[], timestamp with time zone); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.outbox_record_call(p_call uuid, p_owner uuid, p_worker text, p_ids uuid[], p_deadline timestamp with time zone) RETURNS void
+    LANGUAGE sql SECURITY DEFINER
+    SET search_path TO 'public', 'pg_temp'
+    AS $$
+    INSERT INTO effect_calls AS c (call, lease_owner, worker, ids, deadline)
+    SELECT p_call, p_owner, p_worker, p_ids, p_deadline WHERE cardinality(p_ids) > 0
+    ON CONFLICT (call) DO UPDATE
+       SET ids = ARRAY(SELECT DISTINCT x FROM unnest(c.ids || EXCLUDED.ids) AS x),
+           deadline = least(c.deadline, EXCLUDED.deadline);
+$$;
 
 
 --
@@ -1500,14 +1837,15 @@ END $_$;
 CREATE FUNCTION public.outbox_release(p_owner uuid, p_ids uuid[], p_delay_ms bigint DEFAULT 0) RETURNS integer
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'public', 'pg_temp'
-    SET plan_cache_mode TO 'force_custom_plan'
+    SET plan_cache_mode TO 'force_generic_plan'
+    SET enable_seqscan TO 'off'
     AS $$
 #variable_conflict use_column
 DECLARE
     n integer;
 BEGIN
     PERFORM outbox_lock_owned(p_owner, p_ids);      -- lock order: effect_id
-    UPDATE effect_outbox o
+    UPDATE effect_live o
        SET lease_owner = NULL, lease_expires_at = NULL, lease_worker = NULL,
            available_at = greatest(o.available_at,
                                    now() + make_interval(secs => greatest(p_delay_ms, 0) / 1000.0))
@@ -1524,13 +1862,14 @@ END $$;
 CREATE FUNCTION public.outbox_renew(p_owner uuid, p_ids uuid[], p_lease_seconds integer, p_max_lease_seconds integer) RETURNS TABLE(effect_id uuid, lease_expires_at timestamp with time zone)
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'public', 'pg_temp'
-    SET plan_cache_mode TO 'force_custom_plan'
+    SET plan_cache_mode TO 'force_generic_plan'
+    SET enable_seqscan TO 'off'
     AS $$
 #variable_conflict use_column
 BEGIN
     PERFORM outbox_lock_owned(p_owner, p_ids);      -- lock order: effect_id
     RETURN QUERY
-    UPDATE effect_outbox o
+    UPDATE effect_live o
        SET lease_expires_at = least(now() + make_interval(secs => p_lease_seconds),
                                     coalesce(o.sending_since, o.leased_at)
                                       + make_interval(secs => p_max_lease_seconds))
@@ -1547,17 +1886,22 @@ END $$;
 --
 
 CREATE FUNCTION public.outbox_renew_run(p_key text, p_owner uuid, p_version bigint, p_lease_seconds integer DEFAULT 300) RETURNS bigint
-    LANGUAGE sql SECURITY DEFINER
+    LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'public', 'pg_temp'
     AS $$
-    UPDATE workflow_runs
+DECLARE
+    v bigint;
+BEGIN
+    PERFORM outbox_settle_runs(ARRAY[p_key]);
+    UPDATE workflow_runs w
        SET lease_expires_at = now() + make_interval(secs => least(greatest(p_lease_seconds, 1), 86400)),
            updated_at = now()
-     WHERE idempotency_key = p_key AND lease_owner = p_owner AND version = p_version
-       AND state = 'processing' AND lease_expires_at > now()
-       AND outbox_run_is_mine(owner_role)
-    RETURNING version;
-$$;
+     WHERE w.idempotency_key = p_key AND w.lease_owner = p_owner AND w.version = p_version
+       AND w.state = 'processing' AND w.lease_expires_at > now()
+       AND outbox_run_is_mine(w.owner_role)
+    RETURNING w.version INTO v;
+    RETURN v;
+END $$;
 
 
 --
@@ -1573,6 +1917,7 @@ DECLARE
     open_until timestamptz;
 BEGIN
     PERFORM outbox_op_check('outbox_reopen_approval', p_operator, p_reason);
+    PERFORM outbox_settle_runs(ARRAY[p_key]);
     SELECT * INTO r FROM workflow_runs w WHERE w.idempotency_key = p_key FOR UPDATE;
     IF NOT FOUND THEN
         RAISE EXCEPTION 'outbox_reopen_approval: no run "%"', p_key
@@ -1633,6 +1978,7 @@ CREATE FUNCTION public.outbox_replace_ungated(p_effect_id uuid, p_new_key text, 
 #variable_conflict use_column
 DECLARE
     o effect_outbox%ROWTYPE;
+    st text;
     r workflow_runs%ROWTYPE;
     nid uuid;
     np jsonb;
@@ -1647,7 +1993,8 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
 
-    -- FOR SHARE: the original cannot move while its replacement is made.
+    -- FOR SHARE: a finished original cannot be put back on the queue
+    -- (requeue locks the same row) while its replacement is made.
     SELECT * INTO o FROM effect_outbox x WHERE x.effect_id = p_effect_id FOR SHARE;
     IF NOT FOUND THEN
         RETURN;
@@ -1656,21 +2003,23 @@ BEGIN
         RAISE EXCEPTION 'outbox_replace: the new key must differ from the original run''s key'
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
+    st := outbox_effect_state(o.effect_id);
 
+    PERFORM outbox_settle_runs(ARRAY[p_new_key]);
     SELECT * INTO r FROM workflow_runs w WHERE w.idempotency_key = p_new_key;
     IF FOUND THEN
         SELECT x.effect_id INTO nid FROM effect_outbox x
          WHERE x.idempotency_key = p_new_key AND x.replaces_effect = o.effect_id;
         IF r.replaces_key = o.idempotency_key AND nid IS NOT NULL THEN
-            RETURN QUERY SELECT 'exists'::text, x.state, x.effect_id, p_new_key, o.idempotency_key
-                           FROM effect_outbox x WHERE x.effect_id = nid;
+            RETURN QUERY SELECT 'exists'::text, outbox_effect_state(nid), nid, p_new_key,
+                                o.idempotency_key;
         ELSE
             RETURN QUERY SELECT 'key_taken'::text, r.state, NULL::uuid, p_new_key, o.idempotency_key;
         END IF;
         RETURN;
     END IF;
-    IF o.state IN ('pending', 'sending', 'unknown') THEN
-        RETURN QUERY SELECT 'wrong_state'::text, o.state, NULL::uuid, p_new_key, o.idempotency_key;
+    IF st IN ('pending', 'sending', 'unknown') THEN
+        RETURN QUERY SELECT 'wrong_state'::text, st, NULL::uuid, p_new_key, o.idempotency_key;
         RETURN;
     END IF;
 
@@ -1691,7 +2040,7 @@ BEGIN
     END IF;
 
     INSERT INTO effect_outbox AS x (idempotency_key, effect_type, target, payload, metadata,
-                                    approved_by, replaces_effect)
+                                  approved_by, replaces_effect)
     VALUES (p_new_key, o.effect_type, coalesce(p_target, o.target), np,
             coalesce(o.metadata, '{}'::jsonb)
             || jsonb_build_object('replaces_effect', o.effect_id, 'replaces_key', o.idempotency_key),
@@ -1700,7 +2049,7 @@ BEGIN
 
     INSERT INTO operator_actions (action, effect_id, run_key, operator, reason, detail)
     VALUES ('replace', o.effect_id, o.idempotency_key, p_operator, p_reason,
-            jsonb_build_object('original_state', o.state, 'new_key', p_new_key,
+            jsonb_build_object('original_state', st, 'new_key', p_new_key,
                                'new_effect_id', nid,
                                'target_changed', coalesce(p_target, o.target) <> o.target,
                                'payload_changed', np <> o.payload));
@@ -1718,22 +2067,27 @@ CREATE FUNCTION public.outbox_requeue(p_effect_id uuid, p_operator text, p_reaso
     AS $$
 #variable_conflict use_column
 DECLARE
-    o effect_outbox%ROWTYPE;
+    b effect_outbox%ROWTYPE;
+    st text;
+    cls text;
     rs text;
 BEGIN
     PERFORM outbox_op_check('outbox_requeue', p_operator, p_reason);
-    SELECT * INTO o FROM effect_outbox x WHERE x.effect_id = p_effect_id FOR UPDATE;
+    SELECT * INTO b FROM effect_outbox x WHERE x.effect_id = p_effect_id FOR NO KEY UPDATE;
     IF NOT FOUND THEN
         RETURN;
     END IF;
-    IF o.state <> 'failed' THEN
-        RETURN QUERY SELECT false, o.state, o.idempotency_key, o.last_error_class, w.state
-                       FROM workflow_runs w WHERE w.idempotency_key = o.idempotency_key;
+    SELECT o.state, o.last_error_class INTO st, cls FROM outbox_effects o
+     WHERE o.effect_id = p_effect_id;
+    IF st IS DISTINCT FROM 'failed' THEN
+        PERFORM outbox_settle_runs(ARRAY[b.idempotency_key]);
+        RETURN QUERY SELECT false, st, b.idempotency_key, cls, w.state
+                       FROM workflow_runs w WHERE w.idempotency_key = b.idempotency_key;
         RETURN;
     END IF;
-    rs := outbox_requeue_locked(o.effect_id, p_operator, p_reason, NULL);
+    rs := outbox_requeue_locked(b.effect_id, p_operator, p_reason, NULL);
     PERFORM pg_notify('effect_outbox', '');
-    RETURN QUERY SELECT true, 'pending'::text, o.idempotency_key, o.last_error_class, rs;
+    RETURN QUERY SELECT true, 'pending'::text, b.idempotency_key, cls, rs;
 END $$;
 
 
@@ -1749,21 +2103,32 @@ CREATE FUNCTION public.outbox_requeue_failed_since(p_since timestamp with time z
 DECLARE
     o record;
     rs text;
+    n integer := 0;
 BEGIN
     PERFORM outbox_op_check('outbox_requeue_failed_since', p_operator, p_reason);
     IF p_since IS NULL THEN
         RAISE EXCEPTION 'outbox_requeue_failed_since: a start time is required'
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    FOR o IN SELECT x.effect_id, x.idempotency_key, x.effect_type, x.target, x.last_error_class
-               FROM effect_outbox x
-              WHERE x.state = 'failed' AND x.completed_at >= p_since
-                AND x.last_error_class IS DISTINCT FROM 'cancelled'
-                AND outbox_operator_refusal(x.idempotency_key) IS NULL
-              ORDER BY x.completed_at, x.effect_id
-                FOR UPDATE LOOP
+    FOR o IN SELECT b.effect_id, b.idempotency_key, b.effect_type, b.target, h.last_error_class
+               FROM effect_history h
+               JOIN effect_outbox b ON b.effect_id = h.effect_id
+              WHERE h.state = 'failed' AND h.ended_at >= p_since
+                AND h.last_error_class IS DISTINCT FROM 'cancelled'
+                AND NOT EXISTS (SELECT 1 FROM effect_live l WHERE l.effect_id = h.effect_id)
+                AND NOT EXISTS (SELECT 1 FROM effect_history later
+                                 WHERE later.effect_id = h.effect_id
+                                   AND later.created_at = h.created_at
+                                   AND later.state IS NOT NULL
+                                   AND later.history_id > h.history_id)
+                AND outbox_operator_refusal(b.idempotency_key) IS NULL
+              ORDER BY h.ended_at, b.effect_id
+                FOR NO KEY UPDATE OF b LOOP
+        -- NULL: it moved between the scan and the lock.
         rs := outbox_requeue_locked(o.effect_id, p_operator, p_reason,
                                     jsonb_build_object('failed_since', p_since));
+        CONTINUE WHEN rs IS NULL;
+        n := n + 1;
         effect_id := o.effect_id;
         idempotency_key := o.idempotency_key;
         effect_type := o.effect_type;
@@ -1772,7 +2137,7 @@ BEGIN
         run_state := rs;
         RETURN NEXT;
     END LOOP;
-    IF FOUND THEN
+    IF n > 0 THEN
         PERFORM pg_notify('effect_outbox', '');
     END IF;
 END $$;
@@ -1788,36 +2153,59 @@ CREATE FUNCTION public.outbox_requeue_locked(p_effect_id uuid, p_operator text, 
     AS $$
 #variable_conflict use_column
 DECLARE
-    o effect_outbox%ROWTYPE;
+    b effect_outbox%ROWTYPE;
+    h effect_history%ROWTYPE;
     run_before text;
     run_after text;
 BEGIN
-    PERFORM outbox_operator_gate('outbox_requeue',
-                                 (SELECT x.idempotency_key FROM effect_outbox x
-                                   WHERE x.effect_id = p_effect_id));
-    UPDATE effect_outbox x
-       SET state = 'pending', available_at = now(), retry_base = x.attempts,
-           lease_owner = NULL, lease_expires_at = NULL, lease_worker = NULL,
-           sending_since = NULL, completed_at = NULL, updated_at = now()
-     WHERE x.effect_id = p_effect_id AND x.state = 'failed'
-    RETURNING x.* INTO o;
+    SELECT * INTO b FROM effect_outbox x WHERE x.effect_id = p_effect_id FOR NO KEY UPDATE;
+    IF NOT FOUND THEN
+        RETURN NULL;
+    END IF;
+    PERFORM outbox_operator_gate('outbox_requeue', b.idempotency_key);
+    IF EXISTS (SELECT 1 FROM effect_live l WHERE l.effect_id = b.effect_id) THEN
+        RETURN NULL;
+    END IF;
+    SELECT * INTO h FROM effect_history x
+     WHERE x.effect_id = b.effect_id AND x.created_at = b.created_at AND x.state IS NOT NULL
+     ORDER BY x.history_id DESC LIMIT 1;
+    IF NOT FOUND OR h.state <> 'failed' THEN
+        RETURN NULL;
+    END IF;
 
+    -- The run as its effects have it before this one moves (an effect that
+    -- failed makes it failed_terminal), locked: effects first, then runs.
+    PERFORM outbox_settle_runs(ARRAY[b.idempotency_key]);
     SELECT w.state INTO run_before FROM workflow_runs w
-     WHERE w.idempotency_key = o.idempotency_key FOR UPDATE;
+     WHERE w.idempotency_key = b.idempotency_key FOR UPDATE;
+
+    INSERT INTO effect_live (effect_id, effect_type, created_at, state, available_at, attempts,
+                             retry_base, provider_id, last_error_class, last_error, last_status,
+                             updated_at)
+    VALUES (b.effect_id, b.effect_type, b.created_at, 'pending', now(), h.attempt, h.attempt,
+            h.last_provider_id, h.last_error_class, h.last_error, h.provider_status, now());
+    INSERT INTO effect_history (effect_id, created_at, attempt, lease_owner, worker, started_at,
+                                outcome_class, error_text, cas_applied, resolution,
+                                last_error_class)
+    VALUES (b.effect_id, b.created_at, h.attempt, NULL, 'operator:' || p_operator, now(),
+            NULL, p_reason, true, 'requeued', h.last_error_class);
+
     UPDATE workflow_runs w
        SET state = 'approved', version = w.version + 1, failure_reason = NULL, updated_at = now()
-     WHERE w.idempotency_key = o.idempotency_key
+     WHERE w.idempotency_key = b.idempotency_key
        AND w.state = 'failed_terminal'
        AND NOT EXISTS (SELECT 1 FROM effect_outbox e
-                        WHERE e.idempotency_key = w.idempotency_key AND e.state = 'failed')
+                        WHERE e.idempotency_key = w.idempotency_key
+                          AND e.effect_id <> b.effect_id
+                          AND outbox_effect_state(e.effect_id) = 'failed')
     RETURNING w.state INTO run_after;
 
     INSERT INTO operator_actions (action, effect_id, run_key, operator, reason, detail)
-    VALUES ('requeue', o.effect_id, o.idempotency_key, p_operator, p_reason,
+    VALUES ('requeue', b.effect_id, b.idempotency_key, p_operator, p_reason,
             coalesce(p_detail, '{}'::jsonb)
-            || jsonb_build_object('from_state', 'failed', 'attempts', o.attempts,
-                                  'last_error_class', o.last_error_class,
-                                  'last_error', o.last_error,
+            || jsonb_build_object('from_state', 'failed', 'attempts', h.attempt,
+                                  'last_error_class', h.last_error_class,
+                                  'last_error', h.last_error,
                                   'run_state_before', run_before,
                                   'run_state_after', coalesce(run_after, run_before)));
     RETURN coalesce(run_after, run_before);
@@ -1833,39 +2221,39 @@ CREATE FUNCTION public.outbox_resolve_late_accepted(p_owner uuid, p_worker text,
     SET search_path TO 'public', 'pg_temp'
     AS $$
 DECLARE
-    k text;
+    l effect_live%ROWTYPE;
 BEGIN
-    SELECT o.idempotency_key INTO k
-      FROM effect_outbox o
-     WHERE o.effect_id = p_effect_id AND o.state = 'unknown' AND o.attempts = p_attempt
-       AND EXISTS (SELECT 1 FROM effect_attempts a
-                    WHERE a.effect_id = p_effect_id AND a.attempt = p_attempt
-                      AND a.lease_owner = p_owner
+    SELECT * INTO l
+      FROM effect_live x
+     WHERE x.effect_id = p_effect_id AND x.state = 'unknown' AND x.attempts = p_attempt
+       AND EXISTS (SELECT 1 FROM effect_history a
+                    WHERE a.effect_id = p_effect_id AND a.created_at = x.created_at
+                      AND a.attempt = p_attempt AND a.lease_owner = p_owner
+                      AND a.outcome_class IS NOT NULL
                       AND (a.worker LIKE 'reaper:%' OR a.outcome_class = 'ambiguous'))
        FOR UPDATE;
     IF NOT FOUND THEN
-        RETURN (SELECT 'late_accepted' FROM effect_attempts a
-                 WHERE a.effect_id = p_effect_id AND a.attempt = p_attempt
+        RETURN (SELECT 'late_accepted' FROM effect_history a
+                 WHERE a.effect_id = p_effect_id
+                   AND a.created_at = (SELECT b.created_at FROM effect_outbox b
+                                        WHERE b.effect_id = p_effect_id)
+                   AND a.attempt = p_attempt
                    AND a.resolution = 'late_accepted' AND a.lease_owner IS NULL
                    AND a.worker = p_worker
                  LIMIT 1);
     END IF;
-    UPDATE effect_outbox o
-       SET state = 'completed',
-           provider_id = coalesce(nullif(p_provider_id, ''), o.provider_id),
-           completed_at = now(), last_error_class = NULL,
-           last_error = NULL, last_status = p_status,
-           lease_owner = NULL, lease_expires_at = NULL, lease_worker = NULL,
-           updated_at = now()
-     WHERE o.effect_id = p_effect_id;
-    INSERT INTO effect_attempts (effect_id, attempt, lease_owner, worker, started_at,
-                                 outcome_class, provider_status, provider_id, error_text,
-                                 cas_applied, metadata, resolution)
-    VALUES (p_effect_id, p_attempt, NULL, p_worker, now(), 'reconciled_sent', p_status,
-            nullif(p_provider_id, ''),
-            'late evidence: the provider accepted the call after it had been given up on',
-            true, NULL, 'late_accepted');
-    PERFORM outbox_advance_runs('{}', ARRAY[k]);
+    WITH done AS (
+        DELETE FROM effect_live x WHERE x.effect_id = l.effect_id RETURNING x.*)
+    INSERT INTO effect_history (effect_id, created_at, attempt, lease_owner, worker, started_at,
+                                outcome_class, provider_status, provider_id, error_text,
+                                cas_applied, metadata, resolution, state, last_error_class,
+                                last_error, last_provider_id, retry_base)
+    SELECT d.effect_id, d.created_at, p_attempt, NULL, p_worker, now(), 'reconciled_sent',
+           p_status, nullif(p_provider_id, ''),
+           'late evidence: the provider accepted the call after it had been given up on',
+           true, NULL, 'late_accepted', 'completed', NULL, NULL,
+           coalesce(nullif(p_provider_id, ''), d.provider_id), d.retry_base
+      FROM done d;
     RETURN 'late_accepted';
 END $$;
 
@@ -1880,7 +2268,8 @@ CREATE FUNCTION public.outbox_resolve_unknown(p_effect_id uuid, p_sent boolean, 
     AS $$
 #variable_conflict use_column
 DECLARE
-    o effect_outbox%ROWTYPE;
+    b effect_outbox%ROWTYPE;
+    l effect_live%ROWTYPE;
     act bigint;
     pid text;
 BEGIN
@@ -1894,59 +2283,67 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
 
-    SELECT * INTO o FROM effect_outbox x WHERE x.effect_id = p_effect_id FOR UPDATE;
+    SELECT * INTO b FROM effect_outbox x WHERE x.effect_id = p_effect_id;
     IF NOT FOUND THEN
         RETURN;
     END IF;
-    IF o.state <> 'unknown' THEN
+    SELECT * INTO l FROM effect_live x WHERE x.effect_id = p_effect_id FOR UPDATE;
+    IF NOT FOUND OR l.state <> 'unknown' THEN
+        PERFORM outbox_settle_runs(ARRAY[b.idempotency_key]);
         RETURN QUERY SELECT false, o.state, o.idempotency_key, o.provider_id, w.state
-                       FROM workflow_runs w WHERE w.idempotency_key = o.idempotency_key;
+                       FROM outbox_effects o
+                       JOIN workflow_runs w ON w.idempotency_key = o.idempotency_key
+                      WHERE o.effect_id = p_effect_id;
         RETURN;
     END IF;
 
     INSERT INTO operator_actions (action, effect_id, run_key, operator, reason, detail)
     VALUES (CASE WHEN p_sent THEN 'resolve_sent' ELSE 'resolve_not_sent' END,
-            o.effect_id, o.idempotency_key, p_operator, p_reason,
-            jsonb_build_object('from_state', o.state, 'attempts', o.attempts,
+            b.effect_id, b.idempotency_key, p_operator, p_reason,
+            jsonb_build_object('from_state', l.state, 'attempts', l.attempts,
                                'provider_id', nullif(p_provider_id, ''),
-                               'last_error', o.last_error))
+                               'last_error', l.last_error))
     RETURNING action_id INTO act;
 
     IF p_sent THEN
-        pid := coalesce(nullif(p_provider_id, ''), o.provider_id, 'operator:' || act);
-        UPDATE effect_outbox x
-           SET state = 'completed', provider_id = pid,
-               last_error_class = NULL, last_error = NULL,
-               lease_owner = NULL, lease_expires_at = NULL, lease_worker = NULL,
-               sending_since = NULL, completed_at = now(), updated_at = now()
-         WHERE x.effect_id = o.effect_id;
+        pid := coalesce(nullif(p_provider_id, ''), l.provider_id, 'operator:' || act);
+        WITH done AS (
+            DELETE FROM effect_live x WHERE x.effect_id = l.effect_id RETURNING x.*),
+        verdict AS (
+            INSERT INTO effect_history (effect_id, created_at, attempt, lease_owner, worker,
+                                        started_at, outcome_class, provider_id, error_text,
+                                        cas_applied)
+            SELECT d.effect_id, d.created_at, d.attempts, NULL, 'operator:' || p_operator, now(),
+                   'operator_sent', pid, p_reason, true
+              FROM done d)
+        INSERT INTO effect_history (effect_id, created_at, attempt, lease_owner, worker,
+                                    started_at, provider_status, cas_applied, state,
+                                    last_provider_id, retry_base)
+        SELECT d.effect_id, d.created_at, d.attempts, NULL, 'operator:' || p_operator, now(),
+               d.last_status, true, 'completed', pid, d.retry_base
+          FROM done d;
     ELSE
         -- Attempts are not reset (attempt numbers in the log stay unique);
         -- the retry budget starts again from here.
-        UPDATE effect_outbox x
+        UPDATE effect_live x
            SET state = 'pending', available_at = now(), retry_base = x.attempts,
                lease_owner = NULL, lease_expires_at = NULL, lease_worker = NULL,
-               sending_since = NULL, completed_at = NULL, updated_at = now()
-         WHERE x.effect_id = o.effect_id;
-    END IF;
-
-    -- The decision is evidence like any provider call.  No lease owner, so
-    -- it never collides with a worker's row for the same attempt.
-    INSERT INTO effect_attempts (effect_id, attempt, lease_owner, worker, started_at,
-                                 outcome_class, provider_id, error_text, cas_applied, metadata)
-    VALUES (o.effect_id, o.attempts, NULL, 'operator:' || p_operator, now(),
-            CASE WHEN p_sent THEN 'operator_sent' ELSE 'operator_not_sent' END,
-            pid, p_reason, true, NULL);
-
-    IF p_sent THEN
-        PERFORM outbox_advance_runs('{}', ARRAY[o.idempotency_key]);
-    ELSE
+               sending_since = NULL, updated_at = now()
+         WHERE x.effect_id = l.effect_id;
+        INSERT INTO effect_history (effect_id, created_at, attempt, lease_owner, worker,
+                                    started_at, outcome_class, provider_id, error_text,
+                                    cas_applied)
+        VALUES (l.effect_id, l.created_at, l.attempts, NULL, 'operator:' || p_operator, now(),
+                'operator_not_sent', NULL, p_reason, true);
         PERFORM pg_notify('effect_outbox', '');
     END IF;
 
-    RETURN QUERY SELECT true, x.state, x.idempotency_key, x.provider_id, w.state
-                   FROM effect_outbox x JOIN workflow_runs w ON w.idempotency_key = x.idempotency_key
-                  WHERE x.effect_id = o.effect_id;
+    -- The run as its effects now make it (completed with its last effect).
+    PERFORM outbox_settle_runs(ARRAY[b.idempotency_key]);
+    RETURN QUERY SELECT true, CASE WHEN p_sent THEN 'completed' ELSE 'pending' END,
+                        b.idempotency_key, CASE WHEN p_sent THEN pid ELSE l.provider_id END,
+                        w.state
+                   FROM workflow_runs w WHERE w.idempotency_key = b.idempotency_key;
 END $$;
 
 
@@ -1958,6 +2355,71 @@ CREATE FUNCTION public.outbox_run_is_mine(p_owner_role text) RETURNS boolean
     LANGUAGE sql STABLE
     SET search_path TO 'public', 'pg_temp'
     RETURN ((p_owner_role IS NULL) OR (p_owner_role = SESSION_USER) OR pg_has_role(SESSION_USER, 'outbox_operator'::name, 'MEMBER'::text));
+
+
+--
+-- Name: outbox_settle_runs(text[]); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.outbox_settle_runs(p_keys text[]) RETURNS integer
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'public', 'pg_temp'
+    AS $$
+#variable_conflict use_column
+DECLARE
+    keys text[];
+    n integer;
+    m integer;
+BEGIN
+    IF p_keys IS NULL THEN
+        SELECT coalesce(array_agg(w.idempotency_key ORDER BY w.idempotency_key), '{}') INTO keys
+          FROM workflow_runs w
+         WHERE w.state IN ('approved', 'processing')
+           AND EXISTS (SELECT 1 FROM effect_outbox b WHERE b.idempotency_key = w.idempotency_key);
+    ELSE
+        keys := p_keys;
+    END IF;
+    IF cardinality(keys) = 0 THEN
+        RETURN 0;
+    END IF;
+    SELECT coalesce(array_agg(x.k), '{}') INTO keys FROM (
+        SELECT w.idempotency_key AS k FROM workflow_runs w
+         WHERE w.idempotency_key = ANY (keys) AND w.state IN ('approved', 'processing')
+         ORDER BY w.idempotency_key FOR UPDATE) x;
+    IF cardinality(keys) = 0 THEN
+        RETURN 0;
+    END IF;
+    UPDATE workflow_runs w
+       SET state = 'failed_terminal', version = w.version + 1,
+           failure_reason = coalesce(w.failure_reason, 'an effect failed terminally'),
+           updated_at = now()
+     WHERE w.idempotency_key = ANY (keys)
+       AND w.state IN ('approved', 'processing')
+       AND EXISTS (SELECT 1 FROM effect_outbox b
+                    WHERE b.idempotency_key = w.idempotency_key
+                      AND NOT EXISTS (SELECT 1 FROM effect_live l WHERE l.effect_id = b.effect_id)
+                      AND (SELECT h.state FROM effect_history h
+                            WHERE h.effect_id = b.effect_id AND h.created_at = b.created_at
+                              AND h.state IS NOT NULL
+                            ORDER BY h.history_id DESC LIMIT 1) = 'failed');
+    GET DIAGNOSTICS n = ROW_COUNT;
+    UPDATE workflow_runs w
+       SET state = 'completed', version = w.version + 1, updated_at = now()
+     WHERE w.idempotency_key = ANY (keys)
+       AND w.state IN ('approved', 'processing')
+       AND EXISTS (SELECT 1 FROM effect_outbox b WHERE b.idempotency_key = w.idempotency_key)
+       AND NOT EXISTS (SELECT 1 FROM effect_outbox b
+                        WHERE b.idempotency_key = w.idempotency_key
+                          AND (EXISTS (SELECT 1 FROM effect_live l WHERE l.effect_id = b.effect_id)
+                               OR coalesce((SELECT h.state FROM effect_history h
+                                             WHERE h.effect_id = b.effect_id
+                                               AND h.created_at = b.created_at
+                                               AND h.state IS NOT NULL
+                                             ORDER BY h.history_id DESC LIMIT 1), '')
+                                  <> 'completed'));
+    GET DIAGNOSTICS m = ROW_COUNT;
+    RETURN n + m;
+END $$;
 
 
 --
@@ -1978,14 +2440,28 @@ CREATE FUNCTION public.outbox_sweep(p_worker text, p_grace_seconds integer, p_ev
     SET search_path TO 'public', 'pg_temp'
     AS $$
 #variable_conflict use_column
+DECLARE
+    prev timestamptz;
+    old_timeout text;
 BEGIN
     IF NOT pg_try_advisory_xact_lock(7262935012345678902) THEN
         RETURN;
     END IF;
+    SELECT s.last_run INTO prev FROM outbox_sweeps s WHERE s.id = 1;
     UPDATE outbox_sweeps s SET last_run = now(), last_worker = p_worker
      WHERE s.id = 1 AND s.last_run <= now() - make_interval(secs => greatest(p_every_seconds, 0));
     IF NOT FOUND THEN
         RETURN;
+    END IF;
+    IF prev < date_trunc('hour', now()) THEN
+        old_timeout := current_setting('lock_timeout');
+        BEGIN
+            PERFORM set_config('lock_timeout', '1s', true);
+            PERFORM outbox_history_partitions(now(), now() + interval '3 months');
+            PERFORM set_config('lock_timeout', old_timeout, true);
+        EXCEPTION WHEN lock_not_available OR deadlock_detected THEN
+            NULL;                           -- a later hour's pass makes them
+        END;
     END IF;
     RETURN QUERY SELECT * FROM outbox_fail_unknown_types(p_grace_seconds, p_limit);
 END $$;
@@ -2014,6 +2490,7 @@ BEGIN
     IF p_state = 'failed_terminal' THEN
         PERFORM outbox_lock_pending_of_run(p_key);
     END IF;
+    PERFORM outbox_settle_runs(ARRAY[p_key]);
     UPDATE workflow_runs w
        SET state = p_state,
            version = w.version + 1,
@@ -2042,14 +2519,15 @@ END $$;
 CREATE FUNCTION public.outbox_unclaim(p_owner uuid, p_ids uuid[], p_call uuid, p_release boolean, p_delay_ms bigint DEFAULT 0) RETURNS integer
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'public', 'pg_temp'
-    SET plan_cache_mode TO 'force_custom_plan'
+    SET plan_cache_mode TO 'force_generic_plan'
+    SET enable_seqscan TO 'off'
     AS $$
 #variable_conflict use_column
 DECLARE
     n integer;
 BEGIN
     PERFORM outbox_lock_owned(p_owner, p_ids);      -- lock order: effect_id
-    UPDATE effect_outbox o
+    UPDATE effect_live o
        SET state = 'pending', attempts = o.attempts - 1, sending_since = NULL,
            mark_token = NULL, sending_idempotent = false, updated_at = now(),
            lease_owner = CASE WHEN p_release THEN NULL ELSE o.lease_owner END,
@@ -2078,8 +2556,11 @@ BEGIN
     PERFORM pg_advisory_xact_lock(hashtextextended(p_call::text, 0));
     PERFORM outbox_claim_repeated(p_call);
     RETURN outbox_unclaim(p_owner,
-                          ARRAY(SELECT o.effect_id FROM effect_outbox o
-                                 WHERE o.state = 'sending' AND o.send_deadline IS NOT NULL
+                          ARRAY(SELECT o.effect_id FROM effect_live o
+                                 WHERE o.effect_id = ANY (coalesce(
+                                           (SELECT c.ids FROM effect_calls c
+                                             WHERE c.call = p_call), '{}'))
+                                   AND o.state = 'sending'
                                    AND o.lease_owner = p_owner AND o.mark_token = p_call),
                           p_call, true, 0);
 END $$;
@@ -2145,17 +2626,37 @@ BEGIN
                percentile_cont(0.95) WITHIN GROUP (
                    ORDER BY extract(epoch FROM a.consumed_at - a.created_at)) AS p95
           FROM approvals a WHERE a.consumed_at >= since GROUP BY 1),
+    -- Effects by the week they were created in: what the producers wrote
+    -- (effect_outbox, its BRIN index on created_at).
     created AS (
-        SELECT date_trunc('week', o.created_at AT TIME ZONE 'UTC') AS week, count(*) AS effects,
-               count(*) FILTER (WHERE o.state = 'failed' AND o.last_error_class = 'invalid') AS invalid,
-               count(*) FILTER (WHERE o.approved_by IS NULL) AS automatic,
-               count(*) FILTER (WHERE o.approved_by IS NOT NULL) AS human
-          FROM effect_outbox o WHERE o.created_at >= since GROUP BY 1),
+        SELECT date_trunc('week', b.created_at AT TIME ZONE 'UTC') AS week, count(*) AS effects,
+               count(*) FILTER (WHERE b.approved_by IS NULL) AS automatic,
+               count(*) FILTER (WHERE b.approved_by IS NOT NULL) AS human
+          FROM effect_outbox b WHERE b.created_at >= since GROUP BY 1),
+    -- The finishing rows that are still an effect's last word (no live
+    -- row, no later finishing row: an operator may have requeued it), of
+    -- the failures counted here only.  A finishing row ends after the
+    -- effect was created, so ended_at >= since holds for every one of them
+    -- and lets the BRIN index on ended_at skip the older blocks of each
+    -- partition.
+    failed AS (
+        SELECT h.created_at, h.ended_at, h.last_error_class
+          FROM effect_history h
+         WHERE h.state = 'failed' AND h.ended_at >= since
+           AND h.last_error_class IN ('invalid', 'retry', 'not_sent', 'ambiguous')
+           AND NOT EXISTS (SELECT 1 FROM effect_live l WHERE l.effect_id = h.effect_id)
+           AND NOT EXISTS (SELECT 1 FROM effect_history later
+                            WHERE later.effect_id = h.effect_id
+                              AND later.created_at = h.created_at
+                              AND later.state IS NOT NULL
+                              AND later.history_id > h.history_id)),
+    invalid AS (
+        SELECT date_trunc('week', f.created_at AT TIME ZONE 'UTC') AS week, count(*) AS n
+          FROM failed f WHERE f.last_error_class = 'invalid' AND f.created_at >= since
+         GROUP BY 1),
     exhausted AS (
-        SELECT date_trunc('week', o.completed_at AT TIME ZONE 'UTC') AS week, count(*) AS n
-          FROM effect_outbox o
-         WHERE o.state = 'failed' AND o.last_error_class IN ('retry', 'not_sent', 'ambiguous')
-           AND o.completed_at >= since
+        SELECT date_trunc('week', f.ended_at AT TIME ZONE 'UTC') AS week, count(*) AS n
+          FROM failed f WHERE f.last_error_class IN ('retry', 'not_sent', 'ambiguous')
          GROUP BY 1)
     SELECT w.week AT TIME ZONE 'UTC',
            coalesce(c.claims, 0),
@@ -2165,8 +2666,8 @@ BEGIN
            round(a.p50::numeric, 3),
            round(a.p95::numeric, 3),
            coalesce(e.effects, 0),
-           coalesce(e.invalid, 0),
-           round(e.invalid::numeric / nullif(e.effects, 0), 4),
+           coalesce(i.n, 0),
+           round(coalesce(i.n, 0)::numeric / nullif(e.effects, 0), 4),
            coalesce(e.automatic, 0),
            coalesce(e.human, 0),
            round(e.automatic::numeric / nullif(e.effects, 0), 4),
@@ -2175,6 +2676,7 @@ BEGIN
       LEFT JOIN claims c ON c.week = w.week
       LEFT JOIN waits a ON a.week = w.week
       LEFT JOIN created e ON e.week = w.week
+      LEFT JOIN invalid i ON i.week = w.week
       LEFT JOIN exhausted x ON x.week = w.week
      ORDER BY w.week DESC;
 END $$;
@@ -2206,33 +2708,10 @@ CREATE TABLE public.approvals (
 
 
 --
--- Name: effect_attempts; Type: TABLE; Schema: public; Owner: -
+-- Name: effect_history_id_seq; Type: SEQUENCE; Schema: public; Owner: -
 --
 
-CREATE TABLE public.effect_attempts (
-    attempt_id bigint NOT NULL,
-    effect_id uuid NOT NULL,
-    attempt integer NOT NULL,
-    lease_owner uuid,
-    worker text,
-    started_at timestamp with time zone NOT NULL,
-    ended_at timestamp with time zone DEFAULT now() NOT NULL,
-    outcome_class text NOT NULL,
-    provider_status integer,
-    provider_id text,
-    error_text text,
-    cas_applied boolean DEFAULT true NOT NULL,
-    metadata jsonb,
-    resolution text,
-    CONSTRAINT effect_attempts_outcome_class_check CHECK ((outcome_class = ANY (ARRAY['accepted'::text, 'not_sent'::text, 'retry'::text, 'terminal'::text, 'ambiguous'::text, 'lease_lost'::text, 'reconciled_sent'::text, 'reconciled_not_sent'::text, 'reconcile_unknown'::text, 'operator_sent'::text, 'operator_not_sent'::text])))
-);
-
-
---
--- Name: effect_attempts_attempt_id_seq; Type: SEQUENCE; Schema: public; Owner: -
---
-
-CREATE SEQUENCE public.effect_attempts_attempt_id_seq
+CREATE SEQUENCE public.effect_history_id_seq
     START WITH 1
     INCREMENT BY 1
     NO MINVALUE
@@ -2241,10 +2720,34 @@ CREATE SEQUENCE public.effect_attempts_attempt_id_seq
 
 
 --
--- Name: effect_attempts_attempt_id_seq; Type: SEQUENCE OWNED BY; Schema: public; Owner: -
+-- Name: effect_history; Type: TABLE; Schema: public; Owner: -
 --
 
-ALTER SEQUENCE public.effect_attempts_attempt_id_seq OWNED BY public.effect_attempts.attempt_id;
+CREATE TABLE public.effect_history (
+    history_id bigint DEFAULT nextval('public.effect_history_id_seq'::regclass) NOT NULL,
+    effect_id uuid NOT NULL,
+    created_at timestamp with time zone NOT NULL,
+    attempt integer NOT NULL,
+    lease_owner uuid,
+    worker text,
+    started_at timestamp with time zone NOT NULL,
+    ended_at timestamp with time zone DEFAULT now() NOT NULL,
+    outcome_class text,
+    provider_status integer,
+    provider_id text,
+    error_text text,
+    cas_applied boolean DEFAULT true NOT NULL,
+    metadata jsonb,
+    resolution text,
+    state text,
+    last_error_class text,
+    last_error text,
+    last_provider_id text,
+    retry_base integer,
+    CONSTRAINT effect_history_outcome_class_check CHECK ((outcome_class = ANY (ARRAY['accepted'::text, 'not_sent'::text, 'retry'::text, 'terminal'::text, 'ambiguous'::text, 'lease_lost'::text, 'reconciled_sent'::text, 'reconciled_not_sent'::text, 'reconcile_unknown'::text, 'operator_sent'::text, 'operator_not_sent'::text]))),
+    CONSTRAINT effect_history_state_check CHECK ((state = ANY (ARRAY['completed'::text, 'failed'::text])))
+)
+PARTITION BY RANGE (created_at);
 
 
 --
@@ -2252,15 +2755,11 @@ ALTER SEQUENCE public.effect_attempts_attempt_id_seq OWNED BY public.effect_atte
 --
 
 CREATE TABLE public.effect_outbox (
-    effect_id uuid DEFAULT gen_random_uuid() NOT NULL,
+    effect_id uuid DEFAULT public.outbox_new_effect_id() NOT NULL,
     idempotency_key text NOT NULL,
     effect_type text NOT NULL,
     target text NOT NULL,
     payload jsonb NOT NULL,
-    state text DEFAULT 'pending'::text NOT NULL,
-    lease_owner uuid,
-    lease_expires_at timestamp with time zone,
-    provider_id text,
     created_at timestamp with time zone DEFAULT now() NOT NULL,
     effect_key text GENERATED ALWAYS AS (public.outbox_sha256_hex(((((idempotency_key || '
 '::text) || effect_type) || '
@@ -2268,31 +2767,229 @@ CREATE TABLE public.effect_outbox (
     payload_hash text GENERATED ALWAYS AS (public.outbox_sha256_hex((payload)::text)) STORED,
     metadata jsonb,
     approved_by text,
+    available_at timestamp with time zone DEFAULT now() NOT NULL,
+    replaces_effect uuid
+);
+
+
+--
+-- Name: effect_attempts; Type: VIEW; Schema: public; Owner: -
+--
+
+CREATE VIEW public.effect_attempts WITH (security_invoker='true') AS
+ SELECT h.history_id AS attempt_id,
+    h.effect_id,
+    h.attempt,
+    h.lease_owner,
+    h.worker,
+    h.started_at,
+    h.ended_at,
+    h.outcome_class,
+    h.provider_status,
+    h.provider_id,
+    h.error_text,
+    h.cas_applied,
+    h.metadata,
+    h.resolution
+   FROM (public.effect_outbox b
+     JOIN public.effect_history h ON (((h.created_at = b.created_at) AND (h.effect_id = b.effect_id))))
+  WHERE (h.outcome_class IS NOT NULL);
+
+
+--
+-- Name: effect_calls; Type: TABLE; Schema: public; Owner: -
+--
+
+CREATE TABLE public.effect_calls (
+    call uuid NOT NULL,
+    lease_owner uuid NOT NULL,
+    worker text,
+    ids uuid[] NOT NULL,
+    deadline timestamp with time zone NOT NULL,
+    created_at timestamp with time zone DEFAULT now() NOT NULL
+);
+
+
+--
+-- Name: effect_history_202612; Type: TABLE; Schema: public; Owner: -
+--
+
+CREATE TABLE public.effect_history_202612 (
+    history_id bigint DEFAULT nextval('public.effect_history_id_seq'::regclass) NOT NULL,
+    effect_id uuid NOT NULL,
+    created_at timestamp with time zone NOT NULL,
+    attempt integer NOT NULL,
+    lease_owner uuid,
+    worker text,
+    started_at timestamp with time zone NOT NULL,
+    ended_at timestamp with time zone DEFAULT now() NOT NULL,
+    outcome_class text,
+    provider_status integer,
+    provider_id text,
+    error_text text,
+    cas_applied boolean DEFAULT true NOT NULL,
+    metadata jsonb,
+    resolution text,
+    state text,
+    last_error_class text,
+    last_error text,
+    last_provider_id text,
+    retry_base integer,
+    CONSTRAINT effect_history_outcome_class_check CHECK ((outcome_class = ANY (ARRAY['accepted'::text, 'not_sent'::text, 'retry'::text, 'terminal'::text, 'ambiguous'::text, 'lease_lost'::text, 'reconciled_sent'::text, 'reconciled_not_sent'::text, 'reconcile_unknown'::text, 'operator_sent'::text, 'operator_not_sent'::text]))),
+    CONSTRAINT effect_history_state_check CHECK ((state = ANY (ARRAY['completed'::text, 'failed'::text])))
+);
+
+
+--
+-- Name: effect_history_202701; Type: TABLE; Schema: public; Owner: -
+--
+
+CREATE TABLE public.effect_history_202701 (
+    history_id bigint DEFAULT nextval('public.effect_history_id_seq'::regclass) NOT NULL,
+    effect_id uuid NOT NULL,
+    created_at timestamp with time zone NOT NULL,
+    attempt integer NOT NULL,
+    lease_owner uuid,
+    worker text,
+    started_at timestamp with time zone NOT NULL,
+    ended_at timestamp with time zone DEFAULT now() NOT NULL,
+    outcome_class text,
+    provider_status integer,
+    provider_id text,
+    error_text text,
+    cas_applied boolean DEFAULT true NOT NULL,
+    metadata jsonb,
+    resolution text,
+    state text,
+    last_error_class text,
+    last_error text,
+    last_provider_id text,
+    retry_base integer,
+    CONSTRAINT effect_history_outcome_class_check CHECK ((outcome_class = ANY (ARRAY['accepted'::text, 'not_sent'::text, 'retry'::text, 'terminal'::text, 'ambiguous'::text, 'lease_lost'::text, 'reconciled_sent'::text, 'reconciled_not_sent'::text, 'reconcile_unknown'::text, 'operator_sent'::text, 'operator_not_sent'::text]))),
+    CONSTRAINT effect_history_state_check CHECK ((state = ANY (ARRAY['completed'::text, 'failed'::text])))
+);
+
+
+--
+-- Name: effect_history_202702; Type: TABLE; Schema: public; Owner: -
+--
+
+CREATE TABLE public.effect_history_202702 (
+    history_id bigint DEFAULT nextval('public.effect_history_id_seq'::regclass) NOT NULL,
+    effect_id uuid NOT NULL,
+    created_at timestamp with time zone NOT NULL,
+    attempt integer NOT NULL,
+    lease_owner uuid,
+    worker text,
+    started_at timestamp with time zone NOT NULL,
+    ended_at timestamp with time zone DEFAULT now() NOT NULL,
+    outcome_class text,
+    provider_status integer,
+    provider_id text,
+    error_text text,
+    cas_applied boolean DEFAULT true NOT NULL,
+    metadata jsonb,
+    resolution text,
+    state text,
+    last_error_class text,
+    last_error text,
+    last_provider_id text,
+    retry_base integer,
+    CONSTRAINT effect_history_outcome_class_check CHECK ((outcome_class = ANY (ARRAY['accepted'::text, 'not_sent'::text, 'retry'::text, 'terminal'::text, 'ambiguous'::text, 'lease_lost'::text, 'reconciled_sent'::text, 'reconciled_not_sent'::text, 'reconcile_unknown'::text, 'operator_sent'::text, 'operator_not_sent'::text]))),
+    CONSTRAINT effect_history_state_check CHECK ((state = ANY (ARRAY['completed'::text, 'failed'::text])))
+);
+
+
+--
+-- Name: effect_history_202703; Type: TABLE; Schema: public; Owner: -
+--
+
+CREATE TABLE public.effect_history_202703 (
+    history_id bigint DEFAULT nextval('public.effect_history_id_seq'::regclass) NOT NULL,
+    effect_id uuid NOT NULL,
+    created_at timestamp with time zone NOT NULL,
+    attempt integer NOT NULL,
+    lease_owner uuid,
+    worker text,
+    started_at timestamp with time zone NOT NULL,
+    ended_at timestamp with time zone DEFAULT now() NOT NULL,
+    outcome_class text,
+    provider_status integer,
+    provider_id text,
+    error_text text,
+    cas_applied boolean DEFAULT true NOT NULL,
+    metadata jsonb,
+    resolution text,
+    state text,
+    last_error_class text,
+    last_error text,
+    last_provider_id text,
+    retry_base integer,
+    CONSTRAINT effect_history_outcome_class_check CHECK ((outcome_class = ANY (ARRAY['accepted'::text, 'not_sent'::text, 'retry'::text, 'terminal'::text, 'ambiguous'::text, 'lease_lost'::text, 'reconciled_sent'::text, 'reconciled_not_sent'::text, 'reconcile_unknown'::text, 'operator_sent'::text, 'operator_not_sent'::text]))),
+    CONSTRAINT effect_history_state_check CHECK ((state = ANY (ARRAY['completed'::text, 'failed'::text])))
+);
+
+
+--
+-- Name: effect_history_default; Type: TABLE; Schema: public; Owner: -
+--
+
+CREATE TABLE public.effect_history_default (
+    history_id bigint DEFAULT nextval('public.effect_history_id_seq'::regclass) NOT NULL,
+    effect_id uuid NOT NULL,
+    created_at timestamp with time zone NOT NULL,
+    attempt integer NOT NULL,
+    lease_owner uuid,
+    worker text,
+    started_at timestamp with time zone NOT NULL,
+    ended_at timestamp with time zone DEFAULT now() NOT NULL,
+    outcome_class text,
+    provider_status integer,
+    provider_id text,
+    error_text text,
+    cas_applied boolean DEFAULT true NOT NULL,
+    metadata jsonb,
+    resolution text,
+    state text,
+    last_error_class text,
+    last_error text,
+    last_provider_id text,
+    retry_base integer,
+    CONSTRAINT effect_history_outcome_class_check CHECK ((outcome_class = ANY (ARRAY['accepted'::text, 'not_sent'::text, 'retry'::text, 'terminal'::text, 'ambiguous'::text, 'lease_lost'::text, 'reconciled_sent'::text, 'reconciled_not_sent'::text, 'reconcile_unknown'::text, 'operator_sent'::text, 'operator_not_sent'::text]))),
+    CONSTRAINT effect_history_state_check CHECK ((state = ANY (ARRAY['completed'::text, 'failed'::text])))
+);
+
+
+--
+-- Name: effect_live; Type: TABLE; Schema: public; Owner: -
+--
+
+CREATE TABLE public.effect_live (
+    effect_id uuid NOT NULL,
+    effect_type text NOT NULL,
+    created_at timestamp with time zone NOT NULL,
+    state text DEFAULT 'pending'::text NOT NULL,
+    available_at timestamp with time zone NOT NULL,
     attempts integer DEFAULT 0 NOT NULL,
     retry_base integer DEFAULT 0 NOT NULL,
-    available_at timestamp with time zone DEFAULT now() NOT NULL,
+    lease_owner uuid,
     lease_worker text,
     leased_at timestamp with time zone,
+    lease_expires_at timestamp with time zone,
     sending_since timestamp with time zone,
     mark_token uuid,
     sending_idempotent boolean DEFAULT false NOT NULL,
+    provider_id text,
     last_error_class text,
     last_error text,
     last_status integer,
-    completed_at timestamp with time zone,
-    updated_at timestamp with time zone DEFAULT now() NOT NULL,
-    replaces_effect uuid,
     last_reconciled_at timestamp with time zone,
-    send_deadline timestamp with time zone GENERATED ALWAYS AS (
-CASE
-    WHEN (state = 'sending'::text) THEN lease_expires_at
-    ELSE NULL::timestamp with time zone
-END) STORED,
-    CONSTRAINT effect_outbox_attempts_check CHECK ((attempts >= 0)),
-    CONSTRAINT effect_outbox_retry_base_check CHECK ((retry_base >= 0)),
-    CONSTRAINT effect_outbox_state_check CHECK ((state = ANY (ARRAY['pending'::text, 'sending'::text, 'completed'::text, 'unknown'::text, 'failed'::text])))
+    updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT effect_live_attempts_check CHECK ((attempts >= 0)),
+    CONSTRAINT effect_live_retry_base_check CHECK ((retry_base >= 0)),
+    CONSTRAINT effect_live_state_check CHECK ((state = ANY (ARRAY['pending'::text, 'sending'::text, 'unknown'::text])))
 )
-WITH (fillfactor='45');
+WITH (fillfactor='35');
 
 
 --
@@ -2385,6 +3082,75 @@ CREATE SEQUENCE public.outbox_control_history_change_id_seq
 --
 
 ALTER SEQUENCE public.outbox_control_history_change_id_seq OWNED BY public.outbox_control_history.change_id;
+
+
+--
+-- Name: outbox_effects; Type: VIEW; Schema: public; Owner: -
+--
+
+CREATE VIEW public.outbox_effects WITH (security_invoker='true') AS
+ SELECT b.effect_id,
+    b.idempotency_key,
+    b.effect_type,
+    b.target,
+    b.payload,
+    COALESCE(l.state, f.state, 'pending'::text) AS state,
+    l.lease_owner,
+    l.lease_expires_at,
+        CASE
+            WHEN (l.effect_id IS NOT NULL) THEN l.provider_id
+            ELSE f.last_provider_id
+        END AS provider_id,
+    b.created_at,
+    b.effect_key,
+    b.payload_hash,
+    b.metadata,
+    b.approved_by,
+    COALESCE(l.attempts, f.attempt, 0) AS attempts,
+    COALESCE(l.retry_base, f.retry_base, 0) AS retry_base,
+    COALESCE(l.available_at, b.available_at) AS available_at,
+    l.lease_worker,
+    l.leased_at,
+    l.sending_since,
+    l.mark_token,
+    COALESCE(l.sending_idempotent, false) AS sending_idempotent,
+        CASE
+            WHEN (l.effect_id IS NOT NULL) THEN l.last_error_class
+            ELSE f.last_error_class
+        END AS last_error_class,
+        CASE
+            WHEN (l.effect_id IS NOT NULL) THEN l.last_error
+            ELSE f.last_error
+        END AS last_error,
+        CASE
+            WHEN (l.effect_id IS NOT NULL) THEN l.last_status
+            ELSE f.provider_status
+        END AS last_status,
+        CASE
+            WHEN (l.effect_id IS NULL) THEN f.ended_at
+            ELSE NULL::timestamp with time zone
+        END AS completed_at,
+    COALESCE(l.updated_at, f.ended_at, b.created_at) AS updated_at,
+    b.replaces_effect,
+    l.last_reconciled_at,
+        CASE
+            WHEN (l.state = 'sending'::text) THEN l.lease_expires_at
+            ELSE NULL::timestamp with time zone
+        END AS send_deadline
+   FROM ((public.effect_outbox b
+     LEFT JOIN public.effect_live l ON ((l.effect_id = b.effect_id)))
+     LEFT JOIN LATERAL ( SELECT h.state,
+            h.attempt,
+            h.retry_base,
+            h.last_provider_id,
+            h.last_error_class,
+            h.last_error,
+            h.provider_status,
+            h.ended_at
+           FROM public.effect_history h
+          WHERE ((l.effect_id IS NULL) AND (h.created_at = b.created_at) AND (h.effect_id = b.effect_id) AND (h.state IS NOT NULL))
+          ORDER BY h.history_id DESC
+         LIMIT 1) f ON (true));
 
 
 --
@@ -2529,10 +3295,38 @@ WITH (fillfactor='70');
 
 
 --
--- Name: effect_attempts attempt_id; Type: DEFAULT; Schema: public; Owner: -
+-- Name: effect_history_202612; Type: TABLE ATTACH; Schema: public; Owner: -
 --
 
-ALTER TABLE ONLY public.effect_attempts ALTER COLUMN attempt_id SET DEFAULT nextval('public.effect_attempts_attempt_id_seq'::regclass);
+ALTER TABLE ONLY public.effect_history ATTACH PARTITION public.effect_history_202612 FOR VALUES FROM ('2026-12-01 00:00:00+00') TO ('2027-01-01 00:00:00+00');
+
+
+--
+-- Name: effect_history_202701; Type: TABLE ATTACH; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.effect_history ATTACH PARTITION public.effect_history_202701 FOR VALUES FROM ('2027-01-01 00:00:00+00') TO ('2027-02-01 00:00:00+00');
+
+
+--
+-- Name: effect_history_202702; Type: TABLE ATTACH; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.effect_history ATTACH PARTITION public.effect_history_202702 FOR VALUES FROM ('2027-02-01 00:00:00+00') TO ('2027-03-01 00:00:00+00');
+
+
+--
+-- Name: effect_history_202703; Type: TABLE ATTACH; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.effect_history ATTACH PARTITION public.effect_history_202703 FOR VALUES FROM ('2027-03-01 00:00:00+00') TO ('2027-04-01 00:00:00+00');
+
+
+--
+-- Name: effect_history_default; Type: TABLE ATTACH; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.effect_history ATTACH PARTITION public.effect_history_default DEFAULT;
 
 
 --
@@ -2573,19 +3367,19 @@ ALTER TABLE ONLY public.approvals
 
 
 --
--- Name: effect_attempts effect_attempts_pkey; Type: CONSTRAINT; Schema: public; Owner: -
+-- Name: effect_calls effect_calls_pkey; Type: CONSTRAINT; Schema: public; Owner: -
 --
 
-ALTER TABLE ONLY public.effect_attempts
-    ADD CONSTRAINT effect_attempts_pkey PRIMARY KEY (attempt_id);
+ALTER TABLE ONLY public.effect_calls
+    ADD CONSTRAINT effect_calls_pkey PRIMARY KEY (call);
 
 
 --
--- Name: effect_attempts effect_attempts_resolution_check; Type: CHECK CONSTRAINT; Schema: public; Owner: -
+-- Name: effect_live effect_live_pkey; Type: CONSTRAINT; Schema: public; Owner: -
 --
 
-ALTER TABLE public.effect_attempts
-    ADD CONSTRAINT effect_attempts_resolution_check CHECK ((resolution = ANY (ARRAY['late_accepted'::text, 'late_not_sent'::text]))) NOT VALID;
+ALTER TABLE ONLY public.effect_live
+    ADD CONSTRAINT effect_live_pkey PRIMARY KEY (effect_id);
 
 
 --
@@ -2707,14 +3501,101 @@ CREATE INDEX approvals_key_idx ON public.approvals USING btree (idempotency_key)
 
 
 --
--- Name: effect_attempts_call_uq; Type: INDEX; Schema: public; Owner: -
+-- Name: effect_calls_deadline_idx; Type: INDEX; Schema: public; Owner: -
 --
 
-CREATE UNIQUE INDEX effect_attempts_call_uq ON public.effect_attempts USING btree (effect_id, attempt, lease_owner, (
-CASE
-    WHEN (worker !~~ 'reaper:%'::text) THEN true
-    ELSE NULL::boolean
-END));
+CREATE INDEX effect_calls_deadline_idx ON public.effect_calls USING btree (deadline);
+
+
+--
+-- Name: effect_history_effect_idx; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE INDEX effect_history_effect_idx ON ONLY public.effect_history USING btree (created_at, effect_id);
+
+
+--
+-- Name: effect_history_202612_created_at_effect_id_idx; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE INDEX effect_history_202612_created_at_effect_id_idx ON public.effect_history_202612 USING btree (created_at, effect_id);
+
+
+--
+-- Name: effect_history_ended_brin; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE INDEX effect_history_ended_brin ON ONLY public.effect_history USING brin (ended_at) WITH (pages_per_range='32');
+
+
+--
+-- Name: effect_history_202612_ended_at_idx; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE INDEX effect_history_202612_ended_at_idx ON public.effect_history_202612 USING brin (ended_at) WITH (pages_per_range='32');
+
+
+--
+-- Name: effect_history_202701_created_at_effect_id_idx; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE INDEX effect_history_202701_created_at_effect_id_idx ON public.effect_history_202701 USING btree (created_at, effect_id);
+
+
+--
+-- Name: effect_history_202701_ended_at_idx; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE INDEX effect_history_202701_ended_at_idx ON public.effect_history_202701 USING brin (ended_at) WITH (pages_per_range='32');
+
+
+--
+-- Name: effect_history_202702_created_at_effect_id_idx; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE INDEX effect_history_202702_created_at_effect_id_idx ON public.effect_history_202702 USING btree (created_at, effect_id);
+
+
+--
+-- Name: effect_history_202702_ended_at_idx; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE INDEX effect_history_202702_ended_at_idx ON public.effect_history_202702 USING brin (ended_at) WITH (pages_per_range='32');
+
+
+--
+-- Name: effect_history_202703_created_at_effect_id_idx; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE INDEX effect_history_202703_created_at_effect_id_idx ON public.effect_history_202703 USING btree (created_at, effect_id);
+
+
+--
+-- Name: effect_history_202703_ended_at_idx; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE INDEX effect_history_202703_ended_at_idx ON public.effect_history_202703 USING brin (ended_at) WITH (pages_per_range='32');
+
+
+--
+-- Name: effect_history_default_created_at_effect_id_idx; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE INDEX effect_history_default_created_at_effect_id_idx ON public.effect_history_default USING btree (created_at, effect_id);
+
+
+--
+-- Name: effect_history_default_ended_at_idx; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE INDEX effect_history_default_ended_at_idx ON public.effect_history_default USING brin (ended_at) WITH (pages_per_range='32');
+
+
+--
+-- Name: effect_live_due_idx; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE INDEX effect_live_due_idx ON public.effect_live USING btree (available_at, effect_id);
 
 
 --
@@ -2725,45 +3606,10 @@ CREATE INDEX effect_outbox_created_brin ON public.effect_outbox USING brin (crea
 
 
 --
--- Name: effect_outbox_done_idx; Type: INDEX; Schema: public; Owner: -
---
-
-CREATE INDEX effect_outbox_done_idx ON public.effect_outbox USING btree (completed_at) WHERE (state = ANY (ARRAY['completed'::text, 'failed'::text]));
-
-
---
--- Name: effect_outbox_due_idx; Type: INDEX; Schema: public; Owner: -
---
-
-CREATE INDEX effect_outbox_due_idx ON public.effect_outbox USING btree (available_at, effect_id) WHERE (state = 'pending'::text);
-
-
---
 -- Name: effect_outbox_replaces_idx; Type: INDEX; Schema: public; Owner: -
 --
 
 CREATE INDEX effect_outbox_replaces_idx ON public.effect_outbox USING btree (replaces_effect) WHERE (replaces_effect IS NOT NULL);
-
-
---
--- Name: effect_outbox_sending_idx; Type: INDEX; Schema: public; Owner: -
---
-
-CREATE INDEX effect_outbox_sending_idx ON public.effect_outbox USING btree (send_deadline) WHERE ((state = 'sending'::text) AND (send_deadline IS NOT NULL));
-
-
---
--- Name: effect_outbox_sending_nodeadline_idx; Type: INDEX; Schema: public; Owner: -
---
-
-CREATE INDEX effect_outbox_sending_nodeadline_idx ON public.effect_outbox USING btree (effect_id) WHERE ((state = 'sending'::text) AND (send_deadline IS NULL));
-
-
---
--- Name: effect_outbox_unknown_idx; Type: INDEX; Schema: public; Owner: -
---
-
-CREATE INDEX effect_outbox_unknown_idx ON public.effect_outbox USING btree (created_at) WHERE (state = 'unknown'::text);
 
 
 --
@@ -2774,10 +3620,80 @@ CREATE INDEX run_claims_at_idx ON public.run_claims USING btree (claimed_at);
 
 
 --
--- Name: effect_attempts effect_attempts_append_only; Type: TRIGGER; Schema: public; Owner: -
+-- Name: effect_history_202612_created_at_effect_id_idx; Type: INDEX ATTACH; Schema: public; Owner: -
 --
 
-CREATE TRIGGER effect_attempts_append_only BEFORE DELETE OR UPDATE ON public.effect_attempts FOR EACH ROW EXECUTE FUNCTION public.effect_attempts_append_only();
+ALTER INDEX public.effect_history_effect_idx ATTACH PARTITION public.effect_history_202612_created_at_effect_id_idx;
+
+
+--
+-- Name: effect_history_202612_ended_at_idx; Type: INDEX ATTACH; Schema: public; Owner: -
+--
+
+ALTER INDEX public.effect_history_ended_brin ATTACH PARTITION public.effect_history_202612_ended_at_idx;
+
+
+--
+-- Name: effect_history_202701_created_at_effect_id_idx; Type: INDEX ATTACH; Schema: public; Owner: -
+--
+
+ALTER INDEX public.effect_history_effect_idx ATTACH PARTITION public.effect_history_202701_created_at_effect_id_idx;
+
+
+--
+-- Name: effect_history_202701_ended_at_idx; Type: INDEX ATTACH; Schema: public; Owner: -
+--
+
+ALTER INDEX public.effect_history_ended_brin ATTACH PARTITION public.effect_history_202701_ended_at_idx;
+
+
+--
+-- Name: effect_history_202702_created_at_effect_id_idx; Type: INDEX ATTACH; Schema: public; Owner: -
+--
+
+ALTER INDEX public.effect_history_effect_idx ATTACH PARTITION public.effect_history_202702_created_at_effect_id_idx;
+
+
+--
+-- Name: effect_history_202702_ended_at_idx; Type: INDEX ATTACH; Schema: public; Owner: -
+--
+
+ALTER INDEX public.effect_history_ended_brin ATTACH PARTITION public.effect_history_202702_ended_at_idx;
+
+
+--
+-- Name: effect_history_202703_created_at_effect_id_idx; Type: INDEX ATTACH; Schema: public; Owner: -
+--
+
+ALTER INDEX public.effect_history_effect_idx ATTACH PARTITION public.effect_history_202703_created_at_effect_id_idx;
+
+
+--
+-- Name: effect_history_202703_ended_at_idx; Type: INDEX ATTACH; Schema: public; Owner: -
+--
+
+ALTER INDEX public.effect_history_ended_brin ATTACH PARTITION public.effect_history_202703_ended_at_idx;
+
+
+--
+-- Name: effect_history_default_created_at_effect_id_idx; Type: INDEX ATTACH; Schema: public; Owner: -
+--
+
+ALTER INDEX public.effect_history_effect_idx ATTACH PARTITION public.effect_history_default_created_at_effect_id_idx;
+
+
+--
+-- Name: effect_history_default_ended_at_idx; Type: INDEX ATTACH; Schema: public; Owner: -
+--
+
+ALTER INDEX public.effect_history_ended_brin ATTACH PARTITION public.effect_history_default_ended_at_idx;
+
+
+--
+-- Name: effect_history effect_history_append_only; Type: TRIGGER; Schema: public; Owner: -
+--
+
+CREATE TRIGGER effect_history_append_only BEFORE DELETE OR UPDATE ON public.effect_history FOR EACH ROW EXECUTE FUNCTION public.effect_history_append_only();
 
 
 --
@@ -2788,10 +3704,10 @@ CREATE TRIGGER effect_outbox_gate BEFORE INSERT ON public.effect_outbox FOR EACH
 
 
 --
--- Name: effect_outbox effect_outbox_notify_ins; Type: TRIGGER; Schema: public; Owner: -
+-- Name: effect_outbox effect_outbox_queue; Type: TRIGGER; Schema: public; Owner: -
 --
 
-CREATE TRIGGER effect_outbox_notify_ins AFTER INSERT ON public.effect_outbox FOR EACH STATEMENT EXECUTE FUNCTION public.effect_outbox_notify();
+CREATE TRIGGER effect_outbox_queue AFTER INSERT ON public.effect_outbox REFERENCING NEW TABLE AS new_effects FOR EACH STATEMENT EXECUTE FUNCTION public.effect_outbox_queue();
 
 
 --
@@ -2803,19 +3719,19 @@ ALTER TABLE ONLY public.approvals
 
 
 --
--- Name: effect_outbox effect_outbox_idempotency_key_fkey; Type: FK CONSTRAINT; Schema: public; Owner: -
+-- Name: effect_outbox effect_outbox_idempotency_key_fkey1; Type: FK CONSTRAINT; Schema: public; Owner: -
 --
 
 ALTER TABLE ONLY public.effect_outbox
-    ADD CONSTRAINT effect_outbox_idempotency_key_fkey FOREIGN KEY (idempotency_key) REFERENCES public.workflow_runs(idempotency_key);
+    ADD CONSTRAINT effect_outbox_idempotency_key_fkey1 FOREIGN KEY (idempotency_key) REFERENCES public.workflow_runs(idempotency_key);
 
 
 --
--- Name: effect_outbox effect_outbox_replaces_effect_fkey; Type: FK CONSTRAINT; Schema: public; Owner: -
+-- Name: effect_outbox effect_outbox_replaces_effect_fkey1; Type: FK CONSTRAINT; Schema: public; Owner: -
 --
 
 ALTER TABLE ONLY public.effect_outbox
-    ADD CONSTRAINT effect_outbox_replaces_effect_fkey FOREIGN KEY (replaces_effect) REFERENCES public.effect_outbox(effect_id);
+    ADD CONSTRAINT effect_outbox_replaces_effect_fkey1 FOREIGN KEY (replaces_effect) REFERENCES public.effect_outbox(effect_id);
 
 
 --
@@ -2831,6 +3747,18 @@ ALTER TABLE ONLY public.workflow_runs
 --
 
 ALTER TABLE public.approvals ENABLE ROW LEVEL SECURITY;
+
+--
+-- Name: effect_history; Type: ROW SECURITY; Schema: public; Owner: -
+--
+
+ALTER TABLE public.effect_history ENABLE ROW LEVEL SECURITY;
+
+--
+-- Name: effect_live; Type: ROW SECURITY; Schema: public; Owner: -
+--
+
+ALTER TABLE public.effect_live ENABLE ROW LEVEL SECURITY;
 
 --
 -- Name: effect_outbox; Type: ROW SECURITY; Schema: public; Owner: -
@@ -2857,12 +3785,32 @@ CREATE POLICY outbox_producer_own_effects ON public.effect_outbox FOR SELECT TO 
 
 
 --
+-- Name: effect_history outbox_producer_own_history; Type: POLICY; Schema: public; Owner: -
+--
+
+CREATE POLICY outbox_producer_own_history ON public.effect_history FOR SELECT TO outbox_producer USING ((EXISTS ( SELECT 1
+   FROM (public.effect_outbox b
+     JOIN public.workflow_runs w USING (idempotency_key))
+  WHERE ((b.effect_id = effect_history.effect_id) AND ((w.owner_role IS NULL) OR (w.owner_role = SESSION_USER))))));
+
+
+--
 -- Name: effect_outbox outbox_producer_own_inserts; Type: POLICY; Schema: public; Owner: -
 --
 
 CREATE POLICY outbox_producer_own_inserts ON public.effect_outbox FOR INSERT TO outbox_producer WITH CHECK (((EXISTS ( SELECT 1
    FROM public.workflow_runs w
   WHERE ((w.idempotency_key = effect_outbox.idempotency_key) AND ((w.owner_role IS NULL) OR (w.owner_role = SESSION_USER))))) AND ((metadata IS NULL) OR (pg_column_size(metadata) <= public.outbox_metadata_max_bytes()) OR public.outbox_metadata_ok(metadata))));
+
+
+--
+-- Name: effect_live outbox_producer_own_live; Type: POLICY; Schema: public; Owner: -
+--
+
+CREATE POLICY outbox_producer_own_live ON public.effect_live FOR SELECT TO outbox_producer USING ((EXISTS ( SELECT 1
+   FROM (public.effect_outbox b
+     JOIN public.workflow_runs w USING (idempotency_key))
+  WHERE ((b.effect_id = effect_live.effect_id) AND ((w.owner_role IS NULL) OR (w.owner_role = SESSION_USER))))));
 
 
 --
@@ -2884,6 +3832,20 @@ CREATE POLICY outbox_staff_all_approvals ON public.approvals TO outbox_dispatche
 --
 
 CREATE POLICY outbox_staff_all_effects ON public.effect_outbox TO outbox_dispatcher, outbox_operator USING (true) WITH CHECK (true);
+
+
+--
+-- Name: effect_history outbox_staff_all_history; Type: POLICY; Schema: public; Owner: -
+--
+
+CREATE POLICY outbox_staff_all_history ON public.effect_history TO outbox_dispatcher, outbox_operator USING (true) WITH CHECK (true);
+
+
+--
+-- Name: effect_live outbox_staff_all_live; Type: POLICY; Schema: public; Owner: -
+--
+
+CREATE POLICY outbox_staff_all_live ON public.effect_live TO outbox_dispatcher, outbox_operator USING (true) WITH CHECK (true);
 
 
 --
@@ -2909,24 +3871,17 @@ GRANT USAGE ON SCHEMA public TO outbox_producer;
 
 
 --
--- Name: FUNCTION effect_attempts_append_only(); Type: ACL; Schema: public; Owner: -
+-- Name: FUNCTION effect_history_append_only(); Type: ACL; Schema: public; Owner: -
 --
 
-REVOKE ALL ON FUNCTION public.effect_attempts_append_only() FROM PUBLIC;
-
-
---
--- Name: FUNCTION effect_outbox_notify(); Type: ACL; Schema: public; Owner: -
---
-
-REVOKE ALL ON FUNCTION public.effect_outbox_notify() FROM PUBLIC;
+REVOKE ALL ON FUNCTION public.effect_history_append_only() FROM PUBLIC;
 
 
 --
--- Name: FUNCTION outbox_advance_runs(p_failed text[], p_completed text[]); Type: ACL; Schema: public; Owner: -
+-- Name: FUNCTION effect_outbox_queue(); Type: ACL; Schema: public; Owner: -
 --
 
-REVOKE ALL ON FUNCTION public.outbox_advance_runs(p_failed text[], p_completed text[]) FROM PUBLIC;
+REVOKE ALL ON FUNCTION public.effect_outbox_queue() FROM PUBLIC;
 
 
 --
@@ -3022,6 +3977,15 @@ REVOKE ALL ON FUNCTION public.outbox_effect_gate() FROM PUBLIC;
 
 
 --
+-- Name: FUNCTION outbox_effect_state(p_effect_id uuid); Type: ACL; Schema: public; Owner: -
+--
+
+GRANT ALL ON FUNCTION public.outbox_effect_state(p_effect_id uuid) TO outbox_dispatcher;
+GRANT ALL ON FUNCTION public.outbox_effect_state(p_effect_id uuid) TO outbox_operator;
+REVOKE ALL ON FUNCTION public.outbox_effect_state(p_effect_id uuid) FROM PUBLIC;
+
+
+--
 -- Name: FUNCTION outbox_enqueue(p_key text, p_effect_type text, p_target text, p_payload jsonb, p_metadata jsonb, p_delay_seconds integer); Type: ACL; Schema: public; Owner: -
 --
 
@@ -3043,6 +4007,15 @@ REVOKE ALL ON FUNCTION public.outbox_fail_invalid(p_owner uuid, p_items jsonb) F
 
 GRANT ALL ON FUNCTION public.outbox_fail_unknown_types(p_grace_seconds integer, p_limit integer) TO outbox_dispatcher;
 REVOKE ALL ON FUNCTION public.outbox_fail_unknown_types(p_grace_seconds integer, p_limit integer) FROM PUBLIC;
+
+
+--
+-- Name: FUNCTION outbox_history_partitions(p_from timestamp with time zone, p_to timestamp with time zone); Type: ACL; Schema: public; Owner: -
+--
+
+GRANT ALL ON FUNCTION public.outbox_history_partitions(p_from timestamp with time zone, p_to timestamp with time zone) TO outbox_dispatcher;
+GRANT ALL ON FUNCTION public.outbox_history_partitions(p_from timestamp with time zone, p_to timestamp with time zone) TO outbox_operator;
+REVOKE ALL ON FUNCTION public.outbox_history_partitions(p_from timestamp with time zone, p_to timestamp with time zone) FROM PUBLIC;
 
 
 --
@@ -3115,6 +4088,16 @@ REVOKE ALL ON FUNCTION public.outbox_metadata_ok(p_metadata jsonb) FROM PUBLIC;
 
 
 --
+-- Name: FUNCTION outbox_new_effect_id(); Type: ACL; Schema: public; Owner: -
+--
+
+GRANT ALL ON FUNCTION public.outbox_new_effect_id() TO outbox_dispatcher;
+GRANT ALL ON FUNCTION public.outbox_new_effect_id() TO outbox_operator;
+GRANT ALL ON FUNCTION public.outbox_new_effect_id() TO outbox_producer;
+REVOKE ALL ON FUNCTION public.outbox_new_effect_id() FROM PUBLIC;
+
+
+--
 -- Name: FUNCTION outbox_op_check(p_fn text, p_operator text, p_reason text); Type: ACL; Schema: public; Owner: -
 --
 
@@ -3180,6 +4163,13 @@ REVOKE ALL ON FUNCTION public.outbox_reconcile_lease_seconds() FROM PUBLIC;
 
 GRANT ALL ON FUNCTION public.outbox_reconcile_record(p_owner uuid, p_worker text, p_results jsonb) TO outbox_dispatcher;
 REVOKE ALL ON FUNCTION public.outbox_reconcile_record(p_owner uuid, p_worker text, p_results jsonb) FROM PUBLIC;
+
+
+--
+-- Name: FUNCTION outbox_record_call(p_call uuid, p_owner uuid, p_worker text, p_ids uuid[], p_deadline timestamp with time zone); Type: ACL; Schema: public; Owner: -
+--
+
+REVOKE ALL ON FUNCTION public.outbox_record_call(p_call uuid, p_owner uuid, p_worker text, p_ids uuid[], p_deadline timestamp with time zone) FROM PUBLIC;
 
 
 --
@@ -3288,6 +4278,15 @@ REVOKE ALL ON FUNCTION public.outbox_resolve_unknown(p_effect_id uuid, p_sent bo
 --
 
 REVOKE ALL ON FUNCTION public.outbox_run_is_mine(p_owner_role text) FROM PUBLIC;
+
+
+--
+-- Name: FUNCTION outbox_settle_runs(p_keys text[]); Type: ACL; Schema: public; Owner: -
+--
+
+GRANT ALL ON FUNCTION public.outbox_settle_runs(p_keys text[]) TO outbox_dispatcher;
+GRANT ALL ON FUNCTION public.outbox_settle_runs(p_keys text[]) TO outbox_operator;
+REVOKE ALL ON FUNCTION public.outbox_settle_runs(p_keys text[]) FROM PUBLIC;
 
 
 --
@@ -3428,6 +4427,66 @@ GRANT SELECT(created_at) ON TABLE public.approvals TO outbox_producer;
 
 
 --
+-- Name: TABLE effect_history; Type: ACL; Schema: public; Owner: -
+--
+
+GRANT SELECT ON TABLE public.effect_history TO outbox_dispatcher;
+GRANT SELECT ON TABLE public.effect_history TO outbox_operator;
+GRANT SELECT ON TABLE public.effect_history TO outbox_producer;
+
+
+--
+-- Name: TABLE effect_outbox; Type: ACL; Schema: public; Owner: -
+--
+
+GRANT SELECT ON TABLE public.effect_outbox TO outbox_dispatcher;
+GRANT SELECT ON TABLE public.effect_outbox TO outbox_operator;
+GRANT SELECT ON TABLE public.effect_outbox TO outbox_producer;
+
+
+--
+-- Name: COLUMN effect_outbox.idempotency_key; Type: ACL; Schema: public; Owner: -
+--
+
+GRANT INSERT(idempotency_key) ON TABLE public.effect_outbox TO outbox_producer;
+
+
+--
+-- Name: COLUMN effect_outbox.effect_type; Type: ACL; Schema: public; Owner: -
+--
+
+GRANT INSERT(effect_type) ON TABLE public.effect_outbox TO outbox_producer;
+
+
+--
+-- Name: COLUMN effect_outbox.target; Type: ACL; Schema: public; Owner: -
+--
+
+GRANT INSERT(target) ON TABLE public.effect_outbox TO outbox_producer;
+
+
+--
+-- Name: COLUMN effect_outbox.payload; Type: ACL; Schema: public; Owner: -
+--
+
+GRANT INSERT(payload) ON TABLE public.effect_outbox TO outbox_producer;
+
+
+--
+-- Name: COLUMN effect_outbox.metadata; Type: ACL; Schema: public; Owner: -
+--
+
+GRANT INSERT(metadata) ON TABLE public.effect_outbox TO outbox_producer;
+
+
+--
+-- Name: COLUMN effect_outbox.available_at; Type: ACL; Schema: public; Owner: -
+--
+
+GRANT INSERT(available_at) ON TABLE public.effect_outbox TO outbox_producer;
+
+
+--
 -- Name: TABLE effect_attempts; Type: ACL; Schema: public; Owner: -
 --
 
@@ -3435,242 +4494,169 @@ GRANT SELECT ON TABLE public.effect_attempts TO outbox_operator;
 
 
 --
--- Name: TABLE effect_outbox; Type: ACL; Schema: public; Owner: -
+-- Name: TABLE effect_calls; Type: ACL; Schema: public; Owner: -
 --
 
-GRANT SELECT ON TABLE public.effect_outbox TO outbox_operator;
-
-
---
--- Name: COLUMN effect_outbox.effect_id; Type: ACL; Schema: public; Owner: -
---
-
-GRANT SELECT(effect_id) ON TABLE public.effect_outbox TO outbox_dispatcher;
-GRANT SELECT(effect_id) ON TABLE public.effect_outbox TO outbox_producer;
+GRANT SELECT ON TABLE public.effect_calls TO outbox_operator;
 
 
 --
--- Name: COLUMN effect_outbox.idempotency_key; Type: ACL; Schema: public; Owner: -
+-- Name: TABLE effect_live; Type: ACL; Schema: public; Owner: -
 --
 
-GRANT SELECT(idempotency_key) ON TABLE public.effect_outbox TO outbox_dispatcher;
-GRANT SELECT(idempotency_key),INSERT(idempotency_key) ON TABLE public.effect_outbox TO outbox_producer;
-
-
---
--- Name: COLUMN effect_outbox.effect_type; Type: ACL; Schema: public; Owner: -
---
-
-GRANT SELECT(effect_type) ON TABLE public.effect_outbox TO outbox_dispatcher;
-GRANT SELECT(effect_type),INSERT(effect_type) ON TABLE public.effect_outbox TO outbox_producer;
+GRANT SELECT ON TABLE public.effect_live TO outbox_operator;
 
 
 --
--- Name: COLUMN effect_outbox.target; Type: ACL; Schema: public; Owner: -
+-- Name: COLUMN effect_live.effect_id; Type: ACL; Schema: public; Owner: -
 --
 
-GRANT SELECT(target) ON TABLE public.effect_outbox TO outbox_dispatcher;
-GRANT SELECT(target),INSERT(target) ON TABLE public.effect_outbox TO outbox_producer;
-
-
---
--- Name: COLUMN effect_outbox.payload; Type: ACL; Schema: public; Owner: -
---
-
-GRANT SELECT(payload) ON TABLE public.effect_outbox TO outbox_dispatcher;
-GRANT SELECT(payload),INSERT(payload) ON TABLE public.effect_outbox TO outbox_producer;
+GRANT SELECT(effect_id) ON TABLE public.effect_live TO outbox_dispatcher;
+GRANT SELECT(effect_id) ON TABLE public.effect_live TO outbox_producer;
 
 
 --
--- Name: COLUMN effect_outbox.state; Type: ACL; Schema: public; Owner: -
+-- Name: COLUMN effect_live.effect_type; Type: ACL; Schema: public; Owner: -
 --
 
-GRANT SELECT(state) ON TABLE public.effect_outbox TO outbox_dispatcher;
-GRANT SELECT(state) ON TABLE public.effect_outbox TO outbox_producer;
-
-
---
--- Name: COLUMN effect_outbox.lease_expires_at; Type: ACL; Schema: public; Owner: -
---
-
-GRANT SELECT(lease_expires_at) ON TABLE public.effect_outbox TO outbox_dispatcher;
-GRANT SELECT(lease_expires_at) ON TABLE public.effect_outbox TO outbox_producer;
+GRANT SELECT(effect_type) ON TABLE public.effect_live TO outbox_dispatcher;
+GRANT SELECT(effect_type) ON TABLE public.effect_live TO outbox_producer;
 
 
 --
--- Name: COLUMN effect_outbox.provider_id; Type: ACL; Schema: public; Owner: -
+-- Name: COLUMN effect_live.created_at; Type: ACL; Schema: public; Owner: -
 --
 
-GRANT SELECT(provider_id) ON TABLE public.effect_outbox TO outbox_dispatcher;
-GRANT SELECT(provider_id) ON TABLE public.effect_outbox TO outbox_producer;
-
-
---
--- Name: COLUMN effect_outbox.created_at; Type: ACL; Schema: public; Owner: -
---
-
-GRANT SELECT(created_at) ON TABLE public.effect_outbox TO outbox_dispatcher;
-GRANT SELECT(created_at) ON TABLE public.effect_outbox TO outbox_producer;
+GRANT SELECT(created_at) ON TABLE public.effect_live TO outbox_dispatcher;
+GRANT SELECT(created_at) ON TABLE public.effect_live TO outbox_producer;
 
 
 --
--- Name: COLUMN effect_outbox.effect_key; Type: ACL; Schema: public; Owner: -
+-- Name: COLUMN effect_live.state; Type: ACL; Schema: public; Owner: -
 --
 
-GRANT SELECT(effect_key) ON TABLE public.effect_outbox TO outbox_dispatcher;
-GRANT SELECT(effect_key) ON TABLE public.effect_outbox TO outbox_producer;
-
-
---
--- Name: COLUMN effect_outbox.payload_hash; Type: ACL; Schema: public; Owner: -
---
-
-GRANT SELECT(payload_hash) ON TABLE public.effect_outbox TO outbox_dispatcher;
-GRANT SELECT(payload_hash) ON TABLE public.effect_outbox TO outbox_producer;
+GRANT SELECT(state) ON TABLE public.effect_live TO outbox_dispatcher;
+GRANT SELECT(state) ON TABLE public.effect_live TO outbox_producer;
 
 
 --
--- Name: COLUMN effect_outbox.metadata; Type: ACL; Schema: public; Owner: -
+-- Name: COLUMN effect_live.available_at; Type: ACL; Schema: public; Owner: -
 --
 
-GRANT SELECT(metadata) ON TABLE public.effect_outbox TO outbox_dispatcher;
-GRANT SELECT(metadata),INSERT(metadata) ON TABLE public.effect_outbox TO outbox_producer;
-
-
---
--- Name: COLUMN effect_outbox.approved_by; Type: ACL; Schema: public; Owner: -
---
-
-GRANT SELECT(approved_by) ON TABLE public.effect_outbox TO outbox_dispatcher;
-GRANT SELECT(approved_by) ON TABLE public.effect_outbox TO outbox_producer;
+GRANT SELECT(available_at) ON TABLE public.effect_live TO outbox_dispatcher;
+GRANT SELECT(available_at) ON TABLE public.effect_live TO outbox_producer;
 
 
 --
--- Name: COLUMN effect_outbox.attempts; Type: ACL; Schema: public; Owner: -
+-- Name: COLUMN effect_live.attempts; Type: ACL; Schema: public; Owner: -
 --
 
-GRANT SELECT(attempts) ON TABLE public.effect_outbox TO outbox_dispatcher;
-GRANT SELECT(attempts) ON TABLE public.effect_outbox TO outbox_producer;
-
-
---
--- Name: COLUMN effect_outbox.retry_base; Type: ACL; Schema: public; Owner: -
---
-
-GRANT SELECT(retry_base) ON TABLE public.effect_outbox TO outbox_dispatcher;
-GRANT SELECT(retry_base) ON TABLE public.effect_outbox TO outbox_producer;
+GRANT SELECT(attempts) ON TABLE public.effect_live TO outbox_dispatcher;
+GRANT SELECT(attempts) ON TABLE public.effect_live TO outbox_producer;
 
 
 --
--- Name: COLUMN effect_outbox.available_at; Type: ACL; Schema: public; Owner: -
+-- Name: COLUMN effect_live.retry_base; Type: ACL; Schema: public; Owner: -
 --
 
-GRANT SELECT(available_at) ON TABLE public.effect_outbox TO outbox_dispatcher;
-GRANT SELECT(available_at),INSERT(available_at) ON TABLE public.effect_outbox TO outbox_producer;
-
-
---
--- Name: COLUMN effect_outbox.lease_worker; Type: ACL; Schema: public; Owner: -
---
-
-GRANT SELECT(lease_worker) ON TABLE public.effect_outbox TO outbox_dispatcher;
-GRANT SELECT(lease_worker) ON TABLE public.effect_outbox TO outbox_producer;
+GRANT SELECT(retry_base) ON TABLE public.effect_live TO outbox_dispatcher;
+GRANT SELECT(retry_base) ON TABLE public.effect_live TO outbox_producer;
 
 
 --
--- Name: COLUMN effect_outbox.leased_at; Type: ACL; Schema: public; Owner: -
+-- Name: COLUMN effect_live.lease_worker; Type: ACL; Schema: public; Owner: -
 --
 
-GRANT SELECT(leased_at) ON TABLE public.effect_outbox TO outbox_dispatcher;
-GRANT SELECT(leased_at) ON TABLE public.effect_outbox TO outbox_producer;
-
-
---
--- Name: COLUMN effect_outbox.sending_since; Type: ACL; Schema: public; Owner: -
---
-
-GRANT SELECT(sending_since) ON TABLE public.effect_outbox TO outbox_dispatcher;
-GRANT SELECT(sending_since) ON TABLE public.effect_outbox TO outbox_producer;
+GRANT SELECT(lease_worker) ON TABLE public.effect_live TO outbox_dispatcher;
+GRANT SELECT(lease_worker) ON TABLE public.effect_live TO outbox_producer;
 
 
 --
--- Name: COLUMN effect_outbox.mark_token; Type: ACL; Schema: public; Owner: -
+-- Name: COLUMN effect_live.leased_at; Type: ACL; Schema: public; Owner: -
 --
 
-GRANT SELECT(mark_token) ON TABLE public.effect_outbox TO outbox_dispatcher;
-GRANT SELECT(mark_token) ON TABLE public.effect_outbox TO outbox_producer;
-
-
---
--- Name: COLUMN effect_outbox.sending_idempotent; Type: ACL; Schema: public; Owner: -
---
-
-GRANT SELECT(sending_idempotent) ON TABLE public.effect_outbox TO outbox_dispatcher;
-GRANT SELECT(sending_idempotent) ON TABLE public.effect_outbox TO outbox_producer;
+GRANT SELECT(leased_at) ON TABLE public.effect_live TO outbox_dispatcher;
+GRANT SELECT(leased_at) ON TABLE public.effect_live TO outbox_producer;
 
 
 --
--- Name: COLUMN effect_outbox.last_error_class; Type: ACL; Schema: public; Owner: -
+-- Name: COLUMN effect_live.lease_expires_at; Type: ACL; Schema: public; Owner: -
 --
 
-GRANT SELECT(last_error_class) ON TABLE public.effect_outbox TO outbox_dispatcher;
-GRANT SELECT(last_error_class) ON TABLE public.effect_outbox TO outbox_producer;
-
-
---
--- Name: COLUMN effect_outbox.last_error; Type: ACL; Schema: public; Owner: -
---
-
-GRANT SELECT(last_error) ON TABLE public.effect_outbox TO outbox_dispatcher;
-GRANT SELECT(last_error) ON TABLE public.effect_outbox TO outbox_producer;
+GRANT SELECT(lease_expires_at) ON TABLE public.effect_live TO outbox_dispatcher;
+GRANT SELECT(lease_expires_at) ON TABLE public.effect_live TO outbox_producer;
 
 
 --
--- Name: COLUMN effect_outbox.last_status; Type: ACL; Schema: public; Owner: -
+-- Name: COLUMN effect_live.sending_since; Type: ACL; Schema: public; Owner: -
 --
 
-GRANT SELECT(last_status) ON TABLE public.effect_outbox TO outbox_dispatcher;
-GRANT SELECT(last_status) ON TABLE public.effect_outbox TO outbox_producer;
-
-
---
--- Name: COLUMN effect_outbox.completed_at; Type: ACL; Schema: public; Owner: -
---
-
-GRANT SELECT(completed_at) ON TABLE public.effect_outbox TO outbox_dispatcher;
-GRANT SELECT(completed_at) ON TABLE public.effect_outbox TO outbox_producer;
+GRANT SELECT(sending_since) ON TABLE public.effect_live TO outbox_dispatcher;
+GRANT SELECT(sending_since) ON TABLE public.effect_live TO outbox_producer;
 
 
 --
--- Name: COLUMN effect_outbox.updated_at; Type: ACL; Schema: public; Owner: -
+-- Name: COLUMN effect_live.mark_token; Type: ACL; Schema: public; Owner: -
 --
 
-GRANT SELECT(updated_at) ON TABLE public.effect_outbox TO outbox_dispatcher;
-GRANT SELECT(updated_at) ON TABLE public.effect_outbox TO outbox_producer;
-
-
---
--- Name: COLUMN effect_outbox.replaces_effect; Type: ACL; Schema: public; Owner: -
---
-
-GRANT SELECT(replaces_effect) ON TABLE public.effect_outbox TO outbox_dispatcher;
-GRANT SELECT(replaces_effect) ON TABLE public.effect_outbox TO outbox_producer;
+GRANT SELECT(mark_token) ON TABLE public.effect_live TO outbox_dispatcher;
+GRANT SELECT(mark_token) ON TABLE public.effect_live TO outbox_producer;
 
 
 --
--- Name: COLUMN effect_outbox.last_reconciled_at; Type: ACL; Schema: public; Owner: -
+-- Name: COLUMN effect_live.sending_idempotent; Type: ACL; Schema: public; Owner: -
 --
 
-GRANT SELECT(last_reconciled_at) ON TABLE public.effect_outbox TO outbox_dispatcher;
-GRANT SELECT(last_reconciled_at) ON TABLE public.effect_outbox TO outbox_producer;
+GRANT SELECT(sending_idempotent) ON TABLE public.effect_live TO outbox_dispatcher;
+GRANT SELECT(sending_idempotent) ON TABLE public.effect_live TO outbox_producer;
 
 
 --
--- Name: COLUMN effect_outbox.send_deadline; Type: ACL; Schema: public; Owner: -
+-- Name: COLUMN effect_live.provider_id; Type: ACL; Schema: public; Owner: -
 --
 
-GRANT SELECT(send_deadline) ON TABLE public.effect_outbox TO outbox_dispatcher;
-GRANT SELECT(send_deadline) ON TABLE public.effect_outbox TO outbox_producer;
+GRANT SELECT(provider_id) ON TABLE public.effect_live TO outbox_dispatcher;
+GRANT SELECT(provider_id) ON TABLE public.effect_live TO outbox_producer;
+
+
+--
+-- Name: COLUMN effect_live.last_error_class; Type: ACL; Schema: public; Owner: -
+--
+
+GRANT SELECT(last_error_class) ON TABLE public.effect_live TO outbox_dispatcher;
+GRANT SELECT(last_error_class) ON TABLE public.effect_live TO outbox_producer;
+
+
+--
+-- Name: COLUMN effect_live.last_error; Type: ACL; Schema: public; Owner: -
+--
+
+GRANT SELECT(last_error) ON TABLE public.effect_live TO outbox_dispatcher;
+GRANT SELECT(last_error) ON TABLE public.effect_live TO outbox_producer;
+
+
+--
+-- Name: COLUMN effect_live.last_status; Type: ACL; Schema: public; Owner: -
+--
+
+GRANT SELECT(last_status) ON TABLE public.effect_live TO outbox_dispatcher;
+GRANT SELECT(last_status) ON TABLE public.effect_live TO outbox_producer;
+
+
+--
+-- Name: COLUMN effect_live.last_reconciled_at; Type: ACL; Schema: public; Owner: -
+--
+
+GRANT SELECT(last_reconciled_at) ON TABLE public.effect_live TO outbox_dispatcher;
+GRANT SELECT(last_reconciled_at) ON TABLE public.effect_live TO outbox_producer;
+
+
+--
+-- Name: COLUMN effect_live.updated_at; Type: ACL; Schema: public; Owner: -
+--
+
+GRANT SELECT(updated_at) ON TABLE public.effect_live TO outbox_dispatcher;
+GRANT SELECT(updated_at) ON TABLE public.effect_live TO outbox_producer;
 
 
 --
@@ -3700,6 +4686,245 @@ GRANT SELECT ON TABLE public.outbox_control TO outbox_operator;
 --
 
 GRANT SELECT ON TABLE public.outbox_control_history TO outbox_operator;
+
+
+--
+-- Name: TABLE outbox_effects; Type: ACL; Schema: public; Owner: -
+--
+
+GRANT SELECT ON TABLE public.outbox_effects TO outbox_operator;
+
+
+--
+-- Name: COLUMN outbox_effects.effect_id; Type: ACL; Schema: public; Owner: -
+--
+
+GRANT SELECT(effect_id) ON TABLE public.outbox_effects TO outbox_dispatcher;
+GRANT SELECT(effect_id) ON TABLE public.outbox_effects TO outbox_producer;
+
+
+--
+-- Name: COLUMN outbox_effects.idempotency_key; Type: ACL; Schema: public; Owner: -
+--
+
+GRANT SELECT(idempotency_key) ON TABLE public.outbox_effects TO outbox_dispatcher;
+GRANT SELECT(idempotency_key) ON TABLE public.outbox_effects TO outbox_producer;
+
+
+--
+-- Name: COLUMN outbox_effects.effect_type; Type: ACL; Schema: public; Owner: -
+--
+
+GRANT SELECT(effect_type) ON TABLE public.outbox_effects TO outbox_dispatcher;
+GRANT SELECT(effect_type) ON TABLE public.outbox_effects TO outbox_producer;
+
+
+--
+-- Name: COLUMN outbox_effects.target; Type: ACL; Schema: public; Owner: -
+--
+
+GRANT SELECT(target) ON TABLE public.outbox_effects TO outbox_dispatcher;
+GRANT SELECT(target) ON TABLE public.outbox_effects TO outbox_producer;
+
+
+--
+-- Name: COLUMN outbox_effects.payload; Type: ACL; Schema: public; Owner: -
+--
+
+GRANT SELECT(payload) ON TABLE public.outbox_effects TO outbox_dispatcher;
+GRANT SELECT(payload) ON TABLE public.outbox_effects TO outbox_producer;
+
+
+--
+-- Name: COLUMN outbox_effects.state; Type: ACL; Schema: public; Owner: -
+--
+
+GRANT SELECT(state) ON TABLE public.outbox_effects TO outbox_dispatcher;
+GRANT SELECT(state) ON TABLE public.outbox_effects TO outbox_producer;
+
+
+--
+-- Name: COLUMN outbox_effects.lease_expires_at; Type: ACL; Schema: public; Owner: -
+--
+
+GRANT SELECT(lease_expires_at) ON TABLE public.outbox_effects TO outbox_dispatcher;
+GRANT SELECT(lease_expires_at) ON TABLE public.outbox_effects TO outbox_producer;
+
+
+--
+-- Name: COLUMN outbox_effects.provider_id; Type: ACL; Schema: public; Owner: -
+--
+
+GRANT SELECT(provider_id) ON TABLE public.outbox_effects TO outbox_dispatcher;
+GRANT SELECT(provider_id) ON TABLE public.outbox_effects TO outbox_producer;
+
+
+--
+-- Name: COLUMN outbox_effects.created_at; Type: ACL; Schema: public; Owner: -
+--
+
+GRANT SELECT(created_at) ON TABLE public.outbox_effects TO outbox_dispatcher;
+GRANT SELECT(created_at) ON TABLE public.outbox_effects TO outbox_producer;
+
+
+--
+-- Name: COLUMN outbox_effects.effect_key; Type: ACL; Schema: public; Owner: -
+--
+
+GRANT SELECT(effect_key) ON TABLE public.outbox_effects TO outbox_dispatcher;
+GRANT SELECT(effect_key) ON TABLE public.outbox_effects TO outbox_producer;
+
+
+--
+-- Name: COLUMN outbox_effects.payload_hash; Type: ACL; Schema: public; Owner: -
+--
+
+GRANT SELECT(payload_hash) ON TABLE public.outbox_effects TO outbox_dispatcher;
+GRANT SELECT(payload_hash) ON TABLE public.outbox_effects TO outbox_producer;
+
+
+--
+-- Name: COLUMN outbox_effects.metadata; Type: ACL; Schema: public; Owner: -
+--
+
+GRANT SELECT(metadata) ON TABLE public.outbox_effects TO outbox_dispatcher;
+GRANT SELECT(metadata) ON TABLE public.outbox_effects TO outbox_producer;
+
+
+--
+-- Name: COLUMN outbox_effects.approved_by; Type: ACL; Schema: public; Owner: -
+--
+
+GRANT SELECT(approved_by) ON TABLE public.outbox_effects TO outbox_dispatcher;
+GRANT SELECT(approved_by) ON TABLE public.outbox_effects TO outbox_producer;
+
+
+--
+-- Name: COLUMN outbox_effects.attempts; Type: ACL; Schema: public; Owner: -
+--
+
+GRANT SELECT(attempts) ON TABLE public.outbox_effects TO outbox_dispatcher;
+GRANT SELECT(attempts) ON TABLE public.outbox_effects TO outbox_producer;
+
+
+--
+-- Name: COLUMN outbox_effects.retry_base; Type: ACL; Schema: public; Owner: -
+--
+
+GRANT SELECT(retry_base) ON TABLE public.outbox_effects TO outbox_dispatcher;
+GRANT SELECT(retry_base) ON TABLE public.outbox_effects TO outbox_producer;
+
+
+--
+-- Name: COLUMN outbox_effects.available_at; Type: ACL; Schema: public; Owner: -
+--
+
+GRANT SELECT(available_at) ON TABLE public.outbox_effects TO outbox_dispatcher;
+GRANT SELECT(available_at) ON TABLE public.outbox_effects TO outbox_producer;
+
+
+--
+-- Name: COLUMN outbox_effects.lease_worker; Type: ACL; Schema: public; Owner: -
+--
+
+GRANT SELECT(lease_worker) ON TABLE public.outbox_effects TO outbox_dispatcher;
+GRANT SELECT(lease_worker) ON TABLE public.outbox_effects TO outbox_producer;
+
+
+--
+-- Name: COLUMN outbox_effects.leased_at; Type: ACL; Schema: public; Owner: -
+--
+
+GRANT SELECT(leased_at) ON TABLE public.outbox_effects TO outbox_dispatcher;
+GRANT SELECT(leased_at) ON TABLE public.outbox_effects TO outbox_producer;
+
+
+--
+-- Name: COLUMN outbox_effects.sending_since; Type: ACL; Schema: public; Owner: -
+--
+
+GRANT SELECT(sending_since) ON TABLE public.outbox_effects TO outbox_dispatcher;
+GRANT SELECT(sending_since) ON TABLE public.outbox_effects TO outbox_producer;
+
+
+--
+-- Name: COLUMN outbox_effects.mark_token; Type: ACL; Schema: public; Owner: -
+--
+
+GRANT SELECT(mark_token) ON TABLE public.outbox_effects TO outbox_dispatcher;
+GRANT SELECT(mark_token) ON TABLE public.outbox_effects TO outbox_producer;
+
+
+--
+-- Name: COLUMN outbox_effects.sending_idempotent; Type: ACL; Schema: public; Owner: -
+--
+
+GRANT SELECT(sending_idempotent) ON TABLE public.outbox_effects TO outbox_dispatcher;
+GRANT SELECT(sending_idempotent) ON TABLE public.outbox_effects TO outbox_producer;
+
+
+--
+-- Name: COLUMN outbox_effects.last_error_class; Type: ACL; Schema: public; Owner: -
+--
+
+GRANT SELECT(last_error_class) ON TABLE public.outbox_effects TO outbox_dispatcher;
+GRANT SELECT(last_error_class) ON TABLE public.outbox_effects TO outbox_producer;
+
+
+--
+-- Name: COLUMN outbox_effects.last_error; Type: ACL; Schema: public; Owner: -
+--
+
+GRANT SELECT(last_error) ON TABLE public.outbox_effects TO outbox_dispatcher;
+GRANT SELECT(last_error) ON TABLE public.outbox_effects TO outbox_producer;
+
+
+--
+-- Name: COLUMN outbox_effects.last_status; Type: ACL; Schema: public; Owner: -
+--
+
+GRANT SELECT(last_status) ON TABLE public.outbox_effects TO outbox_dispatcher;
+GRANT SELECT(last_status) ON TABLE public.outbox_effects TO outbox_producer;
+
+
+--
+-- Name: COLUMN outbox_effects.completed_at; Type: ACL; Schema: public; Owner: -
+--
+
+GRANT SELECT(completed_at) ON TABLE public.outbox_effects TO outbox_dispatcher;
+GRANT SELECT(completed_at) ON TABLE public.outbox_effects TO outbox_producer;
+
+
+--
+-- Name: COLUMN outbox_effects.updated_at; Type: ACL; Schema: public; Owner: -
+--
+
+GRANT SELECT(updated_at) ON TABLE public.outbox_effects TO outbox_dispatcher;
+GRANT SELECT(updated_at) ON TABLE public.outbox_effects TO outbox_producer;
+
+
+--
+-- Name: COLUMN outbox_effects.replaces_effect; Type: ACL; Schema: public; Owner: -
+--
+
+GRANT SELECT(replaces_effect) ON TABLE public.outbox_effects TO outbox_dispatcher;
+GRANT SELECT(replaces_effect) ON TABLE public.outbox_effects TO outbox_producer;
+
+
+--
+-- Name: COLUMN outbox_effects.last_reconciled_at; Type: ACL; Schema: public; Owner: -
+--
+
+GRANT SELECT(last_reconciled_at) ON TABLE public.outbox_effects TO outbox_dispatcher;
+GRANT SELECT(last_reconciled_at) ON TABLE public.outbox_effects TO outbox_producer;
+
+
+--
+-- Name: COLUMN outbox_effects.send_deadline; Type: ACL; Schema: public; Owner: -
+--
+
+GRANT SELECT(send_deadline) ON TABLE public.outbox_effects TO outbox_dispatcher;
+GRANT SELECT(send_deadline) ON TABLE public.outbox_effects TO outbox_producer;
 
 
 --

@@ -107,7 +107,7 @@ AI_ACTIONS_ENABLED=true "$BUILD_DIR/outbox-dispatcher" --config "$work/w2.ini" 2
 w2=$!
 
 i=0
-until [ "$(psql -At -d demo -c "SELECT count(*) FROM effect_outbox WHERE state IN ('pending','sending')")" = 0 ]; do
+until [ "$(psql -At -d demo -c "SELECT count(*) FROM outbox_effects WHERE state IN ('pending','sending')")" = 0 ]; do
     i=$((i + 1)); [ $i -gt 300 ] && { echo "effects not delivered in 30 s" >&2; tail "$work"/w*.log >&2; exit 1; }
     sleep 0.1
 done
@@ -117,7 +117,7 @@ step "operator's view: outboxctl status"
 
 step "effects"
 psql -d demo -c "SELECT effect_type, target, state, attempts, provider_id, last_error_class AS error
-                 FROM effect_outbox ORDER BY created_at"
+                 FROM outbox_effects ORDER BY created_at"
 step "runs"
 psql -d demo -c "SELECT idempotency_key, state FROM workflow_runs ORDER BY 1"
 step "attempts log"

@@ -10,7 +10,7 @@ the same nginx on loopback, which answers 200 {"id":"x"} from memory and
 logs `$msec key content-length status` per request.
   dispatcher  two outbox-dispatcher workers with the default config (the
               way bench/bench.py starts them), the items one bulk INSERT
-              into effect_outbox (the producer's columns only) after one
+              into outbox_effects (the producer's columns only) after one
               of their runs into workflow_runs, in one transaction.
   graphile    two graphile-worker processes x 24 concurrent jobs
               (bench/peer/graphile_worker.js), the items one call of
@@ -198,7 +198,7 @@ class DispatcherSide:
         self.procs = []
 
     def reset(self):
-        one(self.db, "TRUNCATE effect_body, effect_live, effect_history, effect_calls, workflow_runs,"
+        one(self.db, "TRUNCATE effect_outbox, effect_live, effect_history, effect_calls, workflow_runs,"
                      " approvals, run_claims CASCADE")
 
     def start(self, label):
@@ -230,7 +230,7 @@ class DispatcherSide:
                         " SELECT %s || g, 'http', %s, %s::jsonb FROM generate_series(1, %s) g",
                         (prefix, self.sink.url(), B.PAYLOAD, n))
             if ANALYZE:
-                cur.execute("ANALYZE workflow_runs, effect_body, effect_live")
+                cur.execute("ANALYZE workflow_runs, effect_outbox, effect_live")
             cur.execute("COMMIT")
 
     def drained(self):
@@ -254,7 +254,7 @@ class DispatcherSide:
     def keys(self, prefix, n):
         """What the HTTP provider sends as Idempotency-Key: effect_key, a
         hash the table generates from the effect's identity."""
-        keys = {r[0] for r in B.q("SELECT effect_key FROM effect_body WHERE idempotency_key LIKE %s",
+        keys = {r[0] for r in B.q("SELECT effect_key FROM effect_outbox WHERE idempotency_key LIKE %s",
                                   (prefix + "%",))}
         if len(keys) != n:
             fail("dispatcher %s: %d distinct effect keys for %d effects" % (prefix, len(keys), n))
@@ -264,10 +264,10 @@ class DispatcherSide:
         # Completed: the effect's finishing history row says so (one per
         # effect here); open ones are still in the live queue.
         done, total, open_, attempts = B.q(
-            "SELECT (SELECT count(*) FROM effect_body b JOIN effect_history h"
+            "SELECT (SELECT count(*) FROM effect_outbox b JOIN effect_history h"
             "         ON h.created_at = b.created_at AND h.effect_id = b.effect_id"
             "        WHERE h.state = 'completed' AND b.idempotency_key LIKE %s),"
-            " (SELECT count(*) FROM effect_body), (SELECT count(*) FROM effect_live),"
+            " (SELECT count(*) FROM effect_outbox), (SELECT count(*) FROM effect_live),"
             " (SELECT count(*) FROM effect_history WHERE outcome_class IS NOT NULL)", (prefix + "%",))[0]
         if (done, total, open_, attempts) != (n, n, 0, n):
             fail("dispatcher %s: %d of %d effects completed, %d still open, %d attempts rows"

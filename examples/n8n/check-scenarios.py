@@ -289,7 +289,7 @@ def approve():
                       {"token": state["token"], "decision": "approve"}, form=True,
                       headers={"X-Auth-Request-Email": "approver@example.com"})
     assert code == 200 and "Approved" in html, (code, html)
-    rows = q("SELECT effect_id, approved_by, state FROM effect_outbox WHERE idempotency_key = 'crm:lead-1'")
+    rows = q("SELECT effect_id, approved_by, state FROM outbox_effects WHERE idempotency_key = 'crm:lead-1'")
     assert len(rows) == 1 and rows[0][1] == "approver@example.com", rows
     return f"effect {rows[0][0]} queued, approved_by {rows[0][1]}"
 check("POST approve consumes the token and enqueues the effect", approve)
@@ -299,17 +299,17 @@ def replay():
                       {"token": state["token"], "decision": "approve"}, form=True,
                       headers={"X-Auth-Request-Email": "approver@example.com"})
     assert code == 409 and "Nothing was done" in html, (code, html)
-    assert q("SELECT count(*) FROM effect_outbox WHERE idempotency_key = 'crm:lead-1'") == [(1,)]
+    assert q("SELECT count(*) FROM outbox_effects WHERE idempotency_key = 'crm:lead-1'") == [(1,)]
 check("replayed POST: nothing done, still one effect", replay)
 
 def delivered_once(event_id, key):
     def go():
         assert have_dispatcher, "no dispatcher built"
         d = wait_for(lambda: delivered(event_id), 60, f"delivery of {event_id}")
-        ek, st, pid = q("SELECT effect_key, state, provider_id FROM effect_outbox WHERE idempotency_key = %s", key)[0]
+        ek, st, pid = q("SELECT effect_key, state, provider_id FROM outbox_effects WHERE idempotency_key = %s", key)[0]
         assert d[0]["headers"].get("idempotency-key") == ek, (d[0]["headers"], ek)
         wait_for(lambda: run_state(key) == "completed", 30, f"run {key} completed")
-        st, pid = q("SELECT state, provider_id FROM effect_outbox WHERE idempotency_key = %s", key)[0]
+        st, pid = q("SELECT state, provider_id FROM outbox_effects WHERE idempotency_key = %s", key)[0]
         assert st == "completed", st
         assert len(delivered(event_id)) == 1
         return f"delivered once, Idempotency-Key {ek[:12]}..., provider id {pid}, run completed"
@@ -330,7 +330,7 @@ def invalid():
     assert q("SELECT state FROM workflow_runs WHERE idempotency_key = 'crm:lead-3'") == [("failed_terminal",)]
     assert len([l for l in jsonl("llm") if "ALWAYS-INVALID" in l["user"]]) == 2
     wait_for(lambda: [m for m in jsonl("notify") if "crm:lead-3" in m.get("text", "")], 20, "human told")
-    assert q("SELECT count(*) FROM effect_outbox WHERE idempotency_key = 'crm:lead-3'") == [(0,)]
+    assert q("SELECT count(*) FROM outbox_effects WHERE idempotency_key = 'crm:lead-3'") == [(0,)]
     code, body = http("POST", f"{HOOK}/outbox/lead", ev("lead-3", "ALWAYS-INVALID please"))
     assert code == 200 and body["state"] == "failed_terminal", (code, body)
     return "422 failed_terminal, human notified, a re-delivery is not re-run"
@@ -366,7 +366,7 @@ def auto():
     code, body = http("POST", f"{HOOK}/outbox/ticket",
                       ev("t-1", "When are you open?", category="opening_hours"))
     assert code == 202 and body["status"] == "queued" and body["decided"] == "auto", (code, body)
-    row = q("SELECT approved_by, metadata->>'approval' FROM effect_outbox WHERE idempotency_key = 'crm:t-1'")
+    row = q("SELECT approved_by, metadata->>'approval' FROM outbox_effects WHERE idempotency_key = 'crm:t-1'")
     assert row == [(None, "auto:template:opening_hours")], row
     return f"queued automatically, effect {body['effect_id']}"
 check("approve-by-exception: eligible ticket enqueued without a human", auto)
@@ -376,7 +376,7 @@ def escalated():
     code, body = http("POST", f"{HOOK}/outbox/ticket",
                       ev("t-2", "I want a refund", category="refund"))
     assert code == 202 and body["status"] == "awaiting_human", (code, body)
-    assert q("SELECT count(*) FROM effect_outbox WHERE idempotency_key = 'crm:t-2'") == [(0,)]
+    assert q("SELECT count(*) FROM outbox_effects WHERE idempotency_key = 'crm:t-2'") == [(0,)]
 check("approve-by-exception: other tickets go to a human", escalated)
 
 def reject():
@@ -386,7 +386,7 @@ def reject():
                       form=True, headers={"X-Auth-Request-Email": "lead@example.com"})
     assert code == 200 and "Rejected" in html, (code, html)
     assert q("SELECT state FROM workflow_runs WHERE idempotency_key = 'crm:t-2'") == [("failed_terminal",)]
-    assert q("SELECT count(*) FROM effect_outbox WHERE idempotency_key = 'crm:t-2'") == [(0,)]
+    assert q("SELECT count(*) FROM outbox_effects WHERE idempotency_key = 'crm:t-2'") == [(0,)]
     code, html = http("POST", f"{HOOK}/outbox/approval/decide", {"token": token, "decision": "approve"},
                       form=True, headers={"X-Auth-Request-Email": "lead@example.com"})
     assert code == 409, (code, html)
@@ -400,7 +400,7 @@ def window_cancel():
     assert code == 200 and c["cancelled"] is True, (code, c)
     code, c = http("POST", f"{HOOK}/outbox/cancel", {"effect_id": body["effect_id"]})
     assert code == 409 and c["status"] == "finished" and c["cancelled"] is False, (code, c)
-    st, err = q("SELECT state, last_error FROM effect_outbox WHERE effect_id = %s", body["effect_id"])[0]
+    st, err = q("SELECT state, last_error FROM outbox_effects WHERE effect_id = %s", body["effect_id"])[0]
     assert st == "failed" and err.startswith("cancelled"), (st, err)
     return "scheduled, cancelled inside the window; a second cancel: 409 finished"
 check("act-with-window: cancel inside the window", window_cancel)
@@ -428,13 +428,13 @@ def cancel_too_late():
         code, body = http("POST", f"{HOOK}/outbox/scheduled", ev("s-late", "Reminder: cancelled too late"))
         assert code == 202, (code, body)
         eid = body["effect_id"]
-        wait_for(lambda: q("SELECT available_at < now() FROM effect_outbox WHERE effect_id = %s", eid)[0][0],
+        wait_for(lambda: q("SELECT available_at < now() FROM outbox_effects WHERE effect_id = %s", eid)[0][0],
                  60, "the window to pass")
         for _ in range(2):      # retrying changes nothing, and says so
             code, c, h = request("POST", f"{HOOK}/outbox/cancel", {"effect_id": eid, "reason": "too late"})
             assert code == 409 and c["status"] == "too_late" and c["cancelled"] is False and is_kit(h, c), (code, c)
             assert "outboxctl cancel" in c["message"], c
-        assert q("SELECT state FROM effect_outbox WHERE effect_id = %s", eid) == [("pending",)]
+        assert q("SELECT state FROM outbox_effects WHERE effect_id = %s", eid) == [("pending",)]
         # The operator's way, as the answer says.
         out = ctl("cancel", eid, "--operator", "n8n-check", "--reason", "customer withdrew late")
         assert "cancelled: customer withdrew late" in out, out

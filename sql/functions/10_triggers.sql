@@ -11,7 +11,7 @@
 -- INSERT about 5 %.  Instead every name it uses is schema-qualified (the
 -- transition table is the statement's own and is found before any table),
 -- and it uses no operator, so nothing in the caller's path is ever reached.
-CREATE OR REPLACE FUNCTION effect_body_queue() RETURNS trigger
+CREATE OR REPLACE FUNCTION effect_outbox_queue() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER AS $$
 BEGIN
     INSERT INTO public.effect_live (effect_id, effect_type, created_at, available_at)
@@ -20,10 +20,10 @@ BEGIN
     RETURN NULL;
 END $$;
 
-DROP TRIGGER IF EXISTS effect_body_queue ON effect_body;
-CREATE TRIGGER effect_body_queue
-    AFTER INSERT ON effect_body REFERENCING NEW TABLE AS new_effects
-    FOR EACH STATEMENT EXECUTE FUNCTION effect_body_queue();
+DROP TRIGGER IF EXISTS effect_outbox_queue ON effect_outbox;
+CREATE TRIGGER effect_outbox_queue
+    AFTER INSERT ON effect_outbox REFERENCING NEW TABLE AS new_effects
+    FOR EACH STATEMENT EXECUTE FUNCTION effect_outbox_queue();
 DROP FUNCTION IF EXISTS effect_outbox_notify();
 
 -- The approval gate (docs/design.md, "The approval gate").  A new effect is
@@ -64,7 +64,7 @@ BEGIN
        OR NEW.effect_type IS NULL THEN
         RETURN NEW;                     -- the foreign key or NOT NULL refuses the rest
     END IF;
-    IF EXISTS (SELECT 1 FROM effect_body o
+    IF EXISTS (SELECT 1 FROM effect_outbox o
                 WHERE o.idempotency_key = NEW.idempotency_key
                   AND o.effect_type = NEW.effect_type AND o.target = NEW.target) THEN
         RETURN NEW;                     -- a repeat: adds nothing
@@ -92,13 +92,13 @@ BEGIN
               HINT = 'enqueue before moving the run on, or send the effect down the approval path';
 END $$;
 
-DROP TRIGGER IF EXISTS effect_body_gate ON effect_body;
-CREATE TRIGGER effect_body_gate
-    BEFORE INSERT ON effect_body
+DROP TRIGGER IF EXISTS effect_outbox_gate ON effect_outbox;
+CREATE TRIGGER effect_outbox_gate
+    BEFORE INSERT ON effect_outbox
     FOR EACH ROW EXECUTE FUNCTION outbox_effect_gate();
 
 -- Nobody may call these but the roles named here.
 REVOKE EXECUTE ON FUNCTION
-    effect_body_queue(),
+    effect_outbox_queue(),
     outbox_effect_gate()
     FROM PUBLIC;

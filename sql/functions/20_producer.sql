@@ -69,7 +69,7 @@ BEGIN
     RETURN true;
 END $$;
 
-DROP POLICY IF EXISTS outbox_producer_own_inserts ON effect_body;
+DROP POLICY IF EXISTS outbox_producer_own_inserts ON effect_outbox;
 -- The plain INSERT's check is inline (a PL/pgSQL call per row cost a
 -- bulk insert 2.6x): the run must be one the login sees, its own or a
 -- shared one (workflow_runs' policy in sql/104_producer_isolation.sql).
@@ -78,9 +78,9 @@ DROP POLICY IF EXISTS outbox_producer_own_inserts ON effect_body;
 -- login: that run is not in the snapshot, so the row is refused; and the
 -- foreign key locks the run it finds.  A missing run and another login's
 -- run give the same answer (42501, the policy's).
-CREATE POLICY outbox_producer_own_inserts ON effect_body FOR INSERT TO outbox_producer
+CREATE POLICY outbox_producer_own_inserts ON effect_outbox FOR INSERT TO outbox_producer
     WITH CHECK (EXISTS (SELECT 1 FROM workflow_runs w
-                         WHERE w.idempotency_key = effect_body.idempotency_key
+                         WHERE w.idempotency_key = effect_outbox.idempotency_key
                            AND (w.owner_role IS NULL OR w.owner_role = session_user))
                 AND (metadata IS NULL OR pg_column_size(metadata) <= outbox_metadata_max_bytes()
                      OR outbox_metadata_ok(metadata)));
@@ -106,7 +106,7 @@ DECLARE
 BEGIN
     WITH gone AS (
         DELETE FROM effect_live l
-         USING effect_body b
+         USING effect_outbox b
          WHERE b.idempotency_key = p_key AND l.effect_id = b.effect_id AND l.state = 'pending'
         RETURNING l.*)
     INSERT INTO effect_history (effect_id, created_at, attempt, worker, started_at, ended_at,
@@ -124,7 +124,7 @@ CREATE OR REPLACE FUNCTION outbox_lock_pending_of_run(p_key text)
 RETURNS void
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 BEGIN
-    PERFORM 1 FROM effect_body b JOIN effect_live l USING (effect_id)
+    PERFORM 1 FROM effect_outbox b JOIN effect_live l USING (effect_id)
      WHERE b.idempotency_key = p_key AND l.state = 'pending'
      ORDER BY l.effect_id FOR UPDATE OF l;
 END $$;
@@ -422,7 +422,7 @@ BEGIN
      WHERE w.idempotency_key = a.idempotency_key;
 
     RETURN QUERY
-    INSERT INTO effect_body AS o (idempotency_key, effect_type, target, payload,
+    INSERT INTO effect_outbox AS o (idempotency_key, effect_type, target, payload,
                                   metadata, approved_by)
     SELECT a.idempotency_key, e->>'effect_type', e->>'target', e->'payload',
            e->'metadata', p_approver
@@ -444,7 +444,7 @@ CREATE OR REPLACE FUNCTION outbox_enqueue(p_key text, p_effect_type text, p_targ
                                p_delay_seconds integer DEFAULT 0)
 RETURNS TABLE (effect_id uuid, inserted boolean, state text, available_at timestamptz)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp
-    -- Its plans are cached for the session: one made while effect_body was
+    -- Its plans are cached for the session: one made while effect_outbox was
     -- nearly empty must not stay a scan of it as it grows.
     SET enable_seqscan = off AS $$
 DECLARE
@@ -461,7 +461,7 @@ BEGIN
     -- `approved` run (the lease holder's approve-by-exception enqueues
     -- what it approved).  Before the run's share lock below, so two
     -- enqueues into one run queue on the settle's lock, never deadlock.
-    IF EXISTS (SELECT 1 FROM effect_body o WHERE o.idempotency_key = p_key)
+    IF EXISTS (SELECT 1 FROM effect_outbox o WHERE o.idempotency_key = p_key)
        AND EXISTS (SELECT 1 FROM workflow_runs w
                     WHERE w.idempotency_key = p_key AND w.state = 'processing'
                       AND outbox_run_is_mine(w.owner_role)) THEN
@@ -472,7 +472,7 @@ BEGIN
     -- The delay is the body's first due time; the insert's trigger makes
     -- the live row, pending and due then, so a new effect is returned as
     -- the insert wrote it, without reading it back.
-    INSERT INTO effect_body AS o (idempotency_key, effect_type, target, payload,
+    INSERT INTO effect_outbox AS o (idempotency_key, effect_type, target, payload,
                                   metadata, available_at)
     VALUES (p_key, p_effect_type, p_target, p_payload, p_metadata,
             now() + make_interval(secs => p_delay_seconds))
@@ -483,7 +483,7 @@ BEGIN
     ELSE
         RETURN QUERY SELECT b.effect_id, false, outbox_effect_state(b.effect_id),
                             coalesce(l.available_at, b.available_at)
-                       FROM effect_body b LEFT JOIN effect_live l USING (effect_id)
+                       FROM effect_outbox b LEFT JOIN effect_live l USING (effect_id)
                       WHERE b.idempotency_key = p_key AND b.effect_type = p_effect_type
                         AND b.target = p_target;
     END IF;
@@ -507,7 +507,7 @@ BEGIN
     -- state, and is never locked, so no other login can stall its
     -- completion by holding a transaction open.
     SELECT b.idempotency_key, w.owner_role INTO run_key, run_owner
-      FROM effect_body b JOIN workflow_runs w USING (idempotency_key)
+      FROM effect_outbox b JOIN workflow_runs w USING (idempotency_key)
      WHERE b.effect_id = p_effect_id;
     IF NOT FOUND OR NOT outbox_run_is_mine(run_owner) THEN
         RETURN false;

@@ -36,7 +36,7 @@ BEGIN
     -- so that no other login can hold its row (an effect's run and a
     -- run's owner never change).
     SELECT b.idempotency_key INTO run_key
-      FROM effect_body b JOIN workflow_runs w USING (idempotency_key)
+      FROM effect_outbox b JOIN workflow_runs w USING (idempotency_key)
      WHERE b.effect_id = p_effect_id AND outbox_run_is_mine(w.owner_role);
     IF NOT FOUND THEN
         RETURN QUERY SELECT 'not_found'::text, NULL::text, NULL::timestamptz;
@@ -50,7 +50,7 @@ BEGIN
     IF NOT live THEN
         -- No live row: the effect has finished (completed or failed).
         RETURN QUERY SELECT 'finished'::text, outbox_effect_state(b.effect_id), b.available_at
-                       FROM effect_body b WHERE b.effect_id = p_effect_id;
+                       FROM effect_outbox b WHERE b.effect_id = p_effect_id;
         RETURN;
     END IF;
     IF o.state = 'sending' THEN

@@ -31,7 +31,7 @@ RETURNS text
 LANGUAGE sql STABLE SECURITY DEFINER SET search_path = public, pg_temp AS $$
     SELECT coalesce(
         (SELECT l.state FROM effect_live l WHERE l.effect_id = p_effect_id),
-        (SELECT h.state FROM effect_body b JOIN effect_history h
+        (SELECT h.state FROM effect_outbox b JOIN effect_history h
                 ON h.effect_id = b.effect_id AND h.created_at = b.created_at
           WHERE b.effect_id = p_effect_id AND h.state IS NOT NULL
           ORDER BY h.history_id DESC LIMIT 1));
@@ -115,7 +115,7 @@ BEGIN
      CROSS JOIN LATERAL (
            SELECT e.idempotency_key, e.effect_type, e.target, e.payload::text AS payload_text,
                   e.payload_hash, e.effect_key, e.metadata::text AS metadata_text, e.approved_by
-             FROM effect_body e WHERE e.effect_id = l.effect_id
+             FROM effect_outbox e WHERE e.effect_id = l.effect_id
             OFFSET 0) b
      ORDER BY l.available_at, l.effect_id;
 END $$;
@@ -284,7 +284,7 @@ BEGIN
         SELECT coalesce(array_agg(w.idempotency_key ORDER BY w.idempotency_key), '{}') INTO keys
           FROM workflow_runs w
          WHERE w.state IN ('approved', 'processing')
-           AND EXISTS (SELECT 1 FROM effect_body b WHERE b.idempotency_key = w.idempotency_key);
+           AND EXISTS (SELECT 1 FROM effect_outbox b WHERE b.idempotency_key = w.idempotency_key);
     ELSE
         keys := p_keys;
     END IF;
@@ -304,7 +304,7 @@ BEGIN
            updated_at = now()
      WHERE w.idempotency_key = ANY (keys)
        AND w.state IN ('approved', 'processing')
-       AND EXISTS (SELECT 1 FROM effect_body b
+       AND EXISTS (SELECT 1 FROM effect_outbox b
                     WHERE b.idempotency_key = w.idempotency_key
                       AND NOT EXISTS (SELECT 1 FROM effect_live l WHERE l.effect_id = b.effect_id)
                       AND (SELECT h.state FROM effect_history h
@@ -316,8 +316,8 @@ BEGIN
        SET state = 'completed', version = w.version + 1, updated_at = now()
      WHERE w.idempotency_key = ANY (keys)
        AND w.state IN ('approved', 'processing')
-       AND EXISTS (SELECT 1 FROM effect_body b WHERE b.idempotency_key = w.idempotency_key)
-       AND NOT EXISTS (SELECT 1 FROM effect_body b
+       AND EXISTS (SELECT 1 FROM effect_outbox b WHERE b.idempotency_key = w.idempotency_key)
+       AND NOT EXISTS (SELECT 1 FROM effect_outbox b
                         WHERE b.idempotency_key = w.idempotency_key
                           AND (EXISTS (SELECT 1 FROM effect_live l WHERE l.effect_id = b.effect_id)
                                OR coalesce((SELECT h.state FROM effect_history h
@@ -529,7 +529,7 @@ BEGIN
           FROM jsonb_to_recordset(p_results) AS r(
                    effect_id uuid, attempt integer, started_ms_ago bigint, outcome text,
                    status integer, provider_id text, error text)
-         CROSS JOIN LATERAL (SELECT e.created_at FROM effect_body e
+         CROSS JOIN LATERAL (SELECT e.created_at FROM effect_outbox e
                               WHERE e.effect_id = r.effect_id) b
          WHERE NOT r.effect_id = ANY (done_ids)
            AND r.outcome IS NOT NULL
@@ -574,7 +574,7 @@ BEGIN
           SELECT true AS applied, a.resolution FROM effect_history a
            WHERE NOT r.effect_id = ANY (done_ids)
              AND a.effect_id = r.effect_id AND a.attempt = r.attempt
-             AND a.created_at = (SELECT e.created_at FROM effect_body e
+             AND a.created_at = (SELECT e.created_at FROM effect_outbox e
                                   WHERE e.effect_id = r.effect_id)
              AND a.lease_owner = p_owner AND a.cas_applied
              AND a.outcome_class IS NOT NULL
@@ -779,7 +779,7 @@ BEGIN
     SELECT o.effect_id, b.effect_key, b.effect_type, b.target, o.lease_worker, o.sending_since
       FROM effect_calls c
       JOIN effect_live o ON o.effect_id = ANY (c.ids) AND o.mark_token = c.call
-      JOIN effect_body b ON b.effect_id = o.effect_id
+      JOIN effect_outbox b ON b.effect_id = o.effect_id
      WHERE o.state = 'sending'
      ORDER BY o.sending_since;
 END $$;

@@ -99,7 +99,7 @@ BEGIN
                SELECT e.idempotency_key, e.effect_type, e.target,
                       e.payload::text AS payload_text, e.payload_hash, e.effect_key,
                       e.metadata::text AS metadata_text, e.approved_by
-                 FROM effect_body e WHERE e.effect_id = m.effect_id
+                 FROM effect_outbox e WHERE e.effect_id = m.effect_id
             OFFSET 0) b
          ORDER BY m.available_at, m.effect_id;
         RETURN;
@@ -157,7 +157,7 @@ BEGIN
      CROSS JOIN LATERAL (
            SELECT e.idempotency_key, e.effect_type, e.target, e.payload::text AS payload_text,
                   e.payload_hash, e.effect_key, e.metadata::text AS metadata_text, e.approved_by
-             FROM effect_body e WHERE e.effect_id = c.effect_id
+             FROM effect_outbox e WHERE e.effect_id = c.effect_id
             OFFSET 0) b
      ORDER BY c.available_at, c.effect_id;
 END $$;

@@ -47,7 +47,7 @@ RETURNS TABLE (applied boolean, state text, idempotency_key text, provider_id te
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
-    b effect_body%ROWTYPE;
+    b effect_outbox%ROWTYPE;
     l effect_live%ROWTYPE;
     act bigint;
     pid text;
@@ -62,7 +62,7 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
 
-    SELECT * INTO b FROM effect_body x WHERE x.effect_id = p_effect_id;
+    SELECT * INTO b FROM effect_outbox x WHERE x.effect_id = p_effect_id;
     IF NOT FOUND THEN
         RETURN;
     END IF;
@@ -70,7 +70,7 @@ BEGIN
     IF NOT FOUND OR l.state <> 'unknown' THEN
         PERFORM outbox_settle_runs(ARRAY[b.idempotency_key]);
         RETURN QUERY SELECT false, o.state, o.idempotency_key, o.provider_id, w.state
-                       FROM effect_outbox o
+                       FROM outbox_effects o
                        JOIN workflow_runs w ON w.idempotency_key = o.idempotency_key
                       WHERE o.effect_id = p_effect_id;
         RETURN;
@@ -141,12 +141,12 @@ RETURNS text
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
-    b effect_body%ROWTYPE;
+    b effect_outbox%ROWTYPE;
     h effect_history%ROWTYPE;
     run_before text;
     run_after text;
 BEGIN
-    SELECT * INTO b FROM effect_body x WHERE x.effect_id = p_effect_id FOR NO KEY UPDATE;
+    SELECT * INTO b FROM effect_outbox x WHERE x.effect_id = p_effect_id FOR NO KEY UPDATE;
     IF NOT FOUND THEN
         RETURN NULL;
     END IF;
@@ -182,7 +182,7 @@ BEGIN
        SET state = 'approved', version = w.version + 1, failure_reason = NULL, updated_at = now()
      WHERE w.idempotency_key = b.idempotency_key
        AND w.state = 'failed_terminal'
-       AND NOT EXISTS (SELECT 1 FROM effect_body e
+       AND NOT EXISTS (SELECT 1 FROM effect_outbox e
                         WHERE e.idempotency_key = w.idempotency_key
                           AND e.effect_id <> b.effect_id
                           AND outbox_effect_state(e.effect_id) = 'failed')
@@ -205,17 +205,17 @@ RETURNS TABLE (applied boolean, state text, idempotency_key text, last_error_cla
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
-    b effect_body%ROWTYPE;
+    b effect_outbox%ROWTYPE;
     st text;
     cls text;
     rs text;
 BEGIN
     PERFORM outbox_op_check('outbox_requeue', p_operator, p_reason);
-    SELECT * INTO b FROM effect_body x WHERE x.effect_id = p_effect_id FOR NO KEY UPDATE;
+    SELECT * INTO b FROM effect_outbox x WHERE x.effect_id = p_effect_id FOR NO KEY UPDATE;
     IF NOT FOUND THEN
         RETURN;
     END IF;
-    SELECT o.state, o.last_error_class INTO st, cls FROM effect_outbox o
+    SELECT o.state, o.last_error_class INTO st, cls FROM outbox_effects o
      WHERE o.effect_id = p_effect_id;
     IF st IS DISTINCT FROM 'failed' THEN
         PERFORM outbox_settle_runs(ARRAY[b.idempotency_key]);
@@ -250,7 +250,7 @@ BEGIN
     END IF;
     FOR o IN SELECT b.effect_id, b.idempotency_key, b.effect_type, b.target, h.last_error_class
                FROM effect_history h
-               JOIN effect_body b ON b.effect_id = h.effect_id
+               JOIN effect_outbox b ON b.effect_id = h.effect_id
               WHERE h.state = 'failed' AND h.ended_at >= p_since
                 AND h.last_error_class IS DISTINCT FROM 'cancelled'
                 AND NOT EXISTS (SELECT 1 FROM effect_live l WHERE l.effect_id = h.effect_id)
@@ -297,7 +297,7 @@ RETURNS TABLE (status text, state text, new_effect_id uuid, new_key text, origin
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
-    o effect_body%ROWTYPE;
+    o effect_outbox%ROWTYPE;
     st text;
     r workflow_runs%ROWTYPE;
     nid uuid;
@@ -315,7 +315,7 @@ BEGIN
 
     -- FOR SHARE: a finished original cannot be put back on the queue
     -- (requeue locks the same row) while its replacement is made.
-    SELECT * INTO o FROM effect_body x WHERE x.effect_id = p_effect_id FOR SHARE;
+    SELECT * INTO o FROM effect_outbox x WHERE x.effect_id = p_effect_id FOR SHARE;
     IF NOT FOUND THEN
         RETURN;
     END IF;
@@ -328,7 +328,7 @@ BEGIN
     PERFORM outbox_settle_runs(ARRAY[p_new_key]);
     SELECT * INTO r FROM workflow_runs w WHERE w.idempotency_key = p_new_key;
     IF FOUND THEN
-        SELECT x.effect_id INTO nid FROM effect_body x
+        SELECT x.effect_id INTO nid FROM effect_outbox x
          WHERE x.idempotency_key = p_new_key AND x.replaces_effect = o.effect_id;
         IF r.replaces_key = o.idempotency_key AND nid IS NOT NULL THEN
             RETURN QUERY SELECT 'exists'::text, outbox_effect_state(nid), nid, p_new_key,
@@ -359,7 +359,7 @@ BEGIN
         RETURN;
     END IF;
 
-    INSERT INTO effect_body AS x (idempotency_key, effect_type, target, payload, metadata,
+    INSERT INTO effect_outbox AS x (idempotency_key, effect_type, target, payload, metadata,
                                   approved_by, replaces_effect)
     VALUES (p_new_key, o.effect_type, coalesce(p_target, o.target), np,
             coalesce(o.metadata, '{}'::jsonb)
@@ -385,7 +385,7 @@ RETURNS TABLE (status text, state text, new_effect_id uuid, new_key text, origin
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 BEGIN
     PERFORM outbox_operator_gate('outbox_replace',
-                                 (SELECT x.idempotency_key FROM effect_body x
+                                 (SELECT x.idempotency_key FROM effect_outbox x
                                    WHERE x.effect_id = p_effect_id));
     RETURN QUERY SELECT * FROM outbox_replace_ungated(p_effect_id, p_new_key, p_operator,
                                                       p_reason, p_target, p_payload);
@@ -405,7 +405,7 @@ END $$;
 -- The body rows of such a month are deleted in batches of at most p_batch
 -- per call (outboxctl calls it in a loop, one short transaction per call,
 -- so the workers never wait behind a long delete; rows someone has locked
--- are skipped this time and keep their month for the next).  effect_body
+-- are skipped this time and keep their month for the next).  effect_outbox
 -- cannot be partitioned like the history: the (key, type, target)
 -- uniqueness needs one index over every effect kept, and a unique index
 -- on a partitioned table must contain the partition key.  Once a month has
@@ -465,7 +465,7 @@ BEGIN
            INTO blocked USING cutoff;
         CONTINUE WHEN blocked;
         CONTINUE WHEN EXISTS (
-            SELECT 1 FROM effect_body o JOIN effect_body r ON r.replaces_effect = o.effect_id
+            SELECT 1 FROM effect_outbox o JOIN effect_outbox r ON r.replaces_effect = o.effect_id
              WHERE o.created_at >= m.lo AND o.created_at < m.hi
                AND NOT (r.created_at >= m.lo AND r.created_at < m.hi)
                AND NOT (date_trunc('month', r.created_at AT TIME ZONE 'UTC') AT TIME ZONE 'UTC'
@@ -479,14 +479,14 @@ BEGIN
         -- seen open and kept.
         WHILE budget > 0 LOOP
             SELECT array_agg(s.effect_id) INTO ids
-              FROM (SELECT b.effect_id FROM effect_body b
+              FROM (SELECT b.effect_id FROM effect_outbox b
                      WHERE b.created_at >= m.lo AND b.created_at < m.hi
-                       AND NOT EXISTS (SELECT 1 FROM effect_body r
+                       AND NOT EXISTS (SELECT 1 FROM effect_outbox r
                                         WHERE r.replaces_effect = b.effect_id)
                      LIMIT budget
                        FOR UPDATE SKIP LOCKED) s;
             EXIT WHEN ids IS NULL;
-            DELETE FROM effect_body b
+            DELETE FROM effect_outbox b
              WHERE b.effect_id = ANY (ids)
                AND NOT EXISTS (SELECT 1 FROM effect_live l WHERE l.effect_id = b.effect_id);
             GET DIAGNOSTICS got = ROW_COUNT;
@@ -495,7 +495,7 @@ BEGIN
             EXIT WHEN got < cardinality(ids);
         END LOOP;
 
-        IF NOT EXISTS (SELECT 1 FROM effect_body b
+        IF NOT EXISTS (SELECT 1 FROM effect_outbox b
                         WHERE b.created_at >= m.lo AND b.created_at < m.hi) THEN
             empty := empty || m.name;
         END IF;
@@ -512,7 +512,7 @@ BEGIN
                 -- Under the lock, with a fresh snapshot: still no body row
                 -- (a live row always has its body row).
                 CONTINUE WHEN EXISTS (
-                    SELECT 1 FROM effect_body b
+                    SELECT 1 FROM effect_outbox b
                      WHERE b.created_at >= to_date(substr(part, 16), 'YYYYMM')::timestamp
                                            AT TIME ZONE 'UTC'
                        AND b.created_at < (to_date(substr(part, 16), 'YYYYMM')::timestamp

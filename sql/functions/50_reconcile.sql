@@ -66,7 +66,7 @@ BEGIN
       FROM leased l
       JOIN LATERAL (SELECT x.idempotency_key, x.effect_type, x.target, x.payload, x.payload_hash,
                            x.effect_key
-                      FROM effect_body x WHERE x.effect_id = l.effect_id) b ON true;
+                      FROM effect_outbox x WHERE x.effect_id = l.effect_id) b ON true;
 END $$;
 
 -- Record a batch of reconciliation answers.  p_results is a JSON array of
@@ -248,7 +248,7 @@ BEGIN
     IF NOT FOUND THEN
         RETURN (SELECT 'late_accepted' FROM effect_history a
                  WHERE a.effect_id = p_effect_id
-                   AND a.created_at = (SELECT b.created_at FROM effect_body b
+                   AND a.created_at = (SELECT b.created_at FROM effect_outbox b
                                         WHERE b.effect_id = p_effect_id)
                    AND a.attempt = p_attempt
                    AND a.resolution = 'late_accepted' AND a.lease_owner IS NULL

@@ -109,12 +109,12 @@ BEGIN
                    ORDER BY extract(epoch FROM a.consumed_at - a.created_at)) AS p95
           FROM approvals a WHERE a.consumed_at >= since GROUP BY 1),
     -- Effects by the week they were created in: what the producers wrote
-    -- (effect_body, its BRIN index on created_at).
+    -- (effect_outbox, its BRIN index on created_at).
     created AS (
         SELECT date_trunc('week', b.created_at AT TIME ZONE 'UTC') AS week, count(*) AS effects,
                count(*) FILTER (WHERE b.approved_by IS NULL) AS automatic,
                count(*) FILTER (WHERE b.approved_by IS NOT NULL) AS human
-          FROM effect_body b WHERE b.created_at >= since GROUP BY 1),
+          FROM effect_outbox b WHERE b.created_at >= since GROUP BY 1),
     -- The finishing rows that are still an effect's last word (no live
     -- row, no later finishing row: an operator may have requeued it), of
     -- the failures counted here only.  A finishing row ends after the

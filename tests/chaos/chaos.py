@@ -422,7 +422,7 @@ class Chaos:
         if w is None:
             return
         try:
-            held = self.db.q("SELECT effect_id FROM effect_outbox WHERE lease_worker = %s "
+            held = self.db.q("SELECT effect_id FROM outbox_effects WHERE lease_worker = %s "
                              "AND state = 'sending'", (w.name,))
             t0 = time.time()
             w.stopped = True
@@ -434,7 +434,7 @@ class Chaos:
             floor = t0 + LEASE_SECONDS + 2 * MAINT_MS / 1000.0 + self.rng.uniform(0.2, 1.5)
             deadline = t0 + LEASE_SECONDS * 4
             while time.time() < deadline and not self.stop_chaos.is_set():
-                left = self.db.q("SELECT count(*) FROM effect_outbox WHERE lease_worker = %s "
+                left = self.db.q("SELECT count(*) FROM outbox_effects WHERE lease_worker = %s "
                                  "AND state = 'sending'", (w.name,))[0][0]
                 if time.time() >= floor and left == 0:
                     break
@@ -551,7 +551,7 @@ class Chaos:
 
     # -- progress ------------------------------------------------------------------------
     def states(self):
-        return dict(self.db.q("SELECT state, count(*) FROM effect_outbox GROUP BY state"))
+        return dict(self.db.q("SELECT state, count(*) FROM outbox_effects GROUP BY state"))
 
     def run(self):
         self.t_start = time.time()
@@ -619,7 +619,7 @@ class Chaos:
         """What the workers' periodic pass does, once, when the youngest http
         unknown is past the lookup's minimum age; then the requeued ones drain."""
         age = self.db.q("SELECT coalesce(min(extract(epoch FROM now() - o.updated_at)), 1e9) "
-                        "FROM effect_outbox o WHERE o.state = 'unknown' AND o.effect_type = 'http'")[0][0]
+                        "FROM outbox_effects o WHERE o.state = 'unknown' AND o.effect_type = 'http'")[0][0]
         if age >= 1e9:
             return
         wait_s = max(0.0, LOOKUP_MIN_AGE_S + 1 - float(age))
@@ -643,7 +643,7 @@ class Chaos:
         rows = self.db.q("SELECT count(*) FROM effect_attempts WHERE worker = %s "
                          "AND outcome_class <> ALL (%s)", (w.name, list(RECONCILE_CLASSES)))[0][0]
         unknown_gauge = m.get(("outbox_unknown_effects", ()), -1)
-        unknown = self.db.q("SELECT count(*) FROM effect_outbox WHERE state = 'unknown'")[0][0]
+        unknown = self.db.q("SELECT count(*) FROM outbox_effects WHERE state = 'unknown'")[0][0]
         return inflight == 0 and sends == rows and unknown_gauge == unknown
 
     def shutdown(self):
@@ -688,7 +688,7 @@ class Checks:
         self.effects = {}
         for r in db.q("SELECT effect_id::text, effect_type, target, effect_key, state, provider_id, "
                       "attempts, last_error_class, last_error, lease_expires_at < now() "
-                      "FROM effect_outbox"):
+                      "FROM outbox_effects"):
             self.effects[r[0]] = dict(zip(("id", "type", "target", "key", "state", "provider_id",
                                            "attempts", "err_class", "err", "expired"), r))
         self.by_key = {e["key"]: e for e in self.effects.values()}

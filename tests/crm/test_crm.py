@@ -67,11 +67,11 @@ def set_state(conn, eid, state):
 
 
 def set_type(conn, where, args):
-    """Effects (chosen by a WHERE on effect_body) of another type, as their
+    """Effects (chosen by a WHERE on effect_outbox) of another type, as their
     producer would have written them."""
     query(conn, f"UPDATE effect_live SET effect_type = 'email' WHERE effect_id IN "
-                f"(SELECT effect_id FROM effect_body WHERE {where})", args)
-    query(conn, f"UPDATE effect_body SET effect_type = 'email' WHERE {where}", args)
+                f"(SELECT effect_id FROM effect_outbox WHERE {where})", args)
+    query(conn, f"UPDATE effect_outbox SET effect_type = 'email' WHERE {where}", args)
 
 
 def crm_effect(conn, payload, target=TARGET, state=None, attempts_=0):
@@ -98,7 +98,7 @@ def wait_state(conn, eid, *states, timeout=30):
 
 def run_state(conn, eid):
     """The state of the effect's run, settled as a reader gets it."""
-    return settled_run_state(conn, scalar(conn, "SELECT idempotency_key FROM effect_body "
+    return settled_run_state(conn, scalar(conn, "SELECT idempotency_key FROM effect_outbox "
                                                 "WHERE effect_id = %s", (eid,)))
 
 
@@ -297,7 +297,7 @@ def test_huge_retry_after_is_clamped(conn, dispatchers, crm, token_file, seconds
     wait_for(lambda: classes(conn, eid) == [("retry", 503)], what="the 503 recorded")
     e = wait_state(conn, eid, "pending")
     assert e["attempts"] == 1
-    assert scalar(conn, "SELECT available_at > now() + interval '30 s' FROM effect_outbox "
+    assert scalar(conn, "SELECT available_at > now() + interval '30 s' FROM outbox_effects "
                         "WHERE effect_id = %s", (eid,))
     assert w.proc.poll() is None, w.log()
 
@@ -505,7 +505,7 @@ def test_reconcile_finds_the_record(conn, dispatchers, crm, token_file, db):
     assert crm.count(key, "PATCH") == 0, "reconciliation must never re-send"
     # Finished: out of the live queue (whose row carried the lease and the
     # reconciliation stamp); the verdict's history row finished it.
-    assert scalar(conn, "SELECT lease_owner IS NULL FROM effect_outbox WHERE effect_id = %s", (eid,))
+    assert scalar(conn, "SELECT lease_owner IS NULL FROM outbox_effects WHERE effect_id = %s", (eid,))
     assert scalar(conn, "SELECT count(*) FROM effect_live WHERE effect_id = %s", (eid,)) == 0
 
 
@@ -665,7 +665,7 @@ def test_sql_lease_only_unknown_of_the_types_once(conn):
     assert lease(conn, OTHER) == [], "a leased effect is not leased twice"
     row = query(conn, "SELECT lease_owner::text, lease_worker, lease_expires_at > now(), "
                       "lease_expires_at < now() + interval '5 minutes' "
-                      "FROM effect_outbox WHERE effect_id = %s", (u1,))[0]
+                      "FROM outbox_effects WHERE effect_id = %s", (u1,))[0]
     assert row == (OWNER, "w", True, True)
     # An expired reconcile lease (worker died) can be taken over.
     query(conn, "UPDATE effect_live SET lease_expires_at = now() - interval '1 second' "
@@ -719,14 +719,14 @@ def test_sql_record_every_verdict(conn):
     assert run_state(conn, sent) == "completed"
     e = effect(conn, not_sent)
     assert (e["state"], e["attempts"]) == ("pending", 1)
-    assert scalar(conn, "SELECT available_at <= now() FROM effect_outbox WHERE effect_id = %s",
+    assert scalar(conn, "SELECT available_at <= now() FROM outbox_effects WHERE effect_id = %s",
                   (not_sent,))
     assert run_state(conn, not_sent) == "approved"
     e = effect(conn, cannot)
     assert e["state"] == "unknown" and e["last_error"] == "arranged by the test"
     for eid in (not_sent, cannot):
         assert scalar(conn, "SELECT lease_owner IS NULL AND lease_expires_at IS NULL "
-                            "AND last_reconciled_at IS NOT NULL FROM effect_outbox "
+                            "AND last_reconciled_at IS NOT NULL FROM outbox_effects "
                             "WHERE effect_id = %s", (eid,))
     # The sent one is finished: its live row (lease, stamp) is gone.
     assert scalar(conn, "SELECT count(*) FROM effect_live WHERE effect_id = %s", (sent,)) == 0

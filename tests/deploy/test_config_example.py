@@ -190,7 +190,7 @@ def test_example_runs_as_shipped_and_sends(db, conn, tmp_path, sink):
     eid = enqueue(conn, "http", sink.url + "/ok/shipped", {"body": {"x": 1}})
     p, log = start(path, tmp_path, "shipped")
     try:
-        wait_for(lambda: scalar(conn, "SELECT state FROM effect_outbox WHERE effect_id = %s",
+        wait_for(lambda: scalar(conn, "SELECT state FROM outbox_effects WHERE effect_id = %s",
                                 (eid,)) == "completed" or p.poll() is not None,
                  timeout=60, what="the effect sent by the shipped config")
         assert p.poll() is None, (tmp_path / "shipped.log").read_text()
@@ -258,7 +258,7 @@ def test_two_instances_from_one_config(db, conn, dispatchers, sink):
         assert 'outbox_worker_info{worker="web3-2"} 1' in http_get(base + 1, "/metrics")[1]
         kill_switch(conn, True)
         ids = [enqueue(conn, "http", sink.url + f"/delay/50?n={i}", {"body": {}}) for i in range(40)]
-        wait_for(lambda: scalar(conn, "SELECT count(*) FROM effect_outbox WHERE effect_id = ANY(%s::uuid[]) "
+        wait_for(lambda: scalar(conn, "SELECT count(*) FROM outbox_effects WHERE effect_id = ANY(%s::uuid[]) "
                                       "AND state = 'completed'", (ids,)) == len(ids),
                  timeout=60, what="all sent")
         workers = {r[0] for r in query(conn, "SELECT DISTINCT worker FROM effect_attempts "

@@ -337,7 +337,7 @@ def test_metrics_scrape_agrees_with_database(conn, dispatchers):
         all_ids = ok + bad + busy
 
         def finished():
-            rows = query(conn, "SELECT state, count(*) FROM effect_outbox WHERE effect_id = ANY(%s::uuid[]) "
+            rows = query(conn, "SELECT state, count(*) FROM outbox_effects WHERE effect_id = ANY(%s::uuid[]) "
                                "GROUP BY 1", (all_ids,))
             done = sum(n for st, n in rows if st in ("completed", "failed"))
             return True if done == len(all_ids) else (False, dict(rows))
@@ -346,7 +346,7 @@ def test_metrics_scrape_agrees_with_database(conn, dispatchers):
             wait_for(lambda: finished() is True, timeout=60, what="every effect completed or failed")
         except AssertionError as e:
             raise AssertionError(f"{e}: {finished()}\n{w.log()[-4000:]}") from None
-        assert scalar(conn, "SELECT count(*) FROM effect_outbox WHERE effect_id = ANY(%s::uuid[]) "
+        assert scalar(conn, "SELECT count(*) FROM outbox_effects WHERE effect_id = ANY(%s::uuid[]) "
                             "AND state = 'completed'", (ok,)) == len(ok)
 
         def db_counts():
@@ -381,7 +381,7 @@ def test_metrics_scrape_agrees_with_database(conn, dispatchers):
         assert metric(s, "outbox_lease_lost_total") == 0
         assert metric(s, "outbox_kill_switch_blocked_total") == 0
         assert metric(s, "outbox_unknown_effects") == \
-            scalar(conn, "SELECT count(*) FROM effect_outbox WHERE state = 'unknown'")
+            scalar(conn, "SELECT count(*) FROM outbox_effects WHERE state = 'unknown'")
         assert metric(s, "outbox_kill_switch_sends_allowed") == 1
         # The sink saw exactly the calls the metrics counted.
         assert len(sink.requests) == total
@@ -417,13 +417,13 @@ def test_metrics_scrape_agrees_with_database(conn, dispatchers):
         assert not [r for r in sink.requests if "held" in r]
         assert scalar(conn, "SELECT count(*) FROM effect_attempts WHERE effect_id = ANY(%s::uuid[])",
                       (held,)) == 0
-        assert scalar(conn, "SELECT count(*) FROM effect_outbox WHERE effect_id = ANY(%s::uuid[]) "
+        assert scalar(conn, "SELECT count(*) FROM outbox_effects WHERE effect_id = ANY(%s::uuid[]) "
                             "AND state = 'pending' AND attempts = 0", (held,)) == len(held)
 
         # On again: the held effects go out, each once, and the counters
         # still agree with the attempts log.
         kill_switch(conn, True)
-        wait_for(lambda: scalar(conn, "SELECT count(*) FROM effect_outbox WHERE effect_id = ANY(%s::uuid[]) "
+        wait_for(lambda: scalar(conn, "SELECT count(*) FROM outbox_effects WHERE effect_id = ANY(%s::uuid[]) "
                                       "AND state = 'completed'", (held,)) == len(held),
                  timeout=30, what="held effects completed")
         s = wait_for(agree, timeout=30, what="/metrics counters equal to effect_attempts again")
@@ -601,7 +601,7 @@ def test_systemd_sandbox_fits_the_worker(conn, db, tmp_path):
             w.start()
         finally:
             subprocess.Popen = real_start
-        wait_for(lambda: scalar(conn, "SELECT count(*) FROM effect_outbox WHERE effect_id = ANY(%s::uuid[]) "
+        wait_for(lambda: scalar(conn, "SELECT count(*) FROM outbox_effects WHERE effect_id = ANY(%s::uuid[]) "
                                       "AND state = 'completed'", (ids,)) == len(ids),
                  what="sends completed under strace")
         assert http_get(port, "/metrics")[0] == 200
@@ -781,7 +781,7 @@ def test_healthz_fails_while_leases_are_refused(conn, db, tmp_path):
             assert metric(s, "outbox_db_up") == 1
             assert any("cannot lease" in m for m in statuses(ns)), ns.messages
             query(conn, f"GRANT EXECUTE ON FUNCTION {lease_fn} TO outbox_dispatcher")
-            wait_for(lambda: scalar(conn, "SELECT state FROM effect_outbox WHERE effect_id = %s",
+            wait_for(lambda: scalar(conn, "SELECT state FROM outbox_effects WHERE effect_id = %s",
                                     (eid,)) == "completed", timeout=30, what="sent once the grant is back")
             wait_for(lambda: http_get(port, "/healthz")[:2] == (200, "ok"), timeout=30, what="healthy again")
     finally:

@@ -60,7 +60,7 @@ def payload(**kw):
 
 
 def key_of(conn, eid):
-    return scalar(conn, "SELECT effect_key FROM effect_outbox WHERE effect_id = %s", (eid,))
+    return scalar(conn, "SELECT effect_key FROM outbox_effects WHERE effect_id = %s", (eid,))
 
 
 def msgid(key):

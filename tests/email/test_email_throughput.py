@@ -57,9 +57,9 @@ def test_default_marks_batches_of_max_in_flight_through_threads_sessions(conn, d
     kill_switch(conn, True)
     ids = [enqueue(conn, "email", f"u{n}@example.com", PAYLOAD) for n in range(100)]
     w = dispatchers(email_cfg(smtp))
-    wait_for(lambda: scalar(conn, "SELECT count(*) FROM effect_outbox WHERE state = 'completed'")
+    wait_for(lambda: scalar(conn, "SELECT count(*) FROM outbox_effects WHERE state = 'completed'")
              == len(ids), timeout=90, what="100 emails completed")
-    batches = [r[0] for r in query(conn, "SELECT count(*) FROM effect_outbox GROUP BY mark_token"
+    batches = [r[0] for r in query(conn, "SELECT count(*) FROM outbox_effects GROUP BY mark_token"
                                          " ORDER BY 1 DESC")]
     assert 2 * DEFAULT_THREADS < batches[0] <= DEFAULT_MAX_IN_FLIGHT, batches
     # Sessions are reused (a session may still end idle when the machine
@@ -68,7 +68,7 @@ def test_default_marks_batches_of_max_in_flight_through_threads_sessions(conn, d
     assert smtp.max_open <= DEFAULT_THREADS, smtp.sessions
     assert len(ids) / smtp.connections >= 5, smtp.sessions
     assert sum(smtp.sessions.values()) == len(ids)
-    keys = [r[0] for r in query(conn, "SELECT effect_key FROM effect_outbox")]
+    keys = [r[0] for r in query(conn, "SELECT effect_key FROM outbox_effects")]
     assert all(smtp.count(f"<{k}@outbox-dispatcher.invalid>") == 1 for k in keys)
     assert scalar(conn, "SELECT count(*) FROM effect_attempts WHERE outcome_class <> 'accepted'") == 0
     line = start_line(w)
@@ -102,13 +102,13 @@ def test_batches_do_not_shrink_with_a_slow_relay(conn, dispatchers):
         for k in range(n):
             enqueue(conn, "email", f"u{k}+slow-data-80@example.com", PAYLOAD)
         dispatchers(email_cfg(s))
-        wait_for(lambda: scalar(conn, "SELECT count(*) FROM effect_outbox WHERE state = 'completed'")
+        wait_for(lambda: scalar(conn, "SELECT count(*) FROM outbox_effects WHERE state = 'completed'")
                  == n, timeout=120, what=f"{n} emails completed")
     finally:
         s.stop()
-    marks = scalar(conn, "SELECT count(DISTINCT mark_token) FROM effect_outbox")
+    marks = scalar(conn, "SELECT count(DISTINCT mark_token) FROM outbox_effects")
     # outbox_complete() stamps its transaction's now(): one value per call
-    records = scalar(conn, "SELECT count(DISTINCT completed_at) FROM effect_outbox")
+    records = scalar(conn, "SELECT count(DISTINCT completed_at) FROM outbox_effects")
     assert n / marks >= 8, (n, marks)
     assert n / records >= 6, (n, records)
     assert sum(s.sessions.values()) == n
@@ -141,6 +141,6 @@ def test_outcomes_held_for_a_slow_relay_are_recorded_at_sigterm(conn, dispatcher
                     and scrape(port).get("outbox_sends_in_flight") == 1)
         wait_for(fast_answered_stalled_waiting, what="the fast email answered, the stalled one in flight")
         w.stop()
-        assert scalar(conn, "SELECT state FROM effect_outbox WHERE effect_id = %s", (fast,)) == "completed"
+        assert scalar(conn, "SELECT state FROM outbox_effects WHERE effect_id = %s", (fast,)) == "completed"
     finally:
         s.stop()

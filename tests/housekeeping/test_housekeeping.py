@@ -165,7 +165,7 @@ def test_weekly_figures_read_only_this_weeks_rows(conn):
     two million."""
     history_months(conn, "now() - interval '4 months'", "now()")
     key = make_run(conn)
-    old = [r[0] for r in query(conn, "INSERT INTO effect_body (idempotency_key, effect_type, "
+    old = [r[0] for r in query(conn, "INSERT INTO effect_outbox (idempotency_key, effect_type, "
                                      "target, payload, created_at) SELECT %s, 'http', "
                                      "'http://127.0.0.1:9/old' || g, '{}', now() - interval '10 weeks' "
                                      "FROM generate_series(1, 20000) g RETURNING effect_id::text",
@@ -180,18 +180,18 @@ def test_weekly_figures_read_only_this_weeks_rows(conn):
                 "SELECT %s, 'http', 'http://127.0.0.1:9/new' || g, '{}' FROM generate_series(1, 10) g",
           (key,))
     # What autovacuum's autosummarize does for a production table.
-    query(conn, "SELECT brin_summarize_new_values('effect_body_created_brin')")
+    query(conn, "SELECT brin_summarize_new_values('effect_outbox_created_brin')")
     for (ix,) in query(conn, "SELECT i.indexrelid::regclass::text FROM pg_index i "
                              "JOIN pg_inherits p ON p.inhrelid = i.indrelid "
                              "WHERE p.inhparent = 'effect_history'::regclass "
                              "AND i.indexrelid::regclass::text LIKE '%%ended_at%%'"):
         query(conn, "SELECT brin_summarize_new_values(%s)", (ix,))
-    query(conn, "ANALYZE effect_body")
+    query(conn, "ANALYZE effect_outbox")
     query(conn, "ANALYZE effect_history")
     old_month = month_partition(conn, "now() - interval '10 weeks'")
     plans = plans_of(conn, "SELECT * FROM outbox_weekly_figures('t', 0)", ())
-    assert "effect_body_created_brin" in plans, plans
-    assert "Seq Scan on effect_body" not in plans, plans
+    assert "effect_outbox_created_brin" in plans, plans
+    assert "Seq Scan on effect_outbox" not in plans, plans
     assert re.search(rf"Bitmap Index Scan on {old_month}_ended_at\w*", plans), plans
     assert f"Seq Scan on {old_month} " not in plans, plans
     assert query(conn, "SELECT automatic_share FROM outbox_weekly_cache")[0][0] == 1

@@ -33,7 +33,7 @@ def only_request(sink, eid_key):
 
 
 def key_of(conn, eid):
-    return scalar(conn, "SELECT effect_key FROM effect_outbox WHERE effect_id = %s", (eid,))
+    return scalar(conn, "SELECT effect_key FROM outbox_effects WHERE effect_id = %s", (eid,))
 
 
 def test_empty_header_value_arrives_empty(conn, dispatchers, sink):
@@ -80,12 +80,12 @@ def test_secret_header_is_sent_but_never_stored_or_logged(conn, dispatchers, sin
     assert h["authorization"] == f"Bearer {SECRET}"
     assert h["x-api-key"] == SECRET
     assert SECRET not in w.log()
-    row = scalar(conn, "SELECT row_to_json(o)::text FROM effect_outbox o WHERE effect_id = %s", (eid,))
+    row = scalar(conn, "SELECT row_to_json(o)::text FROM outbox_effects o WHERE effect_id = %s", (eid,))
     assert SECRET not in row and "api_token" in row
     atts = scalar(conn, "SELECT coalesce(string_agg(row_to_json(a)::text, ''), '') "
                         "FROM effect_attempts a WHERE effect_id = %s", (eid,))
     assert atts and SECRET not in atts
-    payload, digest = query(conn, "SELECT payload::text, payload_hash FROM effect_outbox "
+    payload, digest = query(conn, "SELECT payload::text, payload_hash FROM outbox_effects "
                                   "WHERE effect_id = %s", (eid,))[0]
     assert digest == hashlib.sha256(payload.encode()).hexdigest() and SECRET not in payload
 
@@ -249,6 +249,6 @@ def test_huge_retry_after_is_clamped(conn, dispatchers, sink):
     e = wait_for(lambda: (lambda x: x if x["state"] == "pending" else None)(effect(conn, eid)),
                  what="the effect back to pending")
     assert e["attempts"] == 1
-    assert scalar(conn, "SELECT available_at > now() + interval '30 s' FROM effect_outbox "
+    assert scalar(conn, "SELECT available_at > now() + interval '30 s' FROM outbox_effects "
                         "WHERE effect_id = %s", (eid,))
     assert w.proc.poll() is None, w.log()

@@ -25,7 +25,7 @@ def enqueue_many(conn, url, n):
 
 
 def keys_of(conn, ids):
-    return dict(query(conn, "SELECT effect_id, effect_key FROM effect_outbox "
+    return dict(query(conn, "SELECT effect_id, effect_key FROM outbox_effects "
                             "WHERE effect_id = ANY(%s::uuid[])", ([str(i) for i in ids],)))
 
 

@@ -23,7 +23,7 @@ def observe_nothing_sent(conn, sink, ids, seconds=1.5):
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         assert sink.count() == 0
-        rows = query(conn, "SELECT state, attempts, lease_owner FROM effect_outbox "
+        rows = query(conn, "SELECT state, attempts, lease_owner FROM outbox_effects "
                            "WHERE effect_id = ANY(%s::uuid[])", ([str(i) for i in ids],))
         assert all(r[0] == "pending" and r[1] == 0 for r in rows), rows
         time.sleep(0.1)
@@ -35,7 +35,7 @@ def test_kill_switch_control_row_off_then_on(conn, dispatchers, sink):
     assert scalar(conn, "SELECT enabled FROM outbox_control") is False
     w = dispatchers(http_cfg())
     observe_nothing_sent(conn, sink, ids)
-    assert scalar(conn, "SELECT count(*) FROM effect_outbox WHERE lease_owner IS NOT NULL") == 0
+    assert scalar(conn, "SELECT count(*) FROM outbox_effects WHERE lease_owner IS NOT NULL") == 0
     r = run_ctl(["--db", w.dsn, "kill-switch", "on", "--operator", "ops", "--reason", "test"])
     assert r.returncode == 0, r.stderr
     wait_for(lambda: states(conn).get("completed") == 20, what="all delivered")
@@ -71,7 +71,7 @@ def test_kill_switch_off_releases_leases_without_spending_attempts(conn, dispatc
     rows = query(conn, "SELECT effect_id, attempts, blocked FROM outbox_mark_sending(%s, %s::uuid[], "
                        "true, '{}', 30)", (owner, [str(i) for i in ids]))
     assert len(rows) == 3 and all(r[2] for r in rows) and all(r[1] == 0 for r in rows)
-    assert scalar(conn, "SELECT count(*) FROM effect_outbox WHERE lease_owner IS NOT NULL "
+    assert scalar(conn, "SELECT count(*) FROM outbox_effects WHERE lease_owner IS NOT NULL "
                         "OR state <> 'pending' OR attempts <> 0") == 0
 
 
@@ -92,11 +92,11 @@ def test_kill_switch_lists_every_row_in_flight_from_indexes(conn):
                        "'{}', 30)", (owner, [untokened])) == [(untokened,)]
     (claimed,), = query(conn, "SELECT effect_id::text FROM outbox_claim(%s, 'w', 1, 30, '{http}', "
                               "true, '{}', %s)", (owner, str(uuid.uuid4())))
-    query(conn, "ANALYZE effect_live, effect_body, effect_calls")
+    query(conn, "ANALYZE effect_live, effect_outbox, effect_calls")
     plans = plans_of(conn, "SELECT effect_id::text FROM outbox_kill_switch_set(true, 'op', 'test')", None)
     assert "effect_live_pkey" in plans, plans
     assert "Seq Scan on effect_live" not in plans, plans
-    assert "Seq Scan on effect_body" not in plans, plans
+    assert "Seq Scan on effect_outbox" not in plans, plans
     listed = {r[0] for r in query(conn, "SELECT effect_id::text FROM "
                                         "outbox_kill_switch_set(true, 'op', 'test')")}
     assert listed == set(ids) | {untokened, claimed}

@@ -29,7 +29,7 @@ def test_kill_switch_off_under_load_stops_every_unlisted_send(conn, db, dispatch
     assert m and int(m.group(1)) == len(listed), r.stdout
 
     # Everything in flight finishes (or is recorded); then nothing moves.
-    wait_for(lambda: scalar(conn, "SELECT count(*) FROM effect_outbox WHERE state = 'sending'") == 0,
+    wait_for(lambda: scalar(conn, "SELECT count(*) FROM outbox_effects WHERE state = 'sending'") == 0,
              what="in-flight sends to finish")
     late = [q for q in sink.received() if q["t"] > returned and q["key"] not in listed]
     assert late == [], f"{len(late)} sends started after the switch was off"
@@ -41,7 +41,7 @@ def test_kill_switch_off_under_load_stops_every_unlisted_send(conn, db, dispatch
     while time.monotonic() < deadline:
         assert sink.count() == before
         time.sleep(0.1)
-    assert scalar(conn, "SELECT count(*) FROM effect_outbox WHERE state = 'pending' "
+    assert scalar(conn, "SELECT count(*) FROM outbox_effects WHERE state = 'pending' "
                         "AND lease_owner IS NOT NULL AND lease_expires_at > now()") == 0, \
         "blocked leases are released"
 

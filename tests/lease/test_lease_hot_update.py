@@ -66,12 +66,12 @@ def test_a_claim_is_a_hot_update_and_a_completion_one_delete_and_one_history_row
     kill_switch(conn, True)
     eid = str(enqueue(conn, "http", "http://127.0.0.1:9/x", {}))
     history = scalar(conn, "SELECT format('effect_history_%%s', to_char(created_at AT TIME ZONE "
-                           "'UTC', 'YYYYMM')) FROM effect_body WHERE effect_id = %s", (eid,))
-    tables = ["effect_live", "effect_body", history]
+                           "'UTC', 'YYYYMM')) FROM effect_outbox WHERE effect_id = %s", (eid,))
+    tables = ["effect_live", "effect_outbox", history]
     counts, got = counted(conn, tables, lambda: claim(conn))
     assert got == [eid]
     # One row updated in place; the body is read, never written.
-    assert counts == {"effect_live": (0, 1, 1, 0), "effect_body": (0, 0, 0, 0),
+    assert counts == {"effect_live": (0, 1, 1, 0), "effect_outbox": (0, 0, 0, 0),
                       history: (0, 0, 0, 0)}
     counts, done = counted(conn, tables, lambda: query(
         conn, "SELECT applied, state FROM outbox_complete(%s, 'w', %s)",
@@ -79,7 +79,7 @@ def test_a_claim_is_a_hot_update_and_a_completion_one_delete_and_one_history_row
                              "next_state": "completed", "status": 200, "provider_id": "p"}]))))
     assert done == [(True, "completed")]
     # The live row deleted, one history row: the call and the finish in one.
-    assert counts == {"effect_live": (0, 0, 0, 1), "effect_body": (0, 0, 0, 0),
+    assert counts == {"effect_live": (0, 0, 0, 1), "effect_outbox": (0, 0, 0, 0),
                       history: (1, 0, 0, 0)}
     assert query(conn, "SELECT state, attempt, outcome_class, last_provider_id FROM effect_history "
                        "WHERE effect_id = %s", (eid,)) == [("completed", 1, "accepted", "p")]
@@ -107,7 +107,7 @@ def test_a_batch_that_takes_whole_pages_is_leased_hot(conn):
     # the other's old versions on its pages.
     seen = {}
     for take, kind in ((lease, "http"), (claim, "email")):
-        query(conn, "INSERT INTO effect_body (idempotency_key, effect_type, target, payload, "
+        query(conn, "INSERT INTO effect_outbox (idempotency_key, effect_type, target, payload, "
                     "available_at) SELECT %s, %s, 'http://127.0.0.1:9/' || g, %s::jsonb, "
                     "now() - interval '1 hour' + g * interval '1 millisecond' "
                     "FROM generate_series(1, 500) g", (key, kind, payload))
@@ -125,10 +125,10 @@ def test_send_deadline_follows_the_lease_only_while_sending(conn):
     kill_switch(conn, True)
     eid = str(enqueue(conn, "http", "http://127.0.0.1:9/x", {}))
     lease(conn)
-    assert scalar(conn, "SELECT send_deadline FROM effect_outbox WHERE effect_id = %s", (eid,)) is None
+    assert scalar(conn, "SELECT send_deadline FROM outbox_effects WHERE effect_id = %s", (eid,)) is None
     assert scalar(conn, "SELECT count(*) FROM effect_calls") == 0
     assert mark(conn, [eid]) == [(eid,)]
-    assert scalar(conn, "SELECT send_deadline = lease_expires_at FROM effect_outbox "
+    assert scalar(conn, "SELECT send_deadline = lease_expires_at FROM outbox_effects "
                         "WHERE effect_id = %s", (eid,)) is True
     assert scalar(conn, "SELECT c.deadline <= l.lease_expires_at FROM effect_calls c "
                         "JOIN effect_live l ON l.effect_id = ANY (c.ids) "
@@ -139,7 +139,7 @@ def test_send_deadline_follows_the_lease_only_while_sending(conn):
                 "WHERE effect_id = %s", (eid,))
     query(conn, "SELECT * FROM outbox_renew(%s, %s::uuid[], 60, 3600)", (OWNER, [eid]))
     assert scalar(conn, "SELECT send_deadline = lease_expires_at AND send_deadline > now() + "
-                        "interval '50 seconds' FROM effect_outbox WHERE effect_id = %s", (eid,)) is True
+                        "interval '50 seconds' FROM outbox_effects WHERE effect_id = %s", (eid,)) is True
 
 
 def test_the_reaper_finds_a_sending_row_whose_lease_was_expired_by_hand(conn):
@@ -156,7 +156,7 @@ def test_the_reaper_finds_a_sending_row_whose_lease_was_expired_by_hand(conn):
                 "WHERE effect_id = %s", (live,))
     reaped = query(conn, "SELECT effect_id::text, state FROM outbox_reap('w', 500)")
     assert reaped == [(eid, "unknown")]
-    assert scalar(conn, "SELECT state FROM effect_outbox WHERE effect_id = %s", (live,)) == "sending"
+    assert scalar(conn, "SELECT state FROM outbox_effects WHERE effect_id = %s", (live,)) == "sending"
     # The call stays, due again at its remaining row's lease.
     assert scalar(conn, "SELECT deadline > now() FROM effect_calls WHERE %s = ANY (ids)",
                   (live,)) is True

@@ -23,7 +23,7 @@ def test_lease_uses_the_due_index_after_the_table_grew_in_the_same_session(conn)
     kill_switch(conn, True)
     owner = str(uuid.uuid4())
     # A fresh install: the table is empty and its statistics say so.
-    query(conn, "ANALYZE effect_live, effect_body")
+    query(conn, "ANALYZE effect_live, effect_outbox")
     # More calls than PL/pgSQL needs to settle on a cached plan, from both
     # the head and a position.
     for _ in range(8):
@@ -38,7 +38,7 @@ def test_lease_uses_the_due_index_after_the_table_grew_in_the_same_session(conn)
         plans = plans_of(conn, LEASE, args)
         assert "effect_live_due_idx" in plans, plans
         assert "Seq Scan on effect_live" not in plans, plans
-        assert "Seq Scan on effect_body" not in plans, plans
+        assert "Seq Scan on effect_outbox" not in plans, plans
 
 
 def test_complete_finds_its_rows_by_key_not_by_a_scan(conn):
@@ -51,14 +51,14 @@ def test_complete_finds_its_rows_by_key_not_by_a_scan(conn):
     kill_switch(conn, True)
     owner = str(uuid.uuid4())
     ids = finished_rows_and_some_in_flight(conn, owner, pending=50, in_flight=50)
-    query(conn, "ANALYZE effect_live, effect_body, effect_history")
+    query(conn, "ANALYZE effect_live, effect_outbox, effect_history")
     results = json.dumps([{"effect_id": i, "attempt": 1, "outcome": "accepted",
                            "next_state": "completed", "retry_delay_ms": 0, "status": 200,
                            "provider_id": "p"} for i in ids[:10]])
     plans = plans_of(conn, "SELECT * FROM outbox_complete(%s, 'w', %s)", (owner, results))
     assert "Delete on effect_live" in plans, plans
     assert "effect_live_pkey" in plans, plans
-    for table in ("effect_live", "effect_body", "effect_history"):
+    for table in ("effect_live", "effect_outbox", "effect_history"):
         assert f"Seq Scan on {table}" not in plans, plans
     # The reaper reads the call rows by deadline, then the live rows by key.
     query(conn, "UPDATE effect_calls SET deadline = now() - interval '1 second'")

@@ -31,7 +31,7 @@ def test_lease_comes_back_in_due_order_with_its_position(conn):
 def test_lease_starts_after_the_position_given(conn):
     kill_switch(conn, True)
     ids = sorted(add_due(conn, 6))
-    at = scalar(conn, "SELECT available_at FROM effect_outbox WHERE effect_id = %s", (ids[2],))
+    at = scalar(conn, "SELECT available_at FROM outbox_effects WHERE effect_id = %s", (ids[2],))
     rows = query(conn, LEASE, (str(uuid.uuid4()), 10, at, ids[2]))
     # The same instant for all six: the position splits them by id.
     assert [r[0] for r in rows] == ids[3:]
@@ -58,7 +58,7 @@ def test_a_recent_position_still_finds_rows_that_committed_just_behind_it(conn):
     assert [r[0] for r in rows] == [behind, ahead]
     # An old position is exact: nothing behind it comes back.
     [old] = add_due(conn, 1, "now() - interval '1 hour'")
-    at = scalar(conn, "SELECT available_at FROM effect_outbox WHERE effect_id = %s", (old,))
+    at = scalar(conn, "SELECT available_at FROM outbox_effects WHERE effect_id = %s", (old,))
     assert query(conn, LEASE, (str(uuid.uuid4()), 10, at, old)) == []
 
 
@@ -86,12 +86,12 @@ def deliver_first_then_late(conn, sink, before_late=lambda: None):
              what="the first effect")
     before_late()
     key = make_run(conn)
-    late = scalar(conn, "INSERT INTO effect_body (idempotency_key, effect_type, target, payload, "
+    late = scalar(conn, "INSERT INTO effect_outbox (idempotency_key, effect_type, target, payload, "
                         "available_at) VALUES (%s, 'http', %s, '{}', now() - interval '1 hour') "
                         "RETURNING effect_id", (key, sink.url + "/ok"))
     wait_for(lambda: effect(conn, late)["state"] == "completed", timeout=20,
              what="the row behind the position")
-    return scalar(conn, "SELECT effect_key FROM effect_outbox WHERE effect_id = %s", (late,))
+    return scalar(conn, "SELECT effect_key FROM outbox_effects WHERE effect_id = %s", (late,))
 
 
 def test_worker_finds_a_row_that_became_due_behind_its_position(conn, dispatchers, sink):
@@ -143,7 +143,7 @@ def test_worker_sends_everything_in_a_stream_of_bulk_inserts(conn, dispatchers, 
         query(conn, "INSERT INTO effect_outbox (idempotency_key, effect_type, target, payload) "
                     "SELECT %s, 'http', %s || '?n=' || g, '{}' FROM generate_series(1, 40) g",
               (key, sink.url + "/ok"))
-    wait_for(lambda: scalar(conn, "SELECT count(*) FROM effect_outbox WHERE state = 'completed'") == 200,
+    wait_for(lambda: scalar(conn, "SELECT count(*) FROM outbox_effects WHERE state = 'completed'") == 200,
              timeout=60, what="200 effects completed")
     assert sink.count() == 200
     assert len(sink.keys()) == 200
@@ -162,11 +162,11 @@ def test_an_expired_pending_lease_is_leased_again_and_neither_sweep_nor_reaper_t
                 "lease_expires_at = now() - interval '1 second' WHERE effect_id = %s", (eid,))
     assert query(conn, "SELECT * FROM outbox_reap('w', 500)") == []
     assert query(conn, "SELECT * FROM outbox_sweep('w', 60, 0)") == []
-    assert query(conn, "SELECT lease_worker, state FROM effect_outbox WHERE effect_id = %s",
+    assert query(conn, "SELECT lease_worker, state FROM outbox_effects WHERE effect_id = %s",
                  (eid,)) == [("gone", "pending")]
     owner = str(uuid.uuid4())
     leased = query(conn, "SELECT effect_id::text FROM outbox_lease(%s, 'w2', 10, 30, '{http}', true, "
                          "NULL, NULL)", (owner,))
     assert leased == [(eid,)]
     assert query(conn, "SELECT lease_owner::text, lease_worker, lease_expires_at > now() "
-                       "FROM effect_outbox WHERE effect_id = %s", (eid,)) == [(owner, "w2", True)]
+                       "FROM outbox_effects WHERE effect_id = %s", (eid,)) == [(owner, "w2", True)]

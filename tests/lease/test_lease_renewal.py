@@ -30,7 +30,7 @@ def test_sigkill_during_hanging_send_becomes_unknown_and_is_never_resent(conn, d
     canary = enqueue(conn, "http", sink.url + "/ok", {})
     assert final(conn, canary)["state"] == "completed"
     assert effect(conn, eid)["state"] == "unknown"
-    key = scalar(conn, "SELECT effect_key FROM effect_outbox WHERE effect_id = %s", (eid,))
+    key = scalar(conn, "SELECT effect_key FROM outbox_effects WHERE effect_id = %s", (eid,))
     assert sink.count(key=key) == 1
 
 
@@ -42,7 +42,7 @@ def test_expired_sending_row_of_key_honouring_provider_returns_to_pending(conn, 
     w1 = dispatchers(cfg, name="victim")
     wait_for(lambda: sink.count() == 1, what="the send to start")
     w1.kill()
-    query(conn, "UPDATE effect_body SET target = %s WHERE effect_id = %s", (sink.url + "/idem", eid))
+    query(conn, "UPDATE effect_outbox SET target = %s WHERE effect_id = %s", (sink.url + "/idem", eid))
     dispatchers(cfg, name="survivor")
     e = final(conn, eid)
     assert e["state"] == "completed" and e["attempts"] == 2

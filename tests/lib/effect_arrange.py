@@ -39,7 +39,7 @@ def _reopen(conn, eid):
                 "SELECT b.effect_id, b.effect_type, b.created_at, now(), h.attempt, "
                 "coalesce(h.retry_base, 0), h.last_provider_id, h.last_error_class, h.last_error, "
                 "h.provider_status "
-                "FROM effect_body b JOIN LATERAL (SELECT * FROM effect_history x "
+                "FROM effect_outbox b JOIN LATERAL (SELECT * FROM effect_history x "
                 "  WHERE x.effect_id = b.effect_id AND x.created_at = b.created_at "
                 "    AND x.state IS NOT NULL ORDER BY x.history_id DESC LIMIT 1) h ON true "
                 "WHERE b.effect_id = %s AND NOT EXISTS "
@@ -98,7 +98,7 @@ def effect_created_at(conn, key, created_at="now()", effect_type="http", target=
     `created_at` (an SQL expression), inserted as the table owner; pending,
     as the producer's insert leaves it."""
     target = target or f"https://sink.example/{scalar(conn, 'SELECT gen_random_uuid()')}"
-    return str(scalar(conn, "INSERT INTO effect_body (idempotency_key, effect_type, target, "
+    return str(scalar(conn, "INSERT INTO effect_outbox (idempotency_key, effect_type, target, "
                             "payload, created_at, available_at, replaces_effect, approved_by) "
                             f"VALUES (%s, %s, %s, %s::jsonb, {created_at}, {created_at}, %s, %s) "
                             "RETURNING effect_id", (key, effect_type, target, payload,

@@ -173,7 +173,7 @@ def kill_switch(conn, enabled, operator="test", reason="test"):
 
 def effect(conn, effect_id):
     rows = query(conn, "SELECT state, attempts, provider_id, last_error_class, last_error, "
-                       "last_status FROM effect_outbox WHERE effect_id = %s", (effect_id,))
+                       "last_status FROM outbox_effects WHERE effect_id = %s", (effect_id,))
     if not rows:
         return None
     k = ("state", "attempts", "provider_id", "last_error_class", "last_error", "last_status")
@@ -197,7 +197,7 @@ def run_state(conn, key):
 
 
 def states(conn):
-    return dict(query(conn, "SELECT state, count(*) FROM effect_outbox GROUP BY state"))
+    return dict(query(conn, "SELECT state, count(*) FROM outbox_effects GROUP BY state"))
 
 
 def write_config(path, sections):

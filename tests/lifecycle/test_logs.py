@@ -29,7 +29,7 @@ def test_attempt_logs_have_the_fields_and_no_payload_or_secret(conn, dispatchers
         assert field in a, field
     assert a["metadata"] == {"workflow_version": "v7", "model": "m-2"}
     assert a["approver"] == "alice@example.com"
-    assert a["payload_hash"] == scalar(conn, "SELECT payload_hash FROM effect_outbox")
+    assert a["payload_hash"] == scalar(conn, "SELECT payload_hash FROM outbox_effects")
 
 
 def test_password_in_conninfo_is_not_logged(db, dispatchers):

@@ -30,7 +30,7 @@ def test_sigterm_finishes_in_flight_and_releases_unstarted(conn, dispatchers, si
         assert s["state"] in ("completed", "pending"), s
         if s["state"] == "pending":
             assert s["attempts"] == 0
-    assert scalar(conn, "SELECT count(*) FROM effect_outbox WHERE lease_owner IS NOT NULL") == 0
+    assert scalar(conn, "SELECT count(*) FROM outbox_effects WHERE lease_owner IS NOT NULL") == 0
     assert sink.count() == len(done)
 
 
@@ -103,10 +103,10 @@ def test_a_forced_exit_cancels_and_gives_up_a_claim_still_waiting(conn, db, disp
     # One give-up per claim that was waiting (a head claim on the second
     # connection may have been waiting too).
     assert scalar(conn, "SELECT count(*) FROM outbox_claim_repeats") >= 1
-    assert query(conn, "SELECT state, attempts FROM effect_outbox ORDER BY effect_id") == \
+    assert query(conn, "SELECT state, attempts FROM outbox_effects ORDER BY effect_id") == \
         [("pending", 0)] * 2
     dispatchers(http_cfg(), name="w2")
-    wait_for(lambda: scalar(conn, "SELECT count(*) FROM effect_outbox WHERE state = 'completed'")
+    wait_for(lambda: scalar(conn, "SELECT count(*) FROM outbox_effects WHERE state = 'completed'")
              == 2, what="sent by the next worker")
     assert [len(attempts(conn, i)) for i in ids] == [1, 1] and sink.count() == 2
 
@@ -132,10 +132,10 @@ def test_a_forced_exit_gives_back_what_a_call_moved_whose_answer_never_came(
                          "database": {"conninfo": proxy.conninfo(worker_dsn(db))},
                          **http_cfg(max_per_host=4)})
         wait_for(lambda: proxy.cuts == 1, what="the call committed, its answer held")
-        assert query(conn, "SELECT state, attempts FROM effect_outbox") == [("sending", 1)] * 2
+        assert query(conn, "SELECT state, attempts FROM outbox_effects") == [("sending", 1)] * 2
         w.signal(signal.SIGTERM)
         assert w.wait(timeout=15) == 0, w.log()
-        assert query(conn, "SELECT state, attempts, lease_owner FROM effect_outbox") == \
+        assert query(conn, "SELECT state, attempts, lease_owner FROM outbox_effects") == \
             [("pending", 0, None)] * 2
         assert sink.count() == 0 and all(attempts(conn, i) == [] for i in ids)
     finally:

@@ -289,5 +289,5 @@ def test_direct_enqueue_code_builds_every_parameter(step, conn, wf):
         rows = step(wf, "Approve and enqueue with window", *p)
     assert len(rows) == 1 and rows[0]["inserted"]
     assert scalar(conn, "SELECT state FROM workflow_runs") == "approved"
-    delay = scalar(conn, "SELECT extract(epoch FROM available_at - created_at)::int FROM effect_outbox")
+    delay = scalar(conn, "SELECT extract(epoch FROM available_at - created_at)::int FROM outbox_effects")
     assert delay == (cfg["window_seconds"] if wf == "act-with-window" else 0)

@@ -566,14 +566,14 @@ def test_approve_before_act_to_delivery_queue(step, conn):
     got = step("approval", "Consume approval", tok_hash, "approve", "alice@example.com")
     assert [(r["decision"], r["effect_type"], r["target"]) for r in got] == \
         [("approve", "http", EFFECTS[0]["target"])]
-    assert query(conn, "SELECT state, approved_by, metadata FROM effect_outbox") == \
+    assert query(conn, "SELECT state, approved_by, metadata FROM outbox_effects") == \
         [("pending", "alice@example.com", EFFECTS[0]["metadata"])]
     assert scalar(conn, "SELECT state FROM workflow_runs") == "approved"
     # A second POST (double click, replay) does nothing.
     assert nothing(step("approval", "Consume approval", tok_hash, "approve", "alice@example.com"))
     assert nothing(step("approval", "Consume approval", tok_hash, "reject", "bob@example.com"))
     assert nothing(step("approval", "Peek approval", tok_hash))
-    assert scalar(conn, "SELECT count(*) FROM effect_outbox") == 1
+    assert scalar(conn, "SELECT count(*) FROM outbox_effects") == 1
     assert claim(step, "approve-before-act", ev)["state"] == "approved"
 
 
@@ -592,7 +592,7 @@ def test_approval_reject_and_bad_tokens(step, conn):
     assert got == [{"idempotency_key": "crm:lead-2", "decision": "reject", "effect_id": None,
                     "effect_type": None, "target": None}]
     assert scalar(conn, "SELECT state FROM workflow_runs") == "failed_terminal"
-    assert scalar(conn, "SELECT count(*) FROM effect_outbox") == 0
+    assert scalar(conn, "SELECT count(*) FROM outbox_effects") == 0
     # A re-run of the original execution is told, and does nothing.
     assert claim(step, "approve-before-act", ev)["status"] == "done"
 
@@ -605,7 +605,7 @@ def test_expired_approval_enqueues_nothing(step, conn):
     query(conn, "UPDATE approvals SET expires_at = now() - interval '1 second'")
     assert nothing(step("approval", "Peek approval", tok_hash))
     assert nothing(step("approval", "Consume approval", tok_hash, "approve", "alice@example.com"))
-    assert scalar(conn, "SELECT count(*) FROM effect_outbox") == 0
+    assert scalar(conn, "SELECT count(*) FROM outbox_effects") == 0
     assert scalar(conn, "SELECT state FROM workflow_runs") == "awaiting_human"
 
 
@@ -628,7 +628,7 @@ def test_validation_failure_ends_failed_terminal(step, conn):
                                        "errors": errs["validation_errors"]}]
     again = claim(step, "approve-before-act", ev)
     assert (again["status"], again["state"], again["result"]) == ("done", "failed_terminal", errs)
-    assert scalar(conn, "SELECT count(*) FROM effect_outbox") == 0
+    assert scalar(conn, "SELECT count(*) FROM outbox_effects") == 0
 
 
 def test_model_failure_is_retryable(step, conn):
@@ -659,7 +659,7 @@ def test_approve_by_exception_enqueues_once(step, conn):
                 json.dumps({"decided": "auto"}), *auto_effect(), 0, 300)
     assert len(rows) == 1 and rows[0]["inserted"] is True and rows[0]["state"] == "pending"
     assert rows[0]["version"] == 1
-    st, approved_by, meta = query(conn, "SELECT state, approved_by, metadata FROM effect_outbox")[0]
+    st, approved_by, meta = query(conn, "SELECT state, approved_by, metadata FROM outbox_effects")[0]
     assert st == "pending" and approved_by is None
     assert meta["approval"] == "auto:template:opening_hours" and meta["run_version"] == 1
     assert scalar(conn, "SELECT state FROM workflow_runs") == "approved"
@@ -667,7 +667,7 @@ def test_approve_by_exception_enqueues_once(step, conn):
     # enqueues nothing more.
     assert nothing(step("approve-by-exception", "Approve and enqueue", *lease_of(c),
                 json.dumps({"decided": "auto"}), *auto_effect(), 0, 300))
-    assert scalar(conn, "SELECT count(*) FROM effect_outbox") == 1
+    assert scalar(conn, "SELECT count(*) FROM outbox_effects") == 1
     assert claim(step, "approve-by-exception", ev)["status"] == "done"
 
 
@@ -703,14 +703,14 @@ def test_plain_insert_needs_the_run_row_first(step, conn):
     with step.conn.cursor() as cur:
         cur.execute(sql, (c["idempotency_key"],))
         cur.execute(sql, (c["idempotency_key"],))
-    assert scalar(conn, "SELECT count(*) FROM effect_outbox") == 1
+    assert scalar(conn, "SELECT count(*) FROM outbox_effects") == 1
 
 
 def test_approve_by_exception_without_the_lease_enqueues_nothing(step, conn):
     c = claim(step, "approve-by-exception", event(8, category="opening_hours"))
     stale = [c["idempotency_key"], str(uuid.uuid4()), "0"]
     assert nothing(step("approve-by-exception", "Approve and enqueue", *stale, "{}", *auto_effect(), 0, 300))
-    assert scalar(conn, "SELECT count(*) FROM effect_outbox") == 0
+    assert scalar(conn, "SELECT count(*) FROM outbox_effects") == 0
     assert scalar(conn, "SELECT state FROM workflow_runs") == "processing"
 
 
@@ -721,7 +721,7 @@ def test_approve_by_exception_escalation_creates_an_approval(step, conn):
                 json.dumps(EFFECTS), "support-leads@example.com", json.dumps({"decided": "escalated"}))
     assert len(rows) == 1
     assert scalar(conn, "SELECT state FROM workflow_runs") == "awaiting_human"
-    assert scalar(conn, "SELECT count(*) FROM effect_outbox") == 0
+    assert scalar(conn, "SELECT count(*) FROM outbox_effects") == 0
 
 
 def cancel(step, eid, reason="r", actor="n8n:x"):
@@ -737,10 +737,10 @@ def test_act_with_window_enqueue_and_cancel(step, conn):
                 json.dumps({"decided": "window"}), *auto_effect(), 600, 300)
     assert len(rows) == 1 and rows[0]["inserted"]
     eid = rows[0]["effect_id"]
-    assert scalar(conn, "SELECT available_at > now() + interval '590 seconds' FROM effect_outbox")
+    assert scalar(conn, "SELECT available_at > now() + interval '590 seconds' FROM outbox_effects")
     # Cancelled before the window closes: never sent.
     assert cancel(step, eid, "customer changed mind", "n8n:alice@example.com") == ("cancelled", "failed")
-    st, err = query(conn, "SELECT state, last_error FROM effect_outbox WHERE effect_id = %s", (eid,))[0]
+    st, err = query(conn, "SELECT state, last_error FROM outbox_effects WHERE effect_id = %s", (eid,))[0]
     assert st == "failed" and err == "cancelled: customer changed mind"
     assert scalar(conn, "SELECT state FROM workflow_runs") == "failed_terminal"
     assert cancel(step, eid, "again") == ("finished", "failed")
@@ -758,7 +758,7 @@ def test_act_with_window_cancel_past_the_window_is_too_late(step, conn):
     query(conn, "UPDATE effect_live SET available_at = now() - interval '1 second' WHERE effect_id = %s",
           (eid,))
     assert cancel(step, eid) == ("too_late", "pending")
-    assert scalar(conn, "SELECT state FROM effect_outbox") == "pending"
+    assert scalar(conn, "SELECT state FROM outbox_effects") == "pending"
     assert scalar(conn, "SELECT count(*) FROM operator_actions") == 0
     # The plain producer cancel is what raised before.
     with pytest.raises(psycopg2.errors.InsufficientPrivilege), step.conn.cursor() as cur:
@@ -771,7 +771,7 @@ def test_act_with_window_cannot_cancel_a_sending_effect(step, conn):
                *auto_effect(), 1, 300)[0]["effect_id"]
     query(conn, "UPDATE effect_live SET state = 'sending' WHERE effect_id = %s", (eid,))
     assert cancel(step, eid, "too late") == ("too_late", "sending")
-    assert scalar(conn, "SELECT state FROM effect_outbox") == "sending"
+    assert scalar(conn, "SELECT state FROM outbox_effects") == "sending"
 
 
 # --- re-opening an expired approval --------------------------------------------------------
@@ -822,6 +822,6 @@ def test_expired_approval_reopened_goes_down_the_approval_path_again(step, conn,
     assert nothing(step("approval", "Peek approval", old_hash))
     got = step("approval", "Consume approval", new_hash, "approve", "alice@example.com")
     assert len(got) == 1 and got[0]["effect_id"]
-    assert scalar(conn, "SELECT count(*) FROM effect_outbox") == 1
+    assert scalar(conn, "SELECT count(*) FROM outbox_effects") == 1
     with pytest.raises(psycopg2.errors.NoDataFound):
         query(operator, REOPEN, ("crm:nothing", "lee", "x"))

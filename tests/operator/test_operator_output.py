@@ -55,7 +55,7 @@ def test_unknown_list_escapes_bidi_and_invisible_characters(db, conn):
     arrange(conn, eid, "unknown", attempts=1)
     query(conn, "INSERT INTO effect_history (effect_id, created_at, attempt, worker, started_at, "
                 "outcome_class) SELECT effect_id, created_at, 1, %s, now(), 'ambiguous' "
-                "FROM effect_body WHERE effect_id = %s", ("w\u2066orker\u2069\u200b", eid))
+                "FROM effect_outbox WHERE effect_id = %s", ("w\u2066orker\u2069\u200b", eid))
     r = run_ctl(["--db", db, "unknown", "list"])
     assert r.returncode == 0, r.stderr
     no_invisible(r.stdout)

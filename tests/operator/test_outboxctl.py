@@ -53,7 +53,7 @@ def new_effect(conn, key=None, target=None, payload=None, effect_type="http", me
 
 
 def run_of(conn, eid):
-    return scalar(conn, "SELECT idempotency_key FROM effect_body WHERE effect_id = %s", (eid,))
+    return scalar(conn, "SELECT idempotency_key FROM effect_outbox WHERE effect_id = %s", (eid,))
 
 
 def run_state(conn, key):
@@ -69,7 +69,7 @@ def actions(conn, action=None):
 
 
 def row(conn, eid):
-    return query(conn, "SELECT to_jsonb(o) FROM effect_outbox o WHERE effect_id = %s", (eid,))[0][0]
+    return query(conn, "SELECT to_jsonb(o) FROM outbox_effects o WHERE effect_id = %s", (eid,))[0][0]
 
 
 def make_unknown(conn, key=None):
@@ -78,7 +78,7 @@ def make_unknown(conn, key=None):
             last_error="timeout after the request was sent")
     query(conn, "INSERT INTO effect_history (effect_id, created_at, attempt, lease_owner, worker, "
                 "started_at, outcome_class, error_text) SELECT effect_id, created_at, 1, "
-                "gen_random_uuid(), 'w1', now(), 'ambiguous', 'timeout' FROM effect_body "
+                "gen_random_uuid(), 'w1', now(), 'ambiguous', 'timeout' FROM effect_outbox "
                 "WHERE effect_id = %s", (eid,))
     return eid
 
@@ -210,7 +210,7 @@ def test_outboxctl_kill_switch_off_lists_the_sends_in_flight(db, conn):
     arrange(conn, flying, "sending", attempts=1, lease_owner=str(uuid.uuid4()),
             lease_worker="host7-w3", sending_since="SQL:now()",
             lease_expires_at="SQL:now() + interval '30 seconds'")
-    ekey = scalar(conn, "SELECT effect_key FROM effect_outbox WHERE effect_id = %s", (flying,))
+    ekey = scalar(conn, "SELECT effect_key FROM outbox_effects WHERE effect_id = %s", (flying,))
 
     r = ok(ctl(db, "kill-switch", "off", "--operator", "bob", "--reason", "incident"))
     assert "1 effect was already in flight" in r.stdout
@@ -244,7 +244,7 @@ def test_outboxctl_status_counts_match_the_database(db, conn):
     ok(ctl(db, "kill-switch", "off", "--operator", "cara", "--reason", "maintenance"))
 
     st = json.loads(ok(ctl(db, "status", "--json")).stdout)
-    db_counts = dict(query(conn, "SELECT state, count(*) FROM effect_outbox GROUP BY state"))
+    db_counts = dict(query(conn, "SELECT state, count(*) FROM outbox_effects GROUP BY state"))
     for s in ("pending", "sending", "completed", "unknown", "failed"):
         assert st["counts"][s] == db_counts.get(s, 0), s
     assert st["counts"] == {"pending": 3, "sending": 2, "completed": 2, "unknown": 1, "failed": 2}
@@ -275,7 +275,7 @@ def test_outboxctl_unknown_list(db, conn):
 
     items = json.loads(ok(ctl(db, "unknown", "list", "--json")).stdout)
     assert [i["effect_id"] for i in items] == [b, a]            # oldest first
-    ekey = scalar(conn, "SELECT effect_key FROM effect_outbox WHERE effect_id = %s", (a,))
+    ekey = scalar(conn, "SELECT effect_key FROM outbox_effects WHERE effect_id = %s", (a,))
     ia = items[1]
     assert ia["effect_key"] == ekey and ia["idempotency_key"] == run_of(conn, a)
     assert ia["attempts"] == 1 and ia["effect_type"] == "http"
@@ -339,7 +339,7 @@ def test_outboxctl_unknown_resolve_not_sent_requeues_with_the_same_key(db, conn)
     assert after["idempotency_key"] == before["idempotency_key"]
     assert after["attempts"] == before["attempts"]
     assert after["lease_owner"] is None
-    assert scalar(conn, "SELECT available_at <= now() FROM effect_outbox WHERE effect_id = %s",
+    assert scalar(conn, "SELECT available_at <= now() FROM outbox_effects WHERE effect_id = %s",
                   (eid,))
     log = attempts(conn, eid)
     assert log[-1]["outcome_class"] == "operator_not_sent" and log[-1]["worker"] == "operator:eve"
@@ -351,7 +351,7 @@ def test_outboxctl_unknown_resolve_not_sent_requeues_with_the_same_key(db, conn)
     def notified():
         if select.select([listener], [], [], 0.1)[0]:
             listener.poll()
-        return [n for n in listener.notifies if n.channel == "effect_outbox"]
+        return [n for n in listener.notifies if n.channel == "outbox_effects"]
     wait_for(notified, timeout=10, what="NOTIFY effect_outbox")
     listener.close()
 
@@ -457,7 +457,7 @@ def test_outboxctl_replace_creates_a_linked_event_and_leaves_the_original(db, co
     r = ok(ctl(db, "replace", eid, "--new-key", "ticket-981-correction", "--operator", "ivy",
                "--reason", "wrong amount in the note"))
     assert "replacement created" in r.stdout
-    new = scalar(conn, "SELECT effect_id::text FROM effect_outbox WHERE replaces_effect = %s",
+    new = scalar(conn, "SELECT effect_id::text FROM outbox_effects WHERE replaces_effect = %s",
                  (eid,))
     assert new and new in r.stdout
 
@@ -483,7 +483,7 @@ def test_outboxctl_replace_creates_a_linked_event_and_leaves_the_original(db, co
     r = ok(ctl(db, "replace", eid, "--new-key", "ticket-981-correction", "--operator", "ivy",
                "--reason", "wrong amount in the note"))
     assert "already replaced" in r.stdout and new in r.stdout
-    assert scalar(conn, "SELECT count(*) FROM effect_outbox WHERE replaces_effect = %s", (eid,)) == 1
+    assert scalar(conn, "SELECT count(*) FROM outbox_effects WHERE replaces_effect = %s", (eid,)) == 1
     assert len(actions(conn, "replace")) == 1
 
 
@@ -494,7 +494,7 @@ def test_outboxctl_replace_with_a_new_target_and_payload(db, conn):
     payload = {"from": "a@example.com", "subject": "s", "text": "corrected"}
     ok(ctl(db, "replace", eid, "--new-key", "evt-77", "--operator", "jo", "--reason", "typo",
            "--target", "new@example.com", "--payload", json.dumps(payload)))
-    n = query(conn, "SELECT effect_type, target, payload, replaces_effect::text FROM effect_outbox "
+    n = query(conn, "SELECT effect_type, target, payload, replaces_effect::text FROM outbox_effects "
                     "WHERE idempotency_key = 'evt-77'")
     assert n == [("email", "new@example.com", payload, eid)]
     d = actions(conn, "replace")[0]["detail"]
@@ -522,7 +522,7 @@ def test_outboxctl_replace_refuses_a_taken_key_and_the_same_key(db, conn):
               "--reason", "r"), 2, "must differ")
     fails(ctl(db, "replace", NO_SUCH, "--new-key", "k", "--operator", "a", "--reason", "r"),
           1, "no effect")
-    assert scalar(conn, "SELECT count(*) FROM effect_outbox") == 1
+    assert scalar(conn, "SELECT count(*) FROM outbox_effects") == 1
     assert actions(conn) == []
 
 
@@ -554,7 +554,7 @@ def test_outboxctl_prune_removes_only_old_finished_rows_in_batches(db, conn):
     query(conn, "INSERT INTO effect_history (effect_id, created_at, attempt, lease_owner, worker, "
                 "started_at, ended_at, outcome_class) SELECT effect_id, created_at, 1, "
                 "gen_random_uuid(), 'w1', now() - interval '41 days', now() - interval '41 days', "
-                "'accepted' FROM effect_body WHERE effect_id = %s",
+                "'accepted' FROM effect_outbox WHERE effect_id = %s",
           (old_done[0],))
     recent = new_effect(conn)
     arrange(conn, recent, "completed", completed_at="SQL:now() - interval '1 day'")
@@ -564,7 +564,7 @@ def test_outboxctl_prune_removes_only_old_finished_rows_in_batches(db, conn):
 
     r = ok(ctl(db, "prune", "--older-than", "30d", "--batch", "2"))
     assert "pruned 5 " in r.stdout and "3 batches" in r.stdout
-    left = dict(query(conn, "SELECT effect_id::text, state FROM effect_outbox"))
+    left = dict(query(conn, "SELECT effect_id::text, state FROM outbox_effects"))
     assert left == keep
     # Their month went whole, the attempts log with it.
     assert attempts(conn, old_done[0]) == []
@@ -580,7 +580,7 @@ def test_outboxctl_prune_removes_only_old_finished_rows_in_batches(db, conn):
     # This month is not over: its effects stay, however long ago they ended.
     r = ok(ctl(db, "prune", "--older-than", "1s", "--operator", "kim", "--reason", "disk"))
     assert "pruned 0 " in r.stdout and "1 batch " in r.stdout
-    assert dict(query(conn, "SELECT effect_id::text, state FROM effect_outbox")) == keep
+    assert dict(query(conn, "SELECT effect_id::text, state FROM outbox_effects")) == keep
 
 
 def test_outboxctl_prune_drops_a_finished_month_and_keeps_a_month_with_an_open_effect(db, conn):
@@ -592,7 +592,7 @@ def test_outboxctl_prune_drops_a_finished_month_and_keeps_a_month_with_an_open_e
     recent_log = old_effect(conn, 2, "completed", "50 days")
     query(conn, "INSERT INTO effect_history (effect_id, created_at, attempt, worker, started_at, "
                 "ended_at, outcome_class) SELECT effect_id, created_at, 1, 'w1', now(), now(), "
-                "'reconcile_unknown' FROM effect_body WHERE effect_id = %s", (recent_log,))
+                "'reconcile_unknown' FROM effect_outbox WHERE effect_id = %s", (recent_log,))
     parts = {n: month_partition(conn, month_ago(n)) for n in (2, 3, 4)}
     assert all(parts.values()), parts
     history_of_kept = scalar(conn, "SELECT count(*) FROM effect_history WHERE effect_id = ANY (%s::uuid[])",
@@ -601,7 +601,7 @@ def test_outboxctl_prune_drops_a_finished_month_and_keeps_a_month_with_an_open_e
     r = ok(ctl(db, "prune", "--older-than", "30d"))
     assert "pruned 3 " in r.stdout
     assert month_partition(conn, month_ago(4)) is None
-    assert scalar(conn, "SELECT count(*) FROM effect_body WHERE effect_id = ANY (%s::uuid[])",
+    assert scalar(conn, "SELECT count(*) FROM effect_outbox WHERE effect_id = ANY (%s::uuid[])",
                   (gone,)) == 0
     assert month_partition(conn, month_ago(3)) == parts[3]
     assert month_partition(conn, month_ago(2)) == parts[2]
@@ -644,7 +644,7 @@ def test_outboxctl_prune_skips_rows_someone_holds_instead_of_waiting(db, conn):
     held, free = old_effect(conn, 3, "completed", "40 days"), old_effect(conn, 3, "completed", "40 days")
     locker = psycopg2.connect(db)
     try:
-        query(locker, "SELECT 1 FROM effect_body WHERE effect_id = %s FOR UPDATE", (held,))
+        query(locker, "SELECT 1 FROM effect_outbox WHERE effect_id = %s FOR UPDATE", (held,))
         r = ok(run_ctl(["--db", db, "prune", "--older-than", "30d"], timeout=20))
         assert "pruned 1 " in r.stdout
         assert effect(conn, held) is not None and effect(conn, free) is None

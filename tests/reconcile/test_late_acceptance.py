@@ -38,7 +38,7 @@ def rows(conn, eid):
 
 def run_state(conn, eid):
     """The run's state as a reader gets it: settled from its effects first."""
-    key = scalar(conn, "SELECT idempotency_key FROM effect_body WHERE effect_id = %s", (eid,))
+    key = scalar(conn, "SELECT idempotency_key FROM effect_outbox WHERE effect_id = %s", (eid,))
     query(conn, "SELECT outbox_settle_runs(ARRAY[%s])", (key,))
     return scalar(conn, "SELECT state FROM workflow_runs WHERE idempotency_key = %s", (key,))
 
@@ -57,7 +57,7 @@ def test_relays_late_250_completes_the_unknown_email(conn, dispatchers, smtp, tm
     eid = str(enqueue(conn, "email", "bob+slow-data-2900@example.com",
                       {"from": "Outbox <noreply@example.com>", "subject": "Your refund",
                        "text": "Hello,\nyour refund is on its way.\n"}))
-    key = scalar(conn, "SELECT effect_key FROM effect_outbox WHERE effect_id = %s", (eid,))
+    key = scalar(conn, "SELECT effect_key FROM outbox_effects WHERE effect_id = %s", (eid,))
     mid = f"<{key}@{DOMAIN}>"
     # First the provider's own verdict: the terminator went out, no reply
     # within timeout_ms -> ambiguous, recorded as unknown (the session's

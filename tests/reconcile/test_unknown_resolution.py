@@ -39,7 +39,7 @@ def wait_state(conn, eid, *states, timeout=30):
 
 
 def key_of(conn, eid):
-    return scalar(conn, "SELECT effect_key FROM effect_outbox WHERE effect_id = %s", (eid,))
+    return scalar(conn, "SELECT effect_key FROM outbox_effects WHERE effect_id = %s", (eid,))
 
 
 def rows(conn, eid):
@@ -50,7 +50,7 @@ def rows(conn, eid):
 
 def reap_when_expired(conn, eid):
     """The reaper's own function, once the effect's lease has expired."""
-    wait_for(lambda: scalar(conn, "SELECT send_deadline < now() FROM effect_outbox "
+    wait_for(lambda: scalar(conn, "SELECT send_deadline < now() FROM outbox_effects "
                                   "WHERE effect_id = %s", (eid,)),
              timeout=30, what="the stopped worker's lease to expire")
     got = query(conn, "SELECT effect_id::text, state FROM outbox_reap('test-reaper', 10)")
@@ -85,9 +85,9 @@ def test_late_acceptance_completes_with_the_providers_id(conn, dispatchers, sink
     assert rows(conn, eid) == [(1, "ambiguous", True, None, True),
                                (1, "accepted", True, "late_accepted", False)]
     # The run, as a reader gets it (settled from its effects first).
-    query(conn, "SELECT outbox_settle_runs(ARRAY(SELECT idempotency_key FROM effect_body "
+    query(conn, "SELECT outbox_settle_runs(ARRAY(SELECT idempotency_key FROM effect_outbox "
                 "WHERE effect_id = %s))", (eid,))
-    assert scalar(conn, "SELECT w.state FROM workflow_runs w JOIN effect_body b "
+    assert scalar(conn, "SELECT w.state FROM workflow_runs w JOIN effect_outbox b "
                         "ON b.idempotency_key = w.idempotency_key WHERE b.effect_id = %s",
                   (eid,)) == "completed"
     wait_for(lambda: unknown_resolved(port, "late_accepted") == 1, what="the late_accepted counter")

@@ -255,7 +255,7 @@ def test_malformed_row_fails_with_its_reason_and_the_worker_goes_on(fleet, kind,
     assert e["attempts"] == 0 and attempts(fleet.conn, bad) == [], "nothing was sent"
     assert fleet.traffic() == before, "no server saw the bad row"
     # The run it belonged to is over.
-    assert run_state(fleet.conn, scalar(fleet.conn, "SELECT idempotency_key FROM effect_body "
+    assert run_state(fleet.conn, scalar(fleet.conn, "SELECT idempotency_key FROM effect_outbox "
                                                     "WHERE effect_id = %s", (bad,))) == "failed_terminal"
     # The worker keeps working: a good effect of the same kind goes through.
     good = fleet.good(kind if kind in fleet.kinds else fleet.kinds[0])
@@ -270,7 +270,7 @@ def test_crlf_in_a_crm_field_value_is_data_not_an_injection(fleet):
     eid = fleet.insert("crm", CRM, {"Description": "line 1\r\nX-Injected: 1"})
     e = fleet.settled(eid)
     assert e["state"] == "completed", e
-    key = scalar(fleet.conn, "SELECT effect_key FROM effect_outbox WHERE effect_id = %s", (eid,))
+    key = scalar(fleet.conn, "SELECT effect_key FROM outbox_effects WHERE effect_id = %s", (eid,))
     assert fleet.crm.record("Task", "Outbox_Key__c", key)["Description"] == "line 1\r\nX-Injected: 1"
 
 
@@ -320,7 +320,7 @@ def test_postgresql_refuses_at_insert(conn, target, payload, state):
         query(conn, f"INSERT INTO effect_outbox (idempotency_key, effect_type, target, payload) "
                     f"VALUES (%s, 'email', {target}, {payload})", (key,))
     assert ei.value.pgcode == state, ei.value
-    assert scalar(conn, "SELECT count(*) FROM effect_outbox") == 0
+    assert scalar(conn, "SELECT count(*) FROM outbox_effects") == 0
 
 
 def test_unknown_run_and_duplicate_effect_are_refused(conn):
@@ -368,6 +368,6 @@ def test_a_sql_ascii_database_refuses_non_utf8_too(sql_ascii_db, target, payload
             query(c, f"INSERT INTO effect_outbox (idempotency_key, effect_type, target, payload) "
                      f"VALUES (%s, 'email', {target}, {payload})", (key,))
         assert ei.value.pgcode == state, ei.value
-        assert scalar(c, "SELECT count(*) FROM effect_outbox") == 0
+        assert scalar(c, "SELECT count(*) FROM outbox_effects") == 0
     finally:
         c.close()

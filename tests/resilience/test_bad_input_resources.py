@@ -89,7 +89,7 @@ def test_slow_metrics_clients_cannot_starve_the_worker(conn, db, tmp_path, sink)
         query(conn, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
                     "WHERE datname = current_database() AND pid <> pg_backend_pid() "
                     "AND application_name LIKE 'outbox %%'")
-        wait_for(lambda: scalar(conn, "SELECT count(*) FROM effect_outbox WHERE idempotency_key = %s "
+        wait_for(lambda: scalar(conn, "SELECT count(*) FROM outbox_effects WHERE idempotency_key = %s "
                                       "AND state = 'completed'", (key,)) == 40,
                  timeout=60, what="every effect delivered")
         assert scalar(conn, "SELECT count(*) FROM effect_attempts WHERE outcome_class <> 'accepted'") == 0
@@ -143,14 +143,14 @@ def test_oversized_metadata_is_refused_at_the_door(conn, login_as, dispatchers, 
             query(p, sql, args)
         assert ei.value.pgcode == "54000", ei.value
         assert "metadata is" in str(ei.value) and "more than the 65536 allowed" in str(ei.value)
-    assert scalar(conn, "SELECT count(*) FROM effect_outbox") == 0
+    assert scalar(conn, "SELECT count(*) FROM outbox_effects") == 0
     assert scalar(conn, "SELECT count(*) FROM approvals") == 0
 
     meta = {"workflow_version": "v7", "model": "m-2", "note": "y" * 60000}
     query(p, "INSERT INTO effect_outbox (idempotency_key, effect_type, target, payload, metadata) "
              "VALUES ('meta', 'http', %s, '{}', %s)", (sink.url + "/ok/fine", json.dumps(meta)))
     w = dispatchers(http_cfg())
-    wait_for(lambda: scalar(conn, "SELECT state FROM effect_outbox") == "completed",
+    wait_for(lambda: scalar(conn, "SELECT state FROM outbox_effects") == "completed",
              what="the effect with bounded metadata delivered")
     assert query(conn, "SELECT outcome_class, metadata FROM effect_attempts") == [("accepted", None)]
     wait_for(lambda: [e for e in w.events() if e.get("event") == "attempt"], what="attempt logged")
@@ -190,7 +190,7 @@ def test_oversized_rows_are_refused_without_being_fetched(conn, dispatchers, sin
     w = dispatchers({"dispatcher": {"claim": claim}, **http_cfg()})
 
     def settled():
-        rows = query(conn, "SELECT effect_id::text, state, last_error FROM effect_outbox")
+        rows = query(conn, "SELECT effect_id::text, state, last_error FROM outbox_effects")
         return rows if all(s not in ("pending", "sending") for _, s, _ in rows) else None
     rows = {eid: (state, err) for eid, state, err in wait_for(settled, timeout=60,
                                                                 what="all three settled")}

@@ -168,9 +168,9 @@ ESCALATIONS = [
     "SET ROLE postgres",
     "ALTER FUNCTION outbox_enqueue(text, text, text, jsonb, jsonb, integer) SECURITY INVOKER",
     "CREATE FUNCTION public.outbox_sha256_hex(t text, u text) RETURNS text LANGUAGE sql AS 'select t'",
-    "ALTER TABLE effect_body DISABLE TRIGGER effect_body_gate",
-    "DROP TRIGGER effect_body_gate ON effect_body",
-    "DROP TRIGGER effect_body_queue ON effect_body",
+    "ALTER TABLE effect_outbox DISABLE TRIGGER effect_outbox_gate",
+    "DROP TRIGGER effect_outbox_gate ON effect_outbox",
+    "DROP TRIGGER effect_outbox_queue ON effect_outbox",
     "GRANT outbox_operator TO CURRENT_USER",
     "UPDATE workflow_runs SET state = 'processing'",
     "INSERT INTO approvals (idempotency_key, token_hash, allowed_decisions, expires_at) "
@@ -179,7 +179,7 @@ ESCALATIONS = [
     "VALUES (gen_random_uuid(), now(), 1, now(), 'accepted', 'completed')",
     "UPDATE effect_live SET state = 'pending', attempts = 0",
     "DELETE FROM effect_live",
-    "UPDATE effect_body SET target = 'http://127.0.0.1:9/elsewhere'",
+    "UPDATE effect_outbox SET target = 'http://127.0.0.1:9/elsewhere'",
     "SELECT outbox_kill_switch_set(true, 'me', 'x')",
     "SELECT * FROM outbox_requeue(gen_random_uuid(), 'me', 'x')",
     "SELECT outbox_replace_ungated(gen_random_uuid(), 'k', 'me', 'x', NULL, NULL)",
@@ -214,7 +214,7 @@ def test_pg_temp_cannot_hijack_security_definer_functions(conn, login_as):
     query(p, "SELECT * FROM outbox_enqueue(%s, 'http', 'https://x.example/', '{}')", (key,))
     with pytest.raises(psycopg2.errors.ForeignKeyViolation):
         query(p, "SELECT * FROM outbox_enqueue('fake-run', 'http', 'https://x.example/', '{}')")
-    assert scalar(conn, "SELECT effect_key <> 'hijacked' FROM effect_outbox "
+    assert scalar(conn, "SELECT effect_key <> 'hijacked' FROM outbox_effects "
                         "WHERE idempotency_key = %s", (key,))
     assert scalar(conn, "SELECT count(*) FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace "
                         "WHERE n.nspname = 'public' AND p.prosecdef AND NOT EXISTS ("

@@ -85,7 +85,7 @@ def test_single_effects_outcomes_go_on_the_records_connection(conn, dispatchers,
     for i in range(15):
         eid = enqueue(conn, "http", sink.url + f"/ok?{i}", {})
         seen, n = watch_until(conn, "single", lambda: query(
-            conn, "SELECT state FROM effect_outbox WHERE effect_id = %s", (eid,))[0][0] == "completed")
+            conn, "SELECT state FROM outbox_effects WHERE effect_id = %s", (eid,))[0][0] == "completed")
         samples += n
         for role in total:
             total[role] += seen.get(role, 0)

@@ -89,7 +89,7 @@ def test_a_black_holed_connection_is_left_within_a_bound(conn, db, dispatchers, 
                          "provider.http": {"timeout_ms": 10000}})
         wait_for(lambda: serving(w), what="serving")
         eid = str(enqueue(conn, "http", f"{sink.url}/delay/1500", {"body": {"n": 1}}))
-        key = scalar(conn, "SELECT effect_key FROM effect_outbox WHERE effect_id = %s", (eid,))
+        key = scalar(conn, "SELECT effect_key FROM outbox_effects WHERE effect_id = %s", (eid,))
         wait_for(lambda: sink.count(key) == 1, what="the send under way")
         connected0 = count_events(w, "db_connected")
         proxy.blackhole()

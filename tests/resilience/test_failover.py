@@ -103,7 +103,7 @@ class Producer(threading.Thread):
                     except psycopg2.Error:
                         self.retried += 1
                         c = self.connect()
-                        if scalar(c, "SELECT count(*) FROM effect_outbox WHERE target = %s", (t,)):
+                        if scalar(c, "SELECT count(*) FROM outbox_effects WHERE target = %s", (t,)):
                             break
                 self.acked.append(t)
                 ahead = t0 + (i + 1) / self.rate - time.monotonic()
@@ -133,13 +133,13 @@ def stream_through_failover(cluster, sink, tmp_path, lag, n=1500, rate=300):
         prod.join(120)
         assert not prod.errors and not prod.is_alive(), prod.errors
         new = connect(c.standby.dsn(dsn_dbname(both)))
-        wait_for(lambda: not scalar(new, "SELECT count(*) FROM effect_outbox WHERE state NOT IN %s",
+        wait_for(lambda: not scalar(new, "SELECT count(*) FROM outbox_effects WHERE state NOT IN %s",
                                     (FINAL,)), timeout=60,
                  what=f"every effect final on the new primary ({states(new)})")
     finally:
         for w in workers:
             w.stop()
-    rows = dict(query(new, "SELECT effect_key, target FROM effect_outbox"))
+    rows = dict(query(new, "SELECT effect_key, target FROM outbox_effects"))
     targets = set(rows.values())
     counts = sink.keys()
     f = {"lag_s": lag, "failover_s": round(took, 2), "produced": n, "acked": len(prod.acked),
@@ -197,7 +197,7 @@ def test_kill_switch_off_before_a_failover_holds_on_the_promoted_standby(cluster
         crash_primary(c, 0)
         new = connect(c.standby.dsn(dsn_dbname(both)))
         # The sends in flight finish; their outcomes reach the new primary.
-        wait_for(lambda: scalar(new, "SELECT count(*) FROM effect_outbox WHERE state = 'sending'") == 0,
+        wait_for(lambda: scalar(new, "SELECT count(*) FROM outbox_effects WHERE state = 'sending'") == 0,
                  timeout=60, what="in-flight sends recorded on the new primary")
         wait_for(lambda: all(sum(e.get("event") == "db_connected" for e in w.events()) >= 4
                              for w in workers), what="both connections of each worker back")

@@ -152,7 +152,7 @@ def test_two_poll_only_workers_through_pgbouncer_transaction_mode(db, conn, boun
             p.join(60)
         assert not errors, errors
         assert len(ids) == N
-        wait_for(lambda: scalar(conn, "SELECT count(*) FROM effect_outbox WHERE state = 'sending'") == 0,
+        wait_for(lambda: scalar(conn, "SELECT count(*) FROM outbox_effects WHERE state = 'sending'") == 0,
                  what="in-flight sends to finish")
         late = [q for q in sink.received() if q["t"] > returned and q["key"] not in listed]
         assert late == [], f"{len(late)} sends started after kill-switch off returned"

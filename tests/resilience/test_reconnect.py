@@ -27,7 +27,7 @@ def test_postgres_restart_during_a_run(conn, dispatchers, sink):
     conn.close()
     pg_restart()
     c = wait_for(lambda: _try_connect(), timeout=30, what="database back")
-    wait_for(lambda: scalar(c, "SELECT count(*) FROM effect_outbox WHERE state = 'completed'") == n,
+    wait_for(lambda: scalar(c, "SELECT count(*) FROM outbox_effects WHERE state = 'completed'") == n,
              timeout=60, what="all delivered after the restart")
     assert sink.count() == n
     assert all(v == 1 for v in sink.keys().values()), "no effect sent twice"

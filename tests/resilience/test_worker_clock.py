@@ -114,7 +114,7 @@ def test_a_worker_clock_ten_minutes_off_requeues_only_after_the_minimum_age(conn
     wait_for(lambda: scalar(conn, "SELECT can_reconcile FROM outbox_providers WHERE name = 'http'"),
              what="http registered as able to reconcile")
     eid = str(enqueue(conn, "http", f"{sink.url}/drop-unread/1", {"body": {"clock": offset}}))
-    key = scalar(conn, "SELECT effect_key FROM effect_outbox WHERE effect_id = %s", (eid,))
+    key = scalar(conn, "SELECT effect_key FROM outbox_effects WHERE effect_id = %s", (eid,))
     wait_for(lambda: effect(conn, eid)["state"] == "unknown", what="the effect unknown")
     first = [r["t"] for r in sink.received() if r["key"] == key]
     assert len(first) == 1

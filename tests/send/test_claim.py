@@ -21,7 +21,7 @@ CLAIM = ("SELECT effect_id::text, attempts FROM outbox_claim(%s, 'w', %s, 30, '{
          "'{}', %s, NULL, NULL, %s)")
 UNCLAIM = "SELECT outbox_unclaim(%s, %s::uuid[], %s, %s, %s)"
 ROW = ("SELECT state, attempts, lease_owner::text, mark_token::text, leased_at = sending_since, "
-       "send_deadline IS NOT NULL FROM effect_outbox WHERE effect_id = %s")
+       "send_deadline IS NOT NULL FROM outbox_effects WHERE effect_id = %s")
 
 
 def claim(conn, owner, call, limit=10, env=True, repeat=False):
@@ -63,8 +63,8 @@ def test_a_repeated_claim_returns_its_own_rows_and_leases_nothing_new(conn):
     first = claim(conn, owner, call, limit=2)
     assert len(first) == 2
     assert claim(conn, owner, call, limit=2, repeat=True) == first
-    assert scalar(conn, "SELECT count(*) FROM effect_outbox WHERE state = 'sending'") == 2
-    assert scalar(conn, "SELECT sum(attempts) FROM effect_outbox") == 2
+    assert scalar(conn, "SELECT count(*) FROM outbox_effects WHERE state = 'sending'") == 2
+    assert scalar(conn, "SELECT sum(attempts) FROM outbox_effects") == 2
     # Another call's repeat, or another owner's, gets nothing.
     assert claim(conn, owner, str(uuid.uuid4()), repeat=True) == []
     assert claim(conn, str(uuid.uuid4()), call, repeat=True) == []
@@ -169,7 +169,7 @@ def test_unclaim_keeps_or_releases_the_lease_and_undoes_the_attempt(conn):
     # Released: pending, no lease, due after the delay.
     assert scalar(conn, UNCLAIM, (owner, [b], call, True, 60000)) == 1
     assert query(conn, ROW, (b,)) == [("pending", 0, None, None, None, False)]
-    assert scalar(conn, "SELECT available_at > now() + interval '50 s' FROM effect_outbox "
+    assert scalar(conn, "SELECT available_at > now() + interval '50 s' FROM outbox_effects "
                         "WHERE effect_id = %s", (b,))
     assert attempts(conn, a) == [] and attempts(conn, b) == []
 
@@ -187,7 +187,7 @@ def test_an_invalid_claimed_row_fails_without_spending_an_attempt(conn):
     assert query(conn, ROW, (eid,))[0][0] == "sending"
     query(conn, "SELECT * FROM outbox_fail_invalid(%s, %s)",
           (owner, f'[{{"effect_id": "{eid}", "error": "bad payload", "call": "{call}"}}]'))
-    assert scalar(conn, "SELECT state || ' ' || attempts || ' ' || last_error FROM effect_outbox "
+    assert scalar(conn, "SELECT state || ' ' || attempts || ' ' || last_error FROM outbox_effects "
                         "WHERE effect_id = %s", (eid,)) == "failed 0 bad payload"
 
 
@@ -302,7 +302,7 @@ def test_rows_claimed_while_the_worker_stops_go_back_unsent(conn, db, dispatcher
         holder.close()
     # Claimed (leased_at set by the claim), then given back.
     got = query(conn, "SELECT state, attempts, lease_owner, mark_token, leased_at IS NOT NULL "
-                      "FROM effect_outbox WHERE effect_id = ANY(%s::uuid[])", (ids,))
+                      "FROM outbox_effects WHERE effect_id = ANY(%s::uuid[])", (ids,))
     assert got == [("pending", 0, None, None, True)] * 3, got
     assert scalar(conn, "SELECT count(*) FROM effect_attempts") == 0
     assert sink.received() == []
@@ -327,10 +327,10 @@ def test_no_claims_while_a_breaker_is_open(conn, dispatchers):
         return int(math.log2(time.monotonic() - t0 + 1))
 
     wait_for(lambda: any(e.get("event") == "breaker_open" for e in w.events()), what="breaker open")
-    wait_for(lambda: scalar(conn, "SELECT count(*) FROM effect_outbox WHERE attempts = 0 "
+    wait_for(lambda: scalar(conn, "SELECT count(*) FROM outbox_effects WHERE attempts = 0 "
                                   "AND lease_owner IS NULL AND available_at > now()")
              >= len(ids) - 3 - probes(), what="effects held behind the open breaker")
-    assert scalar(conn, "SELECT sum(attempts) FROM effect_outbox") <= 3 + probes()
+    assert scalar(conn, "SELECT sum(attempts) FROM outbox_effects") <= 3 + probes()
     assert scalar(conn, "SELECT count(*) FROM effect_attempts") <= 3 + probes()
     m = claimed_total(mport)
     assert 2 <= m["outbox_claimed_total"] <= 3 < m["outbox_leased_total"], m
@@ -369,7 +369,7 @@ def test_a_row_claimed_as_its_breaker_opens_waits_unsent_with_its_attempt_undone
     finally:
         holder.close()
     wait_for(lambda: query(conn, "SELECT state, attempts, lease_owner IS NOT NULL OR "
-                                 "available_at > now() FROM effect_outbox WHERE effect_id = %s",
+                                 "available_at > now() FROM outbox_effects WHERE effect_id = %s",
                            (second,)) == [("pending", 0, True)],
              what="the claimed row given back unsent, attempt undone")
     assert attempts(conn, second) == []
@@ -377,7 +377,7 @@ def test_a_row_claimed_as_its_breaker_opens_waits_unsent_with_its_attempt_undone
     assert scrape(mport)["outbox_claimed_total"] == 2
     wait_for(lambda: states(conn).get("completed") == 1, timeout=20,
              what="the row sent once the breaker half-opened")
-    assert query(conn, "SELECT state FROM effect_outbox WHERE effect_id = %s", (second,)) == \
+    assert query(conn, "SELECT state FROM outbox_effects WHERE effect_id = %s", (second,)) == \
         [("completed",)]
     assert [a["outcome_class"] for a in attempts(conn, second)] == ["accepted"]
     assert len([r for r in sink.received() if r["path"].startswith("/ok")]) == 1

@@ -37,7 +37,7 @@ def test_a_repeated_mark_call_gets_its_own_rows_back_and_no_other_call_does(conn
     # Another call (or no token) never gets rows already sending.
     assert query(conn, MARK, (owner, ids, str(uuid.uuid4()))) == []
     assert query(conn, MARK, (owner, ids, None)) == []
-    assert scalar(conn, "SELECT sum(attempts) FROM effect_outbox WHERE effect_id = ANY(%s::uuid[])",
+    assert scalar(conn, "SELECT sum(attempts) FROM outbox_effects WHERE effect_id = ANY(%s::uuid[])",
                   (ids,)) == 3
 
 
@@ -57,7 +57,7 @@ def test_a_repeated_mark_call_after_the_switch_went_off_puts_its_rows_back(conn)
     again = sorted(query(conn, MARK, (owner, ids, call)))
     assert again == [(ids[0], 0, True), (ids[1], 0, True), (ids[2], 0, True)], again
     got = query(conn, "SELECT state, attempts, lease_owner, sending_since, mark_token, send_deadline "
-                      "FROM effect_outbox WHERE effect_id = ANY(%s::uuid[]) ORDER BY effect_id", (ids,))
+                      "FROM outbox_effects WHERE effect_id = ANY(%s::uuid[]) ORDER BY effect_id", (ids,))
     assert got == [("pending", 0, None, None, None, None)] * 3, got
     # Another call's rows are never touched by it: a row marked by a
     # different token stays `sending` (that call's worker may be sending).
@@ -67,7 +67,7 @@ def test_a_repeated_mark_call_after_the_switch_went_off_puts_its_rows_back(conn)
     assert query(conn, MARK, (owner, ids[:1], other)) == [(ids[0], 1, False)]
     kill_switch(conn, False)
     assert sorted(query(conn, MARK, (owner, ids, call))) == [(ids[1], 0, True), (ids[2], 0, True)]
-    assert scalar(conn, "SELECT state FROM effect_outbox WHERE effect_id = %s", (ids[0],)) == "sending"
+    assert scalar(conn, "SELECT state FROM outbox_effects WHERE effect_id = %s", (ids[0],)) == "sending"
 
 
 def test_a_mark_call_given_up_on_puts_its_rows_back_and_marks_nothing_later(conn):
@@ -82,12 +82,12 @@ def test_a_mark_call_given_up_on_puts_its_rows_back_and_marks_nothing_later(conn
     call = str(uuid.uuid4())
     assert len(query(conn, MARK, (owner, ids[:2], call))) == 2
     assert scalar(conn, "SELECT outbox_unclaim_call(%s, %s)", (owner, call)) == 2
-    got = query(conn, "SELECT state, attempts, lease_owner, mark_token FROM effect_outbox "
+    got = query(conn, "SELECT state, attempts, lease_owner, mark_token FROM outbox_effects "
                       "WHERE effect_id = ANY(%s::uuid[]) ORDER BY effect_id", (ids[:2],))
     assert got == [("pending", 0, None, None)] * 2, got
     # The third row, still leased, and the call once more: nothing marked.
     assert query(conn, MARK, (owner, ids, call)) == []
-    assert scalar(conn, "SELECT count(*) FROM effect_outbox WHERE state = 'sending'") == 0
+    assert scalar(conn, "SELECT count(*) FROM outbox_effects WHERE state = 'sending'") == 0
     # A new call of the same owner marks the row it still holds.
     assert query(conn, MARK, (owner, ids[2:], str(uuid.uuid4()))) == [(ids[2], 1, False)]
 
@@ -118,7 +118,7 @@ def test_a_mark_whose_repeat_is_refused_gives_its_rows_back_unsent(conn, db, log
             cur.execute("SELECT pg_advisory_xact_lock(outbox_kill_switch_lock_key())")
             hold.set()
             wait_for(lambda: states(conn) == {"pending": 3} and scalar(
-                conn, "SELECT sum(attempts) FROM effect_outbox") == 0, timeout=10,
+                conn, "SELECT sum(attempts) FROM outbox_effects") == 0, timeout=10,
                 what="the marked rows given back, attempt undone")
             assert sink.received() == []
         holder.rollback()

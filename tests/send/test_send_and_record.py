@@ -58,7 +58,7 @@ def test_failure_class_matrix(conn, dispatchers, sink, path, pcfg, state, n_atte
     eid = enqueue(conn, "http", sink.url + path, {"body": {"n": 1}})
     dispatchers(http_cfg(**pcfg))
     e = final(conn, eid)
-    key = scalar(conn, "SELECT effect_key FROM effect_outbox WHERE effect_id = %s", (eid,))
+    key = scalar(conn, "SELECT effect_key FROM outbox_effects WHERE effect_id = %s", (eid,))
     assert e["state"] == state, e
     assert e["attempts"] == n_attempts, e
     assert sink.count(key=key) == n_requests
@@ -114,7 +114,7 @@ def test_provider_id_and_headers(conn, dispatchers, sink):
     e = final(conn, eid)
     assert e["state"] == "completed"
     (r,) = sink.received()
-    key = scalar(conn, "SELECT effect_key FROM effect_outbox WHERE effect_id = %s", (eid,))
+    key = scalar(conn, "SELECT effect_key FROM outbox_effects WHERE effect_id = %s", (eid,))
     assert r["method"] == "PUT"
     assert r["headers"]["x-trace"] == "t-1"
     assert r["headers"]["idempotency-key"] == key
@@ -216,15 +216,15 @@ def test_circuit_breaker_holds_effects_without_spending_attempts(conn, dispatche
         return int(math.log2(time.monotonic() - t0 + 1))
 
     wait_for(lambda: any(e.get("event") == "breaker_open" for e in w.events()), what="breaker open")
-    spent = wait_for(lambda: scalar(conn, "SELECT sum(attempts) FROM effect_outbox") or None)
+    spent = wait_for(lambda: scalar(conn, "SELECT sum(attempts) FROM outbox_effects") or None)
     # Effects behind the open breaker wait: the total spent stays at the
     # failures that opened it (plus at most one in flight) and the probes.
     assert spent <= 3 + probes(), spent
     # The rest are given back, due when the breaker half-opens.
-    wait_for(lambda: scalar(conn, "SELECT count(*) FROM effect_outbox WHERE attempts = 0 "
+    wait_for(lambda: scalar(conn, "SELECT count(*) FROM outbox_effects WHERE attempts = 0 "
                                   "AND lease_owner IS NULL AND available_at > now()")
              >= len(ids) - 3 - probes(), what="effects held behind the open breaker")
-    assert scalar(conn, "SELECT sum(attempts) FROM effect_outbox") <= 3 + probes()
+    assert scalar(conn, "SELECT sum(attempts) FROM outbox_effects") <= 3 + probes()
 
 
 def test_run_moves_on_when_its_last_effect_completes(conn, dispatchers, sink):

@@ -31,7 +31,7 @@ def run_in(conn, state):
 
 
 def count(conn, key):
-    return scalar(conn, "SELECT count(*) FROM effect_outbox WHERE idempotency_key = %s", (key,))
+    return scalar(conn, "SELECT count(*) FROM outbox_effects WHERE idempotency_key = %s", (key,))
 
 
 PLAIN = ("INSERT INTO effect_outbox (idempotency_key, effect_type, target, payload) "
@@ -149,7 +149,7 @@ def test_failed_terminal_cancels_pending_effects(conn, login_as):
     scalar(p, "SELECT status FROM outbox_claim_run('ft', 'h', %s, 300)", (owner,))
     eid = query(p, ENQ, ("ft", "https://x.example/"))[0][0]
     assert query(p, "SELECT * FROM outbox_transition_run('ft', %s, 0, 'failed_terminal')", (owner,))
-    st, cls, err = query(conn, "SELECT state, last_error_class, last_error FROM effect_outbox "
+    st, cls, err = query(conn, "SELECT state, last_error_class, last_error FROM outbox_effects "
                                "WHERE effect_id = %s", (eid,))[0]
     assert (st, cls) == ("failed", "cancelled") and "failed_terminal" in err
     # And a rejection cancels what was enqueued before the approval.
@@ -160,7 +160,7 @@ def test_failed_terminal_cancels_pending_effects(conn, login_as):
     query(p, "SELECT * FROM outbox_create_approval('rj', %s, 0, %s, ARRAY['reject'], 60, '[]')",
           (owner, psycopg2.Binary(token)))
     query(p, "SELECT * FROM outbox_consume_approval(%s, 'reject', 'bob')", (psycopg2.Binary(token),))
-    assert query(conn, "SELECT state, last_error FROM effect_outbox WHERE effect_id = %s",
+    assert query(conn, "SELECT state, last_error FROM outbox_effects WHERE effect_id = %s",
                  (early,))[0] == ("failed", "cancelled: rejected by bob")
 
 
@@ -196,8 +196,8 @@ def test_operator_paths_per_run_state(conn, login_as, state, path):
         with pytest.raises(REFUSED) as e:
             query(o, sql, args)
         assert f'run "{key}"' in str(e.value)
-        assert scalar(conn, "SELECT state FROM effect_outbox WHERE effect_id = %s", (eid,)) == "failed"
-        assert scalar(conn, "SELECT count(*) FROM effect_outbox") == 1
+        assert scalar(conn, "SELECT state FROM outbox_effects WHERE effect_id = %s", (eid,)) == "failed"
+        assert scalar(conn, "SELECT count(*) FROM outbox_effects") == 1
     else:
         assert scalar(o, sql, args) in ("created", True)
 
@@ -246,8 +246,8 @@ def test_producer_cannot_read_lease_owners(conn, login_as):
     d = login_as("outbox_dispatcher")
     make_run(conn, "lo")
     for c, sql in ((p, "SELECT lease_owner FROM workflow_runs"),
-                   (p, "SELECT lease_owner FROM effect_outbox"),
-                   (d, "SELECT lease_owner FROM effect_outbox")):
+                   (p, "SELECT lease_owner FROM outbox_effects"),
+                   (d, "SELECT lease_owner FROM outbox_effects")):
         with pytest.raises(psycopg2.errors.InsufficientPrivilege):
             query(c, sql)
     assert scalar(p, "SELECT state FROM workflow_runs WHERE idempotency_key = 'lo'") == "processing"
@@ -293,7 +293,7 @@ def test_dispatcher_cannot_add_attempts_for_effects_it_never_leased(conn, login_
     rows = query(d, "SELECT applied FROM outbox_complete(%s, 'evil', %s)",
                  (stranger, json.dumps([result(eid)])))
     assert rows == [(False,)]
-    assert scalar(conn, "SELECT state FROM effect_outbox WHERE effect_id = %s", (eid,)) == "unknown"
+    assert scalar(conn, "SELECT state FROM outbox_effects WHERE effect_id = %s", (eid,)) == "unknown"
     # ...while the holder's late acceptance is evidence that resolves it.
     rows = query(d, "SELECT applied FROM outbox_complete(%s, 'w1', %s)",
                  (holder, json.dumps([result(eid)])))
@@ -301,7 +301,7 @@ def test_dispatcher_cannot_add_attempts_for_effects_it_never_leased(conn, login_
     assert query(conn, "SELECT worker, outcome_class, cas_applied, resolution FROM effect_attempts "
                        "WHERE effect_id = %s ORDER BY attempt_id", (eid,)) == \
         [("reaper:r", "ambiguous", True, None), ("w1", "accepted", True, "late_accepted")]
-    assert scalar(conn, "SELECT state FROM effect_outbox WHERE effect_id = %s", (eid,)) == "completed"
+    assert scalar(conn, "SELECT state FROM outbox_effects WHERE effect_id = %s", (eid,)) == "completed"
 
 
 @pytest.mark.parametrize("name", ["", "HTTP", "a b", "x" * 33, "../x", "http\n"])
@@ -314,7 +314,7 @@ def test_register_providers_refuses_odd_names(conn, login_as, name):
 
 def test_a_bulk_insert_never_scans_the_effects_from_an_empty_table(conn, login_as):
     """The insert's row checks run plans cached for the session.  None may
-    scan effect_body: a plan made while the table was empty (just vacuumed,
+    scan effect_outbox: a plan made while the table was empty (just vacuumed,
     as a new database is) would scan it for every row as it grows, and a
     bulk insert would cost the square of its rows."""
     p = login_as("outbox_producer")
@@ -323,9 +323,9 @@ def test_a_bulk_insert_never_scans_the_effects_from_an_empty_table(conn, login_a
     assert scalar(p, "SELECT count(*) FROM generate_series(1, %s) g, "
                      "LATERAL outbox_claim_run('bulk-' || g, 'h', %s::uuid, 300) c "
                      "WHERE c.status = 'claimed'", (n, owner)) == n
-    query(conn, "VACUUM ANALYZE effect_body")
+    query(conn, "VACUUM ANALYZE effect_outbox")
     stats = ("SELECT coalesce(seq_scan, 0), coalesce(idx_scan, 0), n_tup_ins FROM pg_stat_user_tables "
-             "WHERE relname = 'effect_body'")
+             "WHERE relname = 'effect_outbox'")
 
     def counters():
         query(conn, "SELECT pg_stat_clear_snapshot()")

@@ -11,9 +11,9 @@ outbox_lease, outbox_claim, outbox_mark_sending, outbox_complete and
 outbox_reap, and the producer's plain INSERT (with its triggers and the
 row policy of a producer login), runs under plan_cache_mode =
 force_generic_plan, the plan a cache may settle on, and its plans are read
-with auto_explain: none may read effect_live, effect_body or any partition
+with auto_explain: none may read effect_live, effect_outbox or any partition
 of effect_history sequentially, and the rows are found through their keys
-(effect_live_pkey, effect_live_due_idx, effect_body_pkey).  The functions
+(effect_live_pkey, effect_live_due_idx, effect_outbox_pkey).  The functions
 must not carry a plan_cache_mode of their own other than
 force_generic_plan (it would override the session's).
 """
@@ -29,7 +29,7 @@ OPEN = 2_000_000
 FINISHED = 250_000
 RUNS = 20_000
 HOT_PATH = ("outbox_lease", "outbox_claim", "outbox_mark_sending", "outbox_complete", "outbox_reap")
-SEQ_SCAN = re.compile(r"Seq Scan on (effect_live|effect_body|effect_history\w*)")
+SEQ_SCAN = re.compile(r"Seq Scan on (effect_live|effect_outbox|effect_history\w*)")
 
 pytestmark = pytest.mark.slow
 
@@ -43,7 +43,7 @@ def load(conn):
     query(conn, "INSERT INTO workflow_runs (idempotency_key, state, payload_hash) "
                 "SELECT 'big-' || g, 'processing', 'h' FROM generate_series(1, %s) g", (RUNS,))
     query(conn, "SET session_replication_role = replica")
-    query(conn, "INSERT INTO effect_body (idempotency_key, effect_type, target, payload, "
+    query(conn, "INSERT INTO effect_outbox (idempotency_key, effect_type, target, payload, "
                 "created_at, available_at) "
                 "SELECT 'big-' || (1 + g %% %s), 'http', "
                 "'http://127.0.0.1:9/' || g, '{\"n\": 1}', "
@@ -52,7 +52,7 @@ def load(conn):
                 "FROM generate_series(1, %s) g", (RUNS, OPEN + FINISHED))
     # The oldest are finished (an attempt row and the finishing row each);
     # the rest are due, in the order they were written.
-    query(conn, "CREATE TEMP TABLE finished AS SELECT effect_id, created_at FROM effect_body "
+    query(conn, "CREATE TEMP TABLE finished AS SELECT effect_id, created_at FROM effect_outbox "
                 "ORDER BY created_at LIMIT %s", (FINISHED,))
     query(conn, "INSERT INTO effect_history (effect_id, created_at, attempt, lease_owner, worker, "
                 "started_at, outcome_class, provider_status, provider_id) "
@@ -63,10 +63,10 @@ def load(conn):
                 "SELECT effect_id, created_at, 1, 'w', created_at, 'completed', 'p', 200, 0 "
                 "FROM finished")
     query(conn, "INSERT INTO effect_live (effect_id, effect_type, created_at, available_at) "
-                "SELECT b.effect_id, b.effect_type, b.created_at, b.available_at FROM effect_body b "
+                "SELECT b.effect_id, b.effect_type, b.created_at, b.available_at FROM effect_outbox b "
                 "WHERE NOT EXISTS (SELECT 1 FROM finished f WHERE f.effect_id = b.effect_id)")
     query(conn, "RESET session_replication_role")
-    query(conn, "ANALYZE workflow_runs, effect_body, effect_live, effect_history, effect_calls")
+    query(conn, "ANALYZE workflow_runs, effect_outbox, effect_live, effect_history, effect_calls")
     assert scalar(conn, "SELECT count(*) FROM effect_live") == OPEN
 
 
@@ -103,7 +103,7 @@ def test_hot_path_generic_plans_are_index_probes_at_two_million_rows(conn, login
     for after in ((None, None), ("2000-01-01", str(uuid.uuid4()))):
         plans = generic_plans(conn, "SELECT count(*) FROM outbox_lease(%s, 'w', 64, 30, '{http}', "
                                     "true, %s, %s)", (owner, *after))
-        check(plans, "outbox_lease", ["effect_live_due_idx", "effect_body_pkey"])
+        check(plans, "outbox_lease", ["effect_live_due_idx", "effect_outbox_pkey"])
     ids = [r[0] for r in query(conn, "SELECT effect_id::text FROM effect_live "
                                      "WHERE lease_owner = %s", (owner,))]
     assert len(ids) == 128
@@ -129,7 +129,7 @@ def test_hot_path_generic_plans_are_index_probes_at_two_million_rows(conn, login
     call = str(uuid.uuid4())
     plans = generic_plans(conn, "SELECT count(*) FROM outbox_claim(%s, 'w', 64, 30, '{http}', true, "
                                 "'{}', %s)", (claimer, call))
-    check(plans, "outbox_claim", ["effect_live_due_idx", "effect_body_pkey"])
+    check(plans, "outbox_claim", ["effect_live_due_idx", "effect_outbox_pkey"])
     claimed = scalar(conn, "SELECT ids::text[] FROM effect_calls WHERE call = %s", (call,))
     assert len(claimed) == 64
 
@@ -163,12 +163,12 @@ def test_hot_path_generic_plans_are_index_probes_at_two_million_rows(conn, login
         finally:
             query(conn, "RESET ROLE")
         plans = "\n".join(conn.notices)
-        assert "Insert on effect_body" in plans, plans
+        assert "Insert on effect_outbox" in plans, plans
         check(plans, "the producer's INSERT", [])
     query(conn, "RESET plan_cache_mode")
     query(conn, "SET auto_explain.log_min_duration = -1")
     query(conn, "DEALLOCATE produce")
-    assert scalar(conn, "SELECT count(*) FROM effect_live l JOIN effect_body b USING (effect_id) "
+    assert scalar(conn, "SELECT count(*) FROM effect_live l JOIN effect_outbox b USING (effect_id) "
                         "WHERE b.target LIKE 'http://127.0.0.1:9/new-%%'") == 2
 
     # The check sees a scan where there is one (a function's statement

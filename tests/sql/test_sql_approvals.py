@@ -56,14 +56,14 @@ def snapshot(conn, key):
     return (query(conn, "SELECT * FROM approvals WHERE idempotency_key = %s ORDER BY approval_id",
                   (key,)),
             query(conn, "SELECT * FROM workflow_runs WHERE idempotency_key = %s", (key,)),
-            query(conn, "SELECT * FROM effect_outbox WHERE idempotency_key = %s ORDER BY effect_id",
+            query(conn, "SELECT * FROM outbox_effects WHERE idempotency_key = %s ORDER BY effect_id",
                   (key,)))
 
 
 def n_effects(conn, key=None):
     if key is None:
-        return scalar(conn, "SELECT count(*) FROM effect_outbox")
-    return scalar(conn, "SELECT count(*) FROM effect_outbox WHERE idempotency_key = %s", (key,))
+        return scalar(conn, "SELECT count(*) FROM outbox_effects")
+    return scalar(conn, "SELECT count(*) FROM outbox_effects WHERE idempotency_key = %s", (key,))
 
 
 def approval(conn, key):
@@ -85,7 +85,7 @@ def test_only_the_sha256_of_the_token_is_stored(conn):
     assert bytes(stored) == hashlib.sha256(token.encode()).digest()
     # The raw token is nowhere in the approval, the run or the outbox,
     # neither as text nor hex-encoded.
-    for table in ("approvals", "workflow_runs", "effect_outbox", "run_claims"):
+    for table in ("approvals", "workflow_runs", "outbox_effects", "run_claims"):
         dump = scalar(conn, f"SELECT coalesce(string_agg(t::text, ' '), '') FROM {table} t")
         assert token not in dump, table
         assert token.encode().hex() not in dump, table
@@ -159,7 +159,7 @@ def test_approve_enqueues_effects_in_the_same_transaction(conn):
         (key, "approve", "email", "lead@example.com"),
         (key, "approve", "http", "https://crm.example/notes")}
     effects = query(conn, "SELECT effect_id, state, approved_by, metadata, payload, created_at "
-                          "FROM effect_outbox WHERE idempotency_key = %s ORDER BY effect_type",
+                          "FROM outbox_effects WHERE idempotency_key = %s ORDER BY effect_type",
                     (key,))
     assert {e[0] for e in effects} == {r[2] for r in rows}
     assert all(e[1] == "pending" and e[2] == "alice@example.com" for e in effects)
@@ -336,7 +336,7 @@ def test_create_approval_refuses_colliding_effects(conn):
 def test_failure_while_enqueuing_rolls_back_the_consume(conn):
     key, _, h = awaiting(conn)
     # An approval whose effects collide on (effect_type, target), so the
-    # INSERT into effect_outbox fails after the token was marked consumed
+    # INSERT into outbox_effects fails after the token was marked consumed
     # and the run was set approved (written directly: creating it through
     # the function is refused, see above).
     dup = [EFFECTS[0], dict(EFFECTS[0], payload={"text": "other"})]

@@ -243,7 +243,7 @@ def test_enqueue_twice_returns_the_same_effect(conn):
     assert ins1 is True and ins2 is False
     assert id1 == id2
     assert st1 == st2 == "pending"
-    assert scalar(conn, "SELECT count(*) FROM effect_outbox WHERE idempotency_key = %s",
+    assert scalar(conn, "SELECT count(*) FROM outbox_effects WHERE idempotency_key = %s",
                   (key,)) == 1
 
 
@@ -252,7 +252,7 @@ def test_enqueue_with_delay_is_not_due_yet(conn):
     (eid, ins, _, _), = query(conn, ENQ, (key, "http", "https://x.example/a", "{}", None, 600))
     assert ins
     assert scalar(conn, "SELECT available_at > now() + interval '590 seconds' "
-                        "FROM effect_outbox WHERE effect_id = %s", (eid,))
+                        "FROM outbox_effects WHERE effect_id = %s", (eid,))
 
 
 def test_cancel_pending_effect(conn):
@@ -261,7 +261,7 @@ def test_cancel_pending_effect(conn):
     assert scalar(conn, "SELECT outbox_cancel(%s, %s, %s)", (eid, "customer changed mind", "ops")) \
         is True
     state, err, cls, done = query(conn, "SELECT state, last_error, last_error_class, "
-                                        "completed_at IS NOT NULL FROM effect_outbox "
+                                        "completed_at IS NOT NULL FROM outbox_effects "
                                         "WHERE effect_id = %s", (eid,))[0]
     assert state == "failed"
     assert err.startswith("cancelled")
@@ -293,7 +293,7 @@ def drive_to(conn, state):
         query(conn, "SELECT * FROM outbox_complete(%s, 'w', %s)",
               (owner, json.dumps([{"effect_id": str(eid), "attempt": attempt, "outcome": outcome,
                                    "next_state": state, "status": 200, "retry_delay_ms": 0}])))
-    assert scalar(conn, "SELECT state FROM effect_outbox WHERE effect_id = %s", (eid,)) == state
+    assert scalar(conn, "SELECT state FROM outbox_effects WHERE effect_id = %s", (eid,)) == state
 
 
 @pytest.mark.parametrize("state", ["sending", "completed", "unknown"])
@@ -301,9 +301,9 @@ def test_cancel_refuses_non_pending_effect(conn, state):
     key = make_run(conn)
     (eid, _, _, _), = query(conn, ENQ, (key, "http", "https://x.example/a", "{}", None, 0))
     drive_to(conn, state)
-    before = query(conn, "SELECT * FROM effect_outbox WHERE effect_id = %s", (eid,))
+    before = query(conn, "SELECT * FROM outbox_effects WHERE effect_id = %s", (eid,))
     assert scalar(conn, "SELECT outbox_cancel(%s)", (eid,)) is False
-    assert query(conn, "SELECT * FROM effect_outbox WHERE effect_id = %s", (eid,)) == before
+    assert query(conn, "SELECT * FROM outbox_effects WHERE effect_id = %s", (eid,)) == before
     assert scalar(conn, "SELECT state FROM workflow_runs WHERE idempotency_key = %s",
                   (key,)) == "processing"
     assert scalar(conn, "SELECT count(*) FROM operator_actions") == 0
@@ -322,7 +322,7 @@ def test_effect_key_differs_per_effect_and_is_stable(conn):
     a = query(conn, ENQ, (key, "http", "https://x.example/a", "{}", None, 0))[0][0]
     b = query(conn, ENQ, (key, "email", "someone@example.com", "{}", None, 0))[0][0]
     c = query(conn, ENQ, (key, "http", "https://x.example/b", "{}", None, 0))[0][0]
-    keys = dict(query(conn, "SELECT effect_id, effect_key FROM effect_outbox "
+    keys = dict(query(conn, "SELECT effect_id, effect_key FROM outbox_effects "
                             "WHERE idempotency_key = %s", (key,)))
     assert len(set(keys.values())) == 3
     assert keys[a] == expected_effect_key(key, "http", "https://x.example/a")
@@ -333,10 +333,10 @@ def test_effect_key_differs_per_effect_and_is_stable(conn):
         # a first in the due order (the others are due too)
         query(conn, "UPDATE effect_live SET available_at = '-infinity' WHERE effect_id = %s", (a,))
         drive_to(conn, state)
-        assert scalar(conn, "SELECT effect_key FROM effect_outbox WHERE effect_id = %s",
+        assert scalar(conn, "SELECT effect_key FROM outbox_effects WHERE effect_id = %s",
                       (a,)) == keys[a]
-    assert scalar(conn, "SELECT attempts FROM effect_outbox WHERE effect_id = %s", (a,)) == 2
+    assert scalar(conn, "SELECT attempts FROM outbox_effects WHERE effect_id = %s", (a,)) == 2
     # The same (key, type, target) in another run key gets another effect key.
     other = make_run(conn)
     d = query(conn, ENQ, (other, "http", "https://x.example/a", "{}", None, 0))[0][0]
-    assert scalar(conn, "SELECT effect_key FROM effect_outbox WHERE effect_id = %s", (d,)) != keys[a]
+    assert scalar(conn, "SELECT effect_key FROM outbox_effects WHERE effect_id = %s", (d,)) != keys[a]

@@ -60,7 +60,7 @@ def test_one_row_per_call_however_often_its_batch_arrives(conn):
     # gave up on: it resolves the effect.
     assert sorted(rows) == sorted([(ok, "w", True, None), (lost, "reaper:r", True, None),
                                    (lost, "w", True, "late_accepted")]), rows
-    assert dict(query(conn, "SELECT effect_id::text, state FROM effect_outbox")) == \
+    assert dict(query(conn, "SELECT effect_id::text, state FROM outbox_effects")) == \
         {ok: "completed", lost: "completed"}
 
 
@@ -72,7 +72,7 @@ def test_one_row_per_call_however_often_its_batch_arrives(conn):
     # outbox_reconcile_lease: the latest send of the current attempt
     "SELECT max(a.started_at) FROM effect_history a WHERE a.effect_id = %(e)s "
     "AND a.created_at = %(c)s AND a.attempt = 1 AND a.outcome_class IN ('accepted', 'ambiguous')",
-    # an effect's finishing row (outbox_effect_state, the effect_outbox view)
+    # an effect's finishing row (outbox_effect_state, the outbox_effects view)
     "SELECT h.state FROM effect_history h WHERE h.effect_id = %(e)s AND h.created_at = %(c)s "
     "AND h.state IS NOT NULL ORDER BY h.history_id DESC LIMIT 1",
 ])
@@ -100,7 +100,7 @@ def test_run_updates_stay_on_their_page(conn):
     keys = [r[0] for r in query(conn, "SELECT idempotency_key FROM workflow_runs "
                                       "WHERE (ctid::text::point)[0] = 0")]
     # One effect each, finished: its live row gone, its history row completed.
-    query(conn, "INSERT INTO effect_body (idempotency_key, effect_type, target, payload) "
+    query(conn, "INSERT INTO effect_outbox (idempotency_key, effect_type, target, payload) "
                 "SELECT k, 'http', 'http://127.0.0.1:9/', '{}' FROM unnest(%s::text[]) k", (keys,))
     query(conn, "WITH gone AS (DELETE FROM effect_live RETURNING effect_id, created_at) "
                 "INSERT INTO effect_history (effect_id, created_at, attempt, started_at, state) "

@@ -64,9 +64,9 @@ def test_complete_usual_batch_and_leftovers(conn):
     rows = query(conn, "SELECT effect_id::text, attempt, outcome_class, cas_applied, provider_id "
                        "FROM effect_attempts WHERE worker = 'w' ORDER BY cas_applied DESC")
     assert rows == [(ok, 1, "accepted", True, "p-" + ok[:8]), (lost, 1, "retry", False, "p-" + lost[:8])]
-    assert query(conn, "SELECT state FROM effect_outbox WHERE effect_id = %s", (lost,))[0][0] == "unknown"
+    assert query(conn, "SELECT state FROM outbox_effects WHERE effect_id = %s", (lost,))[0][0] == "unknown"
     # The run's state follows from its effects when it is read (settled).
-    key = scalar(conn, "SELECT idempotency_key FROM effect_body WHERE effect_id = %s", (ok,))
+    key = scalar(conn, "SELECT idempotency_key FROM effect_outbox WHERE effect_id = %s", (ok,))
     assert scalar(conn, "SELECT state FROM workflow_runs WHERE idempotency_key = %s",
                   (key,)) == "processing"
     query(conn, "SELECT outbox_settle_runs(ARRAY[%s])", (key,))

@@ -39,8 +39,8 @@ TABLE_WRITES = [
     "DELETE FROM effect_live WHERE effect_id = %(e)s",
     "INSERT INTO effect_live (effect_id, effect_type, created_at, available_at) "
     "VALUES (gen_random_uuid(), 'http', now(), now())",
-    "UPDATE effect_body SET target = 'https://elsewhere.example/' WHERE effect_id = %(e)s",
-    "DELETE FROM effect_body WHERE effect_id = %(e)s",
+    "UPDATE effect_outbox SET target = 'https://elsewhere.example/' WHERE effect_id = %(e)s",
+    "DELETE FROM effect_outbox WHERE effect_id = %(e)s",
     "INSERT INTO effect_history (effect_id, created_at, attempt, started_at, state) "
     "VALUES (%(e)s, now(), 1, now(), 'completed')",
     "INSERT INTO effect_calls (call, lease_owner, ids, deadline) "
@@ -60,11 +60,11 @@ def pending_effect(conn):
 def test_producer_cannot_change_effect_states(conn, login_as):
     p = login_as("outbox_producer")
     key, eid = pending_effect(conn)
-    before = query(conn, "SELECT * FROM effect_outbox WHERE effect_id = %s", (eid,))
-    refused(p, "UPDATE effect_outbox SET state = 'completed' WHERE effect_id = %s", (eid,))
-    refused(p, "UPDATE effect_outbox SET lease_owner = gen_random_uuid(), "
+    before = query(conn, "SELECT * FROM outbox_effects WHERE effect_id = %s", (eid,))
+    refused(p, "UPDATE outbox_effects SET state = 'completed' WHERE effect_id = %s", (eid,))
+    refused(p, "UPDATE outbox_effects SET lease_owner = gen_random_uuid(), "
                "lease_expires_at = now() + interval '1 hour' WHERE effect_id = %s", (eid,))
-    refused(p, "DELETE FROM effect_outbox WHERE effect_id = %s", (eid,))
+    refused(p, "DELETE FROM outbox_effects WHERE effect_id = %s", (eid,))
     for sql in TABLE_WRITES:
         denied(p, sql, {"e": str(eid)})
     denied(p, "UPDATE workflow_runs SET state = 'completed' WHERE idempotency_key = %s", (key,))
@@ -76,10 +76,10 @@ def test_producer_cannot_change_effect_states(conn, login_as):
                "VALUES (%s, 'http', 'https://y.example/', '{}', 'completed')", (key,))
     refused(p, "INSERT INTO effect_outbox (idempotency_key, effect_type, target, payload, attempts) "
                "VALUES (%s, 'http', 'https://y.example/', '{}', 99)", (key,))
-    denied(p, "INSERT INTO effect_body (idempotency_key, effect_type, target, payload, approved_by) "
+    denied(p, "INSERT INTO effect_outbox (idempotency_key, effect_type, target, payload, approved_by) "
               "VALUES (%s, 'http', 'https://y.example/', '{}', 'nobody')", (key,))
-    assert query(conn, "SELECT * FROM effect_outbox WHERE effect_id = %s", (eid,)) == before
-    assert scalar(conn, "SELECT count(*) FROM effect_outbox") == 1
+    assert query(conn, "SELECT * FROM outbox_effects WHERE effect_id = %s", (eid,)) == before
+    assert scalar(conn, "SELECT count(*) FROM outbox_effects") == 1
 
 
 def test_producer_cannot_read_token_hashes(conn, login_as):
@@ -104,7 +104,7 @@ def test_producer_plain_insert_and_duplicates(conn, login_as):
     args = (key, "http", "https://hooks.example/a", json.dumps({"body": {"a": 1}}))
     query(p, ins, args)
     row = query(conn, "SELECT state, attempts, available_at <= now(), lease_owner, effect_key, "
-                      "payload_hash FROM effect_outbox WHERE idempotency_key = %s", (key,))
+                      "payload_hash FROM outbox_effects WHERE idempotency_key = %s", (key,))
     assert len(row) == 1
     state, attempts, due, owner, ekey, phash = row[0]
     assert (state, attempts, due, owner) == ("pending", 0, True, None)
@@ -120,10 +120,10 @@ def test_producer_plain_insert_and_duplicates(conn, login_as):
         assert cur.rowcount == 0
         cur.execute(ins + " ON CONFLICT (idempotency_key, effect_type, target) DO NOTHING", args)
         assert cur.rowcount == 0
-    assert scalar(conn, "SELECT count(*) FROM effect_outbox") == 1
+    assert scalar(conn, "SELECT count(*) FROM outbox_effects") == 1
     # Another target of the same run is another effect.
     query(p, ins, (key, "http", "https://hooks.example/b", "{}"))
-    assert scalar(conn, "SELECT count(*) FROM effect_outbox") == 2
+    assert scalar(conn, "SELECT count(*) FROM outbox_effects") == 2
     # No effect without its run: a producer login is refused by the row
     # policy (42501), before the foreign key would be.
     with pytest.raises(psycopg2.errors.InsufficientPrivilege):
@@ -168,16 +168,13 @@ def test_producer_cannot_call_kill_switch_or_dispatcher_functions(conn, login_as
                "outbox_cancel_status",
                # pure, and needed by effect_outbox's generated columns for
                # the plain INSERT, and the effect id's default
-               "outbox_sha256_hex", "outbox_new_effect_id",
-               # the effect_outbox view's moving columns, read with the
-               # reader's own rights (not SECURITY DEFINER)
-               "outbox_effect_now"}
+               "outbox_sha256_hex", "outbox_new_effect_id"}
     executable = {r[0] for r in query(p, """
         SELECT p.proname FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
          WHERE n.nspname = 'public' AND p.prokind = 'f'
            AND has_function_privilege(p.oid, 'EXECUTE')""")}
     assert executable <= allowed, executable - allowed
-    assert scalar(conn, "SELECT state FROM effect_outbox WHERE effect_id = %s", (eid,)) == "pending"
+    assert scalar(conn, "SELECT state FROM outbox_effects WHERE effect_id = %s", (eid,)) == "pending"
 
 
 def test_producer_cannot_flip_the_kill_switch_table(conn, login_as):
@@ -211,9 +208,9 @@ def test_dispatcher_cannot_touch_approvals(conn, login_as):
 def test_dispatcher_cannot_write_tables_directly(conn, login_as):
     d = login_as("outbox_dispatcher")
     _, eid = pending_effect(conn)
-    refused(d, "UPDATE effect_outbox SET state = 'completed' WHERE effect_id = %s", (eid,))
+    refused(d, "UPDATE outbox_effects SET state = 'completed' WHERE effect_id = %s", (eid,))
     denied(d, "INSERT INTO effect_outbox (idempotency_key, effect_type, target, payload) "
-              "SELECT idempotency_key, 'http', 'https://z.example/', '{}' FROM effect_outbox")
+              "SELECT idempotency_key, 'http', 'https://z.example/', '{}' FROM outbox_effects")
     for sql in TABLE_WRITES:
         denied(d, sql, {"e": str(eid)})
     # It does its work through its functions (kill switch off: nothing leased).
@@ -257,7 +254,7 @@ def test_dispatcher_cannot_forge_reconcile_evidence(conn, login_as, db):
         assert rows == [(eid, False, None)]
     assert scalar(conn, "SELECT count(*) FROM effect_attempts WHERE worker = 'forger' "
                         "OR provider_id = 'FORGED-ID'") == 0
-    assert query(conn, "SELECT state, provider_id FROM effect_outbox ORDER BY effect_id") == \
+    assert query(conn, "SELECT state, provider_id FROM outbox_effects ORDER BY effect_id") == \
         [("unknown", None), ("unknown", None)]
     r = run_ctl(["--db", db, "unknown", "list"])
     assert r.returncode == 0, r.stderr
@@ -297,9 +294,9 @@ def test_two_producer_logins_cannot_read_or_act_on_each_others_runs(conn, login_
 
     # Reads: each sees its own only.
     assert query(b, "SELECT idempotency_key FROM workflow_runs") == [("run-b",)]
-    assert query(b, "SELECT idempotency_key FROM effect_outbox") == [("run-b",)]
-    assert scalar(b, "SELECT count(*) FROM effect_outbox WHERE payload::text LIKE '%A-SECRET%'") == 0
-    assert sorted(r[0] for r in query(a, "SELECT target FROM effect_outbox")) == \
+    assert query(b, "SELECT idempotency_key FROM outbox_effects") == [("run-b",)]
+    assert scalar(b, "SELECT count(*) FROM outbox_effects WHERE payload::text LIKE '%A-SECRET%'") == 0
+    assert sorted(r[0] for r in query(a, "SELECT target FROM outbox_effects")) == \
         ["https://a.example/", "https://a.example/2"]
 
     # Enqueue into the other's processing run: neither path.
@@ -329,8 +326,8 @@ def test_two_producer_logins_cannot_read_or_act_on_each_others_runs(conn, login_
     assert scalar(b, "SELECT outbox_cancel(%s, 'mine now', 'b')", (delayed,)) is False
     assert query(b, "SELECT status, state FROM outbox_cancel_status(%s, 'mine now', 'b')",
                  (delayed,)) == [("not_found", None)]
-    assert scalar(conn, "SELECT state FROM effect_outbox WHERE effect_id = %s", (delayed,)) == "pending"
-    assert scalar(conn, "SELECT count(*) FROM effect_outbox WHERE target LIKE '%%evil%%'") == 0
+    assert scalar(conn, "SELECT state FROM outbox_effects WHERE effect_id = %s", (delayed,)) == "pending"
+    assert scalar(conn, "SELECT count(*) FROM outbox_effects WHERE target LIKE '%%evil%%'") == 0
     assert scalar(conn, "SELECT state FROM workflow_runs WHERE idempotency_key = 'run-a'") == "processing"
 
     # Approvals: the other login neither reads, peeks nor consumes them.
@@ -351,7 +348,7 @@ def test_two_producer_logins_cannot_read_or_act_on_each_others_runs(conn, login_
 
     # Workers and operators see every run's effects.
     d, o = login_as("outbox_dispatcher"), login_as("outbox_operator")
-    assert scalar(d, "SELECT count(DISTINCT idempotency_key) FROM effect_outbox") == 2
+    assert scalar(d, "SELECT count(DISTINCT idempotency_key) FROM outbox_effects") == 2
     assert scalar(o, "SELECT count(*) FROM workflow_runs") == 2
     assert scalar(o, "SELECT count(*) FROM approvals") == 1
 
@@ -367,7 +364,7 @@ def test_one_shared_producer_login_keeps_every_run(conn, login_as):
         assert claim(p, f"wf-{i}", owner) == "claimed"
         query(p, "INSERT INTO effect_outbox (idempotency_key, effect_type, target, payload) "
                  "VALUES (%s, 'http', 'https://x.example/', '{}')", (f"wf-{i}",))
-    assert scalar(p, "SELECT count(*) FROM effect_outbox") == 2
+    assert scalar(p, "SELECT count(*) FROM outbox_effects") == 2
     eid = scalar(p, "SELECT effect_id FROM outbox_enqueue('wf-1', 'http', 'https://y.example/', "
                     "'{}', NULL, 60)")
     assert scalar(p, "SELECT outbox_cancel(%s, 'no', 'n8n')", (eid,)) is True
@@ -407,7 +404,7 @@ def test_another_login_cannot_slip_an_effect_into_a_run_claimed_meanwhile(conn, 
     rows = query(a, "SELECT inserted, state FROM outbox_enqueue('K', 'http', 'https://x.example/', "
                     "'{\"from\": \"a\"}')")
     assert rows == [(True, "pending")]
-    assert query(conn, "SELECT payload->>'from' FROM effect_outbox WHERE idempotency_key = 'K'") == \
+    assert query(conn, "SELECT payload->>'from' FROM outbox_effects WHERE idempotency_key = 'K'") == \
         [("a",)]
 
 
@@ -427,7 +424,7 @@ def test_another_logins_effects_are_not_found_by_cancel_whatever_their_state(con
         assert scalar(b, "SELECT outbox_cancel(%s, %s, 'x', 'b')", (eid, ob)) is False, eid
         assert query(b, "SELECT status, state, available_at FROM outbox_cancel_status(%s, 'x', 'b')",
                      (eid,)) == [("not_found", None, None)], eid
-    assert scalar(conn, "SELECT state FROM effect_outbox WHERE effect_id = %s", (pending,)) == "pending"
+    assert scalar(conn, "SELECT state FROM outbox_effects WHERE effect_id = %s", (pending,)) == "pending"
 
 
 @pytest.mark.parametrize("cancel", [
@@ -460,4 +457,4 @@ def test_another_logins_cancel_does_not_hold_the_effect(conn, login_as, cancel):
     finally:
         b.rollback()
         b.autocommit = True
-    assert scalar(conn, "SELECT state FROM effect_outbox WHERE effect_id = %s", (eid,)) == "completed"
+    assert scalar(conn, "SELECT state FROM outbox_effects WHERE effect_id = %s", (eid,)) == "completed"

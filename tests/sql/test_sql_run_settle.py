@@ -31,7 +31,7 @@ def finish(conn, eid, state="completed"):
                 "FROM gone",
           (eid, "accepted" if state == "completed" else "terminal", state,
            None if state == "completed" else "terminal"))
-    assert scalar(conn, "SELECT state FROM effect_outbox WHERE effect_id = %s", (eid,)) == state
+    assert scalar(conn, "SELECT state FROM outbox_effects WHERE effect_id = %s", (eid,)) == state
 
 
 def run_with_effects(p, conn, n=2, lease=300):
@@ -126,7 +126,7 @@ def test_an_approval_of_a_run_whose_effect_failed_is_not_consumed(conn, login_as
                  (psycopg2.Binary(token),)) == [("failed_terminal",)]
     assert query(p, "SELECT * FROM outbox_consume_approval(%s, 'approve', 'alice')",
                  (psycopg2.Binary(token),)) == []
-    assert scalar(conn, "SELECT count(*) FROM effect_outbox WHERE idempotency_key = %s", (key,)) == 1
+    assert scalar(conn, "SELECT count(*) FROM outbox_effects WHERE idempotency_key = %s", (key,)) == 1
 
 
 def test_cancel_status_of_a_finished_effect_settles_its_run(conn, login_as):
@@ -147,7 +147,7 @@ def test_a_cancel_finishes_the_effect_with_one_history_row(conn, login_as):
                                       "'{}', NULL, 600)", (key,))[0]
     assert inserted and st == "pending"
     assert scalar(conn, "SELECT available_at FROM effect_live WHERE effect_id = %s", (eid,)) == due
-    assert scalar(conn, "SELECT available_at FROM effect_body WHERE effect_id = %s", (eid,)) == due
+    assert scalar(conn, "SELECT available_at FROM effect_outbox WHERE effect_id = %s", (eid,)) == due
     assert query(p, "SELECT status, state, available_at FROM outbox_cancel_status(%s, 'gone', 'n8n')",
                  (eid,)) == [("cancelled", "failed", due)]
     assert scalar(conn, "SELECT count(*) FROM effect_live WHERE effect_id = %s", (eid,)) == 0
@@ -155,7 +155,7 @@ def test_a_cancel_finishes_the_effect_with_one_history_row(conn, login_as):
                        "FROM effect_history WHERE effect_id = %s", (eid,)) == \
         [("failed", None, "cancelled", "cancelled: gone", "cancel")]
     assert scalar(conn, "SELECT count(*) FROM effect_attempts WHERE effect_id = %s", (eid,)) == 0
-    assert query(conn, "SELECT state, last_error_class, completed_at IS NOT NULL FROM effect_outbox "
+    assert query(conn, "SELECT state, last_error_class, completed_at IS NOT NULL FROM outbox_effects "
                        "WHERE effect_id = %s", (eid,)) == [("failed", "cancelled", True)]
     # The same effect enqueued again adds nothing and says how it ended.
     assert query(p, "SELECT * FROM outbox_enqueue(%s, 'http', 'https://x.example/', '{}')",
@@ -169,11 +169,11 @@ def test_a_rejection_finishes_every_pending_effect_of_the_run(conn, login_as):
     finish(conn, ids[2])
     assert query(p, "SELECT version FROM outbox_transition_run(%s, %s, 0, 'failed_terminal')",
                  (key, owner)) == [(1,)]
-    assert query(conn, "SELECT effect_id, state, last_error_class FROM effect_outbox "
+    assert query(conn, "SELECT effect_id, state, last_error_class FROM outbox_effects "
                        "WHERE idempotency_key = %s ORDER BY effect_id", (key,)) == \
         sorted([(ids[0], "failed", "cancelled"), (ids[1], "failed", "cancelled"),
                 (ids[2], "completed", None)])
-    assert scalar(conn, "SELECT count(*) FROM effect_live l JOIN effect_body b USING (effect_id) "
+    assert scalar(conn, "SELECT count(*) FROM effect_live l JOIN effect_outbox b USING (effect_id) "
                         "WHERE b.idempotency_key = %s", (key,)) == 0
     assert scalar(conn, "SELECT count(*) FROM effect_history WHERE effect_id = ANY (%s::uuid[]) "
                         "AND outcome_class IS NULL", ([str(i) for i in ids],)) == 2
@@ -196,7 +196,7 @@ def test_no_effect_is_enqueued_into_a_run_whose_effects_all_finished(conn, login
                  (key, str(uuid.uuid4()))) == [("done", "completed")]
     assert query(p, "SELECT effect_id, inserted, state FROM outbox_enqueue(%s, 'http', "
                     "'https://x.example/0', '{}')", (key,)) == [(ids[0], False, "completed")]
-    assert scalar(conn, "SELECT count(*) FROM effect_body WHERE idempotency_key = %s", (key,)) == 1
+    assert scalar(conn, "SELECT count(*) FROM effect_outbox WHERE idempotency_key = %s", (key,)) == 1
 
 
 def test_a_run_with_an_effect_still_open_takes_more_effects(conn, login_as):

@@ -39,7 +39,7 @@ def test_schema_file_is_what_a_fresh_install_has(fresh_db):
     assert r.returncode == 0, r.stderr
     with open(os.path.join(ROOT, "sql", "schema.sql")) as f:
         kept = f.read()
-    assert "CREATE VIEW public.effect_outbox" in r.stdout
+    assert "CREATE VIEW public.outbox_effects" in r.stdout
     assert "CREATE TABLE public.effect_live" in r.stdout
     assert "outbox_claim(" in r.stdout
     diff = list(difflib.unified_diff(kept.splitlines(), r.stdout.splitlines(),

@@ -182,7 +182,7 @@ def make_every_state(conn):
                 "'hex'), ARRAY['approve', 'reject'], 3600, %s)",
           (old.owner, version, json.dumps([{"effect_type": "http", "target": "http://127.0.0.1:9/g",
                                             "payload": {"name": "gated"}}])))
-    states = dict(query(conn, "SELECT effect_id::text, state FROM effect_outbox"))
+    states = dict(query(conn, "SELECT effect_id::text, state FROM outbox_effects"))
     expected = {"completed": "completed", "failed": "failed", "unknown": "unknown",
                 "retried": "pending", "sending_expired": "sending", "sending_idempotent": "sending",
                 "sending_live": "sending", "leased": "pending", "cancelled": "failed",
@@ -195,7 +195,7 @@ def make_every_state(conn):
 
 def snapshot(conn):
     return {
-        "effects": query(conn, f"SELECT {EFFECT_COLUMNS} FROM effect_outbox ORDER BY effect_id"),
+        "effects": query(conn, f"SELECT {EFFECT_COLUMNS} FROM outbox_effects ORDER BY effect_id"),
         "attempts": query(conn, f"SELECT {ATTEMPT_COLUMNS} FROM effect_attempts ORDER BY attempt_id"),
         "runs": query(conn, "SELECT * FROM workflow_runs ORDER BY idempotency_key"),
         "approvals": query(conn, "SELECT * FROM approvals ORDER BY approval_id"),
@@ -272,7 +272,7 @@ def test_upgrade_from_the_release_before_the_live_queue_loses_nothing(databases)
                                               "outcome": "accepted", "next_state": "completed",
                                               "status": 200, "provider_id": "prov-live"}])))
         assert done == [(True, "completed")]
-        assert query(conn, "SELECT state, provider_id, attempts FROM effect_outbox "
+        assert query(conn, "SELECT state, provider_id, attempts FROM outbox_effects "
                            "WHERE effect_id = %s", (e["sending_live"],)) == [
             ("completed", "prov-live", 1)]
         # The schema is a fresh install's (what the calls above did is data only).

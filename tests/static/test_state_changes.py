@@ -4,7 +4,7 @@ changes an effect's state and the states it moves an effect to.  This
 reads every function of sql/functions/ and finds the states it writes:
 
   - `state = <expr>` in the SET list of an UPDATE of effect_live (or of
-    effect_outbox, a view PostgreSQL refuses to update: counted all the
+    outbox_effects, a view PostgreSQL refuses to update: counted all the
     same, so that such a write cannot hide);
   - the `state` of a row it INSERTs into effect_live ('pending', the
     column's default, when the column list leaves it out);
@@ -30,7 +30,7 @@ FINISHED = ("completed", "failed")
 
 FUNCTION = re.compile(r"\bCREATE\s+(?:OR\s+REPLACE\s+)?FUNCTION\s+(?:public\.)?(\w+)\s*\(", re.I)
 DOLLAR_BODY = re.compile(r"\bAS\s+(\$\w*\$)", re.I)
-UPDATE = re.compile(r"\bUPDATE\s+(?:ONLY\s+)?(effect_live|effect_outbox)\b"
+UPDATE = re.compile(r"\bUPDATE\s+(?:ONLY\s+)?(effect_live|outbox_effects)\b"
                     r"(?:\s+(?:AS\s+)?(?!SET\b)\w+)?\s+SET\b", re.I)
 INSERT = re.compile(r"\bINSERT\s+INTO\s+(effect_live|effect_history)\b"
                     r"(?:\s+AS\s+\w+)?\s*\(", re.I)
@@ -315,7 +315,7 @@ def test_the_scan_finds_each_kind_of_state_write():
         # a reopened effect: a new live row, state by default
         "outbox_planted_reopen": """AS $$
             INSERT INTO effect_live (effect_id, effect_type, created_at, available_at)
-            SELECT b.effect_id, b.effect_type, b.created_at, now() FROM effect_body b $$;""",
+            SELECT b.effect_id, b.effect_type, b.created_at, now() FROM effect_outbox b $$;""",
     }
     text = "".join(f"CREATE OR REPLACE FUNCTION {n}(p_id uuid) RETURNS void\n"
                    f"LANGUAGE plpgsql {body}\n" for n, body in planted.items())

@@ -119,7 +119,7 @@ def test_documented_fleet_under_real_systemd(box, pg):
             return keys
 
         def states(keys):
-            icur.execute("SELECT state, count(*) FROM effect_outbox WHERE idempotency_key = ANY(%s) "
+            icur.execute("SELECT state, count(*) FROM outbox_effects WHERE idempotency_key = ANY(%s) "
                          "GROUP BY 1", (keys,))
             return dict(icur.fetchall())
 

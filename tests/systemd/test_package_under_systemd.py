@@ -127,7 +127,7 @@ def test_package_lifecycle_under_real_systemd(box, pg):
             errors.append(repr(e))
 
     def completed(keys):
-        icur.execute("SELECT count(*) FROM effect_outbox WHERE idempotency_key = ANY(%s) "
+        icur.execute("SELECT count(*) FROM outbox_effects WHERE idempotency_key = ANY(%s) "
                      "AND state = 'completed'", (keys,))
         return icur.fetchone()[0]
 
@@ -142,11 +142,11 @@ def test_package_lifecycle_under_real_systemd(box, pg):
         doc("prune-timer")
         assert box.prop("outbox-prune.timer", "ActiveState") == "active"
         old = produced[:5]
-        icur.execute("UPDATE effect_outbox SET completed_at = now() - interval '40 days' "
+        icur.execute("UPDATE outbox_effects SET completed_at = now() - interval '40 days' "
                      "WHERE idempotency_key = ANY(%s)", (old,))
         box.run("sudo systemctl start outbox-prune.service")
         assert box.prop("outbox-prune.service", "Result") == "success"
-        icur.execute("SELECT count(*) FROM effect_outbox WHERE idempotency_key = ANY(%s)", (old,))
+        icur.execute("SELECT count(*) FROM outbox_effects WHERE idempotency_key = ANY(%s)", (old,))
         assert icur.fetchone()[0] == 0
         icur.execute("SELECT operator, reason FROM operator_actions WHERE action = 'prune'")
         assert icur.fetchall() == [("outbox_prune", "outbox-prune.timer")]
