@@ -259,9 +259,10 @@ BEGIN
     RETURN n;
 END $$;
 
--- A run's state as its effects make it: a run in processing or approved
--- whose effect failed becomes failed_terminal; one with effects that are
--- all completed becomes completed.  The workers no longer write runs when
+-- A run's state as its effects make it: a run not yet completed or
+-- failed_terminal whose effect failed becomes failed_terminal; one in
+-- processing or approved with effects that are all completed becomes
+-- completed (the rules outbox_complete applied when it wrote runs).  The workers no longer write runs when
 -- they finish effects (a run update per completion batch was ~5 % of the
 -- database's time per effect); every function that reads or changes a
 -- run's state calls this first for the runs it reads, and bulk readers
@@ -273,7 +274,8 @@ END $$;
 DROP FUNCTION IF EXISTS outbox_advance_runs(text[], text[]);
 CREATE OR REPLACE FUNCTION outbox_settle_runs(p_keys text[])
 RETURNS integer
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp
+    SET enable_seqscan = off AS $$
 #variable_conflict use_column
 DECLARE
     keys text[];
@@ -283,7 +285,7 @@ BEGIN
     IF p_keys IS NULL THEN
         SELECT coalesce(array_agg(w.idempotency_key ORDER BY w.idempotency_key), '{}') INTO keys
           FROM workflow_runs w
-         WHERE w.state IN ('approved', 'processing')
+         WHERE w.state NOT IN ('completed', 'failed_terminal')
            AND EXISTS (SELECT 1 FROM effect_outbox b WHERE b.idempotency_key = w.idempotency_key);
     ELSE
         keys := p_keys;
@@ -293,7 +295,7 @@ BEGIN
     END IF;
     SELECT coalesce(array_agg(x.k), '{}') INTO keys FROM (
         SELECT w.idempotency_key AS k FROM workflow_runs w
-         WHERE w.idempotency_key = ANY (keys) AND w.state IN ('approved', 'processing')
+         WHERE w.idempotency_key = ANY (keys) AND w.state NOT IN ('completed', 'failed_terminal')
          ORDER BY w.idempotency_key FOR UPDATE) x;
     IF cardinality(keys) = 0 THEN
         RETURN 0;
@@ -303,7 +305,7 @@ BEGIN
            failure_reason = coalesce(w.failure_reason, 'an effect failed terminally'),
            updated_at = now()
      WHERE w.idempotency_key = ANY (keys)
-       AND w.state IN ('approved', 'processing')
+       AND w.state NOT IN ('completed', 'failed_terminal')
        AND EXISTS (SELECT 1 FROM effect_outbox b
                     WHERE b.idempotency_key = w.idempotency_key
                       AND NOT EXISTS (SELECT 1 FROM effect_live l WHERE l.effect_id = b.effect_id)
