@@ -129,12 +129,9 @@ def make_template(name, ctl, extra):
                 " LATERAL outbox_claim_run('t' || g, 'h', %s::uuid, 86400) c", (N, OWNER))
     if cur.fetchone()[0] != N:
         sys.exit("levers: %s: outbox_claim_run did not claim %d runs" % (name, N))
-    # Due a microsecond apart, in order: the table the producer's rows go
-    # to (effect_outbox where the schema has one; a plain INSERT cannot set
-    # the due time through the outbox_effects view).
-    cur.execute("SELECT to_regclass('effect_outbox') IS NOT NULL")
-    table = "effect_outbox" if cur.fetchone()[0] else "outbox_effects"
-    cur.execute("INSERT INTO " + table + " (idempotency_key, effect_type, target, payload, available_at)"
+    # Due a microsecond apart, in order (as the table's owner: a producer
+    # cannot set the due time).
+    cur.execute("INSERT INTO effect_outbox (idempotency_key, effect_type, target, payload, available_at)"
                 " SELECT 't' || g, 'http', 'http://127.0.0.1:9/x', %s::jsonb,"
                 " now() - interval '1 hour' + g * interval '1 microsecond'"
                 " FROM generate_series(1, %s) g", (PAYLOAD, N))

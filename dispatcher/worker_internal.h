@@ -49,7 +49,7 @@ struct event_base;
 struct hosts;
 struct host_state;
 
-#define LISTEN_CHANNEL "outbox_effects"
+#define LISTEN_CHANNEL "effect_outbox"
 #define HELD_BUCKETS 1024
 #define RECONCILE_BATCH 50
 #define RECONCILE_BATCH_STR "50"

@@ -313,6 +313,17 @@ CREATE TRIGGER effect_history_append_only
     FOR EACH ROW EXECUTE FUNCTION effect_history_append_only();
 DROP FUNCTION IF EXISTS effect_attempts_append_only();
 
+-- The lease holder, apart: producer logins may not read it (the view's
+-- column privileges leave it out; a column the view took from effect_live
+-- itself would be checked for every reader of the view, used or not).
+CREATE OR REPLACE FUNCTION outbox_effect_lease_owner(p_effect_id uuid)
+RETURNS uuid
+LANGUAGE sql STABLE AS $$
+    SELECT l.lease_owner FROM public.effect_live l WHERE l.effect_id = p_effect_id
+$$;
+REVOKE EXECUTE ON FUNCTION outbox_effect_lease_owner(uuid) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION outbox_effect_lease_owner(uuid) TO outbox_dispatcher, outbox_operator;
+
 -- The effect as one row, as before: what the producer wrote, and the state
 -- from the live row while the effect moves, else from the row that
 -- finished it (an effect whose INSERT is still running has neither: it is
@@ -322,7 +333,7 @@ DROP FUNCTION IF EXISTS effect_attempts_append_only();
 CREATE VIEW outbox_effects WITH (security_invoker = true) AS
 SELECT b.effect_id, b.idempotency_key, b.effect_type, b.target, b.payload,
        coalesce(l.state, f.state, 'pending') AS state,
-       l.lease_owner, l.lease_expires_at,
+       outbox_effect_lease_owner(b.effect_id) AS lease_owner, l.lease_expires_at,
        CASE WHEN l.effect_id IS NOT NULL THEN l.provider_id ELSE f.last_provider_id END
            AS provider_id,
        b.created_at, b.effect_key, b.payload_hash, b.metadata, b.approved_by,

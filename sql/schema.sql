@@ -844,6 +844,17 @@ END $$;
 
 
 --
+-- Name: outbox_effect_lease_owner(uuid); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.outbox_effect_lease_owner(p_effect_id uuid) RETURNS uuid
+    LANGUAGE sql STABLE
+    AS $$
+    SELECT l.lease_owner FROM public.effect_live l WHERE l.effect_id = p_effect_id
+$$;
+
+
+--
 -- Name: outbox_effect_state(uuid); Type: FUNCTION; Schema: public; Owner: -
 --
 
@@ -2364,6 +2375,7 @@ CREATE FUNCTION public.outbox_run_is_mine(p_owner_role text) RETURNS boolean
 CREATE FUNCTION public.outbox_settle_runs(p_keys text[]) RETURNS integer
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'public', 'pg_temp'
+    SET enable_seqscan TO 'off'
     AS $$
 #variable_conflict use_column
 DECLARE
@@ -2374,7 +2386,7 @@ BEGIN
     IF p_keys IS NULL THEN
         SELECT coalesce(array_agg(w.idempotency_key ORDER BY w.idempotency_key), '{}') INTO keys
           FROM workflow_runs w
-         WHERE w.state IN ('approved', 'processing')
+         WHERE w.state NOT IN ('completed', 'failed_terminal')
            AND EXISTS (SELECT 1 FROM effect_outbox b WHERE b.idempotency_key = w.idempotency_key);
     ELSE
         keys := p_keys;
@@ -2384,7 +2396,7 @@ BEGIN
     END IF;
     SELECT coalesce(array_agg(x.k), '{}') INTO keys FROM (
         SELECT w.idempotency_key AS k FROM workflow_runs w
-         WHERE w.idempotency_key = ANY (keys) AND w.state IN ('approved', 'processing')
+         WHERE w.idempotency_key = ANY (keys) AND w.state NOT IN ('completed', 'failed_terminal')
          ORDER BY w.idempotency_key FOR UPDATE) x;
     IF cardinality(keys) = 0 THEN
         RETURN 0;
@@ -2394,7 +2406,7 @@ BEGIN
            failure_reason = coalesce(w.failure_reason, 'an effect failed terminally'),
            updated_at = now()
      WHERE w.idempotency_key = ANY (keys)
-       AND w.state IN ('approved', 'processing')
+       AND w.state NOT IN ('completed', 'failed_terminal')
        AND EXISTS (SELECT 1 FROM effect_outbox b
                     WHERE b.idempotency_key = w.idempotency_key
                       AND NOT EXISTS (SELECT 1 FROM effect_live l WHERE l.effect_id = b.effect_id)
@@ -3095,7 +3107,7 @@ CREATE VIEW public.outbox_effects WITH (security_invoker='true') AS
     b.target,
     b.payload,
     COALESCE(l.state, f.state, 'pending'::text) AS state,
-    l.lease_owner,
+    public.outbox_effect_lease_owner(b.effect_id) AS lease_owner,
     l.lease_expires_at,
         CASE
             WHEN (l.effect_id IS NOT NULL) THEN l.provider_id
@@ -3974,6 +3986,15 @@ REVOKE ALL ON FUNCTION public.outbox_create_approval(p_key text, p_owner uuid, p
 --
 
 REVOKE ALL ON FUNCTION public.outbox_effect_gate() FROM PUBLIC;
+
+
+--
+-- Name: FUNCTION outbox_effect_lease_owner(p_effect_id uuid); Type: ACL; Schema: public; Owner: -
+--
+
+GRANT ALL ON FUNCTION public.outbox_effect_lease_owner(p_effect_id uuid) TO outbox_dispatcher;
+GRANT ALL ON FUNCTION public.outbox_effect_lease_owner(p_effect_id uuid) TO outbox_operator;
+REVOKE ALL ON FUNCTION public.outbox_effect_lease_owner(p_effect_id uuid) FROM PUBLIC;
 
 
 --

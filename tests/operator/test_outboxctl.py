@@ -351,7 +351,7 @@ def test_outboxctl_unknown_resolve_not_sent_requeues_with_the_same_key(db, conn)
     def notified():
         if select.select([listener], [], [], 0.1)[0]:
             listener.poll()
-        return [n for n in listener.notifies if n.channel == "outbox_effects"]
+        return [n for n in listener.notifies if n.channel == "effect_outbox"]
     wait_for(notified, timeout=10, what="NOTIFY effect_outbox")
     listener.close()
 

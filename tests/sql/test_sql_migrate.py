@@ -138,7 +138,7 @@ def test_insert_notifies_listeners(db, conn):
         query(conn, "INSERT INTO effect_outbox (idempotency_key, effect_type, target, payload) "
                     "VALUES (%s, 'http', 'https://x.example/a', '{}')", (key,))
         got = wait_notify(listener, "NOTIFY after a plain INSERT")
-        assert all(n.channel == "outbox_effects" for n in got)
+        assert all(n.channel == "effect_outbox" for n in got)
         # The producer function's insert wakes workers too.
         query(conn, "SELECT * FROM outbox_enqueue(%s, 'http', 'https://x.example/b', '{}')", (key,))
         assert wait_notify(listener, "NOTIFY after outbox_enqueue")
