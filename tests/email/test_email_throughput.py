@@ -49,7 +49,7 @@ def start_line(worker):
 def test_default_marks_batches_of_max_in_flight_through_threads_sessions(conn, dispatchers, smtp):
     """100 emails waiting, one worker at the email defaults: the worker
     takes sends to `sending` in batches (one outbox_mark_sending call, one
-    mark_token) bounded by max_in_flight, so at the default 32 a batch is
+    effect_calls row) bounded by max_in_flight, so at the default 32 a batch is
     far more than the 4 threads can send at once (at the former default 8
     it could not exceed 8); the extra sends wait in the provider's queue:
     no more SMTP sessions at once than threads, each email delivered once,
@@ -59,8 +59,8 @@ def test_default_marks_batches_of_max_in_flight_through_threads_sessions(conn, d
     w = dispatchers(email_cfg(smtp))
     wait_for(lambda: scalar(conn, "SELECT count(*) FROM outbox_effects WHERE state = 'completed'")
              == len(ids), timeout=90, what="100 emails completed")
-    batches = [r[0] for r in query(conn, "SELECT count(*) FROM outbox_effects GROUP BY mark_token"
-                                         " ORDER BY 1 DESC")]
+    # Each mark call's row (effect_calls) names the effects it moved.
+    batches = [r[0] for r in query(conn, "SELECT cardinality(ids) FROM effect_calls ORDER BY 1 DESC")]
     assert 2 * DEFAULT_THREADS < batches[0] <= DEFAULT_MAX_IN_FLIGHT, batches
     # Sessions are reused (a session may still end idle when the machine
     # stalls the worker's database cycle past session_idle_ms, so the
@@ -106,7 +106,7 @@ def test_batches_do_not_shrink_with_a_slow_relay(conn, dispatchers):
                  == n, timeout=120, what=f"{n} emails completed")
     finally:
         s.stop()
-    marks = scalar(conn, "SELECT count(DISTINCT mark_token) FROM outbox_effects")
+    marks = scalar(conn, "SELECT count(*) FROM effect_calls")
     # outbox_complete() stamps its transaction's now(): one value per call
     records = scalar(conn, "SELECT count(DISTINCT completed_at) FROM outbox_effects")
     assert n / marks >= 8, (n, marks)
