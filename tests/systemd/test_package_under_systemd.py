@@ -141,9 +141,22 @@ def test_package_lifecycle_under_real_systemd(box, pg):
         # effect finished long ago, recorded under the operator login.
         doc("prune-timer")
         assert box.prop("outbox-prune.timer", "ActiveState") == "active"
-        old = produced[:5]
-        icur.execute("UPDATE outbox_effects SET completed_at = now() - interval '40 days' "
-                     "WHERE idempotency_key = ANY(%s)", (old,))
+        # Five effects created and finished 100 days ago, in a month of
+        # their own (prune drops whole months of the history): made as the
+        # table owner in one transaction, so no worker sees them open.
+        old = ["prune-old-%d" % i for i in range(5)]
+        icur.execute(
+            "SELECT outbox_history_partitions(now() - interval '100 days', now());"
+            "INSERT INTO workflow_runs (idempotency_key, state, payload_hash)"
+            " SELECT k, 'processing', 'x' FROM unnest(%(k)s::text[]) k;"
+            "INSERT INTO effect_outbox (idempotency_key, effect_type, target, payload, created_at,"
+            " available_at) SELECT k, 'http', %(t)s, '{}', now() - interval '100 days',"
+            " now() - interval '100 days' FROM unnest(%(k)s::text[]) k;"
+            "WITH gone AS (DELETE FROM effect_live WHERE effect_id IN (SELECT effect_id FROM"
+            " effect_outbox WHERE idempotency_key = ANY(%(k)s)) RETURNING *)"
+            " INSERT INTO effect_history (effect_id, created_at, attempt, worker, started_at,"
+            " ended_at, state) SELECT effect_id, created_at, 1, 'test', created_at, created_at,"
+            " 'completed' FROM gone", {"k": old, "t": sink.url + "/old"})
         box.run("sudo systemctl start outbox-prune.service")
         assert box.prop("outbox-prune.service", "Result") == "success"
         icur.execute("SELECT count(*) FROM outbox_effects WHERE idempotency_key = ANY(%s)", (old,))
