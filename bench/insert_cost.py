@@ -128,7 +128,7 @@ class Side:
     def rows_in_outbox(self):
         owner = connect(self.db)
         cur = owner.cursor()
-        cur.execute("SELECT count(*) FROM outbox_effects WHERE idempotency_key LIKE %s", (self.prefix + "%",))
+        cur.execute("SELECT count(*) FROM effect_outbox WHERE idempotency_key LIKE %s", (self.prefix + "%",))
         n = cur.fetchone()[0]
         owner.close()
         return n

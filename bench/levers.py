@@ -224,7 +224,7 @@ class Variant:
             done = "SELECT count(*) FROM effect_history WHERE state = 'completed'"
             cur.execute("SELECT outbox_settle_runs(NULL)")
         else:
-            done = "SELECT count(*) FROM outbox_effects WHERE state = 'completed'"
+            done = "SELECT count(*) FROM effect_outbox WHERE state = 'completed'"
         return [count(cur, done),
                 count(cur, "SELECT count(*) FROM workflow_runs WHERE state = 'completed'"),
                 count(cur, "SELECT count(*) FROM effect_attempts")]

@@ -10,7 +10,7 @@ the same nginx on loopback, which answers 200 {"id":"x"} from memory and
 logs `$msec key content-length status` per request.
   dispatcher  two outbox-dispatcher workers with the default config (the
               way bench/bench.py starts them), the items one bulk INSERT
-              into outbox_effects (the producer's columns only) after one
+              into effect_outbox (the producer's columns only) after one
               of their runs into workflow_runs, in one transaction.
   graphile    two graphile-worker processes x 24 concurrent jobs
               (bench/peer/graphile_worker.js), the items one call of
