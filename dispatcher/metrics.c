@@ -32,6 +32,8 @@ struct metric_desc {
 static const struct metric_desc counter_desc[M_COUNTER_MAX] = {
 	[M_KILL_SWITCH_BLOCKED] = { "outbox_kill_switch_blocked_total",
 		"Sends refused at the sending transition because the kill switch was off." },
+	[M_SCOPE_HELD] = { "outbox_scope_held_total",
+		"Sends held back at the sending transition by a paused or rate-limited scope (this worker)." },
 	[M_LEASE_LOST] = { "outbox_lease_lost_total",
 		"State changes whose CAS found the lease gone (another worker or the reaper owns the row)." },
 	[M_RETRIES_EXHAUSTED] = { "outbox_retries_exhausted_total",

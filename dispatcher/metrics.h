@@ -22,6 +22,7 @@ struct event_base;
 /* Counters without labels. */
 enum metric_counter {
 	M_KILL_SWITCH_BLOCKED,   /* sends refused at the sending transition */
+	M_SCOPE_HELD,            /* ... held back by a paused or limited scope */
 	M_LEASE_LOST,            /* CAS found the lease gone */
 	M_RETRIES_EXHAUSTED,     /* failed because max_attempts was reached */
 	M_DB_RECONNECTS,

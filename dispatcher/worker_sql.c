@@ -18,7 +18,7 @@ const struct worker_sql worker_sql[SQL_STATEMENTS] = {
 	[SQL_CLAIM] = { "outbox_claim",
 		"SELECT effect_id, idempotency_key, effect_type, target, payload, payload_hash, "
 		"effect_key, attempts, metadata, approved_by, retry_base, available_at, "
-		"payload_bytes, metadata_bytes "
+		"payload_bytes, metadata_bytes, leased_only "
 		"FROM outbox_claim($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, "
 		"p_max_payload_bytes => $11, p_repeat => $12)", 12 },
 	[SQL_UNCLAIM] = { "outbox_unclaim",
@@ -30,7 +30,10 @@ const struct worker_sql worker_sql[SQL_STATEMENTS] = {
 	[SQL_RELEASE] = { "outbox_release",
 		"SELECT outbox_release($1, $2, $3)", 3 },
 	[SQL_MARK_SENDING] = { "outbox_mark_sending",
-		"SELECT effect_id, attempts, blocked FROM outbox_mark_sending($1, $2, $3, $4, $5, $6)", 6 },
+		"SELECT effect_id, attempts, blocked, coalesce(held_by, ''),"
+		" CASE WHEN held_until IS NULL OR held_until = 'infinity' THEN -1"
+		" ELSE greatest(ceil(extract(epoch FROM held_until - now()) * 1000), 0) END"
+		" FROM outbox_mark_sending($1, $2, $3, $4, $5, $6, $7)", 7 },
 	[SQL_COMPLETE] = { "outbox_complete",
 		"SELECT effect_id, applied, state, resolved FROM outbox_complete($1, $2, $3)", 3 },
 	[SQL_RENEW] = { "outbox_renew",
