@@ -102,4 +102,15 @@ void metrics_heartbeat_at(int64_t mono_ms);
 /* The text /metrics serves (caller frees); for tests and outboxctl. */
 char *metrics_render(void);
 
+/* A paused or limited scope of the fleet, as housekeeping read it. */
+#define METRICS_MAX_SCOPES 64
+struct scope_gauge {
+	char scope[128];        /* 'type:email', 'host:api.example.com' */
+	bool paused;
+	double rate;            /* sends per second; 0: no limit */
+	double waiting;         /* pending rows it holds */
+	double held_total;
+};
+void metrics_set_scopes(const struct scope_gauge *g, size_t n);
+
 #endif

@@ -9,6 +9,14 @@
 
 #include "migrate.h"
 
+/* The gauges' last column: every scope, as JSON (read only while one is
+ * set: outbox_control.scoped). */
+#define SCOPES_COLUMN \
+	" CASE WHEN (SELECT scoped FROM outbox_control WHERE id = 1) THEN" \
+	" (SELECT json_agg(json_build_object('scope', kind || ':' || value, 'paused', paused," \
+	" 'rate', coalesce(rate_per_second, 0), 'waiting', waiting, 'held_total', held_total))" \
+	" FROM outbox_scope_status) END"
+
 const struct worker_sql worker_sql[SQL_STATEMENTS] = {
 	[SQL_LEASE] = { "outbox_lease",
 		"SELECT effect_id, idempotency_key, effect_type, target, payload, payload_hash, "
@@ -60,11 +68,11 @@ const struct worker_sql worker_sql[SQL_STATEMENTS] = {
 		"SELECT coalesce((SELECT extract(epoch FROM now() - min(available_at)) FROM effect_live "
 		"  WHERE state = 'pending' AND available_at <= now()), 0),"
 		" (SELECT count(*) FROM effect_live WHERE available_at = 'infinity' AND state = 'unknown'),"
-		" (SELECT enabled FROM outbox_control WHERE id = 1)", 0 },
+		" (SELECT enabled FROM outbox_control WHERE id = 1)," SCOPES_COLUMN, 0 },
 	[SQL_GAUGES] = { "gauges",
 		"SELECT NULL, (SELECT count(*) FROM effect_live"
 		"  WHERE available_at = 'infinity' AND state = 'unknown'),"
-		" (SELECT enabled FROM outbox_control WHERE id = 1)", 0 },
+		" (SELECT enabled FROM outbox_control WHERE id = 1)," SCOPES_COLUMN, 0 },
 	[SQL_SCHEMA_VERSION] = { "schema version", MIGRATE_VERSION_SQL, 0 },
 	[SQL_RESOLVE_LATE] = { "outbox_resolve_late_accepted",
 		"SELECT outbox_resolve_late_accepted($1, $2, $3, $4, $5, $6)", 6 },
