@@ -457,6 +457,8 @@ SELECT s.kind, s.value, s.paused, s.paused_by, s.paused_at, s.paused_reason,
  ORDER BY s.kind, s.value;
 
 REVOKE EXECUTE ON FUNCTION
+    outbox_target_host(text),
+    outbox_scope_name(text, text),
     outbox_lease_scoped(uuid, text, integer, integer, text[], timestamp with time zone, uuid,
                         integer),
     outbox_scope_paused_for(text, text, text),
@@ -472,4 +474,6 @@ GRANT EXECUTE ON FUNCTION
     outbox_scope_pause(text, text, boolean, text, text),
     outbox_scope_limit(text, text, double precision, integer, text, text)
     TO outbox_operator;
+GRANT EXECUTE ON FUNCTION outbox_target_host(text), outbox_scope_name(text, text)
+    TO outbox_dispatcher, outbox_operator;
 GRANT SELECT ON outbox_scope_status TO outbox_operator, outbox_dispatcher;
