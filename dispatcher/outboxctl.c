@@ -34,9 +34,9 @@ static const struct ctl_command commands[] = {
 	  "global switch still applies to them. 'status' lists the switch and every scope: who,\n"
 	  "when, why, its rate limit, the effects it holds now and in all." },
 	{ "limit", cmd_limit,
-	  "limit set (--type T | --host H) --rate N[/s|/min] [--burst N] --operator NAME\n"
-	  "      --reason TEXT | limit clear (--type T | --host H) --operator NAME --reason TEXT\n"
-	  "      | limit list [--json]",
+	  "limit set (--type T | --host H) --rate N[/s|/min] [--burst N]\n"
+	  "      --operator NAME --reason TEXT\n"
+	  "      | limit clear (--type T | --host H) --operator NAME --reason TEXT | limit list [--json]",
 	  "A rate limit for the whole fleet: at most N sends start per second across every worker\n"
 	  "(3000/min is 50 per second; 0.5/s one every two seconds), up to --burst at once after a\n"
 	  "quiet spell (default: one second's worth). Effects over the limit wait for their slot\n"

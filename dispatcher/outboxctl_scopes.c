@@ -13,7 +13,6 @@
  * argument is exit 2 before any connection is made; the database checks
  * the values again and its invalid_parameter_value is exit 2 as well.
  */
-#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,6 +23,7 @@
 #define SCOPE_TIME(col) \
 	"to_char(" col " AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"')"
 #define SCOPE_VALUE_MAX 255 /* outbox_scopes.value's bound */
+#define SCOPE_LIMIT_MAX 1000000 /* outbox_scope_limit's bound on rate and burst */
 
 enum scope_kind { SCOPE_TYPE, SCOPE_HOST, SCOPE_CRM_OBJECT, SCOPE_KINDS };
 
@@ -42,7 +42,8 @@ static const char scope_hint[] = "a scope is --type T, --host H or --crm-object 
 
 struct scope {
 	enum scope_kind kind;
-	char value[SCOPE_VALUE_MAX + 1];
+	const char *given;                /* as written: the database checks and stores it */
+	char value[SCOPE_VALUE_MAX + 1];  /* as stored, for the messages */
 };
 
 static int scope_option(const char *arg)
@@ -102,9 +103,16 @@ static bool scope_parse(const char *cmd, int argc, char **argv, struct scope *ou
 		return false;
 	}
 	out->kind = (enum scope_kind)found;
+	out->given = argv[first + 1];
 	for (size_t i = 0; i <= n; i++) {
 		char c = argv[first + 1][i];
 		out->value[i] = scope_kinds[found].lower_case && c >= 'A' && c <= 'Z' ? (char)(c - 'A' + 'a') : c;
+	}
+	/* The stored form, as outbox_scope_value makes it: a host or CRM
+	 * object in lower case, an IPv6 host bare. */
+	if (out->kind == SCOPE_HOST && n > 2 && out->value[0] == '[' && out->value[n - 1] == ']') {
+		memmove(out->value, out->value + 1, n - 2);
+		out->value[n - 2] = '\0';
 	}
 	return true;
 }
@@ -176,7 +184,7 @@ int ctl_scope_pause(struct ctl *ctl, bool paused, int argc, char **argv)
 	if (!scope_parse(cmd, argc, argv, &s) || !scope_who(cmd, argc, argv, &op, &reason))
 		return CTL_USAGE;
 	params[0] = scope_kinds[s.kind].kind;
-	params[1] = s.value;
+	params[1] = s.given;
 	params[2] = paused ? "true" : "false";
 	params[3] = op;
 	params[4] = reason;
@@ -323,7 +331,7 @@ static bool scope_rate(const char *in, double *per_second)
 	for (size_t u = 0; u < sizeof(units) / sizeof(units[0]); u++) {
 		if (strcmp(in + n, units[u].unit) == 0) {
 			*per_second = v / units[u].seconds;
-			return isfinite(*per_second) && *per_second > 0;
+			return isfinite(*per_second) && *per_second > 0 && *per_second <= SCOPE_LIMIT_MAX;
 		}
 	}
 	return false;
@@ -336,7 +344,7 @@ static bool scope_burst(const char *in, long *burst)
 	if (in[0] < '0' || in[0] > '9')
 		return false;
 	*burst = strtol(in, &end, 10);
-	return *end == '\0' && *burst >= 1 && *burst <= INT_MAX;
+	return *end == '\0' && *burst >= 1 && *burst <= SCOPE_LIMIT_MAX;
 }
 
 /* The limit's scope: --type or --host, not --crm-object. */
@@ -356,7 +364,7 @@ static bool limit_scope(const char *cmd, int argc, char **argv, struct scope *s)
 static int limit_call(struct ctl *ctl, const char *cmd, const struct scope *s, const char *rate,
                       const char *burst, const char *op, const char *reason)
 {
-	const char *params[6] = { scope_kinds[s->kind].kind, s->value, rate, burst, op, reason };
+	const char *params[6] = { scope_kinds[s->kind].kind, s->given, rate, burst, op, reason };
 	PGresult *r;
 	int rc = CTL_OK;
 
@@ -390,14 +398,15 @@ static int limit_set(struct ctl *ctl, int argc, char **argv)
 		return CTL_USAGE;
 	}
 	if (!scope_rate(rate_s, &per_second)) {
-		fprintf(stderr, "outboxctl: limit set: --rate '%s' is not a rate above 0: write N, N/s or "
-		                "N/min (50, 0.5/s, 3000/min)\n", tv(rate_s));
+		fprintf(stderr, "outboxctl: limit set: --rate '%s' is not a rate above 0 and up to %d per "
+		                "second: write N, N/s or N/min (50, 0.5/s, 3000/min)\n", tv(rate_s),
+		        SCOPE_LIMIT_MAX);
 		return CTL_USAGE;
 	}
 	burst_s = ctl_opt(argc, argv, "--burst");
 	if (burst_s && !scope_burst(burst_s, &b)) {
 		fprintf(stderr, "outboxctl: limit set: --burst '%s' is not a whole number from 1 to %d\n",
-		        tv(burst_s), INT_MAX);
+		        tv(burst_s), SCOPE_LIMIT_MAX);
 		return CTL_USAGE;
 	}
 	if (!scope_who(cmd, argc, argv, &op, &reason))
