@@ -4927,6 +4927,15 @@ REVOKE ALL ON FUNCTION public.outbox_scope_limit(p_kind text, p_value text, p_ra
 
 
 --
+-- Name: FUNCTION outbox_scope_name(p_kind text, p_value text); Type: ACL; Schema: public; Owner: -
+--
+
+GRANT ALL ON FUNCTION public.outbox_scope_name(p_kind text, p_value text) TO outbox_dispatcher;
+GRANT ALL ON FUNCTION public.outbox_scope_name(p_kind text, p_value text) TO outbox_operator;
+REVOKE ALL ON FUNCTION public.outbox_scope_name(p_kind text, p_value text) FROM PUBLIC;
+
+
+--
 -- Name: FUNCTION outbox_scope_pause(p_kind text, p_value text, p_paused boolean, p_operator text, p_reason text); Type: ACL; Schema: public; Owner: -
 --
 
@@ -4986,6 +4995,15 @@ REVOKE ALL ON FUNCTION public.outbox_sha256_hex(t text) FROM PUBLIC;
 
 GRANT ALL ON FUNCTION public.outbox_sweep(p_worker text, p_grace_seconds integer, p_every_seconds integer, p_limit integer) TO outbox_dispatcher;
 REVOKE ALL ON FUNCTION public.outbox_sweep(p_worker text, p_grace_seconds integer, p_every_seconds integer, p_limit integer) FROM PUBLIC;
+
+
+--
+-- Name: FUNCTION outbox_target_host(p_target text); Type: ACL; Schema: public; Owner: -
+--
+
+GRANT ALL ON FUNCTION public.outbox_target_host(p_target text) TO outbox_dispatcher;
+GRANT ALL ON FUNCTION public.outbox_target_host(p_target text) TO outbox_operator;
+REVOKE ALL ON FUNCTION public.outbox_target_host(p_target text) FROM PUBLIC;
 
 
 --
