@@ -206,6 +206,10 @@ DECLARE
     ids uuid[] := '{}';
     more uuid[];
 BEGIN
+    -- Under the kill-switch lock, as the mark: a resume (which takes it
+    -- exclusively) then sees every row this lease parked, or this lease
+    -- sees the scope resumed; never a row parked after its resume.
+    PERFORM pg_advisory_xact_lock_shared(outbox_kill_switch_lock_key());
     FOR pass IN 1 .. 8 LOOP
         EXIT WHEN got >= p_limit;
         WITH due AS (
