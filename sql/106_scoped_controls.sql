@@ -25,12 +25,10 @@ CREATE TABLE outbox_scopes (
     limit_by        text,
     limit_reason    text,
     limit_at        timestamptz,
-    -- The bucket: tokens left at tokens_at; next_slot is the start time
-    -- given to the last row held back, so that rows held by different
-    -- calls are spread over the slots after it instead of all due at once.
+    -- The bucket: tokens left at tokens_at, refilled at the rate up to
+    -- the burst.  Below zero: slots reserved by rows deferred to them.
     tokens          double precision NOT NULL DEFAULT 0,
     tokens_at       timestamptz NOT NULL DEFAULT now(),
-    next_slot       timestamptz NOT NULL DEFAULT '-infinity',
     -- Rows this scope has held back (parked or deferred), for the metrics.
     held_total      bigint NOT NULL DEFAULT 0,
     PRIMARY KEY (kind, value),

@@ -2563,14 +2563,13 @@ BEGIN
               ELSE coalesce(p_burst, greatest(ceil(p_rate)::integer, 1)) END;
     PERFORM pg_advisory_xact_lock(outbox_kill_switch_lock_key());
     INSERT INTO outbox_scopes AS s (kind, value, rate_per_second, burst, limit_by, limit_reason,
-                                    limit_at, tokens, tokens_at, next_slot)
-    VALUES (p_kind, v, p_rate, b, p_operator, p_reason, now(), coalesce(b, 0), now(), '-infinity')
+                                    limit_at, tokens, tokens_at)
+    VALUES (p_kind, v, p_rate, b, p_operator, p_reason, now(), coalesce(b, 0), now())
     ON CONFLICT (kind, value) DO UPDATE
        SET rate_per_second = EXCLUDED.rate_per_second, burst = EXCLUDED.burst,
            limit_by = EXCLUDED.limit_by, limit_reason = EXCLUDED.limit_reason,
            limit_at = EXCLUDED.limit_at,
-           tokens = least(s.tokens, coalesce(EXCLUDED.burst, 0)), tokens_at = now(),
-           next_slot = '-infinity';
+           tokens = coalesce(EXCLUDED.burst, 0), tokens_at = now();
     INSERT INTO outbox_scope_history (kind, value, action, rate_per_second, burst, changed_by,
                                       reason)
     VALUES (p_kind, v, CASE WHEN p_rate IS NULL THEN 'unlimit' ELSE 'limit' END, p_rate, b,
@@ -2672,20 +2671,21 @@ DECLARE
     types text[];
     hosts text[];
     objs text[];
+    was_held text[];
+    due_at timestamptz[];
     s_kind text[];
     s_value text[];
     s_paused boolean[];
     s_rate double precision[];
+    s_burst integer[];
     s_tokens double precision[];
-    s_slot timestamptz[];
     s_held bigint[];
     s_used boolean[];
     n integer;
     m integer;
-    ok boolean;
     hit boolean;
+    paid boolean;
     lack integer;
-    slot timestamptz;
     verdict text;
     until timestamptz;
 BEGIN
@@ -2695,27 +2695,31 @@ BEGIN
                               ORDER BY x.ord), '{}'),
            coalesce(array_agg(CASE WHEN b.effect_type = 'crm'
                                    THEN lower(split_part(b.target, '/', 1)) END
-                              ORDER BY x.ord), '{}')
-      INTO ids, types, hosts, objs
+                              ORDER BY x.ord), '{}'),
+           coalesce(array_agg(l.held_by ORDER BY x.ord), '{}'),
+           coalesce(array_agg(l.available_at ORDER BY x.ord), '{}')
+      INTO ids, types, hosts, objs, was_held, due_at
       FROM unnest(p_ids, p_hosts) WITH ORDINALITY AS x(id, host, ord)
+      JOIN effect_live l ON l.effect_id = x.id
       CROSS JOIN LATERAL (SELECT e.effect_type, e.target FROM effect_outbox e
                            WHERE e.effect_id = x.id OFFSET 0) b;
     n := cardinality(ids);
     IF n = 0 THEN
         RETURN;
     END IF;
-    -- The scopes these rows belong to, locked (key order, as every caller).
+    -- The scopes these rows belong to, locked (key order, as every caller),
+    -- each bucket refilled to now.
     SELECT coalesce(array_agg(s.kind ORDER BY s.kind, s.value), '{}'),
            coalesce(array_agg(s.value ORDER BY s.kind, s.value), '{}'),
            coalesce(array_agg(s.paused ORDER BY s.kind, s.value), '{}'),
            coalesce(array_agg(s.rate_per_second ORDER BY s.kind, s.value), '{}'),
+           coalesce(array_agg(s.burst ORDER BY s.kind, s.value), '{}'),
            coalesce(array_agg(CASE WHEN s.rate_per_second IS NULL THEN 0
                                    ELSE least(s.burst::double precision,
                                               s.tokens + s.rate_per_second
                                                 * greatest(extract(epoch FROM now() - s.tokens_at), 0))
-                              END ORDER BY s.kind, s.value), '{}'),
-           coalesce(array_agg(s.next_slot ORDER BY s.kind, s.value), '{}')
-      INTO s_kind, s_value, s_paused, s_rate, s_tokens, s_slot
+                              END ORDER BY s.kind, s.value), '{}')
+      INTO s_kind, s_value, s_paused, s_rate, s_burst, s_tokens
       FROM (SELECT * FROM outbox_scopes s
              WHERE (s.paused OR s.rate_per_second IS NOT NULL)
                AND ((s.kind = 'type' AND s.value = ANY (types))
@@ -2728,47 +2732,46 @@ BEGIN
     FOR i IN 1 .. n LOOP
         verdict := NULL;
         until := NULL;
-        lack := 0;
-        ok := true;
+        paid := false;
+        -- Paused first: a pause holds whatever a limit says.
         FOR j IN 1 .. m LOOP
             hit := CASE s_kind[j]
                    WHEN 'type' THEN s_value[j] = types[i]
                    WHEN 'host' THEN s_value[j] IS NOT DISTINCT FROM hosts[i]
                    ELSE s_value[j] IS NOT DISTINCT FROM objs[i] END;
-            CONTINUE WHEN NOT hit;
-            IF s_paused[j] THEN
+            IF hit AND s_paused[j] THEN
                 verdict := outbox_scope_name(s_kind[j], s_value[j]);
                 until := 'infinity';
                 s_held[j] := s_held[j] + 1;
                 s_used[j] := true;
                 EXIT;
             END IF;
-            IF s_rate[j] IS NOT NULL AND s_tokens[j] < 1 THEN
-                ok := false;
-                slot := greatest(s_slot[j] + make_interval(secs => 1 / s_rate[j]),
-                                 now() + make_interval(secs => (1 - s_tokens[j]) / s_rate[j]));
-                IF lack = 0 OR slot > until THEN
-                    lack := j;
-                    until := slot;
-                END IF;
+            IF hit AND s_rate[j] IS NOT NULL
+               AND was_held[i] = outbox_scope_name(s_kind[j], s_value[j])
+               AND due_at[i] <= now()
+               AND due_at[i] >= now() - make_interval(secs => s_burst[j] / s_rate[j]) THEN
+                paid := true;
             END IF;
         END LOOP;
-        IF verdict IS NULL AND NOT ok THEN
-            verdict := outbox_scope_name(s_kind[lack], s_value[lack]);
-            s_slot[lack] := until;
-            s_held[lack] := s_held[lack] + 1;
-            s_used[lack] := true;
-        ELSIF verdict IS NULL THEN
+        IF verdict IS NULL AND NOT paid THEN
+            lack := 0;
             FOR j IN 1 .. m LOOP
                 hit := CASE s_kind[j]
                        WHEN 'type' THEN s_value[j] = types[i]
                        WHEN 'host' THEN s_value[j] IS NOT DISTINCT FROM hosts[i]
                        ELSE false END;
-                IF s_rate[j] IS NOT NULL AND hit THEN
-                    s_tokens[j] := s_tokens[j] - 1;
-                    s_used[j] := true;
+                CONTINUE WHEN NOT hit OR s_rate[j] IS NULL;
+                s_tokens[j] := s_tokens[j] - 1;
+                s_used[j] := true;
+                IF s_tokens[j] < 0 AND (lack = 0 OR now() + make_interval(secs => -s_tokens[j] / s_rate[j]) > until) THEN
+                    lack := j;
+                    until := now() + make_interval(secs => -s_tokens[j] / s_rate[j]);
                 END IF;
             END LOOP;
+            IF lack > 0 THEN
+                verdict := outbox_scope_name(s_kind[lack], s_value[lack]);
+                s_held[lack] := s_held[lack] + 1;
+            END IF;
         END IF;
         effect_id := ids[i];
         held_by := verdict;
@@ -2779,9 +2782,9 @@ BEGIN
     UPDATE outbox_scopes s
        SET tokens = CASE WHEN s.rate_per_second IS NULL THEN s.tokens ELSE u.tokens END,
            tokens_at = CASE WHEN s.rate_per_second IS NULL THEN s.tokens_at ELSE now() END,
-           next_slot = u.slot, held_total = s.held_total + u.held
-      FROM unnest(s_kind[1:m], s_value[1:m], s_tokens[1:m], s_slot[1:m], s_held[1:m],
-                  s_used[1:m]) AS u(kind, value, tokens, slot, held, used)
+           held_total = s.held_total + u.held
+      FROM unnest(s_kind[1:m], s_value[1:m], s_tokens[1:m], s_held[1:m], s_used[1:m])
+           AS u(kind, value, tokens, held, used)
      WHERE u.used AND s.kind = u.kind AND s.value = u.value;
 END $$;
 
@@ -3734,7 +3737,6 @@ CREATE TABLE public.outbox_scopes (
     limit_at timestamp with time zone,
     tokens double precision DEFAULT 0 NOT NULL,
     tokens_at timestamp with time zone DEFAULT now() NOT NULL,
-    next_slot timestamp with time zone DEFAULT '-infinity'::timestamp with time zone NOT NULL,
     held_total bigint DEFAULT 0 NOT NULL,
     CONSTRAINT outbox_scopes_burst_check CHECK ((burst >= 1)),
     CONSTRAINT outbox_scopes_check CHECK (((kind <> 'crm_object'::text) OR (rate_per_second IS NULL))),

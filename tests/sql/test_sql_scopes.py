@@ -1,0 +1,176 @@
+# SPDX-License-Identifier: ISC
+"""Scoped pauses and rate limits in SQL (sql/functions/33_scopes.sql;
+docs/design.md, "Scoped pauses and rate limits"): the pause's commit point
+is the kill switch's lock, the lease parks what it can see is paused, the
+mark holds by the host the worker passes, the bucket defers rows to its
+slots without spending attempts, and a worker built before scopes existed
+takes nothing it would mishandle.
+"""
+import threading
+import uuid
+
+from outbox_test import connect, kill_switch, make_run, query, scalar, wait_for
+
+LEASE = "SELECT effect_id::text FROM outbox_lease(%s, 'w', %s, 30, %s, true)"
+MARK = ("SELECT effect_id::text, attempts, blocked, held_by, held_until "
+        "FROM outbox_mark_sending(%s, %s::uuid[], true, '{}', 30, %s, %s::text[])")
+
+
+def add(conn, rows):
+    """Effects of one run, due a minute ago: rows = [(type, target), ...]."""
+    key = make_run(conn)
+    ids = []
+    for i, (t, target) in enumerate(rows):
+        ids.append(str(scalar(conn, "INSERT INTO effect_outbox (idempotency_key, effect_type, target, "
+                                    "payload) VALUES (%s, %s, %s, '{}') RETURNING effect_id",
+                              (key, t, target))))
+    query(conn, "UPDATE effect_live SET available_at = now() - interval '1 minute' "
+                "WHERE effect_id = ANY(%s::uuid[])", (ids,))
+    return ids
+
+
+def pause(conn, kind, value, paused=True):
+    return query(conn, "SELECT effect_id::text FROM outbox_scope_pause(%s, %s, %s, 'op', 'why')",
+                 (kind, value, paused))
+
+
+def live(conn, eid):
+    return dict(zip(("state", "attempts", "held_by", "available_at", "lease_owner"), query(
+        conn, "SELECT state, attempts, held_by, available_at::text, lease_owner::text "
+              "FROM effect_live WHERE effect_id = %s", (eid,))[0]))
+
+
+def test_target_host_reading(conn):
+    cases = {"https://API.Example.com:8443/x": "api.example.com", "http://[::1]:80/": "::1",
+             "http://u:p@h.example/": "h.example", "Task/Ext__c": None, "a@b.org": None,
+             "ftp://x.example/": None, "https://": None}
+    for target, host in cases.items():
+        assert scalar(conn, "SELECT outbox_target_host(%s)", (target,)) == host, target
+
+
+def test_the_lease_parks_a_paused_type_and_crm_object_and_walks_past_them(conn):
+    """Paused rows at the head of the queue are parked (not leased, no
+    attempt) and the lease goes on to the rows behind them; resuming puts
+    exactly that scope's rows back, due now."""
+    kill_switch(conn, True)
+    mail = add(conn, [("email", f"u{i}@example.com") for i in range(5)])
+    task = add(conn, [("crm", "Task/Ext__c")])
+    note = add(conn, [("crm", "Note/Ext__c")])
+    pause(conn, "type", "email")
+    pause(conn, "crm_object", "TASK")
+    got = [r[0] for r in query(conn, LEASE, (str(uuid.uuid4()), 2, ["email", "crm"]))]
+    assert got == note
+    for eid in mail:
+        assert live(conn, eid)["held_by"] == "type:email"
+        assert live(conn, eid)["available_at"] == "infinity" and live(conn, eid)["attempts"] == 0
+    assert live(conn, task[0])["held_by"] == "crm_object:task"
+    assert scalar(conn, "SELECT waiting FROM outbox_scope_status WHERE kind = 'type'") == 5
+    pause(conn, "type", "email", False)
+    assert all(live(conn, e)["held_by"] is None for e in mail)
+    assert scalar(conn, "SELECT count(*) FROM effect_live WHERE effect_id = ANY(%s::uuid[]) "
+                        "AND available_at <= now()", (mail,)) == 5
+    assert live(conn, task[0])["held_by"] == "crm_object:task"    # still paused
+
+
+def test_the_mark_holds_by_the_host_the_worker_passes(conn):
+    """A crm target names no host: the worker's host decides at the mark."""
+    kill_switch(conn, True)
+    ids = add(conn, [("crm", "Task/Ext__c"), ("crm", "Note/Ext__c")])
+    owner = str(uuid.uuid4())
+    assert len(query(conn, LEASE, (owner, 10, ["crm"]))) == 2
+    pause(conn, "host", "acme.my.salesforce.com")
+    rows = {r[0]: r for r in query(conn, MARK, (owner, ids, str(uuid.uuid4()),
+                                                ["acme.my.salesforce.com", "other.example"]))}
+    assert rows[ids[0]][2] is True and rows[ids[0]][3] == "host:acme.my.salesforce.com"
+    assert rows[ids[1]][2] is False and rows[ids[1]][1] == 1
+    held = live(conn, ids[0])
+    assert held["state"] == "pending" and held["attempts"] == 0 and held["lease_owner"] is None
+    assert held["available_at"] == "infinity"
+
+
+def test_the_bucket_lets_its_burst_go_and_defers_the_rest_to_successive_slots(conn):
+    """2 per second, a burst of 3: of 10 rows 3 go, 7 are deferred to slots
+    half a second apart; a later row (another worker's) to the slot after
+    them.  (The slots are 500 ms apart so that a slow machine does not
+    refill the bucket between the statements.)"""
+    kill_switch(conn, True)
+    ids = add(conn, [("http", f"https://api.example.com/{i}") for i in range(10)])
+    query(conn, "SELECT outbox_scope_limit('host', 'api.example.com', 2, 3, 'op', 'why')")
+    owner = str(uuid.uuid4())
+    assert len(query(conn, LEASE, (owner, 10, ["http"]))) == 10
+    rows = query(conn, MARK, (owner, ids, str(uuid.uuid4()), None))
+    went = [r for r in rows if not r[2]]
+    held = sorted((r for r in rows if r[2]), key=lambda r: r[4])
+    assert len(went) == 3 and len(held) == 7
+    assert all(r[3] == "host:api.example.com" and r[1] == 0 for r in held)
+    gaps = [(b[4] - a[4]).total_seconds() for a, b in zip(held, held[1:])]
+    assert all(abs(g - 0.5) < 0.001 for g in gaps), gaps
+    # A second worker's rows come after the first one's slots, not at once.
+    more = add(conn, [("http", "https://api.example.com/late")])
+    other = str(uuid.uuid4())
+    assert len(query(conn, LEASE, (other, 10, ["http"]))) == 1
+    late = query(conn, MARK, (other, more, str(uuid.uuid4()), None))[0]
+    assert late[2] is True and late[4] > held[-1][4]
+    assert scalar(conn, "SELECT held_total FROM outbox_scopes") == 8
+    # At its slot a deferred row has paid: it goes without drawing again,
+    # while the bucket (in debt for the later slots) holds a new row.
+    query(conn, "UPDATE effect_live SET available_at = CASE WHEN effect_id = %s THEN now() "
+                "ELSE available_at + interval '1 hour' END WHERE effect_id = ANY(%s::uuid[])",
+          (held[0][0], [r[0] for r in held]))
+    fresh = add(conn, [("http", "https://api.example.com/fresh")])
+    assert len(query(conn, LEASE, (owner, 10, ["http"]))) == 2
+    rows = {r[0]: r for r in query(conn, MARK, (owner, [held[0][0]] + fresh, str(uuid.uuid4()), None))}
+    assert rows[held[0][0]][2] is False and rows[fresh[0]][2] is True
+
+
+def test_a_pause_waits_for_a_mark_in_progress_and_lists_its_sends(conn, db):
+    """The commit point: a pause cannot commit while a mark holds the
+    switch's lock shared; once it returns, that mark's rows are the ones
+    it lists, and a later mark holds the scope's rows."""
+    kill_switch(conn, True)
+    ids = add(conn, [("http", "https://api.example.com/a"), ("http", "https://api.example.com/b")])
+    owner = str(uuid.uuid4())
+    assert len(query(conn, LEASE, (owner, 1, ["http"]))) == 1
+    first = scalar(conn, "SELECT effect_id::text FROM effect_live WHERE lease_owner = %s", (owner,))
+    marker = connect(db)
+    marker.autocommit = False
+    with marker.cursor() as cur:
+        cur.execute(MARK, (owner, [first], str(uuid.uuid4()), ["api.example.com"]))
+        assert cur.fetchall()[0][2] is False
+    listed = []
+    t = threading.Thread(target=lambda: listed.extend(r[0] for r in pause(connect(db), "type", "http")))
+    t.start()
+    wait_for(lambda: scalar(conn, "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = "
+                                  "'Lock' AND wait_event = 'advisory' AND query LIKE "
+                                  "'%%outbox_scope_pause%%'") == 1, what="the pause waiting")
+    assert t.is_alive(), "the pause committed while a mark held the switch's lock"
+    marker.commit()
+    t.join(10)
+    assert listed == [first]
+    second = [i for i in ids if i != first]
+    assert len(query(conn, LEASE, (owner, 10, ["http"]))) == 0   # parked by the lease
+    assert live(conn, second[0])["held_by"] == "type:http"
+    marker.close()
+
+
+def test_a_worker_built_before_scopes_takes_nothing_it_would_mishandle(conn):
+    """Its claim (without p_lease_if_scoped) would send merely leased rows
+    as marked: while a scope is set it takes nothing.  Its mark (the
+    six-argument form) still holds rows, reading hosts from the targets."""
+    kill_switch(conn, True)
+    ids = add(conn, [("http", "https://api.example.com/a")])
+    query(conn, "SELECT outbox_scope_limit('type', 'http', 1000, 1000, 'op', 'why')")
+    owner = str(uuid.uuid4())
+    old_claim = ("SELECT count(*) FROM outbox_claim(%s, 'w', 10, 30, '{http}', true, '{}', %s, "
+                 "p_max_payload_bytes => 1000000)")
+    assert scalar(conn, old_claim, (owner, str(uuid.uuid4()))) == 0
+    assert live(conn, ids[0])["lease_owner"] is None
+    rows = query(conn, "SELECT effect_id::text, leased_only FROM outbox_claim(%s, 'w', 10, 30, "
+                       "'{http}', true, '{}', %s, p_lease_if_scoped => true)",
+                 (owner, str(uuid.uuid4())))
+    assert rows == [(ids[0], True)] and live(conn, ids[0])["state"] == "pending"
+    pause(conn, "host", "api.example.com")
+    old_mark = query(conn, "SELECT effect_id::text, blocked FROM outbox_mark_sending(%s, "
+                           "%s::uuid[], true, '{}', 30)", (owner, ids))
+    assert old_mark == [(ids[0], True)]
+    assert live(conn, ids[0])["held_by"] == "host:api.example.com"
