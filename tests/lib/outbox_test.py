@@ -91,6 +91,25 @@ def run_ctl(args, env=None, timeout=60, input=None):
                           input=input)
 
 
+def ctl(db, *args):
+    """outboxctl --db db ARGS."""
+    return run_ctl(["--db", db] + list(args))
+
+
+def ok(r):
+    """r (a finished outboxctl) exited 0; else its output in the failure."""
+    assert r.returncode == 0, f"rc={r.returncode}\nstdout={r.stdout}\nstderr={r.stderr}"
+    return r
+
+
+def fails(r, code, *words):
+    """r exited with code and its stderr names every one of words."""
+    assert r.returncode == code, f"rc={r.returncode}\nstdout={r.stdout}\nstderr={r.stderr}"
+    for w in words:
+        assert w in r.stderr, f"{w!r} not in stderr: {r.stderr}"
+    return r
+
+
 def wait_for(cond, timeout=30.0, interval=0.02, what="condition"):
     """Poll cond() until it returns a truthy value; return that value."""
     deadline = time.monotonic() + timeout

@@ -16,26 +16,10 @@ import pytest
 
 from effect_arrange import arrange, effect_created_at, history_months, month_partition
 from outbox_test import (OPERATOR_ROLE, attempts, connect, effect, enqueue, make_run, query,
-                         run_ctl, scalar, wait_for)
+                         ctl, fails, ok, run_ctl, scalar, wait_for)
 
 DOWN = "host=127.0.0.1 port=1 connect_timeout=2"
 NO_SUCH = "00000000-0000-4000-8000-000000000000"
-
-
-def ctl(db, *args):
-    return run_ctl(["--db", db] + list(args))
-
-
-def ok(r):
-    assert r.returncode == 0, f"rc={r.returncode}\nstdout={r.stdout}\nstderr={r.stderr}"
-    return r
-
-
-def fails(r, code, *words):
-    assert r.returncode == code, f"rc={r.returncode}\nstdout={r.stdout}\nstderr={r.stderr}"
-    for w in words:
-        assert w in r.stderr, f"{w!r} not in stderr: {r.stderr}"
-    return r
 
 
 def new_effect(conn, key=None, target=None, payload=None, effect_type="http", metadata=None):

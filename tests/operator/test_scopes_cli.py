@@ -17,26 +17,10 @@ import pytest
 
 from effect_arrange import arrange
 from outbox_test import (OPERATOR_ROLE, PRODUCER_ROLE, WORKER_ROLE, dsn_as, enqueue, kill_switch,
-                         make_run, producer_dsn, query, run_ctl, scalar)
+                         ctl, fails, make_run, ok, producer_dsn, query, run_ctl, scalar)
 
 DOWN = "host=127.0.0.1 port=1 connect_timeout=2"
 TIME = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ"
-
-
-def ctl(db, *args):
-    return run_ctl(["--db", db] + list(args))
-
-
-def ok(r):
-    assert r.returncode == 0, f"rc={r.returncode}\nstdout={r.stdout}\nstderr={r.stderr}"
-    return r
-
-
-def fails(r, code, *words):
-    assert r.returncode == code, f"rc={r.returncode}\nstdout={r.stdout}\nstderr={r.stderr}"
-    for w in words:
-        assert w in r.stderr, f"{w!r} not in stderr: {r.stderr}"
-    return r
 
 
 def new_effect(conn, effect_type, target, payload=None):
