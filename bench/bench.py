@@ -993,14 +993,14 @@ def main():
                     # One rate limit on the sink's host, far above what the
                     # run reaches: the cost of the scopes' path (the claim
                     # leases, the mark draws on the bucket), not a throttle.
-                    q("SELECT outbox_scope_limit('host', '127.0.0.1', %s, %s, 'bench', "
-                      "'the cost of one limit')", (LIMIT_RATE, LIMIT_RATE), fetch=False)
+                    q("SELECT outbox_scope_limit('host', '127.0.0.1', %s::float8, %s::integer, "
+                      "'bench', 'the cost of one limit')", (LIMIT_RATE, int(LIMIT_RATE)), fetch=False)
                 load(N, sink.url("ok"))
                 settle()
                 results[name] = throughput(best_k, "%s-%d" % (name, best_k), hold_xmin=hold)
                 if name == "limited":
-                    q("SELECT outbox_scope_limit('host', '127.0.0.1', NULL, NULL, 'bench', "
-                      "'done')", fetch=False)
+                    q("SELECT outbox_scope_limit('host', '127.0.0.1', NULL::float8, NULL::integer, "
+                      "'bench', 'done')", fetch=False)
             results["variant_workers"] = best_k
 
     finally:

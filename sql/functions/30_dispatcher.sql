@@ -90,7 +90,8 @@ BEGIN
     -- cached plan is always the index range scan.
     after_at := coalesce(after_at, '-infinity');
     after_id := coalesce(after_id, '00000000-0000-0000-0000-000000000000');
-    IF scoped THEN
+    -- Only a pause parks at the lease (limits are the mark's).
+    IF scoped AND EXISTS (SELECT 1 FROM outbox_scopes s WHERE s.paused) THEN
         RETURN QUERY SELECT * FROM outbox_lease_scoped(p_owner, p_worker, p_limit,
                                                        p_lease_seconds, p_types, after_at,
                                                        after_id, p_max_payload_bytes);

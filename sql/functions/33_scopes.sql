@@ -37,20 +37,6 @@ CREATE OR REPLACE FUNCTION outbox_scope_name(p_kind text, p_value text)
 RETURNS text
 LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$ SELECT p_kind || ':' || p_value $$;
 
--- The first paused scope (in key order) an effect belongs to, by the
--- database's reading of its host unless p_host is given; NULL if none.
-CREATE OR REPLACE FUNCTION outbox_scope_paused_for(p_type text, p_target text, p_host text)
-RETURNS text
-LANGUAGE sql STABLE SECURITY DEFINER SET search_path = public, pg_temp AS $$
-    SELECT outbox_scope_name(s.kind, s.value) FROM outbox_scopes s
-     WHERE s.paused
-       AND ((s.kind = 'type' AND s.value = p_type)
-            OR (s.kind = 'host' AND s.value = coalesce(p_host, outbox_target_host(p_target)))
-            OR (s.kind = 'crm_object' AND p_type = 'crm'
-                AND s.value = lower(split_part(p_target, '/', 1))))
-     ORDER BY s.kind, s.value LIMIT 1;
-$$;
-
 -- The verdict of the sending transition on rows that may otherwise go
 -- (p_ids; p_hosts[i] the host the worker's provider connects to for
 -- p_ids[i], NULL: the database's reading of the target): held_by NULL for
@@ -67,7 +53,7 @@ $$;
 -- effect.  Runs under the kill-switch lock (the caller's).
 CREATE OR REPLACE FUNCTION outbox_scope_sort(p_ids uuid[], p_hosts text[])
 RETURNS TABLE (effect_id uuid, held_by text, held_until timestamptz)
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp SET jit = off AS $$
 #variable_conflict use_column
 DECLARE
     ids uuid[];
@@ -191,13 +177,16 @@ BEGIN
      WHERE u.used AND s.kind = u.kind AND s.value = u.value;
 END $$;
 
--- outbox_lease while a scope is paused or limited: the same due rows, but
--- those a paused scope visibly holds are parked instead of leased, and the
--- scan goes on past them (up to 8 passes of p_limit rows), so that a
--- paused backlog at the head of the queue is walked once, not by every
--- lease.  The rest is leased and returned as outbox_lease returns it; the
--- sending transition decides the limits, and pauses by the provider's own
--- host.
+-- outbox_lease while a scope is paused: the same due rows, but those a
+-- pause visibly holds (by type, CRM object, or a URL target's host) are
+-- parked instead of leased, and the scan goes on past them (up to 8
+-- passes of p_limit rows), so that a paused backlog at the head of the
+-- queue is walked once, not by every lease.  The rest is leased and
+-- returned as outbox_lease returns it; the sending transition decides the
+-- limits, and pauses by the provider's own host.  The paused scopes are
+-- read once, and rows are found by key arrays, as in every hot function
+-- (a join planned with sequential scans off would cost as much as a scan
+-- of the table, and JIT compiles what costs that much).
 CREATE OR REPLACE FUNCTION outbox_lease_scoped(p_owner uuid, p_worker text, p_limit integer,
                                                p_lease_seconds integer, p_types text[],
                                                p_after_at timestamptz, p_after_id uuid,
@@ -207,57 +196,67 @@ RETURNS TABLE (effect_id uuid, idempotency_key text, effect_type text, target te
                metadata text, approved_by text, retry_base integer,
                available_at timestamptz, payload_bytes integer, metadata_bytes integer)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp
-    SET enable_seqscan = off AS $$
+    SET enable_seqscan = off SET jit = off AS $$
 #variable_conflict use_column
 DECLARE
-    got integer := 0;
-    parked integer;
+    paused text[];
+    due_ids uuid[];
+    due_held text[];
     ids uuid[] := '{}';
     more uuid[];
+    parked integer;
 BEGIN
     -- Under the kill-switch lock, as the mark: a resume (which takes it
     -- exclusively) then sees every row this lease parked, or this lease
     -- sees the scope resumed; never a row parked after its resume.
     PERFORM pg_advisory_xact_lock_shared(outbox_kill_switch_lock_key());
+    paused := ARRAY(SELECT outbox_scope_name(s.kind, s.value) FROM outbox_scopes s WHERE s.paused);
     FOR pass IN 1 .. 8 LOOP
-        EXIT WHEN got >= p_limit;
-        WITH due AS (
-            SELECT l.effect_id, outbox_scope_paused_for(b.effect_type, b.target, NULL) AS held
-              FROM effect_live l
-             CROSS JOIN LATERAL (SELECT e.effect_type, e.target FROM effect_outbox e
-                                  WHERE e.effect_id = l.effect_id OFFSET 0) b
-             WHERE (l.available_at, l.effect_id) > (p_after_at, p_after_id)
-               AND l.available_at <= now()
-               AND l.state = 'pending'
-               AND (l.lease_expires_at IS NULL OR l.lease_expires_at < now())
-               AND l.effect_type = ANY (p_types)
-             ORDER BY l.available_at, l.effect_id
-             LIMIT p_limit - got
-             FOR UPDATE OF l SKIP LOCKED),
-        park AS (
-            UPDATE effect_live l SET available_at = 'infinity', held_by = d.held
-              FROM due d
-             WHERE l.effect_id = d.effect_id AND d.held IS NOT NULL
-            RETURNING d.held),
-        counted AS (
-            UPDATE outbox_scopes s SET held_total = s.held_total + c.n
-              FROM (SELECT p.held, count(*) AS n FROM park p GROUP BY p.held) c
-             WHERE outbox_scope_name(s.kind, s.value) = c.held
-            RETURNING 1),
-        leased AS (
+        EXIT WHEN cardinality(ids) >= p_limit;
+        SELECT coalesce(array_agg(d.effect_id), '{}'), coalesce(array_agg(d.held), '{}')
+          INTO due_ids, due_held
+          FROM (SELECT l.effect_id,
+                       CASE WHEN outbox_scope_name('type', b.effect_type) = ANY (paused)
+                            THEN outbox_scope_name('type', b.effect_type)
+                            WHEN outbox_scope_name('host', outbox_target_host(b.target)) = ANY (paused)
+                            THEN outbox_scope_name('host', outbox_target_host(b.target))
+                            WHEN b.effect_type = 'crm'
+                                 AND outbox_scope_name('crm_object', lower(split_part(b.target, '/', 1)))
+                                     = ANY (paused)
+                            THEN outbox_scope_name('crm_object', lower(split_part(b.target, '/', 1)))
+                       END AS held
+                  FROM effect_live l
+                 CROSS JOIN LATERAL (SELECT e.effect_type, e.target FROM effect_outbox e
+                                      WHERE e.effect_id = l.effect_id OFFSET 0) b
+                 WHERE (l.available_at, l.effect_id) > (p_after_at, p_after_id)
+                   AND l.available_at <= now()
+                   AND l.state = 'pending'
+                   AND (l.lease_expires_at IS NULL OR l.lease_expires_at < now())
+                   AND l.effect_type = ANY (p_types)
+                 ORDER BY l.available_at, l.effect_id
+                 LIMIT p_limit - cardinality(ids)
+                 FOR UPDATE OF l SKIP LOCKED) d;
+        EXIT WHEN cardinality(due_ids) = 0;
+        UPDATE effect_live l SET available_at = 'infinity', held_by = h.held
+          FROM unnest(due_ids, due_held) AS h(id, held)
+         WHERE l.effect_id = h.id AND h.held IS NOT NULL;
+        GET DIAGNOSTICS parked = ROW_COUNT;
+        WITH leased AS (
             UPDATE effect_live l
                SET lease_owner = p_owner, lease_worker = p_worker, leased_at = now(),
                    lease_expires_at = now() + make_interval(secs => p_lease_seconds)
-              FROM due d
-             WHERE l.effect_id = d.effect_id AND d.held IS NULL
-            RETURNING l.effect_id, l.attempts, l.retry_base, l.available_at)
-        SELECT (SELECT count(*) FROM park) + 0 * (SELECT count(*) FROM counted),
-               coalesce((SELECT array_agg(l.effect_id) FROM leased l), '{}')
-          INTO parked, more;
-        -- A pass that parked nothing found the end of what is due.
+             WHERE l.effect_id = ANY (ARRAY(SELECT h.id FROM unnest(due_ids, due_held) AS h(id, held)
+                                             WHERE h.held IS NULL))
+            RETURNING l.effect_id)
+        SELECT coalesce(array_agg(x.effect_id), '{}') INTO more FROM leased x;
         ids := ids || more;
-        got := cardinality(ids);
+        -- A pass that parked nothing found the end of what is due.
         EXIT WHEN parked = 0;
+        UPDATE outbox_scopes s SET held_total = s.held_total + c.n
+          FROM (SELECT split_part(h, ':', 1) AS kind, substr(h, strpos(h, ':') + 1) AS value,
+                       count(*) AS n
+                  FROM unnest(due_held) AS h WHERE h IS NOT NULL GROUP BY 1, 2) c
+         WHERE s.kind = c.kind AND s.value = c.value;
     END LOOP;
     RETURN QUERY
     SELECT l.effect_id, b.idempotency_key, b.effect_type, b.target,
@@ -283,7 +282,7 @@ END $$;
 CREATE OR REPLACE FUNCTION outbox_scope_hold(p_owner uuid, p_ids uuid[], p_held uuid[],
                                              p_by text[], p_until timestamptz[])
 RETURNS TABLE (effect_id uuid, attempts integer, held_by text, held_until timestamptz)
-LANGUAGE sql SECURITY DEFINER SET search_path = public, pg_temp AS $$
+LANGUAGE sql SECURITY DEFINER SET search_path = public, pg_temp SET jit = off AS $$
     UPDATE effect_live o
        SET available_at = h.until, held_by = h.by,
            lease_owner = NULL, lease_expires_at = NULL, lease_worker = NULL
@@ -473,7 +472,6 @@ REVOKE EXECUTE ON FUNCTION
     outbox_scope_name(text, text),
     outbox_lease_scoped(uuid, text, integer, integer, text[], timestamp with time zone, uuid,
                         integer),
-    outbox_scope_paused_for(text, text, text),
     outbox_scope_sort(uuid[], text[]),
     outbox_scope_hold(uuid, uuid[], uuid[], text[], timestamp with time zone[]),
     outbox_scopes_refresh(),
