@@ -71,8 +71,11 @@ LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp
 DECLARE
     after_at timestamptz := p_after_at;
     after_id uuid := p_after_id;
+    allowed boolean;
+    scoped boolean;
 BEGIN
-    IF NOT p_env_enabled OR NOT (SELECT c.enabled FROM outbox_control c WHERE c.id = 1) THEN
+    SELECT c.enabled, c.scoped INTO allowed, scoped FROM outbox_control c WHERE c.id = 1;
+    IF NOT p_env_enabled OR NOT coalesce(allowed, false) THEN
         RETURN;
     END IF;
     -- A position less than 50 ms old moves back to 50 ms ago: producers'
@@ -87,6 +90,12 @@ BEGIN
     -- cached plan is always the index range scan.
     after_at := coalesce(after_at, '-infinity');
     after_id := coalesce(after_id, '00000000-0000-0000-0000-000000000000');
+    IF scoped THEN
+        RETURN QUERY SELECT * FROM outbox_lease_scoped(p_owner, p_worker, p_limit,
+                                                       p_lease_seconds, p_types, after_at,
+                                                       after_id, p_max_payload_bytes);
+        RETURN;
+    END IF;
     RETURN QUERY
     WITH due AS (
         SELECT l.effect_id FROM effect_live l
@@ -137,20 +146,31 @@ $$;
 -- The commit point (docs/design.md, "Effect states"): leased rows of
 -- p_owner move to `sending` only while the kill switch allows it, read
 -- under its shared lock; blocked rows go back to pending without spending
--- an attempt.  Rows are locked in effect_id order first, as in every batch
+-- an attempt.  While a scope is paused or limited (docs/design.md, "Scoped
+-- pauses and rate limits") the scopes are read under the same lock, with
+-- p_hosts[i] the host the worker's provider connects to for p_ids[i]:
+-- rows a scope holds come back blocked with held_by naming it and
+-- held_until when they are due again ('infinity': until it resumes).
+-- Rows are locked in effect_id order first, as in every batch
 -- function.  A call repeated after a lost connection (same p_call) gets
 -- back the rows it already moved; that second half is read only when some
 -- id did not move.  A call without a token gets one: every `sending` row
 -- belongs to a call row.
+-- (The older signature, without p_hosts and the two held columns, goes
+-- first: a result type cannot be replaced.)
+DROP FUNCTION IF EXISTS outbox_mark_sending(uuid, uuid[], boolean, text[], integer, uuid);
 CREATE OR REPLACE FUNCTION outbox_mark_sending(p_owner uuid, p_ids uuid[], p_env_enabled boolean,
                                                p_idempotent_types text[], p_lease_seconds integer,
-                                               p_call uuid DEFAULT NULL)
-RETURNS TABLE (effect_id uuid, attempts integer, blocked boolean)
+                                               p_call uuid DEFAULT NULL, p_hosts text[] DEFAULT NULL)
+RETURNS TABLE (effect_id uuid, attempts integer, blocked boolean, held_by text,
+               held_until timestamptz)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp
     SET plan_cache_mode = force_generic_plan SET enable_seqscan = off AS $$
 #variable_conflict use_column
 DECLARE
     allowed boolean;
+    scoped boolean;
+    go uuid[] := p_ids;
     ids uuid[];
     atts integer[];
     call uuid := coalesce(p_call, gen_random_uuid());
@@ -167,7 +187,7 @@ BEGIN
         END IF;
     END IF;
     PERFORM pg_advisory_xact_lock_shared(outbox_kill_switch_lock_key());
-    SELECT c.enabled INTO allowed FROM outbox_control c WHERE c.id = 1;
+    SELECT c.enabled, c.scoped INTO allowed, scoped FROM outbox_control c WHERE c.id = 1;
     PERFORM outbox_lock_owned(p_owner, p_ids);      -- lock order: effect_id
     IF NOT (coalesce(allowed, false) AND p_env_enabled) THEN
         -- The same call again (its first answer was lost with the
@@ -185,14 +205,42 @@ BEGIN
                    updated_at = now()
              WHERE o.effect_id = ANY (p_ids) AND o.lease_owner = p_owner
                AND o.state = 'sending' AND o.mark_token = p_call
-            RETURNING o.effect_id, o.attempts, true;
+            RETURNING o.effect_id, o.attempts, true, NULL::text, NULL::timestamptz;
         END IF;
         RETURN QUERY
         UPDATE effect_live o
            SET lease_owner = NULL, lease_expires_at = NULL, lease_worker = NULL
          WHERE o.effect_id = ANY (p_ids) AND o.lease_owner = p_owner AND o.state = 'pending'
-        RETURNING o.effect_id, o.attempts, true;
+        RETURNING o.effect_id, o.attempts, true, NULL::text, NULL::timestamptz;
         RETURN;
+    END IF;
+    IF scoped THEN
+        -- The rows that could move, by the scopes' verdict: the held ones
+        -- parked or deferred, the rest marked below.
+        DECLARE
+            cand uuid[];
+            cand_hosts text[];
+            held uuid[];
+            bys text[];
+            untils timestamptz[];
+        BEGIN
+            SELECT coalesce(array_agg(o.effect_id ORDER BY o.effect_id), '{}'),
+                   coalesce(array_agg(h.host ORDER BY o.effect_id), '{}')
+              INTO cand, cand_hosts
+              FROM unnest(p_ids, coalesce(p_hosts, '{}')) AS h(id, host)
+              JOIN effect_live o ON o.effect_id = h.id
+             WHERE h.id IS NOT NULL AND o.lease_owner = p_owner AND o.state = 'pending'
+               AND o.lease_expires_at > now();
+            SELECT coalesce(array_agg(v.effect_id), '{}'), coalesce(array_agg(v.held_by), '{}'),
+                   coalesce(array_agg(v.held_until), '{}')
+              INTO held, bys, untils
+              FROM outbox_scope_sort(cand, cand_hosts) v WHERE v.held_by IS NOT NULL;
+            IF cardinality(held) > 0 THEN
+                RETURN QUERY SELECT h.effect_id, h.attempts, true, h.held_by, h.held_until
+                               FROM outbox_scope_hold(p_owner, p_ids, held, bys, untils) h;
+                go := ARRAY(SELECT x FROM unnest(p_ids) AS x WHERE NOT x = ANY (held));
+            END IF;
+        END;
     END IF;
     WITH u AS (
         UPDATE effect_live o
@@ -200,8 +248,8 @@ BEGIN
                sending_since = now(), mark_token = call,
                sending_idempotent = o.effect_type = ANY (p_idempotent_types),
                lease_expires_at = now() + make_interval(secs => p_lease_seconds),
-               updated_at = now()
-         WHERE o.effect_id = ANY (p_ids)
+               updated_at = now(), held_by = NULL
+         WHERE o.effect_id = ANY (go)
            AND o.lease_owner = p_owner
            AND o.state = 'pending'
            AND o.lease_expires_at > now()
@@ -211,11 +259,12 @@ BEGIN
       INTO ids, atts, worker FROM u;
     PERFORM outbox_record_call(call, p_owner, worker, ids,
                                now() + make_interval(secs => p_lease_seconds));
-    RETURN QUERY SELECT x.id, x.att, false FROM unnest(ids, atts) AS x(id, att);
-    IF p_call IS NOT NULL AND cardinality(ids) < cardinality(p_ids) THEN
+    RETURN QUERY SELECT x.id, x.att, false, NULL::text, NULL::timestamptz
+                   FROM unnest(ids, atts) AS x(id, att);
+    IF p_call IS NOT NULL AND cardinality(ids) < cardinality(go) THEN
         RETURN QUERY
-        SELECT o.effect_id, o.attempts, false FROM effect_live o
-         WHERE o.effect_id = ANY (p_ids) AND NOT o.effect_id = ANY (ids)
+        SELECT o.effect_id, o.attempts, false, NULL::text, NULL::timestamptz FROM effect_live o
+         WHERE o.effect_id = ANY (go) AND NOT o.effect_id = ANY (ids)
            AND o.lease_owner = p_owner AND o.state = 'sending'
            AND o.mark_token = p_call;
     END IF;
@@ -807,7 +856,7 @@ REVOKE EXECUTE ON FUNCTION
     outbox_kill_switch_lock_key(),
     outbox_lease(uuid, text, integer, integer, text[], boolean, timestamp with time zone, uuid,
                  integer),
-    outbox_mark_sending(uuid, uuid[], boolean, text[], integer, uuid),
+    outbox_mark_sending(uuid, uuid[], boolean, text[], integer, uuid, text[]),
     outbox_renew(uuid, uuid[], integer, integer),
     outbox_release(uuid, uuid[], bigint),
     outbox_effect_state(uuid),
@@ -824,7 +873,7 @@ REVOKE EXECUTE ON FUNCTION
 GRANT EXECUTE ON FUNCTION
     outbox_lease(uuid, text, integer, integer, text[], boolean, timestamp with time zone, uuid,
                  integer),
-    outbox_mark_sending(uuid, uuid[], boolean, text[], integer, uuid),
+    outbox_mark_sending(uuid, uuid[], boolean, text[], integer, uuid, text[]),
     outbox_renew(uuid, uuid[], integer, integer),
     outbox_release(uuid, uuid[], bigint),
     outbox_complete(uuid, text, jsonb),

@@ -34,10 +34,28 @@
 -- the server only after it (a retransmitted query, a stalled server)
 -- claims nothing.
 --
--- (The older signature, without p_max_payload_bytes and the two lengths,
--- goes first: a result type cannot be replaced.)
+-- While a scope is paused or limited the claim is a lease (outbox_lease,
+-- which parks what a pause visibly holds): its rows come back with
+-- leased_only true, pending with this worker's lease, and are marked with
+-- outbox_mark_sending, the commit point that reads the scopes with the host
+-- each provider connects to.  A claim cannot know that host before the
+-- worker has seen the row.
+--
+-- (The older signatures go first: a result type cannot be replaced.  The
+-- one without leased_only only when it is still there: dropping the
+-- current one on every migration would make the workers' prepared
+-- statements fail.)
 DROP FUNCTION IF EXISTS outbox_claim(uuid, text, integer, integer, text[], boolean, text[], uuid,
                                      timestamp with time zone, uuid, boolean);
+DO $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM pg_proc p
+                WHERE p.proname = 'outbox_claim' AND p.pronamespace = 'public'::regnamespace
+                  AND NOT 'leased_only' = ANY (coalesce(p.proargnames, '{}'))) THEN
+        DROP FUNCTION outbox_claim(uuid, text, integer, integer, text[], boolean, text[], uuid,
+                                   timestamp with time zone, uuid, boolean, integer);
+    END IF;
+END $$;
 CREATE OR REPLACE FUNCTION outbox_claim(p_owner uuid, p_worker text, p_limit integer,
                                         p_lease_seconds integer, p_types text[],
                                         p_env_enabled boolean, p_idempotent_types text[],
@@ -48,12 +66,14 @@ CREATE OR REPLACE FUNCTION outbox_claim(p_owner uuid, p_worker text, p_limit int
 RETURNS TABLE (effect_id uuid, idempotency_key text, effect_type text, target text,
                payload text, payload_hash text, effect_key text, attempts integer,
                metadata text, approved_by text, retry_base integer,
-               available_at timestamptz, payload_bytes integer, metadata_bytes integer)
+               available_at timestamptz, payload_bytes integer, metadata_bytes integer,
+               leased_only boolean)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp
     SET plan_cache_mode = force_generic_plan SET enable_seqscan = off AS $$
 #variable_conflict use_column
 DECLARE
     allowed boolean;
+    scoped boolean;
     locked text;
     after_at timestamptz := p_after_at;
     after_id uuid := p_after_id;
@@ -71,7 +91,7 @@ BEGIN
         RETURN;     -- its repeat (or a give-up) came first
     END IF;
     locked := pg_advisory_xact_lock_shared(outbox_kill_switch_lock_key())::text;
-    SELECT c.enabled INTO allowed FROM outbox_control c WHERE c.id = 1;
+    SELECT c.enabled, c.scoped INTO allowed, scoped FROM outbox_control c WHERE c.id = 1;
     allowed := coalesce(allowed, false) AND p_env_enabled;
     IF p_repeat THEN
         IF NOT allowed THEN
@@ -93,7 +113,7 @@ BEGIN
                CASE WHEN octet_length(b.metadata_text) <= outbox_metadata_max_bytes()
                     THEN b.metadata_text END,
                b.approved_by, m.retry_base, m.available_at,
-               octet_length(b.payload_text), octet_length(b.metadata_text)
+               octet_length(b.payload_text), octet_length(b.metadata_text), false
           FROM moved m
          CROSS JOIN LATERAL (
                SELECT e.idempotency_key, e.effect_type, e.target,
@@ -105,6 +125,13 @@ BEGIN
         RETURN;
     END IF;
     IF NOT allowed THEN
+        RETURN;
+    END IF;
+    IF scoped THEN
+        RETURN QUERY SELECT l.*, true FROM outbox_lease(p_owner, p_worker, p_limit,
+                                                        p_lease_seconds, p_types, p_env_enabled,
+                                                        p_after_at, p_after_id,
+                                                        p_max_payload_bytes) l;
         RETURN;
     END IF;
     -- The position rules and the one statement shape of outbox_lease.
@@ -152,7 +179,7 @@ BEGIN
            CASE WHEN octet_length(b.metadata_text) <= outbox_metadata_max_bytes()
                 THEN b.metadata_text END,
            b.approved_by, c.retry_base, c.available_at,
-           octet_length(b.payload_text), octet_length(b.metadata_text)
+           octet_length(b.payload_text), octet_length(b.metadata_text), false
       FROM claimed c
      CROSS JOIN LATERAL (
            SELECT e.idempotency_key, e.effect_type, e.target, e.payload::text AS payload_text,

@@ -1,0 +1,475 @@
+-- SPDX-License-Identifier: ISC
+-- functions/33_scopes.sql: scoped pauses and fleet-wide rate limits
+-- (docs/design.md, "Scoped pauses and rate limits").
+--
+-- A scope is a kind and a value: an effect type, a host, a CRM object.
+-- The operator pauses one (outbox_scope_pause) or gives it a rate
+-- (outbox_scope_limit, types and hosts); both take the kill-switch lock
+-- exclusively, as the global switch does, and the sending transition
+-- (outbox_mark_sending) holds it shared while it reads them.  So once a
+-- pause has committed no send of its scope starts anywhere, and the sends
+-- it returns are all that were in flight.
+--
+-- Rows a scope holds back stay pending and spend no attempt: a paused
+-- scope parks them (available_at 'infinity', held_by naming the scope)
+-- until it resumes; a limit defers them to the slots its bucket will have
+-- tokens for.  The lease parks what it can see is paused (types, CRM
+-- objects, hosts of URL targets), so a paused backlog is walked once.
+-- While no scope is paused or limited (outbox_control.scoped false) none
+-- of this runs: the lease, claim and mark run the statements they ran
+-- before scopes existed.
+
+-- The host of an http(s) URL target, lower case, IPv6 without brackets;
+-- NULL for any other target.  The database's reading, for parking and for
+-- counts: at the sending transition the worker passes the host its
+-- provider connects to (a CRM instance's, the email relay's), and that one
+-- decides.
+CREATE OR REPLACE FUNCTION outbox_target_host(p_target text)
+RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT nullif(lower(CASE WHEN h LIKE '[%]' THEN substr(h, 2, length(h) - 2) ELSE h END), '')
+      FROM (SELECT substring(p_target FROM
+                   '^[Hh][Tt][Tt][Pp][Ss]?://(?:[^/?#@]*@)?(\[[^]/?#]*\]|[^:/?#]*)') AS h) x;
+$$;
+
+-- The scope name a row is held by: 'type:email', 'host:api.example.com'.
+CREATE OR REPLACE FUNCTION outbox_scope_name(p_kind text, p_value text)
+RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$ SELECT p_kind || ':' || p_value $$;
+
+-- The first paused scope (in key order) an effect belongs to, by the
+-- database's reading of its host unless p_host is given; NULL if none.
+CREATE OR REPLACE FUNCTION outbox_scope_paused_for(p_type text, p_target text, p_host text)
+RETURNS text
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = public, pg_temp AS $$
+    SELECT outbox_scope_name(s.kind, s.value) FROM outbox_scopes s
+     WHERE s.paused
+       AND ((s.kind = 'type' AND s.value = p_type)
+            OR (s.kind = 'host' AND s.value = coalesce(p_host, outbox_target_host(p_target)))
+            OR (s.kind = 'crm_object' AND p_type = 'crm'
+                AND s.value = lower(split_part(p_target, '/', 1))))
+     ORDER BY s.kind, s.value LIMIT 1;
+$$;
+
+-- The verdict of the sending transition on rows that may otherwise go
+-- (p_ids; p_hosts[i] the host the worker's provider connects to for
+-- p_ids[i], NULL: the database's reading of the target): held_by NULL for
+-- each row that may start now, else the scope holding it and until when
+-- ('infinity': paused).  Each go row takes a token from every limited
+-- scope it belongs to; a row over a limit is deferred to the next free
+-- slot of the scope that lacks a token.  The limited scopes' rows are
+-- locked in key order and written once per call, not once per effect.
+-- Runs under the kill-switch lock (the caller's).
+CREATE OR REPLACE FUNCTION outbox_scope_sort(p_ids uuid[], p_hosts text[])
+RETURNS TABLE (effect_id uuid, held_by text, held_until timestamptz)
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+    ids uuid[];
+    types text[];
+    hosts text[];
+    objs text[];
+    s_kind text[];
+    s_value text[];
+    s_paused boolean[];
+    s_rate double precision[];
+    s_tokens double precision[];
+    s_slot timestamptz[];
+    s_held bigint[];
+    s_used boolean[];
+    n integer;
+    m integer;
+    ok boolean;
+    hit boolean;
+    lack integer;
+    slot timestamptz;
+    verdict text;
+    until timestamptz;
+BEGIN
+    SELECT coalesce(array_agg(x.id ORDER BY x.ord), '{}'),
+           coalesce(array_agg(b.effect_type ORDER BY x.ord), '{}'),
+           coalesce(array_agg(coalesce(nullif(x.host, ''), outbox_target_host(b.target))
+                              ORDER BY x.ord), '{}'),
+           coalesce(array_agg(CASE WHEN b.effect_type = 'crm'
+                                   THEN lower(split_part(b.target, '/', 1)) END
+                              ORDER BY x.ord), '{}')
+      INTO ids, types, hosts, objs
+      FROM unnest(p_ids, p_hosts) WITH ORDINALITY AS x(id, host, ord)
+      CROSS JOIN LATERAL (SELECT e.effect_type, e.target FROM effect_outbox e
+                           WHERE e.effect_id = x.id OFFSET 0) b;
+    n := cardinality(ids);
+    IF n = 0 THEN
+        RETURN;
+    END IF;
+    -- The scopes these rows belong to, locked (key order, as every caller).
+    SELECT coalesce(array_agg(s.kind ORDER BY s.kind, s.value), '{}'),
+           coalesce(array_agg(s.value ORDER BY s.kind, s.value), '{}'),
+           coalesce(array_agg(s.paused ORDER BY s.kind, s.value), '{}'),
+           coalesce(array_agg(s.rate_per_second ORDER BY s.kind, s.value), '{}'),
+           coalesce(array_agg(CASE WHEN s.rate_per_second IS NULL THEN 0
+                                   ELSE least(s.burst::double precision,
+                                              s.tokens + s.rate_per_second
+                                                * greatest(extract(epoch FROM now() - s.tokens_at), 0))
+                              END ORDER BY s.kind, s.value), '{}'),
+           coalesce(array_agg(s.next_slot ORDER BY s.kind, s.value), '{}')
+      INTO s_kind, s_value, s_paused, s_rate, s_tokens, s_slot
+      FROM (SELECT * FROM outbox_scopes s
+             WHERE (s.paused OR s.rate_per_second IS NOT NULL)
+               AND ((s.kind = 'type' AND s.value = ANY (types))
+                    OR (s.kind = 'host' AND s.value = ANY (hosts))
+                    OR (s.kind = 'crm_object' AND s.value = ANY (objs)))
+             ORDER BY s.kind, s.value FOR UPDATE) s;
+    m := cardinality(s_kind);
+    s_held := array_fill(0::bigint, ARRAY[greatest(m, 1)]);
+    s_used := array_fill(false, ARRAY[greatest(m, 1)]);
+    FOR i IN 1 .. n LOOP
+        verdict := NULL;
+        until := NULL;
+        lack := 0;
+        ok := true;
+        FOR j IN 1 .. m LOOP
+            hit := CASE s_kind[j]
+                   WHEN 'type' THEN s_value[j] = types[i]
+                   WHEN 'host' THEN s_value[j] IS NOT DISTINCT FROM hosts[i]
+                   ELSE s_value[j] IS NOT DISTINCT FROM objs[i] END;
+            CONTINUE WHEN NOT hit;
+            IF s_paused[j] THEN
+                verdict := outbox_scope_name(s_kind[j], s_value[j]);
+                until := 'infinity';
+                s_held[j] := s_held[j] + 1;
+                s_used[j] := true;
+                EXIT;
+            END IF;
+            IF s_rate[j] IS NOT NULL AND s_tokens[j] < 1 THEN
+                ok := false;
+                slot := greatest(s_slot[j] + make_interval(secs => 1 / s_rate[j]),
+                                 now() + make_interval(secs => (1 - s_tokens[j]) / s_rate[j]));
+                IF lack = 0 OR slot > until THEN
+                    lack := j;
+                    until := slot;
+                END IF;
+            END IF;
+        END LOOP;
+        IF verdict IS NULL AND NOT ok THEN
+            verdict := outbox_scope_name(s_kind[lack], s_value[lack]);
+            s_slot[lack] := until;
+            s_held[lack] := s_held[lack] + 1;
+            s_used[lack] := true;
+        ELSIF verdict IS NULL THEN
+            FOR j IN 1 .. m LOOP
+                hit := CASE s_kind[j]
+                       WHEN 'type' THEN s_value[j] = types[i]
+                       WHEN 'host' THEN s_value[j] IS NOT DISTINCT FROM hosts[i]
+                       ELSE false END;
+                IF s_rate[j] IS NOT NULL AND hit THEN
+                    s_tokens[j] := s_tokens[j] - 1;
+                    s_used[j] := true;
+                END IF;
+            END LOOP;
+        END IF;
+        effect_id := ids[i];
+        held_by := verdict;
+        held_until := until;
+        RETURN NEXT;
+    END LOOP;
+    -- Each scope this call drew on or held for, written once.
+    UPDATE outbox_scopes s
+       SET tokens = CASE WHEN s.rate_per_second IS NULL THEN s.tokens ELSE u.tokens END,
+           tokens_at = CASE WHEN s.rate_per_second IS NULL THEN s.tokens_at ELSE now() END,
+           next_slot = u.slot, held_total = s.held_total + u.held
+      FROM unnest(s_kind[1:m], s_value[1:m], s_tokens[1:m], s_slot[1:m], s_held[1:m],
+                  s_used[1:m]) AS u(kind, value, tokens, slot, held, used)
+     WHERE u.used AND s.kind = u.kind AND s.value = u.value;
+END $$;
+
+-- outbox_lease while a scope is paused or limited: the same due rows, but
+-- those a paused scope visibly holds are parked instead of leased, and the
+-- scan goes on past them (up to 8 passes of p_limit rows), so that a
+-- paused backlog at the head of the queue is walked once, not by every
+-- lease.  The rest is leased and returned as outbox_lease returns it; the
+-- sending transition decides the limits, and pauses by the provider's own
+-- host.
+CREATE OR REPLACE FUNCTION outbox_lease_scoped(p_owner uuid, p_worker text, p_limit integer,
+                                               p_lease_seconds integer, p_types text[],
+                                               p_after_at timestamptz, p_after_id uuid,
+                                               p_max_payload_bytes integer)
+RETURNS TABLE (effect_id uuid, idempotency_key text, effect_type text, target text,
+               payload text, payload_hash text, effect_key text, attempts integer,
+               metadata text, approved_by text, retry_base integer,
+               available_at timestamptz, payload_bytes integer, metadata_bytes integer)
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp
+    SET enable_seqscan = off AS $$
+#variable_conflict use_column
+DECLARE
+    got integer := 0;
+    parked integer;
+    ids uuid[] := '{}';
+    more uuid[];
+BEGIN
+    FOR pass IN 1 .. 8 LOOP
+        EXIT WHEN got >= p_limit;
+        WITH due AS (
+            SELECT l.effect_id, outbox_scope_paused_for(b.effect_type, b.target, NULL) AS held
+              FROM effect_live l
+             CROSS JOIN LATERAL (SELECT e.effect_type, e.target FROM effect_outbox e
+                                  WHERE e.effect_id = l.effect_id OFFSET 0) b
+             WHERE (l.available_at, l.effect_id) > (p_after_at, p_after_id)
+               AND l.available_at <= now()
+               AND l.state = 'pending'
+               AND (l.lease_expires_at IS NULL OR l.lease_expires_at < now())
+               AND l.effect_type = ANY (p_types)
+             ORDER BY l.available_at, l.effect_id
+             LIMIT p_limit - got
+             FOR UPDATE OF l SKIP LOCKED),
+        park AS (
+            UPDATE effect_live l SET available_at = 'infinity', held_by = d.held
+              FROM due d
+             WHERE l.effect_id = d.effect_id AND d.held IS NOT NULL
+            RETURNING d.held),
+        counted AS (
+            UPDATE outbox_scopes s SET held_total = s.held_total + c.n
+              FROM (SELECT p.held, count(*) AS n FROM park p GROUP BY p.held) c
+             WHERE outbox_scope_name(s.kind, s.value) = c.held
+            RETURNING 1),
+        leased AS (
+            UPDATE effect_live l
+               SET lease_owner = p_owner, lease_worker = p_worker, leased_at = now(),
+                   lease_expires_at = now() + make_interval(secs => p_lease_seconds)
+              FROM due d
+             WHERE l.effect_id = d.effect_id AND d.held IS NULL
+            RETURNING l.effect_id, l.attempts, l.retry_base, l.available_at)
+        SELECT (SELECT count(*) FROM park) + 0 * (SELECT count(*) FROM counted),
+               coalesce((SELECT array_agg(l.effect_id) FROM leased l), '{}')
+          INTO parked, more;
+        -- A pass that parked nothing found the end of what is due.
+        ids := ids || more;
+        got := cardinality(ids);
+        EXIT WHEN parked = 0;
+    END LOOP;
+    RETURN QUERY
+    SELECT l.effect_id, b.idempotency_key, b.effect_type, b.target,
+           CASE WHEN octet_length(b.payload_text) <= p_max_payload_bytes THEN b.payload_text END,
+           b.payload_hash, b.effect_key, l.attempts,
+           CASE WHEN octet_length(b.metadata_text) <= outbox_metadata_max_bytes()
+                THEN b.metadata_text END,
+           b.approved_by, l.retry_base, l.available_at,
+           octet_length(b.payload_text), octet_length(b.metadata_text)
+      FROM effect_live l
+     CROSS JOIN LATERAL (
+           SELECT e.idempotency_key, e.effect_type, e.target, e.payload::text AS payload_text,
+                  e.payload_hash, e.effect_key, e.metadata::text AS metadata_text, e.approved_by
+             FROM effect_outbox e WHERE e.effect_id = l.effect_id
+            OFFSET 0) b
+     WHERE l.effect_id = ANY (ids)
+     ORDER BY l.available_at, l.effect_id;
+END $$;
+
+-- Park the pending rows of p_owner in p_ids that a paused scope holds, and
+-- defer those over a limit, as outbox_scope_sort says: lease dropped, no
+-- attempt spent.  Returns each held row with its scope and when it is due.
+CREATE OR REPLACE FUNCTION outbox_scope_hold(p_owner uuid, p_ids uuid[], p_held uuid[],
+                                             p_by text[], p_until timestamptz[])
+RETURNS TABLE (effect_id uuid, attempts integer, held_by text, held_until timestamptz)
+LANGUAGE sql SECURITY DEFINER SET search_path = public, pg_temp AS $$
+    UPDATE effect_live o
+       SET available_at = h.until, held_by = h.by,
+           lease_owner = NULL, lease_expires_at = NULL, lease_worker = NULL
+      FROM unnest(p_held, p_by, p_until) AS h(id, by, until)
+     WHERE o.effect_id = h.id AND o.effect_id = ANY (p_ids)
+       AND o.lease_owner = p_owner AND o.state = 'pending'
+    RETURNING o.effect_id, o.attempts, o.held_by, o.available_at;
+$$;
+
+-- Whether any scope is paused or limited (outbox_control.scoped), after a
+-- change.  Under the kill-switch lock.
+CREATE OR REPLACE FUNCTION outbox_scopes_refresh()
+RETURNS void
+LANGUAGE sql SECURITY DEFINER SET search_path = public, pg_temp AS $$
+    DELETE FROM outbox_scopes s WHERE NOT s.paused AND s.rate_per_second IS NULL;
+    UPDATE outbox_control c
+       SET scoped = EXISTS (SELECT 1 FROM outbox_scopes s)
+     WHERE c.id = 1;
+$$;
+
+-- A scope as the operator wrote it, checked and in its stored form: the
+-- type as written, a host or CRM object in lower case.  Raises 22023
+-- naming what is wrong.
+CREATE OR REPLACE FUNCTION outbox_scope_value(p_kind text, p_value text)
+RETURNS text
+LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = public, pg_temp AS $$
+DECLARE
+    v text := p_value;
+    known text;
+BEGIN
+    IF v IS NULL OR v = '' OR length(v) > 255 THEN
+        RAISE EXCEPTION 'scope %: a value of 1 to 255 characters is required', coalesce(p_kind, '')
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    CASE p_kind
+    WHEN 'type' THEN
+        IF v !~ '^[A-Za-z0-9_.-]+$' THEN
+            RAISE EXCEPTION 'scope type "%": not an effect type (letters, digits, _ . -)', v
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+        -- A typo must not look like a pause that holds: a type no worker
+        -- serves is refused once any worker has said what it serves.
+        SELECT string_agg(p.name, ', ' ORDER BY p.name) INTO known FROM outbox_providers p;
+        IF known IS NOT NULL AND NOT EXISTS (SELECT 1 FROM outbox_providers p WHERE p.name = v) THEN
+            RAISE EXCEPTION 'scope type "%": no worker serves it (the fleet serves: %)', v, known
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+    WHEN 'host' THEN
+        v := lower(v);
+        IF v ~ '^\[.*\]$' THEN
+            v := substr(v, 2, length(v) - 2);
+        END IF;
+        IF NOT (v ~ '^[a-z0-9]([a-z0-9-]*[a-z0-9])?(\.[a-z0-9]([a-z0-9-]*[a-z0-9])?)*$'
+                OR (v ~ '^[0-9a-f:.]+$' AND v LIKE '%:%')) THEN
+            RAISE EXCEPTION 'scope host "%": a host name or address alone (no scheme, port, path '
+                            'or trailing dot), e.g. api.example.com', p_value
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+    WHEN 'crm_object' THEN
+        IF v !~ '^[A-Za-z][A-Za-z0-9_]*$' THEN
+            RAISE EXCEPTION 'scope crm_object "%": not an object API name (letters, digits, '
+                            'underscores, starting with a letter), e.g. Task', v
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+        v := lower(v);
+    ELSE
+        RAISE EXCEPTION 'scope kind "%": one of type, host, crm_object', coalesce(p_kind, '')
+            USING ERRCODE = 'invalid_parameter_value';
+    END CASE;
+    RETURN v;
+END $$;
+
+-- Pause (p_paused) or resume one scope.  Pausing returns the scope's sends
+-- in flight: the ones that moved to `sending` before it committed (for a
+-- host, also every send whose target is not a URL: its host is the one the
+-- provider's configuration names, which the database does not know).
+-- Resuming puts the rows it parked back in the queue, due now, and wakes
+-- the workers.
+CREATE OR REPLACE FUNCTION outbox_scope_pause(p_kind text, p_value text, p_paused boolean,
+                                              p_operator text, p_reason text)
+RETURNS TABLE (effect_id uuid, effect_key text, effect_type text, target text,
+               worker text, sending_since timestamptz)
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+    v text;
+BEGIN
+    IF p_operator IS NULL OR p_operator = '' OR p_reason IS NULL OR p_reason = ''
+       OR p_paused IS NULL THEN
+        RAISE EXCEPTION 'outbox_scope_pause: paused, operator and reason are required'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    v := outbox_scope_value(p_kind, p_value);
+    PERFORM pg_advisory_xact_lock(outbox_kill_switch_lock_key());
+    INSERT INTO outbox_scopes AS s (kind, value, paused, paused_by, paused_reason, paused_at)
+    VALUES (p_kind, v, p_paused, p_operator, p_reason, now())
+    ON CONFLICT (kind, value) DO UPDATE
+       SET paused = EXCLUDED.paused, paused_by = EXCLUDED.paused_by,
+           paused_reason = EXCLUDED.paused_reason, paused_at = EXCLUDED.paused_at;
+    INSERT INTO outbox_scope_history (kind, value, action, changed_by, reason)
+    VALUES (p_kind, v, CASE WHEN p_paused THEN 'off' ELSE 'on' END, p_operator, p_reason);
+    PERFORM outbox_scopes_refresh();
+    IF NOT p_paused THEN
+        UPDATE effect_live o SET available_at = now(), held_by = NULL
+         WHERE o.held_by = outbox_scope_name(p_kind, v) AND o.state = 'pending'
+           AND o.available_at = 'infinity';
+        PERFORM pg_notify('effect_outbox', 'kill-switch-on');
+        RETURN;
+    END IF;
+    RETURN QUERY
+    SELECT o.effect_id, b.effect_key, b.effect_type, b.target, o.lease_worker, o.sending_since
+      FROM effect_calls c
+      JOIN effect_live o ON o.effect_id = ANY (c.ids) AND o.mark_token = c.call
+      JOIN effect_outbox b ON b.effect_id = o.effect_id
+     WHERE o.state = 'sending'
+       AND CASE p_kind
+           WHEN 'type' THEN b.effect_type = v
+           WHEN 'host' THEN coalesce(outbox_target_host(b.target) = v, true)
+           ELSE b.effect_type = 'crm' AND lower(split_part(b.target, '/', 1)) = v END
+     ORDER BY o.sending_since;
+END $$;
+
+-- Limit a type or a host to p_rate sends per second across the fleet, at
+-- most p_burst at once (NULL: one second's worth); p_rate NULL clears it.
+-- Rows it deferred are due again now, to be sorted by the new limit.
+CREATE OR REPLACE FUNCTION outbox_scope_limit(p_kind text, p_value text,
+                                              p_rate double precision, p_burst integer,
+                                              p_operator text, p_reason text)
+RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
+DECLARE
+    v text;
+    b integer;
+BEGIN
+    IF p_operator IS NULL OR p_operator = '' OR p_reason IS NULL OR p_reason = '' THEN
+        RAISE EXCEPTION 'outbox_scope_limit: operator and reason are required'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF p_kind = 'crm_object' THEN
+        RAISE EXCEPTION 'outbox_scope_limit: a CRM object shares its instance''s budget: '
+                        'limit the crm type or the instance''s host'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF p_rate IS NOT NULL AND NOT (p_rate > 0 AND p_rate <= 1000000) THEN
+        RAISE EXCEPTION 'outbox_scope_limit: rate % per second: more than 0, at most 1000000', p_rate
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF p_burst IS NOT NULL AND NOT (p_burst BETWEEN 1 AND 1000000) THEN
+        RAISE EXCEPTION 'outbox_scope_limit: burst %: from 1 to 1000000', p_burst
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    v := outbox_scope_value(p_kind, p_value);
+    b := CASE WHEN p_rate IS NULL THEN NULL
+              ELSE coalesce(p_burst, greatest(ceil(p_rate)::integer, 1)) END;
+    PERFORM pg_advisory_xact_lock(outbox_kill_switch_lock_key());
+    INSERT INTO outbox_scopes AS s (kind, value, rate_per_second, burst, limit_by, limit_reason,
+                                    limit_at, tokens, tokens_at, next_slot)
+    VALUES (p_kind, v, p_rate, b, p_operator, p_reason, now(), coalesce(b, 0), now(), '-infinity')
+    ON CONFLICT (kind, value) DO UPDATE
+       SET rate_per_second = EXCLUDED.rate_per_second, burst = EXCLUDED.burst,
+           limit_by = EXCLUDED.limit_by, limit_reason = EXCLUDED.limit_reason,
+           limit_at = EXCLUDED.limit_at,
+           tokens = least(s.tokens, coalesce(EXCLUDED.burst, 0)), tokens_at = now(),
+           next_slot = '-infinity';
+    INSERT INTO outbox_scope_history (kind, value, action, rate_per_second, burst, changed_by,
+                                      reason)
+    VALUES (p_kind, v, CASE WHEN p_rate IS NULL THEN 'unlimit' ELSE 'limit' END, p_rate, b,
+            p_operator, p_reason);
+    PERFORM outbox_scopes_refresh();
+    UPDATE effect_live o SET available_at = least(o.available_at, now()), held_by = NULL
+     WHERE o.held_by = outbox_scope_name(p_kind, v) AND o.state = 'pending'
+       AND o.available_at <> 'infinity';
+    PERFORM pg_notify('effect_outbox', 'kill-switch-on');
+END $$;
+
+-- Every scope, with the rows it holds now.
+CREATE OR REPLACE VIEW outbox_scope_status WITH (security_invoker = false) AS
+SELECT s.kind, s.value, s.paused, s.paused_by, s.paused_at, s.paused_reason,
+       s.rate_per_second, s.burst, s.limit_by, s.limit_at, s.limit_reason,
+       (SELECT count(*) FROM effect_live o
+         WHERE o.held_by = outbox_scope_name(s.kind, s.value) AND o.state = 'pending') AS waiting,
+       s.held_total
+  FROM outbox_scopes s
+ ORDER BY s.kind, s.value;
+
+REVOKE EXECUTE ON FUNCTION
+    outbox_lease_scoped(uuid, text, integer, integer, text[], timestamp with time zone, uuid,
+                        integer),
+    outbox_scope_paused_for(text, text, text),
+    outbox_scope_sort(uuid[], text[]),
+    outbox_scope_hold(uuid, uuid[], uuid[], text[], timestamp with time zone[]),
+    outbox_scopes_refresh(),
+    outbox_scope_value(text, text),
+    outbox_scope_pause(text, text, boolean, text, text),
+    outbox_scope_limit(text, text, double precision, integer, text, text)
+    FROM PUBLIC;
+REVOKE ALL ON outbox_scope_status FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION
+    outbox_scope_pause(text, text, boolean, text, text),
+    outbox_scope_limit(text, text, double precision, integer, text, text)
+    TO outbox_operator;
+GRANT SELECT ON outbox_scope_status TO outbox_operator, outbox_dispatcher;
