@@ -276,6 +276,23 @@ def finished(conn, ids):
                       (list(ids),)))
 
 
+def await_finished(conn, ids, what, timeout=60):
+    """Wait until every effect of ids is completed or failed; on a timeout,
+    fail naming the open ones as they are."""
+    ids = set(ids)
+    try:
+        wait_for(lambda: len(finished(conn, ids)) == len(ids), timeout=timeout, what=what)
+    except AssertionError:
+        left = query(conn, "SELECT effect_id::text, state, attempts, held_by, available_at, "
+                           "lease_worker, last_error FROM effect_live "
+                           "WHERE effect_id = ANY (%s::uuid[]) ORDER BY available_at LIMIT 10",
+                     (list(ids),))
+        n = scalar(conn, "SELECT count(*) FROM effect_live WHERE effect_id = ANY (%s::uuid[])",
+                   (list(ids),))
+        raise AssertionError(f"timed out after {timeout}s waiting for {what}: {n} open, "
+                             f"the first: {left}") from None
+
+
 def attempt_rows(conn, ids):
     return dict(query(conn, "SELECT effect_id::text, count(*) FROM effect_attempts "
                             "WHERE effect_id = ANY (%s::uuid[]) GROUP BY 1", (list(ids),)))
@@ -369,8 +386,7 @@ def _pause_by_type(conn, op, dispatchers, producers, sink, crm, token_file, smtp
     emails = {e for e, v in effects.items() if v["type"] == "email"}
     others = set(effects) - emails
     wait_for(lambda: open_count(conn, "sending") == 0, what="the sends in flight to finish")
-    wait_for(lambda: len(finished(conn, others)) == len(others), timeout=60,
-             what="every http and crm effect finished")
+    await_finished(conn, others, "every http and crm effect finished")
 
     # No email send started at the sink that is not allowed (the SMTP
     # sender address names the effect).
@@ -404,8 +420,7 @@ def _pause_by_type(conn, op, dispatchers, producers, sink, crm, token_file, smtp
     between = {e for e in seen_at_resume if e in emails} - started_before
     assert between == set(), f"email sends moved to sending while paused: {sorted(between)[:10]}"
 
-    wait_for(lambda: len(finished(conn, effects)) == len(effects), timeout=60,
-             what="every effect delivered after the resume")
+    await_finished(conn, effects, "every effect delivered after the resume")
     assert set(finished(conn, effects).values()) == {"completed"}
     with smtp.lock:
         starts = Counter(by_sender.get(t["mail_from"], t["mail_from"]) for t in smtp.transactions)
@@ -457,7 +472,7 @@ def test_pause_by_host_stops_that_host_only(conn, op, dispatchers, producers, se
     to_paused = {e for e, v in effects.items() if v["tag"] == paused.host}
     others = set(effects) - to_paused
     wait_for(lambda: open_count(conn, "sending") == 0, what="the sends in flight to finish")
-    wait_for(lambda: len(finished(conn, others)) == len(others), what="the other host's effects")
+    await_finished(conn, others, "the other host's effects")
 
     by_key = {v["key"]: e for e, v in effects.items()}
     late = sorted({by_key.get(q["key"], q["key"]) for q in paused.received()} - allowed)
@@ -474,8 +489,7 @@ def test_pause_by_host_stops_that_host_only(conn, op, dispatchers, producers, se
     _, seen_at_resume, _ = pause(op, "host", paused.host, False)
     between = {e for e in seen_at_resume if e in to_paused} - started_before
     assert between == set(), f"sends to the paused host moved to sending: {sorted(between)[:10]}"
-    wait_for(lambda: len(finished(conn, effects)) == len(effects), timeout=60,
-             what="everything delivered after the resume")
+    await_finished(conn, effects, "everything delivered after the resume")
     assert set(finished(conn, effects).values()) == {"completed"}
     assert paused.keys() == {effects[e]["key"]: 1 for e in to_paused}
     assert flowing.keys() == {effects[e]["key"]: 1 for e in others}
@@ -554,8 +568,7 @@ def test_host_limit_holds_for_the_fleet_while_another_host_flows(conn, op, dispa
     assert status and status[0][:2] == (RATE, BURST) and status[0][2] > 0, status
 
     limit(op, "host", limited.host, None)
-    wait_for(lambda: len(finished(conn, lim_ids)) == len(lim_ids), timeout=60,
-             what="the rest delivered once the limit is cleared")
+    await_finished(conn, lim_ids, "the rest delivered once the limit is cleared")
     assert set(finished(conn, lim_ids | unl_ids).values()) == {"completed"}
     assert limited.keys() == {lim.snapshot()[e]["key"]: 1 for e in lim_ids}
     assert free.keys() == {unl.snapshot()[e]["key"]: 1 for e in unl_ids}
