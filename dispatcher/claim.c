@@ -12,9 +12,10 @@
  * email's thread pool, where a claimed row could wait `sending` in a
  * queue).  claim_rows() sends them; a row that cannot go after all
  * (invalid, already held, its host's breaker open, the worker stopping)
- * is failed or given back (outbox_unclaim(), attempt undone).  Everything
- * else goes through outbox_lease and outbox_mark_sending (lease.c,
- * send.c).
+ * is failed or given back (outbox_unclaim(), attempt undone).  While a
+ * scope is paused or limited the claim only leases, and its rows go the
+ * lease kind's way.  Everything else goes through outbox_lease and
+ * outbox_mark_sending (lease.c, send.c).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -140,8 +141,15 @@ static void claimed_rows(struct worker *w, const struct batch *b, PGresult *r)
 	free(c.kept);
 }
 
+/* While a scope is paused or limited the claim leases (leased_only, the
+ * same for every row of an answer): its rows are the lease kind's, to be
+ * marked with the host each provider connects to. */
 static void claim_rows(struct worker *w, const struct batch *b, PGresult *r)
 {
+	if (PQntuples(r) > 0 && PQgetvalue(r, 0, COL_CLAIM_LEASED_ONLY)[0] == 't') {
+		lease_take.rows(w, b, r);
+		return;
+	}
 	metrics_inc(M_CLAIMED, (unsigned long)PQntuples(r));
 	claimed_rows(w, b, r);
 }

@@ -411,3 +411,33 @@ char *ids_array(struct effect **items, size_t n)
 	*p = '\0';
 	return s;
 }
+
+/* The hosts the effects' providers connect to (host_key_host()), as a
+ * PostgreSQL text[] literal in the order of items: what the sending
+ * transition matches host scopes against. */
+char *hosts_array(struct effect **items, size_t n)
+{
+	size_t len = 3, at = 0;
+	char host[sizeof(items[0]->host_key)];
+	char *s;
+
+	for (size_t i = 0; i < n; i++)
+		len += 2 * strlen(items[i]->host_key) + 3;
+	s = xmalloc(len);
+	s[at++] = '{';
+	for (size_t i = 0; i < n; i++) {
+		host_key_host(items[i]->host_key, host, sizeof(host));
+		if (i)
+			s[at++] = ',';
+		s[at++] = '"';
+		for (const char *c = host; *c; c++) {
+			if (*c == '"' || *c == '\\')
+				s[at++] = '\\';
+			s[at++] = *c;
+		}
+		s[at++] = '"';
+	}
+	s[at++] = '}';
+	s[at] = '\0';
+	return s;
+}

@@ -4,6 +4,7 @@
  */
 #include "hosts.h"
 
+#include <ctype.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -191,4 +192,32 @@ bool host_send_done(struct host_state *hs, const struct outbox_result *r, int fa
 		return opened;
 	}
 	return false;
+}
+
+void host_key_host(const char *key, char *out, size_t len)
+{
+	const char *start = strstr(key, "://"), *end;
+	size_t n;
+
+	start = start ? start + 3 : key;
+	if (*start == '[') {
+		start++;
+		end = strchr(start, ']');
+		if (end == NULL)
+			end = start + strlen(start);
+	} else {
+		const char *colon = strrchr(start, ':');
+
+		/* A port follows the last colon, unless the colons are an
+		 * address's own (a bare IPv6 address has more than one). */
+		end = colon && strchr(start, ':') == colon ? colon : start + strlen(start);
+	}
+	n = (size_t)(end - start);
+	if (len == 0)
+		return;
+	if (n >= len)
+		n = len - 1;
+	for (size_t i = 0; i < n; i++)
+		out[i] = (char)tolower((unsigned char)start[i]);
+	out[n] = '\0';
 }

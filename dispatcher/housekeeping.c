@@ -93,6 +93,30 @@ static void maint_pass_timed(struct worker *w)
 	metrics_set(G_MAINT_PASS_SECONDS, (double)took / 1000.0);
 }
 
+/* The scopes column of the gauges (NULL: none set). */
+static void scope_gauges(const char *js)
+{
+	struct scope_gauge g[METRICS_MAX_SCOPES];
+	json_t *a = js ? json_loads(js, 0, NULL) : NULL;
+	size_t i, n = 0;
+	json_t *v;
+
+	json_array_foreach(a, i, v) {
+		if (n == METRICS_MAX_SCOPES)
+			break;
+		memset(&g[n], 0, sizeof(g[n]));
+		str_copy(g[n].scope, json_string_value(json_object_get(v, "scope")) ?
+		         json_string_value(json_object_get(v, "scope")) : "", sizeof(g[n].scope));
+		g[n].paused = json_is_true(json_object_get(v, "paused"));
+		g[n].rate = json_number_value(json_object_get(v, "rate"));
+		g[n].waiting = json_number_value(json_object_get(v, "waiting"));
+		g[n].held_total = json_number_value(json_object_get(v, "held_total"));
+		n++;
+	}
+	json_decref(a);
+	metrics_set_scopes(g, n);
+}
+
 static void on_gauges(struct db *db, PGresult *r, void *arg)
 {
 	struct worker *w = arg;
@@ -116,6 +140,7 @@ static void on_gauges(struct db *db, PGresult *r, void *arg)
 	metrics_set(G_UNKNOWN, strtod(PQgetvalue(r, 0, COL_GAUGE_UNKNOWN), NULL));
 	metrics_set(G_KILL_SWITCH_ON,
 	            w->env_enabled && PQgetvalue(r, 0, COL_GAUGE_KILL_SWITCH)[0] == 't');
+	scope_gauges(PQgetisnull(r, 0, COL_GAUGE_SCOPES) ? NULL : PQgetvalue(r, 0, COL_GAUGE_SCOPES));
 }
 
 static void on_weekly(struct db *db, PGresult *r, void *arg)

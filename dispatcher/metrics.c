@@ -32,6 +32,8 @@ struct metric_desc {
 static const struct metric_desc counter_desc[M_COUNTER_MAX] = {
 	[M_KILL_SWITCH_BLOCKED] = { "outbox_kill_switch_blocked_total",
 		"Sends refused at the sending transition because the kill switch was off." },
+	[M_SCOPE_HELD] = { "outbox_scope_held_total",
+		"Sends held back at the sending transition by a paused or rate-limited scope (this worker)." },
 	[M_LEASE_LOST] = { "outbox_lease_lost_total",
 		"State changes whose CAS found the lease gone (another worker or the reaper owns the row)." },
 	[M_RETRIES_EXHAUSTED] = { "outbox_retries_exhausted_total",
@@ -115,6 +117,9 @@ static struct {
 	struct provider_stats providers[METRICS_MAX_PROVIDERS];
 	int64_t start_wall_ms;
 	int64_t heartbeat_ms;          /* now_mono_ms() of the last heartbeat; 0: none */
+
+	struct scope_gauge scopes[METRICS_MAX_SCOPES];
+	size_t n_scopes;
 
 	metrics_ready_fn ready;
 	void *ready_arg;
@@ -372,6 +377,42 @@ static void render_durations(struct strbuf *b)
 	}
 }
 
+void metrics_set_scopes(const struct scope_gauge *g, size_t n)
+{
+	M.n_scopes = n < METRICS_MAX_SCOPES ? n : METRICS_MAX_SCOPES;
+	memcpy(M.scopes, g, M.n_scopes * sizeof(*g));
+}
+
+/* One series per scope of the fleet, as the last housekeeping pass read
+ * them (outbox_scope_status). */
+static void render_scopes(struct strbuf *b)
+{
+	static const struct {
+		const char *name, *type, *help;
+	} series[] = {
+		{ "outbox_scope_paused", "gauge", "1 while the scope is paused (fleet-wide)." },
+		{ "outbox_scope_rate_limit", "gauge",
+		  "The scope's rate limit in sends per second across the fleet; 0: none." },
+		{ "outbox_scope_waiting", "gauge", "Pending effects the scope holds back now." },
+		{ "outbox_scope_held_fleet_total", "counter",
+		  "Sends the scope has held back, by every worker, since it was set." },
+	};
+
+	for (size_t k = 0; k < sizeof(series) / sizeof(series[0]); k++) {
+		sb_header(b, series[k].name, series[k].type, series[k].help);
+		for (size_t i = 0; i < M.n_scopes; i++) {
+			const struct scope_gauge *g = &M.scopes[i];
+			double v = k == 0 ? g->paused : k == 1 ? g->rate : k == 2 ? g->waiting : g->held_total;
+
+			sb_printf(b, "%s{scope=\"", series[k].name);
+			sb_label(b, g->scope);
+			sb_printf(b, "\"} ");
+			sb_value(b, v);
+			sb_printf(b, "\n");
+		}
+	}
+}
+
 char *metrics_render(void)
 {
 	struct strbuf b;
@@ -382,6 +423,7 @@ char *metrics_render(void)
 	render_counters_and_gauges(&b);
 	render_sends(&b);
 	render_durations(&b);
+	render_scopes(&b);
 	sb_header(&b, "outbox_unknown_resolved_total", "counter",
 	          "Effects this worker moved out of unknown on evidence: late_accepted, late_not_sent "
 	          "(the attempt's own late outcome), lookup_sent, lookup_not_sent (the provider asked).");

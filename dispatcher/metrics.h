@@ -22,6 +22,7 @@ struct event_base;
 /* Counters without labels. */
 enum metric_counter {
 	M_KILL_SWITCH_BLOCKED,   /* sends refused at the sending transition */
+	M_SCOPE_HELD,            /* ... held back by a paused or limited scope */
 	M_LEASE_LOST,            /* CAS found the lease gone */
 	M_RETRIES_EXHAUSTED,     /* failed because max_attempts was reached */
 	M_DB_RECONNECTS,
@@ -100,5 +101,16 @@ void metrics_heartbeat_at(int64_t mono_ms);
 
 /* The text /metrics serves (caller frees); for tests and outboxctl. */
 char *metrics_render(void);
+
+/* A paused or limited scope of the fleet, as housekeeping read it. */
+#define METRICS_MAX_SCOPES 64
+struct scope_gauge {
+	char scope[128];        /* 'type:email', 'host:api.example.com' */
+	bool paused;
+	double rate;            /* sends per second; 0: no limit */
+	double waiting;         /* pending rows it holds */
+	double held_total;
+};
+void metrics_set_scopes(const struct scope_gauge *g, size_t n);
 
 #endif

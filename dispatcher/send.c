@@ -378,21 +378,72 @@ static int mark_row(PGresult *r, const struct effect *e)
 	return -1;
 }
 
-static void log_blocked(size_t blocked, json_t *blocked_ids)
+/* What a mark batch's answer held back: rows the kill switch blocked, and
+ * rows a paused or limited scope held (by scope), with when the first of
+ * the deferred ones is due again. */
+struct mark_tally {
+	size_t blocked;
+	json_t *blocked_ids;
+	json_t *held;               /* {scope: {"count": n, "effect_ids": [...]}} */
+	int64_t held_due_ms;        /* -1: none deferred */
+};
+
+static void log_blocked(const struct mark_tally *t)
 {
-	metrics_inc(M_KILL_SWITCH_BLOCKED, blocked);
+	metrics_inc(M_KILL_SWITCH_BLOCKED, t->blocked);
 	metrics_set(G_KILL_SWITCH_ON, 0);
 	log_event(OLOG_WARN, "kill_switch_blocked",
-	          json_pack("{s:I,s:o,s:s}", "count", (json_int_t)blocked, "effect_ids",
-	                    blocked_ids, "msg",
+	          json_pack("{s:I,s:O,s:s}", "count", (json_int_t)t->blocked, "effect_ids",
+	                    t->blocked_ids, "msg",
 	                    "kill switch is off: leases released, no attempt spent"));
 }
 
+/* One line per scope: a pause at warn (an operator's decision, worth
+ * seeing), a rate limit's deferral at info (its normal work). */
+static void log_held(const struct mark_tally *t)
+{
+	const char *scope;
+	json_t *v;
+
+	json_object_foreach(t->held, scope, v) {
+		bool paused = json_is_true(json_object_get(v, "paused"));
+		json_int_t n = json_integer_value(json_object_get(v, "count"));
+
+		metrics_inc(M_SCOPE_HELD, (unsigned long)n);
+		log_event(paused ? OLOG_WARN : OLOG_INFO, "scope_held",
+		          json_pack("{s:s,s:s,s:I,s:O,s:s}", "scope", scope, "why",
+		                    paused ? "paused" : "limited", "count", n, "effect_ids",
+		                    json_object_get(v, "effect_ids"), "msg",
+		                    paused ? "scope paused: parked until it resumes, no attempt spent"
+		                           : "over the scope's rate limit: due at its next slot, no "
+		                             "attempt spent"));
+	}
+}
+
+/* A row a scope held: counted under its scope, its id kept (20 per scope). */
+static void tally_held(struct mark_tally *t, const struct effect *e, const char *scope,
+                       int64_t due_ms)
+{
+	json_t *v;
+
+	if (t->held == NULL)
+		t->held = json_object();
+	v = json_object_get(t->held, scope);
+	if (v == NULL) {
+		v = json_pack("{s:I,s:[],s:b}", "count", (json_int_t)0, "effect_ids", "paused", due_ms < 0);
+		json_object_set_new(t->held, scope, v);
+	}
+	json_object_set_new(v, "count", json_integer(json_integer_value(json_object_get(v, "count")) + 1));
+	if (json_array_size(json_object_get(v, "effect_ids")) < 20)
+		json_array_append_new(json_object_get(v, "effect_ids"), json_string(e->id));
+	if (due_ms >= 0 && (t->held_due_ms < 0 || due_ms < t->held_due_ms))
+		t->held_due_ms = due_ms;
+}
+
 /* One effect of a mark batch, by its row of the answer: lost, blocked by
- * the kill switch (counted in *blocked, its id kept in *blocked_ids), or
- * sent. */
+ * the kill switch or held by a scope (tallied), or sent. */
 static void marked_one(struct worker *w, struct batch *b, struct effect *e, PGresult *r,
-                       size_t *blocked, json_t **blocked_ids)
+                       struct mark_tally *t)
 {
 	int row = mark_row(r, e);
 
@@ -405,11 +456,17 @@ static void marked_one(struct worker *w, struct batch *b, struct effect *e, PGre
 		unmark_probe(e);
 		effect_free(e);
 	} else if (PQgetvalue(r, row, COL_MARK_BLOCKED)[0] == 't') {
-		(*blocked)++;
-		if (*blocked_ids == NULL)
-			*blocked_ids = json_array();
-		if (json_array_size(*blocked_ids) < 20)
-			json_array_append_new(*blocked_ids, json_string(e->id));
+		const char *scope = PQgetvalue(r, row, COL_MARK_HELD_BY);
+
+		if (scope[0]) {
+			tally_held(t, e, scope, strtoll(PQgetvalue(r, row, COL_MARK_HELD_IN_MS), NULL, 10));
+		} else {
+			t->blocked++;
+			if (t->blocked_ids == NULL)
+				t->blocked_ids = json_array();
+			if (json_array_size(t->blocked_ids) < 20)
+				json_array_append_new(t->blocked_ids, json_string(e->id));
+		}
 		unmark_probe(e);
 		effect_free(e);
 	} else {
@@ -421,8 +478,7 @@ static void on_marked(struct db *db, PGresult *r, void *arg)
 {
 	struct batch *b = arg;
 	struct worker *w = b->w;
-	size_t blocked = 0;
-	json_t *blocked_ids = NULL;
+	struct mark_tally t = { .held_due_ms = -1 };
 
 	(void)db;
 	w->send.mark_busy = false;
@@ -449,9 +505,15 @@ static void on_marked(struct db *db, PGresult *r, void *arg)
 		return;
 	}
 	for (size_t i = 0; i < b->n; i++)
-		marked_one(w, b, b->items[i], r, &blocked, &blocked_ids);
-	if (blocked)
-		log_blocked(blocked, blocked_ids);
+		marked_one(w, b, b->items[i], r, &t);
+	if (t.blocked)
+		log_blocked(&t);
+	if (t.held)
+		log_held(&t);
+	if (t.held_due_ms >= 0)
+		worker_lease_in(w, t.held_due_ms);
+	json_decref(t.blocked_ids);
+	json_decref(t.held);
 	free(b);
 	worker_kick(w);
 }
@@ -514,8 +576,8 @@ void mark_ready(struct worker *w)
 {
 	struct batch *b, *rel = NULL;
 	int64_t rel_delay = 0;
-	char *ids, lease[16];
-	const char *params[6];
+	char *ids, *hosts, lease[16];
+	const char *params[7];
 
 	/* Both connections: a send needs its lease renewed and its outcome
 	 * recorded, which happen on the other one. */
@@ -531,6 +593,7 @@ void mark_ready(struct worker *w)
 		return;
 	}
 	ids = ids_array(b->items, b->n);
+	hosts = hosts_array(b->items, b->n);
 	snprintf(lease, sizeof(lease), "%ld", w->s.lease_seconds);
 	uuid_v4(b->call);
 	b->sent_mono = now_mono_ms();
@@ -540,9 +603,11 @@ void mark_ready(struct worker *w)
 	params[3] = w->idem_array;
 	params[4] = lease;
 	params[5] = b->call;
+	params[6] = hosts;
 	w->send.mark_busy = true;
 	wire_sent(w, w->db, b);
 	/* Repeatable: the same call token gets its own rows back. */
 	worker_query(w->db, SQL_MARK_SENDING, params, on_marked, b, DBQ_RETRY | DBQ_URGENT);
 	free(ids);
+	free(hosts);
 }

@@ -102,6 +102,21 @@ void worker_kick_in(struct worker *w, int64_t ms)
 		evtimer_add(w->life.pump_ev, &tv);
 }
 
+/* A lease in `ms` (rows a rate limit deferred are due then), unless one
+ * is planned sooner: a limited destination's next slot wakes the worker
+ * instead of waiting for the poll tick, and a worker told "fewer rows than
+ * you asked for" does not ask again before then. */
+void worker_lease_in(struct worker *w, int64_t ms)
+{
+	int64_t at = now_mono_ms() + ms;
+	struct timeval tv = { .tv_sec = (time_t)(ms / 1000), .tv_usec = (suseconds_t)(ms % 1000) * 1000 };
+
+	if (evtimer_pending(w->life.held_due_ev, NULL) && w->life.held_due_mono <= at)
+		return;
+	w->life.held_due_mono = at;
+	evtimer_add(w->life.held_due_ev, &tv);
+}
+
 static void on_poll(evutil_socket_t fd, short what, void *arg)
 {
 	struct worker *w = arg;
@@ -223,6 +238,7 @@ static void on_sigterm(evutil_socket_t sig, short what, void *arg)
 	log_msg(OLOG_INFO, "stopping", "%s: no new leases; waiting up to %ld ms for %d sends in flight",
 	        strsignal((int)sig), w->s.shutdown_grace_ms, w->fx.n_sending);
 	evtimer_del(w->life.poll_ev);
+	evtimer_del(w->life.held_due_ev);
 	release_waiting(w);
 	/* Outcomes held for more to share their outbox_complete() call go
 	 * now: a grace shorter than the wait would leave them `sending`. */
@@ -482,6 +498,7 @@ static void add_events(struct worker *w)
 
 	w->life.pump_ev = event_new(base, -1, 0, on_pump, w);
 	w->life.poll_ev = event_new(base, -1, EV_PERSIST, on_poll, w);
+	w->life.held_due_ev = event_new(base, -1, 0, on_poll, w);
 	w->lease.heartbeat_ev = event_new(base, -1, EV_PERSIST, on_heartbeat, w);
 	w->hk.maint_ev = event_new(base, -1, EV_PERSIST, on_maintenance, w);
 	w->life.sigterm_ev = evsignal_new(base, SIGTERM, on_sigterm, w);
@@ -564,6 +581,7 @@ void worker_free(struct worker *w)
 	hosts_free(w->hosts);
 	free_event(w->life.pump_ev);
 	free_event(w->life.poll_ev);
+	free_event(w->life.held_due_ev);
 	free_event(w->lease.heartbeat_ev);
 	free_event(w->hk.maint_ev);
 	free_event(w->life.grace_ev);

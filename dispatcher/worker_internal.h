@@ -157,6 +157,9 @@ struct worker_life {
 	int lease_error_streak;
 	char lease_error[256];
 	struct event *pump_ev, *poll_ev, *grace_ev;
+	/* Rows a rate limit deferred are due then: a lease when it fires. */
+	struct event *held_due_ev;
+	int64_t held_due_mono;
 	struct event *sigterm_ev, *sigint_ev, *sighup_ev;
 };
 
@@ -268,6 +271,7 @@ struct worker {
 /* worker.c */
 void worker_kick(struct worker *w);
 void worker_kick_in(struct worker *w, int64_t ms);
+void worker_lease_in(struct worker *w, int64_t ms);
 void worker_maybe_exit(struct worker *w);
 
 /* wire.c */
@@ -300,6 +304,7 @@ void mark_probe(struct effect *e);
 void unmark_probe(struct effect *e);
 struct batch *batch_new(struct worker *w, size_t cap);
 char *ids_array(struct effect **items, size_t n);
+char *hosts_array(struct effect **items, size_t n);
 void effects_free_all(struct worker *w);
 
 /* take.c */

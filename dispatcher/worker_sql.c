@@ -9,6 +9,14 @@
 
 #include "migrate.h"
 
+/* The gauges' last column: every scope, as JSON (read only while one is
+ * set: outbox_control.scoped). */
+#define SCOPES_COLUMN \
+	" CASE WHEN (SELECT scoped FROM outbox_control WHERE id = 1) THEN" \
+	" (SELECT json_agg(json_build_object('scope', kind || ':' || value, 'paused', paused," \
+	" 'rate', coalesce(rate_per_second, 0), 'waiting', waiting, 'held_total', held_total))" \
+	" FROM outbox_scope_status) END"
+
 const struct worker_sql worker_sql[SQL_STATEMENTS] = {
 	[SQL_LEASE] = { "outbox_lease",
 		"SELECT effect_id, idempotency_key, effect_type, target, payload, payload_hash, "
@@ -18,7 +26,7 @@ const struct worker_sql worker_sql[SQL_STATEMENTS] = {
 	[SQL_CLAIM] = { "outbox_claim",
 		"SELECT effect_id, idempotency_key, effect_type, target, payload, payload_hash, "
 		"effect_key, attempts, metadata, approved_by, retry_base, available_at, "
-		"payload_bytes, metadata_bytes "
+		"payload_bytes, metadata_bytes, leased_only "
 		"FROM outbox_claim($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, "
 		"p_max_payload_bytes => $11, p_repeat => $12)", 12 },
 	[SQL_UNCLAIM] = { "outbox_unclaim",
@@ -30,7 +38,10 @@ const struct worker_sql worker_sql[SQL_STATEMENTS] = {
 	[SQL_RELEASE] = { "outbox_release",
 		"SELECT outbox_release($1, $2, $3)", 3 },
 	[SQL_MARK_SENDING] = { "outbox_mark_sending",
-		"SELECT effect_id, attempts, blocked FROM outbox_mark_sending($1, $2, $3, $4, $5, $6)", 6 },
+		"SELECT effect_id, attempts, blocked, coalesce(held_by, ''),"
+		" CASE WHEN held_until IS NULL OR held_until = 'infinity' THEN -1"
+		" ELSE greatest(ceil(extract(epoch FROM held_until - now()) * 1000), 0) END"
+		" FROM outbox_mark_sending($1, $2, $3, $4, $5, $6, $7)", 7 },
 	[SQL_COMPLETE] = { "outbox_complete",
 		"SELECT effect_id, applied, state, resolved FROM outbox_complete($1, $2, $3)", 3 },
 	[SQL_RENEW] = { "outbox_renew",
@@ -57,11 +68,11 @@ const struct worker_sql worker_sql[SQL_STATEMENTS] = {
 		"SELECT coalesce((SELECT extract(epoch FROM now() - min(available_at)) FROM effect_live "
 		"  WHERE state = 'pending' AND available_at <= now()), 0),"
 		" (SELECT count(*) FROM effect_live WHERE available_at = 'infinity' AND state = 'unknown'),"
-		" (SELECT enabled FROM outbox_control WHERE id = 1)", 0 },
+		" (SELECT enabled FROM outbox_control WHERE id = 1)," SCOPES_COLUMN, 0 },
 	[SQL_GAUGES] = { "gauges",
 		"SELECT NULL, (SELECT count(*) FROM effect_live"
 		"  WHERE available_at = 'infinity' AND state = 'unknown'),"
-		" (SELECT enabled FROM outbox_control WHERE id = 1)", 0 },
+		" (SELECT enabled FROM outbox_control WHERE id = 1)," SCOPES_COLUMN, 0 },
 	[SQL_SCHEMA_VERSION] = { "schema version", MIGRATE_VERSION_SQL, 0 },
 	[SQL_RESOLVE_LATE] = { "outbox_resolve_late_accepted",
 		"SELECT outbox_resolve_late_accepted($1, $2, $3, $4, $5, $6)", 6 },

@@ -49,11 +49,17 @@ enum effect_row_col {
 	 * NULL when its length is over the bound (payload_bytes: the worker's
 	 * max_payload_bytes; metadata_bytes: OUTBOX_METADATA_MAX_BYTES) */
 	COL_LEASE_PAYLOAD_BYTES, COL_LEASE_METADATA_BYTES,
+	/* SQL_CLAIM only: true when the rows were leased, not marked (a scope
+	 * is set: the sending transition decides, outbox_mark_sending) */
+	COL_CLAIM_LEASED_ONLY,
 	/* SQL_RECONCILE_LEASE only */
 	COL_RECON_ATTEMPT_AGE_MS = COL_ATTEMPTS + 1,
 };
 
-enum mark_col { COL_MARK_EFFECT_ID, COL_MARK_ATTEMPTS, COL_MARK_BLOCKED };
+/* held_by: the scope holding a blocked row ('' when the kill switch did);
+ * held_in_ms: when it is due again (-1: when its scope resumes). */
+enum mark_col { COL_MARK_EFFECT_ID, COL_MARK_ATTEMPTS, COL_MARK_BLOCKED, COL_MARK_HELD_BY,
+                COL_MARK_HELD_IN_MS };
 enum complete_col { COL_COMPLETE_EFFECT_ID, COL_COMPLETE_APPLIED, COL_COMPLETE_STATE,
                     COL_COMPLETE_RESOLVED };
 enum renew_col { COL_RENEW_EFFECT_ID };
@@ -64,7 +70,7 @@ enum sweep_col { COL_SWEEP_EFFECT_ID, COL_SWEEP_EFFECT_TYPE };
 enum weekly_col { COL_WEEK_DUPLICATE_SHARE, COL_WEEK_APPROVAL_WAIT_P50, COL_WEEK_APPROVAL_WAIT_P95,
                   COL_WEEK_VALIDATION_FAILURE_SHARE, COL_WEEK_AUTOMATIC_SHARE,
                   COL_WEEK_RETRIES_EXHAUSTED, COL_WEEK_COLUMNS };
-enum gauges_col { COL_GAUGE_QUEUE_LAG, COL_GAUGE_UNKNOWN, COL_GAUGE_KILL_SWITCH };
+enum gauges_col { COL_GAUGE_QUEUE_LAG, COL_GAUGE_UNKNOWN, COL_GAUGE_KILL_SWITCH, COL_GAUGE_SCOPES };
 enum schema_col { COL_SCHEMA_VERSION };
 enum resolve_late_col { COL_LATE_RESOLVED };
 
