@@ -516,12 +516,19 @@ def busiest_second(times):
     return best
 
 
+def per_second(times, start, seconds):
+    return [sum(1 for t in times if start + i <= t < start + i + 1) for i in range(int(seconds))]
+
+
 def check_limited(times, start, seconds, what):
     r = rate_in(times, start, seconds)
     assert RATE * 0.9 <= r <= RATE * 1.1, \
-        f"{what}: {r:.2f}/s over {seconds}s at the sink, the limit is {RATE}/s"
+        (f"{what}: {r:.2f}/s over {seconds}s at the sink, the limit is {RATE}/s; "
+         f"per second from the start: {per_second(times, start - 1, seconds + 1)}")
     peak = busiest_second(times)
-    assert peak <= BURST + RATE + 1, f"{what}: {peak} requests in one second (burst {BURST}, rate {RATE})"
+    assert peak <= BURST + RATE + 1, \
+        (f"{what}: {peak} requests in one second (burst {BURST}, rate {RATE}); "
+         f"per second from the start: {per_second(times, start - 1, seconds + 1)}")
     return r, peak
 
 
