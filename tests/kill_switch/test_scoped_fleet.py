@@ -437,6 +437,8 @@ def _pause_by_type(conn, op, dispatchers, producers, sink, crm, token_file, smtp
     hist = query(op, "SELECT action, changed_by FROM outbox_scope_history "
                      "WHERE kind = 'type' AND value = 'email' ORDER BY change_id")
     assert hist == [("off", "ops"), ("on", "ops")]
+    print(f"type pause: {len(listed)} emails in flight listed, {len(started_before)} started before, "
+          f"{len(waiting)} held; {len(effects)} effects delivered once")
 
 
 # -- 2. a pause by host -------------------------------------------------------------
@@ -494,6 +496,8 @@ def test_pause_by_host_stops_that_host_only(conn, op, dispatchers, producers, se
     assert paused.keys() == {effects[e]["key"]: 1 for e in to_paused}
     assert flowing.keys() == {effects[e]["key"]: 1 for e in others}
     assert set(attempt_rows(conn, effects).values()) == {1}
+    print(f"host pause: {len(listed)} in flight listed, {len(waiting)} held; "
+          f"{len(effects)} effects delivered once")
 
 
 # -- 3. a host limit of 20/s for the whole fleet ------------------------------------
@@ -532,9 +536,9 @@ def check_limited(times, start, seconds, what):
     return r, peak
 
 
-def only_to(sink, tag):
+def only_to(sink, tag, path="/ok"):
     def make(i):
-        return "http", f"{sink.base}/ok?{i}", {"body": {"i": i}}, tag
+        return "http", f"{sink.base}{path}?{i}", {"body": {"i": i}}, tag
     return make
 
 
@@ -594,7 +598,6 @@ def reconnect(dsn):
 
 
 @pytest.mark.exclusive
-@pytest.mark.slow
 def test_limit_and_pause_survive_sigkill_and_postgres_restart(db, conn, dispatchers, producers,
                                                               loopback_sinks):
     kill_switch(conn, True)
@@ -603,7 +606,8 @@ def test_limit_and_pause_survive_sigkill_and_postgres_restart(db, conn, dispatch
     limit(o, "host", limited.host, RATE)
     pause(o, "host", paused.host, True, log=False)
     o.close()
-    lim = producers(only_to(limited, "limited"))
+    # Answered after 150 ms: each worker has sends in flight when one is killed.
+    lim = producers(only_to(limited, "limited", "/delay/150"))
     lim_ids = set(lim.batch(900))
     held_prod = producers(only_to(paused, "paused"))
     paused_ids = set(held_prod.batch(60))
