@@ -16,7 +16,8 @@ Environment:
   BENCH_RATE_SECONDS   its length (default 120; QUICK 5)
   BENCH_IDLE       effects inserted one at a time for the idle figure (500; QUICK 40)
   BENCH_INFLIGHT   sends held in flight for the memory figure (1000)
-  BENCH_VARIANTS   1 = also the 2M-completed-rows and held-vacuum runs (full run default)
+  BENCH_VARIANTS   1 = also the 2M-completed-rows, held-vacuum and one-rate-limit runs
+                   (full run default)
   BENCH_BIG        completed rows for that variant (2000000)
   BENCH_LOG_LEVEL  the workers' [log] level (default warn: see README)
   BENCH_DURABLE    1 = the latency runs again on a server with fsync, synchronous_commit
@@ -32,7 +33,8 @@ Environment:
                    server's) and extra [database] lines: workers through PgBouncer
                    (bench/scaling.py)
   BENCH_ONLY       the parts to run: throughput ceiling latency inflight variants durable
-                   (variants = big held; either alone needs throughput, for its baseline)
+                   (variants = big held limited; each alone needs throughput, for its
+                   baseline)
 """
 import atexit
 import json
@@ -66,6 +68,7 @@ INFLIGHT = env_int("BENCH_INFLIGHT", 1000, 1000)
 SLOW_MS = env_int("BENCH_SLOW_MS", 4000, 2000)   # the slow sink's answer delay
 VARIANTS = env_int("BENCH_VARIANTS", 1, 0)
 BIG = env_int("BENCH_BIG", 2000000, 200000)
+LIMIT_RATE = 1000000.0   # the "limited" variant's rate: above any run's
 REPEAT = env_int("BENCH_REPEAT", 2, 1)                # runs of the best configurations
 HOLD = env_int("BENCH_HOLD_SECONDS", 60, 10)     # how long the snapshot is held
 LOG_LEVEL = os.environ.get("BENCH_LOG_LEVEL", "warn")
@@ -966,14 +969,16 @@ def main():
         if "inflight" in ONLY:
             results["inflight"] = inflight_run()
 
-        if VARIANTS and tp and ("variants" in ONLY or "big" in ONLY or "held" in ONLY):
+        if VARIANTS and tp and ("variants" in ONLY or "big" in ONLY or "held" in ONLY
+                                or "limited" in ONLY):
             # Each variant is compared with a fresh-table run of the same
             # worker count made just before it: the machine's speed drifts
             # by 10-20 % over a quarter of an hour (the same work took 0.19
             # and 0.25 ms of PostgreSQL CPU per effect in one full run), and
             # the variants run last.
             best_k = results.get("ratio_workers") or max(tp, key=lambda k: tp[k]["rate"])
-            for name, big, hold in (("big", True, False), ("held", False, True)):
+            for name, big, hold in (("big", True, False), ("held", False, True),
+                                    ("limited", False, False)):
                 if "variants" not in ONLY and name not in ONLY:
                     continue
                 reset()
@@ -984,9 +989,18 @@ def main():
                 if big:
                     log("  loading %d completed effects ..." % BIG)
                     load_completed(BIG)
+                if name == "limited":
+                    # One rate limit on the sink's host, far above what the
+                    # run reaches: the cost of the scopes' path (the claim
+                    # leases, the mark draws on the bucket), not a throttle.
+                    q("SELECT outbox_scope_limit('host', '127.0.0.1', %s, %s, 'bench', "
+                      "'the cost of one limit')", (LIMIT_RATE, LIMIT_RATE), fetch=False)
                 load(N, sink.url("ok"))
                 settle()
                 results[name] = throughput(best_k, "%s-%d" % (name, best_k), hold_xmin=hold)
+                if name == "limited":
+                    q("SELECT outbox_scope_limit('host', '127.0.0.1', NULL, NULL, 'bench', "
+                      "'done')", fetch=False)
             results["variant_workers"] = best_k
 
     finally:
@@ -1155,6 +1169,14 @@ def summary():
                      " %.0f effects/s, PostgreSQL CPU s/1000 %.2f vs %.2f" % (
                          ((r["held_rate"] or 0) / b["rate"] - 1) * 100, b["rate"], r["rate"],
                          r["pg_cpu_per_1k"], b["pg_cpu_per_1k"])))
+    if "limited" in results:
+        k = results["variant_workers"]
+        r, b = results["limited"], base_of("limited")
+        rows.append(("throughput, %d workers, one rate limit active (%.0f/s, not reached)" % (k, LIMIT_RATE),
+                     "%.0f effects/s" % r["rate"],
+                     "%+.0f%% vs no scope just before (%.0f effects/s); PostgreSQL CPU s/1000 %.2f vs %.2f"
+                     " (%.2fx)" % ((r["rate"] / b["rate"] - 1) * 100, b["rate"], r["pg_cpu_per_1k"],
+                                   b["pg_cpu_per_1k"], r["pg_cpu_per_1k"] / b["pg_cpu_per_1k"])))
     if "durable" in results:
         d = results["durable"]
         rows.append(("latency idle, fsync + synchronous_commit on", lat_cell(d["idle"]), "n=%d" % d["idle"]["n"]))

@@ -196,20 +196,22 @@ bool host_send_done(struct host_state *hs, const struct outbox_result *r, int fa
 
 void host_key_host(const char *key, char *out, size_t len)
 {
-	const char *start = strstr(key, "://"), *end;
+	const char *scheme = strstr(key, "://"), *start = scheme ? scheme + 3 : key, *end;
+	const char *colon = strrchr(start, ':');
 	size_t n;
 
-	start = start ? start + 3 : key;
 	if (*start == '[') {
 		start++;
 		end = strchr(start, ']');
 		if (end == NULL)
 			end = start + strlen(start);
+	} else if (scheme) {
+		/* The http provider's "scheme://host:port": the port is always
+		 * there, after the last colon (an IPv6 host is written bare). */
+		end = colon ? colon : start + strlen(start);
 	} else {
-		const char *colon = strrchr(start, ':');
-
-		/* A port follows the last colon, unless the colons are an
-		 * address's own (a bare IPv6 address has more than one). */
+		/* "host:port": a port follows the last colon, unless the colons
+		 * are an address's own (a bare IPv6 address has more than one). */
 		end = colon && strchr(start, ':') == colon ? colon : start + strlen(start);
 	}
 	n = (size_t)(end - start);

@@ -65,8 +65,8 @@ bool host_send_done(struct host_state *hs, const struct outbox_result *r, int fa
                     int64_t open_ms, int64_t now_ms);
 
 /* The host name or address in a provider's host key (validate()'s
- * host_key: "https://api.example.com:443", "relay.example.com:587",
- * "[::1]:25"), lower case, without scheme, port or brackets: the host a
+ * host_key: "https://api.example.com:443", "https://::1:443",
+ * "relay.example.com:587", "[::1]:25"), lower case, without scheme, port or brackets: the host a
  * scope names (docs/design.md, "Scoped pauses and rate limits").  Empty
  * when the key has none. */
 void host_key_host(const char *key, char *out, size_t len);

@@ -21,12 +21,32 @@ static const struct ctl_command commands[] = {
 	{ "migrate", cmd_migrate, "migrate",
 	  "Bring the database to this build's schema. Idempotent; safe from many hosts at once." },
 	{ "kill-switch", cmd_kill_switch,
-	  "kill-switch off|on --operator NAME --reason TEXT | kill-switch status [--json]",
+	  "kill-switch off|on [--type T | --host H | --crm-object O] --operator NAME --reason TEXT\n"
+	  "      | kill-switch status [--json]",
 	  "Stop or allow every send in the fleet. 'off' returns once no send can start anywhere\n"
-	  "and lists the sends already in flight." },
+	  "and lists the sends already in flight.\n"
+	  "With a scope, only that part of the fleet, with the same guarantee:\n"
+	  "  --type T         effects of type T (email, http, crm, ...)\n"
+	  "  --host H         effects sent to host H (an http target's host, the CRM instance's,\n"
+	  "                   the relay's): a name or address, no port, IPv6 without brackets\n"
+	  "  --crm-object O   crm effects whose target is O/Field (any case)\n"
+	  "Paused effects wait, without spending attempts, until 'on' with the same scope; the\n"
+	  "global switch still applies to them. 'status' lists the switch and every scope: who,\n"
+	  "when, why, its rate limit, the effects it holds now and in all." },
+	{ "limit", cmd_limit,
+	  "limit set (--type T | --host H) --rate N[/s|/min] [--burst N]\n"
+	  "      --operator NAME --reason TEXT\n"
+	  "      | limit clear (--type T | --host H) --operator NAME --reason TEXT | limit list [--json]",
+	  "A rate limit for the whole fleet: at most N sends start per second across every worker\n"
+	  "(3000/min is 50 per second; 0.5/s one every two seconds), up to --burst at once after a\n"
+	  "quiet spell (default: one second's worth). Effects over the limit wait for their slot\n"
+	  "without spending attempts. --type email limits the relay; --type crm the CRM instance.\n"
+	  "A change applies at once, without a restart, and is kept in the scope's history.\n"
+	  "  clear   remove the limit; the effects it held are due now\n"
+	  "  list    the scopes with a limit" },
 	{ "status", cmd_status, "status [--json]",
 	  "Counts per state, oldest pending age, in flight, unknown, failed in the last hour,\n"
-	  "and the kill switch." },
+	  "the kill switch, and every paused or rate-limited scope with the effects it holds." },
 	{ "unknown", cmd_unknown,
 	  "unknown list [--json] | unknown resolve ID (--sent [--provider-id X] | --not-sent)\n"
 	  "      --operator NAME --reason TEXT",
@@ -133,6 +153,43 @@ PGresult *ctl_exec(struct ctl *ctl, const char *what, const char *sql, int n,
 	return r;
 }
 
+/*
+ * Run one statement.  Unlike ctl_exec, this tells the operator's mistakes
+ * from the database's failures: SQLSTATE class 22 (a value PostgreSQL
+ * cannot take: a bad interval or timestamp, or the functions' own
+ * invalid_parameter_value) is a usage error, 2; the rest is 3.
+ */
+PGresult *ctl_exec_rc(struct ctl *ctl, const char *what, const char *sql, int n,
+                      const char *const *params, int *rc)
+{
+	PGresult *r;
+	ExecStatusType st;
+	const char *state, *msg;
+
+	if (ctl_connect(ctl) == NULL) {
+		*rc = CTL_DB;
+		return NULL;
+	}
+	r = PQexecParams(ctl->conn, sql, n, NULL, params, NULL, NULL, 0);
+	st = PQresultStatus(r);
+	if (st == PGRES_TUPLES_OK || st == PGRES_COMMAND_OK)
+		return r;
+	state = PQresultErrorField(r, PG_DIAG_SQLSTATE);
+	msg = PQresultErrorField(r, PG_DIAG_MESSAGE_PRIMARY);
+	if (state && strncmp(state, "22", 2) == 0) {
+		*rc = CTL_USAGE;
+		fprintf(stderr, "outboxctl: %s: %s\n", what, msg ? tv(msg) : "invalid value");
+	} else {
+		*rc = CTL_DB;
+		fprintf(stderr, "outboxctl: %s: %s", what, tv_lines(PQresultErrorMessage(r)));
+		if (PQstatus(ctl->conn) == CONNECTION_BAD)
+			fprintf(stderr, "outboxctl: %s: the connection to the database was lost; "
+			                "the outcome is recorded only if the transaction committed\n", what);
+	}
+	PQclear(r);
+	return NULL;
+}
+
 const char *ctl_opt(int argc, char **argv, const char *name)
 {
 	for (int i = 0; i + 1 < argc; i++)
@@ -150,6 +207,11 @@ bool ctl_flag(int argc, char **argv, const char *name)
 }
 
 bool ctl_check_opts(int argc, char **argv, const char *const *allowed)
+{
+	return ctl_check_opts_hint(argc, argv, allowed, NULL);
+}
+
+bool ctl_check_opts_hint(int argc, char **argv, const char *const *allowed, const char *hint)
 {
 	for (int i = 0; i < argc; i++) {
 		bool ok = false;
@@ -169,7 +231,8 @@ bool ctl_check_opts(int argc, char **argv, const char *const *allowed)
 			}
 		}
 		if (!ok) {
-			fprintf(stderr, "outboxctl: unexpected argument '%s'\n", tv(argv[i]));
+			fprintf(stderr, "outboxctl: unexpected argument '%s'%s%s%s\n", tv(argv[i]),
+			        hint ? " (" : "", hint ? hint : "", hint ? ")" : "");
 			return false;
 		}
 	}

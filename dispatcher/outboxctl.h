@@ -6,6 +6,7 @@
 #ifndef OUTBOXCTL_H
 #define OUTBOXCTL_H
 
+#include <jansson.h>
 #include <libpq-fe.h>
 #include <stdbool.h>
 
@@ -33,12 +34,21 @@ PGconn *ctl_connect(struct ctl *ctl);
 PGresult *ctl_exec(struct ctl *ctl, const char *what, const char *sql, int n,
                    const char *const *params);
 
+/* The same; SQLSTATE class 22 (a value PostgreSQL cannot take: a bad
+ * interval, or an operator function's invalid_parameter_value) is the
+ * operator's mistake, *rc = CTL_USAGE with the message alone; any other
+ * failure is CTL_DB. */
+PGresult *ctl_exec_rc(struct ctl *ctl, const char *what, const char *sql, int n,
+                      const char *const *params, int *rc);
+
 /* Option parsing helpers for "--name VALUE" pairs after the command words. */
 const char *ctl_opt(int argc, char **argv, const char *name);
 bool ctl_flag(int argc, char **argv, const char *name);
 /* True when every argument from argv[0] is one of the allowed options
  * (names ending in '=' take a value); prints the offender otherwise. */
 bool ctl_check_opts(int argc, char **argv, const char *const *allowed);
+/* The same, with a hint after the offender: "unexpected argument 'X' (hint)". */
+bool ctl_check_opts_hint(int argc, char **argv, const char *const *allowed, const char *hint);
 bool ctl_is_uuid(const char *s);
 
 /* s with control characters made visible, for human-readable output;
@@ -66,5 +76,20 @@ int cmd_replace(struct ctl *ctl, int argc, char **argv);
 int cmd_prune(struct ctl *ctl, int argc, char **argv);
 int cmd_cancel(struct ctl *ctl, int argc, char **argv);
 int cmd_reconcile(struct ctl *ctl, int argc, char **argv);
+int cmd_limit(struct ctl *ctl, int argc, char **argv);
+
+/* Shared by the kill switch's two forms (outboxctl_core.c): the sends in
+ * flight an outbox_kill_switch_set or outbox_scope_pause returned
+ * (effect_id, effect_key, effect_type, target, worker, started). */
+void ctl_print_in_flight(const PGresult *r);
+
+/* Scopes (outboxctl_scopes.c).  True when argv holds a scope option
+ * (--type, --host, --crm-object). */
+bool ctl_scope_given(int argc, char **argv);
+/* kill-switch off|on with a scope: argv starts after the verb. */
+int ctl_scope_pause(struct ctl *ctl, bool paused, int argc, char **argv);
+/* Every scope of outbox_scope_status, after the kill switch in status and
+ * kill-switch status: printed, or set as "scopes" in o (--json). */
+int ctl_scopes_show(struct ctl *ctl, json_t *o);
 
 #endif

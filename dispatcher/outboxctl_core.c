@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: ISC */
 /*
- * outboxctl_core.c: migrate, kill-switch and status.
+ * outboxctl_core.c: migrate, kill-switch and status (the global switch;
+ * a scope's pause and the scopes' rows are outboxctl_scopes.c's).
  */
 #include <jansson.h>
 #include <stdio.h>
@@ -38,6 +39,7 @@ static int kill_switch_status(struct ctl *ctl, bool json)
 	                       "FROM outbox_control WHERE id = 1",
 	                       0, NULL);
 	bool on;
+	int rc;
 
 	if (r == NULL)
 		return CTL_DB;
@@ -46,22 +48,39 @@ static int kill_switch_status(struct ctl *ctl, bool json)
 		json_t *o = json_pack("{s:s,s:s,s:s,s:s}", "state", on ? "on" : "off",
 		                      "changed_by", PQgetvalue(r, 0, 1), "reason", PQgetvalue(r, 0, 2),
 		                      "changed_at", PQgetvalue(r, 0, 3));
-		char *s = json_dumps(o, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
-		puts(s);
-		free(s);
+		rc = ctl_scopes_show(ctl, o);
+		if (rc == CTL_OK) {
+			char *s = json_dumps(o, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
+			puts(s);
+			free(s);
+		}
 		json_decref(o);
 	} else {
 		printf("kill switch: %s (sends %s)\nset by %s at %s: %s\n", on ? "on" : "off",
 		       on ? "allowed where AI_ACTIONS_ENABLED=true" : "stopped fleet-wide",
 		       tv(PQgetvalue(r, 0, 1)), tv(PQgetvalue(r, 0, 3)), tv(PQgetvalue(r, 0, 2)));
+		rc = ctl_scopes_show(ctl, NULL);
 	}
 	PQclear(r);
-	return CTL_OK;
+	return rc;
+}
+
+void ctl_print_in_flight(const PGresult *r)
+{
+	int n = PQntuples(r);
+
+	printf("%d effect%s already in flight%s\n", n, n == 1 ? " was" : "s were",
+	       n ? " (their outcome will still be recorded):" : ".");
+	for (int i = 0; i < n; i++)
+		printf("  %s key=%s type=%s target=%s worker=%s started=%s\n", tv(PQgetvalue(r, i, 0)),
+		       tv(PQgetvalue(r, i, 1)), tv(PQgetvalue(r, i, 2)), tv(PQgetvalue(r, i, 3)),
+		       tv(PQgetvalue(r, i, 4)), tv(PQgetvalue(r, i, 5)));
 }
 
 int cmd_kill_switch(struct ctl *ctl, int argc, char **argv)
 {
-	static const char *const allowed[] = { "--operator=", "--reason=", "--json", NULL };
+	static const char *const allowed[] = { "--operator=", "--reason=", "--json", "--type=",
+		                                   "--host=", "--crm-object=", NULL };
 	const char *op, *reason, *params[3];
 	bool on;
 	PGresult *r;
@@ -70,15 +89,24 @@ int cmd_kill_switch(struct ctl *ctl, int argc, char **argv)
 		fprintf(stderr, "outboxctl: kill-switch needs off, on or status\n");
 		return CTL_USAGE;
 	}
-	if (!ctl_check_opts(argc - 1, argv + 1, allowed))
+	if (!ctl_check_opts_hint(argc - 1, argv + 1, allowed,
+	                         "a scope is --type T, --host H or --crm-object O"))
 		return CTL_USAGE;
-	if (strcmp(argv[0], "status") == 0)
+	if (strcmp(argv[0], "status") == 0) {
+		if (ctl_scope_given(argc - 1, argv + 1)) {
+			fprintf(stderr, "outboxctl: kill-switch status takes no scope: it lists the "
+			                "switch and every scope\n");
+			return CTL_USAGE;
+		}
 		return kill_switch_status(ctl, ctl_flag(argc - 1, argv + 1, "--json"));
+	}
 	if (strcmp(argv[0], "on") != 0 && strcmp(argv[0], "off") != 0) {
 		fprintf(stderr, "outboxctl: kill-switch: expected off, on or status, not '%s'\n", tv(argv[0]));
 		return CTL_USAGE;
 	}
 	on = strcmp(argv[0], "on") == 0;
+	if (ctl_scope_given(argc - 1, argv + 1))
+		return ctl_scope_pause(ctl, !on, argc - 1, argv + 1);
 	op = ctl_opt(argc - 1, argv + 1, "--operator");
 	reason = ctl_opt(argc - 1, argv + 1, "--reason");
 	if (op == NULL || !op[0] || reason == NULL || !reason[0]) {
@@ -102,12 +130,7 @@ int cmd_kill_switch(struct ctl *ctl, int argc, char **argv)
 		printf("kill switch on: sends allowed (by %s: %s)\n", tv(op), tv(reason));
 	} else {
 		printf("kill switch off: no send can start anywhere in the fleet (by %s: %s)\n", tv(op), tv(reason));
-		printf("%d effect%s already in flight%s\n", PQntuples(r), PQntuples(r) == 1 ? " was" : "s were",
-		       PQntuples(r) ? " (their outcome will still be recorded):" : ".");
-		for (int i = 0; i < PQntuples(r); i++)
-			printf("  %s key=%s type=%s target=%s worker=%s started=%s\n", tv(PQgetvalue(r, i, 0)),
-			       tv(PQgetvalue(r, i, 1)), tv(PQgetvalue(r, i, 2)), tv(PQgetvalue(r, i, 3)),
-			       tv(PQgetvalue(r, i, 4)), tv(PQgetvalue(r, i, 5)));
+		ctl_print_in_flight(r);
 	}
 	PQclear(r);
 	return CTL_OK;
@@ -119,6 +142,7 @@ int cmd_status(struct ctl *ctl, int argc, char **argv)
 	static const char *const state_names[] = { "pending", "sending", "completed", "unknown", "failed" };
 	PGresult *r;
 	bool json;
+	int rc;
 
 	if (!ctl_check_opts(argc, argv, allowed))
 		return CTL_USAGE;
@@ -170,9 +194,12 @@ int cmd_status(struct ctl *ctl, int argc, char **argv)
 		               "changed_by", PQgetvalue(r, 0, 8), "reason", PQgetvalue(r, 0, 9),
 		               "changed_at", PQgetvalue(r, 0, 10));
 		json_object_set_new(o, "kill_switch", ks);
-		s = json_dumps(o, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
-		puts(s);
-		free(s);
+		rc = ctl_scopes_show(ctl, o);
+		if (rc == CTL_OK) {
+			s = json_dumps(o, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
+			puts(s);
+			free(s);
+		}
 		json_decref(o);
 	} else {
 		for (int i = 0; i < 5; i++)
@@ -182,7 +209,8 @@ int cmd_status(struct ctl *ctl, int argc, char **argv)
 		       tv(PQgetvalue(r, 0, 3)), tv(PQgetvalue(r, 0, 6)));
 		printf("kill switch: %s (set by %s at %s: %s)\n", PQgetvalue(r, 0, 7)[0] == 't' ? "on" : "off",
 		       tv(PQgetvalue(r, 0, 8)), tv(PQgetvalue(r, 0, 10)), tv(PQgetvalue(r, 0, 9)));
+		rc = ctl_scopes_show(ctl, NULL);
 	}
 	PQclear(r);
-	return CTL_OK;
+	return rc;
 }

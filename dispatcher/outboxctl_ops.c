@@ -21,41 +21,12 @@
 #define OPS_TIME(col) \
 	"to_char(" col " AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"')"
 
-/*
- * Run one statement.  Unlike ctl_exec, this tells the operator's mistakes
- * from the database's failures: SQLSTATE class 22 (a value PostgreSQL
- * cannot take: a bad interval or timestamp, or the functions' own
- * invalid_parameter_value) is a usage error, 2; the rest is 3.
- */
+/* Run one statement.  Unlike ctl_exec, this tells the operator's mistakes
+ * (SQLSTATE class 22: a usage error, 2) from the database's failures (3). */
 static PGresult *ops_exec(struct ctl *ctl, const char *what, const char *sql, int n,
                           const char *const *params, int *rc)
 {
-	PGresult *r;
-	ExecStatusType st;
-	const char *state, *msg;
-
-	if (ctl_connect(ctl) == NULL) {
-		*rc = CTL_DB;
-		return NULL;
-	}
-	r = PQexecParams(ctl->conn, sql, n, NULL, params, NULL, NULL, 0);
-	st = PQresultStatus(r);
-	if (st == PGRES_TUPLES_OK || st == PGRES_COMMAND_OK)
-		return r;
-	state = PQresultErrorField(r, PG_DIAG_SQLSTATE);
-	msg = PQresultErrorField(r, PG_DIAG_MESSAGE_PRIMARY);
-	if (state && strncmp(state, "22", 2) == 0) {
-		*rc = CTL_USAGE;
-		fprintf(stderr, "outboxctl: %s: %s\n", what, msg ? tv(msg) : "invalid value");
-	} else {
-		*rc = CTL_DB;
-		fprintf(stderr, "outboxctl: %s: %s", what, tv_lines(PQresultErrorMessage(r)));
-		if (PQstatus(ctl->conn) == CONNECTION_BAD)
-			fprintf(stderr, "outboxctl: %s: the connection to the database was lost; "
-			                "the outcome is recorded only if the transaction committed\n", what);
-	}
-	PQclear(r);
-	return NULL;
+	return ctl_exec_rc(ctl, what, sql, n, params, rc);
 }
 
 /* The effect id every single-effect command takes first. */

@@ -219,7 +219,7 @@ END $$;
 -- Name: outbox_claim(uuid, text, integer, integer, text[], boolean, text[], uuid, timestamp with time zone, uuid, boolean, integer); Type: FUNCTION; Schema: public; Owner: -
 --
 
-CREATE FUNCTION public.outbox_claim(p_owner uuid, p_worker text, p_limit integer, p_lease_seconds integer, p_types text[], p_env_enabled boolean, p_idempotent_types text[], p_call uuid, p_after_at timestamp with time zone DEFAULT NULL::timestamp with time zone, p_after_id uuid DEFAULT NULL::uuid, p_repeat boolean DEFAULT false, p_max_payload_bytes integer DEFAULT 67108864) RETURNS TABLE(effect_id uuid, idempotency_key text, effect_type text, target text, payload text, payload_hash text, effect_key text, attempts integer, metadata text, approved_by text, retry_base integer, available_at timestamp with time zone, payload_bytes integer, metadata_bytes integer)
+CREATE FUNCTION public.outbox_claim(p_owner uuid, p_worker text, p_limit integer, p_lease_seconds integer, p_types text[], p_env_enabled boolean, p_idempotent_types text[], p_call uuid, p_after_at timestamp with time zone DEFAULT NULL::timestamp with time zone, p_after_id uuid DEFAULT NULL::uuid, p_repeat boolean DEFAULT false, p_max_payload_bytes integer DEFAULT 67108864) RETURNS TABLE(effect_id uuid, idempotency_key text, effect_type text, target text, payload text, payload_hash text, effect_key text, attempts integer, metadata text, approved_by text, retry_base integer, available_at timestamp with time zone, payload_bytes integer, metadata_bytes integer, leased_only boolean)
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'public', 'pg_temp'
     SET plan_cache_mode TO 'force_generic_plan'
@@ -228,6 +228,7 @@ CREATE FUNCTION public.outbox_claim(p_owner uuid, p_worker text, p_limit integer
 #variable_conflict use_column
 DECLARE
     allowed boolean;
+    scoped boolean;
     locked text;
     after_at timestamptz := p_after_at;
     after_id uuid := p_after_id;
@@ -245,7 +246,7 @@ BEGIN
         RETURN;     -- its repeat (or a give-up) came first
     END IF;
     locked := pg_advisory_xact_lock_shared(outbox_kill_switch_lock_key())::text;
-    SELECT c.enabled INTO allowed FROM outbox_control c WHERE c.id = 1;
+    SELECT c.enabled, c.scoped INTO allowed, scoped FROM outbox_control c WHERE c.id = 1;
     allowed := coalesce(allowed, false) AND p_env_enabled;
     IF p_repeat THEN
         IF NOT allowed THEN
@@ -267,7 +268,7 @@ BEGIN
                CASE WHEN octet_length(b.metadata_text) <= outbox_metadata_max_bytes()
                     THEN b.metadata_text END,
                b.approved_by, m.retry_base, m.available_at,
-               octet_length(b.payload_text), octet_length(b.metadata_text)
+               octet_length(b.payload_text), octet_length(b.metadata_text), false
           FROM moved m
          CROSS JOIN LATERAL (
                SELECT e.idempotency_key, e.effect_type, e.target,
@@ -279,6 +280,13 @@ BEGIN
         RETURN;
     END IF;
     IF NOT allowed THEN
+        RETURN;
+    END IF;
+    IF scoped THEN
+        RETURN QUERY SELECT l.*, true FROM outbox_lease(p_owner, p_worker, p_limit,
+                                                        p_lease_seconds, p_types, p_env_enabled,
+                                                        p_after_at, p_after_id,
+                                                        p_max_payload_bytes) l;
         RETURN;
     END IF;
     -- The position rules and the one statement shape of outbox_lease.
@@ -326,7 +334,7 @@ BEGIN
            CASE WHEN octet_length(b.metadata_text) <= outbox_metadata_max_bytes()
                 THEN b.metadata_text END,
            b.approved_by, c.retry_base, c.available_at,
-           octet_length(b.payload_text), octet_length(b.metadata_text)
+           octet_length(b.payload_text), octet_length(b.metadata_text), false
       FROM claimed c
      CROSS JOIN LATERAL (
            SELECT e.idempotency_key, e.effect_type, e.target, e.payload::text AS payload_text,
@@ -1085,8 +1093,11 @@ CREATE FUNCTION public.outbox_lease(p_owner uuid, p_worker text, p_limit integer
 DECLARE
     after_at timestamptz := p_after_at;
     after_id uuid := p_after_id;
+    allowed boolean;
+    scoped boolean;
 BEGIN
-    IF NOT p_env_enabled OR NOT (SELECT c.enabled FROM outbox_control c WHERE c.id = 1) THEN
+    SELECT c.enabled, c.scoped INTO allowed, scoped FROM outbox_control c WHERE c.id = 1;
+    IF NOT p_env_enabled OR NOT coalesce(allowed, false) THEN
         RETURN;
     END IF;
     -- A position less than 50 ms old moves back to 50 ms ago: producers'
@@ -1101,6 +1112,12 @@ BEGIN
     -- cached plan is always the index range scan.
     after_at := coalesce(after_at, '-infinity');
     after_id := coalesce(after_id, '00000000-0000-0000-0000-000000000000');
+    IF scoped THEN
+        RETURN QUERY SELECT * FROM outbox_lease_scoped(p_owner, p_worker, p_limit,
+                                                       p_lease_seconds, p_types, after_at,
+                                                       after_id, p_max_payload_bytes);
+        RETURN;
+    END IF;
     RETURN QUERY
     WITH due AS (
         SELECT l.effect_id FROM effect_live l
@@ -1131,6 +1148,81 @@ BEGIN
                   e.payload_hash, e.effect_key, e.metadata::text AS metadata_text, e.approved_by
              FROM effect_outbox e WHERE e.effect_id = l.effect_id
             OFFSET 0) b
+     ORDER BY l.available_at, l.effect_id;
+END $$;
+
+
+--
+-- Name: outbox_lease_scoped(uuid, text, integer, integer, text[], timestamp with time zone, uuid, integer); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.outbox_lease_scoped(p_owner uuid, p_worker text, p_limit integer, p_lease_seconds integer, p_types text[], p_after_at timestamp with time zone, p_after_id uuid, p_max_payload_bytes integer) RETURNS TABLE(effect_id uuid, idempotency_key text, effect_type text, target text, payload text, payload_hash text, effect_key text, attempts integer, metadata text, approved_by text, retry_base integer, available_at timestamp with time zone, payload_bytes integer, metadata_bytes integer)
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'public', 'pg_temp'
+    SET enable_seqscan TO 'off'
+    AS $$
+#variable_conflict use_column
+DECLARE
+    got integer := 0;
+    parked integer;
+    ids uuid[] := '{}';
+    more uuid[];
+BEGIN
+    FOR pass IN 1 .. 8 LOOP
+        EXIT WHEN got >= p_limit;
+        WITH due AS (
+            SELECT l.effect_id, outbox_scope_paused_for(b.effect_type, b.target, NULL) AS held
+              FROM effect_live l
+             CROSS JOIN LATERAL (SELECT e.effect_type, e.target FROM effect_outbox e
+                                  WHERE e.effect_id = l.effect_id OFFSET 0) b
+             WHERE (l.available_at, l.effect_id) > (p_after_at, p_after_id)
+               AND l.available_at <= now()
+               AND l.state = 'pending'
+               AND (l.lease_expires_at IS NULL OR l.lease_expires_at < now())
+               AND l.effect_type = ANY (p_types)
+             ORDER BY l.available_at, l.effect_id
+             LIMIT p_limit - got
+             FOR UPDATE OF l SKIP LOCKED),
+        park AS (
+            UPDATE effect_live l SET available_at = 'infinity', held_by = d.held
+              FROM due d
+             WHERE l.effect_id = d.effect_id AND d.held IS NOT NULL
+            RETURNING d.held),
+        counted AS (
+            UPDATE outbox_scopes s SET held_total = s.held_total + c.n
+              FROM (SELECT p.held, count(*) AS n FROM park p GROUP BY p.held) c
+             WHERE outbox_scope_name(s.kind, s.value) = c.held
+            RETURNING 1),
+        leased AS (
+            UPDATE effect_live l
+               SET lease_owner = p_owner, lease_worker = p_worker, leased_at = now(),
+                   lease_expires_at = now() + make_interval(secs => p_lease_seconds)
+              FROM due d
+             WHERE l.effect_id = d.effect_id AND d.held IS NULL
+            RETURNING l.effect_id, l.attempts, l.retry_base, l.available_at)
+        SELECT (SELECT count(*) FROM park) + 0 * (SELECT count(*) FROM counted),
+               coalesce((SELECT array_agg(l.effect_id) FROM leased l), '{}')
+          INTO parked, more;
+        -- A pass that parked nothing found the end of what is due.
+        ids := ids || more;
+        got := cardinality(ids);
+        EXIT WHEN parked = 0;
+    END LOOP;
+    RETURN QUERY
+    SELECT l.effect_id, b.idempotency_key, b.effect_type, b.target,
+           CASE WHEN octet_length(b.payload_text) <= p_max_payload_bytes THEN b.payload_text END,
+           b.payload_hash, b.effect_key, l.attempts,
+           CASE WHEN octet_length(b.metadata_text) <= outbox_metadata_max_bytes()
+                THEN b.metadata_text END,
+           b.approved_by, l.retry_base, l.available_at,
+           octet_length(b.payload_text), octet_length(b.metadata_text)
+      FROM effect_live l
+     CROSS JOIN LATERAL (
+           SELECT e.idempotency_key, e.effect_type, e.target, e.payload::text AS payload_text,
+                  e.payload_hash, e.effect_key, e.metadata::text AS metadata_text, e.approved_by
+             FROM effect_outbox e WHERE e.effect_id = l.effect_id
+            OFFSET 0) b
+     WHERE l.effect_id = ANY (ids)
      ORDER BY l.available_at, l.effect_id;
 END $$;
 
@@ -1189,10 +1281,10 @@ END $$;
 
 
 --
--- Name: outbox_mark_sending(uuid, uuid[], boolean, text[], integer, uuid); Type: FUNCTION; Schema: public; Owner: -
+-- Name: outbox_mark_sending(uuid, uuid[], boolean, text[], integer, uuid, text[]); Type: FUNCTION; Schema: public; Owner: -
 --
 
-CREATE FUNCTION public.outbox_mark_sending(p_owner uuid, p_ids uuid[], p_env_enabled boolean, p_idempotent_types text[], p_lease_seconds integer, p_call uuid DEFAULT NULL::uuid) RETURNS TABLE(effect_id uuid, attempts integer, blocked boolean)
+CREATE FUNCTION public.outbox_mark_sending(p_owner uuid, p_ids uuid[], p_env_enabled boolean, p_idempotent_types text[], p_lease_seconds integer, p_call uuid DEFAULT NULL::uuid, p_hosts text[] DEFAULT NULL::text[]) RETURNS TABLE(effect_id uuid, attempts integer, blocked boolean, held_by text, held_until timestamp with time zone)
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'public', 'pg_temp'
     SET plan_cache_mode TO 'force_generic_plan'
@@ -1201,6 +1293,8 @@ CREATE FUNCTION public.outbox_mark_sending(p_owner uuid, p_ids uuid[], p_env_ena
 #variable_conflict use_column
 DECLARE
     allowed boolean;
+    scoped boolean;
+    go uuid[] := p_ids;
     ids uuid[];
     atts integer[];
     call uuid := coalesce(p_call, gen_random_uuid());
@@ -1217,7 +1311,7 @@ BEGIN
         END IF;
     END IF;
     PERFORM pg_advisory_xact_lock_shared(outbox_kill_switch_lock_key());
-    SELECT c.enabled INTO allowed FROM outbox_control c WHERE c.id = 1;
+    SELECT c.enabled, c.scoped INTO allowed, scoped FROM outbox_control c WHERE c.id = 1;
     PERFORM outbox_lock_owned(p_owner, p_ids);      -- lock order: effect_id
     IF NOT (coalesce(allowed, false) AND p_env_enabled) THEN
         -- The same call again (its first answer was lost with the
@@ -1235,14 +1329,42 @@ BEGIN
                    updated_at = now()
              WHERE o.effect_id = ANY (p_ids) AND o.lease_owner = p_owner
                AND o.state = 'sending' AND o.mark_token = p_call
-            RETURNING o.effect_id, o.attempts, true;
+            RETURNING o.effect_id, o.attempts, true, NULL::text, NULL::timestamptz;
         END IF;
         RETURN QUERY
         UPDATE effect_live o
            SET lease_owner = NULL, lease_expires_at = NULL, lease_worker = NULL
          WHERE o.effect_id = ANY (p_ids) AND o.lease_owner = p_owner AND o.state = 'pending'
-        RETURNING o.effect_id, o.attempts, true;
+        RETURNING o.effect_id, o.attempts, true, NULL::text, NULL::timestamptz;
         RETURN;
+    END IF;
+    IF scoped THEN
+        -- The rows that could move, by the scopes' verdict: the held ones
+        -- parked or deferred, the rest marked below.
+        DECLARE
+            cand uuid[];
+            cand_hosts text[];
+            held uuid[];
+            bys text[];
+            untils timestamptz[];
+        BEGIN
+            SELECT coalesce(array_agg(o.effect_id ORDER BY o.effect_id), '{}'),
+                   coalesce(array_agg(h.host ORDER BY o.effect_id), '{}')
+              INTO cand, cand_hosts
+              FROM unnest(p_ids, coalesce(p_hosts, '{}')) AS h(id, host)
+              JOIN effect_live o ON o.effect_id = h.id
+             WHERE h.id IS NOT NULL AND o.lease_owner = p_owner AND o.state = 'pending'
+               AND o.lease_expires_at > now();
+            SELECT coalesce(array_agg(v.effect_id), '{}'), coalesce(array_agg(v.held_by), '{}'),
+                   coalesce(array_agg(v.held_until), '{}')
+              INTO held, bys, untils
+              FROM outbox_scope_sort(cand, cand_hosts) v WHERE v.held_by IS NOT NULL;
+            IF cardinality(held) > 0 THEN
+                RETURN QUERY SELECT h.effect_id, h.attempts, true, h.held_by, h.held_until
+                               FROM outbox_scope_hold(p_owner, p_ids, held, bys, untils) h;
+                go := ARRAY(SELECT x FROM unnest(p_ids) AS x WHERE NOT x = ANY (held));
+            END IF;
+        END;
     END IF;
     WITH u AS (
         UPDATE effect_live o
@@ -1250,8 +1372,8 @@ BEGIN
                sending_since = now(), mark_token = call,
                sending_idempotent = o.effect_type = ANY (p_idempotent_types),
                lease_expires_at = now() + make_interval(secs => p_lease_seconds),
-               updated_at = now()
-         WHERE o.effect_id = ANY (p_ids)
+               updated_at = now(), held_by = NULL
+         WHERE o.effect_id = ANY (go)
            AND o.lease_owner = p_owner
            AND o.state = 'pending'
            AND o.lease_expires_at > now()
@@ -1261,11 +1383,12 @@ BEGIN
       INTO ids, atts, worker FROM u;
     PERFORM outbox_record_call(call, p_owner, worker, ids,
                                now() + make_interval(secs => p_lease_seconds));
-    RETURN QUERY SELECT x.id, x.att, false FROM unnest(ids, atts) AS x(id, att);
-    IF p_call IS NOT NULL AND cardinality(ids) < cardinality(p_ids) THEN
+    RETURN QUERY SELECT x.id, x.att, false, NULL::text, NULL::timestamptz
+                   FROM unnest(ids, atts) AS x(id, att);
+    IF p_call IS NOT NULL AND cardinality(ids) < cardinality(go) THEN
         RETURN QUERY
-        SELECT o.effect_id, o.attempts, false FROM effect_live o
-         WHERE o.effect_id = ANY (p_ids) AND NOT o.effect_id = ANY (ids)
+        SELECT o.effect_id, o.attempts, false, NULL::text, NULL::timestamptz FROM effect_live o
+         WHERE o.effect_id = ANY (go) AND NOT o.effect_id = ANY (ids)
            AND o.lease_owner = p_owner AND o.state = 'sending'
            AND o.mark_token = p_call;
     END IF;
@@ -2369,6 +2492,351 @@ CREATE FUNCTION public.outbox_run_is_mine(p_owner_role text) RETURNS boolean
 
 
 --
+-- Name: outbox_scope_hold(uuid, uuid[], uuid[], text[], timestamp with time zone[]); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.outbox_scope_hold(p_owner uuid, p_ids uuid[], p_held uuid[], p_by text[], p_until timestamp with time zone[]) RETURNS TABLE(effect_id uuid, attempts integer, held_by text, held_until timestamp with time zone)
+    LANGUAGE sql SECURITY DEFINER
+    SET search_path TO 'public', 'pg_temp'
+    AS $$
+    UPDATE effect_live o
+       SET available_at = h.until, held_by = h.by,
+           lease_owner = NULL, lease_expires_at = NULL, lease_worker = NULL
+      FROM unnest(p_held, p_by, p_until) AS h(id, by, until)
+     WHERE o.effect_id = h.id AND o.effect_id = ANY (p_ids)
+       AND o.lease_owner = p_owner AND o.state = 'pending'
+    RETURNING o.effect_id, o.attempts, o.held_by, o.available_at;
+$$;
+
+
+--
+-- Name: outbox_scope_limit(text, text, double precision, integer, text, text); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.outbox_scope_limit(p_kind text, p_value text, p_rate double precision, p_burst integer, p_operator text, p_reason text) RETURNS void
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'public', 'pg_temp'
+    AS $$
+DECLARE
+    v text;
+    b integer;
+BEGIN
+    IF p_operator IS NULL OR p_operator = '' OR p_reason IS NULL OR p_reason = '' THEN
+        RAISE EXCEPTION 'outbox_scope_limit: operator and reason are required'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF p_kind = 'crm_object' THEN
+        RAISE EXCEPTION 'outbox_scope_limit: a CRM object shares its instance''s budget: '
+                        'limit the crm type or the instance''s host'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF p_rate IS NOT NULL AND NOT (p_rate > 0 AND p_rate <= 1000000) THEN
+        RAISE EXCEPTION 'outbox_scope_limit: rate % per second: more than 0, at most 1000000', p_rate
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF p_burst IS NOT NULL AND NOT (p_burst BETWEEN 1 AND 1000000) THEN
+        RAISE EXCEPTION 'outbox_scope_limit: burst %: from 1 to 1000000', p_burst
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    v := outbox_scope_value(p_kind, p_value);
+    b := CASE WHEN p_rate IS NULL THEN NULL
+              ELSE coalesce(p_burst, greatest(ceil(p_rate)::integer, 1)) END;
+    PERFORM pg_advisory_xact_lock(outbox_kill_switch_lock_key());
+    INSERT INTO outbox_scopes AS s (kind, value, rate_per_second, burst, limit_by, limit_reason,
+                                    limit_at, tokens, tokens_at, next_slot)
+    VALUES (p_kind, v, p_rate, b, p_operator, p_reason, now(), coalesce(b, 0), now(), '-infinity')
+    ON CONFLICT (kind, value) DO UPDATE
+       SET rate_per_second = EXCLUDED.rate_per_second, burst = EXCLUDED.burst,
+           limit_by = EXCLUDED.limit_by, limit_reason = EXCLUDED.limit_reason,
+           limit_at = EXCLUDED.limit_at,
+           tokens = least(s.tokens, coalesce(EXCLUDED.burst, 0)), tokens_at = now(),
+           next_slot = '-infinity';
+    INSERT INTO outbox_scope_history (kind, value, action, rate_per_second, burst, changed_by,
+                                      reason)
+    VALUES (p_kind, v, CASE WHEN p_rate IS NULL THEN 'unlimit' ELSE 'limit' END, p_rate, b,
+            p_operator, p_reason);
+    PERFORM outbox_scopes_refresh();
+    UPDATE effect_live o SET available_at = least(o.available_at, now()), held_by = NULL
+     WHERE o.held_by = outbox_scope_name(p_kind, v) AND o.state = 'pending'
+       AND o.available_at <> 'infinity';
+    PERFORM pg_notify('effect_outbox', 'kill-switch-on');
+END $$;
+
+
+--
+-- Name: outbox_scope_name(text, text); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.outbox_scope_name(p_kind text, p_value text) RETURNS text
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $$ SELECT p_kind || ':' || p_value $$;
+
+
+--
+-- Name: outbox_scope_pause(text, text, boolean, text, text); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.outbox_scope_pause(p_kind text, p_value text, p_paused boolean, p_operator text, p_reason text) RETURNS TABLE(effect_id uuid, effect_key text, effect_type text, target text, worker text, sending_since timestamp with time zone)
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'public', 'pg_temp'
+    AS $$
+#variable_conflict use_column
+DECLARE
+    v text;
+BEGIN
+    IF p_operator IS NULL OR p_operator = '' OR p_reason IS NULL OR p_reason = ''
+       OR p_paused IS NULL THEN
+        RAISE EXCEPTION 'outbox_scope_pause: paused, operator and reason are required'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    v := outbox_scope_value(p_kind, p_value);
+    PERFORM pg_advisory_xact_lock(outbox_kill_switch_lock_key());
+    INSERT INTO outbox_scopes AS s (kind, value, paused, paused_by, paused_reason, paused_at)
+    VALUES (p_kind, v, p_paused, p_operator, p_reason, now())
+    ON CONFLICT (kind, value) DO UPDATE
+       SET paused = EXCLUDED.paused, paused_by = EXCLUDED.paused_by,
+           paused_reason = EXCLUDED.paused_reason, paused_at = EXCLUDED.paused_at;
+    INSERT INTO outbox_scope_history (kind, value, action, changed_by, reason)
+    VALUES (p_kind, v, CASE WHEN p_paused THEN 'off' ELSE 'on' END, p_operator, p_reason);
+    PERFORM outbox_scopes_refresh();
+    IF NOT p_paused THEN
+        UPDATE effect_live o SET available_at = now(), held_by = NULL
+         WHERE o.held_by = outbox_scope_name(p_kind, v) AND o.state = 'pending'
+           AND o.available_at = 'infinity';
+        PERFORM pg_notify('effect_outbox', 'kill-switch-on');
+        RETURN;
+    END IF;
+    RETURN QUERY
+    SELECT o.effect_id, b.effect_key, b.effect_type, b.target, o.lease_worker, o.sending_since
+      FROM effect_calls c
+      JOIN effect_live o ON o.effect_id = ANY (c.ids) AND o.mark_token = c.call
+      JOIN effect_outbox b ON b.effect_id = o.effect_id
+     WHERE o.state = 'sending'
+       AND CASE p_kind
+           WHEN 'type' THEN b.effect_type = v
+           WHEN 'host' THEN coalesce(outbox_target_host(b.target) = v, true)
+           ELSE b.effect_type = 'crm' AND lower(split_part(b.target, '/', 1)) = v END
+     ORDER BY o.sending_since;
+END $$;
+
+
+--
+-- Name: outbox_scope_paused_for(text, text, text); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.outbox_scope_paused_for(p_type text, p_target text, p_host text) RETURNS text
+    LANGUAGE sql STABLE SECURITY DEFINER
+    SET search_path TO 'public', 'pg_temp'
+    AS $$
+    SELECT outbox_scope_name(s.kind, s.value) FROM outbox_scopes s
+     WHERE s.paused
+       AND ((s.kind = 'type' AND s.value = p_type)
+            OR (s.kind = 'host' AND s.value = coalesce(p_host, outbox_target_host(p_target)))
+            OR (s.kind = 'crm_object' AND p_type = 'crm'
+                AND s.value = lower(split_part(p_target, '/', 1))))
+     ORDER BY s.kind, s.value LIMIT 1;
+$$;
+
+
+--
+-- Name: outbox_scope_sort(uuid[], text[]); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.outbox_scope_sort(p_ids uuid[], p_hosts text[]) RETURNS TABLE(effect_id uuid, held_by text, held_until timestamp with time zone)
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'public', 'pg_temp'
+    AS $$
+#variable_conflict use_column
+DECLARE
+    ids uuid[];
+    types text[];
+    hosts text[];
+    objs text[];
+    s_kind text[];
+    s_value text[];
+    s_paused boolean[];
+    s_rate double precision[];
+    s_tokens double precision[];
+    s_slot timestamptz[];
+    s_held bigint[];
+    s_used boolean[];
+    n integer;
+    m integer;
+    ok boolean;
+    hit boolean;
+    lack integer;
+    slot timestamptz;
+    verdict text;
+    until timestamptz;
+BEGIN
+    SELECT coalesce(array_agg(x.id ORDER BY x.ord), '{}'),
+           coalesce(array_agg(b.effect_type ORDER BY x.ord), '{}'),
+           coalesce(array_agg(coalesce(nullif(x.host, ''), outbox_target_host(b.target))
+                              ORDER BY x.ord), '{}'),
+           coalesce(array_agg(CASE WHEN b.effect_type = 'crm'
+                                   THEN lower(split_part(b.target, '/', 1)) END
+                              ORDER BY x.ord), '{}')
+      INTO ids, types, hosts, objs
+      FROM unnest(p_ids, p_hosts) WITH ORDINALITY AS x(id, host, ord)
+      CROSS JOIN LATERAL (SELECT e.effect_type, e.target FROM effect_outbox e
+                           WHERE e.effect_id = x.id OFFSET 0) b;
+    n := cardinality(ids);
+    IF n = 0 THEN
+        RETURN;
+    END IF;
+    -- The scopes these rows belong to, locked (key order, as every caller).
+    SELECT coalesce(array_agg(s.kind ORDER BY s.kind, s.value), '{}'),
+           coalesce(array_agg(s.value ORDER BY s.kind, s.value), '{}'),
+           coalesce(array_agg(s.paused ORDER BY s.kind, s.value), '{}'),
+           coalesce(array_agg(s.rate_per_second ORDER BY s.kind, s.value), '{}'),
+           coalesce(array_agg(CASE WHEN s.rate_per_second IS NULL THEN 0
+                                   ELSE least(s.burst::double precision,
+                                              s.tokens + s.rate_per_second
+                                                * greatest(extract(epoch FROM now() - s.tokens_at), 0))
+                              END ORDER BY s.kind, s.value), '{}'),
+           coalesce(array_agg(s.next_slot ORDER BY s.kind, s.value), '{}')
+      INTO s_kind, s_value, s_paused, s_rate, s_tokens, s_slot
+      FROM (SELECT * FROM outbox_scopes s
+             WHERE (s.paused OR s.rate_per_second IS NOT NULL)
+               AND ((s.kind = 'type' AND s.value = ANY (types))
+                    OR (s.kind = 'host' AND s.value = ANY (hosts))
+                    OR (s.kind = 'crm_object' AND s.value = ANY (objs)))
+             ORDER BY s.kind, s.value FOR UPDATE) s;
+    m := cardinality(s_kind);
+    s_held := array_fill(0::bigint, ARRAY[greatest(m, 1)]);
+    s_used := array_fill(false, ARRAY[greatest(m, 1)]);
+    FOR i IN 1 .. n LOOP
+        verdict := NULL;
+        until := NULL;
+        lack := 0;
+        ok := true;
+        FOR j IN 1 .. m LOOP
+            hit := CASE s_kind[j]
+                   WHEN 'type' THEN s_value[j] = types[i]
+                   WHEN 'host' THEN s_value[j] IS NOT DISTINCT FROM hosts[i]
+                   ELSE s_value[j] IS NOT DISTINCT FROM objs[i] END;
+            CONTINUE WHEN NOT hit;
+            IF s_paused[j] THEN
+                verdict := outbox_scope_name(s_kind[j], s_value[j]);
+                until := 'infinity';
+                s_held[j] := s_held[j] + 1;
+                s_used[j] := true;
+                EXIT;
+            END IF;
+            IF s_rate[j] IS NOT NULL AND s_tokens[j] < 1 THEN
+                ok := false;
+                slot := greatest(s_slot[j] + make_interval(secs => 1 / s_rate[j]),
+                                 now() + make_interval(secs => (1 - s_tokens[j]) / s_rate[j]));
+                IF lack = 0 OR slot > until THEN
+                    lack := j;
+                    until := slot;
+                END IF;
+            END IF;
+        END LOOP;
+        IF verdict IS NULL AND NOT ok THEN
+            verdict := outbox_scope_name(s_kind[lack], s_value[lack]);
+            s_slot[lack] := until;
+            s_held[lack] := s_held[lack] + 1;
+            s_used[lack] := true;
+        ELSIF verdict IS NULL THEN
+            FOR j IN 1 .. m LOOP
+                hit := CASE s_kind[j]
+                       WHEN 'type' THEN s_value[j] = types[i]
+                       WHEN 'host' THEN s_value[j] IS NOT DISTINCT FROM hosts[i]
+                       ELSE false END;
+                IF s_rate[j] IS NOT NULL AND hit THEN
+                    s_tokens[j] := s_tokens[j] - 1;
+                    s_used[j] := true;
+                END IF;
+            END LOOP;
+        END IF;
+        effect_id := ids[i];
+        held_by := verdict;
+        held_until := until;
+        RETURN NEXT;
+    END LOOP;
+    -- Each scope this call drew on or held for, written once.
+    UPDATE outbox_scopes s
+       SET tokens = CASE WHEN s.rate_per_second IS NULL THEN s.tokens ELSE u.tokens END,
+           tokens_at = CASE WHEN s.rate_per_second IS NULL THEN s.tokens_at ELSE now() END,
+           next_slot = u.slot, held_total = s.held_total + u.held
+      FROM unnest(s_kind[1:m], s_value[1:m], s_tokens[1:m], s_slot[1:m], s_held[1:m],
+                  s_used[1:m]) AS u(kind, value, tokens, slot, held, used)
+     WHERE u.used AND s.kind = u.kind AND s.value = u.value;
+END $$;
+
+
+--
+-- Name: outbox_scope_value(text, text); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.outbox_scope_value(p_kind text, p_value text) RETURNS text
+    LANGUAGE plpgsql STABLE SECURITY DEFINER
+    SET search_path TO 'public', 'pg_temp'
+    AS $_$
+DECLARE
+    v text := p_value;
+    known text;
+BEGIN
+    IF v IS NULL OR v = '' OR length(v) > 255 THEN
+        RAISE EXCEPTION 'scope %: a value of 1 to 255 characters is required', coalesce(p_kind, '')
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    CASE p_kind
+    WHEN 'type' THEN
+        IF v !~ '^[A-Za-z0-9_.-]+$' THEN
+            RAISE EXCEPTION 'scope type "%": not an effect type (letters, digits, _ . -)', v
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+        -- A typo must not look like a pause that holds: a type no worker
+        -- serves is refused once any worker has said what it serves.
+        SELECT string_agg(p.name, ', ' ORDER BY p.name) INTO known FROM outbox_providers p;
+        IF known IS NOT NULL AND NOT EXISTS (SELECT 1 FROM outbox_providers p WHERE p.name = v) THEN
+            RAISE EXCEPTION 'scope type "%": no worker serves it (the fleet serves: %)', v, known
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+    WHEN 'host' THEN
+        v := lower(v);
+        IF v ~ '^\[.*\]$' THEN
+            v := substr(v, 2, length(v) - 2);
+        END IF;
+        IF NOT (v ~ '^[a-z0-9]([a-z0-9-]*[a-z0-9])?(\.[a-z0-9]([a-z0-9-]*[a-z0-9])?)*$'
+                OR (v ~ '^[0-9a-f:.]+$' AND v LIKE '%:%')) THEN
+            RAISE EXCEPTION 'scope host "%": a host name or address alone (no scheme, port, path '
+                            'or trailing dot), e.g. api.example.com', p_value
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+    WHEN 'crm_object' THEN
+        IF v !~ '^[A-Za-z][A-Za-z0-9_]*$' THEN
+            RAISE EXCEPTION 'scope crm_object "%": not an object API name (letters, digits, '
+                            'underscores, starting with a letter), e.g. Task', v
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+        v := lower(v);
+    ELSE
+        RAISE EXCEPTION 'scope kind "%": one of type, host, crm_object', coalesce(p_kind, '')
+            USING ERRCODE = 'invalid_parameter_value';
+    END CASE;
+    RETURN v;
+END $_$;
+
+
+--
+-- Name: outbox_scopes_refresh(); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.outbox_scopes_refresh() RETURNS void
+    LANGUAGE sql SECURITY DEFINER
+    SET search_path TO 'public', 'pg_temp'
+    AS $$
+    DELETE FROM outbox_scopes s WHERE NOT s.paused AND s.rate_per_second IS NULL;
+    UPDATE outbox_control c
+       SET scoped = EXISTS (SELECT 1 FROM outbox_scopes s)
+     WHERE c.id = 1;
+$$;
+
+
+--
 -- Name: outbox_settle_runs(text[]); Type: FUNCTION; Schema: public; Owner: -
 --
 
@@ -2477,6 +2945,19 @@ BEGIN
     END IF;
     RETURN QUERY SELECT * FROM outbox_fail_unknown_types(p_grace_seconds, p_limit);
 END $$;
+
+
+--
+-- Name: outbox_target_host(text); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.outbox_target_host(p_target text) RETURNS text
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $$
+    SELECT nullif(lower(CASE WHEN h LIKE '[%]' THEN substr(h, 2, length(h) - 2) ELSE h END), '')
+      FROM (SELECT substring(p_target FROM
+                   '^[Hh][Tt][Tt][Pp][Ss]?://(?:[^/?#@]*@)?(\[[^]/?#]*\]|[^:/?#]*)') AS h) x;
+$$;
 
 
 --
@@ -2997,6 +3478,7 @@ CREATE TABLE public.effect_live (
     last_status integer,
     last_reconciled_at timestamp with time zone,
     updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    held_by text,
     CONSTRAINT effect_live_attempts_check CHECK ((attempts >= 0)),
     CONSTRAINT effect_live_retry_base_check CHECK ((retry_base >= 0)),
     CONSTRAINT effect_live_state_check CHECK ((state = ANY (ARRAY['pending'::text, 'sending'::text, 'unknown'::text])))
@@ -3060,6 +3542,7 @@ CREATE TABLE public.outbox_control (
     changed_by text NOT NULL,
     reason text NOT NULL,
     changed_at timestamp with time zone DEFAULT now() NOT NULL,
+    scoped boolean DEFAULT false NOT NULL,
     CONSTRAINT outbox_control_id_check CHECK ((id = 1))
 );
 
@@ -3174,6 +3657,96 @@ CREATE TABLE public.outbox_providers (
     can_reconcile boolean DEFAULT false NOT NULL,
     last_seen timestamp with time zone DEFAULT now() NOT NULL
 );
+
+
+--
+-- Name: outbox_scope_history; Type: TABLE; Schema: public; Owner: -
+--
+
+CREATE TABLE public.outbox_scope_history (
+    change_id bigint NOT NULL,
+    kind text NOT NULL,
+    value text NOT NULL,
+    action text NOT NULL,
+    rate_per_second double precision,
+    burst integer,
+    changed_by text NOT NULL,
+    reason text NOT NULL,
+    changed_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT outbox_scope_history_action_check CHECK ((action = ANY (ARRAY['off'::text, 'on'::text, 'limit'::text, 'unlimit'::text])))
+);
+
+
+--
+-- Name: outbox_scope_history_change_id_seq; Type: SEQUENCE; Schema: public; Owner: -
+--
+
+CREATE SEQUENCE public.outbox_scope_history_change_id_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1;
+
+
+--
+-- Name: outbox_scope_history_change_id_seq; Type: SEQUENCE OWNED BY; Schema: public; Owner: -
+--
+
+ALTER SEQUENCE public.outbox_scope_history_change_id_seq OWNED BY public.outbox_scope_history.change_id;
+
+
+--
+-- Name: outbox_scopes; Type: TABLE; Schema: public; Owner: -
+--
+
+CREATE TABLE public.outbox_scopes (
+    kind text NOT NULL,
+    value text NOT NULL,
+    paused boolean DEFAULT false NOT NULL,
+    paused_by text,
+    paused_reason text,
+    paused_at timestamp with time zone,
+    rate_per_second double precision,
+    burst integer,
+    limit_by text,
+    limit_reason text,
+    limit_at timestamp with time zone,
+    tokens double precision DEFAULT 0 NOT NULL,
+    tokens_at timestamp with time zone DEFAULT now() NOT NULL,
+    next_slot timestamp with time zone DEFAULT '-infinity'::timestamp with time zone NOT NULL,
+    held_total bigint DEFAULT 0 NOT NULL,
+    CONSTRAINT outbox_scopes_burst_check CHECK ((burst >= 1)),
+    CONSTRAINT outbox_scopes_check CHECK (((kind <> 'crm_object'::text) OR (rate_per_second IS NULL))),
+    CONSTRAINT outbox_scopes_check1 CHECK (((rate_per_second IS NULL) = (burst IS NULL))),
+    CONSTRAINT outbox_scopes_kind_check CHECK ((kind = ANY (ARRAY['type'::text, 'host'::text, 'crm_object'::text]))),
+    CONSTRAINT outbox_scopes_rate_per_second_check CHECK ((rate_per_second > (0)::double precision)),
+    CONSTRAINT outbox_scopes_value_check CHECK (((value <> ''::text) AND (length(value) <= 255)))
+);
+
+
+--
+-- Name: outbox_scope_status; Type: VIEW; Schema: public; Owner: -
+--
+
+CREATE VIEW public.outbox_scope_status WITH (security_invoker='false') AS
+ SELECT s.kind,
+    s.value,
+    s.paused,
+    s.paused_by,
+    s.paused_at,
+    s.paused_reason,
+    s.rate_per_second,
+    s.burst,
+    s.limit_by,
+    s.limit_at,
+    s.limit_reason,
+    ( SELECT count(*) AS count
+           FROM public.effect_live o
+          WHERE ((o.held_by = public.outbox_scope_name(s.kind, s.value)) AND (o.state = 'pending'::text))) AS waiting,
+    s.held_total
+   FROM public.outbox_scopes s
+  ORDER BY s.kind, s.value;
 
 
 --
@@ -3356,6 +3929,13 @@ ALTER TABLE ONLY public.outbox_control_history ALTER COLUMN change_id SET DEFAUL
 
 
 --
+-- Name: outbox_scope_history change_id; Type: DEFAULT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.outbox_scope_history ALTER COLUMN change_id SET DEFAULT nextval('public.outbox_scope_history_change_id_seq'::regclass);
+
+
+--
 -- Name: run_claims claim_id; Type: DEFAULT; Schema: public; Owner: -
 --
 
@@ -3448,6 +4028,22 @@ ALTER TABLE ONLY public.outbox_control
 
 ALTER TABLE ONLY public.outbox_providers
     ADD CONSTRAINT outbox_providers_pkey PRIMARY KEY (name);
+
+
+--
+-- Name: outbox_scope_history outbox_scope_history_pkey; Type: CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.outbox_scope_history
+    ADD CONSTRAINT outbox_scope_history_pkey PRIMARY KEY (change_id);
+
+
+--
+-- Name: outbox_scopes outbox_scopes_pkey; Type: CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.outbox_scopes
+    ADD CONSTRAINT outbox_scopes_pkey PRIMARY KEY (kind, value);
 
 
 --
@@ -3608,6 +4204,13 @@ CREATE INDEX effect_history_default_ended_at_idx ON public.effect_history_defaul
 --
 
 CREATE INDEX effect_live_due_idx ON public.effect_live USING btree (available_at, effect_id);
+
+
+--
+-- Name: effect_live_held_idx; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE INDEX effect_live_held_idx ON public.effect_live USING btree (held_by) WHERE (held_by IS NOT NULL);
 
 
 --
@@ -4063,6 +4666,13 @@ REVOKE ALL ON FUNCTION public.outbox_lease(p_owner uuid, p_worker text, p_limit 
 
 
 --
+-- Name: FUNCTION outbox_lease_scoped(p_owner uuid, p_worker text, p_limit integer, p_lease_seconds integer, p_types text[], p_after_at timestamp with time zone, p_after_id uuid, p_max_payload_bytes integer); Type: ACL; Schema: public; Owner: -
+--
+
+REVOKE ALL ON FUNCTION public.outbox_lease_scoped(p_owner uuid, p_worker text, p_limit integer, p_lease_seconds integer, p_types text[], p_after_at timestamp with time zone, p_after_id uuid, p_max_payload_bytes integer) FROM PUBLIC;
+
+
+--
 -- Name: FUNCTION outbox_lock_owned(p_owner uuid, p_ids uuid[]); Type: ACL; Schema: public; Owner: -
 --
 
@@ -4085,11 +4695,11 @@ REVOKE ALL ON FUNCTION public.outbox_lock_run_for_effect(p_key text) FROM PUBLIC
 
 
 --
--- Name: FUNCTION outbox_mark_sending(p_owner uuid, p_ids uuid[], p_env_enabled boolean, p_idempotent_types text[], p_lease_seconds integer, p_call uuid); Type: ACL; Schema: public; Owner: -
+-- Name: FUNCTION outbox_mark_sending(p_owner uuid, p_ids uuid[], p_env_enabled boolean, p_idempotent_types text[], p_lease_seconds integer, p_call uuid, p_hosts text[]); Type: ACL; Schema: public; Owner: -
 --
 
-GRANT ALL ON FUNCTION public.outbox_mark_sending(p_owner uuid, p_ids uuid[], p_env_enabled boolean, p_idempotent_types text[], p_lease_seconds integer, p_call uuid) TO outbox_dispatcher;
-REVOKE ALL ON FUNCTION public.outbox_mark_sending(p_owner uuid, p_ids uuid[], p_env_enabled boolean, p_idempotent_types text[], p_lease_seconds integer, p_call uuid) FROM PUBLIC;
+GRANT ALL ON FUNCTION public.outbox_mark_sending(p_owner uuid, p_ids uuid[], p_env_enabled boolean, p_idempotent_types text[], p_lease_seconds integer, p_call uuid, p_hosts text[]) TO outbox_dispatcher;
+REVOKE ALL ON FUNCTION public.outbox_mark_sending(p_owner uuid, p_ids uuid[], p_env_enabled boolean, p_idempotent_types text[], p_lease_seconds integer, p_call uuid, p_hosts text[]) FROM PUBLIC;
 
 
 --
@@ -4302,6 +4912,66 @@ REVOKE ALL ON FUNCTION public.outbox_run_is_mine(p_owner_role text) FROM PUBLIC;
 
 
 --
+-- Name: FUNCTION outbox_scope_hold(p_owner uuid, p_ids uuid[], p_held uuid[], p_by text[], p_until timestamp with time zone[]); Type: ACL; Schema: public; Owner: -
+--
+
+REVOKE ALL ON FUNCTION public.outbox_scope_hold(p_owner uuid, p_ids uuid[], p_held uuid[], p_by text[], p_until timestamp with time zone[]) FROM PUBLIC;
+
+
+--
+-- Name: FUNCTION outbox_scope_limit(p_kind text, p_value text, p_rate double precision, p_burst integer, p_operator text, p_reason text); Type: ACL; Schema: public; Owner: -
+--
+
+GRANT ALL ON FUNCTION public.outbox_scope_limit(p_kind text, p_value text, p_rate double precision, p_burst integer, p_operator text, p_reason text) TO outbox_operator;
+REVOKE ALL ON FUNCTION public.outbox_scope_limit(p_kind text, p_value text, p_rate double precision, p_burst integer, p_operator text, p_reason text) FROM PUBLIC;
+
+
+--
+-- Name: FUNCTION outbox_scope_name(p_kind text, p_value text); Type: ACL; Schema: public; Owner: -
+--
+
+GRANT ALL ON FUNCTION public.outbox_scope_name(p_kind text, p_value text) TO outbox_dispatcher;
+GRANT ALL ON FUNCTION public.outbox_scope_name(p_kind text, p_value text) TO outbox_operator;
+REVOKE ALL ON FUNCTION public.outbox_scope_name(p_kind text, p_value text) FROM PUBLIC;
+
+
+--
+-- Name: FUNCTION outbox_scope_pause(p_kind text, p_value text, p_paused boolean, p_operator text, p_reason text); Type: ACL; Schema: public; Owner: -
+--
+
+GRANT ALL ON FUNCTION public.outbox_scope_pause(p_kind text, p_value text, p_paused boolean, p_operator text, p_reason text) TO outbox_operator;
+REVOKE ALL ON FUNCTION public.outbox_scope_pause(p_kind text, p_value text, p_paused boolean, p_operator text, p_reason text) FROM PUBLIC;
+
+
+--
+-- Name: FUNCTION outbox_scope_paused_for(p_type text, p_target text, p_host text); Type: ACL; Schema: public; Owner: -
+--
+
+REVOKE ALL ON FUNCTION public.outbox_scope_paused_for(p_type text, p_target text, p_host text) FROM PUBLIC;
+
+
+--
+-- Name: FUNCTION outbox_scope_sort(p_ids uuid[], p_hosts text[]); Type: ACL; Schema: public; Owner: -
+--
+
+REVOKE ALL ON FUNCTION public.outbox_scope_sort(p_ids uuid[], p_hosts text[]) FROM PUBLIC;
+
+
+--
+-- Name: FUNCTION outbox_scope_value(p_kind text, p_value text); Type: ACL; Schema: public; Owner: -
+--
+
+REVOKE ALL ON FUNCTION public.outbox_scope_value(p_kind text, p_value text) FROM PUBLIC;
+
+
+--
+-- Name: FUNCTION outbox_scopes_refresh(); Type: ACL; Schema: public; Owner: -
+--
+
+REVOKE ALL ON FUNCTION public.outbox_scopes_refresh() FROM PUBLIC;
+
+
+--
 -- Name: FUNCTION outbox_settle_runs(p_keys text[]); Type: ACL; Schema: public; Owner: -
 --
 
@@ -4325,6 +4995,15 @@ REVOKE ALL ON FUNCTION public.outbox_sha256_hex(t text) FROM PUBLIC;
 
 GRANT ALL ON FUNCTION public.outbox_sweep(p_worker text, p_grace_seconds integer, p_every_seconds integer, p_limit integer) TO outbox_dispatcher;
 REVOKE ALL ON FUNCTION public.outbox_sweep(p_worker text, p_grace_seconds integer, p_every_seconds integer, p_limit integer) FROM PUBLIC;
+
+
+--
+-- Name: FUNCTION outbox_target_host(p_target text); Type: ACL; Schema: public; Owner: -
+--
+
+GRANT ALL ON FUNCTION public.outbox_target_host(p_target text) TO outbox_dispatcher;
+GRANT ALL ON FUNCTION public.outbox_target_host(p_target text) TO outbox_operator;
+REVOKE ALL ON FUNCTION public.outbox_target_host(p_target text) FROM PUBLIC;
 
 
 --
@@ -4681,6 +5360,14 @@ GRANT SELECT(updated_at) ON TABLE public.effect_live TO outbox_producer;
 
 
 --
+-- Name: COLUMN effect_live.held_by; Type: ACL; Schema: public; Owner: -
+--
+
+GRANT SELECT(held_by) ON TABLE public.effect_live TO outbox_dispatcher;
+GRANT SELECT(held_by) ON TABLE public.effect_live TO outbox_producer;
+
+
+--
 -- Name: TABLE operator_actions; Type: ACL; Schema: public; Owner: -
 --
 
@@ -4954,6 +5641,30 @@ GRANT SELECT(send_deadline) ON TABLE public.outbox_effects TO outbox_producer;
 
 GRANT SELECT ON TABLE public.outbox_providers TO outbox_dispatcher;
 GRANT SELECT ON TABLE public.outbox_providers TO outbox_operator;
+
+
+--
+-- Name: TABLE outbox_scope_history; Type: ACL; Schema: public; Owner: -
+--
+
+GRANT SELECT ON TABLE public.outbox_scope_history TO outbox_dispatcher;
+GRANT SELECT ON TABLE public.outbox_scope_history TO outbox_operator;
+
+
+--
+-- Name: TABLE outbox_scopes; Type: ACL; Schema: public; Owner: -
+--
+
+GRANT SELECT ON TABLE public.outbox_scopes TO outbox_dispatcher;
+GRANT SELECT ON TABLE public.outbox_scopes TO outbox_operator;
+
+
+--
+-- Name: TABLE outbox_scope_status; Type: ACL; Schema: public; Owner: -
+--
+
+GRANT SELECT ON TABLE public.outbox_scope_status TO outbox_dispatcher;
+GRANT SELECT ON TABLE public.outbox_scope_status TO outbox_operator;
 
 
 --

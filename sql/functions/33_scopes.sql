@@ -206,6 +206,10 @@ DECLARE
     ids uuid[] := '{}';
     more uuid[];
 BEGIN
+    -- Under the kill-switch lock, as the mark: a resume (which takes it
+    -- exclusively) then sees every row this lease parked, or this lease
+    -- sees the scope resumed; never a row parked after its resume.
+    PERFORM pg_advisory_xact_lock_shared(outbox_kill_switch_lock_key());
     FOR pass IN 1 .. 8 LOOP
         EXIT WHEN got >= p_limit;
         WITH due AS (
@@ -457,6 +461,8 @@ SELECT s.kind, s.value, s.paused, s.paused_by, s.paused_at, s.paused_reason,
  ORDER BY s.kind, s.value;
 
 REVOKE EXECUTE ON FUNCTION
+    outbox_target_host(text),
+    outbox_scope_name(text, text),
     outbox_lease_scoped(uuid, text, integer, integer, text[], timestamp with time zone, uuid,
                         integer),
     outbox_scope_paused_for(text, text, text),
@@ -472,4 +478,6 @@ GRANT EXECUTE ON FUNCTION
     outbox_scope_pause(text, text, boolean, text, text),
     outbox_scope_limit(text, text, double precision, integer, text, text)
     TO outbox_operator;
+GRANT EXECUTE ON FUNCTION outbox_target_host(text), outbox_scope_name(text, text)
+    TO outbox_dispatcher, outbox_operator;
 GRANT SELECT ON outbox_scope_status TO outbox_operator, outbox_dispatcher;

@@ -26,8 +26,13 @@ def indexes(conn, table):
 def test_live_rows_have_two_indexes_and_the_history_one(conn):
     """Each index is an entry every new effect writes: the live row's key
     and its due order, and the history row's (creation time, effect)
-    (its block-range index writes a summary per range, not per row)."""
-    assert indexes(conn, "effect_live") == ["effect_live_due_idx", "effect_live_pkey"]
+    (its block-range index writes a summary per range, not per row).
+    The held-rows index is partial: a new row (held_by NULL) adds no entry
+    to it, and a claim, which leaves held_by alone, stays HOT."""
+    assert indexes(conn, "effect_live") == ["effect_live_due_idx", "effect_live_held_idx",
+                                            "effect_live_pkey"]
+    assert "WHERE (held_by IS NOT NULL)" in scalar(
+        conn, "SELECT pg_get_indexdef('effect_live_held_idx'::regclass)")
     assert indexes(conn, "effect_history") == ["effect_history_effect_idx",
                                                "effect_history_ended_brin"]
     assert scalar(conn, "SELECT amname FROM pg_class c JOIN pg_am a ON a.oid = c.relam "

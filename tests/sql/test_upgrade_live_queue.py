@@ -204,7 +204,8 @@ def snapshot(conn):
         "runs": query(conn, "SELECT * FROM workflow_runs ORDER BY idempotency_key"),
         "approvals": query(conn, "SELECT * FROM approvals ORDER BY approval_id"),
         "actions": query(conn, "SELECT * FROM operator_actions ORDER BY action_id"),
-        "control": query(conn, "SELECT * FROM outbox_control"),
+        "control": query(conn, "SELECT id, enabled, changed_by, reason, changed_at "
+                               "FROM outbox_control"),
     }
 
 

@@ -412,6 +412,36 @@ static void test_idle_hosts_are_pruned(void **state)
 	assert_int_equal(hosts_count(h), 1);
 }
 
+/* The host a scope names, from each provider's host key. */
+static void test_host_key_host(void **state)
+{
+	static const struct {
+		const char *key, *host;
+	} cases[] = {
+		{ "https://api.example.com:443", "api.example.com" },   /* http */
+		{ "http://API.Example.COM:8080", "api.example.com" },
+		{ "https://[::1]:8443", "::1" },
+		{ "https://::1:443", "::1" },          /* the http provider writes IPv6 bare */
+		{ "::1", "::1" },                      /* bare, no port */
+		{ "acme.my.salesforce.com:443", "acme.my.salesforce.com" },   /* crm */
+		{ "[::1]:25", "::1" },                 /* email relay */
+		{ "127.0.0.1:25", "127.0.0.1" },
+		{ "relay", "relay" },
+		{ "", "" },
+		{ "[unclosed", "unclosed" },
+	};
+	char out[64];
+
+	(void)state;
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		host_key_host(cases[i].key, out, sizeof(out));
+		assert_string_equal(out, cases[i].host);
+	}
+	/* Cut to the buffer, never past it. */
+	host_key_host("https://api.example.com:443", out, 4);
+	assert_string_equal(out, "api");
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -428,6 +458,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_4xx_does_not_count_and_resets, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_stragglers_while_open, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_idle_hosts_are_pruned, setup, teardown),
+		cmocka_unit_test(test_host_key_host),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

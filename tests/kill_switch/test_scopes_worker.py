@@ -1,0 +1,110 @@
+# SPDX-License-Identifier: ISC
+"""Scoped pauses and rate limits as one worker meets them (docs/design.md,
+"Scoped pauses and rate limits"): a host scope matches the host the
+provider connects to, also where the target names no host (the email
+relay); the claim of an http-only worker turns into a lease while a scope
+is set; a limit spaces the sends; the metrics show each scope.  The fleet
+under load is tests/kill_switch/test_scoped_fleet.py.
+"""
+import re
+import urllib.request
+
+from outbox_test import (FAST, enqueue, free_port, http_cfg, kill_switch, query, scalar, states,
+                         wait_for)
+
+
+def pause(conn, kind, value, paused=True):
+    return query(conn, "SELECT * FROM outbox_scope_pause(%s, %s, %s, 'test', 'test')",
+                 (kind, value, paused))
+
+
+def limit(conn, kind, value, rate, burst=None):
+    query(conn, "SELECT outbox_scope_limit(%s, %s, %s, %s, 'test', 'test')",
+          (kind, value, rate, burst))
+
+
+def email_cfg(smtp):
+    sec = {"server": f"127.0.0.1:{smtp.port}", "starttls": "off"}
+    sec.update(FAST)
+    return {"provider.email": sec, "provider.http": None, "dispatcher": {"providers": "email"}}
+
+
+EMAIL = {"from": "Outbox <noreply@example.com>", "subject": "Hello", "text": "Hello.\n"}
+
+
+def held(conn, ids):
+    return query(conn, "SELECT held_by, attempts, state, available_at = 'infinity' "
+                       "FROM effect_live WHERE effect_id = ANY(%s::uuid[])", ([str(i) for i in ids],))
+
+
+def test_the_relays_host_pauses_email_at_the_sending_transition(conn, dispatchers, smtp):
+    """An email target names no host: the lease cannot see that the relay's
+    host is paused, the sending transition can (the worker passes the host
+    its provider connects to).  The rows are parked there, no attempt
+    spent, nothing reaches the relay; resumed, each is delivered once."""
+    kill_switch(conn, True)
+    pause(conn, "host", "127.0.0.1")
+    ids = [enqueue(conn, "email", f"user{i}@example.com", EMAIL) for i in range(4)]
+    w = dispatchers(email_cfg(smtp))
+    wait_for(lambda: all(r[0] == "host:127.0.0.1" for r in held(conn, ids)), what="all parked")
+    assert all(r[1] == 0 and r[2] == "pending" and r[3] for r in held(conn, ids)), held(conn, ids)
+    assert smtp.received() == []
+    ev = [e for e in w.events() if e.get("event") == "scope_held"]
+    assert ev and all(e["scope"] == "host:127.0.0.1" and e["why"] == "paused" for e in ev), ev
+    assert sum(e["count"] for e in ev) == 4
+    pause(conn, "host", "127.0.0.1", False)
+    wait_for(lambda: states(conn).get("completed") == 4, what="delivered after resume")
+    assert sorted(m["rcpt_tos"][0] for m in smtp.received()) == \
+        sorted(f"user{i}@example.com" for i in range(4))
+    assert scalar(conn, "SELECT max(attempt) FROM effect_attempts") == 1
+
+
+def test_a_type_pause_is_parked_by_the_lease_and_shown_in_the_metrics(conn, dispatchers, sink):
+    """A paused type is visible to the lease: its rows are parked without
+    ever being leased, the metrics list the scope (paused, waiting) and the
+    other types are unaffected."""
+    kill_switch(conn, True)
+    pause(conn, "type", "http")
+    ids = [enqueue(conn, "http", sink.url + f"/ok?{i}", {}) for i in range(3)]
+    port = free_port()
+    w = dispatchers(dict(http_cfg(), metrics={"listen": f"127.0.0.1:{port}"}))
+    wait_for(lambda: all(r[0] == "type:http" for r in held(conn, ids)), what="all parked")
+    assert scalar(conn, "SELECT count(*) FROM effect_history") == 0
+
+    def scrape():
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+        return text if re.search(r'^outbox_scope_waiting\{scope="type:http"\} 3$', text, re.M) \
+            else None
+    text = wait_for(scrape, what="the scope in /metrics")
+    assert re.search(r'^outbox_scope_paused\{scope="type:http"\} 1$', text, re.M), text
+    assert re.search(r'^outbox_scope_rate_limit\{scope="type:http"\} 0$', text, re.M), text
+    # Parked by the lease, not held at the sending transition.
+    assert re.search(r"^outbox_scope_held_total 0$", text, re.M), text
+    assert sink.count() == 0
+    pause(conn, "type", "http", False)
+    wait_for(lambda: states(conn).get("completed") == 3, what="delivered after resume")
+    assert sink.count() == 3
+    assert w.events()
+
+
+def test_a_limit_spaces_the_sends_of_an_http_worker_whose_claims_become_leases(
+        conn, dispatchers, sink):
+    """An http-only worker claims (lease and mark in one call); with a
+    limit set its claims only lease, and the sending transition spaces the
+    sends at the rate: 8 sends at 5/s with a burst of 1 take at least 7
+    slots of 200 ms.  Nothing is sent twice, no attempt is spent waiting."""
+    kill_switch(conn, True)
+    limit(conn, "host", "127.0.0.1", 5, 1)
+    ids = [enqueue(conn, "http", sink.url + f"/ok?{i}", {}) for i in range(8)]
+    w = dispatchers(http_cfg())
+    wait_for(lambda: states(conn).get("completed") == 8, timeout=30, what="all delivered")
+    times = sorted(r["t"] for r in sink.received())
+    assert len(times) == 8 and all(v == 1 for v in sink.keys().values())
+    # A token every 200 ms: the last start is at least 7 slots after the
+    # first (less a little for the two clocks' reading).
+    assert times[-1] - times[0] >= 7 * 0.2 * 0.9, times
+    assert scalar(conn, "SELECT max(attempt) FROM effect_attempts "
+                        "WHERE effect_id = ANY(%s::uuid[])", ([str(i) for i in ids],)) == 1
+    ev = [e for e in w.events() if e.get("event") == "scope_held"]
+    assert ev and all(e["why"] == "limited" and e["scope"] == "host:127.0.0.1" for e in ev), ev
+    assert scalar(conn, "SELECT held_total FROM outbox_scopes WHERE kind = 'host'") >= 1
