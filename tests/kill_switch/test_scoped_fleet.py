@@ -327,11 +327,14 @@ def check_pause_list(returned, seen, in_scope):
 # -- 1. a pause by type under a mixed stream -------------------------------------
 
 def mixed_effect(sink):
+    """Email answered 300 ms after the end of data (the SMTP peer's
+    slow-data mode): at 20 a second some are always in flight, so the
+    pause has sends to list."""
     def make(i):
         kind = ("email", "http", "crm")[i % 3]
         if kind == "email":
             sender = f"s{i}@{DOMAIN}"
-            return ("email", f"r{i}@{DOMAIN}",
+            return ("email", f"r{i}+slow-data-300@{DOMAIN}",
                     {"from": sender, "subject": f"scoped {i}", "text": f"Effect {i}.\n"}, sender)
         if kind == "http":
             return "http", f"{sink.url}/ok?{i}", {"body": {"i": i}}, None
@@ -444,11 +447,14 @@ def _pause_by_type(conn, op, dispatchers, producers, sink, crm, token_file, smtp
 # -- 2. a pause by host -------------------------------------------------------------
 
 def two_hosts(sinks):
+    """The first host answers after 200 ms: it has sends in flight when it
+    is paused."""
     hosts = sorted(sinks)
 
     def make(i):
         s = sinks[hosts[i % 2]]
-        return "http", f"{s.base}/ok?{i}", {"body": {"i": i}}, s.host
+        path = "/delay/200" if i % 2 == 0 else "/ok"
+        return "http", f"{s.base}{path}?{i}", {"body": {"i": i}}, s.host
     return make
 
 
@@ -496,7 +502,8 @@ def test_pause_by_host_stops_that_host_only(conn, op, dispatchers, producers, se
     assert paused.keys() == {effects[e]["key"]: 1 for e in to_paused}
     assert flowing.keys() == {effects[e]["key"]: 1 for e in others}
     assert set(attempt_rows(conn, effects).values()) == {1}
-    print(f"host pause: {len(listed)} in flight listed, {len(waiting)} held; "
+    print(f"host pause: {len(listed)} in flight listed, {len(started_before)} started before, "
+          f"{len(waiting)} held; "
           f"{len(effects)} effects delivered once")
 
 
