@@ -168,8 +168,8 @@ static bool claim_refused(struct worker *w, const struct batch *b, PGresult *r)
 	return true;
 }
 
-/* The statement's parameters, in outbox_claim()'s order; p_repeat last,
- * false: DBQ_REPEAT_FLAG sets it on a repeat. */
+/* The statement's parameters: p_lease_if_scoped, then p_repeat last,
+ * false (DBQ_REPEAT_FLAG sets the last one on a repeat). */
 static void claim_params(const struct take_args *a, const char *params[TAKE_PARAMS_MAX])
 {
 	params[0] = a->owner;
@@ -183,7 +183,8 @@ static void claim_params(const struct take_args *a, const char *params[TAKE_PARA
 	params[8] = a->after_at;
 	params[9] = a->after_id;
 	params[10] = a->max_payload;
-	params[11] = "false";
+	params[11] = "true";    /* p_lease_if_scoped: this worker reads leased_only */
+	params[12] = "false";
 }
 
 /* The claim as take.c sends it, with a call token of its own.  Repeated

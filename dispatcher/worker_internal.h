@@ -319,7 +319,7 @@ struct take_args {
 	const char *after_at, *after_id; /* the due-index position; NULL: from the head */
 	const char *max_payload;
 };
-#define TAKE_PARAMS_MAX 12
+#define TAKE_PARAMS_MAX 13
 
 /* One kind of request take.c sends and answers: its statement, the flags
  * it goes with (besides DBQ_URGENT on the lease connection), whether it

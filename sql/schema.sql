@@ -216,10 +216,10 @@ END $$;
 
 
 --
--- Name: outbox_claim(uuid, text, integer, integer, text[], boolean, text[], uuid, timestamp with time zone, uuid, boolean, integer); Type: FUNCTION; Schema: public; Owner: -
+-- Name: outbox_claim(uuid, text, integer, integer, text[], boolean, text[], uuid, timestamp with time zone, uuid, boolean, integer, boolean); Type: FUNCTION; Schema: public; Owner: -
 --
 
-CREATE FUNCTION public.outbox_claim(p_owner uuid, p_worker text, p_limit integer, p_lease_seconds integer, p_types text[], p_env_enabled boolean, p_idempotent_types text[], p_call uuid, p_after_at timestamp with time zone DEFAULT NULL::timestamp with time zone, p_after_id uuid DEFAULT NULL::uuid, p_repeat boolean DEFAULT false, p_max_payload_bytes integer DEFAULT 67108864) RETURNS TABLE(effect_id uuid, idempotency_key text, effect_type text, target text, payload text, payload_hash text, effect_key text, attempts integer, metadata text, approved_by text, retry_base integer, available_at timestamp with time zone, payload_bytes integer, metadata_bytes integer, leased_only boolean)
+CREATE FUNCTION public.outbox_claim(p_owner uuid, p_worker text, p_limit integer, p_lease_seconds integer, p_types text[], p_env_enabled boolean, p_idempotent_types text[], p_call uuid, p_after_at timestamp with time zone DEFAULT NULL::timestamp with time zone, p_after_id uuid DEFAULT NULL::uuid, p_repeat boolean DEFAULT false, p_max_payload_bytes integer DEFAULT 67108864, p_lease_if_scoped boolean DEFAULT false) RETURNS TABLE(effect_id uuid, idempotency_key text, effect_type text, target text, payload text, payload_hash text, effect_key text, attempts integer, metadata text, approved_by text, retry_base integer, available_at timestamp with time zone, payload_bytes integer, metadata_bytes integer, leased_only boolean)
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'public', 'pg_temp'
     SET plan_cache_mode TO 'force_generic_plan'
@@ -282,7 +282,9 @@ BEGIN
     IF NOT allowed THEN
         RETURN;
     END IF;
-    IF scoped THEN
+    IF scoped AND NOT p_lease_if_scoped THEN
+        RETURN;
+    ELSIF scoped THEN
         RETURN QUERY SELECT l.*, true FROM outbox_lease(p_owner, p_worker, p_limit,
                                                         p_lease_seconds, p_types, p_env_enabled,
                                                         p_after_at, p_after_id,
@@ -1168,6 +1170,10 @@ DECLARE
     ids uuid[] := '{}';
     more uuid[];
 BEGIN
+    -- Under the kill-switch lock, as the mark: a resume (which takes it
+    -- exclusively) then sees every row this lease parked, or this lease
+    -- sees the scope resumed; never a row parked after its resume.
+    PERFORM pg_advisory_xact_lock_shared(outbox_kill_switch_lock_key());
     FOR pass IN 1 .. 8 LOOP
         EXIT WHEN got >= p_limit;
         WITH due AS (
@@ -1281,10 +1287,24 @@ END $$;
 
 
 --
+-- Name: outbox_mark_sending(uuid, uuid[], boolean, text[], integer, uuid); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.outbox_mark_sending(p_owner uuid, p_ids uuid[], p_env_enabled boolean, p_idempotent_types text[], p_lease_seconds integer, p_call uuid DEFAULT NULL::uuid) RETURNS TABLE(effect_id uuid, attempts integer, blocked boolean)
+    LANGUAGE sql SECURITY DEFINER
+    SET search_path TO 'public', 'pg_temp'
+    AS $$
+    SELECT m.effect_id, m.attempts, m.blocked
+      FROM outbox_mark_sending(p_owner, p_ids, p_env_enabled, p_idempotent_types,
+                               p_lease_seconds, p_call, NULL::text[]) m;
+$$;
+
+
+--
 -- Name: outbox_mark_sending(uuid, uuid[], boolean, text[], integer, uuid, text[]); Type: FUNCTION; Schema: public; Owner: -
 --
 
-CREATE FUNCTION public.outbox_mark_sending(p_owner uuid, p_ids uuid[], p_env_enabled boolean, p_idempotent_types text[], p_lease_seconds integer, p_call uuid DEFAULT NULL::uuid, p_hosts text[] DEFAULT NULL::text[]) RETURNS TABLE(effect_id uuid, attempts integer, blocked boolean, held_by text, held_until timestamp with time zone)
+CREATE FUNCTION public.outbox_mark_sending(p_owner uuid, p_ids uuid[], p_env_enabled boolean, p_idempotent_types text[], p_lease_seconds integer, p_call uuid, p_hosts text[]) RETURNS TABLE(effect_id uuid, attempts integer, blocked boolean, held_by text, held_until timestamp with time zone)
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'public', 'pg_temp'
     SET plan_cache_mode TO 'force_generic_plan'
@@ -4538,11 +4558,11 @@ REVOKE ALL ON FUNCTION public.outbox_cancel_status(p_effect_id uuid, p_reason te
 
 
 --
--- Name: FUNCTION outbox_claim(p_owner uuid, p_worker text, p_limit integer, p_lease_seconds integer, p_types text[], p_env_enabled boolean, p_idempotent_types text[], p_call uuid, p_after_at timestamp with time zone, p_after_id uuid, p_repeat boolean, p_max_payload_bytes integer); Type: ACL; Schema: public; Owner: -
+-- Name: FUNCTION outbox_claim(p_owner uuid, p_worker text, p_limit integer, p_lease_seconds integer, p_types text[], p_env_enabled boolean, p_idempotent_types text[], p_call uuid, p_after_at timestamp with time zone, p_after_id uuid, p_repeat boolean, p_max_payload_bytes integer, p_lease_if_scoped boolean); Type: ACL; Schema: public; Owner: -
 --
 
-GRANT ALL ON FUNCTION public.outbox_claim(p_owner uuid, p_worker text, p_limit integer, p_lease_seconds integer, p_types text[], p_env_enabled boolean, p_idempotent_types text[], p_call uuid, p_after_at timestamp with time zone, p_after_id uuid, p_repeat boolean, p_max_payload_bytes integer) TO outbox_dispatcher;
-REVOKE ALL ON FUNCTION public.outbox_claim(p_owner uuid, p_worker text, p_limit integer, p_lease_seconds integer, p_types text[], p_env_enabled boolean, p_idempotent_types text[], p_call uuid, p_after_at timestamp with time zone, p_after_id uuid, p_repeat boolean, p_max_payload_bytes integer) FROM PUBLIC;
+GRANT ALL ON FUNCTION public.outbox_claim(p_owner uuid, p_worker text, p_limit integer, p_lease_seconds integer, p_types text[], p_env_enabled boolean, p_idempotent_types text[], p_call uuid, p_after_at timestamp with time zone, p_after_id uuid, p_repeat boolean, p_max_payload_bytes integer, p_lease_if_scoped boolean) TO outbox_dispatcher;
+REVOKE ALL ON FUNCTION public.outbox_claim(p_owner uuid, p_worker text, p_limit integer, p_lease_seconds integer, p_types text[], p_env_enabled boolean, p_idempotent_types text[], p_call uuid, p_after_at timestamp with time zone, p_after_id uuid, p_repeat boolean, p_max_payload_bytes integer, p_lease_if_scoped boolean) FROM PUBLIC;
 
 
 --
@@ -4692,6 +4712,14 @@ REVOKE ALL ON FUNCTION public.outbox_lock_pending_of_run(p_key text) FROM PUBLIC
 
 GRANT ALL ON FUNCTION public.outbox_lock_run_for_effect(p_key text) TO outbox_producer;
 REVOKE ALL ON FUNCTION public.outbox_lock_run_for_effect(p_key text) FROM PUBLIC;
+
+
+--
+-- Name: FUNCTION outbox_mark_sending(p_owner uuid, p_ids uuid[], p_env_enabled boolean, p_idempotent_types text[], p_lease_seconds integer, p_call uuid); Type: ACL; Schema: public; Owner: -
+--
+
+GRANT ALL ON FUNCTION public.outbox_mark_sending(p_owner uuid, p_ids uuid[], p_env_enabled boolean, p_idempotent_types text[], p_lease_seconds integer, p_call uuid) TO outbox_dispatcher;
+REVOKE ALL ON FUNCTION public.outbox_mark_sending(p_owner uuid, p_ids uuid[], p_env_enabled boolean, p_idempotent_types text[], p_lease_seconds integer, p_call uuid) FROM PUBLIC;
 
 
 --

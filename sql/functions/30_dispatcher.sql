@@ -156,12 +156,11 @@ $$;
 -- back the rows it already moved; that second half is read only when some
 -- id did not move.  A call without a token gets one: every `sending` row
 -- belongs to a call row.
--- (The older signature, without p_hosts and the two held columns, goes
--- first: a result type cannot be replaced.)
-DROP FUNCTION IF EXISTS outbox_mark_sending(uuid, uuid[], boolean, text[], integer, uuid);
+-- (The signature without p_hosts, and its three columns, stays for
+-- workers built before scopes existed, below.)
 CREATE OR REPLACE FUNCTION outbox_mark_sending(p_owner uuid, p_ids uuid[], p_env_enabled boolean,
                                                p_idempotent_types text[], p_lease_seconds integer,
-                                               p_call uuid DEFAULT NULL, p_hosts text[] DEFAULT NULL)
+                                               p_call uuid, p_hosts text[])
 RETURNS TABLE (effect_id uuid, attempts integer, blocked boolean, held_by text,
                held_until timestamptz)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp
@@ -269,6 +268,18 @@ BEGIN
            AND o.mark_token = p_call;
     END IF;
 END $$;
+
+-- The sending transition as a worker built before scopes existed calls it:
+-- hosts read from the targets by the database.
+CREATE OR REPLACE FUNCTION outbox_mark_sending(p_owner uuid, p_ids uuid[], p_env_enabled boolean,
+                                               p_idempotent_types text[], p_lease_seconds integer,
+                                               p_call uuid DEFAULT NULL)
+RETURNS TABLE (effect_id uuid, attempts integer, blocked boolean)
+LANGUAGE sql SECURITY DEFINER SET search_path = public, pg_temp AS $$
+    SELECT m.effect_id, m.attempts, m.blocked
+      FROM outbox_mark_sending(p_owner, p_ids, p_env_enabled, p_idempotent_types,
+                               p_lease_seconds, p_call, NULL::text[]) m;
+$$;
 
 CREATE OR REPLACE FUNCTION outbox_renew(p_owner uuid, p_ids uuid[], p_lease_seconds integer,
                                         p_max_lease_seconds integer)
@@ -857,6 +868,7 @@ REVOKE EXECUTE ON FUNCTION
     outbox_lease(uuid, text, integer, integer, text[], boolean, timestamp with time zone, uuid,
                  integer),
     outbox_mark_sending(uuid, uuid[], boolean, text[], integer, uuid, text[]),
+    outbox_mark_sending(uuid, uuid[], boolean, text[], integer, uuid),
     outbox_renew(uuid, uuid[], integer, integer),
     outbox_release(uuid, uuid[], bigint),
     outbox_effect_state(uuid),
@@ -874,6 +886,7 @@ GRANT EXECUTE ON FUNCTION
     outbox_lease(uuid, text, integer, integer, text[], boolean, timestamp with time zone, uuid,
                  integer),
     outbox_mark_sending(uuid, uuid[], boolean, text[], integer, uuid, text[]),
+    outbox_mark_sending(uuid, uuid[], boolean, text[], integer, uuid),
     outbox_renew(uuid, uuid[], integer, integer),
     outbox_release(uuid, uuid[], bigint),
     outbox_complete(uuid, text, jsonb),

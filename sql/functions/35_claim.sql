@@ -41,28 +41,23 @@
 -- each provider connects to.  A claim cannot know that host before the
 -- worker has seen the row.
 --
--- (The older signatures go first: a result type cannot be replaced.  The
--- one without leased_only only when it is still there: dropping the
--- current one on every migration would make the workers' prepared
--- statements fail.)
+-- p_lease_if_scoped: the caller knows leased_only.  A worker built before
+-- scopes existed does not, and would send the leased rows as if marked:
+-- while a scope is set, its claim takes nothing.
+--
+-- (The older signatures go first: a result type cannot be replaced.)
 DROP FUNCTION IF EXISTS outbox_claim(uuid, text, integer, integer, text[], boolean, text[], uuid,
                                      timestamp with time zone, uuid, boolean);
-DO $$
-BEGIN
-    IF EXISTS (SELECT 1 FROM pg_proc p
-                WHERE p.proname = 'outbox_claim' AND p.pronamespace = 'public'::regnamespace
-                  AND NOT 'leased_only' = ANY (coalesce(p.proargnames, '{}'))) THEN
-        DROP FUNCTION outbox_claim(uuid, text, integer, integer, text[], boolean, text[], uuid,
-                                   timestamp with time zone, uuid, boolean, integer);
-    END IF;
-END $$;
+DROP FUNCTION IF EXISTS outbox_claim(uuid, text, integer, integer, text[], boolean, text[], uuid,
+                                     timestamp with time zone, uuid, boolean, integer);
 CREATE OR REPLACE FUNCTION outbox_claim(p_owner uuid, p_worker text, p_limit integer,
                                         p_lease_seconds integer, p_types text[],
                                         p_env_enabled boolean, p_idempotent_types text[],
                                         p_call uuid, p_after_at timestamptz DEFAULT NULL,
                                         p_after_id uuid DEFAULT NULL,
                                         p_repeat boolean DEFAULT false,
-                                        p_max_payload_bytes integer DEFAULT 67108864)
+                                        p_max_payload_bytes integer DEFAULT 67108864,
+                                        p_lease_if_scoped boolean DEFAULT false)
 RETURNS TABLE (effect_id uuid, idempotency_key text, effect_type text, target text,
                payload text, payload_hash text, effect_key text, attempts integer,
                metadata text, approved_by text, retry_base integer,
@@ -127,7 +122,9 @@ BEGIN
     IF NOT allowed THEN
         RETURN;
     END IF;
-    IF scoped THEN
+    IF scoped AND NOT p_lease_if_scoped THEN
+        RETURN;
+    ELSIF scoped THEN
         RETURN QUERY SELECT l.*, true FROM outbox_lease(p_owner, p_worker, p_limit,
                                                         p_lease_seconds, p_types, p_env_enabled,
                                                         p_after_at, p_after_id,
@@ -252,14 +249,14 @@ END $$;
 
 REVOKE EXECUTE ON FUNCTION
     outbox_claim(uuid, text, integer, integer, text[], boolean, text[], uuid,
-                 timestamp with time zone, uuid, boolean, integer),
+                 timestamp with time zone, uuid, boolean, integer, boolean),
     outbox_unclaim(uuid, uuid[], uuid, boolean, bigint),
     outbox_claim_repeated(uuid),
     outbox_unclaim_call(uuid, uuid)
     FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION
     outbox_claim(uuid, text, integer, integer, text[], boolean, text[], uuid,
-                 timestamp with time zone, uuid, boolean, integer),
+                 timestamp with time zone, uuid, boolean, integer, boolean),
     outbox_unclaim(uuid, uuid[], uuid, boolean, bigint),
     outbox_unclaim_call(uuid, uuid)
     TO outbox_dispatcher;
