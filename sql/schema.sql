@@ -1114,7 +1114,8 @@ BEGIN
     -- cached plan is always the index range scan.
     after_at := coalesce(after_at, '-infinity');
     after_id := coalesce(after_id, '00000000-0000-0000-0000-000000000000');
-    IF scoped THEN
+    -- Only a pause parks at the lease (limits are the mark's).
+    IF scoped AND EXISTS (SELECT 1 FROM outbox_scopes s WHERE s.paused) THEN
         RETURN QUERY SELECT * FROM outbox_lease_scoped(p_owner, p_worker, p_limit,
                                                        p_lease_seconds, p_types, after_at,
                                                        after_id, p_max_payload_bytes);
@@ -1162,57 +1163,68 @@ CREATE FUNCTION public.outbox_lease_scoped(p_owner uuid, p_worker text, p_limit 
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'public', 'pg_temp'
     SET enable_seqscan TO 'off'
+    SET jit TO 'off'
     AS $$
 #variable_conflict use_column
 DECLARE
-    got integer := 0;
-    parked integer;
+    paused text[];
+    due_ids uuid[];
+    due_held text[];
     ids uuid[] := '{}';
     more uuid[];
+    parked integer;
 BEGIN
     -- Under the kill-switch lock, as the mark: a resume (which takes it
     -- exclusively) then sees every row this lease parked, or this lease
     -- sees the scope resumed; never a row parked after its resume.
     PERFORM pg_advisory_xact_lock_shared(outbox_kill_switch_lock_key());
+    paused := ARRAY(SELECT outbox_scope_name(s.kind, s.value) FROM outbox_scopes s WHERE s.paused);
     FOR pass IN 1 .. 8 LOOP
-        EXIT WHEN got >= p_limit;
-        WITH due AS (
-            SELECT l.effect_id, outbox_scope_paused_for(b.effect_type, b.target, NULL) AS held
-              FROM effect_live l
-             CROSS JOIN LATERAL (SELECT e.effect_type, e.target FROM effect_outbox e
-                                  WHERE e.effect_id = l.effect_id OFFSET 0) b
-             WHERE (l.available_at, l.effect_id) > (p_after_at, p_after_id)
-               AND l.available_at <= now()
-               AND l.state = 'pending'
-               AND (l.lease_expires_at IS NULL OR l.lease_expires_at < now())
-               AND l.effect_type = ANY (p_types)
-             ORDER BY l.available_at, l.effect_id
-             LIMIT p_limit - got
-             FOR UPDATE OF l SKIP LOCKED),
-        park AS (
-            UPDATE effect_live l SET available_at = 'infinity', held_by = d.held
-              FROM due d
-             WHERE l.effect_id = d.effect_id AND d.held IS NOT NULL
-            RETURNING d.held),
-        counted AS (
-            UPDATE outbox_scopes s SET held_total = s.held_total + c.n
-              FROM (SELECT p.held, count(*) AS n FROM park p GROUP BY p.held) c
-             WHERE outbox_scope_name(s.kind, s.value) = c.held
-            RETURNING 1),
-        leased AS (
+        EXIT WHEN cardinality(ids) >= p_limit;
+        SELECT coalesce(array_agg(d.effect_id), '{}'), coalesce(array_agg(d.held), '{}')
+          INTO due_ids, due_held
+          FROM (SELECT l.effect_id,
+                       CASE WHEN outbox_scope_name('type', b.effect_type) = ANY (paused)
+                            THEN outbox_scope_name('type', b.effect_type)
+                            WHEN outbox_scope_name('host', outbox_target_host(b.target)) = ANY (paused)
+                            THEN outbox_scope_name('host', outbox_target_host(b.target))
+                            WHEN b.effect_type = 'crm'
+                                 AND outbox_scope_name('crm_object', lower(split_part(b.target, '/', 1)))
+                                     = ANY (paused)
+                            THEN outbox_scope_name('crm_object', lower(split_part(b.target, '/', 1)))
+                       END AS held
+                  FROM effect_live l
+                 CROSS JOIN LATERAL (SELECT e.effect_type, e.target FROM effect_outbox e
+                                      WHERE e.effect_id = l.effect_id OFFSET 0) b
+                 WHERE (l.available_at, l.effect_id) > (p_after_at, p_after_id)
+                   AND l.available_at <= now()
+                   AND l.state = 'pending'
+                   AND (l.lease_expires_at IS NULL OR l.lease_expires_at < now())
+                   AND l.effect_type = ANY (p_types)
+                 ORDER BY l.available_at, l.effect_id
+                 LIMIT p_limit - cardinality(ids)
+                 FOR UPDATE OF l SKIP LOCKED) d;
+        EXIT WHEN cardinality(due_ids) = 0;
+        UPDATE effect_live l SET available_at = 'infinity', held_by = h.held
+          FROM unnest(due_ids, due_held) AS h(id, held)
+         WHERE l.effect_id = h.id AND h.held IS NOT NULL;
+        GET DIAGNOSTICS parked = ROW_COUNT;
+        WITH leased AS (
             UPDATE effect_live l
                SET lease_owner = p_owner, lease_worker = p_worker, leased_at = now(),
                    lease_expires_at = now() + make_interval(secs => p_lease_seconds)
-              FROM due d
-             WHERE l.effect_id = d.effect_id AND d.held IS NULL
-            RETURNING l.effect_id, l.attempts, l.retry_base, l.available_at)
-        SELECT (SELECT count(*) FROM park) + 0 * (SELECT count(*) FROM counted),
-               coalesce((SELECT array_agg(l.effect_id) FROM leased l), '{}')
-          INTO parked, more;
-        -- A pass that parked nothing found the end of what is due.
+             WHERE l.effect_id = ANY (ARRAY(SELECT h.id FROM unnest(due_ids, due_held) AS h(id, held)
+                                             WHERE h.held IS NULL))
+            RETURNING l.effect_id)
+        SELECT coalesce(array_agg(x.effect_id), '{}') INTO more FROM leased x;
         ids := ids || more;
-        got := cardinality(ids);
+        -- A pass that parked nothing found the end of what is due.
         EXIT WHEN parked = 0;
+        UPDATE outbox_scopes s SET held_total = s.held_total + c.n
+          FROM (SELECT split_part(h, ':', 1) AS kind, substr(h, strpos(h, ':') + 1) AS value,
+                       count(*) AS n
+                  FROM unnest(due_held) AS h WHERE h IS NOT NULL GROUP BY 1, 2) c
+         WHERE s.kind = c.kind AND s.value = c.value;
     END LOOP;
     RETURN QUERY
     SELECT l.effect_id, b.idempotency_key, b.effect_type, b.target,
@@ -2518,6 +2530,7 @@ CREATE FUNCTION public.outbox_run_is_mine(p_owner_role text) RETURNS boolean
 CREATE FUNCTION public.outbox_scope_hold(p_owner uuid, p_ids uuid[], p_held uuid[], p_by text[], p_until timestamp with time zone[]) RETURNS TABLE(effect_id uuid, attempts integer, held_by text, held_until timestamp with time zone)
     LANGUAGE sql SECURITY DEFINER
     SET search_path TO 'public', 'pg_temp'
+    SET jit TO 'off'
     AS $$
     UPDATE effect_live o
        SET available_at = h.until, held_by = h.by,
@@ -2640,30 +2653,13 @@ END $$;
 
 
 --
--- Name: outbox_scope_paused_for(text, text, text); Type: FUNCTION; Schema: public; Owner: -
---
-
-CREATE FUNCTION public.outbox_scope_paused_for(p_type text, p_target text, p_host text) RETURNS text
-    LANGUAGE sql STABLE SECURITY DEFINER
-    SET search_path TO 'public', 'pg_temp'
-    AS $$
-    SELECT outbox_scope_name(s.kind, s.value) FROM outbox_scopes s
-     WHERE s.paused
-       AND ((s.kind = 'type' AND s.value = p_type)
-            OR (s.kind = 'host' AND s.value = coalesce(p_host, outbox_target_host(p_target)))
-            OR (s.kind = 'crm_object' AND p_type = 'crm'
-                AND s.value = lower(split_part(p_target, '/', 1))))
-     ORDER BY s.kind, s.value LIMIT 1;
-$$;
-
-
---
 -- Name: outbox_scope_sort(uuid[], text[]); Type: FUNCTION; Schema: public; Owner: -
 --
 
 CREATE FUNCTION public.outbox_scope_sort(p_ids uuid[], p_hosts text[]) RETURNS TABLE(effect_id uuid, held_by text, held_until timestamp with time zone)
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'public', 'pg_temp'
+    SET jit TO 'off'
     AS $$
 #variable_conflict use_column
 DECLARE
@@ -4971,13 +4967,6 @@ REVOKE ALL ON FUNCTION public.outbox_scope_name(p_kind text, p_value text) FROM 
 
 GRANT ALL ON FUNCTION public.outbox_scope_pause(p_kind text, p_value text, p_paused boolean, p_operator text, p_reason text) TO outbox_operator;
 REVOKE ALL ON FUNCTION public.outbox_scope_pause(p_kind text, p_value text, p_paused boolean, p_operator text, p_reason text) FROM PUBLIC;
-
-
---
--- Name: FUNCTION outbox_scope_paused_for(p_type text, p_target text, p_host text); Type: ACL; Schema: public; Owner: -
---
-
-REVOKE ALL ON FUNCTION public.outbox_scope_paused_for(p_type text, p_target text, p_host text) FROM PUBLIC;
 
 
 --
