@@ -224,6 +224,7 @@ CREATE FUNCTION public.outbox_claim(p_owner uuid, p_worker text, p_limit integer
     SET search_path TO 'public', 'pg_temp'
     SET plan_cache_mode TO 'force_generic_plan'
     SET enable_seqscan TO 'off'
+    SET jit TO 'off'
     AS $$
 #variable_conflict use_column
 DECLARE
@@ -1090,6 +1091,7 @@ CREATE FUNCTION public.outbox_lease(p_owner uuid, p_worker text, p_limit integer
     SET search_path TO 'public', 'pg_temp'
     SET plan_cache_mode TO 'force_generic_plan'
     SET enable_seqscan TO 'off'
+    SET jit TO 'off'
     AS $$
 #variable_conflict use_column
 DECLARE
@@ -1321,6 +1323,7 @@ CREATE FUNCTION public.outbox_mark_sending(p_owner uuid, p_ids uuid[], p_env_ena
     SET search_path TO 'public', 'pg_temp'
     SET plan_cache_mode TO 'force_generic_plan'
     SET enable_seqscan TO 'off'
+    SET jit TO 'off'
     AS $$
 #variable_conflict use_column
 DECLARE

@@ -7,8 +7,11 @@
 -- plans (plan_cache_mode = force_generic_plan: planning was most of a
 -- batch's fixed cost) made with enable_seqscan off (a plan cached while
 -- the queue was empty must not stay a scan of the table once it holds
--- millions), so every statement is written to plan as index
--- probes whatever the table's size: rows are found by `= ANY (array)` of
+-- millions), and JIT off in the functions that read the small tables
+-- (a scan of outbox_scopes, planned with sequential scans off, costs as
+-- much as a scan of millions, and JIT would compile it at every call), so
+-- every statement is written to plan as index probes whatever the table's
+-- size: rows are found by `= ANY (array)` of
 -- keys or by a LATERAL probe per key, never by joining a set to a table
 -- (tests/sql/test_plans_at_scale.py checks the plans at 2,000,000 rows;
 -- docs/performance.md, "Where the time goes").  Every transition is a CAS
@@ -66,7 +69,8 @@ RETURNS TABLE (effect_id uuid, idempotency_key text, effect_type text, target te
                metadata text, approved_by text, retry_base integer,
                available_at timestamptz, payload_bytes integer, metadata_bytes integer)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp
-    SET plan_cache_mode = force_generic_plan SET enable_seqscan = off AS $$
+    SET plan_cache_mode = force_generic_plan SET enable_seqscan = off
+    SET jit = off AS $$
 #variable_conflict use_column
 DECLARE
     after_at timestamptz := p_after_at;
@@ -165,7 +169,8 @@ CREATE OR REPLACE FUNCTION outbox_mark_sending(p_owner uuid, p_ids uuid[], p_env
 RETURNS TABLE (effect_id uuid, attempts integer, blocked boolean, held_by text,
                held_until timestamptz)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp
-    SET plan_cache_mode = force_generic_plan SET enable_seqscan = off AS $$
+    SET plan_cache_mode = force_generic_plan SET enable_seqscan = off
+    SET jit = off AS $$
 #variable_conflict use_column
 DECLARE
     allowed boolean;

@@ -64,7 +64,8 @@ RETURNS TABLE (effect_id uuid, idempotency_key text, effect_type text, target te
                available_at timestamptz, payload_bytes integer, metadata_bytes integer,
                leased_only boolean)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp
-    SET plan_cache_mode = force_generic_plan SET enable_seqscan = off AS $$
+    SET plan_cache_mode = force_generic_plan SET enable_seqscan = off
+    SET jit = off AS $$
 #variable_conflict use_column
 DECLARE
     allowed boolean;
