@@ -42,7 +42,7 @@ ALL_LDFLAGS = $(LDFLAGS) $(EXTRA_LDFLAGS)
 CORE_SRC  := dispatcher/util.c dispatcher/log.c dispatcher/config.c dispatcher/db.c \
              dispatcher/migrate.c dispatcher/config_read.c providers/lib/text.c
 DAEMON_SRC := dispatcher/main.c dispatcher/worker.c dispatcher/health.c dispatcher/effect.c \
-              dispatcher/take.c dispatcher/lease.c dispatcher/claim.c dispatcher/decide.c dispatcher/send.c dispatcher/reconcile.c \
+              dispatcher/take.c dispatcher/lease.c dispatcher/claim.c dispatcher/decide.c dispatcher/mark.c dispatcher/send.c dispatcher/reconcile.c \
               dispatcher/housekeeping.c dispatcher/late.c dispatcher/wire.c dispatcher/worker_sql.c \
               dispatcher/plugin.c dispatcher/hosts.c dispatcher/policy.c \
               dispatcher/metrics.c dispatcher/metrics_http.c dispatcher/sdnotify.c \

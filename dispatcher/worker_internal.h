@@ -18,7 +18,8 @@
  *                   back what cannot go
  *   decide.c        the pure decisions: claim or lease, how many rows, where
  *                   outcomes go, whether they wait, a free slot (decide.h)
- *   send.c          mark (the kill-switch commit point), send, record
+ *   mark.c          mark (the commit point: kill switch and scopes)
+ *   send.c          send, record
  *   wire.c          leases, claims and marks on the wire; given up at a
  *                   forced exit
  *   late.c          a provider's acceptance after an ambiguous verdict
@@ -183,7 +184,7 @@ struct worker_lease {
 	struct event *heartbeat_ev;
 };
 
-/* send.c: the mark and completion batches. */
+/* mark.c and send.c: the mark and completion batches. */
 struct worker_send {
 	bool mark_busy;               /* an outbox_mark_sending() call is on the wire */
 	bool complete_busy;           /* an outbox_complete() call is on the wire */
@@ -346,8 +347,9 @@ void on_heartbeat(evutil_socket_t fd, short what, void *arg);
  * room). */
 extern const struct take_handlers claim_take;
 int claim_limit(struct worker *w, int limit, int full);
-/* send.c */
+/* mark.c */
 void mark_ready(struct worker *w);
+/* send.c */
 void start_send(struct worker *w, struct effect *e, int attempt, int64_t confirmed_sent_mono);
 void flush_completions(struct worker *w);
 
