@@ -187,6 +187,16 @@ static void release_open_breakers(struct worker *w, struct batch *rel, int64_t d
 	free(rel);
 }
 
+/* Whether p queues its sends (no OUTBOX_CAP_STARTS_AT_ONCE: email's thread
+ * pool) and is busy: half of its max_in_flight or more in flight, so
+ * answers keep coming while its queue keeps its threads at work. */
+static bool queue_busy(const struct provider_slot *p)
+{
+	/* A max_in_flight below 8 leaves no queue worth the name: kept full. */
+	return !(p->ops->caps & OUTBOX_CAP_STARTS_AT_ONCE) && p->policy.max_in_flight >= 8 &&
+	       (long)p->in_flight * 2 >= p->policy.max_in_flight;
+}
+
 /* A busy provider that queues its sends is marked for once half of its
  * max_in_flight is free (queue_busy() false): its queue keeps its threads
  * at work meanwhile, and a mark call per freed slot (a slow relay's sends

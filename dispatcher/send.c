@@ -221,16 +221,6 @@ static bool gather_more(struct worker *w)
 	return wait_ms > 0;
 }
 
-/* Whether p queues its sends (no OUTBOX_CAP_STARTS_AT_ONCE: email's thread
- * pool) and is busy: half of its max_in_flight or more in flight, so
- * answers keep coming while its queue keeps its threads at work. */
-static bool queue_busy(const struct provider_slot *p)
-{
-	/* A max_in_flight below 8 leaves no queue worth the name: kept full. */
-	return !(p->ops->caps & OUTBOX_CAP_STARTS_AT_ONCE) && p->policy.max_in_flight >= 8 &&
-	       (long)p->in_flight * 2 >= p->policy.max_in_flight;
-}
-
 /* The outcomes of a queueing provider with sends still in flight (more
  * answers to come) wait for half its max_in_flight of them, at most
  * QUEUED_GATHER_MS: a relay's answers end one by one, as
