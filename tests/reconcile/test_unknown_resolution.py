@@ -132,7 +132,8 @@ def test_mark_confirmed_too_late_goes_back_to_pending_and_is_sent_once(conn, dis
     key = key_of(conn, eid)
     try:
         wait_for(lambda: scalar(conn, "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = "
-                                      "'Lock' AND wait_event = 'advisory' AND query LIKE %s",
+                                      "'Lock' AND wait_event = 'advisory' "
+                                      "AND datname = current_database() AND query LIKE %s",
                                 (f"%{statement}%",)),
                  what="the worker's sending transition waiting for the test's lock")
         w.signal(signal.SIGSTOP)

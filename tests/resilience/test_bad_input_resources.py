@@ -94,7 +94,9 @@ def test_slow_metrics_clients_cannot_starve_the_worker(conn, db, tmp_path, sink)
                  timeout=60, what="every effect delivered")
         assert scalar(conn, "SELECT count(*) FROM effect_attempts WHERE outcome_class <> 'accepted'") == 0
         assert sink.count() == 40
+        # This database's: workers of tests running beside it share the server.
         wait_for(lambda: scalar(conn, "SELECT count(*) FROM pg_stat_activity WHERE "
+                                      "datname = current_database() AND "
                                       "application_name LIKE 'outbox %%'") == 2,
                  timeout=30, what="both worker connections back")
         assert any(e.get("event") == "db_disconnected" for e in w.events())

@@ -141,8 +141,9 @@ def test_a_pause_waits_for_a_mark_in_progress_and_lists_its_sends(conn, db):
     t = threading.Thread(target=lambda: listed.extend(r[0] for r in pause(connect(db), "type", "http")))
     t.start()
     wait_for(lambda: scalar(conn, "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = "
-                                  "'Lock' AND wait_event = 'advisory' AND query LIKE "
-                                  "'%%outbox_scope_pause%%'") == 1, what="the pause waiting")
+                                  "'Lock' AND wait_event = 'advisory' AND datname = current_database() "
+                                  "AND query LIKE '%%outbox_scope_pause%%'") == 1,
+             what="the pause waiting")
     assert t.is_alive(), "the pause committed while a mark held the switch's lock"
     marker.commit()
     t.join(10)
