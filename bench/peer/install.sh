@@ -35,12 +35,19 @@ mkdir "$tmp"
 trap 'rm -rf "$tmp"' EXIT
 cp "$here/package.json" "$here/package-lock.json" "$tmp/"
 echo "bench-peer: npm ci graphile-worker into $dest" >&2
-if ! (cd "$tmp" && npm ci --ignore-scripts --no-audit --no-fund --loglevel=error >"$tmp/npm.log" 2>&1); then
+# No telemetry, no update check, no fund or audit calls, and npm's own
+# scratch files in a private folder (removed with the partial install).
+mkdir "$tmp/.tmp"
+if ! (cd "$tmp" && SCARF_ANALYTICS=false NPM_CONFIG_FUND=false NPM_CONFIG_AUDIT=false \
+        NPM_CONFIG_UPDATE_NOTIFIER=false TMPDIR="$tmp/.tmp" \
+        npm ci --ignore-scripts --no-audit --no-fund --no-update-notifier --loglevel=error \
+        >"$tmp/npm.log" 2>&1); then
     cat "$tmp/npm.log" >&2
     echo "bench-peer: npm ci failed (is the npm registry reachable?)" >&2
     exit 1
 fi
 check "$tmp" || { echo "bench-peer: the installed graphile-worker does not load" >&2; exit 1; }
+rm -rf "$tmp/.tmp"
 touch "$tmp/.complete"
 rm -rf "$dest"
 mv "$tmp" "$dest"

@@ -70,6 +70,8 @@ RETURNS TABLE (effect_id uuid, idempotency_key text, effect_type text, target te
                available_at timestamptz, payload_bytes integer, metadata_bytes integer)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp
     SET plan_cache_mode = force_generic_plan SET enable_seqscan = off
+    SET enable_bitmapscan = off SET enable_sort = off SET enable_hashjoin = off
+    SET enable_mergejoin = off
     SET jit = off AS $$
 #variable_conflict use_column
 DECLARE
@@ -103,7 +105,7 @@ BEGIN
     END IF;
     RETURN QUERY
     WITH due AS (
-        SELECT l.effect_id FROM effect_live l
+        SELECT l.ctid AS row_at FROM effect_live l
          WHERE (l.available_at, l.effect_id) > (after_at, after_id)
            AND l.available_at <= now()
            AND l.state = 'pending'
@@ -116,7 +118,7 @@ BEGIN
         UPDATE effect_live l
            SET lease_owner = p_owner, lease_worker = p_worker, leased_at = now(),
                lease_expires_at = now() + make_interval(secs => p_lease_seconds)
-         WHERE l.effect_id = ANY (ARRAY(SELECT d.effect_id FROM due d))
+         WHERE l.ctid = ANY (ARRAY(SELECT d.row_at FROM due d))
         RETURNING l.effect_id, l.attempts, l.retry_base, l.available_at)
     SELECT l.effect_id, b.idempotency_key, b.effect_type, b.target,
            CASE WHEN octet_length(b.payload_text) <= p_max_payload_bytes THEN b.payload_text END,
@@ -170,6 +172,8 @@ RETURNS TABLE (effect_id uuid, attempts integer, blocked boolean, held_by text,
                held_until timestamptz)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp
     SET plan_cache_mode = force_generic_plan SET enable_seqscan = off
+    SET enable_bitmapscan = off SET enable_sort = off SET enable_hashjoin = off
+    SET enable_mergejoin = off
     SET jit = off AS $$
 #variable_conflict use_column
 DECLARE
@@ -254,7 +258,8 @@ BEGIN
                sending_idempotent = o.effect_type = ANY (p_idempotent_types),
                lease_expires_at = now() + make_interval(secs => p_lease_seconds),
                updated_at = now(), held_by = NULL
-         WHERE o.effect_id = ANY (go)
+         WHERE o.ctid = ANY (ARRAY(SELECT k.ctid FROM effect_live k
+                                    WHERE k.effect_id = ANY (go) ORDER BY k.effect_id))
            AND o.lease_owner = p_owner
            AND o.state = 'pending'
            AND o.lease_expires_at > now()
@@ -271,7 +276,8 @@ BEGIN
         SELECT o.effect_id, o.attempts, false, NULL::text, NULL::timestamptz FROM effect_live o
          WHERE o.effect_id = ANY (go) AND NOT o.effect_id = ANY (ids)
            AND o.lease_owner = p_owner AND o.state = 'sending'
-           AND o.mark_token = p_call;
+           AND o.mark_token = p_call
+         ORDER BY o.effect_id;
     END IF;
 END $$;
 
@@ -291,7 +297,9 @@ CREATE OR REPLACE FUNCTION outbox_renew(p_owner uuid, p_ids uuid[], p_lease_seco
                                         p_max_lease_seconds integer)
 RETURNS TABLE (effect_id uuid, lease_expires_at timestamptz)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp
-    SET plan_cache_mode = force_generic_plan SET enable_seqscan = off AS $$
+    SET plan_cache_mode = force_generic_plan SET enable_seqscan = off
+    SET enable_bitmapscan = off SET enable_sort = off SET enable_hashjoin = off
+    SET enable_mergejoin = off AS $$
 #variable_conflict use_column
 BEGIN
     PERFORM outbox_lock_owned(p_owner, p_ids);      -- lock order: effect_id
@@ -300,7 +308,8 @@ BEGIN
        SET lease_expires_at = least(now() + make_interval(secs => p_lease_seconds),
                                     coalesce(o.sending_since, o.leased_at)
                                       + make_interval(secs => p_max_lease_seconds))
-     WHERE o.effect_id = ANY (p_ids)
+     WHERE o.ctid = ANY (ARRAY(SELECT k.ctid FROM effect_live k
+                                WHERE k.effect_id = ANY (p_ids) ORDER BY k.effect_id))
        AND o.lease_owner = p_owner
        AND o.state IN ('pending', 'sending')
        AND o.lease_expires_at > now()
@@ -310,7 +319,9 @@ END $$;
 CREATE OR REPLACE FUNCTION outbox_release(p_owner uuid, p_ids uuid[], p_delay_ms bigint DEFAULT 0)
 RETURNS integer
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp
-    SET plan_cache_mode = force_generic_plan SET enable_seqscan = off AS $$
+    SET plan_cache_mode = force_generic_plan SET enable_seqscan = off
+    SET enable_bitmapscan = off SET enable_sort = off SET enable_hashjoin = off
+    SET enable_mergejoin = off AS $$
 #variable_conflict use_column
 DECLARE
     n integer;
@@ -320,7 +331,9 @@ BEGIN
        SET lease_owner = NULL, lease_expires_at = NULL, lease_worker = NULL,
            available_at = greatest(o.available_at,
                                    now() + make_interval(secs => greatest(p_delay_ms, 0) / 1000.0))
-     WHERE o.effect_id = ANY (p_ids) AND o.lease_owner = p_owner AND o.state = 'pending';
+     WHERE o.ctid = ANY (ARRAY(SELECT k.ctid FROM effect_live k
+                                WHERE k.effect_id = ANY (p_ids) ORDER BY k.effect_id))
+       AND o.lease_owner = p_owner AND o.state = 'pending';
     GET DIAGNOSTICS n = ROW_COUNT;
     RETURN n;
 END $$;
@@ -425,7 +438,9 @@ END $$;
 CREATE OR REPLACE FUNCTION outbox_complete(p_owner uuid, p_worker text, p_results jsonb)
 RETURNS TABLE (effect_id uuid, applied boolean, state text, resolved text)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp
-    SET plan_cache_mode = force_generic_plan SET enable_seqscan = off AS $$
+    SET plan_cache_mode = force_generic_plan SET enable_seqscan = off
+    SET enable_bitmapscan = off SET enable_sort = off SET enable_hashjoin = off
+    SET enable_mergejoin = off AS $$
 #variable_conflict use_column
 DECLARE
     n integer := jsonb_array_length(p_results);
@@ -488,9 +503,20 @@ BEGIN
                AND NOT r.effect_id = ANY (done_ids)
                AND (pass = 1 OR r.effect_id = ANY (late_ids))
              ORDER BY r.effect_id),
+        -- Each element's live row, found once through the primary key
+        -- (in key order: the only plan without a sort) and then by its
+        -- TID, so that no statistics can turn the probes into a walk of
+        -- the queue; with the row's sending_since before the update.
+        cur AS MATERIALIZED (
+            SELECT r.*, k.row_at, k.sending_since AS old_sending_since
+              FROM r
+             CROSS JOIN LATERAL (
+                   SELECT k.ctid AS row_at, k.sending_since FROM effect_live k
+                    WHERE k.effect_id = ANY (ARRAY[r.effect_id])
+                    ORDER BY k.effect_id) k),
         gone AS (
-            DELETE FROM effect_live o USING r
-             WHERE o.effect_id = r.effect_id AND r.finishes
+            DELETE FROM effect_live o USING cur r
+             WHERE o.ctid = r.row_at AND r.finishes
                AND o.attempts = r.attempt
                AND ((o.lease_owner = p_owner AND o.state = 'sending')
                     OR (o.state = 'unknown' AND o.effect_id = ANY (late_ids)))
@@ -509,18 +535,16 @@ BEGIN
                                        ELSE 'infinity' END,
                    last_error_class = r.error_class, last_error = r.error_text,
                    last_status = r.status, updated_at = now()
-              FROM r
-             WHERE o.effect_id = r.effect_id AND NOT r.finishes
+              FROM cur r
+             WHERE o.ctid = r.row_at AND NOT r.finishes
                AND o.attempts = r.attempt
                AND ((o.lease_owner = p_owner AND o.state = 'sending')
                     OR (o.state = 'unknown' AND o.effect_id = ANY (late_ids)))
             RETURNING o.effect_id, o.created_at, r.started_ms_ago, r.attempt, r.outcome, r.status,
-                      r.provider_id, r.error, r.next_state, r.resolution),
+                      r.provider_id, r.error, r.next_state, r.resolution,
+                      r.old_sending_since AS sending_since),
         moved_since AS (
-            -- sending_since before the update: the row's old version.
-            SELECT m.*, (SELECT s.sending_since FROM effect_live s
-                          WHERE s.effect_id = m.effect_id) AS sending_since
-              FROM moved m),
+            SELECT m.* FROM moved m),
         u AS (
             SELECT g.effect_id, g.created_at, g.sending_since, g.started_ms_ago, g.attempt,
                    g.outcome, g.status, g.provider_id, g.error, g.next_state, g.resolution,
@@ -659,7 +683,9 @@ END $$;
 CREATE OR REPLACE FUNCTION outbox_fail_invalid(p_owner uuid, p_items jsonb)
 RETURNS TABLE (effect_id uuid)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp
-    SET plan_cache_mode = force_generic_plan SET enable_seqscan = off AS $$
+    SET plan_cache_mode = force_generic_plan SET enable_seqscan = off
+    SET enable_bitmapscan = off SET enable_sort = off SET enable_hashjoin = off
+    SET enable_mergejoin = off AS $$
 #variable_conflict use_column
 DECLARE
     ids uuid[];
@@ -697,7 +723,10 @@ END $$;
 -- with no row left in `sending` goes.
 CREATE OR REPLACE FUNCTION outbox_reap(p_worker text, p_limit integer DEFAULT 500)
 RETURNS TABLE (effect_id uuid, state text, lost_worker text)
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp
+    SET plan_cache_mode = force_generic_plan SET enable_seqscan = off
+    SET enable_bitmapscan = off SET enable_sort = off SET enable_hashjoin = off
+    SET enable_mergejoin = off AS $$
 #variable_conflict use_column
 DECLARE
     calls uuid[];
@@ -712,16 +741,23 @@ BEGIN
     IF cardinality(calls) = 0 THEN
         RETURN;
     END IF;
+    -- The calls' rows, found through the primary key in key order and
+    -- then by TID (one plan whatever the statistics say; SKIP LOCKED
+    -- waits for no lock, so the TID order of the walk is safe).
     WITH expired AS (
-        SELECT o.effect_id, o.created_at, o.lease_worker, o.lease_owner, o.attempts,
-               o.sending_since
-          FROM effect_calls c
-          JOIN effect_live o ON o.effect_id = ANY (c.ids) AND o.mark_token = c.call
-         WHERE c.call = ANY (calls)
+        SELECT o.ctid AS row_at, o.effect_id, o.created_at, o.lease_worker, o.lease_owner,
+               o.attempts, o.sending_since
+          FROM effect_live o
+         WHERE o.ctid = ANY (ARRAY(
+                   SELECT k.ctid FROM effect_live k
+                    WHERE k.effect_id = ANY (ARRAY(SELECT x FROM effect_calls c,
+                                                          unnest(c.ids) AS x
+                                                    WHERE c.call = ANY (calls)))
+                    ORDER BY k.effect_id))
+           AND o.mark_token = ANY (calls)
            AND o.state = 'sending' AND o.lease_expires_at < now()
-         ORDER BY o.effect_id
          LIMIT p_limit
-           FOR UPDATE OF o SKIP LOCKED),
+           FOR UPDATE SKIP LOCKED),
     moved AS (
         UPDATE effect_live o
            SET state = CASE WHEN o.sending_idempotent THEN 'pending' ELSE 'unknown' END,
@@ -732,7 +768,7 @@ BEGIN
                lease_owner = NULL, lease_expires_at = NULL, lease_worker = NULL,
                sending_since = NULL, updated_at = now()
           FROM expired e
-         WHERE o.effect_id = e.effect_id
+         WHERE o.ctid = e.row_at
         RETURNING o.effect_id, o.state, e.created_at, e.lease_worker, e.lease_owner,
                   e.attempts, e.sending_since),
     logged AS (
@@ -750,13 +786,15 @@ BEGIN
     -- The calls looked at: gone when none of their rows is still in
     -- `sending` under them, else due again at their rows' first deadline.
     WITH left_over AS (
-        SELECT c.call, min(o.lease_expires_at) AS deadline
+        SELECT c.call,
+               (SELECT min(o.lease_expires_at) FROM effect_live o
+                 WHERE o.ctid = ANY (ARRAY(SELECT k.ctid FROM effect_live k
+                                            WHERE k.effect_id = ANY (c.ids)
+                                            ORDER BY k.effect_id))
+                   AND o.mark_token = c.call AND o.state = 'sending'
+                   AND NOT o.effect_id = ANY (reaped)) AS deadline
           FROM effect_calls c
-          LEFT JOIN effect_live o ON o.effect_id = ANY (c.ids) AND o.mark_token = c.call
-                                 AND o.state = 'sending'
-                                 AND NOT o.effect_id = ANY (reaped)
-         WHERE c.call = ANY (calls)
-         GROUP BY c.call),
+         WHERE c.call = ANY (calls)),
     dropped AS (
         DELETE FROM effect_calls c USING left_over x
          WHERE c.call = x.call AND x.deadline IS NULL
@@ -861,7 +899,9 @@ END $$;
 CREATE OR REPLACE FUNCTION outbox_lock_owned(p_owner uuid, p_ids uuid[])
 RETURNS void
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp
-    SET plan_cache_mode = force_generic_plan SET enable_seqscan = off AS $$
+    SET plan_cache_mode = force_generic_plan SET enable_seqscan = off
+    SET enable_bitmapscan = off SET enable_sort = off SET enable_hashjoin = off
+    SET enable_mergejoin = off AS $$
 BEGIN
     PERFORM 1 FROM effect_live o
      WHERE o.effect_id = ANY (p_ids) AND o.lease_owner = p_owner

@@ -65,6 +65,8 @@ RETURNS TABLE (effect_id uuid, idempotency_key text, effect_type text, target te
                leased_only boolean)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp
     SET plan_cache_mode = force_generic_plan SET enable_seqscan = off
+    SET enable_bitmapscan = off SET enable_sort = off SET enable_hashjoin = off
+    SET enable_mergejoin = off
     SET jit = off AS $$
 #variable_conflict use_column
 DECLARE
@@ -195,7 +197,9 @@ CREATE OR REPLACE FUNCTION outbox_unclaim(p_owner uuid, p_ids uuid[], p_call uui
                                           p_release boolean, p_delay_ms bigint DEFAULT 0)
 RETURNS integer
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp
-    SET plan_cache_mode = force_generic_plan SET enable_seqscan = off AS $$
+    SET plan_cache_mode = force_generic_plan SET enable_seqscan = off
+    SET enable_bitmapscan = off SET enable_sort = off SET enable_hashjoin = off
+    SET enable_mergejoin = off AS $$
 #variable_conflict use_column
 DECLARE
     n integer;
@@ -211,7 +215,9 @@ BEGIN
                                THEN greatest(o.available_at,
                                              now() + make_interval(secs => greatest(p_delay_ms, 0) / 1000.0))
                                ELSE o.available_at END
-     WHERE o.effect_id = ANY (p_ids) AND o.lease_owner = p_owner
+     WHERE o.ctid = ANY (ARRAY(SELECT k.ctid FROM effect_live k
+                                WHERE k.effect_id = ANY (p_ids) ORDER BY k.effect_id))
+       AND o.lease_owner = p_owner
        AND o.state = 'sending' AND o.mark_token = p_call;
     GET DIAGNOSTICS n = ROW_COUNT;
     RETURN n;
