@@ -6,7 +6,7 @@
 #   make install PREFIX=/usr/local [DESTDIR=...] [LIBDIR=...] [UNITDIR=...]
 #   make man          build/man/*.8 from the --help texts (help2man)
 #   make deb          build/deb/outbox-dispatcher_VERSION_ARCH.deb (debian/)
-#   make bench / make bench-quick / make bench-email / make bench-levers / make bench-insert / make bench-peer
+#   make bench / make bench-quick / make bench-email / make bench-levers / make bench-insert / make bench-peer / make bench-history
 #   make chaos
 #   make cppcheck     static analysis (kept clean)
 #   make schema       sql/schema.sql from a fresh install (after changing sql/)
@@ -69,7 +69,7 @@ UNIT_BIN  := $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(UNIT_SRC))
 MIGRATIONS := $(sort $(wildcard sql/[0-9]*.sql))
 FUNCTION_SQL := $(sort $(wildcard sql/functions/*.sql))
 
-.PHONY: all clean install test unit cppcheck bench bench-quick bench-email bench-levers bench-insert bench-peer chaos demo fuzz man deb schema
+.PHONY: all clean install test unit cppcheck bench bench-quick bench-email bench-levers bench-insert bench-peer bench-history chaos demo fuzz man deb schema
 all: $(BUILD)/outbox-dispatcher $(BUILD)/outboxctl $(PLUGINS)
 
 # -MMD -MP: each object's header dependencies, read back below.
@@ -189,6 +189,10 @@ bench-insert: all
 # The dispatcher beside graphile-worker on identical HTTP work (bench/README.md).
 bench-peer: all
 	sh bench/peer/peer.sh
+
+# PostgreSQL CPU per effect with a long history and a held snapshot (bench/README.md).
+bench-history: all
+	sh bench/peer/history.sh
 
 chaos: all
 	sh tests/chaos/run.sh

@@ -16,8 +16,8 @@ logs `$msec key content-length status` per request.
               (bench/peer/graphile_worker.js), the items one call of
               graphile_worker.add_jobs.
 The workers are started and idle (listening) before the insert, which
-ends with an ANALYZE of the side's tables in its own transaction (see
-ANALYZE below); the
+ends with an ANALYZE of some of the side's tables in its own transaction (see
+CASES below); the
 clock and the PostgreSQL CPU count start when its COMMIT returns, and stop
 when the sink has logged N requests and the side's queue is empty in the
 database (its completions committed).  PostgreSQL CPU is the time on a
@@ -49,13 +49,37 @@ ROUNDS = int(os.environ.get("PEER_ROUNDS") or (1 if QUICK else 2))
 WARMUP = int(os.environ.get("PEER_WARMUP") or (0 if QUICK else 5000))
 GRAPHILE_PROCS = int(os.environ.get("PEER_GRAPHILE_PROCS") or 2)
 DISPATCHER_WORKERS = int(os.environ.get("PEER_DISPATCHER_WORKERS") or 2)
-# ANALYZE the side's tables inside the insert's transaction (it samples
-# the transaction's own new rows), so the statistics at the COMMIT describe
-# the backlog, as they do once autovacuum has seen a table: each round
-# starts from an emptied, vacuumed table, whose statistics say empty.
-# PEER_ANALYZE=0 measures that case (the dispatcher's claim then plans for
-# an empty table until autovacuum analyzes it).
-ANALYZE = os.environ.get("PEER_ANALYZE", "1") != "0"
+# What the statistics say when the workers meet the backlog.  Each round
+# starts from an emptied, vacuumed table, whose statistics say empty; the
+# insert's transaction then ANALYZEs (it samples its own new rows):
+#   all       every table the side's claim reads (as autovacuum would once
+#             it has seen every table)
+#   producer  only the producer's table (effect_outbox; graphile its jobs
+#             table): autovacuum reached it first, the worker's table
+#             still says empty
+#   none      nothing: every plan is made from the emptied tables
+#   scoped    as all, with one rate limit set on a host the run does not
+#             touch (the dispatcher's claims while a scope is set)
+# PEER_CASES lists the cases to run (default: all four, interleaved round
+# by round).  PEER_ANALYZE=0 is PEER_CASES=none, PEER_ANALYZE=1 is all.
+CASES = (os.environ.get("PEER_CASES")
+         or {"0": "none", "1": "all"}.get(os.environ.get("PEER_ANALYZE", ""), "")
+         or "all producer none scoped").split()
+for _c in CASES:
+    if _c not in ("all", "producer", "none", "scoped"):
+        print("bench-peer: PEER_CASES takes all, producer, none and scoped, not %s" % _c,
+              file=sys.stderr)
+        sys.exit(1)
+ANALYZE_TABLES = {
+    "dispatcher": {"all": "workflow_runs, effect_outbox, effect_live, effect_calls",
+                   "producer": "effect_outbox", "none": None},
+    "graphile": {"all": "graphile_worker._private_jobs, graphile_worker._private_tasks,"
+                        " graphile_worker._private_job_queues",
+                 "producer": "graphile_worker._private_jobs", "none": None},
+}
+ANALYZE_TABLES["dispatcher"]["scoped"] = ANALYZE_TABLES["dispatcher"]["all"]
+ANALYZE_TABLES["graphile"]["scoped"] = ANALYZE_TABLES["graphile"]["all"]
+SCOPE_HOST = "unrelated.invalid"     # the scoped case's limit: a host no item goes to
 STALL_SECONDS = 120          # no request at the sink for this long: the round failed
 RESULTS = os.path.join(B.WORK, "peer-results.json")
 
@@ -197,6 +221,16 @@ class DispatcherSide:
         self.sink = sink
         self.procs = []
 
+    def scope(self, on):
+        """The scoped case's limit, set or cleared with outboxctl."""
+        args = ["limit", "set", "--host", SCOPE_HOST, "--rate", "100/s"] if on else \
+               ["limit", "clear", "--host", SCOPE_HOST]
+        r = subprocess.run([os.path.join(B.BUILD, "outboxctl"), "--db", B.conninfo("bench")] + args
+                           + ["--operator", "bench", "--reason", "bench-peer scoped case"],
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        if r.returncode != 0 and on:
+            fail("outboxctl %s: %s" % (" ".join(args), r.stdout))
+
     def reset(self):
         one(self.db, "TRUNCATE effect_outbox, effect_live, effect_history, effect_calls, workflow_runs,"
                      " approvals, run_claims CASCADE")
@@ -229,8 +263,8 @@ class DispatcherSide:
             cur.execute("INSERT INTO effect_outbox (idempotency_key, effect_type, target, payload)"
                         " SELECT %s || g, 'http', %s, %s::jsonb FROM generate_series(1, %s) g",
                         (prefix, self.sink.url(), B.PAYLOAD, n))
-            if ANALYZE:
-                cur.execute("ANALYZE workflow_runs, effect_outbox, effect_live")
+            if ANALYZE_TABLES["dispatcher"][self.case]:
+                cur.execute("ANALYZE " + ANALYZE_TABLES["dispatcher"][self.case])
             cur.execute("COMMIT")
 
     def drained(self):
@@ -314,8 +348,8 @@ class GraphileSide:
                 "  'headers', %s::json, 'body', %s::json), NULL, NULL, NULL, NULL, NULL, NULL)"
                 "::graphile_worker.job_spec FROM generate_series(1, %s) g))",
                 (prefix, self.sink.url(), json.dumps(PAYLOAD["headers"]), json.dumps(PAYLOAD["body"]), n))
-            if ANALYZE:
-                cur.execute("ANALYZE graphile_worker._private_jobs")
+            if ANALYZE_TABLES["graphile"][self.case]:
+                cur.execute("ANALYZE " + ANALYZE_TABLES["graphile"][self.case])
             cur.execute("COMMIT")
 
     def drained(self):
@@ -394,7 +428,10 @@ def wal_lsn(conn):
     return one(conn, "SELECT pg_current_wal_insert_lsn()::text")
 
 
-def round_of(side, sink, label, prefix, n):
+def round_of(side, sink, label, prefix, n, case="all"):
+    side.case = case
+    if side.name == "dispatcher":
+        side.scope(case == "scoped")
     side.reset()
     settle(side)
     side.start(label)
@@ -455,11 +492,14 @@ def run_setting(fsync):
                 round_of(side, sink, "warmup-%s-%s" % (fsync, side.name), "w%s%s-" % (fsync, side.name[0]), WARMUP)
         rounds = []
         for i in range(1, ROUNDS + 1):
-            pair = {}
-            for side in sides:
-                pair[side.name] = round_of(side, sink, "%s-%s-%d" % (side.name, fsync, i),
-                                           "%s%s%d-" % (side.name[0], fsync, i), N)
-            rounds.append(pair)
+            for case in CASES:
+                pair = {"case": case}
+                for side in sides:
+                    pair[side.name] = round_of(side, sink, "%s-%s-%s-%d" % (side.name, fsync, case, i),
+                                               "%s%s%s%d-" % (side.name[0], fsync, case[0], i), N, case)
+                pair["load"] = open("/proc/loadavg").read().split()[:3]
+                rounds.append(pair)
+        sides[0].scope(False)
         setting["rounds"] = rounds
         setting["load"] = open("/proc/loadavg").read().split()[:3]
     finally:
@@ -500,25 +540,33 @@ def summary():
     print("machine: %s; load average now %s" % (res.get("machine", ""), " ".join(
         open("/proc/loadavg").read().split()[:3])))
     print()
-    print("| fsync | round | dispatcher items/s | graphile items/s | throughput d/g"
-          " | dispatcher PG CPU ms/item | graphile PG CPU ms/item | PG CPU d/g |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| fsync | statistics | round | dispatcher items/s | graphile items/s | throughput d/g"
+          " | dispatcher PG CPU ms/item | graphile PG CPU ms/item | PG CPU d/g | load avg |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    worst = None
     for fsync, s in settings.items():
         for i, pair in enumerate(s["rounds"], 1):
             d, g = pair["dispatcher"], pair["graphile"]
-            print("| %s | %d | %.0f | %.0f | %.2f | %.4f | %.4f | %.2f |" % (
-                fsync, i, d["rate"], g["rate"], d["rate"] / g["rate"], d["pg_cpu_ms"], g["pg_cpu_ms"],
-                d["pg_cpu_ms"] / g["pg_cpu_ms"]))
+            tr, cr = d["rate"] / g["rate"], d["pg_cpu_ms"] / g["pg_cpu_ms"]
+            if worst is None or tr / cr < worst[0]:
+                worst = (tr / cr, fsync, pair.get("case", "all"), tr, cr)
+            print("| %s | %s | %d | %.0f | %.0f | %.2f | %.4f | %.4f | %.2f | %s |" % (
+                fsync, pair.get("case", "all"), i, d["rate"], g["rate"], tr, d["pg_cpu_ms"],
+                g["pg_cpu_ms"], cr, " ".join(pair.get("load", []))))
     print()
-    print("| fsync | side | items/s (mean) | PG CPU ms/item (mean) | worker CPU ms/item | WAL B/item"
+    print("worst round: fsync %s, statistics %s: throughput %.2fx graphile's at %.2fx its"
+          " PostgreSQL CPU per item" % (worst[1], worst[2], worst[3], worst[4]))
+    print()
+    print("| fsync, statistics | side | items/s (mean) | PG CPU ms/item (mean) | worker CPU ms/item | WAL B/item"
           " | body B | exactly once |")
     print("|---|---|---|---|---|---|---|---|")
     for fsync, s in settings.items():
-        for name in ("dispatcher", "graphile"):
-            rs = [p[name] for p in s["rounds"]]
+        for case in sorted({p.get("case", "all") for p in s["rounds"]}):
+          for name in ("dispatcher", "graphile"):
+            rs = [p[name] for p in s["rounds"] if p.get("case", "all") == case]
             mean = lambda k: sum(r[k] for r in rs) / len(rs)  # noqa: E731
             print("| %s | %s | %.0f | %.4f | %.4f | %.0f | %d | %d/%d |" % (
-                fsync, name, mean("rate"), mean("pg_cpu_ms"), mean("client_cpu_ms"), mean("wal_bytes"),
+                fsync + " " + case, name, mean("rate"), mean("pg_cpu_ms"), mean("client_cpu_ms"), mean("wal_bytes"),
                 rs[0]["body_bytes"], sum(r["requests"] for r in rs), sum(r["n"] for r in rs)))
     print()
     for fsync, s in settings.items():

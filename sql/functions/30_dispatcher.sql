@@ -71,8 +71,7 @@ RETURNS TABLE (effect_id uuid, idempotency_key text, effect_type text, target te
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp
     SET plan_cache_mode = force_generic_plan SET enable_seqscan = off
     SET enable_bitmapscan = off SET enable_sort = off SET enable_hashjoin = off
-    SET enable_mergejoin = off
-    SET jit = off AS $$
+    SET enable_mergejoin = off SET jit = off AS $$
 #variable_conflict use_column
 DECLARE
     after_at timestamptz := p_after_at;
@@ -173,8 +172,7 @@ RETURNS TABLE (effect_id uuid, attempts integer, blocked boolean, held_by text,
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp
     SET plan_cache_mode = force_generic_plan SET enable_seqscan = off
     SET enable_bitmapscan = off SET enable_sort = off SET enable_hashjoin = off
-    SET enable_mergejoin = off
-    SET jit = off AS $$
+    SET enable_mergejoin = off SET jit = off AS $$
 #variable_conflict use_column
 DECLARE
     allowed boolean;
@@ -299,7 +297,7 @@ RETURNS TABLE (effect_id uuid, lease_expires_at timestamptz)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp
     SET plan_cache_mode = force_generic_plan SET enable_seqscan = off
     SET enable_bitmapscan = off SET enable_sort = off SET enable_hashjoin = off
-    SET enable_mergejoin = off AS $$
+    SET enable_mergejoin = off SET jit = off AS $$
 #variable_conflict use_column
 BEGIN
     PERFORM outbox_lock_owned(p_owner, p_ids);      -- lock order: effect_id
@@ -321,7 +319,7 @@ RETURNS integer
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp
     SET plan_cache_mode = force_generic_plan SET enable_seqscan = off
     SET enable_bitmapscan = off SET enable_sort = off SET enable_hashjoin = off
-    SET enable_mergejoin = off AS $$
+    SET enable_mergejoin = off SET jit = off AS $$
 #variable_conflict use_column
 DECLARE
     n integer;
@@ -440,7 +438,7 @@ RETURNS TABLE (effect_id uuid, applied boolean, state text, resolved text)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp
     SET plan_cache_mode = force_generic_plan SET enable_seqscan = off
     SET enable_bitmapscan = off SET enable_sort = off SET enable_hashjoin = off
-    SET enable_mergejoin = off AS $$
+    SET enable_mergejoin = off SET jit = off AS $$
 #variable_conflict use_column
 DECLARE
     n integer := jsonb_array_length(p_results);
@@ -685,7 +683,7 @@ RETURNS TABLE (effect_id uuid)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp
     SET plan_cache_mode = force_generic_plan SET enable_seqscan = off
     SET enable_bitmapscan = off SET enable_sort = off SET enable_hashjoin = off
-    SET enable_mergejoin = off AS $$
+    SET enable_mergejoin = off SET jit = off AS $$
 #variable_conflict use_column
 DECLARE
     ids uuid[];
@@ -726,7 +724,7 @@ RETURNS TABLE (effect_id uuid, state text, lost_worker text)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp
     SET plan_cache_mode = force_generic_plan SET enable_seqscan = off
     SET enable_bitmapscan = off SET enable_sort = off SET enable_hashjoin = off
-    SET enable_mergejoin = off AS $$
+    SET enable_mergejoin = off SET jit = off AS $$
 #variable_conflict use_column
 DECLARE
     calls uuid[];
@@ -901,7 +899,7 @@ RETURNS void
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp
     SET plan_cache_mode = force_generic_plan SET enable_seqscan = off
     SET enable_bitmapscan = off SET enable_sort = off SET enable_hashjoin = off
-    SET enable_mergejoin = off AS $$
+    SET enable_mergejoin = off SET jit = off AS $$
 BEGIN
     PERFORM 1 FROM effect_live o
      WHERE o.effect_id = ANY (p_ids) AND o.lease_owner = p_owner

@@ -66,8 +66,7 @@ RETURNS TABLE (effect_id uuid, idempotency_key text, effect_type text, target te
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp
     SET plan_cache_mode = force_generic_plan SET enable_seqscan = off
     SET enable_bitmapscan = off SET enable_sort = off SET enable_hashjoin = off
-    SET enable_mergejoin = off
-    SET jit = off AS $$
+    SET enable_mergejoin = off SET jit = off AS $$
 #variable_conflict use_column
 DECLARE
     allowed boolean;
@@ -199,7 +198,7 @@ RETURNS integer
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp
     SET plan_cache_mode = force_generic_plan SET enable_seqscan = off
     SET enable_bitmapscan = off SET enable_sort = off SET enable_hashjoin = off
-    SET enable_mergejoin = off AS $$
+    SET enable_mergejoin = off SET jit = off AS $$
 #variable_conflict use_column
 DECLARE
     n integer;

@@ -57,25 +57,31 @@ def test_bench_peer_small_delivers_exactly_once_and_prints_the_ratios(tmp_path):
     env = dict(os.environ, BUILD_DIR=BUILD_DIR, PEER_N=str(N), PEER_ROUNDS="1", PEER_WARMUP="0",
                PEER_FSYNC="off on", PEER_RESULTS=str(results))
     out = subprocess.run(["sh", os.path.join(PEER, "peer.sh")], env=env, capture_output=True,
-                         text=True, timeout=300)
+                         text=True, timeout=900)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "graphile-worker from the cache" in out.stderr, out.stderr
     assert "npm ci" not in out.stderr
 
     ratios = {}
     for line in out.stdout.splitlines():
-        m = re.match(r"\| (off|on) \| 1 \| (\d+) \| (\d+) \| ([\d.]+) \| ([\d.]+) \| ([\d.]+) \| ([\d.]+) \|$", line)
+        m = re.match(r"\| (off|on) \| (all|producer|none|scoped) \| 1 \| (\d+) \| (\d+) \| ([\d.]+) "
+                     r"\| ([\d.]+) \| ([\d.]+) \| ([\d.]+) \| [\d. ]+ \|$", line)
         if m:
-            ratios[m.group(1)] = [float(x) for x in m.groups()[1:]]
-    assert set(ratios) == {"off", "on"}, out.stdout
+            ratios[m.group(1), m.group(2)] = [float(x) for x in m.groups()[2:]]
+    # Every statistics case and the scoped one, under each fsync setting.
+    assert set(ratios) == {(f, c) for f in ("off", "on")
+                           for c in ("all", "producer", "none", "scoped")}, out.stdout
+    assert re.search(r"^worst round: fsync (off|on), statistics (all|producer|none|scoped): "
+                     r"throughput [\d.]+x graphile's at [\d.]+x", out.stdout, re.M), out.stdout
     for d_rate, g_rate, rate_ratio, d_cpu, g_cpu, cpu_ratio in ratios.values():
         assert d_rate > 0 and g_rate > 0 and d_cpu > 0 and g_cpu > 0, out.stdout
         assert abs(rate_ratio - d_rate / g_rate) < 0.02 * rate_ratio + 0.01, out.stdout
         assert abs(cpu_ratio - d_cpu / g_cpu) < 0.02 * cpu_ratio + 0.01, out.stdout
-    once = re.findall(r"^\| (off|on) \| (dispatcher|graphile) \| \d+ \| [\d.]+ \| [\d.]+ \| \d+ \| (\d+) "
-                      r"\| (\d+)/(\d+) \|$", out.stdout, re.M)
+    once = re.findall(r"^\| ((?:off|on) (?:all|producer|none|scoped)) \| (dispatcher|graphile) \| \d+ "
+                      r"\| [\d.]+ \| [\d.]+ \| \d+ \| (\d+) \| (\d+)/(\d+) \|$", out.stdout, re.M)
     assert sorted((s, side, got, want) for s, side, _, got, want in once) == sorted(
-        (s, side, str(N), str(N)) for s in ("off", "on") for side in ("dispatcher", "graphile")), out.stdout
+        ("%s %s" % (s, c), side, str(N), str(N)) for s in ("off", "on")
+        for c in ("all", "producer", "none", "scoped") for side in ("dispatcher", "graphile")), out.stdout
     assert len({body for _, _, body, _, _ in once}) == 1, "bodies differ between the sides: " + out.stdout
 
     # The figures behind the table: the server really ran each setting.
@@ -84,9 +90,10 @@ def test_bench_peer_small_delivers_exactly_once_and_prints_the_ratios(tmp_path):
     assert res["settings"]["on"]["server"]["fsync"] == "on"
     assert res["settings"]["on"]["server"]["synchronous_commit"] == "on"
     for s in res["settings"].values():
-        for side in ("dispatcher", "graphile"):
-            r = s["rounds"][0][side]
-            assert r["n"] == N and r["requests"] == N
+        assert [p["case"] for p in s["rounds"]] == ["all", "producer", "none", "scoped"]
+        for p in s["rounds"]:
+            for side in ("dispatcher", "graphile"):
+                assert p[side]["n"] == N and p[side]["requests"] == N
 
 
 class FakeSink:

@@ -21,6 +21,7 @@ import json
 import re
 import uuid
 
+import psycopg2
 import pytest
 
 from outbox_test import kill_switch, plans_of, query, scalar
@@ -178,3 +179,193 @@ def test_hot_path_generic_plans_are_index_probes_at_two_million_rows(conn, login
     plans = generic_plans(conn, "SELECT pg_temp.planted_scan('x')", None)
     with pytest.raises(AssertionError, match="reads .'effect_live'. sequentially"):
         check(plans, "planted", [])
+
+
+# ---- plans that do not follow the statistics --------------------------------
+# The cached plan of a hot statement is made from whatever pg_class and
+# pg_statistic say when it is made, and kept until an ANALYZE of one of its
+# tables.  A queue that drained and was analyzed says "no rows" however
+# many arrive after; a plan made while the queue was empty says the same.
+# Under such statistics key probes became walks of the whole queue (the ids
+# matched effect_live_due_idx's second column; a full walk of the primary
+# key fed a nested loop).  Each case below makes the catalog say one thing
+# about a queue of 2,000,000 rows and runs every hot statement with
+# auto_explain's actual row and buffer counts: none may scan sequentially,
+# make a bitmap, hash or merge join, or touch more than a batch's worth.
+
+STALE_BOUND_ROWS = 5_000       # rows any node of a hot statement may pass
+STALE_BOUND_BUFFERS = 30_000   # buffers one hot statement may touch (a walk of the queue: > 400,000)
+FORBIDDEN = re.compile(r"(Seq Scan|Bitmap Heap Scan|Bitmap Index Scan|Hash Join|Merge Join)")
+NODE_ROWS = re.compile(r"\(actual rows=(\d+) loops=(\d+)\)")
+REMOVED = re.compile(r"Rows Removed by (?:Filter|Join Filter): (\d+)")
+BUFFERS = re.compile(r"Buffers: shared(?: hit=(\d+))?(?: read=(\d+))?")
+
+
+def set_statistics(conn, table, how):
+    """What the catalog says of table: 'analyzed' (a real ANALYZE now),
+    'empty' (what ANALYZE of the drained table wrote: no rows on its pages,
+    no column statistics) or 'never' (a table never analyzed or vacuumed)."""
+    if how == "analyzed":
+        query(conn, f"ANALYZE {table}")
+        return
+    query(conn, "DELETE FROM pg_statistic WHERE starelid = %s::regclass", (table,))
+    query(conn, "UPDATE pg_class SET reltuples = %s, relallvisible = 0, "
+                "relpages = CASE WHEN %s THEN 0 ELSE pg_relation_size(oid) / 8192 END "
+                "WHERE oid = %s::regclass", (-1 if how == "never" else 0, how == "never", table))
+
+
+def analyzed_plans(conn, sql, args):
+    query(conn, "LOAD 'auto_explain'")
+    for setting in ("auto_explain.log_min_duration = 0", "auto_explain.log_nested_statements = on",
+                    "auto_explain.log_level = notice", "client_min_messages = notice",
+                    "auto_explain.log_analyze = on", "auto_explain.log_buffers = on",
+                    "auto_explain.log_timing = off"):
+        query(conn, "SET " + setting)
+    del conn.notices[:]
+    rows = query(conn, sql, args)
+    query(conn, "SET auto_explain.log_min_duration = -1")
+    return "\n".join(conn.notices), rows
+
+
+def check_bounded(text, what):
+    """Each statement's plan in text: no forbidden node, every node and
+    filter within the bound, the statement's buffers within theirs."""
+    assert text.strip(), f"{what}: no plan logged"
+    for plan in text.split("plan:\n")[1:]:
+        head = plan.splitlines()[0][:100]
+        if "outbox_" in head and "FROM outbox_" in head:
+            continue        # the caller's SELECT: its counts are the function's
+        bad = FORBIDDEN.findall(plan)
+        assert not bad, f"{what}: {bad} in\n{plan}"
+        for rows, loops in NODE_ROWS.findall(plan):
+            assert int(rows) * int(loops) <= STALE_BOUND_ROWS, f"{what}: a node passes " \
+                f"{rows} x {loops} rows in\n{plan}"
+        for removed in REMOVED.findall(plan):
+            assert int(removed) <= STALE_BOUND_ROWS, f"{what}: a walk past {removed} rows in\n{plan}"
+        touched = BUFFERS.search(plan)
+        if touched:
+            n = sum(int(x or 0) for x in touched.groups())
+            assert n <= STALE_BOUND_BUFFERS, f"{what}: {n} buffers in\n{plan}"
+
+
+def hot_round(c, owner, what):
+    """One worker's round on c: claim, lease, mark, renew, complete (finished,
+    retried, unknown), release, unclaim, and a reaper pass over a claim whose
+    worker died; each statement's plan checked."""
+    def run(name, sql, args=None):
+        text, rows = analyzed_plans(c, sql, args)
+        check_bounded(text, f"{what}: {name}")
+        return rows
+
+    call = str(uuid.uuid4())
+    claimed = [r[0] for r in run("outbox_claim", "SELECT effect_id::text FROM outbox_claim(%s, 'w', "
+                                 "50, 30, '{http}', true, '{}', %s)", (owner, call))]
+    assert len(claimed) == 50, what
+    leased = [r[0] for r in run("outbox_lease", "SELECT effect_id::text FROM outbox_lease(%s, 'w', "
+                                "50, 30, '{http}', true)", (owner,))]
+    assert len(leased) == 50, what
+    marked = run("outbox_mark_sending", "SELECT effect_id::text FROM outbox_mark_sending(%s, "
+                 "%s::uuid[], true, '{}', 30, %s, NULL::text[]) WHERE NOT blocked",
+                 (owner, leased[:40], str(uuid.uuid4())))
+    assert len(marked) == 40, what
+    run("outbox_renew", "SELECT count(*) FROM outbox_renew(%s, %s::uuid[], 30, 300)",
+        (owner, leased[:40]))
+    run("outbox_release", "SELECT outbox_release(%s, %s::uuid[])", (owner, leased[40:]))
+    run("outbox_unclaim", "SELECT outbox_unclaim(%s, %s::uuid[], %s, true)",
+        (owner, claimed[40:], call))
+    results = [{"effect_id": i, "attempt": 1, "outcome": "accepted", "next_state": "completed",
+                "status": 200, "provider_id": "p"} for i in leased[:20]]
+    results += [{"effect_id": i, "attempt": 1, "outcome": "retry", "next_state": "pending",
+                 "status": 503, "retry_delay_ms": 1000} for i in leased[20:39]]
+    results += [{"effect_id": leased[39], "attempt": 1, "outcome": "ambiguous",
+                 "next_state": "unknown", "status": None}]
+    done = run("outbox_complete", "SELECT effect_id, applied FROM outbox_complete(%s, 'w', %s)",
+               (owner, json.dumps(results)))
+    assert len(done) == 40 and all(a for _, a in done), what
+    # The claim's worker died: its rows and call are past their lease.
+    query(c, "UPDATE effect_live SET lease_expires_at = now() - interval '1 second' "
+             "WHERE effect_id = ANY (%s::uuid[])", (claimed[:40],))
+    query(c, "UPDATE effect_calls SET deadline = now() - interval '1 second' WHERE call = %s",
+          (call,))
+    reaped = run("outbox_reap", "SELECT effect_id FROM outbox_reap('r', 500)")
+    assert len(reaped) >= 40, what
+
+
+def test_hot_path_plans_hold_whatever_the_statistics_say(conn, db):
+    kill_switch(conn, True)
+    tables = ("effect_live", "effect_outbox", "effect_calls")
+    for t in tables:
+        query(conn, f"ALTER TABLE {t} SET (autovacuum_enabled = off)")
+    query(conn, "ANALYZE effect_live, effect_outbox, effect_calls")
+
+    # A worker's session whose plans were made while the queue was empty:
+    # a few rows go through every statement, then the 2,000,000 arrive.
+    early = psycopg2.connect(db)
+    early.autocommit = True
+    query(conn, "INSERT INTO workflow_runs (idempotency_key, state, payload_hash) "
+                "VALUES ('small', 'processing', 'h')")
+    query(conn, "INSERT INTO effect_outbox (idempotency_key, effect_type, target, payload) "
+                "SELECT 'small', 'http', 'http://127.0.0.1:9/s' || g, '{}' "
+                "FROM generate_series(1, 700) g")
+    for _ in range(6):          # past PL/pgSQL's first calls: the cached plan from here on
+        hot_round(early, str(uuid.uuid4()), "while empty")
+    # (No ANALYZE from here: the plans stay cached as they were made.)
+    query(conn, "DELETE FROM effect_live")
+    query(conn, "DELETE FROM effect_calls")
+    load_live_only(conn)
+    assert scalar(conn, "SELECT reltuples FROM pg_class WHERE oid = 'effect_live'::regclass") <= 0
+    hot_round(early, str(uuid.uuid4()), "plans cached while the queue was empty")
+    early.close()
+
+    cases = [
+        ("analyzed while empty", {"effect_live": "empty", "effect_outbox": "empty",
+                                  "effect_calls": "empty"}),
+        ("never analyzed", {"effect_live": "never", "effect_outbox": "never",
+                            "effect_calls": "never"}),
+        ("only the producer's table analyzed", {"effect_live": "empty", "effect_outbox": "analyzed",
+                                                "effect_calls": "empty"}),
+        ("only the live queue analyzed", {"effect_live": "analyzed", "effect_outbox": "empty",
+                                          "effect_calls": "analyzed"}),
+        ("every table analyzed", {"effect_live": "analyzed", "effect_outbox": "analyzed",
+                                  "effect_calls": "analyzed"}),
+    ]
+    for what, case in cases:
+        for t, how in case.items():
+            set_statistics(conn, t, how)
+        c = psycopg2.connect(db)    # a session with no plan cached yet
+        c.autocommit = True
+        try:
+            for _ in range(2):
+                hot_round(c, str(uuid.uuid4()), what)
+        finally:
+            c.close()
+
+    # The check sees a walk where there is one: a key probe the planner
+    # turns into a walk of the queue, as the hot statements were before.
+    set_statistics(conn, "effect_live", "empty")
+    query(conn, "CREATE FUNCTION pg_temp.walk(p uuid[]) RETURNS bigint LANGUAGE plpgsql "
+                "SET enable_seqscan = off SET plan_cache_mode = force_generic_plan AS "
+                "$$ BEGIN RETURN (SELECT count(*) FROM effect_live l "
+                "WHERE l.effect_id = ANY (p) AND l.attempts >= 0); END $$")
+    text, _ = analyzed_plans(conn, "SELECT pg_temp.walk(ARRAY(SELECT effect_id FROM effect_live "
+                                   "ORDER BY effect_id DESC LIMIT 20))", None)
+    with pytest.raises(AssertionError):
+        check_bounded(text, "planted")
+
+
+def load_live_only(conn):
+    """2,000,000 due rows in one statement (bodies and live rows), as the
+    table owner without triggers."""
+    query(conn, "INSERT INTO workflow_runs (idempotency_key, state, payload_hash) "
+                "SELECT 'big-' || g, 'processing', 'h' FROM generate_series(1, %s) g", (RUNS,))
+    query(conn, "SET session_replication_role = replica")
+    query(conn, "WITH b AS (INSERT INTO effect_outbox (idempotency_key, effect_type, target, "
+                "payload, created_at, available_at) "
+                "SELECT 'big-' || (1 + g %% %s), 'http', 'http://127.0.0.1:9/' || g, '{\"n\": 1}', "
+                "now() - interval '1 day' + g * interval '10 microseconds', "
+                "now() - interval '1 day' + g * interval '10 microseconds' "
+                "FROM generate_series(1, %s) g "
+                "RETURNING effect_id, effect_type, created_at, available_at) "
+                "INSERT INTO effect_live (effect_id, effect_type, created_at, available_at) "
+                "SELECT effect_id, effect_type, created_at, available_at FROM b", (RUNS, OPEN))
+    query(conn, "RESET session_replication_role")
