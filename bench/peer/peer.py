@@ -545,7 +545,9 @@ def summary():
     print("|---|---|---|---|---|---|---|---|---|---|")
     worst = None
     for fsync, s in settings.items():
-        for i, pair in enumerate(s["rounds"], 1):
+        seen = {}
+        for pair in s["rounds"]:
+            seen[pair.get("case", "all")] = i = seen.get(pair.get("case", "all"), 0) + 1
             d, g = pair["dispatcher"], pair["graphile"]
             tr, cr = d["rate"] / g["rate"], d["pg_cpu_ms"] / g["pg_cpu_ms"]
             if worst is None or tr / cr < worst[0]:

@@ -231,12 +231,16 @@ BEGIN
             bys text[];
             untils timestamptz[];
         BEGIN
+            -- (Rows by key, then by TID; each one's host by its position:
+            -- no join the statistics could make a walk of the queue.)
             SELECT coalesce(array_agg(o.effect_id ORDER BY o.effect_id), '{}'),
-                   coalesce(array_agg(h.host ORDER BY o.effect_id), '{}')
+                   coalesce(array_agg(p_hosts[array_position(p_ids, o.effect_id)]
+                                      ORDER BY o.effect_id), '{}')
               INTO cand, cand_hosts
-              FROM unnest(p_ids, coalesce(p_hosts, '{}')) AS h(id, host)
-              JOIN effect_live o ON o.effect_id = h.id
-             WHERE h.id IS NOT NULL AND o.lease_owner = p_owner AND o.state = 'pending'
+              FROM effect_live o
+             WHERE o.ctid = ANY (ARRAY(SELECT k.ctid FROM effect_live k
+                                        WHERE k.effect_id = ANY (p_ids) ORDER BY k.effect_id))
+               AND o.lease_owner = p_owner AND o.state = 'pending'
                AND o.lease_expires_at > now();
             SELECT coalesce(array_agg(v.effect_id), '{}'), coalesce(array_agg(v.held_by), '{}'),
                    coalesce(array_agg(v.held_until), '{}')
@@ -472,11 +476,12 @@ BEGIN
 
     -- Two passes at most.  The first applies what the lease holder
     -- reports for its `sending` rows: the usual batch ends there.  Only
-    -- when some element did not apply are the rest looked at: the
+    -- when some element did not apply are the rest looked at, locked: the
     -- `unknown` rows whose unknown-ness came from this worker's lease on
-    -- exactly the attempt being recorded (late evidence) get a second
-    -- pass of the same statement; what still did not apply is evidence
-    -- only, below.
+    -- exactly the attempt being recorded (late evidence), and the rows a
+    -- concurrent statement (a heartbeat's renewal) changed after the first
+    -- pass read their TIDs, get a second pass of the same statement; what
+    -- still did not apply is evidence only, below.
     FOR pass IN 1 .. 2 LOOP
         -- The state change and, in the same statement, the history row of
         -- every element it applied to.  The same batch sent again after a lost
@@ -499,7 +504,7 @@ BEGIN
                    retry_delay_ms bigint)
              WHERE r.next_state IN ('completed', 'pending', 'failed', 'unknown')
                AND NOT r.effect_id = ANY (done_ids)
-               AND (pass = 1 OR r.effect_id = ANY (late_ids))
+               AND (pass = 1 OR r.effect_id = ANY (left_ids))
              ORDER BY r.effect_id),
         -- Each element's live row, found once through the primary key
         -- (in key order: the only plan without a sort) and then by its
@@ -598,7 +603,7 @@ BEGIN
                         WHERE a.effect_id = o.effect_id AND a.created_at = o.created_at
                           AND a.attempt = r.attempt
                           AND a.lease_owner = p_owner AND a.worker LIKE 'reaper:%');
-        EXIT WHEN cardinality(late_ids) = 0;
+        EXIT WHEN cardinality(left_ids) = 0;
     END LOOP;
 
 
