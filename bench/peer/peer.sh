@@ -13,7 +13,8 @@
 # Knobs: PEER_N (items per round, 100000; QUICK=1: 2000), PEER_ROUNDS (rounds
 # per side and setting, 2; QUICK: 1), PEER_FSYNC ("off on"), PEER_WARMUP
 # (items per side before the rounds of a setting, 5000; QUICK: 0),
-# PEER_ANALYZE (0: no ANALYZE in the insert's transaction, see peer.py),
+# PEER_CASES (the statistics cases: "all producer none scoped", see
+# peer.py; PEER_ANALYZE=0 / 1 is none / all),
 # PEER_RESULTS (keep the results as JSON there), BUILD_DIR, PEER_CACHE.
 set -eu
 cd "$(dirname "$0")/../.."
