@@ -116,6 +116,13 @@ def main():
             have = fill(side, size, have)
             P.settle(side)
             out.append(("history", have, rounds_of(side, sink, "h%d" % size)))
+        if os.environ.get("HISTORY_STATEMENTS"):
+            # With pg_stat_statements preloaded (PG_EXTRA_OPTS): where the time went.
+            P.one(side.db, "CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+            for row in B.q("SELECT round(total_exec_time)::bigint, calls, rows,"
+                           " left(regexp_replace(query, '\\s+', ' ', 'g'), 110)"
+                           " FROM pg_stat_statements ORDER BY total_exec_time DESC LIMIT 15"):
+                print("statement: %s ms, %s calls, %s rows: %s" % row)
     finally:
         sink.stop()
     base = sum(r["pg_cpu_ms"] for r in out[0][2]) / len(out[0][2])
