@@ -141,6 +141,27 @@ static void classify_status(struct http_call *c, long status, CURL *easy, struct
 	}
 }
 
+/* What the answer echoes of the call's secrets is cut out of everything
+ * read from it (body, id headers) before anything is made of it: a cut
+ * excerpt of the body or a header never keeps half a secret. */
+static void scrub_answer(struct http_call *c)
+{
+	size_t n;
+	char *t;
+
+	if (c->scrub.n == 0)
+		return;
+	if (c->resp.data && (t = scrub_dup(&c->scrub, c->resp.data, c->resp.len, &n)) != NULL) {
+		explicit_bzero(c->resp.data, c->resp.len);
+		free(c->resp.data);
+		c->resp.data = t;
+		c->resp.len = n;
+	}
+	scrub_str(&c->scrub, &c->hdr_id);
+	scrub_str(&c->scrub, &c->request_id);
+	scrub_str(&c->scrub, &c->location);
+}
+
 static void on_done(CURL *easy, CURLcode rc, void *arg)
 {
 	struct http_call *c = arg;
@@ -152,6 +173,7 @@ static void on_done(CURL *easy, CURLcode rc, void *arg)
 		request_size = 1; /* cannot tell: assume something was written */
 	if (c->resend_refused && c->resend_bytes > request_size)
 		request_size = c->resend_bytes;
+	scrub_answer(c);
 
 	if (rc == CURLE_OK) {
 		classify_status(c, status, easy, &r);
@@ -193,6 +215,8 @@ static void on_done(CURL *easy, CURLcode rc, void *arg)
 		r.outcome = OUTCOME_NOT_SENT;
 		snprintf(r.error, sizeof(r.error), "not sent: %s", curl_easy_strerror(rc));
 	}
+	scrub_buf(&c->scrub, r.error, sizeof(r.error));
+	scrub_buf(&c->scrub, r.provider_id, sizeof(r.provider_id));
 	easy_put(c->hp, easy);
 	c->done(c->token, &r);
 	http_call_free(c);
