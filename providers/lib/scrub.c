@@ -128,6 +128,20 @@ static char *percent_encoded(const char *v, size_t len, size_t *outlen)
 	return out;
 }
 
+static char *hex_of(const char *v, size_t len, bool upper, size_t *outlen)
+{
+	const char *hex = upper ? "0123456789ABCDEF" : "0123456789abcdef";
+	char *out = text_alloc(len * 2 + 1), *o = out;
+
+	for (size_t i = 0; i < len; i++) {
+		*o++ = hex[(unsigned char)v[i] >> 4];
+		*o++ = hex[(unsigned char)v[i] & 15];
+	}
+	*o = '\0';
+	*outlen = (size_t)(o - out);
+	return out;
+}
+
 void scrub_add(struct scrub *s, const char *value, size_t len)
 {
 	unsigned char *dec;
@@ -144,6 +158,19 @@ void scrub_add(struct scrub *s, const char *value, size_t len)
 	t = percent_encoded(value, len, &n);
 	add_owned(s, t, n);
 	t = b64_of((const unsigned char *)value, len, &n);
+	while (n > 0 && t[n - 1] == '=')
+		n--;
+	add_one(s, t, n, SCRUB_MIN_DERIVED);          /* unpadded */
+	for (size_t i = 0; i < n; i++)               /* base64url */
+		t[i] = t[i] == '+' ? '-' : t[i] == '/' ? '_' : t[i];
+	add_one(s, t, n, SCRUB_MIN_DERIVED);
+	explicit_bzero(t, n);
+	free(t);
+	t = b64_of((const unsigned char *)value, len, &n);
+	add_owned(s, t, n);                          /* padded */
+	t = hex_of(value, len, false, &n);
+	add_owned(s, t, n);
+	t = hex_of(value, len, true, &n);
 	add_owned(s, t, n);
 	dec = b64_from(value, len, &n);
 	if (dec) {

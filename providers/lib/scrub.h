@@ -9,9 +9,11 @@
  * occurrence of a secret is replaced by "[secret]".
  *
  * A value is matched as-is and in the spellings an echo commonly gives it,
- * where they are cheap to list: JSON-escaped, percent-encoded, base64 of
- * it and, when the value is itself base64 (a Basic credential), its
- * decoded text ("user:pass") and the password after the first ':'.  A
+ * where they are cheap to list: JSON-escaped, percent-encoded, hex, base64
+ * of it (padded, unpadded, base64url) and, when the value is itself base64
+ * (a Basic credential), its decoded text ("user:pass") and the password
+ * after the first ':'.  An echo in any other encoding is not caught: a
+ * secret goes only to the URL prefixes the operator declared for it.  A
  * text that ends with the start of a value (an answer cut at a length
  * bound) loses that tail too.  Derived spellings shorter than
  * SCRUB_MIN_DERIVED bytes are not listed (they would match by chance).
