@@ -127,8 +127,8 @@ void providers_default_dir(char *buf, size_t len)
  * with its database login and secrets.  OpenSSH's StrictModes checks a
  * key file's path the same way.
  */
-static bool trusted_node(const char *what, const char *path, const char *node, char *err,
-                         size_t errlen)
+static bool trusted_node(const char *what, const char *path, const char *node, bool self,
+                         char *err, size_t errlen)
 {
 	struct stat st;
 	char where[PATH_MAX + 64] = "";
@@ -137,7 +137,7 @@ static bool trusted_node(const char *what, const char *path, const char *node, c
 		snprintf(err, errlen, "%s %s: %s: %s", what, path, node, strerror(errno));
 		return false;
 	}
-	if (strcmp(node, path) != 0)
+	if (!self)
 		snprintf(where, sizeof(where), ": %s %s", S_ISDIR(st.st_mode) ? "the directory" : "its target",
 		         node);
 	if (st.st_uid != 0 && st.st_uid != geteuid()) {
@@ -157,19 +157,19 @@ static bool trusted_node(const char *what, const char *path, const char *node, c
 	return true;
 }
 
-/* The node and every directory above it, up to /: abs is absolute. */
-static bool trusted_chain(const char *what, const char *path, const char *abs, char *err,
-                          size_t errlen)
+/* The node and every directory above it, up to /: abs is absolute, path
+ * as written, resolved whether abs is its target rather than path. */
+static bool trusted_chain(const char *what, const char *path, const char *abs, bool resolved,
+                          char *err, size_t errlen)
 {
 	char buf[PATH_MAX];
 	char *slash;
-
 	struct stat lst;
 
 	str_copy(buf, abs, sizeof(buf));
 	/* A symlink itself: its target is judged on the resolved chain. */
 	if (!(lstat(buf, &lst) == 0 && S_ISLNK(lst.st_mode)) &&
-	    !trusted_node(what, path, strcmp(abs, path) == 0 ? path : buf, err, errlen))
+	    !trusted_node(what, path, buf, !resolved, err, errlen))
 		return false;
 	while ((slash = strrchr(buf, '/')) != NULL) {
 		if (slash == buf) {
@@ -179,7 +179,7 @@ static bool trusted_chain(const char *what, const char *path, const char *abs, c
 		} else {
 			*slash = '\0';
 		}
-		if (!trusted_node(what, path, buf, err, errlen))
+		if (!trusted_node(what, path, buf, false, err, errlen))
 			return false;
 	}
 	return true;
@@ -203,8 +203,8 @@ static bool trusted_path(const char *what, const char *path, char *err, size_t e
 		return false;
 	}
 	/* As written (the directories holding each link), then as resolved. */
-	return trusted_chain(what, path, abs, err, errlen) &&
-	       (strcmp(real, abs) == 0 || trusted_chain(what, path, real, err, errlen));
+	return trusted_chain(what, path, abs, false, err, errlen) &&
+	       (strcmp(real, abs) == 0 || trusted_chain(what, path, real, true, err, errlen));
 }
 
 static bool load_one(struct provider_slot *slot, struct config *cfg, const char *dir,
