@@ -142,24 +142,25 @@ static void classify_status(struct http_call *c, long status, CURL *easy, struct
 }
 
 /* What the answer echoes of the call's secrets is cut out of everything
- * read from it (body, id headers) before anything is made of it: a cut
- * excerpt of the body or a header never keeps half a secret. */
+ * read from it (body, id headers) before anything is made of it, so an
+ * excerpt cut from them never keeps half a secret; a body or header cut
+ * at its bound loses its possibly partial tail (scrub.h). */
+static void scrub_header(const struct scrub *s, char **v)
+{
+	size_t n = *v ? strlen(*v) : 0;
+
+	/* curl_header_take() keeps OUTBOX_PROVIDER_ID_MAX - 1 bytes at most. */
+	scrub_text(s, v, &n, n >= OUTBOX_PROVIDER_ID_MAX - 1);
+}
+
 static void scrub_answer(struct http_call *c)
 {
-	size_t n;
-	char *t;
-
 	if (c->scrub.n == 0)
 		return;
-	if (c->resp.data && (t = scrub_dup(&c->scrub, c->resp.data, c->resp.len, &n)) != NULL) {
-		explicit_bzero(c->resp.data, c->resp.len);
-		free(c->resp.data);
-		c->resp.data = t;
-		c->resp.len = n;
-	}
-	scrub_str(&c->scrub, &c->hdr_id);
-	scrub_str(&c->scrub, &c->request_id);
-	scrub_str(&c->scrub, &c->location);
+	scrub_text(&c->scrub, &c->resp.data, &c->resp.len, c->resp.truncated);
+	scrub_header(&c->scrub, &c->hdr_id);
+	scrub_header(&c->scrub, &c->request_id);
+	scrub_header(&c->scrub, &c->location);
 }
 
 static void on_done(CURL *easy, CURLcode rc, void *arg)

@@ -202,23 +202,42 @@ void scrub_free(struct scrub *s)
 	s->n = 0;
 }
 
-/* Which spelling starts at src[i], and how many bytes it covers (the rest
- * of the text, when the text ends inside it). */
+/* Which spelling starts at src[i], and how many bytes it covers.  Whole
+ * spellings only: scrubbing a text's end because it starts like a secret
+ * would tell whoever chose that end (a producer, through an echo) that
+ * their guess is a prefix of it, byte after byte. */
 static size_t match_at(const struct scrub *s, const char *src, size_t len, size_t i)
 {
 	size_t rest = len - i;
 
-	for (int k = 0; k < s->n; k++) {
-		if (s->v[k][0] != src[i])
-			continue;
-		if (s->len[k] <= rest) {
-			if (memcmp(src + i, s->v[k], s->len[k]) == 0)
-				return s->len[k];
-		} else if (rest >= SCRUB_MIN_DERIVED && memcmp(src + i, s->v[k], rest) == 0) {
-			return rest;
-		}
-	}
+	for (int k = 0; k < s->n; k++)
+		if (s->v[k][0] == src[i] && s->len[k] <= rest &&
+		    memcmp(src + i, s->v[k], s->len[k]) == 0)
+			return s->len[k];
 	return 0;
+}
+
+void scrub_text(const struct scrub *s, char **data, size_t *len, bool cut)
+{
+	size_t n;
+	char *t;
+
+	if (s == NULL || s->n == 0 || *data == NULL)
+		return;
+	if (cut) {
+		/* s->len[0] is the longest spelling. */
+		size_t drop = s->len[0] - 1 < *len ? s->len[0] - 1 : *len;
+		explicit_bzero(*data + *len - drop, drop);
+		*len -= drop;
+		(*data)[*len] = '\0';
+	}
+	t = scrub_dup(s, *data, *len, &n);
+	if (t == NULL)
+		return;
+	explicit_bzero(*data, *len);
+	free(*data);
+	*data = t;
+	*len = n;
 }
 
 char *scrub_dup(const struct scrub *s, const char *src, size_t len, size_t *outlen)

@@ -13,9 +13,14 @@
  * of it (padded, unpadded, base64url) and, when the value is itself base64
  * (a Basic credential), its decoded text ("user:pass") and the password
  * after the first ':'.  An echo in any other encoding is not caught: a
- * secret goes only to the URL prefixes the operator declared for it.  A
- * text that ends with the start of a value (an answer cut at a length
- * bound) loses that tail too.  Derived spellings shorter than
+ * secret goes only to the URL prefixes the operator declared for it.
+ *
+ * Only whole spellings are matched.  A text cut at a bound (a body at
+ * max_response_bytes, a header at its longest) may end inside a secret:
+ * its last (longest spelling - 1) bytes are dropped, whatever they are
+ * (scrub_text's cut), so that what is dropped never depends on the
+ * secret.  Sources are scrubbed before excerpts are cut from them.
+ * Derived spellings shorter than
  * SCRUB_MIN_DERIVED bytes are not listed (they would match by chance).
  */
 #ifndef OUTBOX_SCRUB_H
@@ -42,6 +47,10 @@ char *scrub_dup(const struct scrub *s, const char *src, size_t len, size_t *outl
 /* The NUL-terminated text in buf[size] scrubbed in place (cut to fit);
  * true when something was replaced. */
 bool scrub_buf(const struct scrub *s, char *buf, size_t size);
+/* A malloc'd text *data of *len bytes (NUL-terminated) scrubbed: replaced
+ * (the old one wiped and freed) when something matched; cut: the text was
+ * cut at a bound, and its possibly partial tail is dropped first. */
+void scrub_text(const struct scrub *s, char **data, size_t *len, bool cut);
 /* A malloc'd NUL-terminated string (or NULL) scrubbed in place: *p is
  * replaced (the old one wiped and freed) when something matched. */
 void scrub_str(const struct scrub *s, char **p);

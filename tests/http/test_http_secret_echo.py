@@ -145,6 +145,20 @@ def test_a_secret_cut_by_the_error_excerpt_leaves_no_part(conn, dispatchers, sin
         assert_clean(conn, eid, w, SECRET[:6])
 
 
+def test_a_secret_cut_by_max_response_bytes_leaves_no_part(conn, dispatchers, sink, creds):
+    """The body kept is cut at max_response_bytes (150 here) with the secret
+    across the cut at 20 offsets: the part before the cut is not kept."""
+    kill_switch(conn, True)
+    w = dispatchers(config(creds, sink, max_response_bytes=150))
+    eids = [str(enqueue(conn, "http", f"{sink.url}/echo/400",
+                        {"headers": {"A": "x" * pad, "B": {"secret": "api_token"}}, "body": {}}))
+            for pad in range(10, 70, 3)]
+    for eid in eids:
+        e = final(conn, eid)
+        assert e["state"] == "failed" and "HTTP 400" in e["last_error"], e
+        assert_clean(conn, eid, w, SECRET[:4])
+
+
 def test_crm_401_quoting_the_access_token_is_scrubbed(conn, dispatchers, tmp_path):
     from crm_server import CrmServer
     token = "00Dcrm-access-token-quoted-back"
