@@ -46,7 +46,7 @@ DAEMON_SRC := dispatcher/main.c dispatcher/worker.c dispatcher/health.c dispatch
               dispatcher/housekeeping.c dispatcher/late.c dispatcher/wire.c dispatcher/worker_sql.c \
               dispatcher/plugin.c dispatcher/hosts.c dispatcher/policy.c \
               dispatcher/metrics.c dispatcher/metrics_http.c dispatcher/sdnotify.c \
-              providers/lib/json_text.c
+              providers/lib/json_text.c providers/lib/scrub.c
 CTL_SRC   := $(sort $(wildcard dispatcher/outboxctl*.c))
 # A plugin is providers/NAME.c or the files providers/NAME/*.c;
 # providers/lib/*.c is linked into each.  A plugin exports only

@@ -54,6 +54,7 @@ static void resolve_late(struct worker *w, const char *id, int attempt, const st
 	str_copy(lc->id, id, sizeof(lc->id));
 	lc->attempt = attempt;
 	str_copy(lc->provider_id, res->provider_id, sizeof(lc->provider_id));
+	providers_scrub(lc->provider_id, sizeof(lc->provider_id));
 	if (!utf8_valid(lc->provider_id, strlen(lc->provider_id)))
 		lc->provider_id[0] = '\0';
 	snprintf(att, sizeof(att), "%d", attempt);

@@ -43,6 +43,7 @@ struct mconn {
 	struct bufferevent *bev;
 	struct event *deadline;
 	size_t scanned;                /* bytes of the head searched already */
+	bool line_ok;                  /* the request line arrived and is well formed */
 };
 TAILQ_HEAD(mconn_list, mconn);
 
@@ -132,18 +133,46 @@ static void reply_plain(struct mconn *c, int code, const char *reason, const cha
 	reply(c, code, reason, "text/plain; charset=utf-8", body, strlen(body), head_only);
 }
 
-/* One request line ("GET /metrics?x HTTP/1.1"), already cut at its end. */
+/* "METHOD SP /target SP HTTP/1.0|HTTP/1.1", nothing else (RFC 9112 3):
+ * a token, one space, a target of visible ASCII starting with '/', one
+ * space, and a version this server speaks.  line[0..n) without its LF
+ * (a CR before it is dropped here). */
+static bool request_line_ok(const char *line, size_t n)
+{
+	size_t i = 0, m;
+
+	if (n > 0 && line[n - 1] == '\r')
+		n--;
+	while (i < n && (((line[i] | 0x20) >= 'a' && (line[i] | 0x20) <= 'z') ||
+	                 (line[i] >= '0' && line[i] <= '9') ||
+	                 (line[i] != '\0' && strchr("!#$%&'*+-.^_`|~", line[i]))))
+		i++;
+	if (i == 0 || i >= n || line[i] != ' ' || line[i + 1] != '/')
+		return false;
+	for (i++; i < n && line[i] > 0x20 && line[i] < 0x7f; i++)
+		;
+	if (i >= n || line[i] != ' ')
+		return false;
+	m = n - i - 1;
+	return m == 8 && (memcmp(line + i + 1, "HTTP/1.1", 8) == 0 ||
+	                  memcmp(line + i + 1, "HTTP/1.0", 8) == 0);
+}
+
+/* One request line ("GET /metrics?x HTTP/1.1"), already cut at its end
+ * and checked (request_line_ok). */
 static void route(struct mconn *c, char *line)
 {
 	char *method = line, *target, *version, *q;
 	bool head;
 
+	if (!request_line_ok(line, strlen(line)))
+		goto bad;
 	target = strchr(method, ' ');
 	if (target == NULL)
 		goto bad;
 	*target++ = '\0';
 	version = strchr(target, ' ');
-	if (version == NULL || strncmp(version + 1, "HTTP/1.", 7) != 0)
+	if (version == NULL)
 		goto bad;
 	*version = '\0';
 	q = strchr(target, '?');
@@ -170,7 +199,7 @@ static void route(struct mconn *c, char *line)
 	}
 	return;
 bad:
-	reply_plain(c, 400, "Bad Request", "expected METHOD /path HTTP/1.x", false);
+	reply_plain(c, 400, "Bad Request", "expected METHOD /path HTTP/1.0 or HTTP/1.1", false);
 }
 
 static void conn_read(struct bufferevent *bev, void *arg)
@@ -181,11 +210,34 @@ static void conn_read(struct bufferevent *bev, void *arg)
 	size_t eol, len = evbuffer_get_length(in);
 	char *line;
 
-	/* The end of the head is searched for in what arrived since the last
-	 * read (and the 3 bytes before it), not from the start each time: a
-	 * client sending a byte at a time would make it quadratic. */
-	evbuffer_ptr_set(in, &from, c->scanned > 3 ? c->scanned - 3 : 0, EVBUFFER_PTR_SET);
-	end = evbuffer_search(in, "\r\n\r\n", 4, &from);
+	/* The request line is judged as soon as it has arrived: a malformed
+	 * one (an empty line, an unknown version) is answered at once, not
+	 * after the head's end that may never come. */
+	if (!c->line_ok) {
+		struct evbuffer_ptr nl = evbuffer_search(in, "\n", 1, NULL);
+		char first[METRICS_MAX_REQUEST];
+
+		if (nl.pos < 0) {
+			if (len > METRICS_MAX_REQUEST)
+				reply_plain(c, 431, "Request Header Fields Too Large", "request head too large",
+				            false);
+			return;
+		}
+		if ((size_t)nl.pos >= sizeof(first) ||
+		    evbuffer_copyout(in, first, (size_t)nl.pos) != (ssize_t)nl.pos ||
+		    !request_line_ok(first, (size_t)nl.pos)) {
+			reply_plain(c, 400, "Bad Request", "expected METHOD /path HTTP/1.0 or HTTP/1.1",
+			            false);
+			return;
+		}
+		c->line_ok = true;
+	}
+	/* The end of the head (an empty line: LF CRLF or LF LF) is searched
+	 * for in what arrived since the last read (and the 2 bytes before
+	 * it), not from the start each time: a client sending a byte at a
+	 * time would make it quadratic. */
+	evbuffer_ptr_set(in, &from, c->scanned > 2 ? c->scanned - 2 : 0, EVBUFFER_PTR_SET);
+	end = evbuffer_search(in, "\n\r\n", 3, &from);
 	if (end.pos < 0) {
 		evbuffer_ptr_set(in, &from, c->scanned > 1 ? c->scanned - 1 : 0, EVBUFFER_PTR_SET);
 		end = evbuffer_search(in, "\n\n", 2, &from);

@@ -14,12 +14,42 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "lib/scrub.h"
 #include "log.h"
 #include "util.h"
 
 #ifndef OUTBOX_LIBDIR
 #define OUTBOX_LIBDIR "/usr/local/lib/outbox-dispatcher/providers"
 #endif
+
+/* The secret values of the config the providers were given (every
+ * CONF_SECRET key, resolved), cut out of whatever a provider reports: its
+ * results (providers_scrub, from send.c, reconcile.c and late.c) and its
+ * log lines.  A peer may echo the credential a provider sent it. */
+static struct scrub config_scrub;
+
+static void scrub_from_config(const struct config *cfg)
+{
+	scrub_free(&config_scrub);
+	for (size_t i = 0; i < cfg->n; i++) {
+		const char *v = cfg->entries[i].resolved, *sp;
+
+		if (v == NULL || v[0] == '\0')
+			continue;
+		scrub_add(&config_scrub, v, strlen(v));
+		/* "Name: Scheme credential" (reconcile_header): its credential
+		 * alone, as an answer would quote it. */
+		if ((sp = strrchr(v, ' ')) != NULL && strlen(sp + 1) >= SCRUB_MIN_DERIVED)
+			scrub_add(&config_scrub, sp + 1, strlen(sp + 1));
+		if ((sp = strstr(v, ": ")) != NULL && strlen(sp + 2) >= SCRUB_MIN_DERIVED)
+			scrub_add(&config_scrub, sp + 2, strlen(sp + 2));
+	}
+}
+
+void providers_scrub(char *buf, size_t size)
+{
+	scrub_buf(&config_scrub, buf, size);
+}
 
 static void host_log(enum outbox_log_level level, const char *provider, const char *fmt, ...)
 {
@@ -29,6 +59,7 @@ static void host_log(enum outbox_log_level level, const char *provider, const ch
 	va_start(ap, fmt);
 	vsnprintf(buf, sizeof(buf), fmt, ap);
 	va_end(ap);
+	providers_scrub(buf, sizeof(buf));
 	if (!utf8_valid(buf, strlen(buf)))
 		for (char *p = buf; *p; p++)
 			if ((unsigned char)*p >= 0x80)
@@ -87,32 +118,93 @@ void providers_default_dir(char *buf, size_t len)
 
 /*
  * Whether path (the provider directory or a plugin in it) may be trusted
- * to hold code: owned by root or by the user the worker runs as, and
- * writable by neither group nor others.  Anyone who can write either could
- * make the worker run their code, with its database login and secrets.
+ * to hold code: the file itself and every directory above it up to /, both
+ * as written and as resolved (a symlink's target and the directories
+ * above it), owned by root or by the user the worker runs as, and
+ * writable by neither group nor others: a sticky world-writable directory
+ * (/tmp) is refused too.  Anyone who can write any of them could replace
+ * the file, or a directory on its way, and make the worker run their code,
+ * with its database login and secrets.  OpenSSH's StrictModes checks a
+ * key file's path the same way.
  */
-static bool trusted_path(const char *what, const char *path, char *err, size_t errlen)
+static bool trusted_node(const char *what, const char *path, const char *node, bool self,
+                         char *err, size_t errlen)
 {
 	struct stat st;
+	char where[PATH_MAX + 64] = "";
 
-	if (stat(path, &st) != 0) {
-		snprintf(err, errlen, "%s %s: %s", what, path, strerror(errno));
+	if (stat(node, &st) != 0) {
+		snprintf(err, errlen, "%s %s: %s: %s", what, path, node, strerror(errno));
 		return false;
 	}
+	if (!self)
+		snprintf(where, sizeof(where), ": %s %s", S_ISDIR(st.st_mode) ? "the directory" : "its target",
+		         node);
 	if (st.st_uid != 0 && st.st_uid != geteuid()) {
-		snprintf(err, errlen, "%s %s is owned by uid %u, neither root nor the worker's user "
-		         "(uid %u): refusing to load code from it", what, path, (unsigned)st.st_uid,
-		         (unsigned)geteuid());
+		snprintf(err, errlen, "%s %s%s is owned by uid %u, neither root nor the worker's user "
+		         "(uid %u): refusing to load code from it", what, path, where,
+		         (unsigned)st.st_uid, (unsigned)geteuid());
 		return false;
 	}
 	if (st.st_mode & (S_IWGRP | S_IWOTH)) {
-		snprintf(err, errlen, "%s %s is writable by %s (mode %03o): refusing to load code "
-		         "from it; chmod go-w it", what, path,
+		snprintf(err, errlen, "%s %s%s is writable by %s (mode %03o): refusing to load code "
+		         "from it; chmod go-w it%s", what, path, where,
 		         (st.st_mode & S_IWOTH) ? "every user" : "its group",
-		         (unsigned)(st.st_mode & 0777));
+		         (unsigned)(st.st_mode & 07777),
+		         where[0] ? ", or keep the plugins elsewhere" : "");
 		return false;
 	}
 	return true;
+}
+
+/* The node and every directory above it, up to /: abs is absolute, path
+ * as written, resolved whether abs is its target rather than path. */
+static bool trusted_chain(const char *what, const char *path, const char *abs, bool resolved,
+                          char *err, size_t errlen)
+{
+	char buf[PATH_MAX];
+	char *slash;
+	struct stat lst;
+
+	str_copy(buf, abs, sizeof(buf));
+	/* A symlink itself: its target is judged on the resolved chain. */
+	if (!(lstat(buf, &lst) == 0 && S_ISLNK(lst.st_mode)) &&
+	    !trusted_node(what, path, buf, !resolved, err, errlen))
+		return false;
+	while ((slash = strrchr(buf, '/')) != NULL) {
+		if (slash == buf) {
+			if (buf[1] == '\0')
+				break;
+			buf[1] = '\0';
+		} else {
+			*slash = '\0';
+		}
+		if (!trusted_node(what, path, buf, false, err, errlen))
+			return false;
+	}
+	return true;
+}
+
+static bool trusted_path(const char *what, const char *path, char *err, size_t errlen)
+{
+	char abs[PATH_MAX], real[PATH_MAX], cwd[PATH_MAX];
+
+	if (path[0] == '/') {
+		str_copy(abs, path, sizeof(abs));
+	} else if (getcwd(cwd, sizeof(cwd)) != NULL &&
+	           (size_t)snprintf(abs, sizeof(abs), "%s/%s", cwd, path) < sizeof(abs)) {
+		;
+	} else {
+		snprintf(err, errlen, "%s %s: cannot tell its directory", what, path);
+		return false;
+	}
+	if (realpath(path, real) == NULL) {
+		snprintf(err, errlen, "%s %s: %s", what, path, strerror(errno));
+		return false;
+	}
+	/* As written (the directories holding each link), then as resolved. */
+	return trusted_chain(what, path, abs, false, err, errlen) &&
+	       (strcmp(real, abs) == 0 || trusted_chain(what, path, real, true, err, errlen));
 }
 
 static bool load_one(struct provider_slot *slot, struct config *cfg, const char *dir,
@@ -160,6 +252,7 @@ static bool load_one(struct provider_slot *slot, struct config *cfg, const char 
 	slot->ops = ops;
 	if (!config_provider(cfg, name, ops->keys, &slot->policy, err, errlen))
 		return false;
+	scrub_from_config(cfg);        /* its secrets are resolved now */
 	slot->conf.cfg = cfg;
 	snprintf(slot->conf.section, sizeof(slot->conf.section), "provider.%s", name);
 	slot->conf.own = ops->keys;
@@ -191,6 +284,7 @@ bool providers_load(struct provider_set *set, struct config *cfg, const char *di
 {
 	char list[1024], *save = NULL, *tok;
 
+	scrub_from_config(cfg);
 	provider_host = host_template;
 	provider_host.base = base;
 	provider_host.worker = worker;
@@ -264,6 +358,7 @@ void providers_rebind(struct provider_set *set, struct config *cfg)
 {
 	for (size_t i = 0; i < set->n; i++)
 		set->slots[i].conf.cfg = cfg;
+	scrub_from_config(cfg);
 }
 
 void providers_unload(struct provider_set *set)
@@ -282,4 +377,5 @@ void providers_unload(struct provider_set *set)
 	free(set->slots);
 	set->slots = NULL;
 	set->n = 0;
+	scrub_free(&config_scrub);
 }

@@ -47,6 +47,10 @@ bool providers_reload_policy(struct provider_set *set, struct config *cfg, char 
 /* Point the providers' config views at a new config object. */
 void providers_rebind(struct provider_set *set, struct config *cfg);
 void providers_unload(struct provider_set *set);
+/* The config's secret values (every CONF_SECRET key, resolved) cut out of
+ * buf[size], a provider's text (lib/scrub.h); set by providers_load and
+ * providers_rebind. */
+void providers_scrub(char *buf, size_t size);
 
 /* Where a provider's late result (host->late_result: an acceptance after
  * the call was reported ambiguous) is handed; NULL fn: dropped. */

@@ -99,6 +99,8 @@ static void on_recon_done(void *token, const struct outbox_recon_result *res)
 	e->recon = *res;
 	e->recon.provider_id[sizeof(e->recon.provider_id) - 1] = '\0';
 	e->recon.error[sizeof(e->recon.error) - 1] = '\0';
+	providers_scrub(e->recon.error, sizeof(e->recon.error));
+	providers_scrub(e->recon.provider_id, sizeof(e->recon.provider_id));
 	if (!utf8_valid(e->recon.error, strlen(e->recon.error)))
 		e->recon.error[0] = '\0';
 	if (!utf8_valid(e->recon.provider_id, strlen(e->recon.provider_id)))

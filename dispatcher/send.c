@@ -283,12 +283,15 @@ void flush_completions(struct worker *w)
 
 /* ---- sending ------------------------------------------------------------- */
 
-/* The provider's texts cut to their buffers and valid UTF-8 (they go into
- * JSON and the database). */
+/* The provider's texts cut to their buffers, without the config's secrets
+ * (a peer may echo them) and valid UTF-8 (they go into JSON and the
+ * database). */
 static void result_sanitize(struct outbox_result *res)
 {
 	res->provider_id[sizeof(res->provider_id) - 1] = '\0';
 	res->error[sizeof(res->error) - 1] = '\0';
+	providers_scrub(res->error, sizeof(res->error));
+	providers_scrub(res->provider_id, sizeof(res->provider_id));
 	if (!utf8_valid(res->error, strlen(res->error)))
 		str_copy(res->error, "(provider error text was not UTF-8)", sizeof(res->error));
 	if (!utf8_valid(res->provider_id, strlen(res->provider_id)))

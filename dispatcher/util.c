@@ -16,6 +16,8 @@
 #include <sys/resource.h>
 #include <time.h>
 
+#include "term_table.h"
+
 long fd_limit_raise(void)
 {
 	struct rlimit rl;
@@ -257,31 +259,45 @@ static size_t utf8_seq_len(const unsigned char *s)
 	return utf8_valid((const char *)s, n) ? n : 0;
 }
 
-/*
- * Invisible and direction-changing characters (a valid 3-byte UTF-8
- * sequence at s): zero-width spaces and marks U+200B-200F, line and
- * paragraph separators U+2028/2029, bidi embeddings and overrides
- * U+202A-202E, word joiner and invisible operators U+2060-2064, bidi
- * isolates U+2066-2069, and the byte-order mark U+FEFF.  Printed raw they
- * make ".../<U+202E>exe.txt" read as ".../txt.exe".  Returns the code
- * point, or 0 when it is none of these.
- */
-static uint32_t format_char(const unsigned char *s)
+/* The code point of the valid UTF-8 sequence s[0..n). */
+static uint32_t utf8_decode(const unsigned char *s, size_t n)
 {
-	static const struct { uint32_t lo, hi; } ranges[] = {
-		{ 0x200B, 0x200F }, { 0x2028, 0x202E }, { 0x2060, 0x2064 },
-		{ 0x2066, 0x2069 }, { 0xFEFF, 0xFEFF },
-	};
-	uint32_t cp = ((uint32_t)(s[0] & 0x0F) << 12) | ((uint32_t)(s[1] & 0x3F) << 6) |
-	              (uint32_t)(s[2] & 0x3F);
+	uint32_t cp = n == 2 ? s[0] & 0x1F : n == 3 ? s[0] & 0x0F : s[0] & 0x07;
 
-	for (size_t i = 0; i < sizeof(ranges) / sizeof(ranges[0]); i++)
-		if (cp >= ranges[i].lo && cp <= ranges[i].hi)
-			return cp;
-	return 0;
+	for (size_t i = 1; i < n; i++)
+		cp = (cp << 6) | (s[i] & 0x3F);
+	return cp;
 }
 
-static size_t term_char(const unsigned char *s, bool keep_newlines, char esc[8])
+/*
+ * Whether a code point above U+007F is not printable text: a control, a
+ * format character (bidi embeddings, overrides and isolates, zero-width
+ * characters, the tag block, U+00AD, U+061C ...), private use, a
+ * surrogate, unassigned, a line or paragraph separator, a default
+ * ignorable (U+034F, the Hangul fillers, variation selectors ...) or
+ * U+2800 (term_table.h, generated from the Unicode data by
+ * scripts/gen_term_table.py).  Printed raw they make ".../<U+202E>exe.txt"
+ * read as ".../txt.exe", or hide text altogether.
+ */
+static bool not_printable(uint32_t cp)
+{
+	size_t lo = 0, hi = sizeof(term_escaped) / sizeof(term_escaped[0]);
+
+	while (lo < hi) {
+		size_t mid = lo + (hi - lo) / 2;
+		if (cp < term_escaped[mid].lo)
+			hi = mid;
+		else if (cp > term_escaped[mid].hi)
+			lo = mid + 1;
+		else
+			return true;
+	}
+	return false;
+}
+
+/* How many bytes at s are replaced, and by what (esc: at least 12
+ * bytes): 0 when s starts a character printed as it is. */
+static size_t term_char(const unsigned char *s, bool keep_newlines, char *esc)
 {
 	static const char hex[] = "0123456789abcdef";
 	size_t n;
@@ -303,31 +319,31 @@ static size_t term_char(const unsigned char *s, bool keep_newlines, char esc[8])
 		return 1;
 	}
 	n = utf8_seq_len(s);
-	if (n == 2 && s[0] == 0xC2 && s[1] < 0xA0) {      /* C1 control */
-		memcpy(esc, "\\u00", 4);
-		esc[4] = hex[s[1] >> 4];
-		esc[5] = hex[s[1] & 0xF];
-		esc[6] = 0;
-		return 2;
+	if (n == 0) {
+		/* Not UTF-8: the byte, in hex. */
+		esc[0] = '\\'; esc[1] = 'x'; esc[2] = hex[s[0] >> 4]; esc[3] = hex[s[0] & 0xF];
+		esc[4] = 0;
+		return 1;
 	}
-	cp = n == 3 ? format_char(s) : 0;
-	if (cp != 0) {
-		memcpy(esc, "\\u", 2);
-		for (int i = 0; i < 4; i++)
-			esc[2 + i] = hex[(cp >> (12 - 4 * i)) & 0xF];
-		esc[6] = 0;
-		return 3;
-	}
-	if (n > 0)
+	cp = utf8_decode(s, n);
+	if (!not_printable(cp))
 		return 0;
-	esc[0] = '\\'; esc[1] = 'x'; esc[2] = hex[s[0] >> 4]; esc[3] = hex[s[0] & 0xF]; esc[4] = 0;
-	return 1;
+	/* \uXXXX, or \UXXXXXXXX above the BMP. */
+	{
+		int digits = cp > 0xFFFF ? 8 : 4;
+		esc[0] = '\\';
+		esc[1] = digits == 8 ? 'U' : 'u';
+		for (int i = 0; i < digits; i++)
+			esc[2 + i] = hex[(cp >> (4 * (digits - 1 - i))) & 0xF];
+		esc[2 + digits] = 0;
+	}
+	return n;
 }
 
 bool term_needs_escape(const char *s, bool keep_newlines)
 {
 	const unsigned char *p = (const unsigned char *)s;
-	char esc[8];
+	char esc[16];
 
 	while (*p) {
 		size_t n = utf8_seq_len(p);
@@ -342,7 +358,7 @@ void sb_term_escape(struct strbuf *b, const char *s, bool keep_newlines)
 {
 	const unsigned char *p = (const unsigned char *)s;
 	const unsigned char *run = p;
-	char esc[8];
+	char esc[16];
 
 	while (*p) {
 		size_t skip = term_char(p, keep_newlines, esc);

@@ -244,3 +244,21 @@ def exclusive_test_leaves_no_trace(request):
         if added or removed:
             changed[what] = {"added": sorted(added)[:20], "removed": sorted(removed)[:20]}
     assert not changed, f"{request.node.nodeid} left traces the next test would see: {changed}"
+
+
+@pytest.fixture
+def trusted_tmp():
+    """A fresh directory a worker trusts to hold plugins: in the build tree,
+    not under /tmp (the worker refuses a plugin with a group- or
+    world-writable directory anywhere above it, sticky or not); removed
+    afterwards."""
+    import pathlib
+    import shutil
+    base = os.path.join(BUILD_DIR, "trusted-tmp")
+    os.makedirs(base, exist_ok=True)
+    os.chmod(base, 0o755)
+    d = os.path.join(base, uuid.uuid4().hex[:12])
+    os.mkdir(d)
+    os.chmod(d, 0o755)
+    yield pathlib.Path(d)
+    shutil.rmtree(d, ignore_errors=True)

@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "crm/crm.h"
+#include "lib/scrub.h"
 
 /* "ERROR_CODE: message" from Salesforce's [{"errorCode","message"}] error
  * array (or the body's start when it is something else). */
@@ -209,10 +210,27 @@ static void upsert_lookup_answer(CURL *easy, CURLcode rc, struct crm_call *k)
 	finish_upsert(easy, k, &r);
 }
 
+/* The access token a server quotes back (a 401 "... Bearer <token>") is cut
+ * out of the answer before any text is made of it: an excerpt cut from it
+ * never keeps part of the token (the dispatcher scrubs whole ones from
+ * every result and log line as well). */
+static void scrub_answer(struct crm_call *k)
+{
+	const char *token = k->crm->host->conf_str(k->crm->conf, "access_token");
+	struct scrub s = { 0 };
+
+	if (k->resp.data == NULL || token[0] == '\0')
+		return;
+	scrub_add(&s, token, strlen(token));
+	scrub_text(&s, &k->resp.data, &k->resp.len, k->resp.truncated);
+	scrub_free(&s);
+}
+
 void crm_on_done(CURL *easy, CURLcode rc, void *arg)
 {
 	struct crm_call *k = arg;
 
+	scrub_answer(k);
 	switch (k->kind) {
 	case CALL_UPSERT:
 		upsert_answer(easy, rc, k);

@@ -52,6 +52,7 @@
 #include <stddef.h>
 
 #include "lib/curl_io.h"
+#include "lib/scrub.h"
 #include "lib/url.h"
 #include "provider.h"
 
@@ -132,6 +133,7 @@ struct http_call {
 	int prereq_calls;          /* requests libcurl was about to send */
 	bool resend_refused;       /* libcurl wanted to send the request again: refused */
 	struct curl_guard guard;   /* the SSRF rules at connect time */
+	struct scrub scrub;        /* the secrets this call's headers carry (scrub.h) */
 };
 
 /* target.c */
@@ -157,6 +159,12 @@ void http_secrets_free(struct http_provider *hp);
  * wipes out after use. */
 bool http_secret_read(const struct http_provider *hp, const char *name, const char *target,
                       char *out, size_t outlen, char *err, size_t errlen);
+
+/* Whether a header may carry a secret ({"secret": NAME}): not one the
+ * answer is read from (the provider id: id_header, X-Request-Id,
+ * Location), nor one that frames the message or goes to a hop rather
+ * than to the API; NULL if it may, else why not. */
+const char *http_secret_header_refused(const struct http_provider *hp, const char *name);
 
 /* request.c: a call with its headers, body and signature, not started;
  * NULL with err on failure. */

@@ -52,10 +52,14 @@ static bool add_secret_header(struct http_call *c, const char *k, const json_t *
 	bool ok = http_secret_read(c->hp, json_string_value(json_object_get(ref, "secret")), c->target,
 	                           value, sizeof(value), why, sizeof(why));
 
-	if (!ok)
+	if (!ok) {
 		snprintf(err, errlen, "payload.headers.%.64s: %s", k, why);
-	else if (!(ok = add_header(c, "%s: %s%s", k, prefix ? json_string_value(prefix) : "", value)))
-		snprintf(err, errlen, "payload.headers.%.64s: the header line is too long", k);
+	} else {
+		/* Whatever the answer echoes of it is cut out (send.c). */
+		scrub_add(&c->scrub, value, strlen(value));
+		if (!(ok = add_header(c, "%s: %s%s", k, prefix ? json_string_value(prefix) : "", value)))
+			snprintf(err, errlen, "payload.headers.%.64s: the header line is too long", k);
+	}
 	explicit_bzero(value, sizeof(value));
 	return ok;
 }
@@ -202,5 +206,6 @@ void http_call_free(struct http_call *c)
 	free(c->hdr_id);
 	free(c->request_id);
 	free(c->location);
+	scrub_free(&c->scrub);
 	free(c);
 }

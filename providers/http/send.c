@@ -141,6 +141,28 @@ static void classify_status(struct http_call *c, long status, CURL *easy, struct
 	}
 }
 
+/* What the answer echoes of the call's secrets is cut out of everything
+ * read from it (body, id headers) before anything is made of it, so an
+ * excerpt cut from them never keeps half a secret; a body or header cut
+ * at its bound loses its possibly partial tail (scrub.h). */
+static void scrub_header(const struct scrub *s, char **v)
+{
+	size_t n = *v ? strlen(*v) : 0;
+
+	/* curl_header_take() keeps OUTBOX_PROVIDER_ID_MAX - 1 bytes at most. */
+	scrub_text(s, v, &n, n >= OUTBOX_PROVIDER_ID_MAX - 1);
+}
+
+static void scrub_answer(struct http_call *c)
+{
+	if (c->scrub.n == 0)
+		return;
+	scrub_text(&c->scrub, &c->resp.data, &c->resp.len, c->resp.truncated);
+	scrub_header(&c->scrub, &c->hdr_id);
+	scrub_header(&c->scrub, &c->request_id);
+	scrub_header(&c->scrub, &c->location);
+}
+
 static void on_done(CURL *easy, CURLcode rc, void *arg)
 {
 	struct http_call *c = arg;
@@ -152,6 +174,7 @@ static void on_done(CURL *easy, CURLcode rc, void *arg)
 		request_size = 1; /* cannot tell: assume something was written */
 	if (c->resend_refused && c->resend_bytes > request_size)
 		request_size = c->resend_bytes;
+	scrub_answer(c);
 
 	if (rc == CURLE_OK) {
 		classify_status(c, status, easy, &r);
@@ -193,6 +216,8 @@ static void on_done(CURL *easy, CURLcode rc, void *arg)
 		r.outcome = OUTCOME_NOT_SENT;
 		snprintf(r.error, sizeof(r.error), "not sent: %s", curl_easy_strerror(rc));
 	}
+	scrub_buf(&c->scrub, r.error, sizeof(r.error));
+	scrub_buf(&c->scrub, r.provider_id, sizeof(r.provider_id));
 	easy_put(c->hp, easy);
 	c->done(c->token, &r);
 	http_call_free(c);

@@ -44,6 +44,35 @@ static bool reserved_header(const char *name)
 	return false;
 }
 
+const char *http_secret_header_refused(const struct http_provider *hp, const char *name)
+{
+	/* Read from the answer: a peer that echoes the request's header there
+	 * (many routers copy X-Request-Id back) would hand the secret to the
+	 * provider id, which producers read. */
+	static const char *const answer[] = { "x-request-id", "location", "content-location", NULL };
+	/* Hop-by-hop, framing, and what intermediaries rewrite, log or echo:
+	 * a credential has no business there. */
+	static const char *const framing[] = {
+		"connection", "keep-alive", "proxy-connection", "proxy-authorization", "te", "trailer",
+		"transfer-encoding", "upgrade", "content-length", "content-type", "content-encoding",
+		"content-range", "range", "host", "expect", "via", "forwarded", "user-agent", "referer",
+		"origin", "date", "accept", "accept-encoding", "accept-language", "accept-charset",
+		"traceparent", "tracestate", "x-correlation-id", "x-trace-id", "retry-after", NULL,
+	};
+
+	if (hp->id_header[0] && strcasecmp(name, hp->id_header) == 0)
+		return "it is the header the provider id is read from (provider_id_header)";
+	for (const char *const *r = answer; *r; r++)
+		if (strcasecmp(name, *r) == 0)
+			return "the provider id is read from this header of the answer";
+	for (const char *const *r = framing; *r; r++)
+		if (strcasecmp(name, *r) == 0)
+			return "a hop-by-hop, framing or tracing header never carries a secret";
+	if (strncasecmp(name, "x-forwarded-", 12) == 0)
+		return "a hop-by-hop, framing or tracing header never carries a secret";
+	return NULL;
+}
+
 bool http_parse_url(const char *url, char *scheme, size_t slen, char *host, size_t hlen,
                     long *port, char *err, size_t errlen)
 {
@@ -103,8 +132,13 @@ static bool check_secret_ref(const struct http_provider *hp, const char *target,
 	const json_t *name = json_object_get(v, "secret"), *prefix = json_object_get(v, "prefix");
 	char value[HTTP_SECRET_MAX + 2], why[256];
 	size_t n = prefix ? 2 : 1;
+	const char *refused = http_secret_header_refused(hp, k);
 	bool ok;
 
+	if (refused) {
+		snprintf(err, errlen, "payload.headers.%.64s may not name a secret: %s", k, refused);
+		return false;
+	}
 	if (name == NULL || json_object_size(v) != n || (prefix && !json_is_string(prefix))) {
 		snprintf(err, errlen, "payload.headers.%.64s: a string, or an object with \"secret\" "
 		         "and optionally \"prefix\" (a string)", k);

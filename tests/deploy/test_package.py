@@ -163,8 +163,9 @@ class InstalledDispatcher(Dispatcher):
         return self
 
 
-def test_installs_into_a_throwaway_root_and_runs(deb, db, conn, sink, tmp_path):
-    root = install_into_root(deb, tmp_path / "root")
+def test_installs_into_a_throwaway_root_and_runs(deb, db, conn, sink, tmp_path, trusted_tmp):
+    # Not under /tmp: the worker refuses plugins below a world-writable directory.
+    root = install_into_root(deb, trusted_tmp / "root")
     status = run(["dpkg-query", f"--admindir={root}/var/lib/dpkg", "-W", "-f", "${Status} ${Version}",
                   "outbox-dispatcher"]).stdout
     assert status == f"install ok installed {upstream_version()}"

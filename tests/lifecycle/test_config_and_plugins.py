@@ -76,10 +76,12 @@ def provider_abi():
         return int(re.search(r"#define OUTBOX_PROVIDER_ABI (\d+)", f.read()).group(1))
 
 
-def build_plugin(tmp_path, abi):
-    src = tmp_path / "fake.c"
+def build_plugin(base, abi):
+    """base/plugins/outbox_fake.so; base must be a trusted_tmp (a plugin
+    under /tmp is refused: the sticky, world-writable directory above it)."""
+    src = base / "fake.c"
     src.write_text(PLUGIN_SRC.replace("ABI", str(abi)))
-    d = tmp_path / "plugins"
+    d = base / "plugins"
     d.mkdir(exist_ok=True)
     inc = os.path.join(os.path.dirname(BUILD_DIR), "providers")
     jansson = subprocess.run(["pkg-config", "--cflags", "jansson"], capture_output=True, text=True).stdout.split()
@@ -88,8 +90,8 @@ def build_plugin(tmp_path, abi):
     return d
 
 
-def test_plugin_with_wrong_interface_version(tmp_path):
-    d = build_plugin(tmp_path, 99)
+def test_plugin_with_wrong_interface_version(tmp_path, trusted_tmp):
+    d = build_plugin(trusted_tmp, 99)
     r, _ = start_expect_failure(tmp_path, f"[metrics]\nlisten =\n[dispatcher]\nproviders = fake\n"
                                           f"provider_dir = {d}\n")
     assert r.returncode == 1
@@ -97,21 +99,21 @@ def test_plugin_with_wrong_interface_version(tmp_path):
     assert f"speaks {provider_abi()}" in r.stderr, r.stderr
 
 
-def test_plugin_of_the_oldest_interface_still_loads(tmp_path):
+def test_plugin_of_the_oldest_interface_still_loads(tmp_path, trusted_tmp):
     """ABI 3 only appended host->late_result: a plugin built for 2 loads
     (its init runs and fails on purpose here)."""
     with open(os.path.join(os.path.dirname(BUILD_DIR), "providers", "provider.h")) as f:
         oldest = int(re.search(r"#define OUTBOX_PROVIDER_ABI_OLDEST (\d+)", f.read()).group(1))
     assert oldest < provider_abi()
-    d = build_plugin(tmp_path, oldest)
+    d = build_plugin(trusted_tmp, oldest)
     r, _ = start_expect_failure(tmp_path, f"[metrics]\nlisten =\n[dispatcher]\nproviders = fake\n"
                                           f"provider_dir = {d}\n")
     assert "init failed: the relay password file is unreadable" in r.stderr, r.stderr
     assert "provider interface" not in r.stderr
 
 
-def test_plugin_whose_init_fails(tmp_path):
-    d = build_plugin(tmp_path, provider_abi())
+def test_plugin_whose_init_fails(tmp_path, trusted_tmp):
+    d = build_plugin(trusted_tmp, provider_abi())
     r, _ = start_expect_failure(tmp_path, f"[metrics]\nlisten =\n[dispatcher]\nproviders = fake\n"
                                           f"provider_dir = {d}\n")
     assert r.returncode == 1
@@ -143,11 +145,11 @@ def fake_plugin_config(d):
     return f"[metrics]\nlisten =\n[dispatcher]\nproviders = fake\nprovider_dir = {d}\n"
 
 
-def test_plugin_writable_by_others_is_refused(tmp_path):
+def test_plugin_writable_by_others_is_refused(tmp_path, trusted_tmp):
     """Anyone who can rewrite a plugin could run code as the worker: a
     plugin writable by group or others is refused before it is loaded (its
     init, which fails on purpose, never runs)."""
-    d = build_plugin(tmp_path, provider_abi())
+    d = build_plugin(trusted_tmp, provider_abi())
     so = d / "outbox_fake.so"
     for mode, who in ((0o666, "every user"), (0o775, "its group")):
         os.chmod(so, mode)
@@ -160,8 +162,8 @@ def test_plugin_writable_by_others_is_refused(tmp_path):
     assert "init failed: the relay password file is unreadable" in r.stderr, r.stderr
 
 
-def test_provider_dir_writable_by_others_is_refused(tmp_path):
-    d = build_plugin(tmp_path, provider_abi())
+def test_provider_dir_writable_by_others_is_refused(tmp_path, trusted_tmp):
+    d = build_plugin(trusted_tmp, provider_abi())
     for mode, who in ((0o777, "every user"), (0o1777, "every user"), (0o770, "its group")):
         os.chmod(d, mode)
         r, _ = start_expect_failure(tmp_path, fake_plugin_config(d))
@@ -171,9 +173,92 @@ def test_provider_dir_writable_by_others_is_refused(tmp_path):
     os.chmod(d, 0o755)
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give a file to another user")
-def test_plugin_owned_by_another_user_is_refused(tmp_path):
+INIT_RAN = "init failed: the relay password file is unreadable"
+
+
+@pytest.mark.parametrize("mode,who", [(0o777, "every user"), (0o1777, "every user"),
+                                      (0o775, "its group"), (0o770, "its group")])
+def test_plugin_under_a_writable_parent_directory_is_refused(tmp_path, trusted_tmp, mode, who):
+    """A 0755 plugin directory in a directory others may write (sticky or
+    not, one level up or two): they could rename it away and put their
+    own in its place."""
+    for depth in (1, 2):
+        top = trusted_tmp / f"open{depth}"
+        inner = top / "x" if depth == 2 else top
+        inner.mkdir(parents=True)
+        d = build_plugin(inner, provider_abi())
+        os.chmod(top, mode)
+        r, _ = start_expect_failure(tmp_path, fake_plugin_config(d))
+        assert r.returncode == 1
+        assert (f"provider_dir {d}: the directory {top} is writable by {who} "
+                f"(mode {mode:03o})") in r.stderr, r.stderr
+        assert "init failed" not in r.stderr
+        os.chmod(top, 0o755)
+        r, _ = start_expect_failure(tmp_path, fake_plugin_config(d))
+        assert INIT_RAN in r.stderr, r.stderr
+
+
+def test_plugin_under_tmp_is_refused(tmp_path):
+    """pytest's tmp_path is under /tmp (1777, sticky): refused whatever its
+    own mode."""
     d = build_plugin(tmp_path, provider_abi())
+    open_dir = next(p for p in d.parents if os.stat(p).st_mode & 0o022)   # /tmp, or TMPDIR
+    assert os.stat(open_dir).st_mode & 0o1000, open_dir                     # sticky
+    r, _ = start_expect_failure(tmp_path, fake_plugin_config(d))
+    assert r.returncode == 1
+    assert f"provider_dir {d}: the directory {open_dir} is writable by every user (mode 1777)" \
+        in r.stderr, r.stderr
+    assert "init failed" not in r.stderr
+
+
+@pytest.mark.parametrize("mode,who", [(0o777, "every user"), (0o1777, "every user"),
+                                      (0o770, "its group")])
+def test_plugin_symlinked_into_a_writable_directory_is_refused(tmp_path, trusted_tmp, mode, who):
+    """The plugin directory is trusted, the plugin a symlink to a file in a
+    directory others may write (or one under such a directory)."""
+    d = build_plugin(trusted_tmp, provider_abi())
+    elsewhere = trusted_tmp / "elsewhere"
+    (elsewhere / "deep").mkdir(parents=True)
+    real = elsewhere / "deep" / "outbox_fake.so"
+    os.rename(d / "outbox_fake.so", real)
+    os.symlink(real, d / "outbox_fake.so")
+    so = d / "outbox_fake.so"
+    for open_dir in (elsewhere / "deep", elsewhere):
+        os.chmod(open_dir, mode)
+        r, _ = start_expect_failure(tmp_path, fake_plugin_config(d))
+        assert r.returncode == 1
+        assert (f"provider plugin {so}: the directory {open_dir} is writable by {who}") \
+            in r.stderr, r.stderr
+        assert "init failed" not in r.stderr
+        os.chmod(open_dir, 0o755)
+    # The target itself writable: named as the link's target.
+    os.chmod(real, 0o666)
+    r, _ = start_expect_failure(tmp_path, fake_plugin_config(d))
+    assert f"provider plugin {so}: its target {real} is writable by every user" in r.stderr, \
+        r.stderr
+    os.chmod(real, 0o755)
+    r, _ = start_expect_failure(tmp_path, fake_plugin_config(d))
+    assert INIT_RAN in r.stderr, r.stderr
+
+
+def test_provider_dir_symlinked_into_a_writable_directory_is_refused(tmp_path, trusted_tmp):
+    (trusted_tmp / "open").mkdir()
+    real = build_plugin(trusted_tmp / "open", provider_abi())
+    link = trusted_tmp / "plugins-link"
+    os.symlink(real, link)
+    os.chmod(trusted_tmp / "open", 0o777)
+    r, _ = start_expect_failure(tmp_path, fake_plugin_config(link))
+    assert r.returncode == 1
+    assert f"provider_dir {link}: the directory {trusted_tmp / 'open'} is writable by every user" \
+        in r.stderr, r.stderr
+    os.chmod(trusted_tmp / "open", 0o755)
+    r, _ = start_expect_failure(tmp_path, fake_plugin_config(link))
+    assert INIT_RAN in r.stderr, r.stderr
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give a file to another user")
+def test_plugin_owned_by_another_user_is_refused(tmp_path, trusted_tmp):
+    d = build_plugin(trusted_tmp, provider_abi())
     os.chown(d / "outbox_fake.so", 12345, 12345)
     r, _ = start_expect_failure(tmp_path, fake_plugin_config(d))
     assert r.returncode == 1
@@ -181,10 +266,10 @@ def test_plugin_owned_by_another_user_is_refused(tmp_path):
     assert "init failed" not in r.stderr
 
 
-def test_relative_provider_dir_is_beside_the_config_file(tmp_path):
+def test_relative_provider_dir_is_beside_the_config_file(tmp_path, trusted_tmp):
     """provider_dir = plugins means <the config file's directory>/plugins,
     whatever directory the worker was started from."""
-    conf = tmp_path / "etc"
+    conf = trusted_tmp / "etc"
     conf.mkdir()
     build_plugin(conf, provider_abi())        # conf/plugins/outbox_fake.so
     p = conf / "rel.ini"

@@ -96,7 +96,10 @@ class _Handler(BaseHTTPRequestHandler):
         ext = m.group(4) if m else None
         srv._log(method, self.path, dict(self.headers), body, ext)
         if self.headers.get("Authorization") != "Bearer " + srv.token:
-            return self._send(401, sf_errors("INVALID_SESSION_ID", "Session expired or invalid"))
+            msg = "Session expired or invalid"
+            if srv.quote_auth:  # a server that quotes the credential it refused
+                msg += f": {self.headers.get('Authorization')}"
+            return self._send(401, sf_errors("INVALID_SESSION_ID", msg))
         if m is None:
             return self._send(404, sf_errors("NOT_FOUND", "The requested resource does not exist"))
         if method not in ("PATCH", "GET"):
@@ -209,6 +212,7 @@ class CrmServer:
         self.update_status = update_status
         self.ambiguous = {}          # external id -> [record ids]: 300
         self.invalid_fields = set()  # field names answered with 400 INVALID_FIELD
+        self.quote_auth = False      # a 401 quotes the Authorization line it refused
         self.records = {}            # (obj, field, value) -> dict with "Id"
         self.requests = []           # Request tuples, in arrival order
         self.counts = Counter()      # (method, ext) -> n

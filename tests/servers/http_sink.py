@@ -20,6 +20,13 @@ The path picks the behaviour (query parameters tune it):
                            first answer again (and is counted as a replay)
   /drop-unread/<n>         the first <n> requests for a key: close after the headers,
                            the body never read (the request is not taken); then 200
+  /echo/<code>             an API that echoes the request: every request header
+                           (but framing ones) back as a response header, and the
+                           body {"id": <header ?id=NAME>, "error": "rejected
+                           credential <header ?quote=NAME>", "headers": {...}}
+                           (?decode=NAME: "rejected user <user:pass>", the Basic
+                           credential of that header decoded);
+                           a 2xx is taken
   /lookup?key=K            what a provider's "find by external id" answers: 200
                            {"id": ...} when a request with Idempotency-Key K was
                            taken (read and processed: ok, delay, hang, close, idem,
@@ -36,6 +43,7 @@ tests can assert "received once"; accepted TCP connections are counted
 Run standalone: http_sink.py PORT [--quiet] [--log FILE]  (prints
 "listening PORT"; --log appends one JSON line per request received).
 """
+import base64
 import http.server
 import json
 import socketserver
@@ -175,6 +183,24 @@ class Sink:
         parts = [p for p in url.path.split("/") if p]
         kind = parts[0] if parts else "ok"
 
+        if kind == "echo":
+            code = int(parts[1])
+            if 200 <= code < 300:
+                self._take(key, f"sink-{n}")
+            got = {k: v for k, v in h.headers.items()}
+            framing = {"content-length", "content-type", "host", "connection", "expect",
+                       "transfer-encoding", "idempotency-key"}
+            back = {k: v for k, v in got.items() if k.lower() not in framing}
+            obj = {}
+            if "id" in q:
+                obj["id"] = h.headers.get(q["id"][0], "")
+            if "quote" in q:
+                obj["error"] = f"rejected credential {h.headers.get(q['quote'][0], '')}"
+            if "decode" in q:   # a Basic credential, decoded: "user:pass"
+                cred = h.headers.get(q["decode"][0], "").partition(" ")[2]
+                obj["error"] = f"rejected user {base64.b64decode(cred).decode()}"
+            obj["headers"] = got
+            return self._reply(h, code, obj, back)
         if kind in ("ok", "delay", "close", "hang", "drop-unread") or (kind == "status" and 200 <= int(parts[1]) < 300):
             self._take(key, f"sink-{n}")
         if kind in ("ok", "drop-unread"):

@@ -1,0 +1,132 @@
+/* SPDX-License-Identifier: ISC */
+/*
+ * test_scrub.c: providers/lib/scrub.c, the secret values cut out of what a
+ * peer answered, in each spelling it lists.
+ */
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "lib/scrub.h"
+
+static void expect(const struct scrub *s, const char *in, const char *want)
+{
+	size_t n = 0;
+	char *got = scrub_dup(s, in, strlen(in), &n);
+
+	if (want == NULL) {
+		if (got != NULL)
+			fail_msg("\"%s\" scrubbed to \"%s\"", in, got);
+		return;
+	}
+	if (got == NULL)
+		fail_msg("\"%s\" not scrubbed", in);
+	assert_string_equal(got, want);
+	assert_int_equal(n, strlen(want));
+	free(got);
+}
+
+static void test_every_spelling(void **state)
+{
+	struct scrub s = { 0 };
+	const char *v = "p\"a/s s+k";   /* quote, slash, space, plus */
+
+	(void)state;
+	scrub_add(&s, v, strlen(v));
+	expect(&s, "x p\"a/s s+k y p\"a/s s+k", "x [secret] y [secret]");
+	expect(&s, "{\"e\": \"p\\\"a/s s+k\"}", "{\"e\": \"[secret]\"}");        /* JSON */
+	expect(&s, "{\"e\": \"p\\\"a\\/s s+k\"}", "{\"e\": \"[secret]\"}");      /* JSON, \/ */
+	expect(&s, "?t=p%22a%2Fs%20s%2Bk&", "?t=[secret]&");                    /* percent */
+	expect(&s, "b64 cCJhL3Mgcytr", "b64 [secret]");                         /* base64 */
+	expect(&s, "hex 7022612f7320732b6b", "hex [secret]");
+	expect(&s, "HEX 7022612F7320732B6B", "HEX [secret]");
+	expect(&s, "nothing here", NULL);
+	scrub_free(&s);
+}
+
+/* A text's end that starts like a secret is left alone (scrubbing it would
+ * answer "is this a prefix?" for whoever chose the end); a text cut at a
+ * bound loses the same number of bytes whatever they are. */
+static void test_no_prefix_oracle(void **state)
+{
+	struct scrub s = { 0 };
+	const char *v = "tok-5e1c2b-echoed";
+	const char *texts[] = { "error: Bearer tok-5e1c", "error: Bearer zzz-zzzz" };
+
+	(void)state;
+	scrub_add(&s, v, strlen(v));
+	expect(&s, texts[0], NULL);
+	expect(&s, texts[1], NULL);
+	for (int i = 0; i < 2; i++) {
+		char *t = strdup(texts[i]);
+		size_t n = strlen(t);
+
+		scrub_text(&s, &t, &n, true);
+		/* The longest spelling (hex: 34 bytes) less one: all 22 go. */
+		assert_int_equal(n, 0);
+		free(t);
+		t = strdup("0123456789012345678901234567890123456789 Bearer tok-5e1c");
+		n = strlen(t);
+		scrub_text(&s, &t, &n, true);
+		assert_string_equal(t, "01234567890123456789012");  /* 56 - 33 */
+		free(t);
+	}
+	scrub_free(&s);
+}
+
+static void test_basic_credential(void **state)
+{
+	struct scrub s = { 0 };
+	const char *basic = "c3ZjOmh1bnRlcjItcGFzcw==";   /* svc:hunter2-pass */
+
+	(void)state;
+	scrub_add(&s, basic, strlen(basic));
+	expect(&s, "Basic c3ZjOmh1bnRlcjItcGFzcw==", "Basic [secret]");
+	expect(&s, "user svc:hunter2-pass refused", "user [secret] refused");
+	expect(&s, "password hunter2-pass refused", "password [secret] refused");
+	scrub_free(&s);
+}
+
+static void test_longest_first_and_buffers(void **state)
+{
+	struct scrub s = { 0 };
+	char buf[16];
+	char *str;
+
+	(void)state;
+	scrub_add(&s, "abcd", 4);
+	scrub_add(&s, "abcdefgh", 8);
+	expect(&s, "abcdefgh abcd", "[secret] [secret]");
+	/* In a buffer: cut to fit, never leaving the value. */
+	strcpy(buf, "abcd abcd abcd");
+	assert_true(scrub_buf(&s, buf, sizeof(buf)));
+	assert_string_equal(buf, "[secret] [secre");
+	strcpy(buf, "clean");
+	assert_false(scrub_buf(&s, buf, sizeof(buf)));
+	assert_string_equal(buf, "clean");
+	str = strdup("id=abcdefgh");
+	scrub_str(&s, &str);
+	assert_string_equal(str, "id=[secret]");
+	free(str);
+	scrub_free(&s);
+	/* Empty set: nothing changes. */
+	expect(&s, "abcd", NULL);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_every_spelling),
+		cmocka_unit_test(test_no_prefix_oracle),
+		cmocka_unit_test(test_basic_credential),
+		cmocka_unit_test(test_longest_first_and_buffers),
+	};
+
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
