@@ -121,16 +121,20 @@ void providers_default_dir(char *buf, size_t len)
  * to hold code: the file itself and every directory above it up to /, both
  * as written and as resolved (a symlink's target and the directories
  * above it), owned by root or by the user the worker runs as, and
- * writable by neither group nor others: a sticky world-writable directory
- * (/tmp) is refused too.  Anyone who can write any of them could replace
- * the file, or a directory on its way, and make the worker run their code,
- * with its database login and secrets.  OpenSSH's StrictModes checks a
- * key file's path the same way.
+ * writable by neither group nor others.  Anyone who can write any of them
+ * could replace the file, or a directory on its way, and make the worker
+ * run their code, with its database login and secrets.  OpenSSH's
+ * StrictModes checks a key file's path the same way.  One exception: a
+ * sticky directory above (/tmp) may be writable by others when the entry
+ * of the path inside it (child) is root's or the worker's user's, as the
+ * sticky bit lets no one else rename or remove that entry.  The node
+ * itself never gets the exception, so provider_dir (checked as a node of
+ * its own) is never a directory where others may add a plugin.
  */
 static bool trusted_node(const char *what, const char *path, const char *node, bool self,
-                         char *err, size_t errlen)
+                         const char *child, char *err, size_t errlen)
 {
-	struct stat st;
+	struct stat st, cst;
 	char where[PATH_MAX + 64] = "";
 
 	if (stat(node, &st) != 0) {
@@ -146,6 +150,10 @@ static bool trusted_node(const char *what, const char *path, const char *node, b
 		         (unsigned)st.st_uid, (unsigned)geteuid());
 		return false;
 	}
+	if ((st.st_mode & (S_IWGRP | S_IWOTH)) && child != NULL && S_ISDIR(st.st_mode) &&
+	    (st.st_mode & S_ISVTX) && lstat(child, &cst) == 0 &&
+	    (cst.st_uid == 0 || cst.st_uid == geteuid()))
+		return true;
 	if (st.st_mode & (S_IWGRP | S_IWOTH)) {
 		snprintf(err, errlen, "%s %s%s is writable by %s (mode %03o): refusing to load code "
 		         "from it; chmod go-w it%s", what, path, where,
@@ -162,16 +170,17 @@ static bool trusted_node(const char *what, const char *path, const char *node, b
 static bool trusted_chain(const char *what, const char *path, const char *abs, bool resolved,
                           char *err, size_t errlen)
 {
-	char buf[PATH_MAX];
+	char buf[PATH_MAX], child[PATH_MAX];
 	char *slash;
 	struct stat lst;
 
 	str_copy(buf, abs, sizeof(buf));
 	/* A symlink itself: its target is judged on the resolved chain. */
 	if (!(lstat(buf, &lst) == 0 && S_ISLNK(lst.st_mode)) &&
-	    !trusted_node(what, path, buf, !resolved, err, errlen))
+	    !trusted_node(what, path, buf, !resolved, NULL, err, errlen))
 		return false;
 	while ((slash = strrchr(buf, '/')) != NULL) {
+		str_copy(child, buf, sizeof(child));
 		if (slash == buf) {
 			if (buf[1] == '\0')
 				break;
@@ -179,7 +188,7 @@ static bool trusted_chain(const char *what, const char *path, const char *abs, b
 		} else {
 			*slash = '\0';
 		}
-		if (!trusted_node(what, path, buf, false, err, errlen))
+		if (!trusted_node(what, path, buf, false, child, err, errlen))
 			return false;
 	}
 	return true;

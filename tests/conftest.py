@@ -248,9 +248,8 @@ def exclusive_test_leaves_no_trace(request):
 
 @pytest.fixture
 def trusted_tmp():
-    """A fresh directory a worker trusts to hold plugins: in the build tree,
-    not under /tmp (the worker refuses a plugin with a group- or
-    world-writable directory anywhere above it, sticky or not); removed
+    """A fresh directory a worker trusts to hold plugins, in the build tree,
+    whose parents the tests may chmod without touching /tmp; removed
     afterwards."""
     import pathlib
     import shutil

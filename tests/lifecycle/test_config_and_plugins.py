@@ -77,8 +77,9 @@ def provider_abi():
 
 
 def build_plugin(base, abi):
-    """base/plugins/outbox_fake.so; base must be a trusted_tmp (a plugin
-    under /tmp is refused: the sticky, world-writable directory above it)."""
+    """base/plugins/outbox_fake.so; base is a trusted_tmp (or tmp_path:
+    under the sticky /tmp the entries on the path are root's, so it is
+    trusted too)."""
     src = base / "fake.c"
     src.write_text(PLUGIN_SRC.replace("ABI", str(abi)))
     d = base / "plugins"
@@ -176,12 +177,12 @@ def test_provider_dir_writable_by_others_is_refused(tmp_path, trusted_tmp):
 INIT_RAN = "init failed: the relay password file is unreadable"
 
 
-@pytest.mark.parametrize("mode,who", [(0o777, "every user"), (0o1777, "every user"),
-                                      (0o775, "its group"), (0o770, "its group")])
+@pytest.mark.parametrize("mode,who", [(0o777, "every user"), (0o775, "its group"),
+                                      (0o770, "its group")])
 def test_plugin_under_a_writable_parent_directory_is_refused(tmp_path, trusted_tmp, mode, who):
-    """A 0755 plugin directory in a directory others may write (sticky or
-    not, one level up or two): they could rename it away and put their
-    own in its place."""
+    """A 0755 plugin directory in a directory others may write (one level
+    up or two, not sticky): they could rename it away and put their own in
+    its place."""
     for depth in (1, 2):
         top = trusted_tmp / f"open{depth}"
         inner = top / "x" if depth == 2 else top
@@ -198,21 +199,51 @@ def test_plugin_under_a_writable_parent_directory_is_refused(tmp_path, trusted_t
         assert INIT_RAN in r.stderr, r.stderr
 
 
-def test_plugin_under_tmp_is_refused(tmp_path):
-    """pytest's tmp_path is under /tmp (1777, sticky): refused whatever its
-    own mode."""
+def test_plugin_under_tmp_is_loaded_when_the_entries_in_it_are_ours(tmp_path):
+    """pytest's tmp_path is under /tmp (1777, sticky): the sticky bit lets
+    no one else rename or remove the root-owned entry below it, so the
+    plugin loads (a clone of the tree under /tmp runs its tests)."""
     d = build_plugin(tmp_path, provider_abi())
     open_dir = next(p for p in d.parents if os.stat(p).st_mode & 0o022)   # /tmp, or TMPDIR
     assert os.stat(open_dir).st_mode & 0o1000, open_dir                     # sticky
     r, _ = start_expect_failure(tmp_path, fake_plugin_config(d))
+    assert INIT_RAN in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("sticky_mode", [0o1777, 0o1775])
+def test_sticky_writable_directory_itself_or_a_foreign_entry_in_it_is_refused(
+        tmp_path, trusted_tmp, sticky_mode):
+    """The exception is for the entry below a sticky directory, and only
+    when that entry is root's or the worker's: a provider_dir that is
+    itself sticky and writable lets others add plugins, and a link in a
+    sticky directory owned by another user can be pointed elsewhere by
+    that user."""
+    who = "every user" if sticky_mode & 0o002 else "its group"
+    d = build_plugin(trusted_tmp, provider_abi())
+    os.chmod(d, sticky_mode)
+    r, _ = start_expect_failure(tmp_path, fake_plugin_config(d))
     assert r.returncode == 1
-    assert f"provider_dir {d}: the directory {open_dir} is writable by every user (mode 1777)" \
-        in r.stderr, r.stderr
+    assert f"provider_dir {d} is writable by {who}" in r.stderr, r.stderr
+    os.chmod(d, 0o755)
+    if os.geteuid() != 0:
+        return
+    sticky = trusted_tmp / "sticky"
+    sticky.mkdir()
+    link = sticky / "plugins-link"
+    os.symlink(d, link)
+    os.chmod(sticky, sticky_mode)
+    r, _ = start_expect_failure(tmp_path, fake_plugin_config(link))
+    assert INIT_RAN in r.stderr, r.stderr                 # root's link: trusted
+    os.lchown(link, 65534, 65534)
+    r, _ = start_expect_failure(tmp_path, fake_plugin_config(link))
+    assert r.returncode == 1
+    assert (f"provider_dir {link}: the directory {sticky} is writable by {who} "
+            f"(mode {sticky_mode:03o})") in r.stderr, r.stderr
     assert "init failed" not in r.stderr
+    os.chmod(sticky, 0o755)
 
 
-@pytest.mark.parametrize("mode,who", [(0o777, "every user"), (0o1777, "every user"),
-                                      (0o770, "its group")])
+@pytest.mark.parametrize("mode,who", [(0o777, "every user"), (0o770, "its group")])
 def test_plugin_symlinked_into_a_writable_directory_is_refused(tmp_path, trusted_tmp, mode, who):
     """The plugin directory is trusted, the plugin a symlink to a file in a
     directory others may write (or one under such a directory)."""
