@@ -212,6 +212,10 @@ class SmtpFaultProxy:
                 asyncio.start_server(self._handle, sock=sock))
             ready.set()
             self._loop.run_forever()
+            pending = asyncio.all_tasks(self._loop)
+            for t in pending:
+                t.cancel()
+            self._loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
             self._server.close()
             self._loop.run_until_complete(self._server.wait_closed())
             self._loop.close()
