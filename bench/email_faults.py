@@ -4,6 +4,8 @@ Postfix (tests/servers/postfix_relay.py), CHUNKING on and off.
 
     python3 bench/email_faults.py PROVIDER_SEND [N]   (root; after make)
 
+FAULTS_ONLY="stall,killed" runs only the faults whose names contain one of
+those words.
 PROVIDER_SEND is tests/tools/provider_send.c built as tests/email builds
 it.  For each fault of tests/servers/smtp_fault_proxy.py (every 20th
 message faulted) and for every smtpd SIGKILLed twice mid-stream: N emails
@@ -27,6 +29,7 @@ from smtp_fault_proxy import SmtpFaultProxy  # noqa: E402
 
 TOOL = sys.argv[1]
 N = int(sys.argv[2]) if len(sys.argv) > 2 else 500
+ONLY = [w for w in os.environ.get("FAULTS_ONLY", "").split(",") if w]   # e.g. "stall,killed"
 PLUGIN = os.path.join(ROOT, os.environ.get("BUILD_DIR", "build"), "providers", "outbox_email.so")
 FAULTS = [("stall after content", "after-content", 5.0), ("cut 0.3 s after content", "after-content", 0.3),
           ("cut before content", "cut-before", 0), ("final reply lost", "lost-final", 0),
@@ -89,6 +92,8 @@ def main():
         relay.start()
         try:
             for name, mode, delay in FAULTS:
+                if ONLY and not any(w in name for w in ONLY):
+                    continue
                 tag += 1
                 faulted = set(range(20, N + 1, 20))
                 if mode == "kill":
