@@ -41,7 +41,9 @@ def run(relay, port, tag, faulted, kill=False):
     ini = os.path.join(d, "c.ini")
     with open(ini, "w") as f:
         f.write(f"[provider.email]\nserver = 127.0.0.1:{port}\nstarttls = off\nthreads = 4\n"
-                "timeout_ms = 3000\nmax_in_flight = 64\nqueue_timeout_ms = 300000\n")
+                "timeout_ms = 3000\nmax_in_flight = 64\n"
+                # the stalls hold threads: queued sends must not time out
+                "queue_timeout_ms = 300000\n")
     effs = [{"effect_id": f"e{i}", "effect_key": f"{tag:08x}{i:056x}",
              "target": f"u{i}{'+fault' if i in faulted else ''}@example.com",
              "payload": {"from": "Outbox <noreply@example.com>", "subject": "s", "text": "hello\n"}}

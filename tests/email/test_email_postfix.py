@@ -16,8 +16,6 @@ only where the content had ended, and that the process survived (the
 provider_send exit code: libesmtp 1.1.0's crash on a BDAT connection lost
 with replies pending is a SIGSEGV there).
 """
-import os
-import signal
 import threading
 import time
 
@@ -239,3 +237,26 @@ def test_postfix_monitor_after_the_first_message(direct, relays, chunking):
     by = check(relay, res, tag, 3, direct.rc)
     assert by == {"accepted": [1, 2], "retry": [3]}, res
     assert "no reply to MAIL FROM" in res["e3"]["error"], res["e3"]
+
+
+@WAYS
+def test_postfix_refused_recipient_then_the_same_session(direct, relays, chunking):
+    """A 550 to RCPT TO in the middle of a session: `terminal` 550, nothing
+    delivered, the others delivered once.  With CHUNKING the refusal ends
+    the transaction at RCPT TO's reply (no BDAT is sent) and the next
+    messages go over the same connection after RSET; with DATA, libesmtp
+    looks for a next message before it reports the refused DATA, finds
+    none and QUITs, so the next ones take a new connection (session.c)."""
+    relay, tag = relays[chunking], next(TAGS)
+    p = SmtpFaultProxy(relay.port, "none")
+    p.start()
+    e = effs(tag, 4)
+    e[1]["target"] = "refused@example.com"
+    try:
+        res = direct.run(cfg(p.port, threads=1), e)
+    finally:
+        p.stop()
+    by = check(relay, res, tag, 4, direct.rc)
+    assert by == {"accepted": [1, 3, 4], "terminal": [2]}, res
+    assert res["e2"]["status"] == 550 and "RCPT TO refused" in res["e2"]["error"], res["e2"]
+    assert p.connections == (1 if chunking else 2)

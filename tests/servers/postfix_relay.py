@@ -120,7 +120,11 @@ class PostfixRelay:
             "inet_protocols": "ipv4",
             "mynetworks": "127.0.0.0/8",
             "smtpd_relay_restrictions": "permit_mynetworks, reject",
-            "smtpd_recipient_restrictions": "permit_mynetworks, reject",
+            # refused@example.com is refused at RCPT TO (550), as a relay
+            # refuses an unknown user
+            "smtpd_recipient_restrictions": "check_recipient_access "
+                                            "inline:{ { refused@example.com = 550 5.1.1 no such user } }, "
+                                            "permit_mynetworks, reject",
             "virtual_mailbox_domains": "example.com",
             "virtual_mailbox_base": f"{d}/mail",
             "virtual_mailbox_maps": "static:all/",

@@ -194,7 +194,11 @@ class SmtpFaultProxy:
             cw.transport.abort()
             return
         c = _Conn(self, cr, cw, sr, sw)
-        await asyncio.gather(c.client_to_relay(), c.relay_to_client())
+        try:
+            await asyncio.gather(c.client_to_relay(), c.relay_to_client())
+        except asyncio.CancelledError:   # stop() with the connection open
+            c.close()
+            return
         if not c.mute:
             c.close()
 
