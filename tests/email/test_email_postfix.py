@@ -23,6 +23,8 @@ import pytest
 
 from test_email import Direct, eff, payload  # noqa: F401 (fixtures below)
 from test_email import provider_send  # noqa: F401 - the fixture
+from test_email import email_cfg, key_of, msgid as msgid_of, wait_state
+from outbox_test import effect, enqueue, kill_switch
 
 import postfix_relay
 from smtp_fault_proxy import SmtpFaultProxy
@@ -260,3 +262,41 @@ def test_postfix_refused_recipient_then_the_same_session(direct, relays, chunkin
     assert by == {"accepted": [1, 3, 4], "terminal": [2]}, res
     assert res["e2"]["status"] == 550 and "RCPT TO refused" in res["e2"]["error"], res["e2"]
     assert p.connections == (1 if chunking else 2)
+
+
+# -- end to end: workers, the database, Postfix ----------------------------------
+
+@WAYS
+@pytest.mark.parametrize("fault", ["after-content", "cut-before"])
+def test_postfix_workers_never_send_twice(conn, dispatchers, relays, chunking, fault):
+    """Real workers against Postfix through the fault proxy: an email whose
+    content reached Postfix and got no answer ends `unknown` with one copy
+    at Postfix and is never sent again (the workers' retries would have
+    made a second); one cut before its content is retried and delivered
+    once; an email after it through the same workers is delivered."""
+    relay = relays[chunking]
+    p = SmtpFaultProxy(relay.port, fault, delay_s=0.3)
+    p.start()
+    try:
+        kill_switch(conn, True)
+        dispatchers(email_cfg(f"127.0.0.1:{p.port}", threads=2))
+        eid = enqueue(conn, "email", "bob+fault@example.com", payload())
+        if fault == "after-content":
+            e = wait_state(conn, eid, "unknown")
+            assert e["last_error_class"] == "ambiguous" and e["attempts"] == 1, e
+        else:
+            e = wait_state(conn, eid, "completed", "failed")
+        later = enqueue(conn, "email", "carol@example.com", payload())
+        wait_state(conn, later, "completed")
+    finally:
+        p.stop()
+    relay.settle(30)
+    if fault == "after-content":
+        assert effect(conn, eid)["state"] == "unknown"
+        assert relay.count(msgid_of(key_of(conn, eid))) == 1
+    else:
+        # every attempt is cut before its content: never delivered, retried
+        # until max_attempts, never unknown
+        assert e["state"] == "failed" and e["last_error_class"] in ("retry", "not_sent"), e
+        assert relay.count(msgid_of(key_of(conn, eid))) == 0
+    assert relay.count(msgid_of(key_of(conn, later))) == 1
