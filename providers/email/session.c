@@ -20,7 +20,13 @@
  * job within the idle time, session_max_messages reached, or a message
  * given up on: the callback adds nothing and libesmtp sends QUIT.
  * PIPELINING is libesmtp's: when the relay offers it, RCPT TO and DATA go
- * in one write.
+ * in one write.  When the relay offers CHUNKING, libesmtp sends the
+ * content as BDAT chunks; the provider then has RCPT TO answered before
+ * the chunks (require_all_recipients, set from the EHLO reply in
+ * monitor_reply_line(): libesmtp 1.1.0 crashes when a write of RCPT TO and
+ * BDATs is lost before RCPT TO's reply), and keeps the monitor's view
+ * itself after the first BDAT message, for which libesmtp switched the
+ * monitor off for good (conn_add, on_event, on_message).
  *
  * The commit point stays per message: one message is in flight per
  * connection, and the next is added only after the relay answered the
