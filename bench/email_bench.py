@@ -1,7 +1,11 @@
 # SPDX-License-Identifier: ISC
 """bench/email_bench.py (run by bench/email_run.sh, `make bench-email`).
 
-Two relays, each its own process on loopback: a private OpenSMTPD
+Relays, each its own process(es) on loopback: a private Postfix
+(tests/servers/postfix_relay.py: Debian's postfix 3.7 binaries, own
+config, queue and port, delivering to a maildir) with CHUNKING on as Debian
+ships it ("postfix": libesmtp sends BDAT) and off ("postfix-nochunking":
+DATA); a private OpenSMTPD
 (bench/opensmtpd_relay.py: Debian's opensmtpd 6.8, own queue, delivering
 to a maildir; skipped, with the reason, where it cannot run) and the
 project's SMTP test server (tests/servers/smtp_server.py, aiosmtpd,
@@ -39,9 +43,9 @@ Prints `email ratio (opensmtpd, RTT R ms): X.XX`, `email ratio (python
 server, RTT R ms): X.XX` (mean provider rate / mean per-message rate) with
 the provider runs' PostgreSQL CPU ms per email, and `false unknowns: N`.
 Knobs: BENCH_EMAIL_N (2000), BENCH_EMAIL_SLOW_N (600), BENCH_EMAIL_ROUNDS
-(2), BENCH_EMAIL_CONC (8: 2 x the default threads), BENCH_EMAIL_CONF
-("threads = 8; ..." extra provider lines), BENCH_EMAIL_RELAYS
-("opensmtpd,python"), BENCH_EMAIL_DELIVER (1; 0: OpenSMTPD queues without
+(2), BENCH_EMAIL_CONC (8: the per-message client's sessions at once),
+BENCH_EMAIL_CONF ("threads = 8; ..." extra provider lines),
+BENCH_EMAIL_RELAYS ("postfix,postfix-nochunking,opensmtpd,python"), BENCH_EMAIL_DELIVER (1; 0: OpenSMTPD queues without
 delivering, smtpd -P mda), BENCH_EMAIL_NO_REUSE_RUN (1: at RTT 0 only),
 BENCH_EMAIL_RTTS ("0,10,40"), BENCH_EMAIL_SLOW_RTT (10: the slow run's).
 """
@@ -59,6 +63,10 @@ import psycopg2
 
 import opensmtpd_relay
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                "tests", "servers"))
+import postfix_relay  # noqa: E402
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BUILD = os.path.join(ROOT, os.environ.get("BUILD_DIR", "build"))
 WORK = os.environ.get("BENCH_WORK", "")
@@ -67,7 +75,8 @@ SLOW_N = int(os.environ.get("BENCH_EMAIL_SLOW_N", "600"))
 CONC = int(os.environ.get("BENCH_EMAIL_CONC", "8"))
 ROUNDS = int(os.environ.get("BENCH_EMAIL_ROUNDS", "2"))
 DELIVER = os.environ.get("BENCH_EMAIL_DELIVER", "1") != "0"
-RELAYS = os.environ.get("BENCH_EMAIL_RELAYS", "opensmtpd,python").split(",")
+RELAYS = os.environ.get("BENCH_EMAIL_RELAYS",
+                        "postfix,postfix-nochunking,opensmtpd,python").split(",")
 NO_REUSE_RUN = os.environ.get("BENCH_EMAIL_NO_REUSE_RUN", "1") != "0"
 SLOW_RTT = float(os.environ.get("BENCH_EMAIL_SLOW_RTT", "10"))
 RTTS = [float(x) for x in os.environ.get("BENCH_EMAIL_RTTS", "0,10,40").split(",") if x.strip()]
@@ -394,6 +403,26 @@ def main():
     log("machine: %d CPUs, load %s (shared: figures move with other work)"
         % (os.cpu_count(), open("/proc/loadavg").read().split()[:3]))
     ratios = {}
+    for name in ("postfix", "postfix-nochunking"):
+        if name not in RELAYS:
+            continue
+        why = postfix_relay.available()
+        if why:
+            log("%s: skipped: %s" % (name, why))
+            continue
+        relay = postfix_relay.PostfixRelay(chunking=name == "postfix")
+        relay.start()
+        try:
+            log("%s on 127.0.0.1:%d (private config and queue, CHUNKING %s, maildir delivery)"
+                % (name, relay.port, "on" if relay.chunking else "off"))
+            for rtt in RTTS:
+                ratios[(name, rtt)] = compare(name, relay.port, relay.proc.pid, ROUNDS, rtt)
+            relay.settle(60)
+            log("%s: %d messages delivered, %d Message-IDs twice" % (
+                name, sum(relay.deliveries().values()),
+                sum(1 for m, c in relay.deliveries().items() if c > 1 and not m.startswith("<plain-"))))
+        finally:
+            relay.stop()
     why = opensmtpd_relay.unavailable() if "opensmtpd" in RELAYS else "not asked for"
     if why:
         log("opensmtpd: skipped: %s" % why)

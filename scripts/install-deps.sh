@@ -78,3 +78,27 @@ if ! command -v promtool >/dev/null 2>&1; then
     $SUDO install -m 0755 "$tmp/usr/bin/promtool" /usr/local/bin/promtool
     rm -rf "$tmp"
 fi
+
+# Postfix (tests/email/test_email_postfix.py, tests/servers/postfix_relay.py:
+# the relay most users run, Debian's 3.7 with CHUNKING on as Debian ships
+# it).  The postfix package conflicts with opensmtpd (the bench's other
+# relay) and would set up a system MTA; so its binaries are unpacked
+# (apt-get download, dpkg-deb -x) into /opt/outbox-postfix, and only what
+# they need is installed: their libraries, and the postfix user and
+# postdrop group that a master refuses to run without.  The tests start
+# private instances (own config, queue and port, loopback only).
+PKGS_POSTFIX="libdb5.3 libicu72 libnsl2 libsasl2-2 libssl3 netbase"
+# shellcheck disable=SC2086
+$SUDO apt-get install -y -q --no-install-recommends $PKGS_POSTFIX
+getent group postdrop >/dev/null || $SUDO groupadd --system postdrop
+getent passwd postfix >/dev/null ||
+    $SUDO useradd --system --user-group --no-create-home --home-dir /nonexistent \
+        --shell /usr/sbin/nologin postfix
+if [ ! -x /opt/outbox-postfix/usr/lib/postfix/sbin/master ]; then
+    tmp=$(mktemp -d)
+    chmod 755 "$tmp"
+    (cd "$tmp" && $SUDO apt-get download -q postfix)
+    $SUDO mkdir -p /opt/outbox-postfix
+    $SUDO dpkg-deb -x "$tmp"/postfix_*.deb /opt/outbox-postfix
+    rm -rf "$tmp"
+fi

@@ -4,15 +4,23 @@
  * provider id from an accepted reply (reply.h).
  *
  * The one question behind every class: could the relay have taken
- * responsibility for the message?  Only after the terminator (PH_END):
+ * responsibility for the message?  Only once the end of the content was
+ * written (PH_END: DATA's "." or BDAT's LAST follows).  The class is read
+ * from what was written, never from which reply is missing: with CHUNKING
+ * (BDAT) and PIPELINING, RCPT TO and the whole content go in one write, so
+ * a missing RCPT reply may stand in front of a message the relay queued.
+ * One rule for DATA and BDAT:
  *
  *   connect refused, DNS, TLS handshake/verification failure  not sent
  *   too little time left for the terminator (margin)          not sent
  *   greeting/EHLO/AUTH 4xx, MAIL/RCPT/DATA 4xx, 4xx after data  retry
- *   no answer before the end of data (timeout, closed)          retry
  *   5xx anywhere; STARTTLS required but not offered           terminal
- *   no answer after the end of data (timeout, closed)        ambiguous
- *   250 after the end of data                                 accepted
+ *   content not ended, any reply missing (timeout, closed)      retry
+ *   content ended, any reply missing (MAIL, RCPT, BDAT, ".") ambiguous
+ *   250 after the end of the content                          accepted
+ *
+ * A refusal (4xx/5xx) of MAIL or of the one RCPT outranks a missing
+ * later reply: the relay took no transaction for the recipient.
  */
 #include <ctype.h>
 #include <stdarg.h>
@@ -191,7 +199,7 @@ static bool before_mail(const struct email_seen *s, const struct email_ctx *c, b
 		           "are only used inside TLS); nothing sent", c->server);
 		return true;
 	}
-	if (s->mail.code != 0)
+	if (s->mail.code != 0 || s->phase >= PH_DATA)
 		return false;
 	if (s->phase >= PH_ENVELOPE)
 		result_set(r, OUTCOME_RETRY, 0, "no reply to MAIL FROM: %s; nothing sent", why);
@@ -234,39 +242,40 @@ void email_classify(const struct email_seen *s, const struct email_ctx *c, bool 
 	}
 	if (before_mail(s, c, abandoned, why, waited_ms, r))
 		return;
-	if (s->mail.code / 100 != 2) {
+	/* Refusals first: each ends the transaction for the one recipient
+	 * (an email effect has exactly one: its target), whatever came after. */
+	if (s->mail.code != 0 && s->mail.code / 100 != 2) {
 		result_set(r, email_class_of(s->mail.code), s->mail.code, "MAIL FROM refused: %d %s",
 		           s->mail.code, s->mail.text);
 		return;
 	}
-	/* Per recipient (an email effect has exactly one: its target). */
-	if (s->rcpt.code == 0) {
-		result_set(r, OUTCOME_RETRY, 0, "no reply to RCPT TO: %s; nothing sent", why);
-		return;
-	}
-	if (s->rcpt.code / 100 != 2) {
+	if (s->rcpt.code != 0 && s->rcpt.code / 100 != 2) {
 		result_set(r, email_class_of(s->rcpt.code), s->rcpt.code, "RCPT TO refused: %d %s",
 		           s->rcpt.code, s->rcpt.text);
 		return;
 	}
-	if (s->phase < PH_DATA) {
-		if (s->data_cmd.code >= 400)
-			result_set(r, email_class_of(s->data_cmd.code), s->data_cmd.code,
-			           "DATA refused: %d %s", s->data_cmd.code, s->data_cmd.text);
-		else
-			result_set(r, OUTCOME_RETRY, 0, "no reply to DATA: %s; nothing sent", why);
+	if (s->phase < PH_DATA && s->data_cmd.code >= 400) {
+		result_set(r, email_class_of(s->data_cmd.code), s->data_cmd.code, "DATA refused: %d %s",
+		           s->data_cmd.code, s->data_cmd.text);
 		return;
 	}
 	if (s->phase < PH_END) {
+		/* The end of the content was not written: whatever reply is
+		 * missing, the relay cannot have accepted the message. */
 		if (s->margin_abort)
 			result_set(r, OUTCOME_NOT_SENT, 0,
 			           "aborted before the end-of-data terminator: %ld ms of timeout_ms left, "
 			           "less than the %ld ms margin for the relay's answer; the relay cannot "
 			           "have accepted it", s->margin_left_ms, s->margin_ms);
-		else
+		else if (s->phase >= PH_DATA)
 			result_set(r, OUTCOME_RETRY, 0,
-			           "transfer aborted before the end of data (%s); the relay cannot have "
-			           "accepted it", abandoned ? why : "connection lost");
+			           "transfer aborted before the end of data (%s, %s); the relay cannot "
+			           "have accepted it", s->rcpt.code == 0 ? "no reply to RCPT TO" : "after RCPT TO",
+			           abandoned ? why : "connection lost");
+		else if (s->rcpt.code == 0)
+			result_set(r, OUTCOME_RETRY, 0, "no reply to RCPT TO: %s; nothing sent", why);
+		else
+			result_set(r, OUTCOME_RETRY, 0, "no reply to DATA: %s; nothing sent", why);
 		return;
 	}
 	if (s->final.code / 100 == 2) {
@@ -280,7 +289,9 @@ void email_classify(const struct email_seen *s, const struct email_ctx *c, bool 
 		return;
 	}
 	result_set(r, OUTCOME_AMBIGUOUS, 0,
-	           "no reply after the end of data (%s, %lld ms after the terminator): the relay "
+	           "no reply after the end of data (%s, %lld ms after the terminator%s): the relay "
 	           "may have queued the message",
-	           abandoned ? "timed out" : why, (long long)since_end_ms);
+	           abandoned ? "timed out" : why, (long long)since_end_ms,
+	           s->mail.code == 0 ? "; no reply to MAIL FROM either"
+	           : s->rcpt.code == 0 ? "; no reply to RCPT TO either" : "");
 }

@@ -16,15 +16,18 @@
 
 #define EMAIL_REPLY_MAX 200
 
-/* How far one message got.  The commit point is PH_END: the terminator
- * ("\r\n.\r\n") follows; before it the relay cannot have accepted it. */
+/* How far one message got, by what was written.  The commit point is
+ * PH_END: the end of the content follows (DATA's "\r\n.\r\n", or with
+ * CHUNKING "BDAT 0 LAST"); before it the relay cannot have accepted the
+ * message, after it any missing reply is ambiguous (reply.c). */
 enum email_phase {
 	PH_QUEUED,      /* waiting for a thread */
 	PH_STARTED,     /* a thread is resolving / connecting for it */
 	PH_CONNECTED,   /* TCP up (or the message joined a live session) */
 	PH_ENVELOPE,    /* MAIL FROM written */
-	PH_DATA,        /* 354 received, the message is being copied */
-	PH_END,         /* the terminator is being written: committed */
+	PH_DATA,        /* the content is being handed over (DATA: after the 354;
+	                   BDAT: right behind RCPT TO, before its reply) */
+	PH_END,         /* the end of the content is being written: committed */
 	PH_REPLIED,     /* the relay answered the end of data */
 };
 
@@ -44,6 +47,7 @@ struct email_seen {
 	long margin_ms;                 /* with margin_abort: the margin */
 	char tls_why[160];
 	char last_cmd[12];              /* last command verb written */
+	bool bdat;                      /* the content goes as BDAT (CHUNKING) */
 };
 
 /* The context a reason names. */

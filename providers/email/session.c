@@ -20,7 +20,13 @@
  * job within the idle time, session_max_messages reached, or a message
  * given up on: the callback adds nothing and libesmtp sends QUIT.
  * PIPELINING is libesmtp's: when the relay offers it, RCPT TO and DATA go
- * in one write.
+ * in one write.  When the relay offers CHUNKING, libesmtp sends the
+ * content as BDAT chunks; the provider then has RCPT TO answered before
+ * the chunks (require_all_recipients, set from the EHLO reply in
+ * monitor_reply_line(): libesmtp 1.1.0 crashes when a write of RCPT TO and
+ * BDATs is lost before RCPT TO's reply), and keeps the monitor's view
+ * itself after the first BDAT message, for which libesmtp switched the
+ * monitor off for good (conn_add, on_event, on_message).
  *
  * The commit point stays per message: one message is in flight per
  * connection, and the next is added only after the relay answered the
@@ -61,6 +67,8 @@ struct conn {
 	int finished;               /* messages this session has answered */
 	bool no_more;               /* take no further job (given up, 421, stopping) */
 	bool connected;
+	bool chunking;              /* the relay offered CHUNKING: content as BDAT */
+	bool blind;                 /* a BDAT message switched libesmtp's monitor off */
 	/* Connection facts, carried from one message to the next (under mu). */
 	bool auth_ok, tls_ok, starttls_sent;
 	char last_cmd[12];
@@ -169,6 +177,16 @@ static bool conn_add(struct conn *c, struct email_job *j)
 	j->seen.tls_ok = c->tls_ok;
 	j->seen.starttls_sent = c->starttls_sent;
 	text_copy(j->seen.last_cmd, c->last_cmd, sizeof(j->seen.last_cmd));
+	j->seen.bdat = c->chunking;
+	if (c->blind && c->finished > 0) {
+		/* The monitor is off for the rest of the session (libesmtp's BDAT
+		 * code never turns it back on): what the monitor would have seen
+		 * next is this message's MAIL FROM, written as soon as the
+		 * callback that added it returns. */
+		text_copy(c->last_cmd, "MAIL", sizeof(c->last_cmd));
+		text_copy(j->seen.last_cmd, "MAIL", sizeof(j->seen.last_cmd));
+		j->seen.phase = PH_ENVELOPE;
+	}
 	j->reused = c->finished > 0;
 	j->msg_pos = 0;
 	c->job = j;
@@ -201,6 +219,8 @@ static void transaction_done(struct conn *c)
 	c->auth_ok = j->seen.auth_ok;
 	c->tls_ok = j->seen.tls_ok;
 	c->starttls_sent = j->seen.starttls_sent;
+	if (j->seen.bdat && j->seen.phase >= PH_DATA)
+		c->blind = true;
 	if (j->reused && j->seen.mail.code == 421 && !j->reported && !j->cancel) {
 		/* The relay is closing an idle connection: nothing of this
 		 * message was taken; it gets a fresh one (conn_run). */
@@ -228,6 +248,24 @@ static void monitor_reply_line(struct conn *c, const char *line, size_t len)
 	struct email_seen *s;
 	int code;
 
+	if (len >= 12 && strcmp(c->last_cmd, "EHLO") == 0 && line[0] == '2' &&
+	    (line[3] == '-' || line[3] == ' ') && strncasecmp(line + 4, "CHUNKING", 8) == 0 &&
+	    (len == 12 || line[12] == ' ')) {
+		/* CHUNKING: libesmtp will send the content as BDAT.  With
+		 * PIPELINING it writes RCPT TO and every BDAT chunk at once, and
+		 * libesmtp 1.1.0 then crashes when the connection is lost before
+		 * RCPT TO's reply: its protocol loop reads the replies still
+		 * pending after it has ended the session, through the state
+		 * table at index -1 (a NULL handler: SIGSEGV at pc 0).  With
+		 * require_all_recipients RCPT TO is flushed and answered first
+		 * (the one recipient either way: the same outcome); then only
+		 * BDAT replies are pending, and libesmtp's BDAT handler reads
+		 * them all itself.  Under the mutex: on_monitor. */
+		c->chunking = true;
+		smtp_option_require_all_recipients(c->s, 1);
+		if (c->job)
+			c->job->seen.bdat = true;
+	}
 	if (c->job == NULL || len < 4 || line[0] < '2' || line[0] > '5' || line[1] < '0' ||
 	    line[1] > '9' || line[2] < '0' || line[2] > '9' || line[3] != ' ')
 		return;   /* between messages, or not the last line of a reply */
@@ -247,7 +285,7 @@ static void monitor_reply_line(struct conn *c, const char *line, size_t len)
 static void monitor_written(struct conn *c, const char *buf, int buflen)
 {
 	static const char *const verbs[] = { "EHLO", "HELO", "STARTTLS", "AUTH", "MAIL",
-	                                     "RCPT", "DATA", "RSET", "QUIT", NULL };
+	                                     "RCPT", "DATA", "BDAT", "RSET", "QUIT", NULL };
 
 	for (int i = 0; i < buflen; i++) {
 		if (!(i == 0 ? c->wline_start : buf[i - 1] == '\n'))
@@ -375,6 +413,11 @@ static void on_event(smtp_session_t session, int event_no, void *arg, ...)
 		reply_from_status(&s->mail, smtp_reverse_path_status(msg));
 		/* A refused MAIL FROM ends the transaction (no RCPT, no DATA). */
 		ended = s->mail.code / 100 != 2;
+		if (!ended && c->blind) {
+			/* Monitor off: RCPT TO is written next. */
+			text_copy(c->last_cmd, "RCPT", sizeof(c->last_cmd));
+			text_copy(s->last_cmd, "RCPT", sizeof(s->last_cmd));
+		}
 		break;
 	}
 	case SMTP_EV_RCPTSTATUS: {
@@ -382,6 +425,12 @@ static void on_event(smtp_session_t session, int event_no, void *arg, ...)
 		smtp_recipient_t rcpt = va_arg(ap, smtp_recipient_t);
 		if (rcpt == c->job->rcpt_handle)
 			reply_from_status(&s->rcpt, smtp_recipient_status(rcpt));
+		/* With require_all_recipients (CHUNKING) a refused recipient ends
+		 * the transaction here: libesmtp sends no BDAT and reports no
+		 * MESSAGESENT; it looks for a next message (RSET, then MAIL FROM)
+		 * right after this event, so the next job may join. */
+		if (c->chunking && s->rcpt.code / 100 != 2)
+			ended = true;
 		break;
 	}
 	case SMTP_EV_MESSAGESENT: {
@@ -439,10 +488,12 @@ static const char *on_message(void **ctx, int *len, void *arg)
 
 	(void)ctx;
 	pthread_mutex_lock(&em->mu);
-	if (len == NULL) {                      /* rewind: DATA got its 354 */
+	if (len == NULL) {   /* rewind: DATA got its 354, or BDAT starts (after RCPT's 250) */
 		j->msg_pos = 0;
 		if (j->seen.phase < PH_DATA)
 			j->seen.phase = PH_DATA;
+		if (j->seen.bdat)   /* the monitor is off from here on: it sees no BDAT */
+			text_copy(j->seen.last_cmd, "BDAT", sizeof(j->seen.last_cmd));
 		pthread_mutex_unlock(&em->mu);
 		return NULL;
 	}

@@ -742,7 +742,7 @@ def test_config_defaults_and_secret_never_logged(direct, smtp, tmp_path):
                       "password": f"file:{pw}"}, [])
     assert direct.rc == 0 and res == {}
     no_secret_in(direct.stderr)
-    assert "4 threads" in direct.stderr and "timeout 10000 ms" in direct.stderr
+    assert "8 threads" in direct.stderr and "timeout 10000 ms" in direct.stderr
     assert "auth on (password: ********)" in direct.stderr
 
 

@@ -19,7 +19,7 @@ from outbox_test import enqueue, free_port, kill_switch, query, scalar, scrape, 
 
 from smtp_server import SmtpServer
 
-DEFAULT_THREADS = 4
+DEFAULT_THREADS = 8
 DEFAULT_MAX_IN_FLIGHT = 32
 PAYLOAD = {"from": "Outbox <noreply@example.com>", "subject": "Your receipt",
            "text": "Hello,\nyour receipt.\n"}
@@ -50,7 +50,7 @@ def test_default_marks_batches_of_max_in_flight_through_threads_sessions(conn, d
     """100 emails waiting, one worker at the email defaults: the worker
     takes sends to `sending` in batches (one outbox_mark_sending call, one
     effect_calls row) bounded by max_in_flight, so at the default 32 a batch is
-    far more than the 4 threads can send at once (at the former default 8
+    far more than the 8 threads can send at once (at the former default 8
     it could not exceed 8); the extra sends wait in the provider's queue:
     no more SMTP sessions at once than threads, each email delivered once,
     all completed, no attempt lost to the queue."""

@@ -167,6 +167,96 @@ static void test_classification_table(void **state)
 	}
 }
 
+/* ---- the commit point: by what was written, DATA and BDAT alike ---------------- */
+
+/* One row: what was written (phase), the replies seen (0: none), and the
+ * class.  With CHUNKING and PIPELINING libesmtp writes RCPT TO and the whole
+ * content (BDAT n ... BDAT 0 LAST) in one write, so any reply may be missing
+ * in front of an ended content; with DATA, the 354 comes first. */
+static const struct commit_case {
+	const char *name;
+	enum email_phase phase;
+	int mail, rcpt, data_cmd, final;
+	bool margin, abandoned;
+	enum outbox_outcome outcome;
+	int status;
+	const char *words;
+} commit_cases[] = {
+	/* before the content: nothing sent, whatever is missing */
+	{ "DATA: no MAIL reply", PH_ENVELOPE, 0, 0, 0, 0, false, false, OUTCOME_RETRY, 0,
+	  "no reply to MAIL FROM" },
+	{ "DATA: no RCPT reply", PH_ENVELOPE, 250, 0, 0, 0, false, false, OUTCOME_RETRY, 0,
+	  "no reply to RCPT TO" },
+	{ "DATA: no 354", PH_ENVELOPE, 250, 250, 0, 0, false, true, OUTCOME_RETRY, 0,
+	  "no reply to DATA" },
+	{ "DATA: cut while copying", PH_DATA, 250, 250, 0, 0, false, false, OUTCOME_RETRY, 0,
+	  "before the end of data" },
+	{ "BDAT: cut while chunking, no RCPT reply", PH_DATA, 250, 0, 0, 0, false, false,
+	  OUTCOME_RETRY, 0, "before the end of data (no reply to RCPT TO" },
+	{ "BDAT: stall while chunking", PH_DATA, 250, 250, 0, 0, false, true, OUTCOME_RETRY, 0,
+	  "before the end of data" },
+	{ "DATA: margin abort", PH_DATA, 250, 250, 0, 0, true, false, OUTCOME_NOT_SENT, 0,
+	  "margin" },
+	{ "BDAT: margin abort, RCPT unanswered", PH_DATA, 250, 0, 0, 0, true, false,
+	  OUTCOME_NOT_SENT, 0, "margin" },
+	{ "BDAT: margin abort, nothing answered", PH_DATA, 0, 0, 0, 0, true, false,
+	  OUTCOME_NOT_SENT, 0, "margin" },
+	/* the content ended: any missing reply is ambiguous */
+	{ "DATA: no final reply", PH_END, 250, 250, 0, 0, false, false, OUTCOME_AMBIGUOUS, 0,
+	  "no reply after the end of data" },
+	{ "DATA: final reply timed out", PH_END, 250, 250, 0, 0, false, true, OUTCOME_AMBIGUOUS, 0,
+	  "timed out" },
+	{ "BDAT: no final reply", PH_END, 250, 250, 0, 0, false, false, OUTCOME_AMBIGUOUS, 0,
+	  "no reply after the end of data" },
+	{ "BDAT: no RCPT reply (one write)", PH_END, 250, 0, 0, 0, false, false, OUTCOME_AMBIGUOUS,
+	  0, "no reply to RCPT TO either" },
+	{ "BDAT: stalled after the write", PH_END, 250, 0, 0, 0, false, true, OUTCOME_AMBIGUOUS, 0,
+	  "may have queued" },
+	{ "BDAT: no MAIL reply either", PH_END, 0, 0, 0, 0, false, false, OUTCOME_AMBIGUOUS, 0,
+	  "no reply to MAIL FROM either" },
+	/* refusals outrank a later missing reply */
+	{ "BDAT: RCPT 550, no final reply", PH_END, 250, 550, 0, 0, false, false, OUTCOME_TERMINAL,
+	  550, "RCPT TO refused" },
+	{ "BDAT: RCPT 450, no final reply", PH_END, 250, 450, 0, 0, false, true, OUTCOME_RETRY, 450,
+	  "RCPT TO refused" },
+	{ "BDAT: MAIL 451, nothing after", PH_END, 451, 0, 0, 0, false, false, OUTCOME_RETRY, 451,
+	  "MAIL FROM refused" },
+	{ "DATA: 354 refused 554", PH_ENVELOPE, 250, 250, 554, 0, false, false, OUTCOME_TERMINAL, 554,
+	  "DATA refused" },
+	/* answered */
+	{ "BDAT: LAST 451", PH_REPLIED, 250, 250, 0, 451, false, false, OUTCOME_RETRY, 451,
+	  "after the end of data" },
+	{ "BDAT: LAST 250", PH_REPLIED, 250, 250, 0, 250, false, false, OUTCOME_ACCEPTED, 250, "" },
+	{ "DATA: 250", PH_REPLIED, 250, 250, 0, 250, false, false, OUTCOME_ACCEPTED, 250, "" },
+};
+
+static void test_commit_point_table(void **state)
+{
+	struct email_ctx ctx = { "relay.test:25", 4, 10000 };
+
+	(void)state;
+	for (size_t i = 0; i < sizeof(commit_cases) / sizeof(commit_cases[0]); i++) {
+		const struct commit_case *k = &commit_cases[i];
+		struct email_seen s = { .phase = k->phase, .margin_abort = k->margin,
+		                        .margin_left_ms = 400, .margin_ms = 1000,
+		                        .bdat = strncmp(k->name, "BDAT", 4) == 0 };
+		struct outbox_result r;
+
+		if (k->mail)
+			s.mail = R(k->mail, "mail");
+		if (k->rcpt)
+			s.rcpt = R(k->rcpt, "rcpt");
+		if (k->data_cmd)
+			s.data_cmd = R(k->data_cmd, "data");
+		if (k->final)
+			s.final = R(k->final, k->final == 250 ? "2.0.0 Ok: queued as ABC123" : "no");
+		email_classify(&s, &ctx, k->abandoned, "connection closed", 1234, 56, &r);
+		if (r.outcome != k->outcome || r.status != k->status || strstr(r.error, k->words) == NULL)
+			fail_msg("%s: outcome %d status %d \"%s\"; expected %d %d \"%s\"", k->name,
+			         (int)r.outcome, r.status, r.error, (int)k->outcome, k->status, k->words);
+	}
+}
+
 static void test_accepted_carries_the_queue_id(void **state)
 {
 	struct email_ctx ctx = { "relay.test:25", 4, 10000 };
@@ -196,6 +286,7 @@ int main(void)
 		cmocka_unit_test(test_provider_ids),
 		cmocka_unit_test(test_provider_id_too_long_falls_back_cut),
 		cmocka_unit_test(test_classification_table),
+		cmocka_unit_test(test_commit_point_table),
 		cmocka_unit_test(test_accepted_carries_the_queue_id),
 		cmocka_unit_test(test_class_of),
 	};
