@@ -1,6 +1,6 @@
 -- SPDX-License-Identifier: ISC
 -- 107_reconcile_requests.sql: an operator's request for a reconcile pass
--- is a row, not a notification (docs/design.md, "Reconciliation").
+-- is a row, not a notification (docs/crm.md, "Reconciliation").
 --
 -- NOTIFY needs no privilege: any login of the database could send the
 -- 'reconcile' payload that `outboxctl reconcile` sent, and every worker
