@@ -391,6 +391,32 @@ BEGIN
                                                       p_reason, p_target, p_payload);
 END $$;
 
+-- How many open effects of a month may linger when prune finishes the
+-- month around them (their history rows are copied, under the history's
+-- exclusive lock, into the month's new partition).
+CREATE OR REPLACE FUNCTION outbox_prune_linger_max() RETURNS integer
+LANGUAGE sql IMMUTABLE AS $$ SELECT 1000 $$;
+
+-- The bodies of the month [p_lo, p_hi) that linger: the open effects
+-- (still in effect_live) and the originals an open replacement of the
+-- month keeps (the foreign key).  At most outbox_prune_linger_max() + 1
+-- of them, else NULL: too many to finish the month around.
+CREATE OR REPLACE FUNCTION outbox_prune_lingering(p_lo timestamptz, p_hi timestamptz)
+RETURNS uuid[]
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = public, pg_temp AS $$
+    WITH RECURSIVE open AS (
+        SELECT b.effect_id, b.replaces_effect FROM effect_outbox b
+         WHERE b.created_at >= p_lo AND b.created_at < p_hi
+           AND EXISTS (SELECT 1 FROM effect_live l WHERE l.effect_id = b.effect_id)
+        UNION
+        SELECT o.effect_id, o.replaces_effect
+          FROM effect_outbox o JOIN open ON o.effect_id = open.replaces_effect
+         WHERE o.created_at >= p_lo AND o.created_at < p_hi)
+    SELECT CASE WHEN count(*) <= outbox_prune_linger_max()
+                THEN coalesce(array_agg(effect_id), '{}') END
+      FROM (SELECT effect_id FROM open LIMIT outbox_prune_linger_max() + 1) x
+$$;
+
 -- Retention, by whole months.  The history is partitioned by the month an
 -- effect was created in; a month goes when every effect of it is finished
 -- and nothing in it happened since the cutoff (now() - p_older_than):
@@ -419,36 +445,13 @@ END $$;
 -- same way, around them: its partition is detached, a new one for the
 -- month takes the history rows of the effects that linger (and every row
 -- they write later), and the old one is dropped.  The month is then as
--- small as what lingers, and goes whole once they have finished.  The drop takes the history's exclusive lock for a moment; when
--- that lock is not granted within a second (a long reader), the month is
--- dropped by the next call instead of holding up every worker's
+-- small as what lingers, and goes whole once they have finished.  The
+-- drop takes the history's exclusive lock for a moment; when that lock
+-- is not granted within a second (a long reader), the month is dropped
+-- by the next call instead of holding up every worker's
 -- completion behind it.  Months whose rows went to the default partition
 -- (no partition existed for them) stay.  Returns the number of effects
 -- deleted; each call that did something is one operator_actions row.
--- How many open effects of a month may linger when prune finishes the
--- month around them (their history rows are copied, under the history's
--- exclusive lock, into the month's new partition).
-CREATE OR REPLACE FUNCTION outbox_prune_linger_max() RETURNS integer
-LANGUAGE sql IMMUTABLE AS $$ SELECT 1000 $$;
-
--- The bodies of the month [p_lo, p_hi) that linger: the open effects
--- (still in effect_live) and the originals an open replacement of the
--- month keeps (the foreign key).  At most outbox_prune_linger_max() + 1
--- of them, else NULL: too many to finish the month around.
-CREATE OR REPLACE FUNCTION outbox_prune_lingering(p_lo timestamptz, p_hi timestamptz)
-RETURNS uuid[]
-LANGUAGE sql STABLE SECURITY DEFINER SET search_path = public, pg_temp AS $$
-    WITH RECURSIVE open AS (
-        SELECT b.effect_id, b.replaces_effect FROM effect_outbox b
-         WHERE b.created_at >= p_lo AND b.created_at < p_hi
-           AND EXISTS (SELECT 1 FROM effect_live l WHERE l.effect_id = b.effect_id)
-        UNION
-        SELECT o.effect_id, o.replaces_effect FROM effect_outbox o JOIN open ON o.effect_id = open.replaces_effect
-         WHERE o.created_at >= p_lo AND o.created_at < p_hi)
-    SELECT CASE WHEN count(*) <= outbox_prune_linger_max() THEN coalesce(array_agg(effect_id), '{}') END
-      FROM (SELECT effect_id FROM open LIMIT outbox_prune_linger_max() + 1) x
-$$;
-
 CREATE OR REPLACE FUNCTION outbox_prune(p_older_than interval, p_batch integer, p_operator text,
                              p_reason text)
 RETURNS integer
