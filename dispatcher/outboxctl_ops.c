@@ -543,7 +543,8 @@ int cmd_prune(struct ctl *ctl, int argc, char **argv)
 		return rc;
 	printf("pruned %ld completed or failed effect%s that ended more than %s ago, in %ld "
 	       "batch%s of up to %ld; %ld month%s of history dropped whole, attempts log "
-	       "included (a month holding an open or recent effect is kept)\n", total,
+	       "included (a month holding a recent effect, or too many open ones, is kept; "
+	       "a few open ones are kept apart)\n", total,
 	       total == 1 ? "" : "s", older, batches, batches == 1 ? "" : "es", batch,
 	       months_before - months_after, months_before - months_after == 1 ? "" : "s");
 	return CTL_OK;

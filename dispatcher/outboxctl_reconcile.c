@@ -4,7 +4,9 @@
  *
  * Reconciliation itself runs in the workers (they hold the provider
  * plugins and their credentials): this command asks the running fleet for
- * a pass now (NOTIFY effect_outbox 'reconcile'), then watches the database
+ * a pass now (outbox_request_reconcile(): a row only operators may write,
+ * and a NOTIFY effect_outbox 'reconcile' that wakes the workers to read
+ * it), then watches the database
  * until every `unknown` effect of a type whose provider can reconcile has
  * been asked about since the command started, printing each verdict as
  * its attempts-log row appears.
@@ -139,8 +141,10 @@ static bool ask_fleet(struct ctl *ctl, char *start, size_t startlen)
 	others = strtol(PQgetvalue(r, 0, 2), NULL, 10);
 	PQclear(r);
 
-	r = ctl_exec(ctl, "reconcile: notifying the workers",
-	             "SELECT pg_notify('effect_outbox', 'reconcile')", 0, NULL);
+	/* The request is a row only operators may write; its NOTIFY only
+	 * wakes the workers (any login may send one). */
+	r = ctl_exec(ctl, "reconcile: asking the workers",
+	             "SELECT outbox_request_reconcile()", 0, NULL);
 	if (r == NULL)
 		return false;
 	PQclear(r);

@@ -2,7 +2,8 @@
 /*
  * reconcile.c: asking providers what became of `unknown` effects.
  * reconcile_pass() leases a batch of them (outbox_reconcile_lease), every
- * RECONCILE_INTERVAL_MS and when an operator asks (NOTIFY reconcile);
+ * RECONCILE_INTERVAL_MS and when an operator asks (outbox_request_reconcile:
+ * its NOTIFY reconcile wakes the worker, at most a pass a second);
  * each goes to its provider's reconcile() (PH_RECONCILING), and the
  * verdicts are recorded in batches (flush_reconciled(),
  * outbox_reconcile_record: unknown -> completed / pending).
@@ -155,6 +156,28 @@ static void on_recon_leased(struct db *db, PGresult *r, void *arg)
 		if (!held_find(w, PQgetvalue(r, row, COL_EFFECT_ID)))
 			recon_ask(w, r, row);
 	worker_kick(w);
+}
+
+/* A NOTIFY 'reconcile' came: start a pass that re-asks what an
+ * operator's request (outbox_request_reconcile, a row only operators may
+ * write) made due again, at most one per RECONCILE_NOTIFY_GAP_MS however
+ * many notifications come.  The lease decides which effects: one asked
+ * since the last request, or within the floor interval, is not asked. */
+void reconcile_on_notify(struct worker *w)
+{
+	int64_t now = now_mono_ms(), wait;
+
+	if (!w->recon.notified)
+		return;
+	wait = w->recon.notified_pass_mono + RECONCILE_NOTIFY_GAP_MS - now;
+	if (w->recon.notified_pass_mono != 0 && wait > 0) {
+		worker_kick_in(w, wait);
+		return;
+	}
+	w->recon.notified = false;
+	w->recon.notified_pass_mono = now;
+	w->recon.requested = true;
+	w->recon.pass_asked = false;   /* a new request starts a new pass */
 }
 
 void reconcile_pass(struct worker *w, bool asked)

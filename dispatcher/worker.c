@@ -80,6 +80,7 @@ static void on_pump(evutil_socket_t fd, short what, void *arg)
 	mark_ready(w);
 	if (!w->life.stopping) {
 		take_batch(w);
+		reconcile_on_notify(w);
 		if (w->recon.requested)
 			reconcile_pass(w, true);
 	}
@@ -180,10 +181,11 @@ static void on_notify(struct db *db, const char *channel, const char *payload, v
 
 	(void)db;
 	(void)channel;
-	if (payload && strcmp(payload, "reconcile") == 0) {
-		w->recon.requested = true;
-		w->recon.pass_asked = false;   /* a new request starts a new pass */
-	}
+	/* A notification is a wake-up, never a command: any login may send
+	 * one.  'reconcile' may mean an operator's request, which is a row
+	 * the pass's lease reads (reconcile_on_notify()). */
+	if (payload && strcmp(payload, "reconcile") == 0)
+		w->recon.notified = true;
 	else
 		w->lease.wanted = true;
 	/* Rows given back while the switch was off sit behind our position. */

@@ -55,6 +55,10 @@ struct host_state;
 #define RECONCILE_BATCH 50
 #define RECONCILE_BATCH_STR "50"
 #define RECONCILE_INTERVAL_MS 60000
+/* At most one pass per this many ms starts on notifications: NOTIFY needs
+ * no privilege, so a flood of them is a pass a second at most (and the
+ * lease re-asks an effect early only after an operator's request). */
+#define RECONCILE_NOTIFY_GAP_MS 1000
 /* Lease, mark, renew or complete statements refused in a row after which
  * /healthz fails: one refusal is a blip (a deadlock victim, a statement
  * timeout), three in a row a worker that cannot do its job. */
@@ -195,7 +199,9 @@ struct worker_send {
 struct worker_recon {
 	bool busy;                    /* an outbox_reconcile_lease() call is on the wire */
 	bool record_busy;             /* an outbox_reconcile_record() call is on the wire */
-	bool requested;               /* an operator asked (NOTIFY reconcile) */
+	bool requested;               /* a pass is to run now (an operator's request, more of its batches) */
+	bool notified;                /* NOTIFY reconcile came: maybe a request (outbox_reconcile_requests) */
+	int64_t notified_pass_mono;   /* when a notification last started a pass */
 	bool pass_asked;              /* the pass in progress answers an operator's request */
 	int64_t pass_start_mono;
 	int64_t next_mono;            /* the next periodic pass */
@@ -355,6 +361,7 @@ void flush_completions(struct worker *w);
 
 /* reconcile.c */
 void reconcile_pass(struct worker *w, bool asked);
+void reconcile_on_notify(struct worker *w);
 void flush_reconciled(struct worker *w);
 
 /* housekeeping.c */

@@ -444,6 +444,38 @@ def cancel_too_late():
     return "409 too_late twice, effect still pending; outboxctl cancel stopped it"
 check("act-with-window: cancel past the window answers 409 too_late, not 'try again'", cancel_too_late)
 
+def cancel_too_late_while_paused():
+    # A paused scope parks the due effect at available_at 'infinity': the
+    # window is the producer's all the same.
+    ctl("kill-switch", "off", "--type", "http", "--operator", "n8n-check", "--reason", "hold http for the paused cancel")
+    try:
+        code, body = http("POST", f"{HOOK}/outbox/scheduled", ev("s-paused", "Reminder: paused, cancelled too late"))
+        assert code == 202, (code, body)
+        eid = body["effect_id"]
+        wait_for(lambda: q("SELECT l.available_at = 'infinity' AND b.available_at < now() FROM effect_live l "
+                           "JOIN effect_outbox b USING (effect_id) WHERE effect_id = %s", eid) == [(True,)],
+                 90, "the window to pass and the paused scope to park the effect")
+        code, c, h = request("POST", f"{HOOK}/outbox/cancel", {"effect_id": eid, "reason": "too late"})
+        assert code == 409 and c["status"] == "too_late" and c["cancelled"] is False and is_kit(h, c), (code, c)
+        assert q("SELECT state FROM outbox_effects WHERE effect_id = %s", eid) == [("pending",)]
+        ctl("cancel", eid, "--operator", "n8n-check", "--reason", "paused and withdrawn late")
+    finally:
+        ctl("kill-switch", "on", "--type", "http", "--operator", "n8n-check", "--reason", "paused cancel done")
+    return "parked by the pause, past its window: 409 too_late"
+check("act-with-window: cancel past the window while its scope is paused answers 409 too_late", cancel_too_late_while_paused)
+
+def key_of_another_login():
+    # A key another producer login claimed: never this login's, so the
+    # answer says a retry cannot succeed, and names nobody.
+    q("INSERT INTO workflow_runs (idempotency_key, state, payload_hash, owner_role) "
+      "VALUES ('crm:other-login-1', 'completed', 'x', 'n8n_check_other_login')")
+    for _ in range(2):
+        code, c, h = request("POST", f"{HOOK}/outbox/lead", ev("other-login-1"))
+        assert code == 409 and c["status"] == "unavailable" and is_kit(h, c), (code, c)
+        assert "n8n_check_other_login" not in json.dumps(c) and "cannot succeed" in c["message"], c
+    return "409 unavailable twice, the other login not named"
+check("a key another producer login holds: 409 unavailable, not 500 'try again later'", key_of_another_login)
+
 # A step that fails (here: the database refuses a call, as it would when
 # down or when a gate refuses an insert) makes the webhook answer an error
 # status with a body, never an empty 200; a run it held is released.

@@ -54,8 +54,23 @@ LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 DECLARE
     st text;
     ours boolean;
+    owner text;
     me xid := pg_current_xact_id()::xid;
 BEGIN
+    -- Another producer login's run first, with no lock and no word about
+    -- it: this trigger runs before row-level security, so it lets the row
+    -- through for the INSERT policy to refuse (42501, exactly as for a key
+    -- that names no run).  A state or an existing (type, target) of that
+    -- run must never show in the answer, nor its locks in how long the
+    -- answer takes.  A run's owner never changes.
+    SELECT w.owner_role INTO owner
+      FROM workflow_runs w WHERE w.idempotency_key = NEW.idempotency_key;
+    -- (A login that is also a worker passes the staff policy, which sees
+    -- every run anyway: the gate below holds for it.)
+    IF NOT FOUND OR (NOT outbox_run_is_mine(owner)
+                     AND NOT pg_has_role(session_user, 'outbox_dispatcher', 'MEMBER')) THEN
+        RETURN NEW;                     -- the policy or the foreign key refuses it
+    END IF;
     -- FOR SHARE: a concurrent state change waits for this insert (or this
     -- insert for it), so the state checked is the state at commit.
     SELECT w.state, w.xmin = me INTO st, ours

@@ -50,19 +50,23 @@ BEGIN
 END $$;
 
 -- An effect's metadata says which workflow, model and trigger made it; it
--- is logged with every attempt of the effect, so it is bounded (64 KiB as
--- stored, before compression).  Data belongs in the payload.  Raises with
--- the sizes, else true; the policy below calls it only past the bound, so
--- the usual insert pays for no PL/pgSQL call.
+-- is logged with every attempt of the effect, so it is bounded: 64 KiB of
+-- its text form, the bytes a worker reads, logs and measures (the claim's
+-- metadata_bytes).  Not pg_column_size: for a value read from a table
+-- (INSERT ... SELECT from the producer's own table) that is its
+-- compressed size, and 12 MiB of repetitive jsonb compresses to 48 KiB.
+-- Data belongs in the payload.  Raises with the sizes, else true; the
+-- policy below calls it only past the bound, so the usual insert pays for
+-- no PL/pgSQL call.
 CREATE OR REPLACE FUNCTION outbox_metadata_max_bytes() RETURNS integer
 LANGUAGE sql IMMUTABLE AS $$ SELECT 65536 $$;
 
 CREATE OR REPLACE FUNCTION outbox_metadata_ok(p_metadata jsonb) RETURNS boolean
 LANGUAGE plpgsql IMMUTABLE SET search_path = public, pg_temp AS $$
 BEGIN
-    IF p_metadata IS NOT NULL AND pg_column_size(p_metadata) > outbox_metadata_max_bytes() THEN
+    IF p_metadata IS NOT NULL AND octet_length(p_metadata::text) > outbox_metadata_max_bytes() THEN
         RAISE EXCEPTION 'effect refused: metadata is % bytes, more than the % allowed',
-                        pg_column_size(p_metadata), outbox_metadata_max_bytes()
+                        octet_length(p_metadata::text), outbox_metadata_max_bytes()
             USING ERRCODE = 'program_limit_exceeded',
                   HINT = 'metadata names the workflow version, model and trigger; data goes in the payload';
     END IF;
@@ -82,7 +86,7 @@ CREATE POLICY outbox_producer_own_inserts ON effect_outbox FOR INSERT TO outbox_
     WITH CHECK (EXISTS (SELECT 1 FROM workflow_runs w
                          WHERE w.idempotency_key = effect_outbox.idempotency_key
                            AND (w.owner_role IS NULL OR w.owner_role = session_user))
-                AND (metadata IS NULL OR pg_column_size(metadata) <= outbox_metadata_max_bytes()
+                AND (metadata IS NULL OR octet_length(metadata::text) <= outbox_metadata_max_bytes()
                      OR outbox_metadata_ok(metadata)));
 -- Replaced by outbox_lock_run_for_effect: it passed a key that named no
 -- run yet, and answered any producer whether a key was another login's.
@@ -138,8 +142,16 @@ END $$;
 --                    (awaiting_human, approved, completed, failed_terminal):
 --                    return `state`/`result` to the caller, do nothing else
 --   payload_mismatch same key, different payload hash: stop and investigate
-CREATE OR REPLACE FUNCTION outbox_claim_run(p_key text, p_payload_hash text, p_owner uuid,
-                                 p_lease_seconds integer DEFAULT 300)
+--   unavailable      (outbox_claim_run_status only) the key is another
+--                    producer login's: never this login's to claim, so a
+--                    retry cannot succeed.  Nothing else of that run comes
+--                    back, not even that it is another login's rather than
+--                    refused for some other reason; nothing is locked or
+--                    recorded.
+-- outbox_claim_run answers `unavailable` with 42501 instead (its callers
+-- know that answer).
+CREATE OR REPLACE FUNCTION outbox_claim_run_status(p_key text, p_payload_hash text, p_owner uuid,
+                                                   p_lease_seconds integer DEFAULT 300)
 RETURNS TABLE (status text, idempotency_key text, state text, lease_owner uuid,
                version bigint, result jsonb)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
@@ -154,6 +166,16 @@ BEGIN
     IF p_lease_seconds IS NULL OR p_lease_seconds < 1 OR p_lease_seconds > 86400 THEN
         RAISE EXCEPTION 'outbox_claim_run: lease_seconds must be 1..86400'
             USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    -- Another login's key is answered before anything locks it (the
+    -- settle below locks the run row): no other login can hold a run's
+    -- lock by claiming its key in a transaction it keeps open.  A run's
+    -- owner never changes, so a read without a lock decides.
+    IF NOT outbox_run_is_mine((SELECT w.owner_role FROM workflow_runs w
+                                WHERE w.idempotency_key = p_key)) THEN
+        RETURN QUERY SELECT 'unavailable'::text, p_key, NULL::text, NULL::uuid, NULL::bigint,
+                            NULL::jsonb;
+        RETURN;
     END IF;
     -- A run whose effects have all finished is completed (or
     -- failed_terminal) before anything reads it: an expired processing
@@ -181,6 +203,9 @@ BEGIN
     ELSE
         SELECT * INTO r FROM workflow_runs w WHERE w.idempotency_key = p_key;
         IF NOT outbox_run_is_mine(r.owner_role) THEN
+            -- Claimed by another login since the check above: the
+            -- conflict locked its row, so this must end the transaction
+            -- (an error releases the lock; a row would keep it).
             PERFORM outbox_refuse_foreign_run('outbox_claim_run', p_key);
         END IF;
         IF r.payload_hash <> p_payload_hash THEN
@@ -201,6 +226,28 @@ BEGIN
     END IF;
 END $$;
 
+CREATE OR REPLACE FUNCTION outbox_claim_run(p_key text, p_payload_hash text, p_owner uuid,
+                                 p_lease_seconds integer DEFAULT 300)
+RETURNS TABLE (status text, idempotency_key text, state text, lease_owner uuid,
+               version bigint, result jsonb)
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
+DECLARE
+    c record;
+BEGIN
+    FOR c IN SELECT * FROM outbox_claim_run_status(p_key, p_payload_hash, p_owner, p_lease_seconds) LOOP
+        IF c.status = 'unavailable' THEN
+            PERFORM outbox_refuse_foreign_run('outbox_claim_run', p_key);
+        END IF;
+        status := c.status;
+        idempotency_key := c.idempotency_key;
+        state := c.state;
+        lease_owner := c.lease_owner;
+        version := c.version;
+        result := c.result;
+        RETURN NEXT;
+    END LOOP;
+END $$;
+
 -- Renew the run's lease: only its live owner at its version, while the run
 -- is processing, and each renewal at most a day ahead.  There is no cap on
 -- the total time yet (that needs the claim time, which workflow_runs does
@@ -213,6 +260,13 @@ LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 DECLARE
     v bigint;
 BEGIN
+    -- Ownership first, without a lock (a run's owner never changes): the
+    -- settle locks the run row, and another login's renewal must leave
+    -- nothing of the run locked.
+    IF NOT outbox_run_is_mine((SELECT w.owner_role FROM workflow_runs w
+                                WHERE w.idempotency_key = p_key)) THEN
+        RETURN NULL;
+    END IF;
     PERFORM outbox_settle_runs(ARRAY[p_key]);
     UPDATE workflow_runs w
        SET lease_expires_at = now() + make_interval(secs => least(greatest(p_lease_seconds, 1), 86400)),
@@ -317,6 +371,11 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
 
+    -- Ownership first, without a lock, as in outbox_renew_run.
+    IF NOT outbox_run_is_mine((SELECT w.owner_role FROM workflow_runs w
+                                WHERE w.idempotency_key = p_key)) THEN
+        RETURN;
+    END IF;
     PERFORM outbox_settle_runs(ARRAY[p_key]);
     UPDATE workflow_runs w
        SET state = 'awaiting_human', version = w.version + 1,
@@ -349,8 +408,10 @@ LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 DECLARE
     k text;
 BEGIN
-    SELECT a.idempotency_key INTO k FROM approvals a
-     WHERE a.token_hash = p_token_sha256 AND a.consumed_at IS NULL AND a.expires_at > now();
+    -- Ownership first, without a lock: the settle locks the run row.
+    SELECT a.idempotency_key INTO k FROM approvals a JOIN workflow_runs w USING (idempotency_key)
+     WHERE a.token_hash = p_token_sha256 AND a.consumed_at IS NULL AND a.expires_at > now()
+       AND outbox_run_is_mine(w.owner_role);
     IF NOT FOUND THEN
         RETURN;
     END IF;
@@ -382,6 +443,13 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
 
+    -- Ownership first, without a lock (an approval's run and a run's
+    -- owner never change): another login's approval is not found and
+    -- never locked, whoever holds its token.
+    IF NOT EXISTS (SELECT 1 FROM approvals x JOIN workflow_runs w USING (idempotency_key)
+                    WHERE x.token_hash = p_token_sha256 AND outbox_run_is_mine(w.owner_role)) THEN
+        RETURN;
+    END IF;
     SELECT * INTO a FROM approvals x
      WHERE x.token_hash = p_token_sha256
        AND x.consumed_at IS NULL
@@ -500,13 +568,14 @@ DECLARE
     run_key text;
     holder uuid;
     run_owner text;
+    window_end timestamptz;
     why text := coalesce(nullif(p_reason, ''), 'no reason given');
 BEGIN
     -- Ownership first, without a lock (an effect's run and a run's owner
     -- never change): another login's effect is not found, whatever its
     -- state, and is never locked, so no other login can stall its
     -- completion by holding a transaction open.
-    SELECT b.idempotency_key, w.owner_role INTO run_key, run_owner
+    SELECT b.idempotency_key, w.owner_role, b.available_at INTO run_key, run_owner, window_end
       FROM effect_outbox b JOIN workflow_runs w USING (idempotency_key)
      WHERE b.effect_id = p_effect_id;
     IF NOT FOUND OR NOT outbox_run_is_mine(run_owner) THEN
@@ -523,7 +592,10 @@ BEGIN
       FROM workflow_runs w WHERE w.idempotency_key = run_key;
     IF NOT (pg_has_role(session_user, 'outbox_operator', 'MEMBER')
             OR (p_owner IS NOT NULL AND holder IS NOT DISTINCT FROM p_owner)
-            OR o.available_at > now()) THEN
+            -- Inside the producer's window: before the effect's first
+            -- due time, and not due since (a pause's 'infinity' or a
+            -- retry's wait does not reopen it).
+            OR least(o.available_at, window_end) > now()) THEN
         RAISE EXCEPTION 'outbox_cancel: refused: effect % of run "%" is due; only the run''s lease holder (outbox_cancel with its owner) or the operator role may cancel it; a producer may cancel inside the effect''s delay window only',
                         p_effect_id, run_key
             USING ERRCODE = 'insufficient_privilege';
@@ -573,6 +645,7 @@ REVOKE EXECUTE ON FUNCTION
     outbox_run_is_mine(text),
     outbox_refuse_foreign_run(text, text),
     outbox_claim_run(text, text, uuid, integer),
+    outbox_claim_run_status(text, text, uuid, integer),
     outbox_renew_run(text, uuid, bigint, integer),
     outbox_transition_run(text, uuid, bigint, text, jsonb),
     outbox_create_approval(text, uuid, bigint, bytea, text[], integer, jsonb, text, jsonb),
@@ -591,6 +664,7 @@ GRANT EXECUTE ON FUNCTION
     outbox_metadata_max_bytes(),
     outbox_metadata_ok(jsonb),
     outbox_claim_run(text, text, uuid, integer),
+    outbox_claim_run_status(text, text, uuid, integer),
     outbox_renew_run(text, uuid, bigint, integer),
     outbox_transition_run(text, uuid, bigint, text, jsonb),
     outbox_create_approval(text, uuid, bigint, bytea, text[], integer, jsonb, text, jsonb),

@@ -15,7 +15,8 @@
 --              never to be sent (outbox_cancel's rule: a producer inside
 --              the effect's delay window, the operator role at any time
 --              before it is sent)
---   too_late   it is due (its window has passed) or in flight (`sending`):
+--   too_late   its window has passed (its first due time, even while an
+--              operator's pause holds it back) or it is in flight (`sending`):
 --              a producer may not cancel it; the operator's
 --              `outboxctl cancel` may while it is still pending
 --   finished   it was already completed, failed (cancelled earlier too) or
@@ -30,12 +31,13 @@ DECLARE
     o effect_live%ROWTYPE;
     live boolean;
     run_key text;
+    window_end timestamptz;
 BEGIN
     -- Another producer login's effect is not this login's to see
     -- (sql/104_producer_isolation.sql): not found, checked before any lock
     -- so that no other login can hold its row (an effect's run and a
     -- run's owner never change).
-    SELECT b.idempotency_key INTO run_key
+    SELECT b.idempotency_key, b.available_at INTO run_key, window_end
       FROM effect_outbox b JOIN workflow_runs w USING (idempotency_key)
      WHERE b.effect_id = p_effect_id AND outbox_run_is_mine(w.owner_role);
     IF NOT FOUND THEN
@@ -61,7 +63,13 @@ BEGIN
         RETURN QUERY SELECT 'finished'::text, o.state, o.available_at;
         RETURN;
     END IF;
-    IF o.available_at <= now() AND NOT pg_has_role(session_user, 'outbox_operator', 'MEMBER') THEN
+    -- The window is the producer's: it closes at the effect's first due
+    -- time (its body's available_at, the enqueue's delay), whatever moved
+    -- the live row's due time since.  A scope's pause parks a due effect
+    -- at 'infinity' and a retry waits past it: neither reopens the window
+    -- (outbox_cancel_as decides the same way).
+    IF least(o.available_at, window_end) <= now()
+       AND NOT pg_has_role(session_user, 'outbox_operator', 'MEMBER') THEN
         RETURN QUERY SELECT 'too_late'::text, o.state, o.available_at;
         RETURN;
     END IF;

@@ -391,13 +391,42 @@ BEGIN
                                                       p_reason, p_target, p_payload);
 END $$;
 
+-- How many open effects of a month may linger when prune finishes the
+-- month around them (their history rows are copied, under the history's
+-- exclusive lock, into the month's new partition).
+CREATE OR REPLACE FUNCTION outbox_prune_linger_max() RETURNS integer
+LANGUAGE sql IMMUTABLE AS $$ SELECT 1000 $$;
+
+-- The bodies of the month [p_lo, p_hi) that linger: the open effects
+-- (still in effect_live) and the originals an open replacement of the
+-- month keeps (the foreign key).  At most outbox_prune_linger_max() + 1
+-- of them, else NULL: too many to finish the month around.
+CREATE OR REPLACE FUNCTION outbox_prune_lingering(p_lo timestamptz, p_hi timestamptz)
+RETURNS uuid[]
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = public, pg_temp AS $$
+    WITH RECURSIVE open AS (
+        SELECT b.effect_id, b.replaces_effect FROM effect_outbox b
+         WHERE b.created_at >= p_lo AND b.created_at < p_hi
+           AND EXISTS (SELECT 1 FROM effect_live l WHERE l.effect_id = b.effect_id)
+        UNION
+        SELECT o.effect_id, o.replaces_effect
+          FROM effect_outbox o JOIN open ON o.effect_id = open.replaces_effect
+         WHERE o.created_at >= p_lo AND o.created_at < p_hi)
+    SELECT CASE WHEN count(*) <= outbox_prune_linger_max()
+                THEN coalesce(array_agg(effect_id), '{}') END
+      FROM (SELECT effect_id FROM open LIMIT outbox_prune_linger_max() + 1) x
+$$;
+
 -- Retention, by whole months.  The history is partitioned by the month an
 -- effect was created in; a month goes when every effect of it is finished
 -- and nothing in it happened since the cutoff (now() - p_older_than):
 --   - the month ended before the cutoff (no new effect can land in it);
---   - no effect of it is open (an effect still in effect_live keeps its
---     month, finished neighbours and all, until it finishes);
---   - no history row of it ended after the cutoff;
+--   - at most outbox_prune_linger_max() effects of it are open (still in
+--     effect_live: unknown, held back by a scope's pause at 'infinity',
+--     or simply not finished yet); those few linger, and do not keep the
+--     month's finished effects (see below);
+--   - no history row of it ended after the cutoff, but those of the
+--     effects that linger;
 --   - no effect of it is the original of a replacement that stays (its
 --     link would break): a replacement is made later than its original,
 --     so months are taken newest first and a replacement in a month
@@ -411,9 +440,15 @@ END $$;
 -- on a partitioned table must contain the partition key.  Once a month has
 -- no body row left, its history partition (the attempts log of those
 -- effects with it) is detached and dropped: no DELETE churn, no vacuum
--- debt.  The drop takes the history's exclusive lock for a moment; when
--- that lock is not granted within a second (a long reader), the month is
--- dropped by the next call instead of holding up every worker's
+-- debt.  A month whose only bodies left are the few that linger (open
+-- effects, and originals such an open replacement keeps) is finished the
+-- same way, around them: its partition is detached, a new one for the
+-- month takes the history rows of the effects that linger (and every row
+-- they write later), and the old one is dropped.  The month is then as
+-- small as what lingers, and goes whole once they have finished.  The
+-- drop takes the history's exclusive lock for a moment; when that lock
+-- is not granted within a second (a long reader), the month is dropped
+-- by the next call instead of holding up every worker's
 -- completion behind it.  Months whose rows went to the default partition
 -- (no partition existed for them) stay.  Returns the number of effects
 -- deleted; each call that did something is one operator_actions row.
@@ -435,6 +470,10 @@ DECLARE
     part text;
     blocked boolean;
     old_timeout text;
+    lo timestamptz;
+    hi timestamptz;
+    keep uuid[];
+    cols text;
 BEGIN
     PERFORM outbox_op_check('outbox_prune', p_operator, p_reason);
     IF p_older_than IS NULL OR p_older_than <= interval '0' THEN
@@ -446,10 +485,12 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
     cutoff := now() - p_older_than;
-    -- One read of the (small) live queue for the months still open.
-    SELECT coalesce(array_agg(DISTINCT date_trunc('month', l.created_at AT TIME ZONE 'UTC')
-                                       AT TIME ZONE 'UTC'), '{}')
-      INTO open_months FROM effect_live l;
+    -- One read of the (small) live queue for the months still open: those
+    -- with more open effects than may linger.
+    SELECT coalesce(array_agg(x.month), '{}') INTO open_months
+      FROM (SELECT date_trunc('month', l.created_at AT TIME ZONE 'UTC') AT TIME ZONE 'UTC' AS month
+              FROM effect_live l GROUP BY 1
+            HAVING count(*) > outbox_prune_linger_max()) x;
 
     FOR m IN
         SELECT p.name, p.lo, ((p.lo AT TIME ZONE 'UTC') + interval '1 month') AT TIME ZONE 'UTC' AS hi
@@ -461,7 +502,9 @@ BEGIN
          ORDER BY p.lo DESC
     LOOP
         CONTINUE WHEN m.hi > cutoff OR m.lo = ANY (open_months);
-        EXECUTE format('SELECT EXISTS (SELECT 1 FROM %I h WHERE h.ended_at >= $1)', m.name)
+        EXECUTE format('SELECT EXISTS (SELECT 1 FROM %I h WHERE h.ended_at >= $1 '
+                       'AND NOT EXISTS (SELECT 1 FROM effect_live l WHERE l.effect_id = h.effect_id))',
+                       m.name)
            INTO blocked USING cutoff;
         CONTINUE WHEN blocked;
         CONTINUE WHEN EXISTS (
@@ -483,6 +526,7 @@ BEGIN
                      WHERE b.created_at >= m.lo AND b.created_at < m.hi
                        AND NOT EXISTS (SELECT 1 FROM effect_outbox r
                                         WHERE r.replaces_effect = b.effect_id)
+                       AND NOT EXISTS (SELECT 1 FROM effect_live l WHERE l.effect_id = b.effect_id)
                      LIMIT budget
                        FOR UPDATE SKIP LOCKED) s;
             EXIT WHEN ids IS NULL;
@@ -495,8 +539,12 @@ BEGIN
             EXIT WHEN got < cardinality(ids);
         END LOOP;
 
-        IF NOT EXISTS (SELECT 1 FROM effect_outbox b
-                        WHERE b.created_at >= m.lo AND b.created_at < m.hi) THEN
+        -- Done when what is left lingers (outbox_prune_lingering).
+        keep := outbox_prune_lingering(m.lo, m.hi);
+        IF keep IS NOT NULL
+           AND NOT EXISTS (SELECT 1 FROM effect_outbox b
+                            WHERE b.created_at >= m.lo AND b.created_at < m.hi
+                              AND NOT (b.effect_id = ANY (keep))) THEN
             empty := empty || m.name;
         END IF;
         EXIT WHEN budget = 0;
@@ -508,17 +556,41 @@ BEGIN
         BEGIN
             PERFORM set_config('lock_timeout', '1s', true);
             LOCK TABLE effect_history IN ACCESS EXCLUSIVE MODE;
+            SELECT string_agg(quote_ident(a.attname), ', ' ORDER BY a.attnum) INTO cols
+              FROM pg_attribute a
+             WHERE a.attrelid = 'effect_history'::regclass AND a.attnum > 0 AND NOT a.attisdropped;
             FOREACH part IN ARRAY empty LOOP
-                -- Under the lock, with a fresh snapshot: still no body row
-                -- (a live row always has its body row).
-                CONTINUE WHEN EXISTS (
+                lo := to_date(substr(part, 16), 'YYYYMM')::timestamp AT TIME ZONE 'UTC';
+                hi := (to_date(substr(part, 16), 'YYYYMM')::timestamp + interval '1 month')
+                      AT TIME ZONE 'UTC';
+                -- Under the lock, with a fresh snapshot (no history row
+                -- is being written): every body row left is one that
+                -- lingers (a live row always has its body row).
+                keep := outbox_prune_lingering(lo, hi);
+                CONTINUE WHEN keep IS NULL OR EXISTS (
                     SELECT 1 FROM effect_outbox b
-                     WHERE b.created_at >= to_date(substr(part, 16), 'YYYYMM')::timestamp
-                                           AT TIME ZONE 'UTC'
-                       AND b.created_at < (to_date(substr(part, 16), 'YYYYMM')::timestamp
-                                           + interval '1 month') AT TIME ZONE 'UTC');
+                     WHERE b.created_at >= lo AND b.created_at < hi
+                       AND NOT (b.effect_id = ANY (keep)));
+                IF cardinality(keep) > 0 THEN
+                    -- Nothing to gain when the partition holds only their rows.
+                    EXECUTE format('SELECT EXISTS (SELECT 1 FROM %I h WHERE NOT (h.effect_id = ANY ($1)))',
+                                   part)
+                       INTO blocked USING keep;
+                    CONTINUE WHEN NOT blocked;
+                END IF;
                 EXECUTE format('ALTER TABLE effect_history DETACH PARTITION %I', part);
-                EXECUTE format('DROP TABLE %I', part);
+                IF cardinality(keep) > 0 THEN
+                    EXECUTE format('ALTER TABLE %I RENAME TO %I', part, part || '_pruned');
+                    EXECUTE format('CREATE TABLE %I PARTITION OF effect_history FOR VALUES FROM (%L) TO (%L)',
+                                   part, lo, hi);
+                    EXECUTE format('INSERT INTO effect_history (%s) SELECT %s FROM %I h '
+                                   'WHERE h.effect_id = ANY ($1) ORDER BY h.history_id',
+                                   cols, cols, part || '_pruned')
+                       USING keep;
+                    EXECUTE format('DROP TABLE %I', part || '_pruned');
+                ELSE
+                    EXECUTE format('DROP TABLE %I', part);
+                END IF;
                 dropped := dropped || part;
             END LOOP;
             PERFORM set_config('lock_timeout', old_timeout, true);
@@ -577,6 +649,8 @@ REVOKE EXECUTE ON FUNCTION
     outbox_replace_ungated(uuid, text, text, text, text, jsonb),
     outbox_replace(uuid, text, text, text, text, jsonb),
     outbox_prune(interval, integer, text, text),
+    outbox_prune_linger_max(),
+    outbox_prune_lingering(timestamp with time zone, timestamp with time zone),
     outbox_operator_refusal(text),
     outbox_operator_gate(text, text)
     FROM PUBLIC;

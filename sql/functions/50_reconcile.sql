@@ -3,8 +3,9 @@
 -- (docs/design.md, "Effect states": unknown -> completed / pending, never
 -- an automatic re-send).
 --
--- A worker's reconcile pass (periodic, or at once on NOTIFY effect_outbox
--- 'reconcile', which `outboxctl reconcile` sends) leases a batch of
+-- A worker's reconcile pass (periodic, or at once when an operator asks:
+-- `outboxctl reconcile` calls outbox_request_reconcile, whose NOTIFY
+-- effect_outbox 'reconcile' wakes the workers) leases a batch of
 -- `unknown` rows of the types it can reconcile, asks each provider whether
 -- the effect reached it, and records the answers in one round trip.
 --
@@ -16,6 +17,31 @@
 -- take (the provider's timeout_ms bounds each lookup).
 CREATE OR REPLACE FUNCTION outbox_reconcile_lease_seconds() RETURNS integer
 LANGUAGE sql IMMUTABLE AS $$ SELECT 60 $$;
+
+-- The shortest time between two lookups of one effect, whatever interval
+-- a worker asks for (the workers' periodic pass asks for this one): an
+-- effect asked again sooner only when an operator's request
+-- (outbox_request_reconcile) came after its last lookup.
+CREATE OR REPLACE FUNCTION outbox_reconcile_min_interval_seconds() RETURNS integer
+LANGUAGE sql IMMUTABLE AS $$ SELECT 60 $$;
+
+-- An operator's request for a reconcile pass now: every `unknown` effect
+-- asked before it is asked again, by the next pass of each worker (at once
+-- on the notification, which only wakes them: the request is this row).
+-- Returns the request's time, the database's clock.
+CREATE OR REPLACE FUNCTION outbox_request_reconcile()
+RETURNS timestamptz
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
+DECLARE
+    t timestamptz;
+BEGIN
+    UPDATE outbox_reconcile_requests r
+       SET requested_at = clock_timestamp(), requested_by = session_user
+     WHERE r.id = 1
+    RETURNING r.requested_at INTO t;
+    PERFORM pg_notify('effect_outbox', 'reconcile');
+    RETURN t;
+END $$;
 
 CREATE OR REPLACE FUNCTION outbox_reconcile_lease(p_owner uuid, p_worker text, p_types text[],
                                        p_limit integer, p_min_interval_seconds integer)
@@ -36,9 +62,15 @@ BEGIN
          WHERE l.available_at = 'infinity' AND l.state = 'unknown'
            AND l.effect_type = ANY (p_types)
            AND (l.lease_expires_at IS NULL OR l.lease_expires_at < now())
+           -- Asked again after the interval, never sooner than the
+           -- floor, unless an operator asked since (a notification is
+           -- no request: any login may send one).
            AND (l.last_reconciled_at IS NULL
                 OR l.last_reconciled_at
-                   <= now() - make_interval(secs => greatest(coalesce(p_min_interval_seconds, 0), 0)))
+                   <= now() - make_interval(secs => greatest(coalesce(p_min_interval_seconds, 0),
+                                                             outbox_reconcile_min_interval_seconds()))
+                OR l.last_reconciled_at < (SELECT q.requested_at FROM outbox_reconcile_requests q
+                                            WHERE q.id = 1))
          ORDER BY l.last_reconciled_at NULLS FIRST, l.created_at
          LIMIT p_limit
          FOR UPDATE SKIP LOCKED),
@@ -273,10 +305,13 @@ END $$;
 -- Nobody may call these but the roles named here.
 REVOKE EXECUTE ON FUNCTION
     outbox_reconcile_lease_seconds(),
+    outbox_reconcile_min_interval_seconds(),
+    outbox_request_reconcile(),
     outbox_reconcile_lease(uuid, text, text[], integer, integer),
     outbox_reconcile_record(uuid, text, jsonb),
     outbox_resolve_late_accepted(uuid, text, uuid, integer, integer, text)
     FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION outbox_request_reconcile() TO outbox_operator;
 GRANT EXECUTE ON FUNCTION
     outbox_reconcile_lease(uuid, text, text[], integer, integer),
     outbox_reconcile_record(uuid, text, jsonb),

@@ -46,6 +46,26 @@ BEGIN
     RETURN QUERY SELECT * FROM outbox_fail_unknown_types(p_grace_seconds, p_limit);
 END $$;
 
+-- The history's monthly partitions from p_from to p_to, made where
+-- missing, for the workers and operators (outbox_history_partitions, which
+-- makes any range, is the owner's): at most 24 months in one call, none
+-- more than a year ahead and none more than ten years back.  Refused with
+-- 22023 otherwise; returns how many it made.
+CREATE OR REPLACE FUNCTION outbox_history_months(p_from timestamptz, p_to timestamptz)
+RETURNS integer
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
+BEGIN
+    IF p_from IS NULL OR p_to IS NULL OR NOT isfinite(p_from) OR NOT isfinite(p_to)
+       OR p_to > p_from + interval '24 months'
+       OR p_to > now() + interval '12 months'
+       OR p_from < now() - interval '120 months' THEN
+        RAISE EXCEPTION 'outbox_history_months: a range of at most 24 months, from at most 10 years back to at most 12 months ahead (got % to %)',
+                        p_from, p_to
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    RETURN outbox_history_partitions(p_from, p_to);
+END $$;
+
 -- The workers' figures: this week only.
 CREATE OR REPLACE FUNCTION outbox_weekly_figures(p_worker text, p_every_seconds integer)
 RETURNS TABLE (duplicate_share numeric, approval_wait_p50_seconds numeric,
@@ -188,8 +208,12 @@ GRANT SELECT ON outbox_weekly_stats TO outbox_dispatcher;
 REVOKE EXECUTE ON FUNCTION
     outbox_sweep(text, integer, integer, integer),
     outbox_weekly_figures(text, integer),
-    outbox_weekly_stats_since(timestamp without time zone)
+    outbox_weekly_stats_since(timestamp without time zone),
+    outbox_history_months(timestamp with time zone, timestamp with time zone)
     FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION
+    outbox_history_months(timestamp with time zone, timestamp with time zone)
+    TO outbox_dispatcher, outbox_operator;
 GRANT EXECUTE ON FUNCTION
     outbox_sweep(text, integer, integer, integer),
     outbox_weekly_figures(text, integer),

@@ -692,10 +692,19 @@ def test_sql_lease_respects_the_interval(conn):
     query(conn, "UPDATE effect_live SET last_reconciled_at = now() - interval '30 seconds' "
                 "WHERE effect_id = %s", (u1,))
     assert [r[0] for r in lease(conn, OWNER, interval=60)] == [u2]
-    # Least recently asked first; limit honoured.
     query(conn, "UPDATE effect_live SET lease_owner = NULL, lease_expires_at = NULL")
-    assert [r[0] for r in lease(conn, OWNER, interval=0, limit=1)] == [u2]
+    # An interval shorter than the floor (60 s) is the floor: an effect
+    # asked 30 s ago is asked again sooner only after an operator's request.
+    assert [r[0] for r in lease(conn, OWNER, interval=0)] == [u2]
+    query(conn, "UPDATE effect_live SET lease_owner = NULL, lease_expires_at = NULL, "
+                "last_reconciled_at = now() - interval '30 seconds'")
+    query(conn, "UPDATE effect_live SET last_reconciled_at = now() - interval '20 seconds' "
+                "WHERE effect_id = %s", (u2,))
+    assert lease(conn, OWNER, interval=0) == []
+    query(conn, "SELECT outbox_request_reconcile()")
+    # Least recently asked first; limit honoured.
     assert [r[0] for r in lease(conn, OWNER, interval=0, limit=1)] == [u1]
+    assert [r[0] for r in lease(conn, OWNER, interval=0, limit=1)] == [u2]
     assert lease(conn, OTHER, limit=0) == []
 
 
@@ -759,6 +768,7 @@ def test_sql_record_needs_the_lease(conn):
     # Same worker asking twice about one attempt: two evidence rows.
     set_state(conn, eid, "unknown")
     for _ in range(2):
+        query(conn, "SELECT outbox_request_reconcile()")   # asked again at once
         lease(conn, OWNER)
         assert record(conn, OWNER, [{"effect_id": eid, "verdict": "unknown"}]) == \
             [(eid, True, "unknown")]

@@ -234,3 +234,34 @@ def test_sweep_keeps_history_months_ahead_once_an_hour(conn):
     finally:
         reader.rollback()
         reader.close()
+
+
+def test_the_history_months_a_worker_or_operator_may_make_are_bounded(conn, login_as):
+    """outbox_history_partitions made any range it was given: a dispatcher
+    asking for 24,000 months ran until its statement timeout.  The workers
+    and operators may make at most 24 months a call, from ten years back
+    to a year ahead (outbox_history_months); the unbounded maker is the
+    owner's (migrations, the sweep)."""
+    import psycopg2
+    import pytest
+    d, o = login_as("outbox_dispatcher"), login_as("outbox_operator")
+    query(d, "SET statement_timeout = '5s'")
+    for c in (d, o):
+        with pytest.raises(psycopg2.errors.InsufficientPrivilege):
+            query(c, "SELECT outbox_history_partitions(now(), now() + interval '24000 months')")
+    before = scalar(conn, "SELECT count(*) FROM pg_inherits WHERE inhparent = 'effect_history'::regclass")
+    for rng in (("now()", "now() + interval '24000 months'"),
+                ("now() - interval '2000 years'", "now() - interval '1990 years'"),
+                ("now() + interval '13 months'", "now() + interval '14 months'"),
+                ("now() - interval '30 months'", "now()"),
+                ("'-infinity'", "now()"), ("now()", "'infinity'"), ("NULL", "now()")):
+        for c in (d, o):
+            with pytest.raises(psycopg2.errors.InvalidParameterValue):
+                query(c, f"SELECT outbox_history_months({rng[0]}, {rng[1]})")
+    assert scalar(conn, "SELECT count(*) FROM pg_inherits "
+                        "WHERE inhparent = 'effect_history'::regclass") == before
+    # What the fleet needs goes through: the months ahead, some months back.
+    assert scalar(d, "SELECT outbox_history_months(now() - interval '20 months', "
+                     "now() + interval '3 months')") >= 19
+    assert month_partition(conn, "now() - interval '19 months'")
+    assert scalar(o, "SELECT outbox_history_months(now(), now() + interval '12 months')") >= 0

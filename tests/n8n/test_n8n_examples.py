@@ -23,7 +23,7 @@ import uuid
 import psycopg2
 import pytest
 
-from outbox_test import ROOT, query, scalar
+from outbox_test import ROOT, query, scalar, wait_for
 
 EXAMPLES = os.path.join(ROOT, "examples", "n8n")
 FILES = sorted(f for f in glob.glob(os.path.join(EXAMPLES, "*.json"))
@@ -825,3 +825,53 @@ def test_expired_approval_reopened_goes_down_the_approval_path_again(step, conn,
     assert scalar(conn, "SELECT count(*) FROM outbox_effects") == 1
     with pytest.raises(psycopg2.errors.NoDataFound):
         query(operator, REOPEN, ("crm:nothing", "lee", "x"))
+
+
+@pytest.mark.parametrize("wf", ["approve-before-act", "approve-by-exception", "act-with-window"])
+def test_a_key_another_login_holds_is_answered_409_unavailable(step, conn, wf):
+    """The claim of a key another producer login holds raised 42501, which
+    the kit answered 500 "deliver the event again later", every time.  It
+    answers `unavailable` now, routed to a 409 that says a retry cannot
+    succeed and names nobody, and nothing of the other run comes back."""
+    other = f"t_n8n_other_{uuid.uuid4().hex[:8]}"
+    query(conn, f'CREATE ROLE "{other}" LOGIN IN ROLE outbox_producer')
+    try:
+        c = psycopg2.connect(step.conn.dsn.replace(f"user={scalar(step.conn, 'SELECT session_user')}",
+                                                   f"user={other}"))
+        c.autocommit = True
+        ev = event(77)
+        assert claim(Step(c), wf, ev)["status"] == "claimed"
+        query(conn, "UPDATE workflow_runs SET state = 'completed', result = '{\"secret\": 1}'")
+        got = claim(step, wf, ev)
+        assert got["status"] == "unavailable" and got["idempotency_key"] == "crm:lead-77"
+        assert all(got[k] is None for k in ("state", "lease_owner", "version", "result",
+                                            "retry_after_seconds")), got
+        c.close()
+    finally:
+        query(conn, f"DROP OWNED BY \"{other}\"")
+        query(conn, f'DROP ROLE IF EXISTS "{other}"')
+    w = load(wf)
+    sw = node(w, "Claim outcome")["parameters"]
+    assert "unavailable: 4" in sw["output"] and sw["numberOutputs"] == 5
+    target = w["connections"]["Claim outcome"]["main"][4][0]["node"]
+    r = node(w, target)
+    assert r["type"] == "n8n-nodes-base.respondToWebhook"
+    assert r["parameters"]["options"]["responseCode"] == 409
+    body = r["parameters"]["responseBody"]
+    assert "status: 'unavailable'" in body and "cannot succeed" in body
+    assert "session_user" not in body and "owner" not in body
+
+
+def test_act_with_window_cancel_past_the_window_is_too_late_while_a_scope_is_paused(step, conn):
+    """A pause parks a due effect at available_at 'infinity': the cancel
+    webhook answered `cancelled` 25 s after a 20 s window.  The window is
+    the producer's: past it, too_late, paused or not."""
+    c = claim(step, "act-with-window", event(13))
+    eid = step("act-with-window", "Approve and enqueue with window", *lease_of(c), "{}",
+               *auto_effect(), 1, 300)[0]["effect_id"]
+    wait_for(lambda: scalar(conn, "SELECT available_at < now() FROM effect_outbox"),
+             what="the 1 s window to close")
+    query(conn, "UPDATE effect_live SET available_at = 'infinity', held_by = 'host:helpdesk.example.com' "
+                "WHERE effect_id = %s", (eid,))
+    assert cancel(step, eid) == ("too_late", "pending")
+    assert scalar(conn, "SELECT state FROM outbox_effects") == "pending"

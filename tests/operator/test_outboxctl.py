@@ -567,39 +567,120 @@ def test_outboxctl_prune_removes_only_old_finished_rows_in_batches(db, conn):
     assert dict(query(conn, "SELECT effect_id::text, state FROM outbox_effects")) == keep
 
 
-def test_outboxctl_prune_drops_a_finished_month_and_keeps_a_month_with_an_open_effect(db, conn):
+def part_oid(conn, n):
+    return scalar(conn, "SELECT to_regclass('effect_history_' || "
+                        f"to_char(({month_ago(n)}) AT TIME ZONE 'UTC', 'YYYYMM'))::oid")
+
+
+def history_rows(conn, ids):
+    return query(conn, "SELECT history_id, effect_id::text, created_at, attempt, outcome_class, "
+                       "state, ended_at FROM effect_history WHERE effect_id = ANY (%s::uuid[]) "
+                       "ORDER BY history_id", (list(ids),))
+
+
+def test_outboxctl_prune_drops_a_finished_month_and_finishes_a_month_around_an_open_effect(db, conn):
     history_months(conn, "now() - interval '7 months'", "now()")
     gone = [old_effect(conn, 4, "completed", "100 days") for _ in range(3)]
     held_open = old_effect(conn, 3, "unknown")
+    query(conn, "INSERT INTO effect_history (effect_id, created_at, attempt, worker, started_at, "
+                "ended_at, outcome_class) SELECT effect_id, created_at, 1, 'w1', "
+                "now() - interval '80 days', now() - interval '80 days', 'ambiguous' "
+                "FROM effect_outbox WHERE effect_id = %s", (held_open,))
     held_done = old_effect(conn, 3, "failed", "80 days")
-    # Recent evidence about an effect keeps its month too.
+    # Recent evidence about an effect keeps its month.
     recent_log = old_effect(conn, 2, "completed", "50 days")
     query(conn, "INSERT INTO effect_history (effect_id, created_at, attempt, worker, started_at, "
                 "ended_at, outcome_class) SELECT effect_id, created_at, 1, 'w1', now(), now(), "
                 "'reconcile_unknown' FROM effect_outbox WHERE effect_id = %s", (recent_log,))
-    parts = {n: month_partition(conn, month_ago(n)) for n in (2, 3, 4)}
+    parts = {n: part_oid(conn, n) for n in (2, 3, 4)}
     assert all(parts.values()), parts
-    history_of_kept = scalar(conn, "SELECT count(*) FROM effect_history WHERE effect_id = ANY (%s::uuid[])",
-                             ([held_open, held_done, recent_log],))
+    kept_history = history_rows(conn, [held_open, recent_log])
 
     r = ok(ctl(db, "prune", "--older-than", "30d"))
-    assert "pruned 3 " in r.stdout
+    assert "pruned 4 " in r.stdout
     assert month_partition(conn, month_ago(4)) is None
     assert scalar(conn, "SELECT count(*) FROM effect_outbox WHERE effect_id = ANY (%s::uuid[])",
-                  (gone,)) == 0
-    assert month_partition(conn, month_ago(3)) == parts[3]
-    assert month_partition(conn, month_ago(2)) == parts[2]
-    assert {e: effect(conn, e)["state"] for e in (held_open, held_done, recent_log)} == \
-        {held_open: "unknown", held_done: "failed", recent_log: "completed"}
-    assert scalar(conn, "SELECT count(*) FROM effect_history WHERE effect_id = ANY (%s::uuid[])",
-                  ([held_open, held_done, recent_log],)) == history_of_kept
+                  (gone + [held_done],)) == 0
+    # The open effect lingers in a month of its own: a new partition holds
+    # its history, every row of it, and nothing else.
+    assert part_oid(conn, 3) not in (None, parts[3])
+    assert part_oid(conn, 2) == parts[2]
+    assert {e: effect(conn, e)["state"] for e in (held_open, recent_log)} == \
+        {held_open: "unknown", recent_log: "completed"}
+    assert history_rows(conn, [held_open, recent_log]) == kept_history
+    part3 = month_partition(conn, month_ago(3))
+    assert scalar(conn, f"SELECT count(DISTINCT effect_id) FROM {part3}") == 1
+    # A second run has nothing to gain: the month stays as it is.
+    r = ok(ctl(db, "prune", "--older-than", "30d"))
+    assert "pruned 0 " in r.stdout and part_oid(conn, 3) is not None
+    oid3 = part_oid(conn, 3)
+    r = ok(ctl(db, "prune", "--older-than", "30d"))
+    assert part_oid(conn, 3) == oid3
 
-    # Once the open one is finished long enough, its month goes too.
+    # Once the open one is finished long enough, its month goes whole.
     arrange(conn, held_open, "completed", completed_at="SQL:now() - interval '31 days'")
     r = ok(ctl(db, "prune", "--older-than", "30d"))
+    assert "pruned 1 " in r.stdout
+    assert month_partition(conn, month_ago(3)) is None
+    assert part_oid(conn, 2) == parts[2]
+
+
+def test_outboxctl_prune_finishes_a_month_whatever_few_effects_linger(db, conn):
+    """One effect parked at available_at 'infinity' (unknown, or held back
+    by a paused scope) kept its whole month from prune: 21 bodies kept
+    where a month without it dropped its 20.  Now the month's finished
+    effects go, with their history; the two that linger keep every
+    history row (and write new ones) in the month's new partition."""
+    history_months(conn, "now() - interval '7 months'", "now()")
+    done = [old_effect(conn, 3, "completed", "40 days") for _ in range(20)]
+    unknown = old_effect(conn, 3, "unknown")
+    held = old_effect(conn, 3, "pending")
+    query(conn, "UPDATE effect_live SET available_at = 'infinity', held_by = 'host:api.example' "
+                "WHERE effect_id = %s", (held,))
+    # The reconciler's recent verdicts about the unknown one do not keep the month.
+    query(conn, "INSERT INTO effect_history (effect_id, created_at, attempt, worker, started_at, "
+                "ended_at, outcome_class) SELECT effect_id, created_at, 1, 'w1', "
+                "now() - interval '10 days', now() - interval '10 days', "
+                "'reconcile_unknown' FROM effect_outbox WHERE effect_id = %s", (unknown,))
+    before = history_rows(conn, [unknown, held])
+    old = part_oid(conn, 3)
+
+    r = ok(ctl(db, "prune", "--older-than", "30d"))
+    assert "pruned 20 " in r.stdout, r.stdout
+    assert scalar(conn, "SELECT count(*) FROM effect_outbox WHERE effect_id = ANY (%s::uuid[])",
+                  (done,)) == 0
+    assert scalar(conn, "SELECT count(*) FROM effect_history WHERE effect_id = ANY (%s::uuid[])",
+                  (done,)) == 0
+    assert part_oid(conn, 3) not in (None, old)
+    assert history_rows(conn, [unknown, held]) == before
+    assert {effect(conn, e)["state"] for e in (unknown, held)} == {"unknown", "pending"}
+    acts = actions(conn, "prune")
+    assert month_partition(conn, month_ago(3)) in acts[-1]["detail"]["dropped_partitions"]
+    # They keep writing their history there, and finish as ever.
+    arrange(conn, unknown, "completed", completed_at="SQL:now() - interval '31 days'")
+    arrange(conn, held, "failed", completed_at="SQL:now() - interval '31 days'")
+    assert [effect(conn, e)["state"] for e in (unknown, held)] == ["completed", "failed"]
+    part3 = month_partition(conn, month_ago(3))
+    assert scalar(conn, f"SELECT count(*) FROM {part3} WHERE state IS NOT NULL") == 2
+    r = ok(ctl(db, "prune", "--older-than", "5d"))
     assert "pruned 2 " in r.stdout
     assert month_partition(conn, month_ago(3)) is None
-    assert month_partition(conn, month_ago(2)) == parts[2]
+
+
+def test_outboxctl_prune_keeps_a_month_where_too_many_effects_are_open(db, conn):
+    """More open effects than may linger (outbox_prune_linger_max) keep
+    their month whole, finished neighbours and all."""
+    history_months(conn, "now() - interval '7 months'", "now()")
+    done = old_effect(conn, 3, "completed", "40 days")
+    n = scalar(conn, "SELECT outbox_prune_linger_max()") + 1
+    key = make_run(conn)
+    query(conn, "INSERT INTO effect_outbox (idempotency_key, effect_type, target, payload, "
+                f"created_at, available_at) SELECT %s, 'http', 'https://x.example/' || i, '{{}}', "
+                f"{month_ago(3)}, {month_ago(3)} FROM generate_series(1, %s) i", (key, n))
+    old = part_oid(conn, 3)
+    r = ok(ctl(db, "prune", "--older-than", "30d"))
+    assert "pruned 0 " in r.stdout
+    assert effect(conn, done) is not None and part_oid(conn, 3) == old
 
 
 def test_outboxctl_prune_keeps_an_original_while_its_replacement_exists(db, conn):

@@ -337,3 +337,46 @@ def test_sql_a_stranger_leaves_no_attempt_row(conn):
     # the owner itself is recorded and applied as before.
     assert complete(conn, OWNER, eid, "accepted", "completed", provider_id="p") == \
         (True, "completed", None)
+
+
+# -- who may ask for a pass ---------------------------------------------------------
+
+def test_a_flood_of_notifications_from_any_login_asks_the_provider_nothing(conn, dispatchers, sink,
+                                                                          db, login_as):
+    """NOTIFY needs no privilege, and 'reconcile' was what `outboxctl
+    reconcile` sent: a producer sending it every 5 ms made 2,389 lookups in
+    10 s, each carrying the lookup's credential.  A notification is a
+    wake-up now: a request is a row only operators write
+    (outbox_request_reconcile), and an effect asked within the last minute
+    is asked again only after one.  Two seconds of a producer login's
+    notifications ask the provider nothing; the operator's request that
+    follows asks it once."""
+    import time
+
+    import psycopg2
+    kill_switch(conn, True)
+    dispatchers(lookup_cfg(sink, url="{origin}/status/500?key={key}"))
+    wait_http_registered(conn)
+    eid, _ = unknown_effect(conn, sink, "/hang")
+    assert "cannot tell" in reconcile(db)
+    asked = sink.count(path_prefix="/status/500")
+    assert asked >= 1
+
+    p = login_as("outbox_producer")
+    with pytest.raises(psycopg2.errors.InsufficientPrivilege):
+        query(p, "SELECT outbox_request_reconcile()")
+    with pytest.raises(psycopg2.errors.InsufficientPrivilege):
+        query(p, "UPDATE outbox_reconcile_requests SET requested_at = now()")
+    d = login_as("outbox_dispatcher")
+    with pytest.raises(psycopg2.errors.InsufficientPrivilege):
+        query(d, "SELECT outbox_request_reconcile()")
+    sent, end = 0, time.monotonic() + 2.0
+    while time.monotonic() < end:
+        query(p, "SELECT pg_notify('effect_outbox', 'reconcile')")
+        sent += 1
+    assert sent > 200, sent
+    # The operator's request comes after every one of them: once it has
+    # been served, so have they.
+    assert "cannot tell" in reconcile(db)
+    assert sink.count(path_prefix="/status/500") == asked + 1, (sent, asked)
+    assert effect(conn, eid)["state"] == "unknown"

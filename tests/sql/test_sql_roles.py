@@ -161,7 +161,7 @@ def test_producer_cannot_call_kill_switch_or_dispatcher_functions(conn, login_as
         denied(p, sql, (eid,) if "%s" in sql else None)
     assert scalar(conn, "SELECT enabled FROM outbox_control") is False
     # Beyond the calls above: no function outside the producer's own set.
-    allowed = {"outbox_claim_run", "outbox_renew_run", "outbox_transition_run",
+    allowed = {"outbox_claim_run", "outbox_claim_run_status", "outbox_renew_run", "outbox_transition_run",
                "outbox_create_approval", "outbox_peek_approval", "outbox_consume_approval",
                "outbox_enqueue", "outbox_cancel",
                # the plain INSERT's row-level security checks
