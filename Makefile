@@ -45,7 +45,7 @@ DAEMON_SRC := dispatcher/main.c dispatcher/worker.c dispatcher/health.c dispatch
               dispatcher/take.c dispatcher/lease.c dispatcher/claim.c dispatcher/decide.c dispatcher/mark.c dispatcher/send.c dispatcher/reconcile.c \
               dispatcher/housekeeping.c dispatcher/late.c dispatcher/wire.c dispatcher/worker_sql.c \
               dispatcher/plugin.c dispatcher/hosts.c dispatcher/policy.c \
-              dispatcher/metrics.c dispatcher/metrics_http.c dispatcher/sdnotify.c \
+              dispatcher/metrics.c dispatcher/metrics_http.c dispatcher/sdnotify.c dispatcher/reload.c \
               providers/lib/json_text.c
 CTL_SRC   := $(sort $(wildcard dispatcher/outboxctl*.c))
 # A plugin is providers/NAME.c or the files providers/NAME/*.c;

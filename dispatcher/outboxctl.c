@@ -18,8 +18,12 @@
 #include "util.h"
 
 static const struct ctl_command commands[] = {
-	{ "migrate", cmd_migrate, "migrate",
-	  "Bring the database to this build's schema. Idempotent; safe from many hosts at once." },
+	{ "migrate", cmd_migrate, "migrate [--wait SECONDS]",
+	  "Bring the database to this build's schema. Idempotent; safe from many hosts at once,\n"
+	  "and with the workers serving: it takes every table's lock at once, waiting at most\n"
+	  "200 ms for each and 500 ms for all, and tries again after a backoff for up to\n"
+	  "--wait seconds (300). A migration that rewrites the workers' tables refuses to run\n"
+	  "while any worker is connected." },
 	{ "kill-switch", cmd_kill_switch,
 	  "kill-switch off|on [--type T | --host H | --crm-object O] --operator NAME --reason TEXT\n"
 	  "      | kill-switch status [--json]",

@@ -13,15 +13,28 @@
 
 int cmd_migrate(struct ctl *ctl, int argc, char **argv)
 {
-	static const char *const allowed[] = { NULL };
-	char err[1024];
+	static const char *const allowed[] = { "--wait=", NULL };
+	struct migrate_opts o;
+	const char *wait;
+	char err[1024], *end;
 	int n;
 
 	if (!ctl_check_opts(argc, argv, allowed))
 		return CTL_USAGE;
+	migrate_default_opts(&o);
+	wait = ctl_opt(argc, argv, "--wait");
+	if (wait) {
+		long s = strtol(wait, &end, 10);
+
+		if (end == wait || *end != '\0' || s < 0 || s > 86400) {
+			fprintf(stderr, "outboxctl: migrate --wait takes seconds (0..86400)\n");
+			return CTL_USAGE;
+		}
+		o.wait_ms = s * 1000;
+	}
 	if (ctl_connect(ctl) == NULL)
 		return CTL_DB;
-	n = migrate_apply(ctl->conn, stdout, err, sizeof(err));
+	n = migrate_apply_opts(ctl->conn, stdout, &o, err, sizeof(err));
 	if (n < 0) {
 		fprintf(stderr, "outboxctl: migrate: %s\n", err);
 		return CTL_DB;

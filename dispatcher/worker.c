@@ -61,6 +61,7 @@
 #include "hosts.h"
 #include "log.h"
 #include "metrics.h"
+#include "reload.h"
 #include "sdnotify.h"
 #include "util.h"
 #include "worker_internal.h"
@@ -355,6 +356,7 @@ static void on_sighup(evutil_socket_t sig, short what, void *arg)
 	fresh = reload_load(w, &s, name, sizeof(name), listen, sizeof(listen), err, sizeof(err));
 	if (fresh == NULL) {
 		log_msg(OLOG_ERROR, "reload_failed", "config not reloaded, keeping the old one: %s", err);
+		reload_report(++w->life.reloads, false, err);
 		if (w->life.ready_sent)
 			sdnotify_ready("reload failed; running with the old config");
 		return;
@@ -379,6 +381,7 @@ static void on_sighup(evutil_socket_t sig, short what, void *arg)
 	apply_log_level(w);
 	apply_timers(w);
 	log_msg(OLOG_INFO, "reloaded", "config reloaded from %s", w->config_path);
+	reload_report(++w->life.reloads, true, "config reloaded");
 	if (w->life.ready_sent)
 		sdnotify_ready("config reloaded");
 }
@@ -539,6 +542,7 @@ bool worker_start(struct worker *w)
 	add_events(w);
 	w->recon.next_mono = now_mono_ms() + 5000;
 	log_started(w);
+	reload_report(0, true, "started");
 	sdnotify_init(w->base);
 	metrics_heartbeat();
 	/* READY=1 waits for both connections and the schema check

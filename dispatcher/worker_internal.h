@@ -150,6 +150,7 @@ struct worker_life {
 	/* Readiness: READY=1 goes to systemd once, when both connections are
 	 * up and the schema check passed; until then STATUS= says why not. */
 	bool ready_sent;
+	unsigned reloads;             /* SIGHUPs answered (reload.c) */
 	char schema_error[256];       /* the schema check's last failure */
 	/* Health: lease, mark, renew and complete statements the database
 	 * refused in a row (not lost connections: those are db_up's).  At
