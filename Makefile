@@ -20,8 +20,23 @@ PREFIX    ?= /usr/local
 LIBDIR    ?= $(PREFIX)/lib
 PLUGINDIR ?= $(LIBDIR)/outbox-dispatcher/providers
 UNITDIR   ?= $(PREFIX)/lib/systemd/system
-VERSION   := $(shell sed -n 's/^\#define OUTBOX_VERSION "\(.*\)"/\1/p' dispatcher/main.c)
 BUILD     ?= build
+# The version: debian/changelog's, plus, in a git checkout, what commit it
+# is (no tags are kept: the commit count orders builds, the hash names
+# them, .dirty marks uncommitted changes), e.g. 0.1.0+git812.g71088d84f.
+# Shown by --version, in /metrics (outbox_build_info) and as the package's
+# version (make deb writes it into the copy's changelog).  A tree without
+# .git (git archive, the package's source copy) has the changelog's.
+BASE_VERSION := $(shell sed -n '1s/^[^(]*(\([^)]*\)).*/\1/p' debian/changelog)
+GIT_REV   := $(shell [ -e .git ] && git rev-parse --short=9 HEAD 2>/dev/null)
+ifneq ($(GIT_REV),)
+VERSION   ?= $(BASE_VERSION)+git$(shell git rev-list --count HEAD).g$(GIT_REV)$(shell git diff --quiet HEAD -- 2>/dev/null || echo .dirty)
+else
+VERSION   ?= $(BASE_VERSION)
+endif
+# Written when it changes (objects that include it rebuild then).
+VERSION_H := $(BUILD)/gen/version.h
+$(shell mkdir -p $(BUILD)/gen && printf '#define OUTBOX_VERSION "%s"\n' '$(VERSION)' | cmp -s - $(VERSION_H) || printf '#define OUTBOX_VERSION "%s"\n' '$(VERSION)' > $(VERSION_H))
 CC        ?= cc
 PKGS      := libpq libcurl libesmtp-1.0 jansson libevent libevent_pthreads inih libsystemd libssl libcrypto
 PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS))
@@ -32,7 +47,7 @@ WARN      := -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wmissing-protot
 # CFLAGS, CPPFLAGS and LDFLAGS are the user's (make CFLAGS=-O0 works);
 # what the build needs is added to them, never replaced by them.
 CFLAGS    ?= -O2 -g
-REQ_CFLAGS := -std=c11 -D_GNU_SOURCE $(WARN) -fPIC -Idispatcher -Iproviders \
+REQ_CFLAGS := -std=c11 -D_GNU_SOURCE $(WARN) -fPIC -Idispatcher -Iproviders -I$(BUILD)/gen \
               -DOUTBOX_LIBDIR=\"$(PLUGINDIR)\" $(PKG_CFLAGS)
 ALL_CFLAGS = $(REQ_CFLAGS) $(CPPFLAGS) $(CFLAGS) $(EXTRA_CFLAGS)
 ALL_LDFLAGS = $(LDFLAGS) $(EXTRA_LDFLAGS)
@@ -233,6 +248,11 @@ deb:
 	rm -rf $(BUILD)/deb && mkdir -p $(BUILD)/deb/src
 	tar -c --exclude=./.git --exclude='./build' --exclude='./build-*' --exclude=./bench/out . \
 	  | tar -x -C $(BUILD)/deb/src
+	if [ "$(VERSION)" != "$(BASE_VERSION)" ]; then \
+	  { printf 'outbox-dispatcher (%s) unstable; urgency=medium\n\n  * Built from commit %s.\n\n -- %s  %s\n\n' \
+	      '$(VERSION)' '$(GIT_REV)' "$$(sed -n 's/^ -- \(.*>\)  .*/\1/p' debian/changelog | head -1)" \
+	      "$$(git log -1 --format=%aD)"; cat debian/changelog; } > $(BUILD)/deb/src/debian/changelog; \
+	fi
 	cd $(BUILD)/deb/src && env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL \
 	  dpkg-buildpackage -us -uc -b -J$(DEB_JOBS)
 	@ls $(BUILD)/deb/*.deb

@@ -24,9 +24,9 @@
 #include "log.h"
 #include "reload.h"
 #include "util.h"
+#include "version.h"
 #include "worker.h"
 
-#define OUTBOX_VERSION "0.1.0"
 
 static void usage(FILE *out)
 {

@@ -20,6 +20,7 @@
 
 #include "log.h"
 #include "util.h"
+#include "version.h"
 
 #define METRICS_PROVIDER_LEN 48
 #define METRICS_STALL_MS 30000         /* /healthz: heartbeat older than this */
@@ -309,6 +310,14 @@ static void render_ready(struct strbuf *b)
 	sb_printf(b, "outbox_ready %d\n", why[0] == '\0');
 }
 
+/* What build this is (the version of --version). */
+static void render_build_info(struct strbuf *b)
+{
+	sb_header(b, "outbox_build_info", "gauge",
+	          "1, labelled with the worker's version (outbox-dispatcher --version).");
+	sb_printf(b, "outbox_build_info{version=\"%s\"} 1\n", OUTBOX_VERSION);
+}
+
 /* The label-less counters and gauges of the two tables. */
 static void render_counters_and_gauges(struct strbuf *b)
 {
@@ -420,6 +429,7 @@ char *metrics_render(void)
 	sb_init(&b, 4096);
 	render_process(&b);
 	render_ready(&b);
+	render_build_info(&b);
 	render_counters_and_gauges(&b);
 	render_sends(&b);
 	render_durations(&b);

@@ -16,6 +16,7 @@
 #include "db.h"
 #include "migrate.h"
 #include "util.h"
+#include "version.h"
 
 static const struct ctl_command commands[] = {
 	{ "migrate", cmd_migrate, "migrate [--wait SECONDS]",
@@ -332,6 +333,9 @@ int main(int argc, char **argv)
 	while (i < argc && argv[i][0] == '-') {
 		if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
 			usage(stdout);
+			return CTL_OK;
+		} else if (strcmp(argv[i], "--version") == 0) {
+			printf("outboxctl %s (schema %d)\n", OUTBOX_VERSION, migrate_latest_version());
 			return CTL_OK;
 		} else if (strcmp(argv[i], "--db") == 0 && i + 1 < argc) {
 			ctl.db = hide_db_argument(argv[i + 1]);

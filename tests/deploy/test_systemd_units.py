@@ -140,12 +140,11 @@ def test_systemd_template_hardening():
     # name and the metrics port (--instance).
     assert one("Service", "ExecStart") == \
         "@PREFIX@/bin/outbox-dispatcher --config /etc/outbox-dispatcher/dispatcher.ini --instance %i"
-    # Reload checks the file first (a refused config fails `systemctl
-    # reload`), then signals the worker.
-    assert d[("Service", "ExecReload")] == [
-        "@PREFIX@/bin/outbox-dispatcher --config /etc/outbox-dispatcher/dispatcher.ini --instance %i "
-        "--check-config",
-        "/bin/kill -HUP $MAINPID"]
+    # Reload signals the worker and waits for its verdict, written to the
+    # runtime directory (a refused config fails `systemctl reload`).
+    assert d[("Service", "ExecReload")] == ["@PREFIX@/bin/outbox-dispatcher --reload $MAINPID"]
+    assert one("Service", "RuntimeDirectory") == "outbox-dispatcher/%i"
+    assert one("Service", "RuntimeDirectoryMode") == "0700"
     assert one("Service", "Restart") == "on-failure"
     assert one("Service", "KillMode") == "mixed"
     assert one("Service", "KillSignal") == "SIGTERM"

@@ -118,6 +118,14 @@ class Producer:
         assert not self.errors, self.errors
 
 
+def figures(line):
+    """The measured figures, on stdout (-s) and in $OUTBOX_FIGURES if set."""
+    print("\n" + line)
+    if os.environ.get("OUTBOX_FIGURES"):
+        with open(os.environ["OUTBOX_FIGURES"], "a") as f:
+            f.write(line + "\n")
+
+
 def migrate(dsn, exe=None, *args):
     return subprocess.run([exe or os.path.join(BUILD_DIR, "outboxctl"), "--db", dsn, "migrate",
                            *args], capture_output=True, text=True, timeout=600)
@@ -125,6 +133,17 @@ def migrate(dsn, exe=None, *args):
 
 def version(conn):
     return scalar(conn, "SELECT max(version) FROM schema_migrations")
+
+
+def completed(conn, keys=None):
+    """Completed effects (of keys): the read view, or the one table of a
+    release before the live queue."""
+    table = "outbox_effects" if scalar(conn, "SELECT to_regclass('outbox_effects') IS NOT NULL") \
+        else "effect_outbox"
+    if keys is None:
+        return scalar(conn, f"SELECT count(*) FROM {table} WHERE state = 'completed'")
+    return scalar(conn, f"SELECT count(*) FROM {table} WHERE state = 'completed' "
+                        "AND idempotency_key = ANY(%s)", (keys,))
 
 
 def delivered_once(conn, sink, keys):
@@ -163,9 +182,8 @@ def test_upgrade_under_a_serving_fleet(fresh_db, tmp_path, release):
     producer = Producer(dsn, sink.url).start()
     new_workers = []
     try:
-        wait_for(lambda: len(producer.keys) >= 30 and scalar(
-            conn, "SELECT count(*) FROM outbox_effects WHERE state = 'completed'") >= 20,
-            timeout=60, what="the old workers delivering")
+        wait_for(lambda: len(producer.keys) >= 30 and completed(conn) >= 20,
+                 timeout=60, what="the old workers delivering")
         before = len(producer.keys)
         if release == "71088d8":
             # A full upgrade's locks: every function file is applied again.
@@ -178,9 +196,7 @@ def test_upgrade_under_a_serving_fleet(fresh_db, tmp_path, release):
             # The old workers deliver on the new schema.
             mid = len(producer.keys)
             wait_for(lambda: len(producer.keys) >= mid + 30, timeout=60, what="more effects")
-            wait_for(lambda: scalar(conn, "SELECT count(*) FROM outbox_effects WHERE "
-                                          "idempotency_key = ANY(%s) AND state = 'completed'",
-                                    (producer.keys[mid:mid + 30],)) == 30,
+            wait_for(lambda: completed(conn, producer.keys[mid:mid + 30]) == 30,
                      timeout=60, what="the old workers delivering on the new schema")
             for w in workers:
                 assert "does not exist" not in w.log(), w.log()[-3000:]
@@ -209,7 +225,7 @@ def test_upgrade_under_a_serving_fleet(fresh_db, tmp_path, release):
         producer.stop()
         lost, twice = delivered_once(conn, sink, producer.keys)
         worst = max(producer.waits)
-        print(f"\n{release}: migrate {took:.2f} s, {len(producer.keys)} effects, lost {len(lost)}, "
+        figures(f"{release}: migrate {took:.2f} s, {len(producer.keys)} effects, lost {len(lost)}, "
               f"twice {len(twice)}, longest producer call {worst * 1000:.0f} ms")
         assert not lost and not twice, (lost, twice)
         assert worst < BOUND_S, f"a producer call waited {worst:.2f} s"
@@ -257,7 +273,7 @@ def test_migrate_takes_its_locks_or_none_and_never_holds_producers(db):
         wait_for(lambda: len(producer.keys) >= n + 10, what="the producer after migrate")
         producer.stop()
         worst = max(producer.waits)
-        print(f"\nmigrate under a lock held {held:.2f} s: {took:.2f} s, {len(notes)} notes; "
+        figures(f"migrate under a lock held {held:.2f} s: {took:.2f} s, {len(notes)} notes; "
               f"longest producer call {worst * 1000:.0f} ms")
         assert worst < BOUND_S, f"a producer call waited {worst:.2f} s"
     finally:

@@ -151,17 +151,22 @@ def test_documented_fleet_under_real_systemd(box, pg):
                  timeout=60, what="watchdog restart after SIGSTOP")
         assert "watchdog" in box.run(f"journalctl -u {u2} -o cat --no-pager").stdout.lower()
 
-        # A broken file on reload is refused; the worker keeps running.
+        # A valid file reloads (the worker reads the credential itself).
         pid = box.prop(u1, "MainPID")
+        r = doc("reload", check=False)
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert "config reloaded" in box.run(f"journalctl -u {u1} -o cat --no-pager").stdout
+        # A broken file on reload is refused; the worker keeps running.
         box.run("cp /etc/outbox-dispatcher/dispatcher.ini /run/good.ini && "
                 "printf '\\n[dispatcher]\\nlease_seconds = many\\n' >> /etc/outbox-dispatcher/dispatcher.ini")
-        # The reload fails visibly: the check before the signal refuses the
-        # file, systemctl exits non-zero, the worker keeps its config.
+        # The reload fails visibly: the worker refuses the file, systemctl
+        # exits non-zero, the worker keeps its config.
         r = doc("reload", check=False)
         assert r.returncode != 0, r.stdout + r.stderr
         assert "lease_seconds" in box.run(f"journalctl -u {u1} -o cat --no-pager").stdout
         assert box.prop(u1, "MainPID") == pid and box.prop(u1, "ActiveState") == "active"
-        assert box.prop(u1, "StatusText").startswith("ready"), box.prop(u1, "StatusText")
+        assert box.prop(u1, "StatusText").startswith("reload failed; running with the old config"), \
+            box.prop(u1, "StatusText")
         box.run("cp /run/good.ini /etc/outbox-dispatcher/dispatcher.ini")
 
         # Stop drains: a send in flight when the fleet stops is finished and
