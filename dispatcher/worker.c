@@ -140,7 +140,7 @@ static void on_db_state(struct db *db, bool up, void *arg)
 		 * (on_taken() cleared it); a queued one survives the
 		 * reconnect and clears it when it is answered. */
 		metrics_inc(M_DB_RECONNECTS, 1);
-		if (w->life.ready_sent)
+		if (w->life.serving)
 			sdnotify_status("database connection lost: %s", db_last_error(db));
 		else
 			readiness_update(w);
@@ -149,7 +149,7 @@ static void on_db_state(struct db *db, bool up, void *arg)
 	take_cursor_reset(w);
 	/* Urgent, so that no lease issued after the reconnect passes it. */
 	worker_query(db, SQL_SCHEMA_VERSION, NULL, on_schema, w, DBQ_URGENT);
-	if (w->life.ready_sent)
+	if (w->life.serving)
 		sdnotify_status("connected; %s", w->env_enabled ? "sending" : "AI_ACTIONS_ENABLED is not true: not sending");
 	else
 		readiness_update(w);
@@ -165,7 +165,7 @@ static void on_rec_state(struct db *db, bool up, void *arg)
 		metrics_inc(M_DB_RECONNECTS, 1);
 		w->hk.maint_lost = true;
 		w->hk.maint_due_mono = 0;
-		if (w->life.ready_sent)
+		if (w->life.serving)
 			sdnotify_status("database connection (records) lost: %s", db_last_error(db));
 		else
 			readiness_update(w);
