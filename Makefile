@@ -84,7 +84,7 @@ UNIT_BIN  := $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(UNIT_SRC))
 MIGRATIONS := $(sort $(wildcard sql/[0-9]*.sql))
 FUNCTION_SQL := $(sort $(wildcard sql/functions/*.sql))
 
-.PHONY: all clean install test unit cppcheck bench bench-quick bench-email bench-levers bench-insert bench-peer chaos demo fuzz man deb schema
+.PHONY: all clean install print-version test unit cppcheck bench bench-quick bench-email bench-levers bench-insert bench-peer chaos demo fuzz man deb schema
 all: $(BUILD)/outbox-dispatcher $(BUILD)/outboxctl $(PLUGINS)
 
 # -MMD -MP: each object's header dependencies, read back below.
@@ -256,6 +256,10 @@ deb:
 	cd $(BUILD)/deb/src && env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL \
 	  dpkg-buildpackage -us -uc -b -J$(DEB_JOBS)
 	@ls $(BUILD)/deb/*.deb
+
+# The version this tree builds (tests compare it with the binaries' and the package's).
+print-version:
+	@echo '$(VERSION)'
 
 clean:
 	rm -rf build build-asan build-*
