@@ -131,8 +131,10 @@ def test_package_lifecycle_under_real_systemd(box, pg):
     # (Persistent=yes: systemd keeps a stamp of the timer, which purge removes.)
     assert box.run("ls /var/lib/systemd/timers/").stdout.split() == ["stamp-outbox-prune.timer"]
     for u in UNITS:
+        # (outbox: the unit's SetCredential= fallback, "absent".)
         creds = box.run(f"ls /run/credentials/{u}/").stdout.split()
-        assert creds == ["outbox_db-conninfo"], (u, creds)
+        assert sorted(creds) == ["outbox", "outbox_db-conninfo"], (u, creds)
+        assert "outbox_prune" not in box.run(f"cat /run/credentials/{u}/*").stdout, u
 
     sink = Sink().start()
     insp = psycopg2.connect(pg.dsn())
