@@ -44,7 +44,8 @@ BOUND_S = 1.5
 
 
 @pytest.fixture
-def fresh_db():
+def fresh_db(template_db):
+    """An empty database (the template's fixture makes the test logins)."""
     name = "upo_" + uuid.uuid4().hex[:12]
     admin = psycopg2.connect(admin_dsn())
     admin.autocommit = True
@@ -151,7 +152,7 @@ def delivered_once(conn, sink, keys):
         n = scalar(conn, "SELECT count(*) FROM outbox_effects WHERE idempotency_key = ANY(%s) "
                          "AND state = 'completed'", (keys,))
         return n == len(keys)
-    wait_for(done, timeout=120, what="every effect delivered")
+    wait_for(done, timeout=240, what="every effect delivered")
     states = dict(query(conn, "SELECT state, count(*) FROM outbox_effects GROUP BY state"))
     assert states == {"completed": len(keys)}, states
     counts = {}
@@ -182,7 +183,7 @@ def test_upgrade_under_a_serving_fleet(fresh_db, tmp_path, release):
     new_workers = []
     try:
         wait_for(lambda: len(producer.keys) >= 30 and completed(conn) >= 20,
-                 timeout=60, what="the old workers delivering")
+                 timeout=180, what="the old workers delivering")
         before = len(producer.keys)
         if release == "71088d8":
             # A full upgrade's locks: every function file is applied again.
@@ -194,9 +195,9 @@ def test_upgrade_under_a_serving_fleet(fresh_db, tmp_path, release):
             assert "applied functions/" in r.stdout, r.stdout
             # The old workers deliver on the new schema.
             mid = len(producer.keys)
-            wait_for(lambda: len(producer.keys) >= mid + 30, timeout=60, what="more effects")
+            wait_for(lambda: len(producer.keys) >= mid + 30, timeout=120, what="more effects")
             wait_for(lambda: completed(conn, producer.keys[mid:mid + 30]) == 30,
-                     timeout=60, what="the old workers delivering on the new schema")
+                     timeout=180, what="the old workers delivering on the new schema")
             for w in workers:
                 assert "does not exist" not in w.log(), w.log()[-3000:]
             # The rolling restart.
@@ -220,7 +221,9 @@ def test_upgrade_under_a_serving_fleet(fresh_db, tmp_path, release):
             assert r.returncode == 0, r.stdout + r.stderr
             new_workers = [Dispatcher(dsn, tmp_path, {}, name=f"new{i}").start() for i in (1, 2)]
         assert version(conn) > was or release == "71088d8"
-        wait_for(lambda: len(producer.keys) >= before + 100, timeout=120, what="the producer streaming")
+        wait_for(lambda: len(producer.keys) >= before + 100 or producer.errors, timeout=180,
+                 what="the producer streaming")
+        assert not producer.errors, producer.errors
         producer.stop()
         lost, twice = delivered_once(conn, sink, producer.keys)
         worst = max(producer.waits)
@@ -230,7 +233,10 @@ def test_upgrade_under_a_serving_fleet(fresh_db, tmp_path, release):
         assert worst < BOUND_S, f"a producer call waited {worst:.2f} s"
     finally:
         producer.stop_ev.set()
+        # Shown only when the test fails.
+        print(f"producer: {len(producer.keys)} effects, errors {producer.errors}")
         for w in workers + new_workers:
+            print(f"--- {w.name}\n{w.log()[-3000:]}")
             if w.proc and w.proc.poll() is None:
                 w.stop()
         sink.stop()
