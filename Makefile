@@ -34,9 +34,12 @@ VERSION   ?= $(BASE_VERSION)+git$(shell git rev-list --count HEAD).g$(GIT_REV)$(
 else
 VERSION   ?= $(BASE_VERSION)
 endif
-# Written when it changes (objects that include it rebuild then).
+# Written when it changes (objects that include it rebuild then); not by
+# `make print-version`, which only says it.
 VERSION_H := $(BUILD)/gen/version.h
+ifneq ($(MAKECMDGOALS),print-version)
 $(shell mkdir -p $(BUILD)/gen && printf '#define OUTBOX_VERSION "%s"\n' '$(VERSION)' | cmp -s - $(VERSION_H) || printf '#define OUTBOX_VERSION "%s"\n' '$(VERSION)' > $(VERSION_H))
+endif
 CC        ?= cc
 PKGS      := libpq libcurl libesmtp-1.0 jansson libevent libevent_pthreads inih libsystemd libssl libcrypto
 PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS))
