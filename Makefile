@@ -20,8 +20,26 @@ PREFIX    ?= /usr/local
 LIBDIR    ?= $(PREFIX)/lib
 PLUGINDIR ?= $(LIBDIR)/outbox-dispatcher/providers
 UNITDIR   ?= $(PREFIX)/lib/systemd/system
-VERSION   := $(shell sed -n 's/^\#define OUTBOX_VERSION "\(.*\)"/\1/p' dispatcher/main.c)
 BUILD     ?= build
+# The version: debian/changelog's, plus, in a git checkout, what commit it
+# is (no tags are kept: the commit count orders builds, the hash names
+# them, .dirty marks uncommitted changes), e.g. 0.1.0+git812.g71088d84f.
+# Shown by --version, in /metrics (outbox_build_info) and as the package's
+# version (make deb writes it into the copy's changelog).  A tree without
+# .git (git archive, the package's source copy) has the changelog's.
+BASE_VERSION := $(shell sed -n '1s/^[^(]*(\([^)]*\)).*/\1/p' debian/changelog)
+GIT_REV   := $(shell [ -e .git ] && git rev-parse --short=9 HEAD 2>/dev/null)
+ifneq ($(GIT_REV),)
+VERSION   ?= $(BASE_VERSION)+git$(shell git rev-list --count HEAD).g$(GIT_REV)$(shell git diff --quiet HEAD -- 2>/dev/null || echo .dirty)
+else
+VERSION   ?= $(BASE_VERSION)
+endif
+# Written when it changes (objects that include it rebuild then); not by
+# `make print-version`, which only says it.
+VERSION_H := $(BUILD)/gen/version.h
+ifneq ($(MAKECMDGOALS),print-version)
+$(shell mkdir -p $(BUILD)/gen && printf '#define OUTBOX_VERSION "%s"\n' '$(VERSION)' | cmp -s - $(VERSION_H) || printf '#define OUTBOX_VERSION "%s"\n' '$(VERSION)' > $(VERSION_H))
+endif
 CC        ?= cc
 PKGS      := libpq libcurl libesmtp-1.0 jansson libevent libevent_pthreads inih libsystemd libssl libcrypto
 PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS))
@@ -32,7 +50,7 @@ WARN      := -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wmissing-protot
 # CFLAGS, CPPFLAGS and LDFLAGS are the user's (make CFLAGS=-O0 works);
 # what the build needs is added to them, never replaced by them.
 CFLAGS    ?= -O2 -g
-REQ_CFLAGS := -std=c11 -D_GNU_SOURCE $(WARN) -fPIC -Idispatcher -Iproviders \
+REQ_CFLAGS := -std=c11 -D_GNU_SOURCE $(WARN) -fPIC -Idispatcher -Iproviders -I$(BUILD)/gen \
               -DOUTBOX_LIBDIR=\"$(PLUGINDIR)\" $(PKG_CFLAGS)
 ALL_CFLAGS = $(REQ_CFLAGS) $(CPPFLAGS) $(CFLAGS) $(EXTRA_CFLAGS)
 ALL_LDFLAGS = $(LDFLAGS) $(EXTRA_LDFLAGS)
@@ -45,7 +63,7 @@ DAEMON_SRC := dispatcher/main.c dispatcher/worker.c dispatcher/health.c dispatch
               dispatcher/take.c dispatcher/lease.c dispatcher/claim.c dispatcher/decide.c dispatcher/mark.c dispatcher/send.c dispatcher/reconcile.c \
               dispatcher/housekeeping.c dispatcher/late.c dispatcher/wire.c dispatcher/worker_sql.c \
               dispatcher/plugin.c dispatcher/hosts.c dispatcher/policy.c \
-              dispatcher/metrics.c dispatcher/metrics_http.c dispatcher/sdnotify.c \
+              dispatcher/metrics.c dispatcher/metrics_http.c dispatcher/sdnotify.c dispatcher/reload.c \
               providers/lib/json_text.c providers/lib/scrub.c
 CTL_SRC   := $(sort $(wildcard dispatcher/outboxctl*.c))
 # A plugin is providers/NAME.c or the files providers/NAME/*.c;
@@ -69,7 +87,7 @@ UNIT_BIN  := $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(UNIT_SRC))
 MIGRATIONS := $(sort $(wildcard sql/[0-9]*.sql))
 FUNCTION_SQL := $(sort $(wildcard sql/functions/*.sql))
 
-.PHONY: all clean install test unit cppcheck bench bench-quick bench-email bench-levers bench-insert bench-peer bench-history chaos demo fuzz man deb schema
+.PHONY: all clean install print-version test unit cppcheck bench bench-quick bench-email bench-levers bench-insert bench-peer bench-history chaos demo fuzz man deb schema
 all: $(BUILD)/outbox-dispatcher $(BUILD)/outboxctl $(PLUGINS)
 
 # -MMD -MP: each object's header dependencies, read back below.
@@ -237,9 +255,18 @@ deb:
 	rm -rf $(BUILD)/deb && mkdir -p $(BUILD)/deb/src
 	tar -c --exclude=./.git --exclude='./build' --exclude='./build-*' --exclude=./bench/out . \
 	  | tar -x -C $(BUILD)/deb/src
+	if [ "$(VERSION)" != "$(BASE_VERSION)" ]; then \
+	  { printf 'outbox-dispatcher (%s) unstable; urgency=medium\n\n  * Built from commit %s.\n\n -- %s  %s\n\n' \
+	      '$(VERSION)' '$(GIT_REV)' "$$(sed -n 's/^ -- \(.*>\)  .*/\1/p' debian/changelog | head -1)" \
+	      "$$(git log -1 --format=%aD)"; cat debian/changelog; } > $(BUILD)/deb/src/debian/changelog; \
+	fi
 	cd $(BUILD)/deb/src && env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL \
 	  dpkg-buildpackage -us -uc -b -J$(DEB_JOBS)
 	@ls $(BUILD)/deb/*.deb
+
+# The version this tree builds (tests compare it with the binaries' and the package's).
+print-version:
+	@echo '$(VERSION)'
 
 clean:
 	rm -rf build build-asan build-*

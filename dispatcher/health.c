@@ -85,19 +85,54 @@ bool worker_ready(void *arg, char *why, size_t len)
 	return !worker_why_not(arg, why, len);
 }
 
-/* READY=1 once, when the worker can serve; before that, STATUS= says what
- * it waits for (database unreachable, permission denied, schema too old). */
+/* Whether the worker knows it cannot serve yet for a reason that may last
+ * (a connection attempt failed, the schema was refused or is behind), as
+ * opposed to still connecting or checking. */
+static bool known_unready(const struct worker *w)
+{
+	if (!db_is_up(w->db) || !db_is_up(w->rec))
+		return (!db_is_up(w->db) && db_last_error(w->db)[0]) ||
+		       (!db_is_up(w->rec) && db_last_error(w->rec)[0]);
+	return w->life.schema_error[0] != '\0';
+}
+
+/* READY=1 once: when the worker can serve, or as soon as it knows it
+ * cannot yet (the database unreachable at start, the schema behind).  It
+ * is up then, and says so: /healthz answers 503 and outbox_ready is 0, so
+ * that OutboxWorkerNotReady and OutboxDatabaseDown fire as for a worker
+ * that lost an established connection; held in `activating` instead,
+ * systemd's start timeout would restart it every minute and each restart
+ * would reset the alerts' `for:`.  STATUS= says what it waits for. */
 void readiness_update(struct worker *w)
 {
 	char why[512];
 
-	if (w->life.ready_sent || w->life.stopping)
+	if (w->life.serving || w->life.stopping)
 		return;
 	if (worker_why_not(w, why, sizeof(why))) {
-		sdnotify_status("starting: %s", why);
+		if (w->life.ready_sent) {
+			sdnotify_status("up, not ready: %s", why);
+		} else if (known_unready(w)) {
+			w->life.ready_sent = true;
+			log_msg(OLOG_WARN, "started_unready",
+			        "up but not ready (/healthz 503, outbox_ready 0): %s", why);
+			{
+				char status[600];
+
+				snprintf(status, sizeof(status), "up, not ready: %s", why);
+				sdnotify_ready(status);
+			}
+		} else {
+			sdnotify_status("starting: %s", why);
+		}
 		return;
 	}
-	w->life.ready_sent = true;
+	w->life.serving = true;
 	log_msg(OLOG_INFO, "serving", "both database connections up and the schema checked: serving");
-	sdnotify_ready(w->env_enabled ? "ready" : "ready; AI_ACTIONS_ENABLED is not true: not sending");
+	if (!w->life.ready_sent) {
+		w->life.ready_sent = true;
+		sdnotify_ready(w->env_enabled ? "ready" : "ready; AI_ACTIONS_ENABLED is not true: not sending");
+	} else {
+		sdnotify_status(w->env_enabled ? "ready" : "ready; AI_ACTIONS_ENABLED is not true: not sending");
+	}
 }

@@ -111,6 +111,8 @@ static void scope_gauges(const char *js)
 		g[n].rate = json_number_value(json_object_get(v, "rate"));
 		g[n].waiting = json_number_value(json_object_get(v, "waiting"));
 		g[n].held_total = json_number_value(json_object_get(v, "held_total"));
+		g[n].paused_seconds = json_number_value(json_object_get(v, "paused_seconds"));
+		g[n].oldest_held_seconds = json_number_value(json_object_get(v, "oldest_held_seconds"));
 		n++;
 	}
 	json_decref(a);

@@ -3,6 +3,7 @@
  * main.c: outbox-dispatcher, one worker of the fleet.
  *
  *   outbox-dispatcher --config FILE [--instance N] [--check-config]
+ *   outbox-dispatcher --reload PID     (the unit's ExecReload=, reload.c)
  *
  * --instance N (the systemd template passes %i) lets N instances share
  * one config file: worker "<worker_name>-N" (or "<host>-N"), metrics on
@@ -21,20 +22,24 @@
 #include <string.h>
 
 #include "log.h"
+#include "reload.h"
 #include "util.h"
+#include "version.h"
 #include "worker.h"
 
-#define OUTBOX_VERSION "0.1.0"
 
 static void usage(FILE *out)
 {
 	fprintf(out,
 	        "usage: outbox-dispatcher --config FILE [--instance N] [--check-config]\n"
+	        "       outbox-dispatcher --reload PID\n"
 	        "  --config FILE    dispatcher.ini (see dispatcher.ini.example)\n"
 	        "  --instance N     instance N (1..1000) of a config shared by N workers: worker\n"
 	        "                   name <worker_name or host>-N, metrics port listen + N - 1\n"
 	        "  --check-config   load the config and the providers, then exit 0 or 1\n"
 	        "                   (binds no port, connects to no database)\n"
+	        "  --reload PID     SIGHUP to the worker PID, then wait for its verdict on the\n"
+	        "                   new config: exit 0 (applied) or 1 (refused, old one kept)\n"
 	        "  --version\n"
 	        "Sends only when AI_ACTIONS_ENABLED=true and the fleet kill switch is on.\n");
 }
@@ -52,6 +57,8 @@ int main(int argc, char **argv)
 			opt.config_path = argv[++i];
 		} else if (strcmp(argv[i], "--instance") == 0 && i + 1 < argc) {
 			opt.instance = argv[++i];
+		} else if (strcmp(argv[i], "--reload") == 0 && i + 1 < argc) {
+			return reload_request(argv[i + 1], 50000);
 		} else if (strcmp(argv[i], "--check-config") == 0) {
 			check_only = true;
 		} else if (strcmp(argv[i], "--version") == 0) {

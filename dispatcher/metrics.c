@@ -20,6 +20,7 @@
 
 #include "log.h"
 #include "util.h"
+#include "version.h"
 
 #define METRICS_PROVIDER_LEN 48
 #define METRICS_STALL_MS 30000         /* /healthz: heartbeat older than this */
@@ -114,6 +115,7 @@ static struct {
 	char worker[128];
 	unsigned long long counters[M_COUNTER_MAX];
 	double gauges[G_GAUGE_MAX];
+	bool gauge_set[G_GAUGE_MAX];   /* measured at least once */
 	struct provider_stats providers[METRICS_MAX_PROVIDERS];
 	int64_t start_wall_ms;
 	int64_t heartbeat_ms;          /* now_mono_ms() of the last heartbeat; 0: none */
@@ -153,8 +155,10 @@ void metrics_inc(enum metric_counter c, unsigned long by)
 
 void metrics_set(enum metric_gauge g, double v)
 {
-	if ((unsigned)g < G_GAUGE_MAX)
+	if ((unsigned)g < G_GAUGE_MAX) {
 		M.gauges[g] = v;
+		M.gauge_set[g] = true;
+	}
 }
 
 void metrics_heartbeat_at(int64_t mono_ms)
@@ -309,6 +313,14 @@ static void render_ready(struct strbuf *b)
 	sb_printf(b, "outbox_ready %d\n", why[0] == '\0');
 }
 
+/* What build this is (the version of --version). */
+static void render_build_info(struct strbuf *b)
+{
+	sb_header(b, "outbox_build_info", "gauge",
+	          "1, labelled with the worker's version (outbox-dispatcher --version).");
+	sb_printf(b, "outbox_build_info{version=\"%s\"} 1\n", OUTBOX_VERSION);
+}
+
 /* The label-less counters and gauges of the two tables. */
 static void render_counters_and_gauges(struct strbuf *b)
 {
@@ -320,6 +332,12 @@ static void render_counters_and_gauges(struct strbuf *b)
 	}
 	for (i = 0; i < G_GAUGE_MAX; i++) {
 		sb_header(b, gauge_desc[i].name, "gauge", gauge_desc[i].help);
+		/* The database's figures have no sample until the worker read
+		 * them: a worker just started (or started while the database
+		 * is down) must not say "0 unknown" (OutboxUnknownRising
+		 * compares the fleet's figure with its lowest). */
+		if ((i == G_UNKNOWN || i == G_QUEUE_LAG_SECONDS) && !M.gauge_set[i])
+			continue;
 		sb_printf(b, "%s ", gauge_desc[i].name);
 		sb_value(b, M.gauges[i]);
 		sb_printf(b, "\n");
@@ -396,13 +414,19 @@ static void render_scopes(struct strbuf *b)
 		{ "outbox_scope_waiting", "gauge", "Pending effects the scope holds back now." },
 		{ "outbox_scope_held_fleet_total", "counter",
 		  "Sends the scope has held back, by every worker, since it was set." },
+		{ "outbox_scope_paused_seconds", "gauge",
+		  "Seconds since the scope was paused; 0 when it is not." },
+		{ "outbox_scope_oldest_held_seconds", "gauge",
+		  "Age of the oldest effect the scope holds back now (since its creation); 0: none." },
 	};
 
 	for (size_t k = 0; k < sizeof(series) / sizeof(series[0]); k++) {
 		sb_header(b, series[k].name, series[k].type, series[k].help);
 		for (size_t i = 0; i < M.n_scopes; i++) {
 			const struct scope_gauge *g = &M.scopes[i];
-			double v = k == 0 ? g->paused : k == 1 ? g->rate : k == 2 ? g->waiting : g->held_total;
+			double v = k == 0 ? g->paused : k == 1 ? g->rate : k == 2 ? g->waiting
+			         : k == 3 ? g->held_total : k == 4 ? g->paused_seconds
+			         : g->oldest_held_seconds;
 
 			sb_printf(b, "%s{scope=\"", series[k].name);
 			sb_label(b, g->scope);
@@ -420,6 +444,7 @@ char *metrics_render(void)
 	sb_init(&b, 4096);
 	render_process(&b);
 	render_ready(&b);
+	render_build_info(&b);
 	render_counters_and_gauges(&b);
 	render_sends(&b);
 	render_durations(&b);

@@ -110,6 +110,8 @@ struct scope_gauge {
 	double rate;            /* sends per second; 0: no limit */
 	double waiting;         /* pending rows it holds */
 	double held_total;
+	double paused_seconds;  /* since it was paused; 0: not paused */
+	double oldest_held_seconds; /* age of the oldest effect it holds; 0: none */
 };
 void metrics_set_scopes(const struct scope_gauge *g, size_t n);
 

@@ -7,6 +7,7 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "util.h"
 
@@ -34,6 +35,16 @@ int migrate_latest_version(void)
 	return v;
 }
 
+/* The SQLSTATE of the last failed statement (retryable() reads it). */
+static char last_state[6];
+
+static void note_state(PGresult *r)
+{
+	const char *state = PQresultErrorField(r, PG_DIAG_SQLSTATE);
+
+	snprintf(last_state, sizeof(last_state), "%s", state ? state : "");
+}
+
 static bool exec_ok(PGconn *conn, const char *sql, char *err, size_t errlen, const char *what)
 {
 	PGresult *r = PQexec(conn, sql);
@@ -41,6 +52,7 @@ static bool exec_ok(PGconn *conn, const char *sql, char *err, size_t errlen, con
 	bool ok = st == PGRES_COMMAND_OK || st == PGRES_TUPLES_OK;
 
 	if (!ok) {
+		note_state(r);
 		snprintf(err, errlen, "%s: %s", what, PQresultErrorMessage(r));
 		err[strcspn(err, "\n")] = '\0';
 	}
@@ -54,8 +66,10 @@ static bool exec_params_ok(PGconn *conn, const char *sql, int n, const char *con
 	PGresult *r = PQexecParams(conn, sql, n, NULL, params, NULL, NULL, 0);
 	bool ok = PQresultStatus(r) == PGRES_COMMAND_OK;
 
-	if (!ok)
+	if (!ok) {
+		note_state(r);
 		snprintf(err, errlen, "%s: %s", what, PQresultErrorMessage(r));
+	}
 	PQclear(r);
 	return ok;
 }
@@ -124,6 +138,9 @@ static bool check_recorded(PGresult *r, bool *applied, int *squashed_seen, char 
 	return true;
 }
 
+static bool workers_stopped_for(PGconn *conn, const struct migration *m, char *err,
+                                size_t errlen);
+
 static int apply_migrations(PGconn *conn, FILE *out, char *err, size_t errlen)
 {
 	PGresult *r;
@@ -158,6 +175,9 @@ static int apply_migrations(PGconn *conn, FILE *out, char *err, size_t errlen)
 	for (int m = 0; m < migrations_count; m++) {
 		if (applied[m])
 			continue;
+		if (migrate_needs_stopped_workers(&migrations[m]) &&
+		    !workers_stopped_for(conn, &migrations[m], err, errlen))
+			goto fail;
 		if (!exec_ok(conn, migrations[m].sql, err, errlen, migrations[m].name) ||
 		    !record_migration(conn, &migrations[m], err, errlen))
 			goto fail;
@@ -218,25 +238,181 @@ static int apply_function_files(PGconn *conn, FILE *out, char *err, size_t errle
 	return n;
 }
 
-int migrate_apply(PGconn *conn, FILE *out, char *err, size_t errlen)
-{
-	int tables, functions;
+/* ---- pending work ------------------------------------------------------ */
 
+/* How many migrations and function files this build would apply (a
+ * baseline to record counts as one).  Read before any table lock is
+ * taken: with nothing to do, migrate takes none. */
+static int count_pending(PGconn *conn, char *err, size_t errlen)
+{
+	PGresult *r = PQexec(conn, "SELECT version, name, checksum FROM schema_migrations");
+	bool *applied;
+	int squashed_seen, n = 0;
+
+	if (PQresultStatus(r) != PGRES_TUPLES_OK) {
+		snprintf(err, errlen, "reading schema_migrations: %s", PQresultErrorMessage(r));
+		PQclear(r);
+		return -1;
+	}
+	applied = xcalloc((size_t)migrations_count + 1, sizeof(*applied));
+	if (!check_recorded(r, applied, &squashed_seen, err, errlen)) {
+		free(applied);
+		PQclear(r);
+		return -1;
+	}
+	for (int m = 0; m < migrations_count; m++)
+		n += !applied[m];
+	free(applied);
+	PQclear(r);
+	r = PQexec(conn, "SELECT name, checksum FROM schema_functions");
+	if (PQresultStatus(r) != PGRES_TUPLES_OK) {
+		snprintf(err, errlen, "reading schema_functions: %s", PQresultErrorMessage(r));
+		PQclear(r);
+		return -1;
+	}
+	for (int f = 0; f < function_files_count; f++) {
+		char sum[65];
+		bool same = false;
+
+		sha256_hex(function_files[f].sql, strlen(function_files[f].sql), sum);
+		for (int i = 0; i < PQntuples(r) && !same; i++)
+			same = strcmp(PQgetvalue(r, i, 0), function_files[f].name) == 0 &&
+			       strcmp(PQgetvalue(r, i, 1), sum) == 0;
+		n += !same;
+	}
+	PQclear(r);
+	return n;
+}
+
+/* ---- migrations that need the workers stopped -------------------------- */
+
+/* A migration that rewrites the tables the workers read (and so cannot
+ * keep the previous release's workers serving, nor hold producers for
+ * less than the time of its copy) says so with this line; 105 predates
+ * the marker and is named here. */
+#define STOP_WORKERS_MARK "-- outbox-migrate: stop-workers"
+
+bool migrate_needs_stopped_workers(const struct migration *m)
+{
+	return m->version == 105 || strstr(m->sql, STOP_WORKERS_MARK) != NULL;
+}
+
+/* Worker connections to this database, by the application name every
+ * release's workers give them ("outbox lease NAME", "outbox records
+ * NAME"): their count, and their names in names. */
+#define WORKER_SESSIONS_SQL \
+	"SELECT count(*), coalesce(string_agg(DISTINCT application_name, ', ' " \
+	"ORDER BY application_name), '') FROM pg_stat_activity " \
+	"WHERE datname = current_database() AND pid <> pg_backend_pid() " \
+	"AND (application_name LIKE 'outbox lease %' OR application_name LIKE 'outbox records %')"
+
+static bool workers_stopped_for(PGconn *conn, const struct migration *m, char *err,
+                                size_t errlen)
+{
+	PGresult *r = PQexec(conn, WORKER_SESSIONS_SQL);
+	bool ok;
+
+	if (PQresultStatus(r) != PGRES_TUPLES_OK) {
+		snprintf(err, errlen, "reading pg_stat_activity: %s", PQresultErrorMessage(r));
+		PQclear(r);
+		return false;
+	}
+	ok = atoi(PQgetvalue(r, 0, 0)) == 0;
+	if (!ok)
+		snprintf(err, errlen,
+		         "%s rewrites the tables the workers read and cannot run while workers are "
+		         "connected: %s worker connection%s open (%.300s). Stop every worker of the "
+		         "fleet first (systemctl stop outbox-dispatcher.target on each host), run "
+		         "migrate again, then start the new version",
+		         m->name, PQgetvalue(r, 0, 0), atoi(PQgetvalue(r, 0, 0)) == 1 ? "" : "s",
+		         PQgetvalue(r, 0, 1));
+	PQclear(r);
+	return ok;
+}
+
+/* ---- the locks --------------------------------------------------------- */
+
+/* Every table and view of the schema, one LOCK statement, in the order
+ * the workers and producers take them: the runs, the effect tables, the
+ * rest, the scopes and the kill switch's row last (the sending transition
+ * holds effect rows when it reads outbox_control); views after the
+ * tables they read. Partitions come with their parent. */
+#define LOCK_LIST_SQL \
+	"SELECT 'LOCK TABLE ' || string_agg(format('%I.%I', n.nspname, c.relname), ', ' ORDER BY " \
+	"c.relkind IN ('v', 'm'), array_position(ARRAY['workflow_runs', 'effect_outbox', " \
+	"'effect_live', 'effect_calls', 'effect_history'], c.relname::text) NULLS LAST, " \
+	"c.relname IN ('outbox_scopes', 'outbox_control'), c.relname = 'outbox_control', " \
+	"c.relname) || ' IN ACCESS EXCLUSIVE MODE' " \
+	"FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace " \
+	"WHERE n.nspname = current_schema() AND c.relkind IN ('r', 'p', 'v', 'm') " \
+	"AND NOT c.relispartition"
+
+/* SQLSTATEs after which the attempt is rolled back and made again: a lock
+ * not granted within lock_timeout, the pre-lock's statement_timeout, a
+ * deadlock, a serialization failure. */
+static bool retryable(const char *state)
+{
+	return strcmp(state, "55P03") == 0 || strcmp(state, "57014") == 0 ||
+	       strcmp(state, "40P01") == 0 || strcmp(state, "40001") == 0;
+}
+
+static bool take_locks(PGconn *conn, const struct migrate_opts *o, char *err, size_t errlen)
+{
+	char set[96];
+	PGresult *r;
+	bool ok;
+
+	snprintf(set, sizeof(set), "SET LOCAL lock_timeout = %d", o->lock_timeout_ms);
+	if (!exec_ok(conn, set, err, errlen, "set lock_timeout"))
+		return false;
+	r = PQexec(conn, LOCK_LIST_SQL);
+	if (PQresultStatus(r) != PGRES_TUPLES_OK) {
+		snprintf(err, errlen, "listing the tables: %s", PQresultErrorMessage(r));
+		PQclear(r);
+		return false;
+	}
+	if (PQgetisnull(r, 0, 0)) {   /* a fresh database: nothing to lock */
+		PQclear(r);
+		return true;
+	}
+	snprintf(set, sizeof(set), "SET LOCAL statement_timeout = %d", o->lock_all_ms);
+	ok = exec_ok(conn, set, err, errlen, "set statement_timeout") &&
+	     exec_ok(conn, PQgetvalue(r, 0, 0), err, errlen, "taking the tables' locks") &&
+	     exec_ok(conn, "SET LOCAL statement_timeout = 0", err, errlen, "set statement_timeout");
+	PQclear(r);
+	return ok;
+}
+
+/* ---- one attempt, and the retries -------------------------------------- */
+
+static int apply_once(PGconn *conn, FILE *out, const struct migrate_opts *o, char *err,
+                      size_t errlen)
+{
+	int pending, tables, functions;
+
+	last_state[0] = '\0';
 	if (!exec_ok(conn, "BEGIN", err, errlen, "begin"))
 		return -1;
 	if (!exec_ok(conn, "SET LOCAL client_min_messages = warning", err, errlen, "set") ||
 	    !exec_ok(conn, "SELECT pg_advisory_xact_lock(" MIGRATE_LOCK_KEY ")", err, errlen,
-	             "taking the migration lock") ||
+	          "taking the migration lock") ||
 	    !exec_ok(conn,
-	             "CREATE TABLE IF NOT EXISTS schema_migrations ("
-	             " version integer PRIMARY KEY, name text NOT NULL,"
-	             " checksum text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())",
-	             err, errlen, "creating schema_migrations") ||
+	          "CREATE TABLE IF NOT EXISTS schema_migrations ("
+	          " version integer PRIMARY KEY, name text NOT NULL,"
+	          " checksum text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())",
+	          err, errlen, "creating schema_migrations") ||
 	    !exec_ok(conn,
-	             "CREATE TABLE IF NOT EXISTS schema_functions ("
-	             " name text PRIMARY KEY, checksum text NOT NULL,"
-	             " applied_at timestamptz NOT NULL DEFAULT now())",
-	             err, errlen, "creating schema_functions"))
+	          "CREATE TABLE IF NOT EXISTS schema_functions ("
+	          " name text PRIMARY KEY, checksum text NOT NULL,"
+	          " applied_at timestamptz NOT NULL DEFAULT now())",
+	          err, errlen, "creating schema_functions"))
+		goto fail;
+	pending = count_pending(conn, err, errlen);
+	if (pending < 0)
+		goto fail;
+	if (pending == 0)
+		return exec_ok(conn, "COMMIT", err, errlen, "commit") ? 0 : -1;
+	if (!take_locks(conn, o, err, errlen))
 		goto fail;
 	tables = apply_migrations(conn, out, err, errlen);
 	if (tables < 0)
@@ -251,4 +427,82 @@ fail:
 	err[strcspn(err, "\n")] = '\0';
 	PQclear(PQexec(conn, "ROLLBACK"));
 	return -1;
+}
+
+static long long mono_ms(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static void sleep_ms(long ms)
+{
+	struct timespec ts = { ms / 1000, (ms % 1000) * 1000000L };
+
+	while (nanosleep(&ts, &ts) != 0)
+		;
+}
+
+void migrate_default_opts(struct migrate_opts *o)
+{
+	o->lock_timeout_ms = MIGRATE_LOCK_TIMEOUT_MS;
+	o->lock_all_ms = MIGRATE_LOCK_ALL_MS;
+	o->wait_ms = MIGRATE_WAIT_MS;
+	o->notes = stderr;
+}
+
+int migrate_apply_opts(PGconn *conn, FILE *out, const struct migrate_opts *o, char *err,
+                       size_t errlen)
+{
+	long long start = mono_ms();
+	unsigned seed = (unsigned)start ^ (unsigned)PQbackendPID(conn);
+	long backoff = 100;
+
+	for (int attempt = 1;; attempt++) {
+		int n;
+		long wait;
+
+		/* Lines of migrations rolled back are not printed: what one
+		 * attempt applied goes to a buffer, out only after its commit. */
+		char *buf = NULL;
+		size_t len = 0;
+		FILE *mem = out ? open_memstream(&buf, &len) : NULL;
+
+		n = apply_once(conn, mem, o, err, errlen);
+		if (mem) {
+			fclose(mem);
+			if (n >= 0)
+				fputs(buf, out);
+			free(buf);
+		}
+		if (n >= 0 || !retryable(last_state))
+			return n;
+		if (mono_ms() - start >= o->wait_ms) {
+			size_t l = strlen(err);
+
+			snprintf(err + l, errlen - l,
+			         " (gave up after %d attempts in %lld s: a session kept a lock on the "
+			         "outbox tables; see pg_locks)",
+			         attempt, (mono_ms() - start) / 1000);
+			return -1;
+		}
+		/* Backoff with jitter: 100 ms doubling to 2 s, x0.5..1.5. */
+		wait = backoff / 2 + (long)(rand_r(&seed) % (unsigned)(backoff + 1));
+		if (o->notes)
+			fprintf(o->notes, "migrate: attempt %d rolled back (%s); again in %ld ms\n",
+			        attempt, err, wait);
+		sleep_ms(wait);
+		if (backoff < 2000)
+			backoff *= 2;
+	}
+}
+
+int migrate_apply(PGconn *conn, FILE *out, char *err, size_t errlen)
+{
+	struct migrate_opts o;
+
+	migrate_default_opts(&o);
+	return migrate_apply_opts(conn, out, &o, err, errlen);
 }

@@ -16,10 +16,15 @@
 #include "db.h"
 #include "migrate.h"
 #include "util.h"
+#include "version.h"
 
 static const struct ctl_command commands[] = {
-	{ "migrate", cmd_migrate, "migrate",
-	  "Bring the database to this build's schema. Idempotent; safe from many hosts at once." },
+	{ "migrate", cmd_migrate, "migrate [--wait SECONDS]",
+	  "Bring the database to this build's schema. Idempotent; safe from many hosts at once,\n"
+	  "and with the workers serving: it takes every table's lock at once, waiting at most\n"
+	  "200 ms for each and 500 ms for all, and tries again after a backoff for up to\n"
+	  "--wait seconds (300). A migration that rewrites the workers' tables refuses to run\n"
+	  "while any worker is connected." },
 	{ "kill-switch", cmd_kill_switch,
 	  "kill-switch off|on [--type T | --host H | --crm-object O] --operator NAME --reason TEXT\n"
 	  "      | kill-switch status [--json]",
@@ -328,6 +333,9 @@ int main(int argc, char **argv)
 	while (i < argc && argv[i][0] == '-') {
 		if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
 			usage(stdout);
+			return CTL_OK;
+		} else if (strcmp(argv[i], "--version") == 0) {
+			printf("outboxctl %s (schema %d)\n", OUTBOX_VERSION, migrate_latest_version());
 			return CTL_OK;
 		} else if (strcmp(argv[i], "--db") == 0 && i + 1 < argc) {
 			ctl.db = hide_db_argument(argv[i + 1]);

@@ -13,15 +13,28 @@
 
 int cmd_migrate(struct ctl *ctl, int argc, char **argv)
 {
-	static const char *const allowed[] = { NULL };
-	char err[1024];
+	static const char *const allowed[] = { "--wait=", NULL };
+	struct migrate_opts o;
+	const char *wait;
+	char err[1024], *end;
 	int n;
 
 	if (!ctl_check_opts(argc, argv, allowed))
 		return CTL_USAGE;
+	migrate_default_opts(&o);
+	wait = ctl_opt(argc, argv, "--wait");
+	if (wait) {
+		long s = strtol(wait, &end, 10);
+
+		if (end == wait || *end != '\0' || s < 0 || s > 86400) {
+			fprintf(stderr, "outboxctl: migrate --wait takes seconds (0..86400)\n");
+			return CTL_USAGE;
+		}
+		o.wait_ms = s * 1000;
+	}
 	if (ctl_connect(ctl) == NULL)
 		return CTL_DB;
-	n = migrate_apply(ctl->conn, stdout, err, sizeof(err));
+	n = migrate_apply_opts(ctl->conn, stdout, &o, err, sizeof(err));
 	if (n < 0) {
 		fprintf(stderr, "outboxctl: migrate: %s\n", err);
 		return CTL_DB;
@@ -158,7 +171,10 @@ int cmd_status(struct ctl *ctl, int argc, char **argv)
 	             "         count(*) FILTER (WHERE state = 'sending') AS sending,"
 	             "         count(*) FILTER (WHERE state = 'unknown') AS unknown,"
 	             "         min(available_at) FILTER (WHERE state = 'pending' AND available_at <= now())"
-	             "           AS oldest_due"
+	             "           AS oldest_due,"
+	             "         count(*) FILTER (WHERE state = 'pending' AND held_by IS NOT NULL) AS held,"
+	             "         min(created_at) FILTER (WHERE state = 'pending' AND held_by IS NOT NULL)"
+	             "           AS oldest_held"
 	             "    FROM effect_live),"
 	             " failed AS ("
 	             "  SELECT h.ended_at FROM effect_history h"
@@ -174,7 +190,10 @@ int cmd_status(struct ctl *ctl, int argc, char **argv)
 	             " coalesce(extract(epoch FROM now() - l.oldest_due)::numeric(12,3), 0),"
 	             " (SELECT count(*) FROM failed WHERE ended_at > now() - interval '1 hour'),"
 	             " c.enabled, c.changed_by, c.reason,"
-	             " to_char(c.changed_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"')"
+	             " to_char(c.changed_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"'),"
+	             /* Held by a paused or limited scope: not due, so not in the
+	              * pending age above; their own age, since creation. */
+	             " l.held, coalesce(extract(epoch FROM now() - l.oldest_held)::numeric(12,3), 0)"
 	             " FROM live l, outbox_control c WHERE c.id = 1",
 	             0, NULL);
 	if (r == NULL)
@@ -187,6 +206,8 @@ int cmd_status(struct ctl *ctl, int argc, char **argv)
 			                    json_integer(strtoll(PQgetvalue(r, 0, i), NULL, 10)));
 		json_object_set_new(o, "counts", counts);
 		json_object_set_new(o, "oldest_pending_age_seconds", json_real(strtod(PQgetvalue(r, 0, 5), NULL)));
+		json_object_set_new(o, "held", json_integer(strtoll(PQgetvalue(r, 0, 11), NULL, 10)));
+		json_object_set_new(o, "oldest_held_age_seconds", json_real(strtod(PQgetvalue(r, 0, 12), NULL)));
 		json_object_set_new(o, "in_flight", json_integer(strtoll(PQgetvalue(r, 0, 1), NULL, 10)));
 		json_object_set_new(o, "unknown", json_integer(strtoll(PQgetvalue(r, 0, 3), NULL, 10)));
 		json_object_set_new(o, "failed_last_hour", json_integer(strtoll(PQgetvalue(r, 0, 6), NULL, 10)));
@@ -205,6 +226,9 @@ int cmd_status(struct ctl *ctl, int argc, char **argv)
 		for (int i = 0; i < 5; i++)
 			printf("%-10s %s\n", state_names[i], tv(PQgetvalue(r, 0, i)));
 		printf("oldest pending age: %ss\n", tv(PQgetvalue(r, 0, 5)));
+		if (strcmp(PQgetvalue(r, 0, 11), "0") != 0)
+			printf("held by scopes: %s, the oldest for %ss (not in the pending age)\n",
+			       tv(PQgetvalue(r, 0, 11)), tv(PQgetvalue(r, 0, 12)));
 		printf("in flight: %s   unknown: %s   failed in the last hour: %s\n", tv(PQgetvalue(r, 0, 1)),
 		       tv(PQgetvalue(r, 0, 3)), tv(PQgetvalue(r, 0, 6)));
 		printf("kill switch: %s (set by %s at %s: %s)\n", PQgetvalue(r, 0, 7)[0] == 't' ? "on" : "off",

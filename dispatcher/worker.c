@@ -61,6 +61,7 @@
 #include "hosts.h"
 #include "log.h"
 #include "metrics.h"
+#include "reload.h"
 #include "sdnotify.h"
 #include "util.h"
 #include "worker_internal.h"
@@ -140,7 +141,7 @@ static void on_db_state(struct db *db, bool up, void *arg)
 		 * (on_taken() cleared it); a queued one survives the
 		 * reconnect and clears it when it is answered. */
 		metrics_inc(M_DB_RECONNECTS, 1);
-		if (w->life.ready_sent)
+		if (w->life.serving)
 			sdnotify_status("database connection lost: %s", db_last_error(db));
 		else
 			readiness_update(w);
@@ -149,7 +150,7 @@ static void on_db_state(struct db *db, bool up, void *arg)
 	take_cursor_reset(w);
 	/* Urgent, so that no lease issued after the reconnect passes it. */
 	worker_query(db, SQL_SCHEMA_VERSION, NULL, on_schema, w, DBQ_URGENT);
-	if (w->life.ready_sent)
+	if (w->life.serving)
 		sdnotify_status("connected; %s", w->env_enabled ? "sending" : "AI_ACTIONS_ENABLED is not true: not sending");
 	else
 		readiness_update(w);
@@ -165,7 +166,7 @@ static void on_rec_state(struct db *db, bool up, void *arg)
 		metrics_inc(M_DB_RECONNECTS, 1);
 		w->hk.maint_lost = true;
 		w->hk.maint_due_mono = 0;
-		if (w->life.ready_sent)
+		if (w->life.serving)
 			sdnotify_status("database connection (records) lost: %s", db_last_error(db));
 		else
 			readiness_update(w);
@@ -357,6 +358,7 @@ static void on_sighup(evutil_socket_t sig, short what, void *arg)
 	fresh = reload_load(w, &s, name, sizeof(name), listen, sizeof(listen), err, sizeof(err));
 	if (fresh == NULL) {
 		log_msg(OLOG_ERROR, "reload_failed", "config not reloaded, keeping the old one: %s", err);
+		reload_report(++w->life.reloads, false, err);
 		if (w->life.ready_sent)
 			sdnotify_ready("reload failed; running with the old config");
 		return;
@@ -381,6 +383,7 @@ static void on_sighup(evutil_socket_t sig, short what, void *arg)
 	apply_log_level(w);
 	apply_timers(w);
 	log_msg(OLOG_INFO, "reloaded", "config reloaded from %s", w->config_path);
+	reload_report(++w->life.reloads, true, "config reloaded");
 	if (w->life.ready_sent)
 		sdnotify_ready("config reloaded");
 }
@@ -541,6 +544,7 @@ bool worker_start(struct worker *w)
 	add_events(w);
 	w->recon.next_mono = now_mono_ms() + 5000;
 	log_started(w);
+	reload_report(0, true, "started");
 	sdnotify_init(w->base);
 	metrics_heartbeat();
 	/* READY=1 waits for both connections and the schema check

@@ -153,7 +153,9 @@ struct worker_life {
 	bool schema_ok;
 	/* Readiness: READY=1 goes to systemd once, when both connections are
 	 * up and the schema check passed; until then STATUS= says why not. */
-	bool ready_sent;
+	bool ready_sent;              /* READY=1 told (serving, or up and not ready) */
+	bool serving;                 /* ready once: connected, schema checked */
+	unsigned reloads;             /* SIGHUPs answered (reload.c) */
 	char schema_error[256];       /* the schema check's last failure */
 	/* Health: lease, mark, renew and complete statements the database
 	 * refused in a row (not lost connections: those are db_up's).  At

@@ -14,7 +14,11 @@
 #define SCOPES_COLUMN \
 	" CASE WHEN (SELECT scoped FROM outbox_control WHERE id = 1) THEN" \
 	" (SELECT json_agg(json_build_object('scope', kind || ':' || value, 'paused', paused," \
-	" 'rate', coalesce(rate_per_second, 0), 'waiting', waiting, 'held_total', held_total))" \
+	" 'rate', coalesce(rate_per_second, 0), 'waiting', waiting, 'held_total', held_total," \
+	" 'paused_seconds', CASE WHEN paused THEN extract(epoch FROM now() - paused_at) ELSE 0 END," \
+	" 'oldest_held_seconds', coalesce((SELECT extract(epoch FROM now() - min(o.created_at))" \
+	" FROM effect_live o WHERE o.held_by = outbox_scope_name(kind, value)" \
+	" AND o.state = 'pending'), 0)))" \
 	" FROM outbox_scope_status) END"
 
 const struct worker_sql worker_sql[SQL_STATEMENTS] = {

@@ -2,7 +2,30 @@
 # SPDX-License-Identifier: ISC
 # scripts/install-deps.sh: every Debian 12 package the build, the tests and
 # the demo need.  Idempotent; run as root (or through sudo).
+#
+#   scripts/install-deps.sh          everything (build, tests, benches, demo)
+#   scripts/install-deps.sh --build  only what `make` and `make deb` need
+#                                    (the compiler and the libraries' -dev
+#                                    packages, debhelper, help2man): ~15
+#                                    packages, no PostgreSQL, nginx or Node.js
 set -eu
+# What `make` and `make deb` need (debian/control's Build-Depends).
+BUILD_PKGS="build-essential pkg-config git ca-certificates
+      libpq-dev libcurl4-openssl-dev libesmtp-dev libjansson-dev libevent-dev
+      libinih-dev libsystemd-dev libssl-dev
+      debhelper dpkg-dev fakeroot help2man"
+if [ "${1:-}" = --build ]; then
+    SUDO=
+    [ "$(id -u)" = 0 ] || SUDO=sudo
+    export DEBIAN_FRONTEND=noninteractive
+    $SUDO apt-get update -q
+    # shellcheck disable=SC2086
+    $SUDO apt-get install -y -q --no-install-recommends $BUILD_PKGS
+    exit 0
+elif [ -n "${1:-}" ]; then
+    echo "usage: scripts/install-deps.sh [--build]" >&2
+    exit 2
+fi
 PKGS="build-essential pkg-config git ca-certificates openssl
       libpq-dev libcurl4-openssl-dev libesmtp-dev libjansson-dev libevent-dev
       libinih-dev libsystemd-dev libssl-dev libcmocka-dev

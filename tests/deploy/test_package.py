@@ -32,8 +32,12 @@ PLUGIN_DIR = f"/usr/lib/{multiarch()}/outbox-dispatcher/providers"
 
 
 def upstream_version():
-    src = open(os.path.join(ROOT, "dispatcher", "main.c")).read()
-    return re.search(r'#define OUTBOX_VERSION "([^"]+)"', src).group(1)
+    """The version this tree builds: debian/changelog's, + git<count>.g<hash>
+    in a git checkout (Makefile, VERSION)."""
+    v = subprocess.run(["make", "-s", "--no-print-directory", "print-version"], cwd=ROOT,
+                       capture_output=True, text=True, check=True).stdout.strip()
+    assert re.fullmatch(r"\d+\.\d+\.\d+(\+git\d+\.g[0-9a-f]{9}(\.dirty)?)?", v), v
+    return v
 
 
 @pytest.fixture(scope="module")
@@ -79,6 +83,12 @@ def test_package_contents(deb):
         assert entries[path] == (perm, "root/root"), (path, entries[path])
     # Nothing from a build tree, no /usr/local, no stray examples.
     assert not [p for p in entries if p.startswith("/usr/local") or "build" in p], entries
+
+    # The README's figure for the package's size holds (within a quarter).
+    readme = open(os.path.join(ROOT, "README.md")).read()
+    stated = int(re.search(r"The package \(about (\d+) KB", readme).group(1))
+    size = os.path.getsize(deb) / 1024
+    assert 0.75 * stated <= size <= 1.25 * stated, f"README says about {stated} KB, the .deb is {size:.0f} KB"
 
     fields = run(["dpkg-deb", "-f", deb, "Version", "Depends", "Architecture"]).stdout
     assert f"Version: {upstream_version()}\n" in fields
@@ -169,8 +179,9 @@ def test_installs_into_a_throwaway_root_and_runs(deb, db, conn, sink, tmp_path, 
     status = run(["dpkg-query", f"--admindir={root}/var/lib/dpkg", "-W", "-f", "${Status} ${Version}",
                   "outbox-dispatcher"]).stdout
     assert status == f"install ok installed {upstream_version()}"
-    creds = os.path.join(root, "etc/outbox-dispatcher/credentials")
-    assert os.path.isdir(creds) and (os.stat(creds).st_mode & 0o777) == 0o700   # postinst
+    for d in ("credentials", "prune"):   # postinst: the workers' and the prune unit's
+        creds = os.path.join(root, "etc/outbox-dispatcher", d)
+        assert os.path.isdir(creds) and (os.stat(creds).st_mode & 0o777) == 0o700, d
     # Installed, neither enabled nor started: no wants/ links anywhere.
     assert not os.path.exists(os.path.join(root, "etc/systemd/system/multi-user.target.wants")), \
         os.listdir(os.path.join(root, "etc/systemd/system"))

@@ -140,12 +140,11 @@ def test_systemd_template_hardening():
     # name and the metrics port (--instance).
     assert one("Service", "ExecStart") == \
         "@PREFIX@/bin/outbox-dispatcher --config /etc/outbox-dispatcher/dispatcher.ini --instance %i"
-    # Reload checks the file first (a refused config fails `systemctl
-    # reload`), then signals the worker.
-    assert d[("Service", "ExecReload")] == [
-        "@PREFIX@/bin/outbox-dispatcher --config /etc/outbox-dispatcher/dispatcher.ini --instance %i "
-        "--check-config",
-        "/bin/kill -HUP $MAINPID"]
+    # Reload signals the worker and waits for its verdict, written to the
+    # runtime directory (a refused config fails `systemctl reload`).
+    assert d[("Service", "ExecReload")] == ["@PREFIX@/bin/outbox-dispatcher --reload $MAINPID"]
+    assert one("Service", "RuntimeDirectory") == "outbox-dispatcher/%i"
+    assert one("Service", "RuntimeDirectoryMode") == "0700"
     assert one("Service", "Restart") == "on-failure"
     assert one("Service", "KillMode") == "mixed"
     assert one("Service", "KillSignal") == "SIGTERM"
@@ -687,9 +686,12 @@ def statuses(ns):
 
 
 @needs_worker
-def test_ready_only_once_the_database_answers(db, tmp_path):
-    """Database down at start: no READY=1 (so TimeoutStartSec= applies),
-    STATUS= says the database is unreachable; READY=1 once it answers."""
+def test_up_but_not_ready_while_the_database_is_down(db, tmp_path):
+    """Database down at start: READY=1 once the first attempt failed, with
+    STATUS= "up, not ready: database unreachable" (so that the start
+    timeout does not restart the worker every minute, resetting its
+    alerts' `for:`), no "serving" yet; STATUS=ready and "serving" once it
+    answers, with no second READY=1."""
     port = free_port()
     sockdir, ns = notify_socket()
     fwd = None
@@ -699,16 +701,18 @@ def test_ready_only_once_the_database_answers(db, tmp_path):
                    env={"NOTIFY_SOCKET": ns.path})
     try:
         d.start()
-        wait_for(lambda: any("database unreachable" in m for m in statuses(ns)), timeout=30,
-                 what="STATUS= database unreachable")
-        # Two reconnect rounds later, still not ready.
+        wait_for(lambda: any(m.startswith("READY=1\nSTATUS=up, not ready: database unreachable")
+                             for m in ns.messages), timeout=30, what="READY=1, not ready")
+        # Two reconnect rounds later, still not serving, and told so.
         n = len(statuses(ns))
         wait_for(lambda: len(statuses(ns)) >= n + 2, timeout=30, what="more STATUS= while waiting")
-        assert not [m for m in ns.messages if m.startswith("READY=1")], ns.messages
+        assert all("up, not ready: database unreachable" in m for m in statuses(ns)[n:]), statuses(ns)
+        assert not any(e.get("event") == "serving" for e in d.events())
         fwd = Forwarder(port, int(os.environ["PGPORT"])).start()
-        wait_for(lambda: any(m.startswith("READY=1\nSTATUS=ready") for m in ns.messages), timeout=30,
-                 what="READY=1 once the database answers")
+        wait_for(lambda: any(m.startswith("STATUS=ready") for m in ns.messages), timeout=30,
+                 what="STATUS=ready once the database answers")
         assert any(e.get("event") == "serving" for e in d.events())
+        assert len([m for m in ns.messages if m.startswith("READY=1")]) == 1, ns.messages
     finally:
         d.stop()
         ns.close()
@@ -720,8 +724,8 @@ def test_ready_only_once_the_database_answers(db, tmp_path):
 @needs_worker
 def test_ready_waits_for_schema_permission_and_version(conn, db, tmp_path):
     """A worker login that may not read the schema version, then a schema
-    too old: no READY=1, STATUS= and /healthz say which; READY=1 once
-    fixed."""
+    too old: READY=1 as soon as the first is known, up but not ready,
+    STATUS= and /healthz say which; STATUS=ready once fixed."""
     port = free_port()
     sockdir, ns = notify_socket()
     newest = query(conn, "SELECT version, name, checksum FROM schema_migrations ORDER BY version DESC LIMIT 1")[0]
@@ -741,9 +745,12 @@ def test_ready_waits_for_schema_permission_and_version(conn, db, tmp_path):
         wait_for(lambda: any("too old" in m for m in statuses(ns)), timeout=30, what="STATUS= schema too old")
         code, body, _ = http_get(port, "/healthz")
         assert code == 503 and "outboxctl migrate" in body, (code, body)
-        assert not [m for m in ns.messages if m.startswith("READY=1")], ns.messages
+        assert [m for m in ns.messages if m.startswith("READY=1")] == [
+            "READY=1\nSTATUS=up, not ready: schema check failed: permission denied for table "
+            "schema_migrations"], ns.messages
         query(conn, "INSERT INTO schema_migrations (version, name, checksum) VALUES (%s, %s, %s)", newest)
-        wait_for(lambda: any(m.startswith("READY=1") for m in ns.messages), timeout=30, what="READY=1")
+        wait_for(lambda: any(m.startswith("STATUS=ready") for m in ns.messages), timeout=30,
+                 what="STATUS=ready")
         wait_for(lambda: http_get(port, "/healthz")[:2] == (200, "ok"), timeout=30, what="/healthz 200")
     finally:
         d.stop()

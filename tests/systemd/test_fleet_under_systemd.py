@@ -11,11 +11,13 @@ the docs cannot drift from what is tested.
 
 What it proves: make install + daemon-reload (the tree is a copy-on-write
 view inside the box: the docs' `make` leaves it untouched); a login granted only
-outbox_dispatcher; three instances enabled from one config file, which
-become ready only once the database answers (started with it stopped);
+outbox_dispatcher; three instances enabled from one config file while the
+database is down: up (READY=1, never restarted by the start timeout) but
+not ready (STATUS=, /healthz 503, outbox_ready 0) until it answers;
 every effect delivered exactly once to a local sink; SIGKILL -> restart;
 a stopped loop (SIGSTOP) -> watchdog restart; `systemctl reload` of a
-broken file fails, the worker keeping its config; stopping the fleet drains an in-flight send; the
+valid file (with the credential) succeeds, of a broken one fails, the
+worker keeping its config; stopping the fleet drains an in-flight send; the
 unit's `systemd-analyze security` exposure <= 2.0; the docs' journalctl
 command.  Everything it started is stopped by PID (the box by its PID 1).
 """
@@ -23,6 +25,7 @@ import os
 import re
 import sys
 import time
+import urllib.request
 
 import psycopg2
 import pytest
@@ -78,24 +81,37 @@ def test_documented_fleet_under_real_systemd(box, pg):
     sink = Sink().start()
     conn = None
     try:
-        # The database is down when the fleet starts: nobody is ready, and
-        # systemd is told why.
+        # The database is down when the fleet starts: every worker is up
+        # (READY=1 once its first attempt failed, so the start timeout
+        # never restarts it and resets its alerts' `for:`), not ready, and
+        # says why: STATUS=, /healthz 503, outbox_ready 0.
         pg.stop()
         enabling = box.popen(blocks["enable"])
         units = [f"outbox-dispatcher@{i}.service" for i in INSTANCES]
-        wait_for(lambda: all("database unreachable" in box.prop(u, "StatusText") for u in units),
-                 timeout=60, what="STATUS= database unreachable on every instance")
-        assert {box.prop(u, "ActiveState") for u in units} == {"activating"}
-        assert enabling.poll() is None, "enable --now returned before the workers were ready"
-        pg.start()
         out, err = enabling.communicate(timeout=90)
         assert enabling.returncode == 0, out + err
         for u in units:
-            assert box.prop(u, "ActiveState") == "active"
-            assert box.prop(u, "StatusText").startswith("ready")
+            assert box.prop(u, "ActiveState") == "active", u
+            assert box.prop(u, "StatusText").startswith("up, not ready: database unreachable"), \
+                box.prop(u, "StatusText")
+        pids = {u: box.prop(u, "MainPID") for u in units}
         for i in INSTANCES:
-            wait_for(lambda: healthz(BASE_PORT + i - 1) == (200, "ok"), timeout=30,
+            code, why = healthz(BASE_PORT + i - 1)
+            assert code == 503 and "database unreachable" in why, (code, why)
+            metrics = urllib.request.urlopen(f"http://127.0.0.1:{BASE_PORT + i - 1}/metrics",
+                                             timeout=5).read().decode()
+            assert "\noutbox_ready 0\n" in metrics and "\noutbox_db_up 0\n" in metrics
+            # Nothing measured: no unknown figure (not a 0 that would look
+            # like a drop to OutboxUnknownRising).
+            assert "\noutbox_unknown_effects " not in metrics
+        pg.start()
+        for i in INSTANCES:
+            wait_for(lambda: healthz(BASE_PORT + i - 1) == (200, "ok"), timeout=60,
                      what=f"instance {i} /healthz on {BASE_PORT + i - 1}")
+        for u in units:
+            wait_for(lambda: box.prop(u, "StatusText").startswith("ready"), timeout=30,
+                     what=f"{u} STATUS= ready")
+            assert box.prop(u, "MainPID") == pids[u], "restarted while the database was down"
 
         # Sends: the kill switch on (host half in the environment file,
         # fleet half with outboxctl as an operator login), then rows from a
@@ -151,17 +167,22 @@ def test_documented_fleet_under_real_systemd(box, pg):
                  timeout=60, what="watchdog restart after SIGSTOP")
         assert "watchdog" in box.run(f"journalctl -u {u2} -o cat --no-pager").stdout.lower()
 
-        # A broken file on reload is refused; the worker keeps running.
+        # A valid file reloads (the worker reads the credential itself).
         pid = box.prop(u1, "MainPID")
+        r = doc("reload", check=False)
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert "config reloaded" in box.run(f"journalctl -u {u1} -o cat --no-pager").stdout
+        # A broken file on reload is refused; the worker keeps running.
         box.run("cp /etc/outbox-dispatcher/dispatcher.ini /run/good.ini && "
                 "printf '\\n[dispatcher]\\nlease_seconds = many\\n' >> /etc/outbox-dispatcher/dispatcher.ini")
-        # The reload fails visibly: the check before the signal refuses the
-        # file, systemctl exits non-zero, the worker keeps its config.
+        # The reload fails visibly: the worker refuses the file, systemctl
+        # exits non-zero, the worker keeps its config.
         r = doc("reload", check=False)
         assert r.returncode != 0, r.stdout + r.stderr
         assert "lease_seconds" in box.run(f"journalctl -u {u1} -o cat --no-pager").stdout
         assert box.prop(u1, "MainPID") == pid and box.prop(u1, "ActiveState") == "active"
-        assert box.prop(u1, "StatusText").startswith("ready"), box.prop(u1, "StatusText")
+        assert box.prop(u1, "StatusText").startswith("reload failed; running with the old config"), \
+            box.prop(u1, "StatusText")
         box.run("cp /run/good.ini /etc/outbox-dispatcher/dispatcher.ini")
 
         # Stop drains: a send in flight when the fleet stops is finished and

@@ -102,6 +102,40 @@ def test_package_lifecycle_under_real_systemd(box, pg):
         wait_for(lambda: healthz(BASE_PORT + i - 1) == (200, "ok"), timeout=30, what=f"@{i} healthy")
     doc("kill-switch")
 
+    # Reload with the docs' credentials: a valid file reloads, in every
+    # instance (the worker reads its credential itself); a broken one fails
+    # the reload, and the worker keeps running on its old config.
+    for i in INSTANCES:
+        pid = box.prop(UNITS[i - 1], "MainPID")
+        r = box.run(text("reload").replace("outbox-dispatcher@1", f"outbox-dispatcher@{i}"),
+                    check=False)
+        assert r.returncode == 0, r.stdout + r.stderr
+        journal = box.run(f"journalctl -u {UNITS[i - 1]} -o cat --no-pager").stdout
+        assert "config reloaded" in journal and "Reload failed" not in journal, journal[-3000:]
+        assert box.prop(UNITS[i - 1], "MainPID") == pid
+    box.run("cp /etc/outbox-dispatcher/dispatcher.ini /run/good.ini && "
+            "printf '\\n[dispatcher]\\nlease_seconds = many\\n' >> /etc/outbox-dispatcher/dispatcher.ini")
+    pid = box.prop(UNITS[0], "MainPID")
+    r = doc("reload", check=False)
+    assert r.returncode != 0, r.stdout + r.stderr
+    journal = box.run(f"journalctl -u {UNITS[0]} -o cat --no-pager").stdout
+    assert "lease_seconds" in journal and "Reload failed" in journal, journal[-3000:]
+    assert "Permission denied" not in journal, journal[-3000:]
+    assert box.prop(UNITS[0], "MainPID") == pid and box.prop(UNITS[0], "ActiveState") == "active"
+    assert box.prop(UNITS[0], "StatusText").startswith("reload failed; running with the old config")
+    wait_for(lambda: healthz(BASE_PORT) == (200, "ok"), timeout=30, what="@1 healthy after the refused reload")
+    box.run("cp /run/good.ini /etc/outbox-dispatcher/dispatcher.ini")
+
+    # Each unit gets its own credentials: the prune login reaches no worker.
+    doc("prune-timer")
+    # (Persistent=yes: systemd keeps a stamp of the timer, which purge removes.)
+    assert box.run("ls /var/lib/systemd/timers/").stdout.split() == ["stamp-outbox-prune.timer"]
+    for u in UNITS:
+        # (outbox: the unit's SetCredential= fallback, "absent".)
+        creds = box.run(f"ls /run/credentials/{u}/").stdout.split()
+        assert sorted(creds) == ["outbox", "outbox_db-conninfo"], (u, creds)
+        assert "outbox_prune" not in box.run(f"cat /run/credentials/{u}/*").stdout, u
+
     sink = Sink().start()
     insp = psycopg2.connect(pg.dsn())
     insp.autocommit = True
@@ -137,9 +171,8 @@ def test_package_lifecycle_under_real_systemd(box, pg):
         wait_for(lambda: len(produced) >= 20 and completed(produced[:20]) == 20, timeout=60,
                  what="the first effects delivered")
 
-        # The prune timer, as documented: enabled, and a run now prunes an
-        # effect finished long ago, recorded under the operator login.
-        doc("prune-timer")
+        # The prune timer, as documented (enabled above): a run now prunes
+        # an effect finished long ago, recorded under the operator login.
         assert box.prop("outbox-prune.timer", "ActiveState") == "active"
         # Five effects created and finished 100 days ago, in a month of
         # their own (prune drops whole months of the history): made as the
@@ -227,7 +260,9 @@ def test_package_lifecycle_under_real_systemd(box, pg):
     assert links.split() == [], links
     assert box.run("systemctl list-unit-files --no-legend 'outbox*'", check=False).stdout.strip() == ""
     mine = box.run("cd /etc/outbox-dispatcher && find . -type f | sort").stdout.split()
-    assert mine == ["./credentials/db-conninfo", "./credentials/prune-conninfo", "./dispatcher.ini"], mine
+    assert mine == ["./credentials/db-conninfo", "./dispatcher.ini", "./prune/conninfo"], mine
+    # Nor the prune timer's stamp.
+    assert box.run("ls /var/lib/systemd/timers/ 2>/dev/null | grep outbox || true").stdout.strip() == ""
 
     # A reinstall starts with nothing enabled.
     doc("package-install", deb="v2")
