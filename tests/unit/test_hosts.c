@@ -512,7 +512,7 @@ static void test_host_canon(void **state)
 		{ "4294967296", "4294967296", HOST_BAD },
 		{ "1.16777216", "1.16777216", HOST_BAD },
 		{ "0x", "0x", HOST_NAME },                    /* libcurl: a name */
-		{ "[127.0.0.1]", "127.0.0.1", HOST_BAD },
+		{ "[127.0.0.1]", "[127.0.0.1]", HOST_BAD },
 		{ "fe80::1%eth0", "fe80::1%eth0", HOST_BAD },
 		{ "a..example", "a..example", HOST_BAD },
 		{ "-a.example", "-a.example", HOST_BAD },
