@@ -9,6 +9,9 @@ takes nothing it would mishandle.
 import threading
 import uuid
 
+import psycopg2
+import pytest
+
 from outbox_test import connect, kill_switch, make_run, query, scalar, wait_for
 
 LEASE = "SELECT effect_id::text FROM outbox_lease(%s, 'w', %s, 30, %s, true)"
@@ -46,6 +49,61 @@ def test_target_host_reading(conn):
              "ftp://x.example/": None, "https://": None}
     for target, host in cases.items():
         assert scalar(conn, "SELECT outbox_target_host(%s)", (target,)) == host, target
+
+
+# Every spelling of one address libcurl connects to, and the one the worker
+# writes (providers/lib/hostname.c; tests/unit/test_hosts.c has the same).
+SPELLINGS = {
+    "127.0.0.2": "127.0.0.2", "2130706434": "127.0.0.2", "0x7f000002": "127.0.0.2",
+    "0X7F000002": "127.0.0.2", "0x7f.0.0.2": "127.0.0.2", "0x7f.0x0.0x0.0x2": "127.0.0.2",
+    "0177.0.0.2": "127.0.0.2", "0177.0000.0000.0002": "127.0.0.2", "017700000002": "127.0.0.2",
+    "127.2": "127.0.0.2", "127.0.2": "127.0.0.2", "127.0.0x2": "127.0.0.2",
+    "127.000.000.002": "127.0.0.2", "127.0.0.2.": "127.0.0.2", "0": "0.0.0.0",
+    "4294967295": "255.255.255.255", "1.16777215": "1.255.255.255", "1.2.65535": "1.2.255.255",
+    "::ffff:127.0.0.2": "127.0.0.2", "[::ffff:127.0.0.2]": "127.0.0.2",
+    "::FFFF:7F00:2": "127.0.0.2", "0:0:0:0:0:ffff:7f00:0002": "127.0.0.2",
+    "0000:0000:0000:0000:0000:ffff:127.0.0.2": "127.0.0.2",
+    "::1": "::1", "[::1]": "::1", "0:0:0:0:0:0:0:1": "::1",
+    "0000:0000:0000:0000:0000:0000:0000:0001": "::1", "2001:DB8::1": "2001:db8::1",
+    "2001:0db8:0000:0000:0000:0000:0000:0001": "2001:db8::1",
+    "2001:db8:0:1:0:0:0:1": "2001:db8:0:1::1", "2001:db8:0:0:1:0:0:1": "2001:db8::1:0:0:1",
+    "2001:db8:0:1:1:1:1:1": "2001:db8:0:1:1:1:1:1", "::": "::",
+    "::102:304": "::1.2.3.4", "::ffff:0:102:304": "::ffff:0:102:304",
+    "API.Example.COM": "api.example.com", "api.example.com.": "api.example.com",
+    "localhost": "localhost", "xn--bcher-kva.example": "xn--bcher-kva.example",
+    "a_b.example": "a_b.example", "00x1": "00x1", "0x": "0x",
+}
+NONSENSE = ["", ".", "127.0.0.2:80", "::::", "1.2.3.4.5", "256.1.1.1", "4294967296", "1.16777216",
+            "[127.0.0.1]", "fe80::1%eth0", "a..example", "-a.example", "host/path", "user@host",
+            "1::2::3", "::ffff:1.2.3.256", "::/0", "1.2.3.4/8", "127.0.0.08"]
+
+
+def test_the_database_reads_every_spelling_of_a_host_as_the_worker_does(conn):
+    for given, canon in SPELLINGS.items():
+        assert scalar(conn, "SELECT outbox_host_canon(%s)", (given,)) == canon, given
+    for given in NONSENSE:
+        assert scalar(conn, "SELECT outbox_host_canon(%s)", (given,)) is None, given
+    # In a target: the URL host, in every spelling libcurl accepts.
+    for given, canon in SPELLINGS.items():
+        if given.endswith(".") or given in ("[::1]", "[::ffff:127.0.0.2]"):
+            continue
+        url_host = f"[{given}]" if ":" in given else given
+        for target in (f"http://{url_host}/x", f"HTTPS://user:pw@{url_host}:8443/x?q#f"):
+            assert scalar(conn, "SELECT outbox_target_host(%s)", (target,)) == canon, target
+
+
+def test_a_scope_host_is_stored_as_the_worker_spells_it_and_nonsense_is_refused(conn):
+    for given, canon in SPELLINGS.items():
+        assert scalar(conn, "SELECT outbox_scope_value('host', %s)", (given,)) == canon, given
+    for given in NONSENSE:
+        with pytest.raises(psycopg2.Error) as e:
+            query(conn, "SELECT outbox_scope_value('host', %s)", (given,))
+        assert e.value.pgcode == "22023", given
+        conn.rollback()
+    with pytest.raises(psycopg2.Error) as e:
+        query(conn, "SELECT outbox_scope_pause('host', '127.0.0.2:80', true, 'op', 'why')")
+    assert "not a host name or address" in str(e.value)
+    conn.rollback()
 
 
 def test_the_lease_parks_a_paused_type_and_crm_object_and_walks_past_them(conn):
