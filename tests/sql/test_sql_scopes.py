@@ -6,6 +6,7 @@ mark holds by the host the worker passes, the bucket defers rows to its
 slots without spending attempts, and a worker built before scopes existed
 takes nothing it would mishandle.
 """
+import json
 import threading
 import uuid
 
@@ -210,6 +211,98 @@ def test_a_pause_waits_for_a_mark_in_progress_and_lists_its_sends(conn, db):
     assert len(query(conn, LEASE, (owner, 10, ["http"]))) == 0   # parked by the lease
     assert live(conn, second[0])["held_by"] == "type:http"
     marker.close()
+
+
+def sending(conn, rows):
+    """Effects moved to `sending` by one owner, as a worker without scopes
+    marks them (no hosts passed): their ids, and the owner."""
+    ids = add(conn, rows)
+    owner = str(uuid.uuid4())
+    assert len(query(conn, LEASE, (owner, len(ids), list({t for t, _ in rows})))) == len(ids)
+    marked = query(conn, MARK, (owner, ids, str(uuid.uuid4()), None))
+    assert all(r[2] is False for r in marked)
+    return ids, owner
+
+
+def completed(eid):
+    return json.dumps([{"effect_id": eid, "attempt": 1, "outcome": "accepted",
+                        "next_state": "completed", "provider_id": "p-1"}])
+
+
+def test_a_host_pause_lists_its_sends_in_flight_in_every_spelling(conn):
+    """The host of each send in flight is read as the worker connects to
+    it: every spelling of 127.0.0.2 is listed, 127.0.0.3 is not."""
+    kill_switch(conn, True)
+    spellings = ["127.0.0.2", "2130706434", "0x7f000002", "0x7f.0.0.2", "0177.0.0.2", "127.2",
+                 "127.000.000.002", "[::ffff:127.0.0.2]", "[::ffff:7f00:2]",
+                 "[0:0:0:0:0:ffff:7f00:2]"]
+    mine, _ = sending(conn, [("http", f"http://{h}:8080/x") for h in spellings])
+    other, _ = sending(conn, [("http", "http://127.0.0.3:8080/x"), ("http", "http://0x7f000003/")])
+    listed = sorted(r[0] for r in pause(conn, "host", "::ffff:127.0.0.2"))
+    assert listed == sorted(mine), (len(listed), len(mine))
+    assert not set(other) & set(listed)
+
+
+@pytest.mark.parametrize("kind", ["global", "type"])
+def test_the_in_flight_list_is_exact_when_the_pause_commits(conn, db, kind):
+    """A send that finishes while the pause's transaction is open waits for
+    its commit (so it was in flight when the pause committed, and is
+    listed); one that finished before the pause read the rows is not
+    listed, even if its finish committed after the pause's statement began."""
+    kill_switch(conn, True)
+    ids, owner = sending(conn, [("http", "https://api.example.com/a"),
+                                ("http", "https://api.example.com/b")])
+    off = ("SELECT effect_id::text FROM outbox_kill_switch_set(false, 'op', 'why')"
+           if kind == "global" else
+           "SELECT effect_id::text FROM outbox_scope_pause('type', 'http', true, 'op', 'why')")
+    # 1. A finish in progress when the pause starts: the pause waits for it
+    #    and leaves its row out.
+    finisher = connect(db)
+    finisher.autocommit = False
+    with finisher.cursor() as cur:
+        cur.execute("SELECT applied FROM outbox_complete(%s, 'w', %s)", (owner, completed(ids[0])))
+        assert cur.fetchall() == [(True,)]
+    op = connect(db)
+    op.autocommit = False
+    listed = []
+
+    def run_pause():
+        with op.cursor() as cur:
+            cur.execute(off)
+            listed.extend(r[0] for r in cur.fetchall())
+    t = threading.Thread(target=run_pause)
+    t.start()
+    wait_for(lambda: scalar(conn, "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = "
+                                  "'Lock' AND datname = current_database() "
+                                  "AND (query LIKE '%%outbox_scope_pause%%' "
+                                  "OR query LIKE '%%outbox_kill_switch_set%%')") == 1,
+             what="the pause waiting for the finish in progress")
+    finisher.commit()
+    t.join(10)
+    assert not t.is_alive()
+    assert listed == [ids[1]]
+    # 2. A finish of a listed send while the pause is open waits for its
+    #    commit: at the commit, the list is what was in flight.
+    done = []
+
+    def finish():
+        with finisher.cursor() as cur:
+            cur.execute("SELECT applied FROM outbox_complete(%s, 'w', %s)",
+                        (owner, completed(ids[1])))
+            done.extend(cur.fetchall())
+        finisher.commit()
+    f = threading.Thread(target=finish)
+    f.start()
+    wait_for(lambda: scalar(conn, "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = "
+                                  "'Lock' AND datname = current_database() "
+                                  "AND query LIKE '%%outbox_complete%%'") == 1,
+             what="the finish waiting for the pause to commit")
+    assert scalar(conn, "SELECT state FROM effect_live WHERE effect_id = %s", (ids[1],)) == "sending"
+    op.commit()
+    f.join(10)
+    assert done == [(True,)]
+    finisher.close()
+    op.close()
 
 
 def test_a_worker_built_before_scopes_takes_nothing_it_would_mishandle(conn):
