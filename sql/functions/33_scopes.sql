@@ -129,15 +129,6 @@ CREATE OR REPLACE FUNCTION outbox_scope_name(p_kind text, p_value text)
 RETURNS text
 LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$ SELECT p_kind || ':' || p_value $$;
 
--- How late after its slot a deferred row still goes on the token it drew
--- (unless the burst's worth of time is longer): a row taken a poll or two
--- after its slot has paid, so that its slot is not wasted; one that waited
--- longer (its worker died holding it, the fleet was down) pays again, so
--- that rows late together do not make a burst over the limit.
-CREATE OR REPLACE FUNCTION outbox_scope_late_seconds()
-RETURNS double precision
-LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$ SELECT 1.0::double precision $$;
-
 -- The verdict of the sending transition on rows that may otherwise go
 -- (p_ids; p_hosts[i] the host the worker's provider connects to for
 -- p_ids[i], NULL: the database's reading of the target): held_by NULL for
@@ -147,12 +138,14 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$ SELECT 1.0::double precision $$;
 -- slot: a row is deferred to when the balance of its scope is back to
 -- zero, so rows deferred by every worker are spread over successive slots
 -- in the order they were deferred.  A deferred row marked at its slot has
--- paid already and goes without drawing again (if it is not later than
--- outbox_scope_late_seconds() or one burst's worth of time, whichever is
--- longer: a row that waited longer pays again, so that late rows do not
--- add up to a burst over the limit).  The limited scopes'
--- rows are locked in key order and written once per call, not once per
--- effect.  Runs under the kill-switch lock (the caller's).
+-- paid already and goes without drawing again, if it is not later than one
+-- burst's worth of time or 250 ms (a poll), whichever is longer: rows late
+-- together must not add up to much over the limit.  A row later than that
+-- (the fleet was slow to take it, a killed worker's lease ran out) gets
+-- back the token of the slot it left unused and draws anew: it goes to the
+-- next free slot, and no slot is lost.  The limited scopes' rows are
+-- locked in key order and written once per call, not once per effect.
+-- Runs under the kill-switch lock (the caller's).
 CREATE OR REPLACE FUNCTION outbox_scope_sort(p_ids uuid[], p_hosts text[])
 RETURNS TABLE (effect_id uuid, held_by text, held_until timestamptz)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp SET jit = off AS $$
@@ -176,6 +169,7 @@ DECLARE
     m integer;
     hit boolean;
     paid boolean;
+    late boolean;
     lack integer;
     verdict text;
     until timestamptz;
@@ -224,6 +218,7 @@ BEGIN
         verdict := NULL;
         until := NULL;
         paid := false;
+        late := false;
         -- Paused first: a pause holds whatever a limit says.
         FOR j IN 1 .. m LOOP
             hit := CASE s_kind[j]
@@ -240,9 +235,12 @@ BEGIN
             IF hit AND s_rate[j] IS NOT NULL
                AND was_held[i] = outbox_scope_name(s_kind[j], s_value[j])
                AND due_at[i] <= now()
-               AND due_at[i] >= now() - make_interval(secs => greatest(s_burst[j] / s_rate[j],
-                                                                        outbox_scope_late_seconds())) THEN
-                paid := true;
+               AND due_at[i] <= now() THEN
+                IF due_at[i] >= now() - make_interval(secs => greatest(s_burst[j] / s_rate[j], 0.25)) THEN
+                    paid := true;
+                ELSE
+                    late := true;
+                END IF;
             END IF;
         END LOOP;
         IF verdict IS NULL AND NOT paid THEN
@@ -253,6 +251,11 @@ BEGIN
                        WHEN 'host' THEN s_value[j] IS NOT DISTINCT FROM hosts[i]
                        ELSE false END;
                 CONTINUE WHEN NOT hit OR s_rate[j] IS NULL;
+                IF late THEN
+                    -- Its slot went unused: the token it drew for it comes
+                    -- back (never above the burst), and it draws anew.
+                    s_tokens[j] := least(s_burst[j]::double precision, s_tokens[j] + 1);
+                END IF;
                 s_tokens[j] := s_tokens[j] - 1;
                 s_used[j] := true;
                 IF s_tokens[j] < 0 AND (lack = 0 OR now() + make_interval(secs => -s_tokens[j] / s_rate[j]) > until) THEN
@@ -581,7 +584,6 @@ SELECT s.kind, s.value, s.paused, s.paused_by, s.paused_at, s.paused_reason,
 
 REVOKE EXECUTE ON FUNCTION
     outbox_host_canon(text),
-    outbox_scope_late_seconds(),
     outbox_target_host(text),
     outbox_scope_name(text, text),
     outbox_lease_scoped(uuid, text, integer, integer, text[], timestamp with time zone, uuid,
