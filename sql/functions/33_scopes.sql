@@ -139,13 +139,14 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$ SELECT p_kind || ':' || p_value $$;
 -- zero, so rows deferred by every worker are spread over successive slots
 -- in the order they were deferred.  A deferred row marked at its slot has
 -- paid already and goes without drawing again, if it is not later than one
--- burst's worth of time or 250 ms (a poll), whichever is longer: rows late
--- together must not add up to much over the limit.  A row later than that
--- (the fleet was slow to take it, a killed worker's lease ran out) gets
--- back the token of the slot it left unused and draws anew: it goes to the
--- next free slot, and no slot is lost.  The limited scopes' rows are
--- locked in key order and written once per call, not once per effect.
--- Runs under the kill-switch lock (the caller's).
+-- burst's worth of time or 250 ms (a poll), whichever is longer: workers
+-- take deferred rows a poll after their slot, and a row that paid again
+-- then lost its slot (a limit of 100/s with a burst of 10 delivered a
+-- quarter of its rate).  A row later than that (its worker died holding
+-- it, the fleet was down) pays again, so that rows late together do not
+-- add up to much over the limit.  The limited scopes' rows are locked in
+-- key order and written once per call, not once per effect.  Runs under
+-- the kill-switch lock (the caller's).
 CREATE OR REPLACE FUNCTION outbox_scope_sort(p_ids uuid[], p_hosts text[])
 RETURNS TABLE (effect_id uuid, held_by text, held_until timestamptz)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp SET jit = off AS $$
@@ -169,7 +170,6 @@ DECLARE
     m integer;
     hit boolean;
     paid boolean;
-    late boolean;
     lack integer;
     verdict text;
     until timestamptz;
@@ -218,7 +218,6 @@ BEGIN
         verdict := NULL;
         until := NULL;
         paid := false;
-        late := false;
         -- Paused first: a pause holds whatever a limit says.
         FOR j IN 1 .. m LOOP
             hit := CASE s_kind[j]
@@ -238,8 +237,6 @@ BEGIN
                AND due_at[i] <= now() THEN
                 IF due_at[i] >= now() - make_interval(secs => greatest(s_burst[j] / s_rate[j], 0.25)) THEN
                     paid := true;
-                ELSE
-                    late := true;
                 END IF;
             END IF;
         END LOOP;
@@ -251,11 +248,6 @@ BEGIN
                        WHEN 'host' THEN s_value[j] IS NOT DISTINCT FROM hosts[i]
                        ELSE false END;
                 CONTINUE WHEN NOT hit OR s_rate[j] IS NULL;
-                IF late THEN
-                    -- Its slot went unused: the token it drew for it comes
-                    -- back (never above the burst), and it draws anew.
-                    s_tokens[j] := least(s_burst[j]::double precision, s_tokens[j] + 1);
-                END IF;
                 s_tokens[j] := s_tokens[j] - 1;
                 s_used[j] := true;
                 IF s_tokens[j] < 0 AND (lack = 0 OR now() + make_interval(secs => -s_tokens[j] / s_rate[j]) > until) THEN

@@ -326,3 +326,28 @@ def test_a_worker_built_before_scopes_takes_nothing_it_would_mishandle(conn):
                            "%s::uuid[], true, '{}', 30)", (owner, ids))
     assert old_mark == [(ids[0], True)]
     assert live(conn, ids[0])["held_by"] == "host:api.example.com"
+
+
+def test_a_scope_on_a_type_the_claim_does_not_take_leaves_it_one_statement(conn):
+    """A pause or limit of email does not touch an http worker's claim: its
+    rows go straight to `sending` (leased_only false); a host scope, which
+    only the worker can match, or a scope of its own type makes it a lease."""
+    kill_switch(conn, True)
+    claim = ("SELECT effect_id::text, leased_only FROM outbox_claim(%s, 'w', 10, 30, %s, true, "
+             "'{}', %s, p_lease_if_scoped => true)")
+    query(conn, "SELECT outbox_scope_limit('type', 'email', 5, 5, 'op', 'why')")
+    query(conn, "SELECT outbox_scope_pause('type', 'crm', true, 'op', 'why')")
+    query(conn, "SELECT outbox_scope_pause('crm_object', 'Task', true, 'op', 'why')")
+    ids = add(conn, [("http", "https://api.example.com/a")])
+    rows = query(conn, claim, (str(uuid.uuid4()), ["http"], str(uuid.uuid4())))
+    assert rows == [(ids[0], False)] and live(conn, ids[0])["state"] == "sending"
+    # The same scopes meet a claim that takes crm: a lease.
+    crm = add(conn, [("crm", "Note/Ext__c")])
+    query(conn, "SELECT outbox_scope_pause('type', 'crm', false, 'op', 'why')")
+    rows = query(conn, claim, (str(uuid.uuid4()), ["crm"], str(uuid.uuid4())))
+    assert rows == [(crm[0], True)]
+    # Any host scope: a lease (the worker knows the host it connects to).
+    more = add(conn, [("http", "https://other.example/a")])
+    query(conn, "SELECT outbox_scope_limit('host', 'api.example.com', 5, 5, 'op', 'why')")
+    rows = query(conn, claim, (str(uuid.uuid4()), ["http"], str(uuid.uuid4())))
+    assert rows == [(more[0], True)]
