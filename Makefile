@@ -58,7 +58,8 @@ ALL_LDFLAGS = $(LDFLAGS) $(EXTRA_LDFLAGS)
 # Core objects shared by the daemon and outboxctl (providers/lib/text.c:
 # the growing string and the out-of-memory policy the plugins use too).
 CORE_SRC  := dispatcher/util.c dispatcher/log.c dispatcher/config.c dispatcher/db.c \
-             dispatcher/migrate.c dispatcher/config_read.c providers/lib/text.c
+             dispatcher/migrate.c dispatcher/config_read.c providers/lib/text.c \
+             providers/lib/hostname.c
 DAEMON_SRC := dispatcher/main.c dispatcher/worker.c dispatcher/health.c dispatcher/effect.c \
               dispatcher/take.c dispatcher/lease.c dispatcher/claim.c dispatcher/decide.c dispatcher/mark.c dispatcher/send.c dispatcher/reconcile.c \
               dispatcher/housekeeping.c dispatcher/late.c dispatcher/wire.c dispatcher/worker_sql.c \

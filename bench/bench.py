@@ -33,8 +33,9 @@ Environment:
                    server's) and extra [database] lines: workers through PgBouncer
                    (bench/scaling.py)
   BENCH_ONLY       the parts to run: throughput ceiling latency inflight variants durable
-                   (variants = big held limited; each alone needs throughput, for its
-                   baseline)
+                   (variants = big held limited unrelated; each alone needs throughput,
+                   for its baseline; unrelated: a type limit on email, which the run's
+                   workers do not serve)
 """
 import atexit
 import json
@@ -970,7 +971,7 @@ def main():
             results["inflight"] = inflight_run()
 
         if VARIANTS and tp and ("variants" in ONLY or "big" in ONLY or "held" in ONLY
-                                or "limited" in ONLY):
+                                or "limited" in ONLY or "unrelated" in ONLY):
             # Each variant is compared with a fresh-table run of the same
             # worker count made just before it: the machine's speed drifts
             # by 10-20 % over a quarter of an hour (the same work took 0.19
@@ -978,7 +979,7 @@ def main():
             # the variants run last.
             best_k = results.get("ratio_workers") or max(tp, key=lambda k: tp[k]["rate"])
             for name, big, hold in (("big", True, False), ("held", False, True),
-                                    ("limited", False, False)):
+                                    ("limited", False, False), ("unrelated", False, False)):
                 if "variants" not in ONLY and name not in ONLY:
                     continue
                 reset()
@@ -995,9 +996,19 @@ def main():
                     # leases, the mark draws on the bucket), not a throttle.
                     q("SELECT outbox_scope_limit('host', '127.0.0.1', %s::float8, %s::integer, "
                       "'bench', 'the cost of one limit')", (LIMIT_RATE, int(LIMIT_RATE)), fetch=False)
+                if name == "unrelated":
+                    # A limit on a type the run's workers do not serve (they
+                    # serve http): their claims stay one statement.
+                    q("INSERT INTO outbox_providers (name) VALUES ('email') ON CONFLICT DO NOTHING",
+                      fetch=False)
+                    q("SELECT outbox_scope_limit('type', 'email', 10::float8, 10, "
+                      "'bench', 'a limit the run does not meet')", fetch=False)
                 load(N, sink.url("ok"))
                 settle()
                 results[name] = throughput(best_k, "%s-%d" % (name, best_k), hold_xmin=hold)
+                if name == "unrelated":
+                    q("SELECT outbox_scope_limit('type', 'email', NULL::float8, NULL::integer, "
+                      "'bench', 'done')", fetch=False)
                 if name == "limited":
                     q("SELECT outbox_scope_limit('host', '127.0.0.1', NULL::float8, NULL::integer, "
                       "'bench', 'done')", fetch=False)
@@ -1173,6 +1184,14 @@ def summary():
         k = results["variant_workers"]
         r, b = results["limited"], base_of("limited")
         rows.append(("throughput, %d workers, one rate limit active (%.0f/s, not reached)" % (k, LIMIT_RATE),
+                     "%.0f effects/s" % r["rate"],
+                     "%+.0f%% vs no scope just before (%.0f effects/s); PostgreSQL CPU s/1000 %.2f vs %.2f"
+                     " (%.2fx)" % ((r["rate"] / b["rate"] - 1) * 100, b["rate"], r["pg_cpu_per_1k"],
+                                   b["pg_cpu_per_1k"], r["pg_cpu_per_1k"] / b["pg_cpu_per_1k"])))
+    if "unrelated" in results:
+        k = results["variant_workers"]
+        r, b = results["unrelated"], base_of("unrelated")
+        rows.append(("throughput, %d workers, a rate limit on a type the run does not serve" % k,
                      "%.0f effects/s" % r["rate"],
                      "%+.0f%% vs no scope just before (%.0f effects/s); PostgreSQL CPU s/1000 %.2f vs %.2f"
                      " (%.2fx)" % ((r["rate"] / b["rate"] - 1) * 100, b["rate"], r["pg_cpu_per_1k"],

@@ -4,10 +4,10 @@
  */
 #include "hosts.h"
 
-#include <ctype.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "lib/hostname.h"
 #include "util.h"
 
 #define HOSTS_BUCKETS 256
@@ -198,6 +198,7 @@ void host_key_host(const char *key, char *out, size_t len)
 {
 	const char *scheme = strstr(key, "://"), *start = scheme ? scheme + 3 : key, *end;
 	const char *colon = strrchr(start, ':');
+	char raw[256];
 	size_t n;
 
 	if (*start == '[') {
@@ -217,9 +218,11 @@ void host_key_host(const char *key, char *out, size_t len)
 	n = (size_t)(end - start);
 	if (len == 0)
 		return;
-	if (n >= len)
-		n = len - 1;
-	for (size_t i = 0; i < n; i++)
-		out[i] = (char)tolower((unsigned char)start[i]);
-	out[n] = '\0';
+	if (n >= sizeof(raw))
+		n = sizeof(raw) - 1;
+	memcpy(raw, start, n);
+	raw[n] = '\0';
+	/* The one spelling scopes are stored in: "::ffff:127.0.0.2",
+	 * "0x7f.0.0.2" and "127.2" all connect to 127.0.0.2. */
+	host_canon(raw, out, len);
 }

@@ -66,9 +66,11 @@ bool host_send_done(struct host_state *hs, const struct outbox_result *r, int fa
 
 /* The host name or address in a provider's host key (validate()'s
  * host_key: "https://api.example.com:443", "https://::1:443",
- * "relay.example.com:587", "[::1]:25"), lower case, without scheme, port or brackets: the host a
- * scope names (docs/design.md, "Scoped pauses and rate limits").  Empty
- * when the key has none. */
+ * "relay.example.com:587", "[::1]:25"), without scheme, port or brackets,
+ * in the one spelling of lib/hostname.h (IPv4 and IPv4-mapped addresses
+ * as the dotted quad, IPv6 as RFC 5952, names in lower case without a
+ * trailing dot): the host a scope names (docs/design.md, "Scoped pauses
+ * and rate limits").  Empty when the key has none. */
 void host_key_host(const char *key, char *out, size_t len);
 
 #endif

@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "lib/hostname.h"
 #include "outboxctl.h"
 
 #define SCOPE_TIME(col) \
@@ -108,11 +109,16 @@ static bool scope_parse(const char *cmd, int argc, char **argv, struct scope *ou
 		char c = argv[first + 1][i];
 		out->value[i] = scope_kinds[found].lower_case && c >= 'A' && c <= 'Z' ? (char)(c - 'A' + 'a') : c;
 	}
-	/* The stored form, as outbox_scope_value makes it: a host or CRM
-	 * object in lower case, an IPv6 host bare. */
-	if (out->kind == SCOPE_HOST && n > 2 && out->value[0] == '[' && out->value[n - 1] == ']') {
-		memmove(out->value, out->value + 1, n - 2);
-		out->value[n - 2] = '\0';
+	/* The stored form, as outbox_scope_value makes it: a CRM object in
+	 * lower case, a host in the one spelling the workers match
+	 * (lib/hostname.h); a host no connection can be made to is refused
+	 * here, not kept as a scope that would never hold anything. */
+	if (out->kind == SCOPE_HOST &&
+	    host_canon(argv[first + 1], out->value, sizeof(out->value)) == HOST_BAD) {
+		fprintf(stderr, "outboxctl: %s: --host %s is not a host name or address (no scheme, "
+		        "port or path), e.g. api.example.com, 192.0.2.1, 2001:db8::1\n", cmd,
+		        tv(argv[first + 1]));
+		return false;
 	}
 	return true;
 }

@@ -13,6 +13,7 @@
 #include <strings.h>
 
 #include "http/http.h"
+#include "lib/hostname.h"
 #include "lib/json_text.h"
 #include "lib/netrules.h"
 #include "lib/text.h"
@@ -252,7 +253,7 @@ bool http_validate(void *self, const struct outbox_effect *e, char *host_key,
 {
 	struct http_provider *hp = self;
 	const json_t *method;
-	char scheme[16], host[256];
+	char scheme[16], host[256], canon[256];
 	long port;
 
 	if (strlen(e->target) > 8192) {
@@ -277,7 +278,11 @@ bool http_validate(void *self, const struct outbox_effect *e, char *host_key,
 	if (!check_headers(hp, e->target, json_object_get(e->payload, "headers"), err, errlen) ||
 	    !check_body(e, err, errlen))
 		return false;
-	snprintf(host_key, host_keylen, "%s://%s:%ld", scheme, host, port);
+	/* One key per address, however the target spells it (an IPv4-mapped
+	 * address is the IPv4 one): per-host concurrency, the breaker and the
+	 * scopes see one host. */
+	host_canon(host, canon, sizeof(canon));
+	snprintf(host_key, host_keylen, "%s://%s:%ld", scheme, canon, port);
 	return true;
 }
 

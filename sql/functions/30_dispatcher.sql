@@ -884,13 +884,20 @@ BEGIN
     IF p_enabled THEN
         PERFORM pg_notify('effect_outbox', 'kill-switch-on');
     END IF;
+    -- Exact when the switch commits: the rows listed stay locked until
+    -- then (a send finishing meanwhile waits to record it), and a row
+    -- that finished while this waited is re-read and left out.
     RETURN QUERY
-    SELECT o.effect_id, b.effect_key, b.effect_type, b.target, o.lease_worker, o.sending_since
-      FROM effect_calls c
-      JOIN effect_live o ON o.effect_id = ANY (c.ids) AND o.mark_token = c.call
-      JOIN effect_outbox b ON b.effect_id = o.effect_id
-     WHERE o.state = 'sending'
-     ORDER BY o.sending_since;
+    SELECT x.effect_id, x.effect_key, x.effect_type, x.target, x.lease_worker, x.sending_since
+      FROM (SELECT o.effect_id, b.effect_key, b.effect_type, b.target, o.lease_worker,
+                   o.sending_since
+              FROM effect_calls c
+              JOIN effect_live o ON o.effect_id = ANY (c.ids) AND o.mark_token = c.call
+              JOIN effect_outbox b ON b.effect_id = o.effect_id
+             WHERE o.state = 'sending'
+             ORDER BY o.effect_id
+               FOR SHARE OF o) x
+     ORDER BY x.sending_since;
 END $$;
 
 -- 5 and 6. One lock order; attempts only from the lease holder ---------------

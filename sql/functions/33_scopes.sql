@@ -19,15 +19,107 @@
 -- of this runs: the lease, claim and mark run the statements they ran
 -- before scopes existed.
 
--- The host of an http(s) URL target, lower case, IPv6 without brackets;
--- NULL for any other target.  The database's reading, for parking and for
--- counts: at the sending transition the worker passes the host its
--- provider connects to (a CRM instance's, the email relay's), and that one
--- decides.
+-- A host in its one spelling, as the worker writes it (providers/lib/
+-- hostname.h): an IPv4 address in any form libcurl and inet_aton() accept
+-- (2130706434, 0x7f.1, 127.1, 0177.0.0.01) or IPv4-mapped (::ffff:a.b.c.d)
+-- as the dotted quad; any other IPv6 address as inet_ntop() writes it
+-- (RFC 5952), without brackets; a name in lower case without a trailing
+-- dot.  NULL for what no connection can be made to: a port, "::::",
+-- "1.2.3.4.5", an empty label.
+CREATE OR REPLACE FUNCTION outbox_host_canon(p_host text)
+RETURNS text
+LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE AS $$
+DECLARE
+    h text := lower(p_host);
+    parts text[];
+    n integer;
+    v numeric;
+    addr numeric := 0;
+    a inet;
+BEGIN
+    IF h LIKE '[%]' THEN
+        h := substr(h, 2, length(h) - 2);
+        IF h NOT LIKE '%:%' THEN
+            RETURN NULL;
+        END IF;
+    END IF;
+    IF length(h) > 253 OR h = '' THEN
+        RETURN NULL;
+    END IF;
+    IF h LIKE '%:%' THEN
+        IF h !~ '^[0-9a-f:.]+$' THEN
+            RETURN NULL;
+        END IF;
+        BEGIN
+            a := h::inet;
+        EXCEPTION WHEN invalid_text_representation THEN
+            RETURN NULL;
+        END;
+        IF family(a) <> 6 OR masklen(a) <> 128 THEN
+            RETURN NULL;
+        END IF;
+        IF a << '::ffff:0.0.0.0/96'::inet THEN
+            RETURN host('0.0.0.0'::inet + (a - '::ffff:0.0.0.0'::inet));
+        END IF;
+        RETURN host(a);
+    END IF;
+    IF right(h, 1) = '.' THEN
+        h := left(h, -1);
+    END IF;
+    -- IPv4 as libcurl reads it: one to four parts, each 0x hex, 0 octal
+    -- or decimal, the last filling the bytes left.
+    IF h ~ '^(0x[0-9a-f]+|0[0-7]*|[1-9][0-9]*)(\.(0x[0-9a-f]+|0[0-7]*|[1-9][0-9]*)){0,3}$' THEN
+        parts := string_to_array(h, '.');
+        n := cardinality(parts);
+        FOR i IN 1 .. n LOOP
+            IF length(parts[i]) > 34 THEN
+                RETURN NULL;
+            END IF;
+            v := 0;
+            IF parts[i] LIKE '0x%' THEN
+                FOR k IN 3 .. length(parts[i]) LOOP
+                    v := v * 16 + position(substr(parts[i], k, 1) IN '0123456789abcdef') - 1;
+                END LOOP;
+            ELSIF parts[i] LIKE '0%' THEN
+                FOR k IN 2 .. length(parts[i]) LOOP
+                    v := v * 8 + substr(parts[i], k, 1)::integer;
+                END LOOP;
+            ELSE
+                v := parts[i]::numeric;
+            END IF;
+            IF i < n THEN
+                IF v > 255 THEN
+                    RETURN NULL;
+                END IF;
+                addr := addr + v * 2 ^ (32 - 8 * i);
+            ELSE
+                IF v >= 2 ^ (32 - 8 * (n - 1)) THEN
+                    RETURN NULL;
+                END IF;
+                addr := addr + v;
+            END IF;
+        END LOOP;
+        RETURN host('0.0.0.0'::inet + addr::bigint);
+    END IF;
+    -- A name: labels of letters, digits, '-' and '_', the last not all
+    -- digits (RFC 3696, 2).
+    IF h !~ '^([a-z0-9_]([a-z0-9_-]{0,61}[a-z0-9_])?\.)*[a-z0-9_]([a-z0-9_-]{0,61}[a-z0-9_])?$'
+       OR h ~ '(^|\.)[0-9]+$' THEN
+        RETURN NULL;
+    END IF;
+    RETURN h;
+END $$;
+
+-- The host of an http(s) URL target in its one spelling
+-- (outbox_host_canon; as written, lower case, when it has none); NULL for
+-- any other target.  The database's reading, for parking, for the claim's
+-- scopes and for counts: at the sending transition the worker passes the
+-- host its provider connects to (a CRM instance's, the email relay's), and
+-- that one decides.
 CREATE OR REPLACE FUNCTION outbox_target_host(p_target text)
 RETURNS text
 LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
-    SELECT nullif(lower(CASE WHEN h LIKE '[%]' THEN substr(h, 2, length(h) - 2) ELSE h END), '')
+    SELECT coalesce(outbox_host_canon(h), nullif(lower(h), ''))
       FROM (SELECT substring(p_target FROM
                    '^[Hh][Tt][Tt][Pp][Ss]?://(?:[^/?#@]*@)?(\[[^]/?#]*\]|[^:/?#]*)') AS h) x;
 $$;
@@ -46,11 +138,15 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$ SELECT p_kind || ':' || p_value $$;
 -- slot: a row is deferred to when the balance of its scope is back to
 -- zero, so rows deferred by every worker are spread over successive slots
 -- in the order they were deferred.  A deferred row marked at its slot has
--- paid already and goes without drawing again (if it is not more than one
--- burst's worth of time late: a row that waited longer pays again, so that
--- late rows do not add up to a burst over the limit).  The limited scopes'
--- rows are locked in key order and written once per call, not once per
--- effect.  Runs under the kill-switch lock (the caller's).
+-- paid already and goes without drawing again, if it is not later than one
+-- burst's worth of time or 250 ms (a poll), whichever is longer: workers
+-- take deferred rows a poll after their slot, and a row that paid again
+-- then lost its slot (a limit of 100/s with a burst of 10 delivered a
+-- quarter of its rate).  A row later than that (its worker died holding
+-- it, the fleet was down) pays again, so that rows late together do not
+-- add up to much over the limit.  The limited scopes' rows are locked in
+-- key order and written once per call, not once per effect.  Runs under
+-- the kill-switch lock (the caller's).
 CREATE OR REPLACE FUNCTION outbox_scope_sort(p_ids uuid[], p_hosts text[])
 RETURNS TABLE (effect_id uuid, held_by text, held_until timestamptz)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp SET jit = off AS $$
@@ -138,8 +234,10 @@ BEGIN
             IF hit AND s_rate[j] IS NOT NULL
                AND was_held[i] = outbox_scope_name(s_kind[j], s_value[j])
                AND due_at[i] <= now()
-               AND due_at[i] >= now() - make_interval(secs => s_burst[j] / s_rate[j]) THEN
-                paid := true;
+               AND due_at[i] <= now() THEN
+                IF due_at[i] >= now() - make_interval(secs => greatest(s_burst[j] / s_rate[j], 0.25)) THEN
+                    paid := true;
+                END IF;
             END IF;
         END LOOP;
         IF verdict IS NULL AND NOT paid THEN
@@ -331,14 +429,14 @@ BEGIN
                 USING ERRCODE = 'invalid_parameter_value';
         END IF;
     WHEN 'host' THEN
-        v := lower(v);
-        IF v ~ '^\[.*\]$' THEN
-            v := substr(v, 2, length(v) - 2);
-        END IF;
-        IF NOT (v ~ '^[a-z0-9]([a-z0-9-]*[a-z0-9])?(\.[a-z0-9]([a-z0-9-]*[a-z0-9])?)*$'
-                OR (v ~ '^[0-9a-f:.]+$' AND v LIKE '%:%')) THEN
-            RAISE EXCEPTION 'scope host "%": a host name or address alone (no scheme, port, path '
-                            'or trailing dot), e.g. api.example.com', p_value
+        -- Stored in the one spelling the worker matches (outbox_host_canon);
+        -- what no connection can be made to is refused, not kept as a
+        -- scope that would never hold anything.
+        v := outbox_host_canon(p_value);
+        IF v IS NULL THEN
+            RAISE EXCEPTION 'scope host "%": not a host name or address (no scheme, port or path; '
+                            'an address as the worker connects to it), e.g. api.example.com, '
+                            '192.0.2.1, 2001:db8::1', p_value
                 USING ERRCODE = 'invalid_parameter_value';
         END IF;
     WHEN 'crm_object' THEN
@@ -392,17 +490,26 @@ BEGIN
         PERFORM pg_notify('effect_outbox', 'kill-switch-on');
         RETURN;
     END IF;
+    -- The list is exact when the pause commits: its rows are locked (key
+    -- order, as every batch takes them) until then, so a send that
+    -- finishes meanwhile either finished before the lock (its row
+    -- re-read, and left out) or waits for the commit to record it; and no
+    -- send of the scope starts while the switch's lock is held.
     RETURN QUERY
-    SELECT o.effect_id, b.effect_key, b.effect_type, b.target, o.lease_worker, o.sending_since
-      FROM effect_calls c
-      JOIN effect_live o ON o.effect_id = ANY (c.ids) AND o.mark_token = c.call
-      JOIN effect_outbox b ON b.effect_id = o.effect_id
-     WHERE o.state = 'sending'
-       AND CASE p_kind
-           WHEN 'type' THEN b.effect_type = v
-           WHEN 'host' THEN coalesce(outbox_target_host(b.target) = v, true)
-           ELSE b.effect_type = 'crm' AND lower(split_part(b.target, '/', 1)) = v END
-     ORDER BY o.sending_since;
+    SELECT x.effect_id, x.effect_key, x.effect_type, x.target, x.lease_worker, x.sending_since
+      FROM (SELECT o.effect_id, b.effect_key, b.effect_type, b.target, o.lease_worker,
+                   o.sending_since
+              FROM effect_calls c
+              JOIN effect_live o ON o.effect_id = ANY (c.ids) AND o.mark_token = c.call
+              JOIN effect_outbox b ON b.effect_id = o.effect_id
+             WHERE o.state = 'sending'
+               AND CASE p_kind
+                   WHEN 'type' THEN b.effect_type = v
+                   WHEN 'host' THEN coalesce(outbox_target_host(b.target) = v, true)
+                   ELSE b.effect_type = 'crm' AND lower(split_part(b.target, '/', 1)) = v END
+             ORDER BY o.effect_id
+               FOR SHARE OF o) x
+     ORDER BY x.sending_since;
 END $$;
 
 -- Limit a type or a host to p_rate sends per second across the fleet, at
@@ -468,6 +575,7 @@ SELECT s.kind, s.value, s.paused, s.paused_by, s.paused_at, s.paused_reason,
  ORDER BY s.kind, s.value;
 
 REVOKE EXECUTE ON FUNCTION
+    outbox_host_canon(text),
     outbox_target_host(text),
     outbox_scope_name(text, text),
     outbox_lease_scoped(uuid, text, integer, integer, text[], timestamp with time zone, uuid,
@@ -484,6 +592,6 @@ GRANT EXECUTE ON FUNCTION
     outbox_scope_pause(text, text, boolean, text, text),
     outbox_scope_limit(text, text, double precision, integer, text, text)
     TO outbox_operator;
-GRANT EXECUTE ON FUNCTION outbox_target_host(text), outbox_scope_name(text, text)
+GRANT EXECUTE ON FUNCTION outbox_host_canon(text), outbox_target_host(text), outbox_scope_name(text, text)
     TO outbox_dispatcher, outbox_operator;
 GRANT SELECT ON outbox_scope_status TO outbox_operator, outbox_dispatcher;

@@ -34,7 +34,9 @@
 -- the server only after it (a retransmitted query, a stalled server)
 -- claims nothing.
 --
--- While a scope is paused or limited the claim is a lease (outbox_lease,
+-- While a scope this claim's types could meet is paused or limited (a
+-- type scope of one of p_types, a CRM object's, any host) the claim is a
+-- lease (outbox_lease,
 -- which parks what a pause visibly holds): its rows come back with
 -- leased_only true, pending with this worker's lease, and are marked with
 -- outbox_mark_sending, the commit point that reads the scopes with the host
@@ -123,6 +125,17 @@ BEGIN
     END IF;
     IF NOT allowed THEN
         RETURN;
+    END IF;
+    -- Scopes only this claim's types could meet make it a lease: a type
+    -- scope of one of them, a CRM object's when it takes crm, any host
+    -- (the host is the provider's, known to the worker only).  A pause or
+    -- limit on a type this worker does not serve leaves its claim whole.
+    IF scoped THEN
+        scoped := EXISTS (SELECT 1 FROM outbox_scopes s
+                           WHERE (s.paused OR s.rate_per_second IS NOT NULL)
+                             AND (s.kind = 'host'
+                                  OR (s.kind = 'type' AND s.value = ANY (p_types))
+                                  OR (s.kind = 'crm_object' AND 'crm' = ANY (p_types))));
     END IF;
     IF scoped AND NOT p_lease_if_scoped THEN
         RETURN;

@@ -6,8 +6,12 @@ mark holds by the host the worker passes, the bucket defers rows to its
 slots without spending attempts, and a worker built before scopes existed
 takes nothing it would mishandle.
 """
+import json
 import threading
 import uuid
+
+import psycopg2
+import pytest
 
 from outbox_test import connect, kill_switch, make_run, query, scalar, wait_for
 
@@ -46,6 +50,61 @@ def test_target_host_reading(conn):
              "ftp://x.example/": None, "https://": None}
     for target, host in cases.items():
         assert scalar(conn, "SELECT outbox_target_host(%s)", (target,)) == host, target
+
+
+# Every spelling of one address libcurl connects to, and the one the worker
+# writes (providers/lib/hostname.c; tests/unit/test_hosts.c has the same).
+SPELLINGS = {
+    "127.0.0.2": "127.0.0.2", "2130706434": "127.0.0.2", "0x7f000002": "127.0.0.2",
+    "0X7F000002": "127.0.0.2", "0x7f.0.0.2": "127.0.0.2", "0x7f.0x0.0x0.0x2": "127.0.0.2",
+    "0177.0.0.2": "127.0.0.2", "0177.0000.0000.0002": "127.0.0.2", "017700000002": "127.0.0.2",
+    "127.2": "127.0.0.2", "127.0.2": "127.0.0.2", "127.0.0x2": "127.0.0.2",
+    "127.000.000.002": "127.0.0.2", "127.0.0.2.": "127.0.0.2", "0": "0.0.0.0",
+    "4294967295": "255.255.255.255", "1.16777215": "1.255.255.255", "1.2.65535": "1.2.255.255",
+    "::ffff:127.0.0.2": "127.0.0.2", "[::ffff:127.0.0.2]": "127.0.0.2",
+    "::FFFF:7F00:2": "127.0.0.2", "0:0:0:0:0:ffff:7f00:0002": "127.0.0.2",
+    "0000:0000:0000:0000:0000:ffff:127.0.0.2": "127.0.0.2",
+    "::1": "::1", "[::1]": "::1", "0:0:0:0:0:0:0:1": "::1",
+    "0000:0000:0000:0000:0000:0000:0000:0001": "::1", "2001:DB8::1": "2001:db8::1",
+    "2001:0db8:0000:0000:0000:0000:0000:0001": "2001:db8::1",
+    "2001:db8:0:1:0:0:0:1": "2001:db8:0:1::1", "2001:db8:0:0:1:0:0:1": "2001:db8::1:0:0:1",
+    "2001:db8:0:1:1:1:1:1": "2001:db8:0:1:1:1:1:1", "::": "::",
+    "::102:304": "::1.2.3.4", "::ffff:0:102:304": "::ffff:0:102:304",
+    "API.Example.COM": "api.example.com", "api.example.com.": "api.example.com",
+    "localhost": "localhost", "xn--bcher-kva.example": "xn--bcher-kva.example",
+    "a_b.example": "a_b.example", "00x1": "00x1", "0x": "0x",
+}
+NONSENSE = ["", ".", "127.0.0.2:80", "::::", "1.2.3.4.5", "256.1.1.1", "4294967296", "1.16777216",
+            "[127.0.0.1]", "fe80::1%eth0", "a..example", "-a.example", "host/path", "user@host",
+            "1::2::3", "::ffff:1.2.3.256", "::/0", "1.2.3.4/8", "127.0.0.08"]
+
+
+def test_the_database_reads_every_spelling_of_a_host_as_the_worker_does(conn):
+    for given, canon in SPELLINGS.items():
+        assert scalar(conn, "SELECT outbox_host_canon(%s)", (given,)) == canon, given
+    for given in NONSENSE:
+        assert scalar(conn, "SELECT outbox_host_canon(%s)", (given,)) is None, given
+    # In a target: the URL host, in every spelling libcurl accepts.
+    for given, canon in SPELLINGS.items():
+        if given.endswith(".") or given in ("[::1]", "[::ffff:127.0.0.2]"):
+            continue
+        url_host = f"[{given}]" if ":" in given else given
+        for target in (f"http://{url_host}/x", f"HTTPS://user:pw@{url_host}:8443/x?q#f"):
+            assert scalar(conn, "SELECT outbox_target_host(%s)", (target,)) == canon, target
+
+
+def test_a_scope_host_is_stored_as_the_worker_spells_it_and_nonsense_is_refused(conn):
+    for given, canon in SPELLINGS.items():
+        assert scalar(conn, "SELECT outbox_scope_value('host', %s)", (given,)) == canon, given
+    for given in NONSENSE:
+        with pytest.raises(psycopg2.Error) as e:
+            query(conn, "SELECT outbox_scope_value('host', %s)", (given,))
+        assert e.value.pgcode == "22023", given
+        conn.rollback()
+    with pytest.raises(psycopg2.Error) as e:
+        query(conn, "SELECT outbox_scope_pause('host', '127.0.0.2:80', true, 'op', 'why')")
+    assert "not a host name or address" in str(e.value)
+    conn.rollback()
 
 
 def test_the_lease_parks_a_paused_type_and_crm_object_and_walks_past_them(conn):
@@ -154,6 +213,98 @@ def test_a_pause_waits_for_a_mark_in_progress_and_lists_its_sends(conn, db):
     marker.close()
 
 
+def sending(conn, rows):
+    """Effects moved to `sending` by one owner, as a worker without scopes
+    marks them (no hosts passed): their ids, and the owner."""
+    ids = add(conn, rows)
+    owner = str(uuid.uuid4())
+    assert len(query(conn, LEASE, (owner, len(ids), list({t for t, _ in rows})))) == len(ids)
+    marked = query(conn, MARK, (owner, ids, str(uuid.uuid4()), None))
+    assert all(r[2] is False for r in marked)
+    return ids, owner
+
+
+def completed(eid):
+    return json.dumps([{"effect_id": eid, "attempt": 1, "outcome": "accepted",
+                        "next_state": "completed", "provider_id": "p-1"}])
+
+
+def test_a_host_pause_lists_its_sends_in_flight_in_every_spelling(conn):
+    """The host of each send in flight is read as the worker connects to
+    it: every spelling of 127.0.0.2 is listed, 127.0.0.3 is not."""
+    kill_switch(conn, True)
+    spellings = ["127.0.0.2", "2130706434", "0x7f000002", "0x7f.0.0.2", "0177.0.0.2", "127.2",
+                 "127.000.000.002", "[::ffff:127.0.0.2]", "[::ffff:7f00:2]",
+                 "[0:0:0:0:0:ffff:7f00:2]"]
+    mine, _ = sending(conn, [("http", f"http://{h}:8080/x") for h in spellings])
+    other, _ = sending(conn, [("http", "http://127.0.0.3:8080/x"), ("http", "http://0x7f000003/")])
+    listed = sorted(r[0] for r in pause(conn, "host", "::ffff:127.0.0.2"))
+    assert listed == sorted(mine), (len(listed), len(mine))
+    assert not set(other) & set(listed)
+
+
+@pytest.mark.parametrize("kind", ["global", "type"])
+def test_the_in_flight_list_is_exact_when_the_pause_commits(conn, db, kind):
+    """A send that finishes while the pause's transaction is open waits for
+    its commit (so it was in flight when the pause committed, and is
+    listed); one that finished before the pause read the rows is not
+    listed, even if its finish committed after the pause's statement began."""
+    kill_switch(conn, True)
+    ids, owner = sending(conn, [("http", "https://api.example.com/a"),
+                                ("http", "https://api.example.com/b")])
+    off = ("SELECT effect_id::text FROM outbox_kill_switch_set(false, 'op', 'why')"
+           if kind == "global" else
+           "SELECT effect_id::text FROM outbox_scope_pause('type', 'http', true, 'op', 'why')")
+    # 1. A finish in progress when the pause starts: the pause waits for it
+    #    and leaves its row out.
+    finisher = connect(db)
+    finisher.autocommit = False
+    with finisher.cursor() as cur:
+        cur.execute("SELECT applied FROM outbox_complete(%s, 'w', %s)", (owner, completed(ids[0])))
+        assert cur.fetchall() == [(True,)]
+    op = connect(db)
+    op.autocommit = False
+    listed = []
+
+    def run_pause():
+        with op.cursor() as cur:
+            cur.execute(off)
+            listed.extend(r[0] for r in cur.fetchall())
+    t = threading.Thread(target=run_pause)
+    t.start()
+    wait_for(lambda: scalar(conn, "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = "
+                                  "'Lock' AND datname = current_database() "
+                                  "AND (query LIKE '%%outbox_scope_pause%%' "
+                                  "OR query LIKE '%%outbox_kill_switch_set%%')") == 1,
+             what="the pause waiting for the finish in progress")
+    finisher.commit()
+    t.join(10)
+    assert not t.is_alive()
+    assert listed == [ids[1]]
+    # 2. A finish of a listed send while the pause is open waits for its
+    #    commit: at the commit, the list is what was in flight.
+    done = []
+
+    def finish():
+        with finisher.cursor() as cur:
+            cur.execute("SELECT applied FROM outbox_complete(%s, 'w', %s)",
+                        (owner, completed(ids[1])))
+            done.extend(cur.fetchall())
+        finisher.commit()
+    f = threading.Thread(target=finish)
+    f.start()
+    wait_for(lambda: scalar(conn, "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = "
+                                  "'Lock' AND datname = current_database() "
+                                  "AND query LIKE '%%outbox_complete%%'") == 1,
+             what="the finish waiting for the pause to commit")
+    assert scalar(conn, "SELECT state FROM effect_live WHERE effect_id = %s", (ids[1],)) == "sending"
+    op.commit()
+    f.join(10)
+    assert done == [(True,)]
+    finisher.close()
+    op.close()
+
+
 def test_a_worker_built_before_scopes_takes_nothing_it_would_mishandle(conn):
     """Its claim (without p_lease_if_scoped) would send merely leased rows
     as marked: while a scope is set it takes nothing.  Its mark (the
@@ -175,3 +326,28 @@ def test_a_worker_built_before_scopes_takes_nothing_it_would_mishandle(conn):
                            "%s::uuid[], true, '{}', 30)", (owner, ids))
     assert old_mark == [(ids[0], True)]
     assert live(conn, ids[0])["held_by"] == "host:api.example.com"
+
+
+def test_a_scope_on_a_type_the_claim_does_not_take_leaves_it_one_statement(conn):
+    """A pause or limit of email does not touch an http worker's claim: its
+    rows go straight to `sending` (leased_only false); a host scope, which
+    only the worker can match, or a scope of its own type makes it a lease."""
+    kill_switch(conn, True)
+    claim = ("SELECT effect_id::text, leased_only FROM outbox_claim(%s, 'w', 10, 30, %s, true, "
+             "'{}', %s, p_lease_if_scoped => true)")
+    query(conn, "SELECT outbox_scope_limit('type', 'email', 5, 5, 'op', 'why')")
+    query(conn, "SELECT outbox_scope_pause('type', 'crm', true, 'op', 'why')")
+    query(conn, "SELECT outbox_scope_pause('crm_object', 'Task', true, 'op', 'why')")
+    ids = add(conn, [("http", "https://api.example.com/a")])
+    rows = query(conn, claim, (str(uuid.uuid4()), ["http"], str(uuid.uuid4())))
+    assert rows == [(ids[0], False)] and live(conn, ids[0])["state"] == "sending"
+    # The same scopes meet a claim that takes crm: a lease.
+    crm = add(conn, [("crm", "Note/Ext__c")])
+    query(conn, "SELECT outbox_scope_pause('type', 'crm', false, 'op', 'why')")
+    rows = query(conn, claim, (str(uuid.uuid4()), ["crm"], str(uuid.uuid4())))
+    assert rows == [(crm[0], True)]
+    # Any host scope: a lease (the worker knows the host it connects to).
+    more = add(conn, [("http", "https://other.example/a")])
+    query(conn, "SELECT outbox_scope_limit('host', 'api.example.com', 5, 5, 'op', 'why')")
+    rows = query(conn, claim, (str(uuid.uuid4()), ["http"], str(uuid.uuid4())))
+    assert rows == [(more[0], True)]

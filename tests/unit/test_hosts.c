@@ -18,6 +18,7 @@
 #include <string.h>
 
 #include "hosts.h"
+#include "lib/hostname.h"
 
 #define N_FAIL   3
 #define OPEN_MS  30000
@@ -429,6 +430,12 @@ static void test_host_key_host(void **state)
 		{ "relay", "relay" },
 		{ "", "" },
 		{ "[unclosed", "unclosed" },
+		/* One spelling per address: what a scope is stored as. */
+		{ "https://::ffff:127.0.0.2:443", "127.0.0.2" },
+		{ "[::FFFF:7f00:2]:25", "127.0.0.2" },
+		{ "0x7f.0.0.2:25", "127.0.0.2" },
+		{ "Relay.Example.COM.:587", "relay.example.com" },
+		{ "https://2001:DB8:0:0:0:0:0:1:443", "2001:db8::1" },
 	};
 	char out[64];
 
@@ -439,6 +446,92 @@ static void test_host_key_host(void **state)
 	}
 	/* Cut to the buffer, never past it. */
 	host_key_host("https://api.example.com:443", out, 4);
+	assert_string_equal(out, "api");
+}
+
+/* Every spelling of an address libcurl and inet_aton() accept comes out
+ * as the one the worker connects to; what can never be connected to is
+ * refused. */
+static void test_host_canon(void **state)
+{
+	static const struct {
+		const char *in, *out;
+		enum host_form form;
+	} cases[] = {
+		/* IPv4: dotted, decimal, hex, octal, short, zero-padded */
+		{ "127.0.0.2", "127.0.0.2", HOST_IPV4 },
+		{ "2130706434", "127.0.0.2", HOST_IPV4 },
+		{ "0x7f000002", "127.0.0.2", HOST_IPV4 },
+		{ "0X7F000002", "127.0.0.2", HOST_IPV4 },
+		{ "0x7f.0.0.2", "127.0.0.2", HOST_IPV4 },
+		{ "0x7f.0x0.0x0.0x2", "127.0.0.2", HOST_IPV4 },
+		{ "0177.0.0.2", "127.0.0.2", HOST_IPV4 },
+		{ "0177.0000.0000.0002", "127.0.0.2", HOST_IPV4 },
+		{ "017700000002", "127.0.0.2", HOST_IPV4 },
+		{ "127.2", "127.0.0.2", HOST_IPV4 },
+		{ "127.0.2", "127.0.0.2", HOST_IPV4 },
+		{ "127.0.0x2", "127.0.0.2", HOST_IPV4 },
+		{ "127.000.000.002", "127.0.0.2", HOST_IPV4 },
+		{ "127.0.0.2.", "127.0.0.2", HOST_IPV4 },
+		{ "0", "0.0.0.0", HOST_IPV4 },
+		{ "4294967295", "255.255.255.255", HOST_IPV4 },
+		{ "1.16777215", "1.255.255.255", HOST_IPV4 },
+		{ "1.2.65535", "1.2.255.255", HOST_IPV4 },
+		/* IPv4-mapped IPv6: the IPv4 address */
+		{ "::ffff:127.0.0.2", "127.0.0.2", HOST_IPV4 },
+		{ "[::ffff:127.0.0.2]", "127.0.0.2", HOST_IPV4 },
+		{ "::FFFF:7F00:2", "127.0.0.2", HOST_IPV4 },
+		{ "0:0:0:0:0:ffff:7f00:0002", "127.0.0.2", HOST_IPV4 },
+		{ "0000:0000:0000:0000:0000:ffff:127.0.0.2", "127.0.0.2", HOST_IPV4 },
+		/* IPv6: RFC 5952 */
+		{ "::1", "::1", HOST_IPV6 },
+		{ "[::1]", "::1", HOST_IPV6 },
+		{ "0:0:0:0:0:0:0:1", "::1", HOST_IPV6 },
+		{ "0000:0000:0000:0000:0000:0000:0000:0001", "::1", HOST_IPV6 },
+		{ "2001:DB8::1", "2001:db8::1", HOST_IPV6 },
+		{ "2001:0db8:0000:0000:0000:0000:0000:0001", "2001:db8::1", HOST_IPV6 },
+		{ "2001:db8:0:1:0:0:0:1", "2001:db8:0:1::1", HOST_IPV6 },
+		{ "2001:db8:0:0:1:0:0:1", "2001:db8::1:0:0:1", HOST_IPV6 },
+		{ "2001:db8:0:1:1:1:1:1", "2001:db8:0:1:1:1:1:1", HOST_IPV6 },
+		{ "::", "::", HOST_IPV6 },
+		/* names */
+		{ "API.Example.COM", "api.example.com", HOST_NAME },
+		{ "api.example.com.", "api.example.com", HOST_NAME },
+		{ "localhost", "localhost", HOST_NAME },
+		{ "xn--bcher-kva.example", "xn--bcher-kva.example", HOST_NAME },
+		{ "a_b.example", "a_b.example", HOST_NAME },
+		{ "127.0.0.08", "127.0.0.08", HOST_BAD },     /* not octal, not a name */
+		{ "00x1", "00x1", HOST_NAME },                /* libcurl: a name */
+		/* nothing a connection can be made to */
+		{ "", "", HOST_BAD },
+		{ ".", ".", HOST_BAD },
+		{ "127.0.0.2:80", "127.0.0.2:80", HOST_BAD },
+		{ "::::", "::::", HOST_BAD },
+		{ "1.2.3.4.5", "1.2.3.4.5", HOST_BAD },
+		{ "256.1.1.1", "256.1.1.1", HOST_BAD },
+		{ "4294967296", "4294967296", HOST_BAD },
+		{ "1.16777216", "1.16777216", HOST_BAD },
+		{ "0x", "0x", HOST_NAME },                    /* libcurl: a name */
+		{ "[127.0.0.1]", "[127.0.0.1]", HOST_BAD },
+		{ "fe80::1%eth0", "fe80::1%eth0", HOST_BAD },
+		{ "a..example", "a..example", HOST_BAD },
+		{ "-a.example", "-a.example", HOST_BAD },
+		{ "host/path", "host/path", HOST_BAD },
+		{ "user@host", "user@host", HOST_BAD },
+		{ "1::2::3", "1::2::3", HOST_BAD },
+		{ "::ffff:1.2.3.256", "::ffff:1.2.3.256", HOST_BAD },
+	};
+	char out[256];
+
+	(void)state;
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		enum host_form form = host_canon(cases[i].in, out, sizeof(out));
+		if (form != cases[i].form || strcmp(out, cases[i].out) != 0)
+			fail_msg("host_canon(\"%s\") = %d \"%s\", expected %d \"%s\"", cases[i].in,
+			         form, out, cases[i].form, cases[i].out);
+	}
+	/* Cut to the buffer, never past it. */
+	assert_int_equal(host_canon("api.example.com", out, 4), HOST_NAME);
 	assert_string_equal(out, "api");
 }
 
@@ -459,6 +552,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_stragglers_while_open, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_idle_hosts_are_pruned, setup, teardown),
 		cmocka_unit_test(test_host_key_host),
+		cmocka_unit_test(test_host_canon),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
