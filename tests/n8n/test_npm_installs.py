@@ -74,3 +74,44 @@ def test_the_peer_bench_install_reports_nowhere_and_leaves_nothing(tmp_path):
     npm_env, tmp = run_install(tmp_path, ["sh", PEER_INSTALL],
                                {"PEER_CACHE": str(tmp_path / "cache")})
     check_quiet(npm_env, tmp)
+
+
+def guide_block(heading):
+    """The first ```sh block after a heading of docs/n8n.md."""
+    with open(os.path.join(ROOT, "docs", "n8n.md")) as f:
+        text = f.read()
+    rest = text[text.index(heading):]
+    return rest[rest.index("```sh\n") + 6:rest.index("```\n", rest.index("```sh\n") + 6)]
+
+
+def test_the_guides_n8n_install_runs_as_written_and_reaches_only_the_registry(tmp_path):
+    """docs/n8n.md step 1, run as written (with a stand-in npm) from the
+    repository's top folder: the pinned files land in ~/n8n and npm is told
+    what a registry-only machine needs, as the suite's installs are (no
+    prebuilt downloads, this Node's headers, no telemetry)."""
+    block = guide_block("### 1. Install and run n8n")
+    bin_dir, home = tmp_path / "bin", tmp_path / "home"
+    bin_dir.mkdir()
+    home.mkdir()
+    (bin_dir / "npm").write_text(
+        "#!/bin/sh\n/usr/bin/python3 -c 'import json, os, sys; "
+        "json.dump({\"argv\": sys.argv[2:], \"cwd\": os.getcwd(), \"env\": dict(os.environ)}, "
+        "open(sys.argv[1], \"w\"))' \"$FAKE_NPM_RECORD\" \"$@\"\n")
+    (bin_dir / "npm").chmod(0o755)
+    env = {k: v for k, v in os.environ.items()
+           if not k.lower().startswith("npm_config_") and k != "SCARF_ANALYTICS"}
+    env.update(PATH=f"{bin_dir}:{os.environ['PATH']}", HOME=str(home),
+               FAKE_NPM_RECORD=str(tmp_path / "npm.json"))
+    r = subprocess.run(["bash", "-euo", "pipefail", "-c", block], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+    with open(tmp_path / "npm.json") as f:
+        rec = json.load(f)
+    assert rec["cwd"] == str(home / "n8n")
+    for name in ("package.json", "package-lock.json"):
+        with open(home / "n8n" / name) as got, open(os.path.join(ROOT, "tests", "n8n", "npm", name)) as want:
+            assert got.read() == want.read(), name
+    assert rec["argv"][0] == "ci", rec["argv"]
+    for flag in ("--no-audit", "--no-fund", "--nodedir=/usr", "--build-from-source"):
+        assert flag in rec["argv"], (flag, rec["argv"])
+    assert rec["env"].get("SCARF_ANALYTICS") == "false"
