@@ -23,4 +23,11 @@ offset=$(( target - $(date -u +%s) ))
 # ahead of it, unless told not to check.
 export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=0:halt_on_error=1}:verify_asan_link_order=0"
 echo "test-at: clocks at $(date -u -d "@$target" '+%Y-%m-%d %H:%M:%S UTC') (offset ${offset} s)"
+# Only the wall clock moves: the monotonic clocks (timeouts, intervals)
+# are not dates, and a machine on that date has them as usual.  (With the
+# monotonic clock moved too, every wait of Python's threading hangs:
+# libfaketime does not translate sem_clockwait's deadline.)  Python's
+# time.sleep needs a stand-in then (tests/lib/faketime/sitecustomize.py).
+export FAKETIME_DONT_FAKE_MONOTONIC=1
+export PYTHONPATH="$(pwd)/tests/lib/faketime${PYTHONPATH:+:$PYTHONPATH}"
 exec faketime -f "+${offset}" sh tests/run.sh
