@@ -3,6 +3,8 @@
 #
 #   make              build/outbox-dispatcher, build/outboxctl, build/providers/*.so
 #   make test         sanitizer build + every suite against a throwaway PostgreSQL
+#   make test-cold    the README's test command as a new machine runs it: a fresh
+#                     clone of HEAD, empty HOME, TMPDIR, npm and n8n caches (scripts/test-cold.sh)
 #   make install PREFIX=/usr/local [DESTDIR=...] [LIBDIR=...] [UNITDIR=...]
 #   make man          build/man/*.8 from the --help texts (help2man)
 #   make deb          build/deb/outbox-dispatcher_VERSION_ARCH.deb (debian/)
@@ -88,7 +90,7 @@ UNIT_BIN  := $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(UNIT_SRC))
 MIGRATIONS := $(sort $(wildcard sql/[0-9]*.sql))
 FUNCTION_SQL := $(sort $(wildcard sql/functions/*.sql))
 
-.PHONY: all clean install print-version test unit cppcheck bench bench-quick bench-email bench-levers bench-insert bench-peer bench-history chaos demo fuzz man deb schema
+.PHONY: all clean install print-version test test-cold unit cppcheck bench bench-quick bench-email bench-levers bench-insert bench-peer bench-history chaos demo fuzz man deb schema
 all: $(BUILD)/outbox-dispatcher $(BUILD)/outboxctl $(PLUGINS)
 
 # -MMD -MP: each object's header dependencies, read back below.
@@ -173,6 +175,11 @@ SAN_FLAGS := -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sa
 test:
 	$(MAKE) BUILD=build-asan CFLAGS="$(SAN_FLAGS)" EXTRA_LDFLAGS="-fsanitize=address,undefined" all $(patsubst $(BUILD)/%,build-asan/%,$(UNIT_BIN))
 	BUILD_DIR=build-asan sh tests/run.sh
+
+# The README's test command on a machine that never ran it (tests/README.md,
+# "A cold run"): the real caches are left alone.
+test-cold:
+	sh scripts/test-cold.sh
 
 # sql/schema.sql, the fresh-install schema in one file, regenerated from
 # the migrations and sql/functions/ (a throwaway PostgreSQL of its own).

@@ -118,7 +118,11 @@ step "operator's view: outboxctl status"
 step "effects"
 psql -d demo -c "SELECT effect_type, target, state, attempts, provider_id, last_error_class AS error
                  FROM outbox_effects ORDER BY created_at"
-step "runs"
+step "runs (the settled state: as their effects made them)"
+# The workers do not write runs when effects finish; every reader settles
+# the runs it reads first (outbox_settle_runs), and so does this one, so
+# the state shown is the one outboxctl and the producer functions report.
+psql -q -d demo -c "SELECT outbox_settle_runs(NULL)" >/dev/null
 psql -d demo -c "SELECT idempotency_key, state FROM workflow_runs ORDER BY 1"
 step "attempts log"
 psql -d demo -c "SELECT worker, attempt, outcome_class, provider_status, provider_id

@@ -32,16 +32,12 @@ mkdir -p "$cache"
 rm -rf "$cache"/graphile-*.partial.*
 tmp=$cache/graphile-$hash.partial.$$
 mkdir "$tmp"
-trap 'rm -rf "$tmp"' EXIT
+# Telemetry off, a private TMPDIR removed afterwards (scripts/npm-env.sh).
+. "$here/../../scripts/npm-env.sh"
+trap 'npm_quiet_end; rm -rf "$tmp"' EXIT
 cp "$here/package.json" "$here/package-lock.json" "$tmp/"
 echo "bench-peer: npm ci graphile-worker into $dest" >&2
-# No telemetry, no update check, no fund or audit calls, and npm's own
-# scratch files in a private folder (removed with the partial install).
-mkdir "$tmp/.tmp"
-if ! (cd "$tmp" && SCARF_ANALYTICS=false NPM_CONFIG_FUND=false NPM_CONFIG_AUDIT=false \
-        NPM_CONFIG_UPDATE_NOTIFIER=false TMPDIR="$tmp/.tmp" \
-        npm ci --ignore-scripts --no-audit --no-fund --no-update-notifier --loglevel=error \
-        >"$tmp/npm.log" 2>&1); then
+if ! npm_quiet_in "$tmp" ci --ignore-scripts --no-audit --no-fund --loglevel=error >"$tmp/npm.log" 2>&1; then
     cat "$tmp/npm.log" >&2
     echo "bench-peer: npm ci failed (is the npm registry reachable?)" >&2
     exit 1

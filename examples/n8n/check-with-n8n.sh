@@ -97,9 +97,14 @@ install_n8n() {
     find "$N8N_CACHE" -maxdepth 1 -name '.n8n-*.partial.*' -mmin +120 -exec rm -rf {} + 2>/dev/null || true
     tmp=$(mktemp -d "$N8N_CACHE/.n8n-$LOCK_KEY.partial.XXXXXX")
     cp "$NPM_DIR/package.json" "$NPM_DIR/package-lock.json" "$tmp/"
+    # Telemetry off, native modules built against this Node's headers, a
+    # private TMPDIR removed afterwards (scripts/npm-env.sh).
+    . "$ROOT/scripts/npm-env.sh"
+    trap 'npm_quiet_end' EXIT
+    trap 'exit 130' INT TERM
     t=$(now)
     echo "installing n8n $N8N_VERSION (npm ci, 1.8 GB) into $N8N_HOME: about 5 minutes on a quiet 2-core machine..."
-    if ! (cd "$tmp" && npm ci --no-audit --no-fund --loglevel=error) > "$tmp.log" 2>&1 \
+    if ! npm_quiet_in "$tmp" ci --no-audit --no-fund --loglevel=error > "$tmp.log" 2>&1 \
         || [ ! -x "$tmp/node_modules/.bin/n8n" ]; then
         echo "check-with-n8n: npm ci of n8n $N8N_VERSION failed (its last lines):" >&2
         tail -30 "$tmp.log" >&2
@@ -107,6 +112,7 @@ install_n8n() {
         exit 1
     fi
     rm -f "$tmp.log"
+    trap - EXIT
     # Two checks installing at once: the first rename wins, the other's
     # copy is dropped.
     chmod 755 "$tmp"
