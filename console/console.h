@@ -72,5 +72,6 @@ void page_begin(struct strbuf *b, const struct req *r, const char *title, const 
 void page_end(struct strbuf *b);
 extern const char console_css[];
 extern const char console_js[];
+extern const char console_icon[];
 
 #endif

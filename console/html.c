@@ -68,6 +68,7 @@ void page_begin(struct strbuf *b, const struct req *r, const char *title, const 
 	sb_puts(b, "<title>");
 	h(b, title);
 	sb_puts(b, " - outbox console</title><link rel=\"stylesheet\" href=\"/static/console.css\">"
+	           "<link rel=\"icon\" href=\"/static/favicon.svg\" type=\"image/svg+xml\">"
 	           "<script src=\"/static/console.js\" defer></script></head><body><nav>"
 	           "<span class=\"brand\">outbox console</span>");
 	for (size_t i = 0; i < sizeof(nav) / sizeof(nav[0]); i++)
@@ -118,3 +119,8 @@ const char console_js[] =
 	"    if (document.visibilityState === 'visible' && !touched) location.reload();\n"
 	"  }, s * 1000);\n"
 	"})();\n";
+
+const char console_icon[] =
+	"<svg xmlns=\"http://www.w3.org/2000/svg\" viewBox=\"0 0 16 16\">"
+	"<rect width=\"16\" height=\"16\" rx=\"3\" fill=\"#1f2937\"/>"
+	"<path d=\"M4 8h8M9 5l3 3-3 3\" stroke=\"#fff\" stroke-width=\"2\" fill=\"none\"/></svg>";

@@ -12,7 +12,7 @@
  *     Origin is the console's own, and its csrf field is this person's
  *     token (an HMAC of the person's name under a key made at start);
  *   - every answer carries a strict Content-Security-Policy (no inline
- *     script or style, frame-ancestors 'none'), nosniff, no-referrer and
+ *     script or style, frame-ancestors 'none'), nosniff, same-origin referrers and
  *     no-store.
  */
 #include <arpa/inet.h>
@@ -254,7 +254,9 @@ static enum MHD_Result answer(struct MHD_Connection *c, struct resp *out)
 	MHD_add_response_header(m, "Content-Security-Policy", csp);
 	MHD_add_response_header(m, "X-Content-Type-Options", "nosniff");
 	MHD_add_response_header(m, "X-Frame-Options", "DENY");
-	MHD_add_response_header(m, "Referrer-Policy", "no-referrer");
+	/* same-origin, not no-referrer: with no-referrer a browser sends
+	 * "Origin: null" on a form's POST, which the Origin check refuses. */
+	MHD_add_response_header(m, "Referrer-Policy", "same-origin");
 	MHD_add_response_header(m, "Cache-Control", "no-store");
 	MHD_add_response_header(m, "Cross-Origin-Opener-Policy", "same-origin");
 	if (out->location[0])
@@ -336,6 +338,10 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
 		out.content_type = "text/javascript; charset=utf-8";
 		sb_init(&out.body, strlen(console_js));
 		sb_puts(&out.body, console_js);
+	} else if (strcmp(url, "/favicon.ico") == 0 || strcmp(url, "/static/favicon.svg") == 0) {
+		out.content_type = "image/svg+xml";
+		sb_init(&out.body, strlen(console_icon));
+		sb_puts(&out.body, console_icon);
 	} else {
 		sb_init(&out.body, 16384);
 		pages_handle(&p->req, &out);
