@@ -52,7 +52,7 @@ CTL_SRC   := $(sort $(wildcard dispatcher/outboxctl*.c))
 # The web console (console/, docs/console.md): a program of its own, the
 # only one linking libmicrohttpd.
 CONSOLE_SRC := $(sort $(wildcard console/*.c))
-CONSOLE_CFLAGS := $(shell pkg-config --cflags libmicrohttpd)
+CONSOLE_CFLAGS := $(shell pkg-config --cflags libmicrohttpd) -DOUTBOX_CONSOLE_VERSION=\"$(VERSION)\"
 CONSOLE_LIBS := $(shell pkg-config --libs libmicrohttpd)
 # A plugin is providers/NAME.c or the files providers/NAME/*.c;
 # providers/lib/*.c is linked into each.  A plugin exports only
@@ -230,7 +230,7 @@ install: all
 
 # Man pages from the binaries' own --help texts plus docs/man/NAME.h2m
 # (description, files, environment, signals): help2man, see docs/man/README.
-MANPAGES := $(BUILD)/man/outbox-dispatcher.8 $(BUILD)/man/outboxctl.8
+MANPAGES := $(BUILD)/man/outbox-dispatcher.8 $(BUILD)/man/outboxctl.8 $(BUILD)/man/outbox-console.8
 man: $(MANPAGES)
 
 $(BUILD)/man/%.8: $(BUILD)/% docs/man/%.h2m

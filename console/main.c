@@ -33,7 +33,6 @@
 #include "console.h"
 #include "util.h"
 
-#define CONSOLE_VERSION "0.1"
 #define MAX_BODY 65536
 
 struct console_settings console;
@@ -454,7 +453,7 @@ int main(int argc, char **argv)
 			usage(stdout);
 			return 0;
 		} else if (strcmp(argv[i], "--version") == 0) {
-			printf("outbox-console %s\n", CONSOLE_VERSION);
+			printf("outbox-console %s\n", OUTBOX_CONSOLE_VERSION);
 			return 0;
 		} else {
 			usage(stderr);
