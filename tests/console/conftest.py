@@ -100,12 +100,18 @@ def console_factory(db, console_roles, tmp_path):
         return c
 
     yield start
+    bad = []
     for c in started:
         c.proc.terminate()
         try:
-            c.proc.wait(10)
+            c.proc.wait(20)
         except subprocess.TimeoutExpired:
             c.proc.kill()
             c.proc.wait()
         c.log.close()
+        text = open(c.log.name).read()
+        # SIGTERM is a clean stop; under the sanitizers, nothing found.
+        if c.proc.returncode != 0 or "Sanitizer" in text or "runtime error" in text:
+            bad.append((c.proc.returncode, text[-3000:]))
+    assert bad == [], bad
 
