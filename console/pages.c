@@ -364,6 +364,14 @@ static void page_effects(const struct req *rq, struct strbuf *b)
 		           "<label>reason <input name=\"reason\" size=\"30\" required></label> "
 		           "<button type=\"submit\" name=\"preview\" value=\"1\">preview</button>"
 		           "</fieldset></form>");
+		sb_puts(b, "<form method=\"post\" action=\"/effects/cancel\" id=\"cancel-filter\">"
+		           "<fieldset><legend>cancel the pending effects this filter matches</legend>");
+		csrf_field(b, rq);
+		filter_hidden(b, rq);
+		sb_puts(b, "<label>at most <input name=\"cap\" size=\"5\" value=\"100\"></label> "
+		           "<label>reason <input name=\"reason\" size=\"30\" required></label> "
+		           "<button type=\"submit\" name=\"preview\" value=\"1\">preview</button>"
+		           "</fieldset></form>");
 	}
 	page_end(b);
 }
@@ -930,7 +938,28 @@ answered:
 	page_end(b);
 }
 
-static void do_requeue_filter(const struct req *rq, struct strbuf *b, struct resp *out)
+/* An act on everything a filter matches, in the state the act takes: a
+ * preview (the effects, at most cap), then the act on the same filter. */
+struct filter_act {
+	const char *path, *state, *verb, *done, *how, *sql;
+};
+
+static const struct filter_act requeue_act = {
+	"/effects/requeue", "failed", "requeue", "requeued", "same keys, due now",
+	"SELECT e.effect_id, q.applied FROM outbox_console_effects(now() - "
+	"make_interval(hours => $1::integer), now() + interval '1 minute', $2, $3, $4, $5, "
+	"$6, $7, $8::uuid, $9::integer) e, LATERAL outbox_requeue(e.effect_id, $10, $11) q",
+};
+/* outbox_cancel(id, reason, operator), as outboxctl cancel calls it. */
+static const struct filter_act cancel_act = {
+	"/effects/cancel", "pending", "cancel", "cancelled", "they will never be sent",
+	"SELECT e.effect_id, outbox_cancel(e.effect_id, $11, $10) FROM outbox_console_effects(now() - "
+	"make_interval(hours => $1::integer), now() + interval '1 minute', $2, $3, $4, $5, "
+	"$6, $7, $8::uuid, $9::integer) e",
+};
+
+static void do_filter_act(const struct req *rq, struct strbuf *b, struct resp *out,
+                          const struct filter_act *fa)
 {
 	const char *params[11], *reason = req_get(rq, "reason"), *err;
 	char hours[16], cap[16];
@@ -941,7 +970,7 @@ static void do_requeue_filter(const struct req *rq, struct strbuf *b, struct res
 	if (n < 1 || n > 200)
 		n = n < 1 ? 1 : 200;
 	snprintf(cap, sizeof(cap), "%ld", n);
-	effects_params(rq, params, hours, sizeof(hours), "failed", cap);
+	effects_params(rq, params, hours, sizeof(hours), fa->state, cap);
 	if (reason == NULL) {
 		out->status = 400;
 		sb_puts(b, "<p class=\"msg err\" id=\"result\">a reason is needed</p>");
@@ -955,40 +984,47 @@ static void do_requeue_filter(const struct req *rq, struct strbuf *b, struct res
 			page_end(b);
 			return;
 		}
-		sb_printf(b, "<p class=\"msg\" id=\"preview\">%d failed effect%s match%s (at most %s): "
-		          "requeue them with the same keys, due now?</p>", PQntuples(r),
-		          PQntuples(r) == 1 ? "" : "s", PQntuples(r) == 1 ? "es" : "", cap);
+		sb_printf(b, "<p class=\"msg\" id=\"preview\">%d %s effect%s match%s (at most %s): "
+		          "%s them (%s)?</p>", PQntuples(r), fa->state, PQntuples(r) == 1 ? "" : "s",
+		          PQntuples(r) == 1 ? "es" : "", cap, fa->verb, fa->how);
 		effects_table(b, r);
-		sb_puts(b, "<form method=\"post\" action=\"/effects/requeue\" data-no-refresh>");
+		sb_printf(b, "<form method=\"post\" action=\"%s\" data-no-refresh>", fa->path);
 		csrf_field(b, rq);
 		filter_hidden(b, rq);
 		sb_printf(b, "<input type=\"hidden\" name=\"cap\" value=\"%s\">", cap);
 		sb_puts(b, "<input type=\"hidden\" name=\"reason\" value=\"");
 		h(b, reason);
-		sb_puts(b, "\"><button type=\"submit\" name=\"confirm\" value=\"1\" id=\"confirm\">requeue "
-		           "them</button></form>");
+		sb_printf(b, "\"><button type=\"submit\" name=\"confirm\" value=\"1\" id=\"confirm\">%s "
+		          "them</button></form>", fa->verb);
 		PQclear(r);
 		page_end(b);
 		return;
 	}
 	params[9] = rq->identity;
 	params[10] = reason;
-	r = act(rq, "SELECT e.effect_id, q.applied, q.state FROM outbox_console_effects(now() - "
-	            "make_interval(hours => $1::integer), now() + interval '1 minute', $2, $3, $4, $5, "
-	            "$6, $7, $8::uuid, $9::integer) e, LATERAL outbox_requeue(e.effect_id, $10, $11) q",
-	        11, params, &err);
+	r = act(rq, fa->sql, 11, params, &err);
 	if (r == NULL) {
 		act_failed(b, out, err);
 	} else {
 		int done = 0;
 		for (int i = 0; i < PQntuples(r); i++)
 			done += PQgetvalue(r, i, 1)[0] == 't';
-		sb_printf(b, "<p class=\"msg\" id=\"result\">requeued %d failed effect%s (same keys, due "
-		          "now)</p>", done, done == 1 ? "" : "s");
+		sb_printf(b, "<p class=\"msg\" id=\"result\">%s %d %s effect%s (%s)</p>", fa->done, done,
+		          fa->state, done == 1 ? "" : "s", fa->how);
 		PQclear(r);
 	}
 	sb_puts(b, "<p><a href=\"/effects\">back to the effects</a></p>");
 	page_end(b);
+}
+
+static void do_requeue_filter(const struct req *rq, struct strbuf *b, struct resp *out)
+{
+	do_filter_act(rq, b, out, &requeue_act);
+}
+
+static void do_cancel_filter(const struct req *rq, struct strbuf *b, struct resp *out)
+{
+	do_filter_act(rq, b, out, &cancel_act);
 }
 
 static void in_flight(struct strbuf *b, const PGresult *r)
@@ -1121,7 +1157,8 @@ void pages_handle(const struct req *rq, struct resp *out)
 		void (*run)(const struct req *, struct strbuf *, struct resp *);
 	} acts[] = {
 		{ "/unknown/resolve", do_resolve }, { "/effect/act", do_effect_act },
-		{ "/effects/requeue", do_requeue_filter }, { "/controls/switch", do_switch },
+		{ "/effects/requeue", do_requeue_filter }, { "/effects/cancel", do_cancel_filter },
+		{ "/controls/switch", do_switch },
 		{ "/controls/limit", do_limit },
 	};
 	bool post = strcmp(rq->method, "POST") == 0;

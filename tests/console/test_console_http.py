@@ -176,3 +176,25 @@ def test_acts_run_as_the_persons_role(conn, db, console_factory, console_roles):
     # the viewer's own connection never took the person's rights
     assert scalar(conn, "SELECT count(*) FROM pg_stat_activity WHERE usename = %s "
                         "AND datname = current_database()", (login,)) >= 1
+
+
+def test_cancel_by_filter_stops_what_it_matches_and_nothing_else(conn, console_factory,
+                                                                 console_roles):
+    from console_lib import new_effect
+    ids = populate(conn)
+    _, people = console_roles
+    doomed = [new_effect(conn, target="https://doomed.example/a"),
+              new_effect(conn, target="https://doomed.example/b")]
+    c = console_factory(actions=True)
+    tok = c.csrf(people[0])
+    flt = {"host": "doomed.example", "reason": "wrong list", "cap": "10", "csrf": tok}
+    status, _, body = c.post("/effects/cancel", dict(flt, preview="1"), who=people[0])
+    assert status == 200 and "2 pending effects match" in body, body
+    status, _, body = c.post("/effects/cancel", dict(flt, confirm="1"), who=people[0])
+    assert status == 200 and "cancelled 2 pending effects" in body, body
+    for d in doomed:
+        assert scalar(conn, "SELECT state FROM outbox_effects WHERE effect_id = %s", (d,)) == "failed"
+    assert scalar(conn, "SELECT state FROM outbox_effects WHERE effect_id = %s",
+                  (ids["pending"][0],)) == "pending"
+    assert scalar(conn, "SELECT count(*) FROM operator_actions WHERE operator = %s",
+                  (people[0],)) >= 2
