@@ -61,7 +61,10 @@ $$;
 -- p_before (an effect id; NULL: the newest), at most p_limit (1 to 200),
 -- with the filters given (NULL: any): state, type, host, run key, the
 -- provider key, error text (a substring).  The walk is the primary key's
--- range of the window, backwards; a run key is its unique index.
+-- range of the window, backwards; a run key is its unique index.  Failed
+-- effects, few among many, are found from the other side: the history's
+-- failing rows that ended since the window began (its end-time index),
+-- sorted, so that a page of them does not walk every effect of the window.
 CREATE OR REPLACE FUNCTION outbox_console_effects(p_from timestamptz, p_to timestamptz,
     p_state text, p_type text, p_host text, p_run_key text, p_effect_key text, p_error text,
     p_before uuid, p_limit integer)
@@ -69,20 +72,38 @@ RETURNS TABLE (effect_id uuid, idempotency_key text, effect_type text, target te
                state text, attempts integer, created_at timestamptz, updated_at timestamptz,
                last_error_class text, last_error text, provider_id text)
 LANGUAGE sql STABLE SECURITY DEFINER SET search_path = public, pg_temp SET jit = off AS $$
-    SELECT o.effect_id, o.idempotency_key, o.effect_type, o.target, o.state, o.attempts,
-           o.created_at, o.updated_at, o.last_error_class, o.last_error, o.provider_id
-      FROM outbox_effects o
-     WHERE o.effect_id >= outbox_effect_id_floor(p_from)
-       AND o.effect_id < coalesce(p_before, outbox_effect_id_floor(p_to))
-       AND o.effect_id < outbox_effect_id_floor(p_to)
-       AND (p_run_key IS NULL OR o.idempotency_key = p_run_key)
-       AND (p_type IS NULL OR o.effect_type = p_type)
-       AND (p_effect_key IS NULL OR o.effect_key = p_effect_key)
-       AND (p_host IS NULL OR outbox_target_host(o.target) = lower(p_host))
-       AND (p_state IS NULL OR o.state = p_state)
-       AND (p_error IS NULL OR strpos(lower(o.last_error), lower(p_error)) > 0)
-     ORDER BY o.effect_id DESC
-     LIMIT least(greatest(p_limit, 1), 200);
+    (SELECT o.effect_id, o.idempotency_key, o.effect_type, o.target, o.state, o.attempts,
+            o.created_at, o.updated_at, o.last_error_class, o.last_error, o.provider_id
+       FROM outbox_effects o
+      WHERE p_state IS DISTINCT FROM 'failed'
+        AND o.effect_id >= outbox_effect_id_floor(p_from)
+        AND o.effect_id < coalesce(p_before, outbox_effect_id_floor(p_to))
+        AND o.effect_id < outbox_effect_id_floor(p_to)
+        AND (p_run_key IS NULL OR o.idempotency_key = p_run_key)
+        AND (p_type IS NULL OR o.effect_type = p_type)
+        AND (p_effect_key IS NULL OR o.effect_key = p_effect_key)
+        AND (p_host IS NULL OR outbox_target_host(o.target) = lower(p_host))
+        AND (p_state IS NULL OR o.state = p_state)
+        AND (p_error IS NULL OR strpos(lower(o.last_error), lower(p_error)) > 0)
+      ORDER BY o.effect_id DESC
+      LIMIT least(greatest(p_limit, 1), 200))
+    UNION ALL
+    (SELECT o.effect_id, o.idempotency_key, o.effect_type, o.target, o.state, o.attempts,
+            o.created_at, o.updated_at, o.last_error_class, o.last_error, o.provider_id
+       FROM (SELECT DISTINCT h.effect_id FROM effect_history h
+              WHERE p_state = 'failed' AND h.state = 'failed' AND h.ended_at >= p_from
+                AND h.effect_id >= outbox_effect_id_floor(p_from)
+                AND h.effect_id < coalesce(p_before, outbox_effect_id_floor(p_to))
+                AND h.effect_id < outbox_effect_id_floor(p_to)) f
+       JOIN outbox_effects o ON o.effect_id = f.effect_id
+      WHERE o.state = 'failed'
+        AND (p_run_key IS NULL OR o.idempotency_key = p_run_key)
+        AND (p_type IS NULL OR o.effect_type = p_type)
+        AND (p_effect_key IS NULL OR o.effect_key = p_effect_key)
+        AND (p_host IS NULL OR outbox_target_host(o.target) = lower(p_host))
+        AND (p_error IS NULL OR strpos(lower(o.last_error), lower(p_error)) > 0)
+      ORDER BY o.effect_id DESC
+      LIMIT least(greatest(p_limit, 1), 200));
 $$;
 
 -- Runs in one state (NULL: any), by key from the keyset position p_after.
