@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: ISC
 # outbox-dispatcher build.
 #
-#   make              build/outbox-dispatcher, build/outboxctl, build/providers/*.so
+#   make              build/outbox-dispatcher, build/outboxctl, build/outbox-console,
+#                     build/providers/*.so
 #   make test         sanitizer build + every suite against a throwaway PostgreSQL
 #   make test-cold    the README's test command as a new machine runs it: a fresh
 #                     clone of HEAD, empty HOME, TMPDIR, npm and n8n caches (scripts/test-cold.sh)
@@ -69,6 +70,11 @@ DAEMON_SRC := dispatcher/main.c dispatcher/worker.c dispatcher/health.c dispatch
               dispatcher/metrics.c dispatcher/metrics_http.c dispatcher/sdnotify.c dispatcher/reload.c \
               providers/lib/json_text.c providers/lib/scrub.c
 CTL_SRC   := $(sort $(wildcard dispatcher/outboxctl*.c))
+# The web console (console/, docs/console.md): a program of its own, the
+# only one linking libmicrohttpd.
+CONSOLE_SRC := $(sort $(wildcard console/*.c))
+CONSOLE_CFLAGS := $(shell pkg-config --cflags libmicrohttpd) -DOUTBOX_CONSOLE_VERSION=\"$(VERSION)\"
+CONSOLE_LIBS := $(shell pkg-config --libs libmicrohttpd)
 # A plugin is providers/NAME.c or the files providers/NAME/*.c;
 # providers/lib/*.c is linked into each.  A plugin exports only
 # outbox_provider_entry (providers/plugin.map): its own copies of
@@ -82,6 +88,7 @@ PLUGINS   := $(patsubst providers/%.c,$(BUILD)/providers/outbox_%.so,$(PROV_SRC)
 CORE_OBJ  := $(patsubst %.c,$(BUILD)/obj/%.o,$(CORE_SRC)) $(BUILD)/obj/migrations.o
 DAEMON_OBJ := $(patsubst %.c,$(BUILD)/obj/%.o,$(DAEMON_SRC))
 CTL_OBJ   := $(patsubst %.c,$(BUILD)/obj/%.o,$(CTL_SRC))
+CONSOLE_OBJ := $(patsubst %.c,$(BUILD)/obj/%.o,$(CONSOLE_SRC))
 PROV_LIB_OBJ := $(patsubst %.c,$(BUILD)/obj/%.o,$(PROV_LIB_SRC))
 
 UNIT_SRC  := $(sort $(wildcard tests/unit/test_*.c))
@@ -91,7 +98,7 @@ MIGRATIONS := $(sort $(wildcard sql/[0-9]*.sql))
 FUNCTION_SQL := $(sort $(wildcard sql/functions/*.sql))
 
 .PHONY: all clean install print-version test test-cold unit cppcheck bench bench-quick bench-email bench-levers bench-insert bench-peer bench-history chaos demo fuzz man deb schema
-all: $(BUILD)/outbox-dispatcher $(BUILD)/outboxctl $(PLUGINS)
+all: $(BUILD)/outbox-dispatcher $(BUILD)/outboxctl $(BUILD)/outbox-console $(PLUGINS)
 
 # -MMD -MP: each object's header dependencies, read back below.
 $(BUILD)/obj/%.o: %.c Makefile
@@ -117,6 +124,11 @@ $(BUILD)/outbox-dispatcher: $(DAEMON_OBJ) $(CORE_OBJ)
 $(BUILD)/outboxctl: $(CTL_OBJ) $(CORE_OBJ)
 	@echo "  LD      $@"
 	@$(CC) $(ALL_CFLAGS) -o $@ $^ $(ALL_LDFLAGS) $(PKG_LIBS) -lm
+
+$(CONSOLE_OBJ): EXTRA_CFLAGS += $(CONSOLE_CFLAGS)
+$(BUILD)/outbox-console: $(CONSOLE_OBJ) $(CORE_OBJ)
+	@echo "  LD      $@"
+	@$(CC) $(ALL_CFLAGS) -o $@ $^ $(ALL_LDFLAGS) $(CONSOLE_LIBS) $(PKG_LIBS) -lpthread -lm
 
 .SECONDEXPANSION:
 # The objects of some sources, for the prerequisites below: no % in it, as
@@ -189,7 +201,7 @@ schema: $(BUILD)/outboxctl
 cppcheck:
 	cppcheck --error-exitcode=1 --enable=warning,performance,portability --inline-suppr \
 	  --std=c11 -q -Idispatcher -Iproviders -D__GNUC__ --suppress=missingIncludeSystem \
-	  dispatcher providers
+	  dispatcher providers console
 
 bench: all
 	sh bench/run.sh
@@ -234,7 +246,8 @@ install: all
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PLUGINDIR) \
 	  $(DESTDIR)$(PREFIX)/share/outbox-dispatcher/sql/functions $(DESTDIR)/etc/outbox-dispatcher \
 	  $(DESTDIR)$(UNITDIR)
-	install -m 0755 $(BUILD)/outbox-dispatcher $(BUILD)/outboxctl $(DESTDIR)$(PREFIX)/bin/
+	install -m 0755 $(BUILD)/outbox-dispatcher $(BUILD)/outboxctl $(BUILD)/outbox-console \
+	  $(DESTDIR)$(PREFIX)/bin/
 	install -m 0644 $(PLUGINS) $(DESTDIR)$(PLUGINDIR)/
 	install -m 0644 $(MIGRATIONS) $(DESTDIR)$(PREFIX)/share/outbox-dispatcher/sql/
 	install -m 0644 $(FUNCTION_SQL) $(DESTDIR)$(PREFIX)/share/outbox-dispatcher/sql/functions/
@@ -247,7 +260,7 @@ install: all
 
 # Man pages from the binaries' own --help texts plus docs/man/NAME.h2m
 # (description, files, environment, signals): help2man, see docs/man/README.
-MANPAGES := $(BUILD)/man/outbox-dispatcher.8 $(BUILD)/man/outboxctl.8
+MANPAGES := $(BUILD)/man/outbox-dispatcher.8 $(BUILD)/man/outboxctl.8 $(BUILD)/man/outbox-console.8
 man: $(MANPAGES)
 
 $(BUILD)/man/%.8: $(BUILD)/% docs/man/%.h2m

@@ -65,6 +65,19 @@ const struct outbox_conf_key core_keys_log[] = {
 	{ NULL, CONF_STR, NULL, 0, 0, NULL },
 };
 
+/* outbox-console's section (console/); the workers check it and ignore it. */
+const struct outbox_conf_key core_keys_console[] = {
+	{ "listen", CONF_STR, "127.0.0.1:8470", 0, 0, "HOST:PORT on loopback, or unix:/PATH" },
+	{ "conninfo", CONF_STR, "", 0, 0, "the viewer's login; empty: [database] conninfo" },
+	{ "actions", CONF_BOOL, "false", 0, 0, "on: operators may act (as their own role)" },
+	{ "trusted_proxy", CONF_STR, "", 0, 0, "the proxy's address whose identity header is read" },
+	{ "identity_header", CONF_STR, "X-Remote-User", 0, 0, "the header naming the person" },
+	{ "origin", CONF_STR, "", 0, 0, "the origin pages are served from (https://host)" },
+	{ "refresh_seconds", CONF_INT, "5", 0, 3600, "pages refresh this often while visible; 0 never" },
+	{ "max_connections", CONF_INT, "64", 1, 10000, "connections at once" },
+	{ NULL, CONF_STR, NULL, 0, 0, NULL },
+};
+
 const struct outbox_conf_key provider_common_keys[] = {
 	{ "timeout_ms", CONF_INT, "10000", 10, 3600000, "whole-call timeout" },
 	{ "connect_timeout_ms", CONF_INT, "3000", 10, 600000, "connect timeout" },
@@ -334,6 +347,7 @@ bool config_core(struct config *cfg, struct core_settings *s, char *err, size_t 
 		{ "dispatcher", core_keys_dispatcher },
 		{ "metrics", core_keys_metrics },
 		{ "log", core_keys_log },
+		{ "console", core_keys_console },
 	};
 
 	for (size_t i = 0; i < cfg->n; i++) {
@@ -630,4 +644,22 @@ const char *conf_where(const struct outbox_conf *c, const char *key)
 	else
 		snprintf(buf, sizeof(buf), "%s: [%s] %s (not set)", c->cfg->path, c->section, key);
 	return buf;
+}
+
+const char *config_value(const struct config *cfg, const char *section,
+                         const struct outbox_conf_key *table, const char *key)
+{
+	return value_or_default(cfg, section, table, key);
+}
+
+long config_int(const struct config *cfg, const char *section,
+                const struct outbox_conf_key *table, const char *key)
+{
+	return int_of(cfg, section, table, key);
+}
+
+bool config_bool(const struct config *cfg, const char *section,
+                 const struct outbox_conf_key *table, const char *key)
+{
+	return bool_of(cfg, section, table, key);
 }

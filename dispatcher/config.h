@@ -65,6 +65,7 @@ extern const struct outbox_conf_key core_keys_database[];
 extern const struct outbox_conf_key core_keys_dispatcher[];
 extern const struct outbox_conf_key core_keys_metrics[];
 extern const struct outbox_conf_key core_keys_log[];
+extern const struct outbox_conf_key core_keys_console[];
 extern const struct outbox_conf_key provider_common_keys[];
 
 /* Parse path.  On error returns NULL and writes "file:line: [section] key:
@@ -104,6 +105,14 @@ void config_provider_sections(const struct config *cfg, char *buf, size_t len);
 /* A value or NULL when the key is absent. */
 const struct conf_entry *config_find(const struct config *cfg, const char *section,
                                      const char *key);
+
+/* A key of a section checked by config_core(), or its default. */
+const char *config_value(const struct config *cfg, const char *section,
+                         const struct outbox_conf_key *table, const char *key);
+long config_int(const struct config *cfg, const char *section,
+                const struct outbox_conf_key *table, const char *key);
+bool config_bool(const struct config *cfg, const char *section,
+                 const struct outbox_conf_key *table, const char *key);
 
 /* The view a provider gets (opaque in provider.h). */
 struct outbox_conf {

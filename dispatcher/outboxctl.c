@@ -50,14 +50,17 @@ static const struct ctl_command commands[] = {
 	  "  clear   remove the limit; the effects it held are due now\n"
 	  "  list    the scopes with a limit" },
 	{ "status", cmd_status, "status [--json]",
-	  "Counts per state, oldest pending age, in flight, unknown, failed in the last hour,\n"
+	  "Counts per state (completed and failed: those that finished in the last 24 hours),\n"
+	  "oldest pending age, in flight, unknown, failed in the last hour,\n"
 	  "the kill switch, and every paused or rate-limited scope with the effects it holds." },
 	{ "unknown", cmd_unknown,
-	  "unknown list [--json] | unknown resolve ID (--sent [--provider-id X] | --not-sent)\n"
+	  "unknown list [--json] | unknown show ID [--json]\n"
+	  "      | unknown resolve ID (--sent [--provider-id X] | --not-sent)\n"
 	  "      --operator NAME --reason TEXT",
 	  "Effects whose outcome nobody knows (a timeout after the request left, a worker that died\n"
 	  "mid-send). They are never re-sent automatically.\n"
 	  "  list      each with its run key and the provider key to look up at the provider\n"
+	  "  show      one effect with its history: every call, its outcome, status and reply\n"
 	  "  resolve   record what the provider says: --sent completes the effect (and its run when\n"
 	  "            it was the last one), --not-sent puts it back in the queue with the same key.\n"
 	  "Both add a row to the attempts log and to operator_actions.\n"

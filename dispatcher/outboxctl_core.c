@@ -10,6 +10,7 @@
 
 #include "migrate.h"
 #include "outboxctl.h"
+#include "outboxctl_sql.h"
 
 int cmd_migrate(struct ctl *ctl, int argc, char **argv)
 {
@@ -46,21 +47,18 @@ int cmd_migrate(struct ctl *ctl, int argc, char **argv)
 
 static int kill_switch_status(struct ctl *ctl, bool json)
 {
-	PGresult *r = ctl_exec(ctl, "kill-switch status",
-	                       "SELECT enabled, changed_by, reason, "
-	                       "to_char(changed_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"') "
-	                       "FROM outbox_control WHERE id = 1",
-	                       0, NULL);
+	PGresult *r = ctl_run_db(ctl, "kill-switch status", CTL_SQL_SWITCH, NULL);
 	bool on;
 	int rc;
 
 	if (r == NULL)
 		return CTL_DB;
-	on = PQgetvalue(r, 0, 0)[0] == 't';
+	on = PQgetvalue(r, 0, SW_ENABLED)[0] == 't';
 	if (json) {
 		json_t *o = json_pack("{s:s,s:s,s:s,s:s}", "state", on ? "on" : "off",
-		                      "changed_by", PQgetvalue(r, 0, 1), "reason", PQgetvalue(r, 0, 2),
-		                      "changed_at", PQgetvalue(r, 0, 3));
+		                      "changed_by", PQgetvalue(r, 0, SW_CHANGED_BY),
+		                      "reason", PQgetvalue(r, 0, SW_REASON),
+		                      "changed_at", PQgetvalue(r, 0, SW_CHANGED_AT));
 		rc = ctl_scopes_show(ctl, o);
 		if (rc == CTL_OK) {
 			char *s = json_dumps(o, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
@@ -71,7 +69,8 @@ static int kill_switch_status(struct ctl *ctl, bool json)
 	} else {
 		printf("kill switch: %s (sends %s)\nset by %s at %s: %s\n", on ? "on" : "off",
 		       on ? "allowed where AI_ACTIONS_ENABLED=true" : "stopped fleet-wide",
-		       tv(PQgetvalue(r, 0, 1)), tv(PQgetvalue(r, 0, 3)), tv(PQgetvalue(r, 0, 2)));
+		       tv(PQgetvalue(r, 0, SW_CHANGED_BY)), tv(PQgetvalue(r, 0, SW_CHANGED_AT)),
+		       tv(PQgetvalue(r, 0, SW_REASON)));
 		rc = ctl_scopes_show(ctl, NULL);
 	}
 	PQclear(r);
@@ -85,9 +84,10 @@ void ctl_print_in_flight(const PGresult *r)
 	printf("%d effect%s already in flight%s\n", n, n == 1 ? " was" : "s were",
 	       n ? " (their outcome will still be recorded):" : ".");
 	for (int i = 0; i < n; i++)
-		printf("  %s key=%s type=%s target=%s worker=%s started=%s\n", tv(PQgetvalue(r, i, 0)),
-		       tv(PQgetvalue(r, i, 1)), tv(PQgetvalue(r, i, 2)), tv(PQgetvalue(r, i, 3)),
-		       tv(PQgetvalue(r, i, 4)), tv(PQgetvalue(r, i, 5)));
+		printf("  %s key=%s type=%s target=%s worker=%s started=%s\n",
+		       tv(PQgetvalue(r, i, IF_EFFECT_ID)), tv(PQgetvalue(r, i, IF_EFFECT_KEY)),
+		       tv(PQgetvalue(r, i, IF_EFFECT_TYPE)), tv(PQgetvalue(r, i, IF_TARGET)),
+		       tv(PQgetvalue(r, i, IF_WORKER)), tv(PQgetvalue(r, i, IF_STARTED)));
 }
 
 int cmd_kill_switch(struct ctl *ctl, int argc, char **argv)
@@ -130,13 +130,7 @@ int cmd_kill_switch(struct ctl *ctl, int argc, char **argv)
 	params[0] = on ? "true" : "false";
 	params[1] = op;
 	params[2] = reason;
-	/* One statement: the function takes the kill-switch lock, so when it
-	 * returns (committed) no send can start, and the list is complete. */
-	r = ctl_exec(ctl, "kill-switch",
-	             "SELECT effect_id, effect_key, effect_type, target, coalesce(worker, ''), "
-	             "to_char(sending_since AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"') "
-	             "FROM outbox_kill_switch_set($1, $2, $3)",
-	             3, params);
+	r = ctl_run_db(ctl, "kill-switch", CTL_SQL_SWITCH_SET, params);
 	if (r == NULL)
 		return CTL_DB;
 	if (on) {
@@ -153,6 +147,7 @@ int cmd_status(struct ctl *ctl, int argc, char **argv)
 {
 	static const char *const allowed[] = { "--json", NULL };
 	static const char *const state_names[] = { "pending", "sending", "completed", "unknown", "failed" };
+	static const int state_cols[] = { ST_PENDING, ST_SENDING, ST_COMPLETED, ST_UNKNOWN, ST_FAILED };
 	PGresult *r;
 	bool json;
 	int rc;
@@ -160,42 +155,7 @@ int cmd_status(struct ctl *ctl, int argc, char **argv)
 	if (!ctl_check_opts(argc, argv, allowed))
 		return CTL_USAGE;
 	json = ctl_flag(argc, argv, "--json");
-	r = ctl_exec(ctl, "status",
-	             /* Open effects from the live queue (one pass over it),
-	              * finished ones from the history's finishing rows (those
-	              * that are still the effect's last word: an operator's
-	              * requeue puts a failed effect back in the live queue, and
-	              * it may fail again; a completed effect is never reopened). */
-	             "WITH live AS ("
-	             "  SELECT count(*) FILTER (WHERE state = 'pending') AS pending,"
-	             "         count(*) FILTER (WHERE state = 'sending') AS sending,"
-	             "         count(*) FILTER (WHERE state = 'unknown') AS unknown,"
-	             "         min(available_at) FILTER (WHERE state = 'pending' AND available_at <= now())"
-	             "           AS oldest_due,"
-	             "         count(*) FILTER (WHERE state = 'pending' AND held_by IS NOT NULL) AS held,"
-	             "         min(created_at) FILTER (WHERE state = 'pending' AND held_by IS NOT NULL)"
-	             "           AS oldest_held"
-	             "    FROM effect_live),"
-	             " failed AS ("
-	             "  SELECT h.ended_at FROM effect_history h"
-	             "   WHERE h.state = 'failed'"
-	             "     AND NOT EXISTS (SELECT 1 FROM effect_live l WHERE l.effect_id = h.effect_id)"
-	             "     AND NOT EXISTS (SELECT 1 FROM effect_history n"
-	             "                      WHERE n.effect_id = h.effect_id AND n.created_at = h.created_at"
-	             "                        AND n.state IS NOT NULL AND n.history_id > h.history_id))"
-	             "SELECT l.pending, l.sending,"
-	             " (SELECT count(*) FROM effect_history WHERE state = 'completed'),"
-	             " l.unknown,"
-	             " (SELECT count(*) FROM failed),"
-	             " coalesce(extract(epoch FROM now() - l.oldest_due)::numeric(12,3), 0),"
-	             " (SELECT count(*) FROM failed WHERE ended_at > now() - interval '1 hour'),"
-	             " c.enabled, c.changed_by, c.reason,"
-	             " to_char(c.changed_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"'),"
-	             /* Held by a paused or limited scope: not due, so not in the
-	              * pending age above; their own age, since creation. */
-	             " l.held, coalesce(extract(epoch FROM now() - l.oldest_held)::numeric(12,3), 0)"
-	             " FROM live l, outbox_control c WHERE c.id = 1",
-	             0, NULL);
+	r = ctl_run_db(ctl, "status", CTL_SQL_STATUS, NULL);
 	if (r == NULL)
 		return CTL_DB;
 	if (json) {
@@ -203,17 +163,22 @@ int cmd_status(struct ctl *ctl, int argc, char **argv)
 		char *s;
 		for (int i = 0; i < 5; i++)
 			json_object_set_new(counts, state_names[i],
-			                    json_integer(strtoll(PQgetvalue(r, 0, i), NULL, 10)));
+			                    json_integer(strtoll(PQgetvalue(r, 0, state_cols[i]), NULL, 10)));
 		json_object_set_new(o, "counts", counts);
-		json_object_set_new(o, "oldest_pending_age_seconds", json_real(strtod(PQgetvalue(r, 0, 5), NULL)));
-		json_object_set_new(o, "held", json_integer(strtoll(PQgetvalue(r, 0, 11), NULL, 10)));
-		json_object_set_new(o, "oldest_held_age_seconds", json_real(strtod(PQgetvalue(r, 0, 12), NULL)));
-		json_object_set_new(o, "in_flight", json_integer(strtoll(PQgetvalue(r, 0, 1), NULL, 10)));
-		json_object_set_new(o, "unknown", json_integer(strtoll(PQgetvalue(r, 0, 3), NULL, 10)));
-		json_object_set_new(o, "failed_last_hour", json_integer(strtoll(PQgetvalue(r, 0, 6), NULL, 10)));
-		ks = json_pack("{s:s,s:s,s:s,s:s}", "state", PQgetvalue(r, 0, 7)[0] == 't' ? "on" : "off",
-		               "changed_by", PQgetvalue(r, 0, 8), "reason", PQgetvalue(r, 0, 9),
-		               "changed_at", PQgetvalue(r, 0, 10));
+		json_object_set_new(o, "finished_window_hours",
+		                    json_integer(strtoll(PQgetvalue(r, 0, ST_WINDOW_HOURS), NULL, 10)));
+		json_object_set_new(o, "oldest_pending_age_seconds",
+		                    json_real(strtod(PQgetvalue(r, 0, ST_OLDEST_PENDING_AGE), NULL)));
+		json_object_set_new(o, "held", json_integer(strtoll(PQgetvalue(r, 0, ST_HELD), NULL, 10)));
+		json_object_set_new(o, "oldest_held_age_seconds",
+		                    json_real(strtod(PQgetvalue(r, 0, ST_OLDEST_HELD_AGE), NULL)));
+		json_object_set_new(o, "in_flight", json_integer(strtoll(PQgetvalue(r, 0, ST_SENDING), NULL, 10)));
+		json_object_set_new(o, "unknown", json_integer(strtoll(PQgetvalue(r, 0, ST_UNKNOWN), NULL, 10)));
+		json_object_set_new(o, "failed_last_hour",
+		                    json_integer(strtoll(PQgetvalue(r, 0, ST_FAILED_LAST_HOUR), NULL, 10)));
+		ks = json_pack("{s:s,s:s,s:s,s:s}", "state", PQgetvalue(r, 0, ST_ENABLED)[0] == 't' ? "on" : "off",
+		               "changed_by", PQgetvalue(r, 0, ST_CHANGED_BY), "reason", PQgetvalue(r, 0, ST_REASON),
+		               "changed_at", PQgetvalue(r, 0, ST_CHANGED_AT));
 		json_object_set_new(o, "kill_switch", ks);
 		rc = ctl_scopes_show(ctl, o);
 		if (rc == CTL_OK) {
@@ -224,15 +189,20 @@ int cmd_status(struct ctl *ctl, int argc, char **argv)
 		json_decref(o);
 	} else {
 		for (int i = 0; i < 5; i++)
-			printf("%-10s %s\n", state_names[i], tv(PQgetvalue(r, 0, i)));
-		printf("oldest pending age: %ss\n", tv(PQgetvalue(r, 0, 5)));
-		if (strcmp(PQgetvalue(r, 0, 11), "0") != 0)
+			printf("%-10s %s\n", state_names[i], tv(PQgetvalue(r, 0, state_cols[i])));
+		printf("(completed and failed: effects that finished in the last %s hours)\n",
+		       tv(PQgetvalue(r, 0, ST_WINDOW_HOURS)));
+		printf("oldest pending age: %ss\n", tv(PQgetvalue(r, 0, ST_OLDEST_PENDING_AGE)));
+		if (strcmp(PQgetvalue(r, 0, ST_HELD), "0") != 0)
 			printf("held by scopes: %s, the oldest for %ss (not in the pending age)\n",
-			       tv(PQgetvalue(r, 0, 11)), tv(PQgetvalue(r, 0, 12)));
-		printf("in flight: %s   unknown: %s   failed in the last hour: %s\n", tv(PQgetvalue(r, 0, 1)),
-		       tv(PQgetvalue(r, 0, 3)), tv(PQgetvalue(r, 0, 6)));
-		printf("kill switch: %s (set by %s at %s: %s)\n", PQgetvalue(r, 0, 7)[0] == 't' ? "on" : "off",
-		       tv(PQgetvalue(r, 0, 8)), tv(PQgetvalue(r, 0, 10)), tv(PQgetvalue(r, 0, 9)));
+			       tv(PQgetvalue(r, 0, ST_HELD)), tv(PQgetvalue(r, 0, ST_OLDEST_HELD_AGE)));
+		printf("in flight: %s   unknown: %s   failed in the last hour: %s\n",
+		       tv(PQgetvalue(r, 0, ST_SENDING)), tv(PQgetvalue(r, 0, ST_UNKNOWN)),
+		       tv(PQgetvalue(r, 0, ST_FAILED_LAST_HOUR)));
+		printf("kill switch: %s (set by %s at %s: %s)\n",
+		       PQgetvalue(r, 0, ST_ENABLED)[0] == 't' ? "on" : "off",
+		       tv(PQgetvalue(r, 0, ST_CHANGED_BY)), tv(PQgetvalue(r, 0, ST_CHANGED_AT)),
+		       tv(PQgetvalue(r, 0, ST_REASON)));
 		rc = ctl_scopes_show(ctl, NULL);
 	}
 	PQclear(r);

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: ISC */
 /*
- * outboxctl_ops.c: the operator's acts on effects: unknown list/resolve,
+ * outboxctl_ops.c: the operator's acts on effects: unknown list/show/resolve,
  * requeue, replace, prune and cancel.
  *
  * Each act is one call of a function from sql/functions/40_operator.sql (cancel:
@@ -17,16 +17,15 @@
 #include <string.h>
 
 #include "outboxctl.h"
+#include "outboxctl_sql.h"
 
-#define OPS_TIME(col) \
-	"to_char(" col " AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"')"
-
-/* Run one statement.  Unlike ctl_exec, this tells the operator's mistakes
- * (SQLSTATE class 22: a usage error, 2) from the database's failures (3). */
-static PGresult *ops_exec(struct ctl *ctl, const char *what, const char *sql, int n,
+/* Run one named statement (outboxctl_sql.c).  Unlike ctl_exec, this tells
+ * the operator's mistakes (SQLSTATE class 22: a usage error, 2) from the
+ * database's failures (3). */
+static PGresult *ops_exec(struct ctl *ctl, const char *what, enum ctl_stmt stmt,
                           const char *const *params, int *rc)
 {
-	return ctl_exec_rc(ctl, what, sql, n, params, rc);
+	return ctl_run(ctl, what, stmt, params, rc);
 }
 
 /* The effect id every single-effect command takes first. */
@@ -139,31 +138,10 @@ static void ops_print_json(json_t *v)
 
 /* ---- unknown ----------------------------------------------------------- */
 
-/* `unknown` effects sit at available_at = 'infinity' in the live queue's
- * index; the last provider call from the history, by the effect's id. */
-static const char unknown_list_sql[] =
-	"SELECT l.effect_id, b.idempotency_key, b.effect_key, b.effect_type, b.target, l.attempts, "
-	OPS_TIME("l.updated_at") ", " OPS_TIME("l.created_at") ", l.last_error_class, l.last_error, "
-	"a.worker, a.outcome_class, a.provider_status, w.state "
-	"FROM effect_live l "
-	"JOIN effect_outbox b ON b.effect_id = l.effect_id "
-	"JOIN workflow_runs w ON w.idempotency_key = b.idempotency_key "
-	"LEFT JOIN LATERAL (SELECT x.worker, x.outcome_class, x.provider_status "
-	"                     FROM effect_history x WHERE x.effect_id = l.effect_id "
-	"                      AND x.created_at = l.created_at AND x.outcome_class IS NOT NULL "
-	"                    ORDER BY x.history_id DESC LIMIT 1) a ON true "
-	"WHERE l.available_at = 'infinity' AND l.state = 'unknown' "
-	"ORDER BY l.updated_at, l.effect_id";
-
-static const char unknown_settle_sql[] =
-	"SELECT outbox_settle_runs(ARRAY(SELECT DISTINCT b.idempotency_key "
-	"FROM effect_live l JOIN effect_outbox b ON b.effect_id = l.effect_id "
-	"WHERE l.available_at = 'infinity' AND l.state = 'unknown'))";
-
 static int unknown_list(struct ctl *ctl, int argc, char **argv)
 {
 	static const char *const allowed[] = { "--json", NULL };
-	static const char *const keys[] = {
+	static const char *const keys[UK_COLUMNS] = {
 		"effect_id", "idempotency_key", "effect_key", "effect_type", "target", "attempts",
 		"unknown_since", "created_at", "last_error_class", "last_error",
 		"last_attempt_worker", "last_attempt_outcome", "last_attempt_status", "run_state",
@@ -174,11 +152,11 @@ static int unknown_list(struct ctl *ctl, int argc, char **argv)
 	if (!ctl_check_opts(argc, argv, allowed))
 		return CTL_USAGE;
 	/* Their runs' states as their effects make them, before the list reads them. */
-	r = ops_exec(ctl, "unknown list", unknown_settle_sql, 0, NULL, &rc);
+	r = ops_exec(ctl, "unknown list", CTL_SQL_UNKNOWN_SETTLE, NULL, &rc);
 	if (r == NULL)
 		return rc;
 	PQclear(r);
-	r = ops_exec(ctl, "unknown list", unknown_list_sql, 0, NULL, &rc);
+	r = ops_exec(ctl, "unknown list", CTL_SQL_UNKNOWN_LIST, NULL, &rc);
 	if (r == NULL)
 		return rc;
 	n = PQntuples(r);
@@ -186,9 +164,9 @@ static int unknown_list(struct ctl *ctl, int argc, char **argv)
 		json_t *arr = json_array();
 		for (int i = 0; i < n; i++) {
 			json_t *o = json_object();
-			for (int c = 0; c < (int)(sizeof(keys) / sizeof(keys[0])); c++) {
+			for (int c = 0; c < UK_COLUMNS; c++) {
 				json_t *v;
-				if ((c == 5 || c == 12) && !PQgetisnull(r, i, c))
+				if ((c == UK_ATTEMPTS || c == UK_LAST_STATUS) && !PQgetisnull(r, i, c))
 					v = json_integer(strtoll(PQgetvalue(r, i, c), NULL, 10));
 				else
 					v = ops_json_text(r, i, c);
@@ -209,21 +187,119 @@ static int unknown_list(struct ctl *ctl, int argc, char **argv)
 	       "key, then: outboxctl unknown resolve ID --sent|--not-sent --operator NAME --reason TEXT\n",
 	       n, n == 1 ? "" : "s");
 	for (int i = 0; i < n; i++) {
-		printf("\n%s\n", tv(PQgetvalue(r, i, 0)));
-		printf("  run key:       %s (run %s)\n", tv(PQgetvalue(r, i, 1)), tv(PQgetvalue(r, i, 13)));
-		printf("  provider key:  %s\n", tv(PQgetvalue(r, i, 2)));
-		printf("  type, target:  %s %s\n", tv(PQgetvalue(r, i, 3)), tv(PQgetvalue(r, i, 4)));
-		printf("  attempts:      %s   unknown since %s   created %s\n", tv(PQgetvalue(r, i, 5)),
-		       tv(PQgetvalue(r, i, 6)), tv(PQgetvalue(r, i, 7)));
-		if (!PQgetisnull(r, i, 10))
-			printf("  last attempt:  worker %s, outcome %s%s%s\n", tv(PQgetvalue(r, i, 10)),
-			       tv(PQgetvalue(r, i, 11)), PQgetisnull(r, i, 12) ? "" : ", status ",
-			       tv(PQgetvalue(r, i, 12)));
-		if (!PQgetisnull(r, i, 9))
-			printf("  last error:    %s%s%s\n", tv(PQgetvalue(r, i, 8)),
-			       PQgetisnull(r, i, 8) ? "" : ": ", tv(PQgetvalue(r, i, 9)));
+		printf("\n%s\n", tv(PQgetvalue(r, i, UK_EFFECT_ID)));
+		printf("  run key:       %s (run %s)\n", tv(PQgetvalue(r, i, UK_IDEMPOTENCY_KEY)),
+		       tv(PQgetvalue(r, i, UK_RUN_STATE)));
+		printf("  provider key:  %s\n", tv(PQgetvalue(r, i, UK_EFFECT_KEY)));
+		printf("  type, target:  %s %s\n", tv(PQgetvalue(r, i, UK_EFFECT_TYPE)),
+		       tv(PQgetvalue(r, i, UK_TARGET)));
+		printf("  attempts:      %s   unknown since %s   created %s\n",
+		       tv(PQgetvalue(r, i, UK_ATTEMPTS)), tv(PQgetvalue(r, i, UK_UNKNOWN_SINCE)),
+		       tv(PQgetvalue(r, i, UK_CREATED_AT)));
+		if (!PQgetisnull(r, i, UK_LAST_WORKER))
+			printf("  last attempt:  worker %s, outcome %s%s%s\n", tv(PQgetvalue(r, i, UK_LAST_WORKER)),
+			       tv(PQgetvalue(r, i, UK_LAST_OUTCOME)), PQgetisnull(r, i, UK_LAST_STATUS) ? "" : ", status ",
+			       tv(PQgetvalue(r, i, UK_LAST_STATUS)));
+		if (!PQgetisnull(r, i, UK_LAST_ERROR))
+			printf("  last error:    %s%s%s\n", tv(PQgetvalue(r, i, UK_LAST_ERROR_CLASS)),
+			       PQgetisnull(r, i, UK_LAST_ERROR_CLASS) ? "" : ": ", tv(PQgetvalue(r, i, UK_LAST_ERROR)));
 	}
 	PQclear(r);
+	return CTL_OK;
+}
+
+/* One effect and its history, the evidence to decide an unknown by: every
+ * provider call with its outcome, status, provider id and reply. */
+static int unknown_show(struct ctl *ctl, int argc, char **argv)
+{
+	static const char *const allowed[] = { "--json", NULL };
+	static const char *const hkeys[] = { "attempt", "worker", "started_at", "ended_at",
+		                                 "outcome_class", "provider_status", "provider_id",
+		                                 "error_text", "state" };
+	const char *id, *params[1];
+	PGresult *e, *h;
+	int rc = CTL_OK;
+
+	if (!ops_effect_id("unknown show", argc, argv, &id))
+		return CTL_USAGE;
+	argc--, argv++;
+	if (!ctl_check_opts(argc, argv, allowed))
+		return CTL_USAGE;
+	params[0] = id;
+	e = ops_exec(ctl, "unknown show", CTL_SQL_EFFECT, params, &rc);
+	if (e == NULL)
+		return rc;
+	if (PQntuples(e) == 0) {
+		PQclear(e);
+		return ops_not_found("unknown show", id);
+	}
+	h = ops_exec(ctl, "unknown show", CTL_SQL_EFFECT_HISTORY, params, &rc);
+	if (h == NULL) {
+		PQclear(e);
+		return rc;
+	}
+	if (ctl_flag(argc, argv, "--json")) {
+		json_t *o = json_object(), *arr = json_array();
+		json_object_set_new(o, "effect_id", ops_json_text(e, 0, EF_EFFECT_ID));
+		json_object_set_new(o, "state", ops_json_text(e, 0, EF_STATE));
+		json_object_set_new(o, "idempotency_key", ops_json_text(e, 0, EF_IDEMPOTENCY_KEY));
+		json_object_set_new(o, "run_state", ops_json_text(e, 0, EF_RUN_STATE));
+		json_object_set_new(o, "effect_key", ops_json_text(e, 0, EF_EFFECT_KEY));
+		json_object_set_new(o, "effect_type", ops_json_text(e, 0, EF_EFFECT_TYPE));
+		json_object_set_new(o, "target", ops_json_text(e, 0, EF_TARGET));
+		json_object_set_new(o, "attempts", json_integer(strtoll(PQgetvalue(e, 0, EF_ATTEMPTS), NULL, 10)));
+		json_object_set_new(o, "created_at", ops_json_text(e, 0, EF_CREATED_AT));
+		json_object_set_new(o, "updated_at", ops_json_text(e, 0, EF_UPDATED_AT));
+		json_object_set_new(o, "provider_id", ops_json_text(e, 0, EF_PROVIDER_ID));
+		json_object_set_new(o, "last_error_class", ops_json_text(e, 0, EF_LAST_ERROR_CLASS));
+		json_object_set_new(o, "last_error", ops_json_text(e, 0, EF_LAST_ERROR));
+		for (int i = 0; i < PQntuples(h); i++) {
+			json_t *a = json_object();
+			for (int c = 0; c < (int)(sizeof(hkeys) / sizeof(hkeys[0])); c++) {
+				json_t *v;
+				if ((c == HI_ATTEMPT || c == HI_STATUS) && !PQgetisnull(h, i, c))
+					v = json_integer(strtoll(PQgetvalue(h, i, c), NULL, 10));
+				else
+					v = ops_json_text(h, i, c);
+				json_object_set_new(a, hkeys[c], v);
+			}
+			json_array_append_new(arr, a);
+		}
+		json_object_set_new(o, "history", arr);
+		ops_print_json(o);
+	} else {
+		printf("%s: %s\n", tv(PQgetvalue(e, 0, EF_EFFECT_ID)), tv(PQgetvalue(e, 0, EF_STATE)));
+		printf("  run key:       %s (run %s)\n", tv(PQgetvalue(e, 0, EF_IDEMPOTENCY_KEY)),
+		       tv(PQgetvalue(e, 0, EF_RUN_STATE)));
+		printf("  provider key:  %s\n", tv(PQgetvalue(e, 0, EF_EFFECT_KEY)));
+		printf("  type, target:  %s %s\n", tv(PQgetvalue(e, 0, EF_EFFECT_TYPE)),
+		       tv(PQgetvalue(e, 0, EF_TARGET)));
+		printf("  attempts:      %s   created %s   changed %s\n", tv(PQgetvalue(e, 0, EF_ATTEMPTS)),
+		       tv(PQgetvalue(e, 0, EF_CREATED_AT)), tv(PQgetvalue(e, 0, EF_UPDATED_AT)));
+		if (!PQgetisnull(e, 0, EF_LAST_ERROR))
+			printf("  last error:    %s%s%s\n", tv(PQgetvalue(e, 0, EF_LAST_ERROR_CLASS)),
+			       PQgetisnull(e, 0, EF_LAST_ERROR_CLASS) ? "" : ": ",
+			       tv(PQgetvalue(e, 0, EF_LAST_ERROR)));
+		printf("  history (%d row%s):\n", PQntuples(h), PQntuples(h) == 1 ? "" : "s");
+		for (int i = 0; i < PQntuples(h); i++) {
+			printf("    #%s %s..%s %s", tv(PQgetvalue(h, i, HI_ATTEMPT)),
+			       tv(PQgetvalue(h, i, HI_STARTED)), tv(PQgetvalue(h, i, HI_ENDED)),
+			       PQgetisnull(h, i, HI_OUTCOME) ? "(state change)" : tv(PQgetvalue(h, i, HI_OUTCOME)));
+			if (!PQgetisnull(h, i, HI_WORKER))
+				printf(" worker %s", tv(PQgetvalue(h, i, HI_WORKER)));
+			if (!PQgetisnull(h, i, HI_STATUS))
+				printf(" status %s", tv(PQgetvalue(h, i, HI_STATUS)));
+			if (!PQgetisnull(h, i, HI_PROVIDER_ID))
+				printf(" provider id %s", tv(PQgetvalue(h, i, HI_PROVIDER_ID)));
+			if (!PQgetisnull(h, i, HI_STATE))
+				printf(" -> %s", tv(PQgetvalue(h, i, HI_STATE)));
+			if (!PQgetisnull(h, i, HI_ERROR))
+				printf(": %s", tv(PQgetvalue(h, i, HI_ERROR)));
+			printf("\n");
+		}
+	}
+	PQclear(e);
+	PQclear(h);
 	return CTL_OK;
 }
 
@@ -261,23 +337,21 @@ static int unknown_resolve(struct ctl *ctl, int argc, char **argv)
 	params[2] = op;
 	params[3] = reason;
 	params[4] = pid && pid[0] ? pid : NULL;
-	r = ops_exec(ctl, "unknown resolve",
-	             "SELECT applied, state, idempotency_key, coalesce(provider_id, ''), "
-	             "coalesce(run_state, '') "
-	             "FROM outbox_resolve_unknown($1::uuid, $2::boolean, $3, $4, $5)",
-	             5, params, &rc);
+	r = ops_exec(ctl, "unknown resolve", CTL_SQL_RESOLVE, params, &rc);
 	if (r == NULL)
 		return rc;
 	if (PQntuples(r) == 0)
 		rc = ops_not_found("unknown resolve", id);
-	else if (PQgetvalue(r, 0, 0)[0] != 't')
-		rc = ops_wrong_state("unknown resolve", id, PQgetvalue(r, 0, 1), "unknown");
+	else if (PQgetvalue(r, 0, RS_APPLIED)[0] != 't')
+		rc = ops_wrong_state("unknown resolve", id, PQgetvalue(r, 0, RS_STATE), "unknown");
 	else if (sent)
 		printf("effect %s resolved as sent by %s: completed, provider id %s; run %s is %s\n", tv(id),
-		       tv(op), tv(PQgetvalue(r, 0, 3)), tv(PQgetvalue(r, 0, 2)), tv(PQgetvalue(r, 0, 4)));
+		       tv(op), tv(PQgetvalue(r, 0, RS_PROVIDER_ID)), tv(PQgetvalue(r, 0, RS_IDEMPOTENCY_KEY)),
+		       tv(PQgetvalue(r, 0, RS_RUN_STATE)));
 	else
 		printf("effect %s resolved as not sent by %s: pending again with the same key, due now; "
-		       "run %s is %s\n", tv(id), tv(op), tv(PQgetvalue(r, 0, 2)), tv(PQgetvalue(r, 0, 4)));
+		       "run %s is %s\n", tv(id), tv(op), tv(PQgetvalue(r, 0, RS_IDEMPOTENCY_KEY)),
+		       tv(PQgetvalue(r, 0, RS_RUN_STATE)));
 	PQclear(r);
 	return rc;
 }
@@ -286,9 +360,11 @@ int cmd_unknown(struct ctl *ctl, int argc, char **argv)
 {
 	if (argc >= 1 && strcmp(argv[0], "list") == 0)
 		return unknown_list(ctl, argc - 1, argv + 1);
+	if (argc >= 1 && strcmp(argv[0], "show") == 0)
+		return unknown_show(ctl, argc - 1, argv + 1);
 	if (argc >= 1 && strcmp(argv[0], "resolve") == 0)
 		return unknown_resolve(ctl, argc - 1, argv + 1);
-	fprintf(stderr, "outboxctl: unknown: expected 'list' or 'resolve'%s%s%s\n",
+	fprintf(stderr, "outboxctl: unknown: expected 'list', 'show' or 'resolve'%s%s%s\n",
 	        argc ? ", not '" : "", argc ? tv(argv[0]) : "", argc ? "'" : "");
 	return CTL_USAGE;
 }
@@ -307,23 +383,18 @@ static int requeue_since(struct ctl *ctl, const char *since, const char *op, con
 	params[0] = age ? ival : since;
 	params[1] = op;
 	params[2] = reason;
-	r = ops_exec(ctl, "requeue",
-	             age ? "SELECT effect_id, idempotency_key, effect_type, target, "
-	                   "coalesce(last_error_class, ''), coalesce(run_state, '') "
-	                   "FROM outbox_requeue_failed_since(now() - $1::interval, $2, $3)"
-	                 : "SELECT effect_id, idempotency_key, effect_type, target, "
-	                   "coalesce(last_error_class, ''), coalesce(run_state, '') "
-	                   "FROM outbox_requeue_failed_since($1::timestamptz, $2, $3)",
-	             3, params, &rc);
+	r = ops_exec(ctl, "requeue", age ? CTL_SQL_REQUEUE_SINCE_AGO : CTL_SQL_REQUEUE_SINCE_AT,
+	             params, &rc);
 	if (r == NULL)
 		return rc;
 	n = PQntuples(r);
 	printf("requeued %d failed effect%s (failed since %s; cancelled ones left alone)%s\n", n,
 	       n == 1 ? "" : "s", since, n ? ", same keys, due now:" : ".");
 	for (int i = 0; i < n; i++)
-		printf("  %s key=%s type=%s target=%s was=%s run=%s\n", tv(PQgetvalue(r, i, 0)),
-		       tv(PQgetvalue(r, i, 1)), tv(PQgetvalue(r, i, 2)), tv(PQgetvalue(r, i, 3)), tv(PQgetvalue(r, i, 4)),
-		       tv(PQgetvalue(r, i, 5)));
+		printf("  %s key=%s type=%s target=%s was=%s run=%s\n", tv(PQgetvalue(r, i, RQS_EFFECT_ID)),
+		       tv(PQgetvalue(r, i, RQS_IDEMPOTENCY_KEY)), tv(PQgetvalue(r, i, RQS_EFFECT_TYPE)),
+		       tv(PQgetvalue(r, i, RQS_TARGET)), tv(PQgetvalue(r, i, RQS_LAST_ERROR_CLASS)),
+		       tv(PQgetvalue(r, i, RQS_RUN_STATE)));
 	PQclear(r);
 	return CTL_OK;
 }
@@ -356,20 +427,18 @@ int cmd_requeue(struct ctl *ctl, int argc, char **argv)
 	params[0] = id;
 	params[1] = op;
 	params[2] = reason;
-	r = ops_exec(ctl, "requeue",
-	             "SELECT applied, state, idempotency_key, coalesce(last_error_class, ''), "
-	             "coalesce(run_state, '') FROM outbox_requeue($1::uuid, $2, $3)",
-	             3, params, &rc);
+	r = ops_exec(ctl, "requeue", CTL_SQL_REQUEUE, params, &rc);
 	if (r == NULL)
 		return rc;
 	if (PQntuples(r) == 0)
 		rc = ops_not_found("requeue", id);
-	else if (PQgetvalue(r, 0, 0)[0] != 't')
-		rc = ops_wrong_state("requeue", id, PQgetvalue(r, 0, 1), "failed");
+	else if (PQgetvalue(r, 0, RQ_APPLIED)[0] != 't')
+		rc = ops_wrong_state("requeue", id, PQgetvalue(r, 0, RQ_STATE), "failed");
 	else
 		printf("effect %s requeued by %s: pending with the same key, due now (it had failed: %s); "
-		       "run %s is %s\n", tv(id), tv(op), PQgetvalue(r, 0, 3)[0] ? tv(PQgetvalue(r, 0, 3)) : "?",
-		       tv(PQgetvalue(r, 0, 2)), tv(PQgetvalue(r, 0, 4)));
+		       "run %s is %s\n", tv(id), tv(op),
+		       PQgetvalue(r, 0, RQ_LAST_ERROR_CLASS)[0] ? tv(PQgetvalue(r, 0, RQ_LAST_ERROR_CLASS)) : "?",
+		       tv(PQgetvalue(r, 0, RQ_IDEMPOTENCY_KEY)), tv(PQgetvalue(r, 0, RQ_RUN_STATE)));
 	PQclear(r);
 	return rc;
 }
@@ -421,25 +490,23 @@ int cmd_replace(struct ctl *ctl, int argc, char **argv)
 	params[3] = reason;
 	params[4] = target;
 	params[5] = payload;
-	r = ops_exec(ctl, "replace",
-	             "SELECT status, state, coalesce(new_effect_id::text, ''), new_key, original_key "
-	             "FROM outbox_replace($1::uuid, $2, $3, $4, $5, $6::jsonb)",
-	             6, params, &rc);
+	r = ops_exec(ctl, "replace", CTL_SQL_REPLACE, params, &rc);
 	if (r == NULL)
 		return rc;
 	if (PQntuples(r) == 0) {
 		PQclear(r);
 		return ops_not_found("replace", id);
 	}
-	status = PQgetvalue(r, 0, 0);
-	state = PQgetvalue(r, 0, 1);
+	status = PQgetvalue(r, 0, RP_STATUS);
+	state = PQgetvalue(r, 0, RP_STATE);
 	if (strcmp(status, "created") == 0) {
 		printf("replacement created by %s: effect %s under the new run %s (approved, queued), "
 		       "linked to effect %s of run %s, which is left as it was\n",
-		       tv(op), tv(PQgetvalue(r, 0, 2)), tv(key), tv(id), tv(PQgetvalue(r, 0, 4)));
+		       tv(op), tv(PQgetvalue(r, 0, RP_NEW_EFFECT_ID)), tv(key), tv(id),
+		       tv(PQgetvalue(r, 0, RP_ORIGINAL_KEY)));
 	} else if (strcmp(status, "exists") == 0) {
 		printf("effect %s was already replaced by effect %s under run %s (now %s): nothing "
-		       "changed\n", tv(id), tv(PQgetvalue(r, 0, 2)), tv(key), state);
+		       "changed\n", tv(id), tv(PQgetvalue(r, 0, RP_NEW_EFFECT_ID)), tv(key), state);
 	} else if (strcmp(status, "key_taken") == 0) {
 		fprintf(stderr, "outboxctl: replace: the key %s already belongs to another run (%s): "
 		                "nothing changed; bring a new key from the source system\n", tv(key), state);
@@ -461,15 +528,12 @@ int cmd_replace(struct ctl *ctl, int argc, char **argv)
 /* How many months the history has partitions for; -1 on a database error. */
 static long prune_months(struct ctl *ctl, int *rc)
 {
-	PGresult *r = ops_exec(ctl, "prune",
-	                       "SELECT count(*) FROM pg_inherits"
-	                       " WHERE inhparent = 'effect_history'::regclass",
-	                       0, NULL, rc);
+	PGresult *r = ops_exec(ctl, "prune", CTL_SQL_HISTORY_MONTHS, NULL, rc);
 	long n;
 
 	if (r == NULL)
 		return -1;
-	n = strtol(PQgetvalue(r, 0, 0), NULL, 10);
+	n = strtol(PQgetvalue(r, 0, CNT_VALUE), NULL, 10);
 	PQclear(r);
 	return n;
 }
@@ -519,10 +583,7 @@ int cmd_prune(struct ctl *ctl, int argc, char **argv)
 	/* One batch per statement, each its own transaction: the workers wait
 	 * at most one short delete, and an interrupted prune keeps what it did. */
 	for (;;) {
-		PGresult *r = ops_exec(ctl, "prune",
-		                       "SELECT outbox_prune($1::interval, $2::integer, "
-		                       "coalesce($3, session_user::text), $4)",
-		                       4, params, &rc);
+		PGresult *r = ops_exec(ctl, "prune", CTL_SQL_PRUNE, params, &rc);
 		long n;
 
 		if (r == NULL) {
@@ -531,7 +592,7 @@ int cmd_prune(struct ctl *ctl, int argc, char **argv)
 				        total, total == 1 ? "" : "s", batches, batches == 1 ? "" : "es");
 			return rc;
 		}
-		n = strtol(PQgetvalue(r, 0, 0), NULL, 10);
+		n = strtol(PQgetvalue(r, 0, CNT_VALUE), NULL, 10);
 		PQclear(r);
 		total += n;
 		batches++;
@@ -570,37 +631,32 @@ int cmd_cancel(struct ctl *ctl, int argc, char **argv)
 	params[0] = id;
 	params[1] = reason && reason[0] ? reason : NULL;
 	params[2] = op && op[0] ? op : NULL;
-	r = ops_exec(ctl, "cancel",
-	             "SELECT outbox_cancel($1::uuid, $2, coalesce($3, session_user::text))", 3, params,
-	             &rc);
+	r = ops_exec(ctl, "cancel", CTL_SQL_CANCEL, params, &rc);
 	if (r == NULL)
 		return rc;
-	done = PQgetvalue(r, 0, 0)[0] == 't';
+	done = PQgetvalue(r, 0, CNT_VALUE)[0] == 't';
 	PQclear(r);
 
 	/* Say what is stored (cancelled: the error it now carries; refused:
 	 * why), from the row as it is now. */
-	r = ops_exec(ctl, "cancel",
-	             "SELECT state, coalesce(last_error_class, ''), coalesce(last_error, '') "
-	             "FROM outbox_effects WHERE effect_id = $1::uuid",
-	             1, params, &rc);
+	r = ops_exec(ctl, "cancel", CTL_SQL_EFFECT, params, &rc);
 	if (r == NULL)
 		return rc;
 	if (done) {
 		printf("effect %s cancelled: %s, with error '%s'; it will never be sent\n", tv(id),
-		       PQntuples(r) ? tv(PQgetvalue(r, 0, 0)) : "failed",
-		       PQntuples(r) ? tv(PQgetvalue(r, 0, 2)) : "cancelled");
+		       PQntuples(r) ? tv(PQgetvalue(r, 0, EF_STATE)) : "failed",
+		       PQntuples(r) ? tv(PQgetvalue(r, 0, EF_LAST_ERROR)) : "cancelled");
 		rc = CTL_OK;
 	} else if (PQntuples(r) == 0) {
 		rc = ops_not_found("cancel", id);
-	} else if (strcmp(PQgetvalue(r, 0, 0), "failed") == 0 &&
-	           strcmp(PQgetvalue(r, 0, 1), "cancelled") == 0) {
+	} else if (strcmp(PQgetvalue(r, 0, EF_STATE), "failed") == 0 &&
+	           strcmp(PQgetvalue(r, 0, EF_LAST_ERROR_CLASS), "cancelled") == 0) {
 		printf("effect %s was already cancelled: nothing changed\n", tv(id));
 		rc = CTL_OK;
 	} else {
 		fprintf(stderr, "outboxctl: cancel: effect %s is %s, not pending: it can no longer be "
-		                "cancelled (%s)\n", tv(id), tv(PQgetvalue(r, 0, 0)),
-		        ops_state_hint(tv(PQgetvalue(r, 0, 0))));
+		                "cancelled (%s)\n", tv(id), tv(PQgetvalue(r, 0, EF_STATE)),
+		        ops_state_hint(tv(PQgetvalue(r, 0, EF_STATE))));
 		rc = CTL_FAILED;
 	}
 	PQclear(r);

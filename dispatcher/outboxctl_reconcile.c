@@ -21,6 +21,7 @@
 #include <time.h>
 
 #include "outboxctl.h"
+#include "outboxctl_sql.h"
 
 #define RECONCILE_WAIT_DEFAULT 60
 #define RECONCILE_POLL_MS      200
@@ -51,24 +52,15 @@ static bool print_verdicts(struct ctl *ctl, const char *start, char *last, size_
                            struct verdict_counts *n)
 {
 	const char *params[2] = { start, last };
-	PGresult *r = ctl_exec(ctl, "reconcile: reading verdicts",
-	                       "SELECT a.history_id, a.effect_id, coalesce(b.effect_type, '?'),"
-	                       " a.outcome_class, coalesce(a.provider_status::text, ''),"
-	                       " coalesce(a.provider_id, ''), coalesce(a.error_text, ''),"
-	                       " coalesce(a.worker, ''), a.cas_applied"
-	                       " FROM effect_history a LEFT JOIN effect_outbox b USING (effect_id)"
-	                       " WHERE a.outcome_class IN ('reconciled_sent', 'reconciled_not_sent',"
-	                       "                           'reconcile_unknown')"
-	                       "   AND a.ended_at >= $1::timestamptz AND a.history_id > $2::bigint"
-	                       " ORDER BY a.history_id",
-	                       2, params);
+	PGresult *r = ctl_run_db(ctl, "reconcile: reading verdicts", CTL_SQL_RECONCILE_VERDICTS,
+	                         params);
 
 	if (r == NULL)
 		return false;
 	for (int i = 0; i < PQntuples(r); i++) {
-		const char *cls = PQgetvalue(r, i, 3), *status = PQgetvalue(r, i, 4),
-		           *pid = PQgetvalue(r, i, 5), *error = PQgetvalue(r, i, 6);
-		bool applied = PQgetvalue(r, i, 8)[0] == 't';
+		const char *cls = PQgetvalue(r, i, VD_OUTCOME), *status = PQgetvalue(r, i, VD_STATUS),
+		           *pid = PQgetvalue(r, i, VD_PROVIDER_ID), *error = PQgetvalue(r, i, VD_ERROR);
+		bool applied = PQgetvalue(r, i, VD_APPLIED)[0] == 't';
 		const char *what;
 
 		if (strcmp(cls, "reconciled_sent") == 0) {
@@ -81,16 +73,17 @@ static bool print_verdicts(struct ctl *ctl, const char *start, char *last, size_
 			what = "cannot tell: stays unknown";
 			n->unknown++;
 		}
-		printf("  %s %s %s", tv(PQgetvalue(r, i, 1)), tv(PQgetvalue(r, i, 2)), what);
+		printf("  %s %s %s", tv(PQgetvalue(r, i, VD_EFFECT_ID)), tv(PQgetvalue(r, i, VD_EFFECT_TYPE)),
+		       what);
 		if (pid[0])
 			printf(", provider id %s", tv(pid));
 		if (status[0])
 			printf(" (status %s)", tv(status));
 		if (error[0] && strcmp(cls, "reconciled_sent") != 0)
 			printf(": %s", tv(error));
-		printf(" [worker %s]%s\n", tv(PQgetvalue(r, i, 7)),
+		printf(" [worker %s]%s\n", tv(PQgetvalue(r, i, VD_WORKER)),
 		       applied ? "" : " (not applied: the effect changed meanwhile)");
-		snprintf(last, lastlen, "%s", PQgetvalue(r, i, 0));
+		snprintf(last, lastlen, "%s", PQgetvalue(r, i, VD_HISTORY_ID));
 	}
 	fflush(stdout);
 	PQclear(r);
@@ -122,29 +115,15 @@ static bool ask_fleet(struct ctl *ctl, char *start, size_t startlen)
 	long total, others;
 	PGresult *r;
 
-	r = ctl_exec(ctl, "reconcile",
-	             "SELECT clock_timestamp()::text,"
-	             /* `unknown` rows sit at available_at = 'infinity' in the
-	              * live queue's index. */
-	             " (SELECT count(*) FROM effect_live o JOIN outbox_providers p"
-	             "     ON p.name = o.effect_type AND p.can_reconcile"
-	             "   WHERE o.available_at = 'infinity' AND o.state = 'unknown'),"
-	             " (SELECT count(*) FROM effect_live o"
-	             "   WHERE o.available_at = 'infinity' AND o.state = 'unknown' AND NOT EXISTS"
-	             "     (SELECT 1 FROM outbox_providers p"
-	             "       WHERE p.name = o.effect_type AND p.can_reconcile))",
-	             0, NULL);
+	r = ctl_run_db(ctl, "reconcile", CTL_SQL_RECONCILE_START, NULL);
 	if (r == NULL)
 		return false;
-	snprintf(start, startlen, "%s", PQgetvalue(r, 0, 0));
-	total = strtol(PQgetvalue(r, 0, 1), NULL, 10);
-	others = strtol(PQgetvalue(r, 0, 2), NULL, 10);
+	snprintf(start, startlen, "%s", PQgetvalue(r, 0, RC_CLOCK));
+	total = strtol(PQgetvalue(r, 0, RC_RECONCILABLE), NULL, 10);
+	others = strtol(PQgetvalue(r, 0, RC_OTHERS), NULL, 10);
 	PQclear(r);
 
-	/* The request is a row only operators may write; its NOTIFY only
-	 * wakes the workers (any login may send one). */
-	r = ctl_exec(ctl, "reconcile: asking the workers",
-	             "SELECT outbox_request_reconcile()", 0, NULL);
+	r = ctl_run_db(ctl, "reconcile: asking the workers", CTL_SQL_RECONCILE_NOTIFY, NULL);
 	if (r == NULL)
 		return false;
 	PQclear(r);
@@ -172,16 +151,10 @@ static long wait_for_fleet(struct ctl *ctl, const char *start, long wait_s,
 	for (;;) {
 		if (!print_verdicts(ctl, start, last, sizeof(last), counts))
 			return -1;
-		r = ctl_exec(ctl, "reconcile: checking progress",
-		             "SELECT count(*) FROM effect_live o JOIN outbox_providers p"
-		             "  ON p.name = o.effect_type AND p.can_reconcile"
-		             " WHERE o.available_at = 'infinity' AND o.state = 'unknown'"
-		             "   AND o.created_at <= $1::timestamptz"
-		             "   AND (o.last_reconciled_at IS NULL OR o.last_reconciled_at < $1::timestamptz)",
-		             1, params);
+		r = ctl_run_db(ctl, "reconcile: checking progress", CTL_SQL_RECONCILE_LEFT, params);
 		if (r == NULL)
 			return -1;
-		remaining = strtol(PQgetvalue(r, 0, 0), NULL, 10);
+		remaining = strtol(PQgetvalue(r, 0, CNT_VALUE), NULL, 10);
 		PQclear(r);
 		if (remaining == 0 || mono_ms() >= deadline)
 			break;

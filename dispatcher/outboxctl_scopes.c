@@ -20,9 +20,8 @@
 
 #include "lib/hostname.h"
 #include "outboxctl.h"
+#include "outboxctl_sql.h"
 
-#define SCOPE_TIME(col) \
-	"to_char(" col " AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"')"
 #define SCOPE_VALUE_MAX 255 /* outbox_scopes.value's bound */
 #define SCOPE_LIMIT_MAX 1000000 /* outbox_scope_limit's bound on rate and burst */
 
@@ -168,10 +167,9 @@ static void scope_words(const struct scope *s, char *sends, size_t sends_len, ch
  * nothing: say so, instead of leaving the operator to wonder. */
 static void scope_note_global_switch(struct ctl *ctl)
 {
-	PGresult *r = ctl_exec(ctl, "kill-switch status",
-	                       "SELECT enabled FROM outbox_control WHERE id = 1", 0, NULL);
+	PGresult *r = ctl_run_db(ctl, "kill-switch status", CTL_SQL_SWITCH, NULL);
 
-	if (r && PQntuples(r) == 1 && PQgetvalue(r, 0, 0)[0] != 't')
+	if (r && PQntuples(r) == 1 && PQgetvalue(r, 0, SW_ENABLED)[0] != 't')
 		printf("the kill switch is off: nothing is sent until 'outboxctl kill-switch on'\n");
 	PQclear(r);
 }
@@ -194,13 +192,7 @@ int ctl_scope_pause(struct ctl *ctl, bool paused, int argc, char **argv)
 	params[2] = paused ? "true" : "false";
 	params[3] = op;
 	params[4] = reason;
-	/* One statement, as the global switch: the function takes the
-	 * kill-switch lock, so the list of sends in flight is complete. */
-	r = ctl_exec_rc(ctl, cmd,
-	                "SELECT effect_id, effect_key, effect_type, target, coalesce(worker, ''), "
-	                "to_char(sending_since AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"') "
-	                "FROM outbox_scope_pause($1, $2, $3::boolean, $4, $5)",
-	                5, params, &rc);
+	r = ctl_run(ctl, cmd, CTL_SQL_SCOPE_PAUSE, params, &rc);
 	if (r == NULL)
 		return rc;
 	scope_words(&s, sends, sizeof(sends), none, sizeof(none));
@@ -217,22 +209,11 @@ int ctl_scope_pause(struct ctl *ctl, bool paused, int argc, char **argv)
 
 /* ---- the rows of outbox_scope_status ---------------------------------- */
 
-enum scope_col {
-	SC_KIND, SC_VALUE, SC_PAUSED, SC_PAUSED_BY, SC_PAUSED_AT, SC_PAUSED_REASON, SC_RATE,
-	SC_BURST, SC_LIMIT_BY, SC_LIMIT_AT, SC_LIMIT_REASON, SC_WAITING, SC_HELD_TOTAL, SC_COLS
-};
-
-static const char scope_rows_sql[] =
-	"SELECT kind, value, paused, paused_by, " SCOPE_TIME("paused_at") ", paused_reason, "
-	"rate_per_second, burst, limit_by, " SCOPE_TIME("limit_at") ", limit_reason, waiting, "
-	"held_total FROM outbox_scope_status "
-	"WHERE NOT $1::boolean OR rate_per_second IS NOT NULL ORDER BY kind, value";
-
 static PGresult *scope_rows(struct ctl *ctl, const char *what, bool limited_only, int *rc)
 {
 	const char *params[1] = { limited_only ? "true" : "false" };
 
-	return ctl_exec_rc(ctl, what, scope_rows_sql, 1, params, rc);
+	return ctl_run(ctl, what, CTL_SQL_SCOPES, params, rc);
 }
 
 static json_t *scope_text(const PGresult *r, int row, int col)
@@ -374,9 +355,7 @@ static int limit_call(struct ctl *ctl, const char *cmd, const struct scope *s, c
 	PGresult *r;
 	int rc = CTL_OK;
 
-	r = ctl_exec_rc(ctl, cmd,
-	                "SELECT outbox_scope_limit($1, $2, $3::double precision, $4::integer, $5, $6)",
-	                6, params, &rc);
+	r = ctl_run(ctl, cmd, CTL_SQL_SCOPE_LIMIT, params, &rc);
 	if (r == NULL)
 		return rc;
 	PQclear(r);
@@ -387,13 +366,13 @@ static int limit_set(struct ctl *ctl, int argc, char **argv)
 {
 	static const char *const allowed[] = { "--type=", "--host=", "--crm-object=", "--rate=",
 		                                   "--burst=", "--operator=", "--reason=", NULL };
-	const char *cmd = "limit set", *rate_s, *burst_s, *op, *reason, *params[2];
+	const char *cmd = "limit set", *rate_s, *burst_s, *op, *reason;
 	char rate[32], burst[16], sends[320], none[320];
 	double per_second;
 	long b = 0;
 	struct scope s;
 	PGresult *r;
-	int rc;
+	int rc, row = -1;
 
 	if (!ctl_check_opts_hint(argc, argv, allowed, scope_hint) || !limit_scope(cmd, argc, argv, &s))
 		return CTL_USAGE;
@@ -424,16 +403,16 @@ static int limit_set(struct ctl *ctl, int argc, char **argv)
 		return rc;
 
 	/* The burst as stored (the database's default when none was given). */
-	params[0] = scope_kinds[s.kind].kind;
-	params[1] = s.value;
-	r = ctl_exec_rc(ctl, cmd,
-	                "SELECT burst FROM outbox_scope_status WHERE kind = $1 AND value = $2",
-	                2, params, &rc);
+	r = scope_rows(ctl, cmd, true, &rc);
 	if (r == NULL)
 		return rc;
+	for (int i = 0; i < PQntuples(r); i++)
+		if (strcmp(PQgetvalue(r, i, SC_KIND), scope_kinds[s.kind].kind) == 0 &&
+		    strcmp(PQgetvalue(r, i, SC_VALUE), s.value) == 0)
+			row = i;
 	scope_words(&s, sends, sizeof(sends), none, sizeof(none));
 	printf("%s limited to %.6g per second, burst %s, for the whole fleet (by %s: %s)\n", sends,
-	       per_second, PQntuples(r) ? tv(PQgetvalue(r, 0, 0)) : "?", tv(op), tv(reason));
+	       per_second, row >= 0 ? tv(PQgetvalue(r, row, SC_BURST)) : "?", tv(op), tv(reason));
 	PQclear(r);
 	return CTL_OK;
 }

@@ -50,6 +50,11 @@ PKGS="$PKGS faketime libfaketime"
 PKGS="$PKGS unicode-data"
 # The loopback sink of make bench and bench-peer (tests/sql/test_peer_bench.py).
 PKGS="$PKGS nginx-light"
+# The web console (console/, outbox-console): libmicrohttpd is its HTTP server
+# (connection limits and timeouts, no hand-written parser); its browser tests
+# (tests/console/test_console_browser.py) drive Debian's headless chromium
+# through chromium-driver and python3-selenium, nothing downloaded at test time.
+PKGS="$PKGS libmicrohttpd-dev chromium chromium-driver python3-selenium"
 # node and npm: bench-peer installs graphile-worker with npm ci.  A node
 # already installed (e.g. NodeSource's, which brings its own npm) is kept.
 command -v npm >/dev/null 2>&1 || PKGS="$PKGS nodejs npm"

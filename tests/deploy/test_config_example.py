@@ -22,6 +22,7 @@ DAEMON = os.path.join(BUILD_DIR, "outbox-dispatcher")
 TABLE = re.compile(r'\{\s*"([a-z_]+)",\s*CONF_([A-Z]+),\s*"([^"]*)"')
 CORE = (("core_keys_database", "database"), ("core_keys_dispatcher", "dispatcher"),
         ("core_keys_metrics", "metrics"), ("core_keys_log", "log"),
+        ("core_keys_console", "console"),
         ("provider_common_keys", "common"))
 
 

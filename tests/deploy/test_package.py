@@ -56,6 +56,9 @@ def test_package_contents(deb):
     expected = {
         "/usr/bin/outbox-dispatcher": "-rwxr-xr-x",
         "/usr/bin/outboxctl": "-rwxr-xr-x",
+        "/usr/bin/outbox-console": "-rwxr-xr-x",
+        "/lib/systemd/system/outbox-console.service": "-rw-r--r--",
+        "/usr/share/man/man8/outbox-console.8.gz": "-rw-r--r--",
         f"{PLUGIN_DIR}/outbox_http.so": "-rw-r--r--",
         f"{PLUGIN_DIR}/outbox_email.so": "-rw-r--r--",
         f"{PLUGIN_DIR}/outbox_crm.so": "-rw-r--r--",

@@ -63,7 +63,7 @@ def installed_units(tmp_path):
     (prefix / "bin").mkdir(parents=True)
     units = tmp_path / "units"
     units.mkdir()
-    for name in ("outbox-dispatcher", "outboxctl"):
+    for name in ("outbox-dispatcher", "outboxctl", "outbox-console"):
         built = os.path.join(BUILD_DIR, name)
         exe = prefix / "bin" / name
         shutil.copy(built if os.access(built, os.X_OK) else "/bin/true", exe)
@@ -94,7 +94,8 @@ def test_systemd_analyze_verify(installed_units):
     # is a failure, not just a non-zero exit.
     r = analyze("verify", "--man=no", str(installed_units / "outbox-dispatcher@1.service"),
                 str(installed_units / TARGET), str(installed_units / "outbox-prune.service"),
-                str(installed_units / "outbox-prune.timer"))
+                str(installed_units / "outbox-prune.timer"),
+                str(installed_units / "outbox-console.service"))
     assert r.returncode == 0, r.stdout + r.stderr
     assert (r.stdout + r.stderr).strip() == "", r.stdout + r.stderr
 
@@ -123,6 +124,23 @@ def test_systemd_security_exposure(installed_units):
     assert m, r.stdout + r.stderr
     assert float(m.group(1)) <= 2.0, r.stdout
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+@needs_analyze
+def test_console_unit_is_locked_down_like_the_workers(installed_units):
+    r = analyze("security", "--offline=yes", "--threshold=20",
+                str(installed_units / "outbox-console.service"))
+    m = re.search(r"Overall exposure level for \S+: (\d+\.\d+)", r.stdout + r.stderr)
+    assert m, r.stdout + r.stderr
+    assert float(m.group(1)) <= 2.0, r.stdout
+    worker = unit_directives(os.path.join(UNIT_DIR, TEMPLATE))
+    console = unit_directives(os.path.join(UNIT_DIR, "outbox-console.service"))
+    hardening = [k for k in worker if k[0] == "Service" and k[1].startswith(
+        ("Protect", "Private", "Restrict", "NoNewPrivileges", "SystemCall", "Capability",
+         "MemoryDeny", "LockPersonality", "DynamicUser", "UMask"))]
+    assert hardening
+    for k in hardening:
+        assert console.get(k) == worker[k], k
 
 
 def test_systemd_template_hardening():

@@ -130,8 +130,8 @@ def test_outboxctl_malformed_id_is_a_usage_error_before_connecting(args):
 
 
 @pytest.mark.parametrize("args,words", [
-    (["unknown"], "expected 'list' or 'resolve'"),
-    (["unknown", "forget"], "expected 'list' or 'resolve'"),
+    (["unknown"], "expected 'list', 'show' or 'resolve'"),
+    (["unknown", "forget"], "expected 'list', 'show' or 'resolve'"),
     (["unknown", "list", "--csv"], "unexpected argument"),
     (["unknown", "resolve"], "needs an effect id"),
     (["unknown", "resolve", NO_SUCH, "--operator", "a", "--reason", "r"], "exactly one of"),

@@ -1,0 +1,205 @@
+-- SPDX-License-Identifier: ISC
+-- functions/46_console.sql: the pages of the web console (console/,
+-- docs/console.md), read by outbox_viewer.  Like 45_reads.sql, each is a
+-- STABLE SECURITY DEFINER function, and each is bounded: a window of the
+-- history's end times (its BRIN index), a walk of a primary key from a
+-- keyset position with a LIMIT, or the live queue's due index.
+
+-- The lowest effect id of a moment: effect ids begin with the Unix
+-- milliseconds of their creation (outbox_new_effect_id), so a time window
+-- of effects is a range of effect_outbox's primary key.
+CREATE OR REPLACE FUNCTION outbox_effect_id_floor(p_at timestamptz)
+RETURNS uuid LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT (lpad(to_hex(floor(extract(epoch FROM p_at) * 1000)::bigint), 12, '0')
+            || '00000000000000000000')::uuid;
+$$;
+
+-- Open effects by state and type (one pass over the narrow live queue),
+-- and those finished in the last 24 hours by their final state and type.
+-- held: pending effects a scope holds back, counted apart.
+CREATE OR REPLACE FUNCTION outbox_console_counts()
+RETURNS TABLE (state text, effect_type text, n bigint, held bigint)
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = public, pg_temp SET jit = off AS $$
+    SELECT l.state, l.effect_type, count(*), count(*) FILTER (WHERE l.held_by IS NOT NULL)
+      FROM effect_live l GROUP BY 1, 2
+    UNION ALL
+    SELECT h.state, b.effect_type, count(*), 0
+      FROM effect_history h JOIN effect_outbox b ON b.effect_id = h.effect_id
+     WHERE h.ended_at > now() - interval '24 hours' AND h.state IS NOT NULL
+     GROUP BY 1, 2
+     ORDER BY 1, 2;
+$$;
+
+-- The age of the oldest due pending effect no scope holds, and of the
+-- oldest one a scope holds (the due index's head).
+CREATE OR REPLACE FUNCTION outbox_console_ages()
+RETURNS TABLE (oldest_pending_seconds numeric, oldest_held_seconds numeric)
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = public, pg_temp AS $$
+    SELECT (SELECT extract(epoch FROM now() - min(available_at))::numeric(12,1) FROM effect_live
+             WHERE state = 'pending' AND available_at <= now() AND held_by IS NULL),
+           (SELECT extract(epoch FROM now() - min(available_at))::numeric(12,1) FROM effect_live
+             WHERE state = 'pending' AND available_at <= now() AND held_by IS NOT NULL);
+$$;
+
+-- Per minute over the last p_hours (1 to 24): completions, retries,
+-- failures and unknowns, from the history's end-time window.
+CREATE OR REPLACE FUNCTION outbox_console_minutes(p_hours integer)
+RETURNS TABLE (minute timestamptz, completed bigint, retried bigint, failed bigint,
+               unknown bigint)
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = public, pg_temp SET jit = off AS $$
+    SELECT date_trunc('minute', h.ended_at),
+           count(*) FILTER (WHERE h.state = 'completed'),
+           count(*) FILTER (WHERE h.outcome_class = 'retry'),
+           count(*) FILTER (WHERE h.state = 'failed'),
+           count(*) FILTER (WHERE h.outcome_class IN ('ambiguous', 'lease_lost'))
+      FROM effect_history h
+     WHERE h.ended_at > now() - make_interval(hours => least(greatest(p_hours, 1), 24))
+     GROUP BY 1 ORDER BY 1;
+$$;
+
+-- Effects created in [p_from, p_to), newest first, from the keyset position
+-- p_before (an effect id; NULL: the newest), at most p_limit (1 to 200),
+-- with the filters given (NULL: any): state, type, host, run key, the
+-- provider key, error text (a substring).  The walk is the primary key's
+-- range of the window, backwards; a run key is its unique index.  Failed
+-- effects, few among many, are found from the other side: the history's
+-- failing rows that ended since the window began (its end-time index),
+-- sorted, so that a page of them does not walk every effect of the window.
+CREATE OR REPLACE FUNCTION outbox_console_effects(p_from timestamptz, p_to timestamptz,
+    p_state text, p_type text, p_host text, p_run_key text, p_effect_key text, p_error text,
+    p_before uuid, p_limit integer)
+RETURNS TABLE (effect_id uuid, idempotency_key text, effect_type text, target text,
+               state text, attempts integer, created_at timestamptz, updated_at timestamptz,
+               last_error_class text, last_error text, provider_id text)
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = public, pg_temp SET jit = off AS $$
+    (SELECT o.effect_id, o.idempotency_key, o.effect_type, o.target, o.state, o.attempts,
+            o.created_at, o.updated_at, o.last_error_class, o.last_error, o.provider_id
+       FROM outbox_effects o
+      WHERE p_state IS DISTINCT FROM 'failed'
+        AND o.effect_id >= outbox_effect_id_floor(p_from)
+        AND o.effect_id < coalesce(p_before, outbox_effect_id_floor(p_to))
+        AND o.effect_id < outbox_effect_id_floor(p_to)
+        AND (p_run_key IS NULL OR o.idempotency_key = p_run_key)
+        AND (p_type IS NULL OR o.effect_type = p_type)
+        AND (p_effect_key IS NULL OR o.effect_key = p_effect_key)
+        AND (p_host IS NULL OR outbox_target_host(o.target) = lower(p_host))
+        AND (p_state IS NULL OR o.state = p_state)
+        AND (p_error IS NULL OR strpos(lower(o.last_error), lower(p_error)) > 0)
+      ORDER BY o.effect_id DESC
+      LIMIT least(greatest(p_limit, 1), 200))
+    UNION ALL
+    (SELECT o.effect_id, o.idempotency_key, o.effect_type, o.target, o.state, o.attempts,
+            o.created_at, o.updated_at, o.last_error_class, o.last_error, o.provider_id
+       FROM (SELECT DISTINCT h.effect_id FROM effect_history h
+              WHERE p_state = 'failed' AND h.state = 'failed' AND h.ended_at >= p_from
+                AND h.effect_id >= outbox_effect_id_floor(p_from)
+                AND h.effect_id < coalesce(p_before, outbox_effect_id_floor(p_to))
+                AND h.effect_id < outbox_effect_id_floor(p_to)) f
+       JOIN outbox_effects o ON o.effect_id = f.effect_id
+      WHERE o.state = 'failed'
+        AND (p_run_key IS NULL OR o.idempotency_key = p_run_key)
+        AND (p_type IS NULL OR o.effect_type = p_type)
+        AND (p_effect_key IS NULL OR o.effect_key = p_effect_key)
+        AND (p_host IS NULL OR outbox_target_host(o.target) = lower(p_host))
+        AND (p_error IS NULL OR strpos(lower(o.last_error), lower(p_error)) > 0)
+      ORDER BY o.effect_id DESC
+      LIMIT least(greatest(p_limit, 1), 200));
+$$;
+
+-- Runs in one state (NULL: any), by key from the keyset position p_after.
+CREATE OR REPLACE FUNCTION outbox_console_runs(p_state text, p_after text, p_limit integer)
+RETURNS TABLE (idempotency_key text, state text, effects bigint, open_effects bigint,
+               failure_reason text)
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = public, pg_temp AS $$
+    SELECT w.idempotency_key, w.state,
+           (SELECT count(*) FROM effect_outbox b WHERE b.idempotency_key = w.idempotency_key),
+           (SELECT count(*) FROM effect_outbox b JOIN effect_live l ON l.effect_id = b.effect_id
+             WHERE b.idempotency_key = w.idempotency_key),
+           w.failure_reason
+      FROM workflow_runs w
+     WHERE (p_state IS NULL OR w.state = p_state)
+       AND w.idempotency_key > coalesce(p_after, '')
+     ORDER BY w.idempotency_key
+     LIMIT least(greatest(p_limit, 1), 200);
+$$;
+
+-- A run's effects (its unique index).
+CREATE OR REPLACE FUNCTION outbox_console_run_effects(p_key text)
+RETURNS TABLE (effect_id uuid, effect_type text, target text, state text, attempts integer,
+               created_at timestamptz)
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = public, pg_temp AS $$
+    SELECT o.effect_id, o.effect_type, o.target, o.state, o.attempts, o.created_at
+      FROM outbox_effects o WHERE o.idempotency_key = p_key
+     ORDER BY o.effect_id LIMIT 500;
+$$;
+
+-- Operator actions, newest first, of one operator (NULL: all), before the
+-- keyset position p_before (an action id).
+CREATE OR REPLACE FUNCTION outbox_console_audit(p_operator text, p_before bigint, p_limit integer)
+RETURNS TABLE (action_id bigint, acted_at timestamptz, operator text, action text,
+               effect_id uuid, run_key text, reason text, detail text)
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = public, pg_temp AS $$
+    SELECT a.action_id, a.acted_at, a.operator, a.action, a.effect_id, a.run_key, a.reason,
+           a.detail::text
+      FROM operator_actions a
+     WHERE (p_operator IS NULL OR a.operator = p_operator)
+       AND a.action_id < coalesce(p_before, 9223372036854775807)
+     ORDER BY a.action_id DESC
+     LIMIT least(greatest(p_limit, 1), 200);
+$$;
+
+-- The approvals waiting (not consumed, not expired), oldest first, with
+-- the effects they would enqueue.  No token, no hash.
+CREATE OR REPLACE FUNCTION outbox_console_approvals()
+RETURNS TABLE (approval_id uuid, idempotency_key text, audience text, created_at timestamptz,
+               expires_at timestamptz, proposed integer, proposed_types text)
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = public, pg_temp AS $$
+    SELECT a.approval_id, a.idempotency_key, a.approver_audience, a.created_at, a.expires_at,
+           jsonb_array_length(a.proposed_effects),
+           (SELECT string_agg(e->>'effect_type' || ' ' || (e->>'target'), ', ')
+              FROM jsonb_array_elements(a.proposed_effects) e)
+      FROM approvals a
+     WHERE a.consumed_at IS NULL AND a.expires_at > now()
+     ORDER BY a.created_at LIMIT 200;
+$$;
+
+-- The switch's changes and the scopes', newest first.
+CREATE OR REPLACE FUNCTION outbox_console_control_history(p_limit integer)
+RETURNS TABLE (changed_at timestamptz, scope text, action text, changed_by text, reason text)
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = public, pg_temp AS $$
+    (SELECT c.changed_at, 'all', CASE WHEN c.enabled THEN 'on' ELSE 'off' END, c.changed_by,
+            c.reason
+       FROM outbox_control_history c ORDER BY c.change_id DESC
+      LIMIT least(greatest(p_limit, 1), 200))
+    UNION ALL
+    (SELECT s.changed_at, s.kind || ':' || s.value,
+            s.action || coalesce(' ' || s.rate_per_second || '/s', ''), s.changed_by, s.reason
+       FROM outbox_scope_history s ORDER BY s.change_id DESC
+      LIMIT least(greatest(p_limit, 1), 200))
+    ORDER BY 1 DESC;
+$$;
+
+-- The database the console reads, for its banner.
+CREATE OR REPLACE FUNCTION outbox_console_database()
+RETURNS TABLE (database text, server text, schema_version integer)
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = public, pg_temp AS $$
+    SELECT current_database()::text, coalesce(inet_server_addr()::text, 'local socket'),
+           (SELECT max(version) FROM schema_migrations);
+$$;
+
+REVOKE EXECUTE ON FUNCTION
+    outbox_console_counts(), outbox_console_ages(), outbox_console_minutes(integer),
+    outbox_console_effects(timestamptz, timestamptz, text, text, text, text, text, text, uuid,
+                           integer),
+    outbox_console_runs(text, text, integer), outbox_console_run_effects(text),
+    outbox_console_audit(text, bigint, integer), outbox_console_approvals(),
+    outbox_console_control_history(integer), outbox_console_database()
+    FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION
+    outbox_console_counts(), outbox_console_ages(), outbox_console_minutes(integer),
+    outbox_console_effects(timestamptz, timestamptz, text, text, text, text, text, text, uuid,
+                           integer),
+    outbox_console_runs(text, text, integer), outbox_console_run_effects(text),
+    outbox_console_audit(text, bigint, integer), outbox_console_approvals(),
+    outbox_console_control_history(integer), outbox_console_database()
+    TO outbox_viewer, outbox_operator;

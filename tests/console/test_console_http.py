@@ -1,0 +1,200 @@
+# SPDX-License-Identifier: ISC
+"""outbox-console over HTTP against a real database: every route answers,
+with its security headers; a POST is refused in read-only mode, without the
+form's token or with another's, from another Origin and without a person;
+the identity header counts only from the trusted proxy; a producer's key
+holding markup, quotes and bidi characters renders inert; the acts change
+the database as the person's own role, recorded under the person's name."""
+import re
+
+import pytest
+
+from console_lib import HOSTILE_KEY, populate
+from outbox_test import query, scalar
+
+VIEWS = ["/", "/effects", "/unknown", "/approvals", "/controls", "/runs", "/audit"]
+
+
+def test_every_view_answers_with_its_headers(conn, console_factory):
+    ids = populate(conn)
+    c = console_factory()
+    paths = VIEWS + [f"/effect?id={ids['unknown'][0]}", f"/effect?id={ids['failed'][0]}&payload=1",
+                     "/effects?state=failed", "/audit?operator=nobody", "/runs?state=approved",
+                     f"/runs?key={ids['pending'][0]}", "/static/console.css", "/static/console.js"]
+    for path in paths:
+        status, headers, body = c.get(path)
+        assert status == 200, (path, body[:300])
+        csp = headers["content-security-policy"]
+        assert "frame-ancestors 'none'" in csp and "default-src 'none'" in csp, path
+        assert "'unsafe-inline'" not in csp
+        assert headers["x-content-type-options"] == "nosniff"
+        assert headers["x-frame-options"] == "DENY"
+        assert headers["cache-control"] == "no-store"
+        if path.startswith("/static"):
+            continue
+        assert "<script>" not in body and " style=" not in body, path
+        assert 'id="banner"' in body, path
+    assert c.get("/nowhere")[0] == 404
+    assert c.request("DELETE", "/")[0] == 405
+
+
+def test_the_views_show_what_the_database_holds(conn, console_factory):
+    ids = populate(conn)
+    c = console_factory()
+    _, _, body = c.get("/")
+    assert 'id="counts"' in body and "<svg" in body and "polyline" in body
+    for state in ("pending", "sending", "unknown", "completed", "failed"):
+        assert f'class="state-{state}"' in body, state
+    _, _, body = c.get("/unknown")
+    for u in ids["unknown"]:
+        assert u in body
+    assert "gateway timeout" in body and "status 504" in body
+    _, _, body = c.get(f"/effect?id={ids['unknown'][0]}")
+    assert 'id="history"' in body and "ambiguous" in body and "show it" in body
+    assert "body" not in body.split('id="effect"')[1].split("</table>")[0]   # payload hidden
+    _, _, body = c.get(f"/effect?id={ids['unknown'][0]}&payload=1")
+    assert 'id="payload"' in body
+    _, _, body = c.get("/effects?state=failed")
+    assert all(f in body for f in ids["failed"]) and ids["pending"][0] not in body
+    _, _, body = c.get("/effects?host=failing.example")
+    assert all(f in body for f in ids["failed"]) and ids["unknown"][0] not in body
+
+
+def test_a_producers_key_renders_inert(conn, console_factory):
+    ids = populate(conn)
+    c = console_factory()
+    for path in ("/effects", f"/effect?id={ids['pending'][0]}", "/runs"):
+        _, _, body = c.get(path)
+        assert "<script>alert(1)</script>" not in body, path
+        assert "&lt;script&gt;alert(1)&lt;/script&gt;" in body, path
+        assert "\u202e" not in body and "\\u202e" in body.lower(), path
+        assert "-&quot;q&#39;-" in body, path
+
+
+def test_post_refused_in_read_only_mode(conn, console_factory, console_roles):
+    ids = populate(conn)
+    _, people = console_roles
+    c = console_factory(actions=False)
+    status, _, body = c.post("/unknown/resolve", {"id": ids["unknown"][0], "verdict": "sent",
+                                                  "reason": "r", "csrf": "x" * 64}, who=people[0])
+    assert status == 403 and "read-only" in body
+    assert 'name="csrf"' not in c.get("/unknown", people[0])[2]
+    assert scalar(conn, "SELECT state FROM effect_live WHERE effect_id = %s",
+                  (ids["unknown"][0],)) == "unknown"
+
+
+def test_post_needs_this_persons_token_and_the_consoles_origin(conn, console_factory,
+                                                              console_roles):
+    ids = populate(conn)
+    _, people = console_roles
+    c = console_factory(actions=True)
+    form = {"id": ids["unknown"][0], "verdict": "sent", "reason": "r"}
+    assert c.post("/unknown/resolve", form, who=people[0])[0] == 403               # none
+    assert c.post("/unknown/resolve", dict(form, csrf="0" * 64), who=people[0])[0] == 403
+    other = c.csrf(people[1])
+    assert c.post("/unknown/resolve", dict(form, csrf=other), who=people[0])[0] == 403
+    mine = c.csrf(people[0])
+    status, _, body = c.post("/unknown/resolve", dict(form, csrf=mine), who=people[0],
+                             origin=False)
+    assert status == 403 and "Origin" in body
+    status, _, body = c.post("/unknown/resolve", dict(form, csrf=mine), who=people[0],
+                             origin=False, headers={"Origin": "http://evil.example"})
+    assert status == 403
+    assert c.post("/unknown/resolve", dict(form, csrf=mine))[0] == 403               # nobody
+    assert scalar(conn, "SELECT state FROM effect_live WHERE effect_id = %s",
+                  (ids["unknown"][0],)) == "unknown"
+    status, _, body = c.post("/unknown/resolve", dict(form, csrf=mine), who=people[0])
+    assert status == 200, body
+    assert scalar(conn, "SELECT state FROM outbox_effects WHERE effect_id = %s",
+                  (ids["unknown"][0],)) == "completed"
+    act = query(conn, "SELECT operator, action FROM operator_actions ORDER BY action_id DESC LIMIT 1")
+    assert act[0] == (people[0], "resolve_sent")
+
+
+def test_identity_from_an_untrusted_peer_is_ignored(conn, console_factory, console_roles):
+    _, people = console_roles
+    c = console_factory(actions=True, trusted_proxy="127.0.0.2")
+    _, _, body = c.get("/controls", people[0])
+    assert people[0] not in body and "no identity from a trusted proxy" in body
+    assert 'name="csrf"' not in body
+    status, _, body = c.post("/controls/switch", {"to": "off", "reason": "r", "csrf": "0" * 64},
+                             who=people[0])
+    assert status == 403 and "person" in body
+    assert scalar(conn, "SELECT count(*) FROM outbox_control_history WHERE changed_by = %s",
+                  (people[0],)) == 0
+
+
+def test_acts_run_as_the_persons_role(conn, db, console_factory, console_roles):
+    ids = populate(conn)
+    login, people = console_roles
+    c = console_factory(actions=True)
+    tok = c.csrf(people[0])
+    # the switch off, showing the send in flight
+    status, _, body = c.post("/controls/switch", {"to": "off", "reason": "incident",
+                                                  "csrf": tok}, who=people[0])
+    assert status == 200, body
+    assert ids["sending"][0] in body and "in flight" in body
+    assert scalar(conn, "SELECT enabled FROM outbox_control") is False
+    assert scalar(conn, "SELECT changed_by FROM outbox_control") == people[0]
+    # a scope paused, then a limit set and cleared
+    status, _, body = c.post("/controls/switch", {"to": "off", "kind": "host",
+                                                  "value": "failing.example", "reason": "x",
+                                                  "csrf": tok}, who=people[0])
+    assert status == 200, body
+    assert scalar(conn, "SELECT paused FROM outbox_scopes WHERE kind = 'host' "
+                        "AND value = 'failing.example'") is True
+    assert "failing.example" in c.get("/")[2]
+    status, _, body = c.post("/controls/limit", {"to": "set", "kind": "type", "value": "http",
+                                                 "rate": "5", "reason": "slow", "csrf": tok},
+                             who=people[0])
+    assert status == 200, body
+    assert scalar(conn, "SELECT rate_per_second FROM outbox_scopes WHERE kind = 'type' "
+                        "AND value = 'http'") == 5
+    # requeue by filter: a preview, then the act
+    flt = {"state": "failed", "host": "failing.example", "reason": "provider back", "cap": "10",
+           "csrf": tok}
+    status, _, body = c.post("/effects/requeue", dict(flt, preview="1"), who=people[0])
+    assert status == 200 and "2 failed effects match" in body, body
+    assert scalar(conn, "SELECT count(*) FROM effect_live WHERE effect_id = ANY(%s::uuid[])",
+                  (ids["failed"],)) == 0
+    status, _, body = c.post("/effects/requeue", dict(flt, confirm="1"), who=people[0])
+    assert status == 200 and "requeued 2 failed effects" in body, body
+    assert scalar(conn, "SELECT count(*) FROM effect_live WHERE effect_id = ANY(%s::uuid[]) "
+                        "AND state = 'pending'", (ids["failed"],)) == 2
+    # one act refused by the database: a person who is no operator
+    query(conn, f'REVOKE outbox_operator FROM "{people[1]}"')
+    status, _, body = c.post("/unknown/resolve", {"id": ids["unknown"][1], "verdict": "not_sent",
+                                                  "reason": "r", "csrf": c.csrf(people[1])},
+                             who=people[1])
+    assert status == 403 and "refused" in body, body
+    assert scalar(conn, "SELECT state FROM effect_live WHERE effect_id = %s",
+                  (ids["unknown"][1],)) == "unknown"
+    ops = {r[0] for r in query(conn, "SELECT operator FROM operator_actions")}
+    assert ops == {people[0]}, ops
+    _, _, body = c.get(f"/audit?operator={people[0]}")
+    assert "requeue" in body and "provider back" in body
+    # the viewer's own connection never took the person's rights
+    assert scalar(conn, "SELECT count(*) FROM pg_stat_activity WHERE usename = %s "
+                        "AND datname = current_database()", (login,)) >= 1
+
+
+def test_cancel_by_filter_stops_what_it_matches_and_nothing_else(conn, console_factory,
+                                                                 console_roles):
+    from console_lib import new_effect
+    ids = populate(conn)
+    _, people = console_roles
+    doomed = [new_effect(conn, target="https://doomed.example/a"),
+              new_effect(conn, target="https://doomed.example/b")]
+    c = console_factory(actions=True)
+    tok = c.csrf(people[0])
+    flt = {"host": "doomed.example", "reason": "wrong list", "cap": "10", "csrf": tok}
+    status, _, body = c.post("/effects/cancel", dict(flt, preview="1"), who=people[0])
+    assert status == 200 and "2 pending effects match" in body, body
+    status, _, body = c.post("/effects/cancel", dict(flt, confirm="1"), who=people[0])
+    assert status == 200 and "cancelled 2 pending effects" in body, body
+    for d in doomed:
+        assert scalar(conn, "SELECT state FROM outbox_effects WHERE effect_id = %s", (d,)) == "failed"
+    assert scalar(conn, "SELECT state FROM outbox_effects WHERE effect_id = %s",
+                  (ids["pending"][0],)) == "pending"
+    assert scalar(conn, "SELECT count(*) FROM operator_actions WHERE operator = %s",
+                  (people[0],)) >= 2
