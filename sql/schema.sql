@@ -122,7 +122,7 @@ CREATE POLICY outbox_producer_own_effects ON public.effect_outbox FOR SELECT TO 
 
 CREATE POLICY outbox_producer_own_inserts ON public.effect_outbox FOR INSERT TO outbox_producer WITH CHECK (((EXISTS ( SELECT 1
    FROM public.workflow_runs w
-  WHERE ((w.idempotency_key = effect_outbox.idempotency_key) AND ((w.owner_role IS NULL) OR (w.owner_role = SESSION_USER))))) AND ((metadata IS NULL) OR (pg_column_size(metadata) <= public.outbox_metadata_max_bytes()) OR public.outbox_metadata_ok(metadata))));
+  WHERE ((w.idempotency_key = effect_outbox.idempotency_key) AND ((w.owner_role IS NULL) OR (w.owner_role = SESSION_USER))))) AND ((metadata IS NULL) OR (octet_length((metadata)::text) <= public.outbox_metadata_max_bytes()) OR public.outbox_metadata_ok(metadata))));
 
 --
 -- Name: effect_outbox outbox_staff_all_effects; Type: POLICY; Schema: public; Owner: -
@@ -797,6 +797,33 @@ ALTER TABLE ONLY public.outbox_providers
     ADD CONSTRAINT outbox_providers_pkey PRIMARY KEY (name);
 
 --
+-- Name: outbox_reconcile_requests; Type: TABLE; Schema: public; Owner: -
+--
+
+CREATE TABLE public.outbox_reconcile_requests (
+    id smallint DEFAULT 1 NOT NULL,
+    requested_at timestamp with time zone DEFAULT '-infinity'::timestamp with time zone NOT NULL,
+    requested_by text,
+    CONSTRAINT outbox_reconcile_requests_id_check CHECK ((id = 1))
+);
+
+--
+-- Name: TABLE outbox_reconcile_requests; Type: COMMENT; Schema: public; Owner: -
+--
+
+COMMENT ON TABLE public.outbox_reconcile_requests IS 'An operator''s request for a reconcile pass (outboxctl reconcile): one
+row, written only through outbox_request_reconcile. The NOTIFY that
+follows only wakes the workers; any login may send one, so it is never
+trusted as the request itself.';
+
+--
+-- Name: outbox_reconcile_requests outbox_reconcile_requests_pkey; Type: CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.outbox_reconcile_requests
+    ADD CONSTRAINT outbox_reconcile_requests_pkey PRIMARY KEY (id);
+
+--
 -- Name: outbox_scope_history; Type: TABLE; Schema: public; Owner: -
 --
 
@@ -1265,13 +1292,14 @@ DECLARE
     run_key text;
     holder uuid;
     run_owner text;
+    window_end timestamptz;
     why text := coalesce(nullif(p_reason, ''), 'no reason given');
 BEGIN
     -- Ownership first, without a lock (an effect's run and a run's owner
     -- never change): another login's effect is not found, whatever its
     -- state, and is never locked, so no other login can stall its
     -- completion by holding a transaction open.
-    SELECT b.idempotency_key, w.owner_role INTO run_key, run_owner
+    SELECT b.idempotency_key, w.owner_role, b.available_at INTO run_key, run_owner, window_end
       FROM effect_outbox b JOIN workflow_runs w USING (idempotency_key)
      WHERE b.effect_id = p_effect_id;
     IF NOT FOUND OR NOT outbox_run_is_mine(run_owner) THEN
@@ -1288,7 +1316,10 @@ BEGIN
       FROM workflow_runs w WHERE w.idempotency_key = run_key;
     IF NOT (pg_has_role(session_user, 'outbox_operator', 'MEMBER')
             OR (p_owner IS NOT NULL AND holder IS NOT DISTINCT FROM p_owner)
-            OR o.available_at > now()) THEN
+            -- Inside the producer's window: before the effect's first
+            -- due time, and not due since (a pause's 'infinity' or a
+            -- retry's wait does not reopen it).
+            OR least(o.available_at, window_end) > now()) THEN
         RAISE EXCEPTION 'outbox_cancel: refused: effect % of run "%" is due; only the run''s lease holder (outbox_cancel with its owner) or the operator role may cancel it; a producer may cancel inside the effect''s delay window only',
                         p_effect_id, run_key
             USING ERRCODE = 'insufficient_privilege';
@@ -1374,12 +1405,13 @@ DECLARE
     o effect_live%ROWTYPE;
     live boolean;
     run_key text;
+    window_end timestamptz;
 BEGIN
     -- Another producer login's effect is not this login's to see
     -- (sql/104_producer_isolation.sql): not found, checked before any lock
     -- so that no other login can hold its row (an effect's run and a
     -- run's owner never change).
-    SELECT b.idempotency_key INTO run_key
+    SELECT b.idempotency_key, b.available_at INTO run_key, window_end
       FROM effect_outbox b JOIN workflow_runs w USING (idempotency_key)
      WHERE b.effect_id = p_effect_id AND outbox_run_is_mine(w.owner_role);
     IF NOT FOUND THEN
@@ -1405,7 +1437,13 @@ BEGIN
         RETURN QUERY SELECT 'finished'::text, o.state, o.available_at;
         RETURN;
     END IF;
-    IF o.available_at <= now() AND NOT pg_has_role(session_user, 'outbox_operator', 'MEMBER') THEN
+    -- The window is the producer's: it closes at the effect's first due
+    -- time (its body's available_at, the enqueue's delay), whatever moved
+    -- the live row's due time since.  A scope's pause parks a due effect
+    -- at 'infinity' and a retry waits past it: neither reopens the window
+    -- (outbox_cancel_as decides the same way).
+    IF least(o.available_at, window_end) <= now()
+       AND NOT pg_has_role(session_user, 'outbox_operator', 'MEMBER') THEN
         RETURN QUERY SELECT 'too_late'::text, o.state, o.available_at;
         RETURN;
     END IF;
@@ -1422,6 +1460,10 @@ CREATE FUNCTION public.outbox_claim(p_owner uuid, p_worker text, p_limit integer
     SET search_path TO 'public', 'pg_temp'
     SET plan_cache_mode TO 'force_generic_plan'
     SET enable_seqscan TO 'off'
+    SET enable_bitmapscan TO 'off'
+    SET enable_sort TO 'off'
+    SET enable_hashjoin TO 'off'
+    SET enable_mergejoin TO 'off'
     SET jit TO 'off'
     AS $$
 #variable_conflict use_column
@@ -1480,6 +1522,17 @@ BEGIN
     END IF;
     IF NOT allowed THEN
         RETURN;
+    END IF;
+    -- Scopes only this claim's types could meet make it a lease: a type
+    -- scope of one of them, a CRM object's when it takes crm, any host
+    -- (the host is the provider's, known to the worker only).  A pause or
+    -- limit on a type this worker does not serve leaves its claim whole.
+    IF scoped THEN
+        scoped := EXISTS (SELECT 1 FROM outbox_scopes s
+                           WHERE (s.paused OR s.rate_per_second IS NOT NULL)
+                             AND (s.kind = 'host'
+                                  OR (s.kind = 'type' AND s.value = ANY (p_types))
+                                  OR (s.kind = 'crm_object' AND 'crm' = ANY (p_types))));
     END IF;
     IF scoped AND NOT p_lease_if_scoped THEN
         RETURN;
@@ -1566,6 +1619,31 @@ CREATE FUNCTION public.outbox_claim_run(p_key text, p_payload_hash text, p_owner
     SET search_path TO 'public', 'pg_temp'
     AS $$
 DECLARE
+    c record;
+BEGIN
+    FOR c IN SELECT * FROM outbox_claim_run_status(p_key, p_payload_hash, p_owner, p_lease_seconds) LOOP
+        IF c.status = 'unavailable' THEN
+            PERFORM outbox_refuse_foreign_run('outbox_claim_run', p_key);
+        END IF;
+        status := c.status;
+        idempotency_key := c.idempotency_key;
+        state := c.state;
+        lease_owner := c.lease_owner;
+        version := c.version;
+        result := c.result;
+        RETURN NEXT;
+    END LOOP;
+END $$;
+
+--
+-- Name: outbox_claim_run_status(text, text, uuid, integer); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.outbox_claim_run_status(p_key text, p_payload_hash text, p_owner uuid, p_lease_seconds integer DEFAULT 300) RETURNS TABLE(status text, idempotency_key text, state text, lease_owner uuid, version bigint, result jsonb)
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'public', 'pg_temp'
+    AS $$
+DECLARE
     r workflow_runs%ROWTYPE;
     st text;
 BEGIN
@@ -1576,6 +1654,16 @@ BEGIN
     IF p_lease_seconds IS NULL OR p_lease_seconds < 1 OR p_lease_seconds > 86400 THEN
         RAISE EXCEPTION 'outbox_claim_run: lease_seconds must be 1..86400'
             USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    -- Another login's key is answered before anything locks it (the
+    -- settle below locks the run row): no other login can hold a run's
+    -- lock by claiming its key in a transaction it keeps open.  A run's
+    -- owner never changes, so a read without a lock decides.
+    IF NOT outbox_run_is_mine((SELECT w.owner_role FROM workflow_runs w
+                                WHERE w.idempotency_key = p_key)) THEN
+        RETURN QUERY SELECT 'unavailable'::text, p_key, NULL::text, NULL::uuid, NULL::bigint,
+                            NULL::jsonb;
+        RETURN;
     END IF;
     -- A run whose effects have all finished is completed (or
     -- failed_terminal) before anything reads it: an expired processing
@@ -1603,6 +1691,9 @@ BEGIN
     ELSE
         SELECT * INTO r FROM workflow_runs w WHERE w.idempotency_key = p_key;
         IF NOT outbox_run_is_mine(r.owner_role) THEN
+            -- Claimed by another login since the check above: the
+            -- conflict locked its row, so this must end the transaction
+            -- (an error releases the lock; a row would keep it).
             PERFORM outbox_refuse_foreign_run('outbox_claim_run', p_key);
         END IF;
         IF r.payload_hash <> p_payload_hash THEN
@@ -1632,6 +1723,11 @@ CREATE FUNCTION public.outbox_complete(p_owner uuid, p_worker text, p_results js
     SET search_path TO 'public', 'pg_temp'
     SET plan_cache_mode TO 'force_generic_plan'
     SET enable_seqscan TO 'off'
+    SET enable_bitmapscan TO 'off'
+    SET enable_sort TO 'off'
+    SET enable_hashjoin TO 'off'
+    SET enable_mergejoin TO 'off'
+    SET jit TO 'off'
     AS $_$
 #variable_conflict use_column
 DECLARE
@@ -1666,11 +1762,12 @@ BEGIN
 
     -- Two passes at most.  The first applies what the lease holder
     -- reports for its `sending` rows: the usual batch ends there.  Only
-    -- when some element did not apply are the rest looked at: the
+    -- when some element did not apply are the rest looked at, locked: the
     -- `unknown` rows whose unknown-ness came from this worker's lease on
-    -- exactly the attempt being recorded (late evidence) get a second
-    -- pass of the same statement; what still did not apply is evidence
-    -- only, below.
+    -- exactly the attempt being recorded (late evidence), and the rows a
+    -- concurrent statement (a heartbeat's renewal) changed after the first
+    -- pass read their TIDs, get a second pass of the same statement; what
+    -- still did not apply is evidence only, below.
     FOR pass IN 1 .. 2 LOOP
         -- The state change and, in the same statement, the history row of
         -- every element it applied to.  The same batch sent again after a lost
@@ -1693,11 +1790,22 @@ BEGIN
                    retry_delay_ms bigint)
              WHERE r.next_state IN ('completed', 'pending', 'failed', 'unknown')
                AND NOT r.effect_id = ANY (done_ids)
-               AND (pass = 1 OR r.effect_id = ANY (late_ids))
+               AND (pass = 1 OR r.effect_id = ANY (left_ids))
              ORDER BY r.effect_id),
+        -- Each element's live row, found once through the primary key
+        -- (in key order: the only plan without a sort) and then by its
+        -- TID, so that no statistics can turn the probes into a walk of
+        -- the queue; with the row's sending_since before the update.
+        cur AS MATERIALIZED (
+            SELECT r.*, k.row_at, k.sending_since AS old_sending_since
+              FROM r
+             CROSS JOIN LATERAL (
+                   SELECT k.ctid AS row_at, k.sending_since FROM effect_live k
+                    WHERE k.effect_id = ANY (ARRAY[r.effect_id])
+                    ORDER BY k.effect_id) k),
         gone AS (
-            DELETE FROM effect_live o USING r
-             WHERE o.effect_id = r.effect_id AND r.finishes
+            DELETE FROM effect_live o USING cur r
+             WHERE o.ctid = r.row_at AND r.finishes
                AND o.attempts = r.attempt
                AND ((o.lease_owner = p_owner AND o.state = 'sending')
                     OR (o.state = 'unknown' AND o.effect_id = ANY (late_ids)))
@@ -1716,18 +1824,16 @@ BEGIN
                                        ELSE 'infinity' END,
                    last_error_class = r.error_class, last_error = r.error_text,
                    last_status = r.status, updated_at = now()
-              FROM r
-             WHERE o.effect_id = r.effect_id AND NOT r.finishes
+              FROM cur r
+             WHERE o.ctid = r.row_at AND NOT r.finishes
                AND o.attempts = r.attempt
                AND ((o.lease_owner = p_owner AND o.state = 'sending')
                     OR (o.state = 'unknown' AND o.effect_id = ANY (late_ids)))
             RETURNING o.effect_id, o.created_at, r.started_ms_ago, r.attempt, r.outcome, r.status,
-                      r.provider_id, r.error, r.next_state, r.resolution),
+                      r.provider_id, r.error, r.next_state, r.resolution,
+                      r.old_sending_since AS sending_since),
         moved_since AS (
-            -- sending_since before the update: the row's old version.
-            SELECT m.*, (SELECT s.sending_since FROM effect_live s
-                          WHERE s.effect_id = m.effect_id) AS sending_since
-              FROM moved m),
+            SELECT m.* FROM moved m),
         u AS (
             SELECT g.effect_id, g.created_at, g.sending_since, g.started_ms_ago, g.attempt,
                    g.outcome, g.status, g.provider_id, g.error, g.next_state, g.resolution,
@@ -1783,7 +1889,7 @@ BEGIN
                         WHERE a.effect_id = o.effect_id AND a.created_at = o.created_at
                           AND a.attempt = r.attempt
                           AND a.lease_owner = p_owner AND a.worker LIKE 'reaper:%');
-        EXIT WHEN cardinality(late_ids) = 0;
+        EXIT WHEN cardinality(left_ids) = 0;
     END LOOP;
 
 
@@ -1858,6 +1964,200 @@ BEGIN
 END $_$;
 
 --
+-- Name: outbox_console_ages(); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.outbox_console_ages() RETURNS TABLE(oldest_pending_seconds numeric, oldest_held_seconds numeric)
+    LANGUAGE sql STABLE SECURITY DEFINER
+    SET search_path TO 'public', 'pg_temp'
+    AS $$
+    SELECT (SELECT extract(epoch FROM now() - min(available_at))::numeric(12,1) FROM effect_live
+             WHERE state = 'pending' AND available_at <= now() AND held_by IS NULL),
+           (SELECT extract(epoch FROM now() - min(available_at))::numeric(12,1) FROM effect_live
+             WHERE state = 'pending' AND available_at <= now() AND held_by IS NOT NULL);
+$$;
+
+--
+-- Name: outbox_console_approvals(); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.outbox_console_approvals() RETURNS TABLE(approval_id uuid, idempotency_key text, audience text, created_at timestamp with time zone, expires_at timestamp with time zone, proposed integer, proposed_types text)
+    LANGUAGE sql STABLE SECURITY DEFINER
+    SET search_path TO 'public', 'pg_temp'
+    AS $$
+    SELECT a.approval_id, a.idempotency_key, a.approver_audience, a.created_at, a.expires_at,
+           jsonb_array_length(a.proposed_effects),
+           (SELECT string_agg(e->>'effect_type' || ' ' || (e->>'target'), ', ')
+              FROM jsonb_array_elements(a.proposed_effects) e)
+      FROM approvals a
+     WHERE a.consumed_at IS NULL AND a.expires_at > now()
+     ORDER BY a.created_at LIMIT 200;
+$$;
+
+--
+-- Name: outbox_console_audit(text, bigint, integer); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.outbox_console_audit(p_operator text, p_before bigint, p_limit integer) RETURNS TABLE(action_id bigint, acted_at timestamp with time zone, operator text, action text, effect_id uuid, run_key text, reason text, detail text)
+    LANGUAGE sql STABLE SECURITY DEFINER
+    SET search_path TO 'public', 'pg_temp'
+    AS $$
+    SELECT a.action_id, a.acted_at, a.operator, a.action, a.effect_id, a.run_key, a.reason,
+           a.detail::text
+      FROM operator_actions a
+     WHERE (p_operator IS NULL OR a.operator = p_operator)
+       AND a.action_id < coalesce(p_before, 9223372036854775807)
+     ORDER BY a.action_id DESC
+     LIMIT least(greatest(p_limit, 1), 200);
+$$;
+
+--
+-- Name: outbox_console_control_history(integer); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.outbox_console_control_history(p_limit integer) RETURNS TABLE(changed_at timestamp with time zone, scope text, action text, changed_by text, reason text)
+    LANGUAGE sql STABLE SECURITY DEFINER
+    SET search_path TO 'public', 'pg_temp'
+    AS $$
+    (SELECT c.changed_at, 'all', CASE WHEN c.enabled THEN 'on' ELSE 'off' END, c.changed_by,
+            c.reason
+       FROM outbox_control_history c ORDER BY c.change_id DESC
+      LIMIT least(greatest(p_limit, 1), 200))
+    UNION ALL
+    (SELECT s.changed_at, s.kind || ':' || s.value,
+            s.action || coalesce(' ' || s.rate_per_second || '/s', ''), s.changed_by, s.reason
+       FROM outbox_scope_history s ORDER BY s.change_id DESC
+      LIMIT least(greatest(p_limit, 1), 200))
+    ORDER BY 1 DESC;
+$$;
+
+--
+-- Name: outbox_console_counts(); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.outbox_console_counts() RETURNS TABLE(state text, effect_type text, n bigint, held bigint)
+    LANGUAGE sql STABLE SECURITY DEFINER
+    SET search_path TO 'public', 'pg_temp'
+    SET jit TO 'off'
+    AS $$
+    SELECT l.state, l.effect_type, count(*), count(*) FILTER (WHERE l.held_by IS NOT NULL)
+      FROM effect_live l GROUP BY 1, 2
+    UNION ALL
+    SELECT h.state, b.effect_type, count(*), 0
+      FROM effect_history h JOIN effect_outbox b ON b.effect_id = h.effect_id
+     WHERE h.ended_at > now() - interval '24 hours' AND h.state IS NOT NULL
+     GROUP BY 1, 2
+     ORDER BY 1, 2;
+$$;
+
+--
+-- Name: outbox_console_database(); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.outbox_console_database() RETURNS TABLE(database text, server text, schema_version integer)
+    LANGUAGE sql STABLE SECURITY DEFINER
+    SET search_path TO 'public', 'pg_temp'
+    AS $$
+    SELECT current_database()::text, coalesce(inet_server_addr()::text, 'local socket'),
+           (SELECT max(version) FROM schema_migrations);
+$$;
+
+--
+-- Name: outbox_console_effects(timestamp with time zone, timestamp with time zone, text, text, text, text, text, text, uuid, integer); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.outbox_console_effects(p_from timestamp with time zone, p_to timestamp with time zone, p_state text, p_type text, p_host text, p_run_key text, p_effect_key text, p_error text, p_before uuid, p_limit integer) RETURNS TABLE(effect_id uuid, idempotency_key text, effect_type text, target text, state text, attempts integer, created_at timestamp with time zone, updated_at timestamp with time zone, last_error_class text, last_error text, provider_id text)
+    LANGUAGE sql STABLE SECURITY DEFINER
+    SET search_path TO 'public', 'pg_temp'
+    SET jit TO 'off'
+    AS $$
+    (SELECT o.effect_id, o.idempotency_key, o.effect_type, o.target, o.state, o.attempts,
+            o.created_at, o.updated_at, o.last_error_class, o.last_error, o.provider_id
+       FROM outbox_effects o
+      WHERE p_state IS DISTINCT FROM 'failed'
+        AND o.effect_id >= outbox_effect_id_floor(p_from)
+        AND o.effect_id < coalesce(p_before, outbox_effect_id_floor(p_to))
+        AND o.effect_id < outbox_effect_id_floor(p_to)
+        AND (p_run_key IS NULL OR o.idempotency_key = p_run_key)
+        AND (p_type IS NULL OR o.effect_type = p_type)
+        AND (p_effect_key IS NULL OR o.effect_key = p_effect_key)
+        AND (p_host IS NULL OR outbox_target_host(o.target) = lower(p_host))
+        AND (p_state IS NULL OR o.state = p_state)
+        AND (p_error IS NULL OR strpos(lower(o.last_error), lower(p_error)) > 0)
+      ORDER BY o.effect_id DESC
+      LIMIT least(greatest(p_limit, 1), 200))
+    UNION ALL
+    (SELECT o.effect_id, o.idempotency_key, o.effect_type, o.target, o.state, o.attempts,
+            o.created_at, o.updated_at, o.last_error_class, o.last_error, o.provider_id
+       FROM (SELECT DISTINCT h.effect_id FROM effect_history h
+              WHERE p_state = 'failed' AND h.state = 'failed' AND h.ended_at >= p_from
+                AND h.effect_id >= outbox_effect_id_floor(p_from)
+                AND h.effect_id < coalesce(p_before, outbox_effect_id_floor(p_to))
+                AND h.effect_id < outbox_effect_id_floor(p_to)) f
+       JOIN outbox_effects o ON o.effect_id = f.effect_id
+      WHERE o.state = 'failed'
+        AND (p_run_key IS NULL OR o.idempotency_key = p_run_key)
+        AND (p_type IS NULL OR o.effect_type = p_type)
+        AND (p_effect_key IS NULL OR o.effect_key = p_effect_key)
+        AND (p_host IS NULL OR outbox_target_host(o.target) = lower(p_host))
+        AND (p_error IS NULL OR strpos(lower(o.last_error), lower(p_error)) > 0)
+      ORDER BY o.effect_id DESC
+      LIMIT least(greatest(p_limit, 1), 200));
+$$;
+
+--
+-- Name: outbox_console_minutes(integer); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.outbox_console_minutes(p_hours integer) RETURNS TABLE(minute timestamp with time zone, completed bigint, retried bigint, failed bigint, unknown bigint)
+    LANGUAGE sql STABLE SECURITY DEFINER
+    SET search_path TO 'public', 'pg_temp'
+    SET jit TO 'off'
+    AS $$
+    SELECT date_trunc('minute', h.ended_at),
+           count(*) FILTER (WHERE h.state = 'completed'),
+           count(*) FILTER (WHERE h.outcome_class = 'retry'),
+           count(*) FILTER (WHERE h.state = 'failed'),
+           count(*) FILTER (WHERE h.outcome_class IN ('ambiguous', 'lease_lost'))
+      FROM effect_history h
+     WHERE h.ended_at > now() - make_interval(hours => least(greatest(p_hours, 1), 24))
+     GROUP BY 1 ORDER BY 1;
+$$;
+
+--
+-- Name: outbox_console_run_effects(text); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.outbox_console_run_effects(p_key text) RETURNS TABLE(effect_id uuid, effect_type text, target text, state text, attempts integer, created_at timestamp with time zone)
+    LANGUAGE sql STABLE SECURITY DEFINER
+    SET search_path TO 'public', 'pg_temp'
+    AS $$
+    SELECT o.effect_id, o.effect_type, o.target, o.state, o.attempts, o.created_at
+      FROM outbox_effects o WHERE o.idempotency_key = p_key
+     ORDER BY o.effect_id LIMIT 500;
+$$;
+
+--
+-- Name: outbox_console_runs(text, text, integer); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.outbox_console_runs(p_state text, p_after text, p_limit integer) RETURNS TABLE(idempotency_key text, state text, effects bigint, open_effects bigint, failure_reason text)
+    LANGUAGE sql STABLE SECURITY DEFINER
+    SET search_path TO 'public', 'pg_temp'
+    AS $$
+    SELECT w.idempotency_key, w.state,
+           (SELECT count(*) FROM effect_outbox b WHERE b.idempotency_key = w.idempotency_key),
+           (SELECT count(*) FROM effect_outbox b JOIN effect_live l ON l.effect_id = b.effect_id
+             WHERE b.idempotency_key = w.idempotency_key),
+           w.failure_reason
+      FROM workflow_runs w
+     WHERE (p_state IS NULL OR w.state = p_state)
+       AND w.idempotency_key > coalesce(p_after, '')
+     ORDER BY w.idempotency_key
+     LIMIT least(greatest(p_limit, 1), 200);
+$$;
+
+--
 -- Name: outbox_consume_approval(bytea, text, text); Type: FUNCTION; Schema: public; Owner: -
 --
 
@@ -1874,6 +2174,13 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
 
+    -- Ownership first, without a lock (an approval's run and a run's
+    -- owner never change): another login's approval is not found and
+    -- never locked, whoever holds its token.
+    IF NOT EXISTS (SELECT 1 FROM approvals x JOIN workflow_runs w USING (idempotency_key)
+                    WHERE x.token_hash = p_token_sha256 AND outbox_run_is_mine(w.owner_role)) THEN
+        RETURN;
+    END IF;
     SELECT * INTO a FROM approvals x
      WHERE x.token_hash = p_token_sha256
        AND x.consumed_at IS NULL
@@ -1975,6 +2282,11 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
 
+    -- Ownership first, without a lock, as in outbox_renew_run.
+    IF NOT outbox_run_is_mine((SELECT w.owner_role FROM workflow_runs w
+                                WHERE w.idempotency_key = p_key)) THEN
+        RETURN;
+    END IF;
     PERFORM outbox_settle_runs(ARRAY[p_key]);
     UPDATE workflow_runs w
        SET state = 'awaiting_human', version = w.version + 1,
@@ -2007,8 +2319,23 @@ CREATE FUNCTION public.outbox_effect_gate() RETURNS trigger
 DECLARE
     st text;
     ours boolean;
+    owner text;
     me xid := pg_current_xact_id()::xid;
 BEGIN
+    -- Another producer login's run first, with no lock and no word about
+    -- it: this trigger runs before row-level security, so it lets the row
+    -- through for the INSERT policy to refuse (42501, exactly as for a key
+    -- that names no run).  A state or an existing (type, target) of that
+    -- run must never show in the answer, nor its locks in how long the
+    -- answer takes.  A run's owner never changes.
+    SELECT w.owner_role INTO owner
+      FROM workflow_runs w WHERE w.idempotency_key = NEW.idempotency_key;
+    -- (A login that is also a worker passes the staff policy, which sees
+    -- every run anyway: the gate below holds for it.)
+    IF NOT FOUND OR (NOT outbox_run_is_mine(owner)
+                     AND NOT pg_has_role(session_user, 'outbox_dispatcher', 'MEMBER')) THEN
+        RETURN NEW;                     -- the policy or the foreign key refuses it
+    END IF;
     -- FOR SHARE: a concurrent state change waits for this insert (or this
     -- insert for it), so the state checked is the state at commit.
     SELECT w.state, w.xmin = me INTO st, ours
@@ -2044,6 +2371,17 @@ BEGIN
         USING ERRCODE = 'object_not_in_prerequisite_state',
               HINT = 'enqueue before moving the run on, or send the effect down the approval path';
 END $$;
+
+--
+-- Name: outbox_effect_id_floor(timestamp with time zone); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.outbox_effect_id_floor(p_at timestamp with time zone) RETURNS uuid
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $$
+    SELECT (lpad(to_hex(floor(extract(epoch FROM p_at) * 1000)::bigint), 12, '0')
+            || '00000000000000000000')::uuid;
+$$;
 
 --
 -- Name: outbox_effect_lease_owner(uuid); Type: FUNCTION; Schema: public; Owner: -
@@ -2131,6 +2469,11 @@ CREATE FUNCTION public.outbox_fail_invalid(p_owner uuid, p_items jsonb) RETURNS 
     SET search_path TO 'public', 'pg_temp'
     SET plan_cache_mode TO 'force_generic_plan'
     SET enable_seqscan TO 'off'
+    SET enable_bitmapscan TO 'off'
+    SET enable_sort TO 'off'
+    SET enable_hashjoin TO 'off'
+    SET enable_mergejoin TO 'off'
+    SET jit TO 'off'
     AS $$
 #variable_conflict use_column
 DECLARE
@@ -2199,6 +2542,26 @@ BEGIN
 END $$;
 
 --
+-- Name: outbox_history_months(timestamp with time zone, timestamp with time zone); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.outbox_history_months(p_from timestamp with time zone, p_to timestamp with time zone) RETURNS integer
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'public', 'pg_temp'
+    AS $$
+BEGIN
+    IF p_from IS NULL OR p_to IS NULL OR NOT isfinite(p_from) OR NOT isfinite(p_to)
+       OR p_to > p_from + interval '24 months'
+       OR p_to > now() + interval '12 months'
+       OR p_from < now() - interval '120 months' THEN
+        RAISE EXCEPTION 'outbox_history_months: a range of at most 24 months, from at most 10 years back to at most 12 months ahead (got % to %)',
+                        p_from, p_to
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    RETURN outbox_history_partitions(p_from, p_to);
+END $$;
+
+--
 -- Name: outbox_history_partitions(timestamp with time zone, timestamp with time zone); Type: FUNCTION; Schema: public; Owner: -
 --
 
@@ -2224,6 +2587,94 @@ BEGIN
     END LOOP;
     RETURN made;
 END $$;
+
+--
+-- Name: outbox_host_canon(text); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.outbox_host_canon(p_host text) RETURNS text
+    LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE
+    AS $_$
+DECLARE
+    h text := lower(p_host);
+    parts text[];
+    n integer;
+    v numeric;
+    addr numeric := 0;
+    a inet;
+BEGIN
+    IF h LIKE '[%]' THEN
+        h := substr(h, 2, length(h) - 2);
+        IF h NOT LIKE '%:%' THEN
+            RETURN NULL;
+        END IF;
+    END IF;
+    IF length(h) > 253 OR h = '' THEN
+        RETURN NULL;
+    END IF;
+    IF h LIKE '%:%' THEN
+        IF h !~ '^[0-9a-f:.]+$' THEN
+            RETURN NULL;
+        END IF;
+        BEGIN
+            a := h::inet;
+        EXCEPTION WHEN invalid_text_representation THEN
+            RETURN NULL;
+        END;
+        IF family(a) <> 6 OR masklen(a) <> 128 THEN
+            RETURN NULL;
+        END IF;
+        IF a << '::ffff:0.0.0.0/96'::inet THEN
+            RETURN host('0.0.0.0'::inet + (a - '::ffff:0.0.0.0'::inet));
+        END IF;
+        RETURN host(a);
+    END IF;
+    IF right(h, 1) = '.' THEN
+        h := left(h, -1);
+    END IF;
+    -- IPv4 as libcurl reads it: one to four parts, each 0x hex, 0 octal
+    -- or decimal, the last filling the bytes left.
+    IF h ~ '^(0x[0-9a-f]+|0[0-7]*|[1-9][0-9]*)(\.(0x[0-9a-f]+|0[0-7]*|[1-9][0-9]*)){0,3}$' THEN
+        parts := string_to_array(h, '.');
+        n := cardinality(parts);
+        FOR i IN 1 .. n LOOP
+            IF length(parts[i]) > 34 THEN
+                RETURN NULL;
+            END IF;
+            v := 0;
+            IF parts[i] LIKE '0x%' THEN
+                FOR k IN 3 .. length(parts[i]) LOOP
+                    v := v * 16 + position(substr(parts[i], k, 1) IN '0123456789abcdef') - 1;
+                END LOOP;
+            ELSIF parts[i] LIKE '0%' THEN
+                FOR k IN 2 .. length(parts[i]) LOOP
+                    v := v * 8 + substr(parts[i], k, 1)::integer;
+                END LOOP;
+            ELSE
+                v := parts[i]::numeric;
+            END IF;
+            IF i < n THEN
+                IF v > 255 THEN
+                    RETURN NULL;
+                END IF;
+                addr := addr + v * 2 ^ (32 - 8 * i);
+            ELSE
+                IF v >= 2 ^ (32 - 8 * (n - 1)) THEN
+                    RETURN NULL;
+                END IF;
+                addr := addr + v;
+            END IF;
+        END LOOP;
+        RETURN host('0.0.0.0'::inet + addr::bigint);
+    END IF;
+    -- A name: labels of letters, digits, '-' and '_', the last not all
+    -- digits (RFC 3696, 2).
+    IF h !~ '^([a-z0-9_]([a-z0-9_-]{0,61}[a-z0-9_])?\.)*[a-z0-9_]([a-z0-9_-]{0,61}[a-z0-9_])?$'
+       OR h ~ '(^|\.)[0-9]+$' THEN
+        RETURN NULL;
+    END IF;
+    RETURN h;
+END $_$;
 
 --
 -- Name: outbox_kill_switch_lock_key(); Type: FUNCTION; Schema: public; Owner: -
@@ -2256,13 +2707,20 @@ BEGIN
     IF p_enabled THEN
         PERFORM pg_notify('effect_outbox', 'kill-switch-on');
     END IF;
+    -- Exact when the switch commits: the rows listed stay locked until
+    -- then (a send finishing meanwhile waits to record it), and a row
+    -- that finished while this waited is re-read and left out.
     RETURN QUERY
-    SELECT o.effect_id, b.effect_key, b.effect_type, b.target, o.lease_worker, o.sending_since
-      FROM effect_calls c
-      JOIN effect_live o ON o.effect_id = ANY (c.ids) AND o.mark_token = c.call
-      JOIN effect_outbox b ON b.effect_id = o.effect_id
-     WHERE o.state = 'sending'
-     ORDER BY o.sending_since;
+    SELECT x.effect_id, x.effect_key, x.effect_type, x.target, x.lease_worker, x.sending_since
+      FROM (SELECT o.effect_id, b.effect_key, b.effect_type, b.target, o.lease_worker,
+                   o.sending_since
+              FROM effect_calls c
+              JOIN effect_live o ON o.effect_id = ANY (c.ids) AND o.mark_token = c.call
+              JOIN effect_outbox b ON b.effect_id = o.effect_id
+             WHERE o.state = 'sending'
+             ORDER BY o.effect_id
+               FOR SHARE OF o) x
+     ORDER BY x.sending_since;
 END $$;
 
 --
@@ -2274,6 +2732,10 @@ CREATE FUNCTION public.outbox_lease(p_owner uuid, p_worker text, p_limit integer
     SET search_path TO 'public', 'pg_temp'
     SET plan_cache_mode TO 'force_generic_plan'
     SET enable_seqscan TO 'off'
+    SET enable_bitmapscan TO 'off'
+    SET enable_sort TO 'off'
+    SET enable_hashjoin TO 'off'
+    SET enable_mergejoin TO 'off'
     SET jit TO 'off'
     AS $$
 #variable_conflict use_column
@@ -2308,7 +2770,7 @@ BEGIN
     END IF;
     RETURN QUERY
     WITH due AS (
-        SELECT l.effect_id FROM effect_live l
+        SELECT l.ctid AS row_at FROM effect_live l
          WHERE (l.available_at, l.effect_id) > (after_at, after_id)
            AND l.available_at <= now()
            AND l.state = 'pending'
@@ -2321,7 +2783,7 @@ BEGIN
         UPDATE effect_live l
            SET lease_owner = p_owner, lease_worker = p_worker, leased_at = now(),
                lease_expires_at = now() + make_interval(secs => p_lease_seconds)
-         WHERE l.effect_id = ANY (ARRAY(SELECT d.effect_id FROM due d))
+         WHERE l.ctid = ANY (ARRAY(SELECT d.row_at FROM due d))
         RETURNING l.effect_id, l.attempts, l.retry_base, l.available_at)
     SELECT l.effect_id, b.idempotency_key, b.effect_type, b.target,
            CASE WHEN octet_length(b.payload_text) <= p_max_payload_bytes THEN b.payload_text END,
@@ -2437,6 +2899,11 @@ CREATE FUNCTION public.outbox_lock_owned(p_owner uuid, p_ids uuid[]) RETURNS voi
     SET search_path TO 'public', 'pg_temp'
     SET plan_cache_mode TO 'force_generic_plan'
     SET enable_seqscan TO 'off'
+    SET enable_bitmapscan TO 'off'
+    SET enable_sort TO 'off'
+    SET enable_hashjoin TO 'off'
+    SET enable_mergejoin TO 'off'
+    SET jit TO 'off'
     AS $$
 BEGIN
     PERFORM 1 FROM effect_live o
@@ -2500,6 +2967,10 @@ CREATE FUNCTION public.outbox_mark_sending(p_owner uuid, p_ids uuid[], p_env_ena
     SET search_path TO 'public', 'pg_temp'
     SET plan_cache_mode TO 'force_generic_plan'
     SET enable_seqscan TO 'off'
+    SET enable_bitmapscan TO 'off'
+    SET enable_sort TO 'off'
+    SET enable_hashjoin TO 'off'
+    SET enable_mergejoin TO 'off'
     SET jit TO 'off'
     AS $$
 #variable_conflict use_column
@@ -2560,12 +3031,16 @@ BEGIN
             bys text[];
             untils timestamptz[];
         BEGIN
+            -- (Rows by key, then by TID; each one's host by its position:
+            -- no join the statistics could make a walk of the queue.)
             SELECT coalesce(array_agg(o.effect_id ORDER BY o.effect_id), '{}'),
-                   coalesce(array_agg(h.host ORDER BY o.effect_id), '{}')
+                   coalesce(array_agg(p_hosts[array_position(p_ids, o.effect_id)]
+                                      ORDER BY o.effect_id), '{}')
               INTO cand, cand_hosts
-              FROM unnest(p_ids, coalesce(p_hosts, '{}')) AS h(id, host)
-              JOIN effect_live o ON o.effect_id = h.id
-             WHERE h.id IS NOT NULL AND o.lease_owner = p_owner AND o.state = 'pending'
+              FROM effect_live o
+             WHERE o.ctid = ANY (ARRAY(SELECT k.ctid FROM effect_live k
+                                        WHERE k.effect_id = ANY (p_ids) ORDER BY k.effect_id))
+               AND o.lease_owner = p_owner AND o.state = 'pending'
                AND o.lease_expires_at > now();
             SELECT coalesce(array_agg(v.effect_id), '{}'), coalesce(array_agg(v.held_by), '{}'),
                    coalesce(array_agg(v.held_until), '{}')
@@ -2585,7 +3060,8 @@ BEGIN
                sending_idempotent = o.effect_type = ANY (p_idempotent_types),
                lease_expires_at = now() + make_interval(secs => p_lease_seconds),
                updated_at = now(), held_by = NULL
-         WHERE o.effect_id = ANY (go)
+         WHERE o.ctid = ANY (ARRAY(SELECT k.ctid FROM effect_live k
+                                    WHERE k.effect_id = ANY (go) ORDER BY k.effect_id))
            AND o.lease_owner = p_owner
            AND o.state = 'pending'
            AND o.lease_expires_at > now()
@@ -2602,7 +3078,8 @@ BEGIN
         SELECT o.effect_id, o.attempts, false, NULL::text, NULL::timestamptz FROM effect_live o
          WHERE o.effect_id = ANY (go) AND NOT o.effect_id = ANY (ids)
            AND o.lease_owner = p_owner AND o.state = 'sending'
-           AND o.mark_token = p_call;
+           AND o.mark_token = p_call
+         ORDER BY o.effect_id;
     END IF;
 END $$;
 
@@ -2623,9 +3100,9 @@ CREATE FUNCTION public.outbox_metadata_ok(p_metadata jsonb) RETURNS boolean
     SET search_path TO 'public', 'pg_temp'
     AS $$
 BEGIN
-    IF p_metadata IS NOT NULL AND pg_column_size(p_metadata) > outbox_metadata_max_bytes() THEN
+    IF p_metadata IS NOT NULL AND octet_length(p_metadata::text) > outbox_metadata_max_bytes() THEN
         RAISE EXCEPTION 'effect refused: metadata is % bytes, more than the % allowed',
-                        pg_column_size(p_metadata), outbox_metadata_max_bytes()
+                        octet_length(p_metadata::text), outbox_metadata_max_bytes()
             USING ERRCODE = 'program_limit_exceeded',
                   HINT = 'metadata names the workflow version, model and trigger; data goes in the payload';
     END IF;
@@ -2700,8 +3177,10 @@ CREATE FUNCTION public.outbox_peek_approval(p_token_sha256 bytea) RETURNS TABLE(
 DECLARE
     k text;
 BEGIN
-    SELECT a.idempotency_key INTO k FROM approvals a
-     WHERE a.token_hash = p_token_sha256 AND a.consumed_at IS NULL AND a.expires_at > now();
+    -- Ownership first, without a lock: the settle locks the run row.
+    SELECT a.idempotency_key INTO k FROM approvals a JOIN workflow_runs w USING (idempotency_key)
+     WHERE a.token_hash = p_token_sha256 AND a.consumed_at IS NULL AND a.expires_at > now()
+       AND outbox_run_is_mine(w.owner_role);
     IF NOT FOUND THEN
         RETURN;
     END IF;
@@ -2738,6 +3217,10 @@ DECLARE
     part text;
     blocked boolean;
     old_timeout text;
+    lo timestamptz;
+    hi timestamptz;
+    keep uuid[];
+    cols text;
 BEGIN
     PERFORM outbox_op_check('outbox_prune', p_operator, p_reason);
     IF p_older_than IS NULL OR p_older_than <= interval '0' THEN
@@ -2749,10 +3232,12 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
     cutoff := now() - p_older_than;
-    -- One read of the (small) live queue for the months still open.
-    SELECT coalesce(array_agg(DISTINCT date_trunc('month', l.created_at AT TIME ZONE 'UTC')
-                                       AT TIME ZONE 'UTC'), '{}')
-      INTO open_months FROM effect_live l;
+    -- One read of the (small) live queue for the months still open: those
+    -- with more open effects than may linger.
+    SELECT coalesce(array_agg(x.month), '{}') INTO open_months
+      FROM (SELECT date_trunc('month', l.created_at AT TIME ZONE 'UTC') AT TIME ZONE 'UTC' AS month
+              FROM effect_live l GROUP BY 1
+            HAVING count(*) > outbox_prune_linger_max()) x;
 
     FOR m IN
         SELECT p.name, p.lo, ((p.lo AT TIME ZONE 'UTC') + interval '1 month') AT TIME ZONE 'UTC' AS hi
@@ -2764,7 +3249,9 @@ BEGIN
          ORDER BY p.lo DESC
     LOOP
         CONTINUE WHEN m.hi > cutoff OR m.lo = ANY (open_months);
-        EXECUTE format('SELECT EXISTS (SELECT 1 FROM %I h WHERE h.ended_at >= $1)', m.name)
+        EXECUTE format('SELECT EXISTS (SELECT 1 FROM %I h WHERE h.ended_at >= $1 '
+                       'AND NOT EXISTS (SELECT 1 FROM effect_live l WHERE l.effect_id = h.effect_id))',
+                       m.name)
            INTO blocked USING cutoff;
         CONTINUE WHEN blocked;
         CONTINUE WHEN EXISTS (
@@ -2786,6 +3273,7 @@ BEGIN
                      WHERE b.created_at >= m.lo AND b.created_at < m.hi
                        AND NOT EXISTS (SELECT 1 FROM effect_outbox r
                                         WHERE r.replaces_effect = b.effect_id)
+                       AND NOT EXISTS (SELECT 1 FROM effect_live l WHERE l.effect_id = b.effect_id)
                      LIMIT budget
                        FOR UPDATE SKIP LOCKED) s;
             EXIT WHEN ids IS NULL;
@@ -2798,8 +3286,12 @@ BEGIN
             EXIT WHEN got < cardinality(ids);
         END LOOP;
 
-        IF NOT EXISTS (SELECT 1 FROM effect_outbox b
-                        WHERE b.created_at >= m.lo AND b.created_at < m.hi) THEN
+        -- Done when what is left lingers (outbox_prune_lingering).
+        keep := outbox_prune_lingering(m.lo, m.hi);
+        IF keep IS NOT NULL
+           AND NOT EXISTS (SELECT 1 FROM effect_outbox b
+                            WHERE b.created_at >= m.lo AND b.created_at < m.hi
+                              AND NOT (b.effect_id = ANY (keep))) THEN
             empty := empty || m.name;
         END IF;
         EXIT WHEN budget = 0;
@@ -2811,17 +3303,41 @@ BEGIN
         BEGIN
             PERFORM set_config('lock_timeout', '1s', true);
             LOCK TABLE effect_history IN ACCESS EXCLUSIVE MODE;
+            SELECT string_agg(quote_ident(a.attname), ', ' ORDER BY a.attnum) INTO cols
+              FROM pg_attribute a
+             WHERE a.attrelid = 'effect_history'::regclass AND a.attnum > 0 AND NOT a.attisdropped;
             FOREACH part IN ARRAY empty LOOP
-                -- Under the lock, with a fresh snapshot: still no body row
-                -- (a live row always has its body row).
-                CONTINUE WHEN EXISTS (
+                lo := to_date(substr(part, 16), 'YYYYMM')::timestamp AT TIME ZONE 'UTC';
+                hi := (to_date(substr(part, 16), 'YYYYMM')::timestamp + interval '1 month')
+                      AT TIME ZONE 'UTC';
+                -- Under the lock, with a fresh snapshot (no history row
+                -- is being written): every body row left is one that
+                -- lingers (a live row always has its body row).
+                keep := outbox_prune_lingering(lo, hi);
+                CONTINUE WHEN keep IS NULL OR EXISTS (
                     SELECT 1 FROM effect_outbox b
-                     WHERE b.created_at >= to_date(substr(part, 16), 'YYYYMM')::timestamp
-                                           AT TIME ZONE 'UTC'
-                       AND b.created_at < (to_date(substr(part, 16), 'YYYYMM')::timestamp
-                                           + interval '1 month') AT TIME ZONE 'UTC');
+                     WHERE b.created_at >= lo AND b.created_at < hi
+                       AND NOT (b.effect_id = ANY (keep)));
+                IF cardinality(keep) > 0 THEN
+                    -- Nothing to gain when the partition holds only their rows.
+                    EXECUTE format('SELECT EXISTS (SELECT 1 FROM %I h WHERE NOT (h.effect_id = ANY ($1)))',
+                                   part)
+                       INTO blocked USING keep;
+                    CONTINUE WHEN NOT blocked;
+                END IF;
                 EXECUTE format('ALTER TABLE effect_history DETACH PARTITION %I', part);
-                EXECUTE format('DROP TABLE %I', part);
+                IF cardinality(keep) > 0 THEN
+                    EXECUTE format('ALTER TABLE %I RENAME TO %I', part, part || '_pruned');
+                    EXECUTE format('CREATE TABLE %I PARTITION OF effect_history FOR VALUES FROM (%L) TO (%L)',
+                                   part, lo, hi);
+                    EXECUTE format('INSERT INTO effect_history (%s) SELECT %s FROM %I h '
+                                   'WHERE h.effect_id = ANY ($1) ORDER BY h.history_id',
+                                   cols, cols, part || '_pruned')
+                       USING keep;
+                    EXECUTE format('DROP TABLE %I', part || '_pruned');
+                ELSE
+                    EXECUTE format('DROP TABLE %I', part);
+                END IF;
                 dropped := dropped || part;
             END LOOP;
             PERFORM set_config('lock_timeout', old_timeout, true);
@@ -2841,12 +3357,234 @@ BEGIN
 END $_$;
 
 --
+-- Name: outbox_prune_linger_max(); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.outbox_prune_linger_max() RETURNS integer
+    LANGUAGE sql IMMUTABLE
+    AS $$ SELECT 1000 $$;
+
+--
+-- Name: outbox_prune_lingering(timestamp with time zone, timestamp with time zone); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.outbox_prune_lingering(p_lo timestamp with time zone, p_hi timestamp with time zone) RETURNS uuid[]
+    LANGUAGE sql STABLE SECURITY DEFINER
+    SET search_path TO 'public', 'pg_temp'
+    AS $$
+    WITH RECURSIVE open AS (
+        SELECT b.effect_id, b.replaces_effect FROM effect_outbox b
+         WHERE b.created_at >= p_lo AND b.created_at < p_hi
+           AND EXISTS (SELECT 1 FROM effect_live l WHERE l.effect_id = b.effect_id)
+        UNION
+        SELECT o.effect_id, o.replaces_effect
+          FROM effect_outbox o JOIN open ON o.effect_id = open.replaces_effect
+         WHERE o.created_at >= p_lo AND o.created_at < p_hi)
+    SELECT CASE WHEN count(*) <= outbox_prune_linger_max()
+                THEN coalesce(array_agg(effect_id), '{}') END
+      FROM (SELECT effect_id FROM open LIMIT outbox_prune_linger_max() + 1) x
+$$;
+
+--
+-- Name: outbox_read_effect(uuid); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.outbox_read_effect(p_effect_id uuid) RETURNS TABLE(effect_id uuid, idempotency_key text, effect_type text, target text, state text, attempts integer, created_at timestamp with time zone, available_at timestamp with time zone, updated_at timestamp with time zone, completed_at timestamp with time zone, provider_id text, last_error_class text, last_error text, last_status integer, effect_key text, lease_worker text, sending_since timestamp with time zone, approved_by text, replaces_effect uuid, last_reconciled_at timestamp with time zone, run_state text, payload jsonb)
+    LANGUAGE sql STABLE SECURITY DEFINER
+    SET search_path TO 'public', 'pg_temp'
+    AS $$
+    SELECT o.effect_id, o.idempotency_key, o.effect_type, o.target, o.state, o.attempts,
+           o.created_at, o.available_at, o.updated_at, o.completed_at, o.provider_id,
+           o.last_error_class, o.last_error, o.last_status, o.effect_key, o.lease_worker,
+           o.sending_since, o.approved_by, o.replaces_effect, o.last_reconciled_at,
+           (SELECT w.state FROM workflow_runs w WHERE w.idempotency_key = o.idempotency_key),
+           o.payload
+      FROM outbox_effects o WHERE o.effect_id = p_effect_id;
+$$;
+
+--
+-- Name: outbox_read_effect_history(uuid); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.outbox_read_effect_history(p_effect_id uuid) RETURNS TABLE(history_id bigint, attempt integer, worker text, started_at timestamp with time zone, ended_at timestamp with time zone, outcome_class text, provider_status integer, provider_id text, error_text text, cas_applied boolean, resolution text, state text)
+    LANGUAGE sql STABLE SECURITY DEFINER
+    SET search_path TO 'public', 'pg_temp'
+    AS $$
+    SELECT h.history_id, h.attempt, h.worker, h.started_at, h.ended_at, h.outcome_class,
+           h.provider_status, h.provider_id, h.error_text, h.cas_applied, h.resolution, h.state
+      FROM effect_outbox b
+      JOIN effect_history h ON h.created_at = b.created_at AND h.effect_id = b.effect_id
+     WHERE b.effect_id = p_effect_id
+     ORDER BY h.history_id;
+$$;
+
+--
+-- Name: outbox_read_history_months(); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.outbox_read_history_months() RETURNS bigint
+    LANGUAGE sql STABLE SECURITY DEFINER
+    SET search_path TO 'public', 'pg_temp'
+    AS $$
+    SELECT count(*) FROM pg_inherits WHERE inhparent = 'effect_history'::regclass;
+$$;
+
+--
+-- Name: outbox_read_reconcile_remaining(timestamp with time zone); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.outbox_read_reconcile_remaining(p_start timestamp with time zone) RETURNS bigint
+    LANGUAGE sql STABLE SECURITY DEFINER
+    SET search_path TO 'public', 'pg_temp'
+    AS $$
+    SELECT count(*) FROM effect_live o
+      JOIN outbox_providers p ON p.name = o.effect_type AND p.can_reconcile
+     WHERE o.available_at = 'infinity' AND o.state = 'unknown'
+       AND o.created_at <= p_start
+       AND (o.last_reconciled_at IS NULL OR o.last_reconciled_at < p_start);
+$$;
+
+--
+-- Name: outbox_read_reconcile_start(); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.outbox_read_reconcile_start() RETURNS TABLE(clock text, reconcilable bigint, others bigint)
+    LANGUAGE sql STABLE SECURITY DEFINER
+    SET search_path TO 'public', 'pg_temp'
+    AS $$
+    SELECT clock_timestamp()::text,
+           count(*) FILTER (WHERE p.name IS NOT NULL),
+           count(*) FILTER (WHERE p.name IS NULL)
+      FROM effect_live o
+      LEFT JOIN outbox_providers p ON p.name = o.effect_type AND p.can_reconcile
+     WHERE o.available_at = 'infinity' AND o.state = 'unknown';
+$$;
+
+--
+-- Name: outbox_read_reconcile_verdicts(timestamp with time zone, bigint); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.outbox_read_reconcile_verdicts(p_since timestamp with time zone, p_after bigint) RETURNS TABLE(history_id bigint, effect_id uuid, effect_type text, outcome_class text, provider_status integer, provider_id text, error_text text, worker text, cas_applied boolean)
+    LANGUAGE sql STABLE SECURITY DEFINER
+    SET search_path TO 'public', 'pg_temp'
+    AS $$
+    SELECT a.history_id, a.effect_id, b.effect_type, a.outcome_class, a.provider_status,
+           a.provider_id, a.error_text, a.worker, a.cas_applied
+      FROM effect_history a LEFT JOIN effect_outbox b ON b.effect_id = a.effect_id
+     WHERE a.outcome_class IN ('reconciled_sent', 'reconciled_not_sent', 'reconcile_unknown')
+       AND a.ended_at >= p_since AND a.history_id > p_after
+     ORDER BY a.history_id;
+$$;
+
+--
+-- Name: outbox_read_scopes(boolean); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.outbox_read_scopes(p_limited_only boolean) RETURNS TABLE(kind text, value text, paused boolean, paused_by text, paused_at timestamp with time zone, paused_reason text, rate_per_second double precision, burst integer, limit_by text, limit_at timestamp with time zone, limit_reason text, waiting bigint, held_total bigint)
+    LANGUAGE sql STABLE SECURITY DEFINER
+    SET search_path TO 'public', 'pg_temp'
+    AS $$
+    SELECT s.kind, s.value, s.paused, s.paused_by, s.paused_at, s.paused_reason,
+           s.rate_per_second, s.burst, s.limit_by, s.limit_at, s.limit_reason, s.waiting,
+           s.held_total
+      FROM outbox_scope_status s
+     WHERE NOT p_limited_only OR s.rate_per_second IS NOT NULL
+     ORDER BY s.kind, s.value;
+$$;
+
+--
+-- Name: outbox_read_status(); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.outbox_read_status() RETURNS TABLE(pending bigint, sending bigint, completed bigint, unknown bigint, failed bigint, oldest_pending_age_seconds numeric, failed_last_hour bigint, window_hours integer, enabled boolean, changed_by text, reason text, changed_at timestamp with time zone, held bigint, oldest_held_age_seconds numeric)
+    LANGUAGE sql STABLE SECURITY DEFINER
+    SET search_path TO 'public', 'pg_temp'
+    SET jit TO 'off'
+    AS $$
+    WITH live AS (
+        SELECT count(*) FILTER (WHERE l.state = 'pending') AS pending,
+               count(*) FILTER (WHERE l.state = 'sending') AS sending,
+               count(*) FILTER (WHERE l.state = 'unknown') AS unknown,
+               min(l.available_at) FILTER (WHERE l.state = 'pending' AND l.available_at <= now())
+                   AS oldest_due,
+               -- held by a paused or limited scope: not due, so not in the
+               -- pending age above; their own age, since creation
+               count(*) FILTER (WHERE l.state = 'pending' AND l.held_by IS NOT NULL) AS held,
+               min(l.created_at) FILTER (WHERE l.state = 'pending' AND l.held_by IS NOT NULL)
+                   AS oldest_held
+          FROM effect_live l),
+    finished AS (
+        SELECT h.state, h.ended_at FROM effect_history h
+         WHERE h.ended_at > now() - interval '24 hours'
+           AND h.state IS NOT NULL
+           AND (h.state = 'completed'
+                OR (NOT EXISTS (SELECT 1 FROM effect_live l WHERE l.effect_id = h.effect_id)
+                    AND NOT EXISTS (SELECT 1 FROM effect_history n
+                                     WHERE n.created_at = h.created_at AND n.effect_id = h.effect_id
+                                       AND n.state IS NOT NULL AND n.history_id > h.history_id))))
+    SELECT l.pending, l.sending,
+           (SELECT count(*) FROM finished WHERE state = 'completed'),
+           l.unknown,
+           (SELECT count(*) FROM finished WHERE state = 'failed'),
+           coalesce(extract(epoch FROM now() - l.oldest_due)::numeric(12,3), 0),
+           (SELECT count(*) FROM finished
+             WHERE state = 'failed' AND ended_at > now() - interval '1 hour'),
+           24,
+           c.enabled, c.changed_by, c.reason, c.changed_at,
+           l.held, coalesce(extract(epoch FROM now() - l.oldest_held)::numeric(12,3), 0)
+      FROM live l, outbox_control c WHERE c.id = 1;
+$$;
+
+--
+-- Name: outbox_read_switch(); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.outbox_read_switch() RETURNS TABLE(enabled boolean, changed_by text, reason text, changed_at timestamp with time zone)
+    LANGUAGE sql STABLE SECURITY DEFINER
+    SET search_path TO 'public', 'pg_temp'
+    AS $$
+    SELECT c.enabled, c.changed_by, c.reason, c.changed_at FROM outbox_control c WHERE c.id = 1;
+$$;
+
+--
+-- Name: outbox_read_unknown(); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.outbox_read_unknown() RETURNS TABLE(effect_id uuid, idempotency_key text, effect_key text, effect_type text, target text, attempts integer, unknown_since timestamp with time zone, created_at timestamp with time zone, last_error_class text, last_error text, last_attempt_worker text, last_attempt_outcome text, last_attempt_status integer, run_state text, last_attempt_started timestamp with time zone, last_attempt_ended timestamp with time zone, last_attempt_error text, last_reconciled_at timestamp with time zone)
+    LANGUAGE sql STABLE SECURITY DEFINER
+    SET search_path TO 'public', 'pg_temp'
+    AS $$
+    SELECT l.effect_id, b.idempotency_key, b.effect_key, b.effect_type, b.target, l.attempts,
+           l.updated_at, l.created_at, l.last_error_class, l.last_error,
+           a.worker, a.outcome_class, a.provider_status, w.state,
+           a.started_at, a.ended_at, a.error_text, l.last_reconciled_at
+      FROM effect_live l
+      JOIN effect_outbox b ON b.effect_id = l.effect_id
+      JOIN workflow_runs w ON w.idempotency_key = b.idempotency_key
+      LEFT JOIN LATERAL (SELECT x.worker, x.outcome_class, x.provider_status, x.started_at,
+                                x.ended_at, x.error_text
+                           FROM effect_history x
+                          WHERE x.created_at = l.created_at AND x.effect_id = l.effect_id
+                            AND x.outcome_class IS NOT NULL
+                          ORDER BY x.history_id DESC LIMIT 1) a ON true
+     WHERE l.available_at = 'infinity' AND l.state = 'unknown'
+     ORDER BY l.updated_at, l.effect_id;
+$$;
+
+--
 -- Name: outbox_reap(text, integer); Type: FUNCTION; Schema: public; Owner: -
 --
 
 CREATE FUNCTION public.outbox_reap(p_worker text, p_limit integer DEFAULT 500) RETURNS TABLE(effect_id uuid, state text, lost_worker text)
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'public', 'pg_temp'
+    SET plan_cache_mode TO 'force_generic_plan'
+    SET enable_seqscan TO 'off'
+    SET enable_bitmapscan TO 'off'
+    SET enable_sort TO 'off'
+    SET enable_hashjoin TO 'off'
+    SET enable_mergejoin TO 'off'
+    SET jit TO 'off'
     AS $$
 #variable_conflict use_column
 DECLARE
@@ -2862,16 +3600,23 @@ BEGIN
     IF cardinality(calls) = 0 THEN
         RETURN;
     END IF;
+    -- The calls' rows, found through the primary key in key order and
+    -- then by TID (one plan whatever the statistics say; SKIP LOCKED
+    -- waits for no lock, so the TID order of the walk is safe).
     WITH expired AS (
-        SELECT o.effect_id, o.created_at, o.lease_worker, o.lease_owner, o.attempts,
-               o.sending_since
-          FROM effect_calls c
-          JOIN effect_live o ON o.effect_id = ANY (c.ids) AND o.mark_token = c.call
-         WHERE c.call = ANY (calls)
+        SELECT o.ctid AS row_at, o.effect_id, o.created_at, o.lease_worker, o.lease_owner,
+               o.attempts, o.sending_since
+          FROM effect_live o
+         WHERE o.ctid = ANY (ARRAY(
+                   SELECT k.ctid FROM effect_live k
+                    WHERE k.effect_id = ANY (ARRAY(SELECT x FROM effect_calls c,
+                                                          unnest(c.ids) AS x
+                                                    WHERE c.call = ANY (calls)))
+                    ORDER BY k.effect_id))
+           AND o.mark_token = ANY (calls)
            AND o.state = 'sending' AND o.lease_expires_at < now()
-         ORDER BY o.effect_id
          LIMIT p_limit
-           FOR UPDATE OF o SKIP LOCKED),
+           FOR UPDATE SKIP LOCKED),
     moved AS (
         UPDATE effect_live o
            SET state = CASE WHEN o.sending_idempotent THEN 'pending' ELSE 'unknown' END,
@@ -2882,7 +3627,7 @@ BEGIN
                lease_owner = NULL, lease_expires_at = NULL, lease_worker = NULL,
                sending_since = NULL, updated_at = now()
           FROM expired e
-         WHERE o.effect_id = e.effect_id
+         WHERE o.ctid = e.row_at
         RETURNING o.effect_id, o.state, e.created_at, e.lease_worker, e.lease_owner,
                   e.attempts, e.sending_since),
     logged AS (
@@ -2900,13 +3645,15 @@ BEGIN
     -- The calls looked at: gone when none of their rows is still in
     -- `sending` under them, else due again at their rows' first deadline.
     WITH left_over AS (
-        SELECT c.call, min(o.lease_expires_at) AS deadline
+        SELECT c.call,
+               (SELECT min(o.lease_expires_at) FROM effect_live o
+                 WHERE o.ctid = ANY (ARRAY(SELECT k.ctid FROM effect_live k
+                                            WHERE k.effect_id = ANY (c.ids)
+                                            ORDER BY k.effect_id))
+                   AND o.mark_token = c.call AND o.state = 'sending'
+                   AND NOT o.effect_id = ANY (reaped)) AS deadline
           FROM effect_calls c
-          LEFT JOIN effect_live o ON o.effect_id = ANY (c.ids) AND o.mark_token = c.call
-                                 AND o.state = 'sending'
-                                 AND NOT o.effect_id = ANY (reaped)
-         WHERE c.call = ANY (calls)
-         GROUP BY c.call),
+         WHERE c.call = ANY (calls)),
     dropped AS (
         DELETE FROM effect_calls c USING left_over x
          WHERE c.call = x.call AND x.deadline IS NULL
@@ -2939,9 +3686,15 @@ BEGIN
          WHERE l.available_at = 'infinity' AND l.state = 'unknown'
            AND l.effect_type = ANY (p_types)
            AND (l.lease_expires_at IS NULL OR l.lease_expires_at < now())
+           -- Asked again after the interval, never sooner than the
+           -- floor, unless an operator asked since (a notification is
+           -- no request: any login may send one).
            AND (l.last_reconciled_at IS NULL
                 OR l.last_reconciled_at
-                   <= now() - make_interval(secs => greatest(coalesce(p_min_interval_seconds, 0), 0)))
+                   <= now() - make_interval(secs => greatest(coalesce(p_min_interval_seconds, 0),
+                                                             outbox_reconcile_min_interval_seconds()))
+                OR l.last_reconciled_at < (SELECT q.requested_at FROM outbox_reconcile_requests q
+                                            WHERE q.id = 1))
          ORDER BY l.last_reconciled_at NULLS FIRST, l.created_at
          LIMIT p_limit
          FOR UPDATE SKIP LOCKED),
@@ -2977,6 +3730,14 @@ END $$;
 --
 
 CREATE FUNCTION public.outbox_reconcile_lease_seconds() RETURNS integer
+    LANGUAGE sql IMMUTABLE
+    AS $$ SELECT 60 $$;
+
+--
+-- Name: outbox_reconcile_min_interval_seconds(); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.outbox_reconcile_min_interval_seconds() RETURNS integer
     LANGUAGE sql IMMUTABLE
     AS $$ SELECT 60 $$;
 
@@ -3169,6 +3930,11 @@ CREATE FUNCTION public.outbox_release(p_owner uuid, p_ids uuid[], p_delay_ms big
     SET search_path TO 'public', 'pg_temp'
     SET plan_cache_mode TO 'force_generic_plan'
     SET enable_seqscan TO 'off'
+    SET enable_bitmapscan TO 'off'
+    SET enable_sort TO 'off'
+    SET enable_hashjoin TO 'off'
+    SET enable_mergejoin TO 'off'
+    SET jit TO 'off'
     AS $$
 #variable_conflict use_column
 DECLARE
@@ -3179,7 +3945,9 @@ BEGIN
        SET lease_owner = NULL, lease_expires_at = NULL, lease_worker = NULL,
            available_at = greatest(o.available_at,
                                    now() + make_interval(secs => greatest(p_delay_ms, 0) / 1000.0))
-     WHERE o.effect_id = ANY (p_ids) AND o.lease_owner = p_owner AND o.state = 'pending';
+     WHERE o.ctid = ANY (ARRAY(SELECT k.ctid FROM effect_live k
+                                WHERE k.effect_id = ANY (p_ids) ORDER BY k.effect_id))
+       AND o.lease_owner = p_owner AND o.state = 'pending';
     GET DIAGNOSTICS n = ROW_COUNT;
     RETURN n;
 END $$;
@@ -3193,6 +3961,11 @@ CREATE FUNCTION public.outbox_renew(p_owner uuid, p_ids uuid[], p_lease_seconds 
     SET search_path TO 'public', 'pg_temp'
     SET plan_cache_mode TO 'force_generic_plan'
     SET enable_seqscan TO 'off'
+    SET enable_bitmapscan TO 'off'
+    SET enable_sort TO 'off'
+    SET enable_hashjoin TO 'off'
+    SET enable_mergejoin TO 'off'
+    SET jit TO 'off'
     AS $$
 #variable_conflict use_column
 BEGIN
@@ -3202,7 +3975,8 @@ BEGIN
        SET lease_expires_at = least(now() + make_interval(secs => p_lease_seconds),
                                     coalesce(o.sending_since, o.leased_at)
                                       + make_interval(secs => p_max_lease_seconds))
-     WHERE o.effect_id = ANY (p_ids)
+     WHERE o.ctid = ANY (ARRAY(SELECT k.ctid FROM effect_live k
+                                WHERE k.effect_id = ANY (p_ids) ORDER BY k.effect_id))
        AND o.lease_owner = p_owner
        AND o.state IN ('pending', 'sending')
        AND o.lease_expires_at > now()
@@ -3220,6 +3994,13 @@ CREATE FUNCTION public.outbox_renew_run(p_key text, p_owner uuid, p_version bigi
 DECLARE
     v bigint;
 BEGIN
+    -- Ownership first, without a lock (a run's owner never changes): the
+    -- settle locks the run row, and another login's renewal must leave
+    -- nothing of the run locked.
+    IF NOT outbox_run_is_mine((SELECT w.owner_role FROM workflow_runs w
+                                WHERE w.idempotency_key = p_key)) THEN
+        RETURN NULL;
+    END IF;
     PERFORM outbox_settle_runs(ARRAY[p_key]);
     UPDATE workflow_runs w
        SET lease_expires_at = now() + make_interval(secs => least(greatest(p_lease_seconds, 1), 86400)),
@@ -3379,6 +4160,25 @@ BEGIN
                                'target_changed', coalesce(p_target, o.target) <> o.target,
                                'payload_changed', np <> o.payload));
     RETURN QUERY SELECT 'created'::text, 'pending'::text, nid, p_new_key, o.idempotency_key;
+END $$;
+
+--
+-- Name: outbox_request_reconcile(); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.outbox_request_reconcile() RETURNS timestamp with time zone
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'public', 'pg_temp'
+    AS $$
+DECLARE
+    t timestamptz;
+BEGIN
+    UPDATE outbox_reconcile_requests r
+       SET requested_at = clock_timestamp(), requested_by = session_user
+     WHERE r.id = 1
+    RETURNING r.requested_at INTO t;
+    PERFORM pg_notify('effect_outbox', 'reconcile');
+    RETURN t;
 END $$;
 
 --
@@ -3787,17 +4587,26 @@ BEGIN
         PERFORM pg_notify('effect_outbox', 'kill-switch-on');
         RETURN;
     END IF;
+    -- The list is exact when the pause commits: its rows are locked (key
+    -- order, as every batch takes them) until then, so a send that
+    -- finishes meanwhile either finished before the lock (its row
+    -- re-read, and left out) or waits for the commit to record it; and no
+    -- send of the scope starts while the switch's lock is held.
     RETURN QUERY
-    SELECT o.effect_id, b.effect_key, b.effect_type, b.target, o.lease_worker, o.sending_since
-      FROM effect_calls c
-      JOIN effect_live o ON o.effect_id = ANY (c.ids) AND o.mark_token = c.call
-      JOIN effect_outbox b ON b.effect_id = o.effect_id
-     WHERE o.state = 'sending'
-       AND CASE p_kind
-           WHEN 'type' THEN b.effect_type = v
-           WHEN 'host' THEN coalesce(outbox_target_host(b.target) = v, true)
-           ELSE b.effect_type = 'crm' AND lower(split_part(b.target, '/', 1)) = v END
-     ORDER BY o.sending_since;
+    SELECT x.effect_id, x.effect_key, x.effect_type, x.target, x.lease_worker, x.sending_since
+      FROM (SELECT o.effect_id, b.effect_key, b.effect_type, b.target, o.lease_worker,
+                   o.sending_since
+              FROM effect_calls c
+              JOIN effect_live o ON o.effect_id = ANY (c.ids) AND o.mark_token = c.call
+              JOIN effect_outbox b ON b.effect_id = o.effect_id
+             WHERE o.state = 'sending'
+               AND CASE p_kind
+                   WHEN 'type' THEN b.effect_type = v
+                   WHEN 'host' THEN coalesce(outbox_target_host(b.target) = v, true)
+                   ELSE b.effect_type = 'crm' AND lower(split_part(b.target, '/', 1)) = v END
+             ORDER BY o.effect_id
+               FOR SHARE OF o) x
+     ORDER BY x.sending_since;
 END $$;
 
 --
@@ -3893,8 +4702,10 @@ BEGIN
             IF hit AND s_rate[j] IS NOT NULL
                AND was_held[i] = outbox_scope_name(s_kind[j], s_value[j])
                AND due_at[i] <= now()
-               AND due_at[i] >= now() - make_interval(secs => s_burst[j] / s_rate[j]) THEN
-                paid := true;
+               AND due_at[i] <= now() THEN
+                IF due_at[i] >= now() - make_interval(secs => greatest(s_burst[j] / s_rate[j], 0.25)) THEN
+                    paid := true;
+                END IF;
             END IF;
         END LOOP;
         IF verdict IS NULL AND NOT paid THEN
@@ -3962,14 +4773,14 @@ BEGIN
                 USING ERRCODE = 'invalid_parameter_value';
         END IF;
     WHEN 'host' THEN
-        v := lower(v);
-        IF v ~ '^\[.*\]$' THEN
-            v := substr(v, 2, length(v) - 2);
-        END IF;
-        IF NOT (v ~ '^[a-z0-9]([a-z0-9-]*[a-z0-9])?(\.[a-z0-9]([a-z0-9-]*[a-z0-9])?)*$'
-                OR (v ~ '^[0-9a-f:.]+$' AND v LIKE '%:%')) THEN
-            RAISE EXCEPTION 'scope host "%": a host name or address alone (no scheme, port, path '
-                            'or trailing dot), e.g. api.example.com', p_value
+        -- Stored in the one spelling the worker matches (outbox_host_canon);
+        -- what no connection can be made to is refused, not kept as a
+        -- scope that would never hold anything.
+        v := outbox_host_canon(p_value);
+        IF v IS NULL THEN
+            RAISE EXCEPTION 'scope host "%": not a host name or address (no scheme, port or path; '
+                            'an address as the worker connects to it), e.g. api.example.com, '
+                            '192.0.2.1, 2001:db8::1', p_value
                 USING ERRCODE = 'invalid_parameter_value';
         END IF;
     WHEN 'crm_object' THEN
@@ -4066,6 +4877,19 @@ BEGIN
 END $$;
 
 --
+-- Name: outbox_settle_unknown_runs(); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.outbox_settle_unknown_runs() RETURNS void
+    LANGUAGE sql SECURITY DEFINER
+    SET search_path TO 'public', 'pg_temp'
+    AS $$
+    SELECT outbox_settle_runs(ARRAY(SELECT DISTINCT b.idempotency_key
+                                      FROM effect_live l JOIN effect_outbox b USING (effect_id)
+                                     WHERE l.available_at = 'infinity' AND l.state = 'unknown'));
+$$;
+
+--
 -- Name: outbox_sha256_hex(text); Type: FUNCTION; Schema: public; Owner: -
 --
 
@@ -4115,7 +4939,7 @@ END $$;
 CREATE FUNCTION public.outbox_target_host(p_target text) RETURNS text
     LANGUAGE sql IMMUTABLE PARALLEL SAFE
     AS $$
-    SELECT nullif(lower(CASE WHEN h LIKE '[%]' THEN substr(h, 2, length(h) - 2) ELSE h END), '')
+    SELECT coalesce(outbox_host_canon(h), nullif(lower(h), ''))
       FROM (SELECT substring(p_target FROM
                    '^[Hh][Tt][Tt][Pp][Ss]?://(?:[^/?#@]*@)?(\[[^]/?#]*\]|[^:/?#]*)') AS h) x;
 $$;
@@ -4173,6 +4997,11 @@ CREATE FUNCTION public.outbox_unclaim(p_owner uuid, p_ids uuid[], p_call uuid, p
     SET search_path TO 'public', 'pg_temp'
     SET plan_cache_mode TO 'force_generic_plan'
     SET enable_seqscan TO 'off'
+    SET enable_bitmapscan TO 'off'
+    SET enable_sort TO 'off'
+    SET enable_hashjoin TO 'off'
+    SET enable_mergejoin TO 'off'
+    SET jit TO 'off'
     AS $$
 #variable_conflict use_column
 DECLARE
@@ -4189,7 +5018,9 @@ BEGIN
                                THEN greatest(o.available_at,
                                              now() + make_interval(secs => greatest(p_delay_ms, 0) / 1000.0))
                                ELSE o.available_at END
-     WHERE o.effect_id = ANY (p_ids) AND o.lease_owner = p_owner
+     WHERE o.ctid = ANY (ARRAY(SELECT k.ctid FROM effect_live k
+                                WHERE k.effect_id = ANY (p_ids) ORDER BY k.effect_id))
+       AND o.lease_owner = p_owner
        AND o.state = 'sending' AND o.mark_token = p_call;
     GET DIAGNOSTICS n = ROW_COUNT;
     RETURN n;
@@ -4346,6 +5177,7 @@ SET default_table_access_method = heap;
 GRANT USAGE ON SCHEMA public TO outbox_dispatcher;
 GRANT USAGE ON SCHEMA public TO outbox_operator;
 GRANT USAGE ON SCHEMA public TO outbox_producer;
+GRANT USAGE ON SCHEMA public TO outbox_viewer;
 
 --
 -- Name: FUNCTION effect_history_append_only(); Type: ACL; Schema: public; Owner: -
@@ -4413,11 +5245,98 @@ GRANT ALL ON FUNCTION public.outbox_claim_run(p_key text, p_payload_hash text, p
 REVOKE ALL ON FUNCTION public.outbox_claim_run(p_key text, p_payload_hash text, p_owner uuid, p_lease_seconds integer) FROM PUBLIC;
 
 --
+-- Name: FUNCTION outbox_claim_run_status(p_key text, p_payload_hash text, p_owner uuid, p_lease_seconds integer); Type: ACL; Schema: public; Owner: -
+--
+
+GRANT ALL ON FUNCTION public.outbox_claim_run_status(p_key text, p_payload_hash text, p_owner uuid, p_lease_seconds integer) TO outbox_producer;
+REVOKE ALL ON FUNCTION public.outbox_claim_run_status(p_key text, p_payload_hash text, p_owner uuid, p_lease_seconds integer) FROM PUBLIC;
+
+--
 -- Name: FUNCTION outbox_complete(p_owner uuid, p_worker text, p_results jsonb); Type: ACL; Schema: public; Owner: -
 --
 
 GRANT ALL ON FUNCTION public.outbox_complete(p_owner uuid, p_worker text, p_results jsonb) TO outbox_dispatcher;
 REVOKE ALL ON FUNCTION public.outbox_complete(p_owner uuid, p_worker text, p_results jsonb) FROM PUBLIC;
+
+--
+-- Name: FUNCTION outbox_console_ages(); Type: ACL; Schema: public; Owner: -
+--
+
+GRANT ALL ON FUNCTION public.outbox_console_ages() TO outbox_operator;
+GRANT ALL ON FUNCTION public.outbox_console_ages() TO outbox_viewer;
+REVOKE ALL ON FUNCTION public.outbox_console_ages() FROM PUBLIC;
+
+--
+-- Name: FUNCTION outbox_console_approvals(); Type: ACL; Schema: public; Owner: -
+--
+
+GRANT ALL ON FUNCTION public.outbox_console_approvals() TO outbox_operator;
+GRANT ALL ON FUNCTION public.outbox_console_approvals() TO outbox_viewer;
+REVOKE ALL ON FUNCTION public.outbox_console_approvals() FROM PUBLIC;
+
+--
+-- Name: FUNCTION outbox_console_audit(p_operator text, p_before bigint, p_limit integer); Type: ACL; Schema: public; Owner: -
+--
+
+GRANT ALL ON FUNCTION public.outbox_console_audit(p_operator text, p_before bigint, p_limit integer) TO outbox_operator;
+GRANT ALL ON FUNCTION public.outbox_console_audit(p_operator text, p_before bigint, p_limit integer) TO outbox_viewer;
+REVOKE ALL ON FUNCTION public.outbox_console_audit(p_operator text, p_before bigint, p_limit integer) FROM PUBLIC;
+
+--
+-- Name: FUNCTION outbox_console_control_history(p_limit integer); Type: ACL; Schema: public; Owner: -
+--
+
+GRANT ALL ON FUNCTION public.outbox_console_control_history(p_limit integer) TO outbox_operator;
+GRANT ALL ON FUNCTION public.outbox_console_control_history(p_limit integer) TO outbox_viewer;
+REVOKE ALL ON FUNCTION public.outbox_console_control_history(p_limit integer) FROM PUBLIC;
+
+--
+-- Name: FUNCTION outbox_console_counts(); Type: ACL; Schema: public; Owner: -
+--
+
+GRANT ALL ON FUNCTION public.outbox_console_counts() TO outbox_operator;
+GRANT ALL ON FUNCTION public.outbox_console_counts() TO outbox_viewer;
+REVOKE ALL ON FUNCTION public.outbox_console_counts() FROM PUBLIC;
+
+--
+-- Name: FUNCTION outbox_console_database(); Type: ACL; Schema: public; Owner: -
+--
+
+GRANT ALL ON FUNCTION public.outbox_console_database() TO outbox_operator;
+GRANT ALL ON FUNCTION public.outbox_console_database() TO outbox_viewer;
+REVOKE ALL ON FUNCTION public.outbox_console_database() FROM PUBLIC;
+
+--
+-- Name: FUNCTION outbox_console_effects(p_from timestamp with time zone, p_to timestamp with time zone, p_state text, p_type text, p_host text, p_run_key text, p_effect_key text, p_error text, p_before uuid, p_limit integer); Type: ACL; Schema: public; Owner: -
+--
+
+GRANT ALL ON FUNCTION public.outbox_console_effects(p_from timestamp with time zone, p_to timestamp with time zone, p_state text, p_type text, p_host text, p_run_key text, p_effect_key text, p_error text, p_before uuid, p_limit integer) TO outbox_operator;
+GRANT ALL ON FUNCTION public.outbox_console_effects(p_from timestamp with time zone, p_to timestamp with time zone, p_state text, p_type text, p_host text, p_run_key text, p_effect_key text, p_error text, p_before uuid, p_limit integer) TO outbox_viewer;
+REVOKE ALL ON FUNCTION public.outbox_console_effects(p_from timestamp with time zone, p_to timestamp with time zone, p_state text, p_type text, p_host text, p_run_key text, p_effect_key text, p_error text, p_before uuid, p_limit integer) FROM PUBLIC;
+
+--
+-- Name: FUNCTION outbox_console_minutes(p_hours integer); Type: ACL; Schema: public; Owner: -
+--
+
+GRANT ALL ON FUNCTION public.outbox_console_minutes(p_hours integer) TO outbox_operator;
+GRANT ALL ON FUNCTION public.outbox_console_minutes(p_hours integer) TO outbox_viewer;
+REVOKE ALL ON FUNCTION public.outbox_console_minutes(p_hours integer) FROM PUBLIC;
+
+--
+-- Name: FUNCTION outbox_console_run_effects(p_key text); Type: ACL; Schema: public; Owner: -
+--
+
+GRANT ALL ON FUNCTION public.outbox_console_run_effects(p_key text) TO outbox_operator;
+GRANT ALL ON FUNCTION public.outbox_console_run_effects(p_key text) TO outbox_viewer;
+REVOKE ALL ON FUNCTION public.outbox_console_run_effects(p_key text) FROM PUBLIC;
+
+--
+-- Name: FUNCTION outbox_console_runs(p_state text, p_after text, p_limit integer); Type: ACL; Schema: public; Owner: -
+--
+
+GRANT ALL ON FUNCTION public.outbox_console_runs(p_state text, p_after text, p_limit integer) TO outbox_operator;
+GRANT ALL ON FUNCTION public.outbox_console_runs(p_state text, p_after text, p_limit integer) TO outbox_viewer;
+REVOKE ALL ON FUNCTION public.outbox_console_runs(p_state text, p_after text, p_limit integer) FROM PUBLIC;
 
 --
 -- Name: FUNCTION outbox_consume_approval(p_token_sha256 bytea, p_decision text, p_approver text); Type: ACL; Schema: public; Owner: -
@@ -4477,12 +5396,26 @@ GRANT ALL ON FUNCTION public.outbox_fail_unknown_types(p_grace_seconds integer, 
 REVOKE ALL ON FUNCTION public.outbox_fail_unknown_types(p_grace_seconds integer, p_limit integer) FROM PUBLIC;
 
 --
+-- Name: FUNCTION outbox_history_months(p_from timestamp with time zone, p_to timestamp with time zone); Type: ACL; Schema: public; Owner: -
+--
+
+GRANT ALL ON FUNCTION public.outbox_history_months(p_from timestamp with time zone, p_to timestamp with time zone) TO outbox_dispatcher;
+GRANT ALL ON FUNCTION public.outbox_history_months(p_from timestamp with time zone, p_to timestamp with time zone) TO outbox_operator;
+REVOKE ALL ON FUNCTION public.outbox_history_months(p_from timestamp with time zone, p_to timestamp with time zone) FROM PUBLIC;
+
+--
 -- Name: FUNCTION outbox_history_partitions(p_from timestamp with time zone, p_to timestamp with time zone); Type: ACL; Schema: public; Owner: -
 --
 
-GRANT ALL ON FUNCTION public.outbox_history_partitions(p_from timestamp with time zone, p_to timestamp with time zone) TO outbox_dispatcher;
-GRANT ALL ON FUNCTION public.outbox_history_partitions(p_from timestamp with time zone, p_to timestamp with time zone) TO outbox_operator;
 REVOKE ALL ON FUNCTION public.outbox_history_partitions(p_from timestamp with time zone, p_to timestamp with time zone) FROM PUBLIC;
+
+--
+-- Name: FUNCTION outbox_host_canon(p_host text); Type: ACL; Schema: public; Owner: -
+--
+
+GRANT ALL ON FUNCTION public.outbox_host_canon(p_host text) TO outbox_dispatcher;
+GRANT ALL ON FUNCTION public.outbox_host_canon(p_host text) TO outbox_operator;
+REVOKE ALL ON FUNCTION public.outbox_host_canon(p_host text) FROM PUBLIC;
 
 --
 -- Name: FUNCTION outbox_kill_switch_lock_key(); Type: ACL; Schema: public; Owner: -
@@ -4599,6 +5532,98 @@ GRANT ALL ON FUNCTION public.outbox_prune(p_older_than interval, p_batch integer
 REVOKE ALL ON FUNCTION public.outbox_prune(p_older_than interval, p_batch integer, p_operator text, p_reason text) FROM PUBLIC;
 
 --
+-- Name: FUNCTION outbox_prune_linger_max(); Type: ACL; Schema: public; Owner: -
+--
+
+REVOKE ALL ON FUNCTION public.outbox_prune_linger_max() FROM PUBLIC;
+
+--
+-- Name: FUNCTION outbox_prune_lingering(p_lo timestamp with time zone, p_hi timestamp with time zone); Type: ACL; Schema: public; Owner: -
+--
+
+REVOKE ALL ON FUNCTION public.outbox_prune_lingering(p_lo timestamp with time zone, p_hi timestamp with time zone) FROM PUBLIC;
+
+--
+-- Name: FUNCTION outbox_read_effect(p_effect_id uuid); Type: ACL; Schema: public; Owner: -
+--
+
+GRANT ALL ON FUNCTION public.outbox_read_effect(p_effect_id uuid) TO outbox_operator;
+GRANT ALL ON FUNCTION public.outbox_read_effect(p_effect_id uuid) TO outbox_viewer;
+REVOKE ALL ON FUNCTION public.outbox_read_effect(p_effect_id uuid) FROM PUBLIC;
+
+--
+-- Name: FUNCTION outbox_read_effect_history(p_effect_id uuid); Type: ACL; Schema: public; Owner: -
+--
+
+GRANT ALL ON FUNCTION public.outbox_read_effect_history(p_effect_id uuid) TO outbox_operator;
+GRANT ALL ON FUNCTION public.outbox_read_effect_history(p_effect_id uuid) TO outbox_viewer;
+REVOKE ALL ON FUNCTION public.outbox_read_effect_history(p_effect_id uuid) FROM PUBLIC;
+
+--
+-- Name: FUNCTION outbox_read_history_months(); Type: ACL; Schema: public; Owner: -
+--
+
+GRANT ALL ON FUNCTION public.outbox_read_history_months() TO outbox_operator;
+GRANT ALL ON FUNCTION public.outbox_read_history_months() TO outbox_viewer;
+REVOKE ALL ON FUNCTION public.outbox_read_history_months() FROM PUBLIC;
+
+--
+-- Name: FUNCTION outbox_read_reconcile_remaining(p_start timestamp with time zone); Type: ACL; Schema: public; Owner: -
+--
+
+GRANT ALL ON FUNCTION public.outbox_read_reconcile_remaining(p_start timestamp with time zone) TO outbox_operator;
+GRANT ALL ON FUNCTION public.outbox_read_reconcile_remaining(p_start timestamp with time zone) TO outbox_viewer;
+REVOKE ALL ON FUNCTION public.outbox_read_reconcile_remaining(p_start timestamp with time zone) FROM PUBLIC;
+
+--
+-- Name: FUNCTION outbox_read_reconcile_start(); Type: ACL; Schema: public; Owner: -
+--
+
+GRANT ALL ON FUNCTION public.outbox_read_reconcile_start() TO outbox_operator;
+GRANT ALL ON FUNCTION public.outbox_read_reconcile_start() TO outbox_viewer;
+REVOKE ALL ON FUNCTION public.outbox_read_reconcile_start() FROM PUBLIC;
+
+--
+-- Name: FUNCTION outbox_read_reconcile_verdicts(p_since timestamp with time zone, p_after bigint); Type: ACL; Schema: public; Owner: -
+--
+
+GRANT ALL ON FUNCTION public.outbox_read_reconcile_verdicts(p_since timestamp with time zone, p_after bigint) TO outbox_operator;
+GRANT ALL ON FUNCTION public.outbox_read_reconcile_verdicts(p_since timestamp with time zone, p_after bigint) TO outbox_viewer;
+REVOKE ALL ON FUNCTION public.outbox_read_reconcile_verdicts(p_since timestamp with time zone, p_after bigint) FROM PUBLIC;
+
+--
+-- Name: FUNCTION outbox_read_scopes(p_limited_only boolean); Type: ACL; Schema: public; Owner: -
+--
+
+GRANT ALL ON FUNCTION public.outbox_read_scopes(p_limited_only boolean) TO outbox_operator;
+GRANT ALL ON FUNCTION public.outbox_read_scopes(p_limited_only boolean) TO outbox_viewer;
+REVOKE ALL ON FUNCTION public.outbox_read_scopes(p_limited_only boolean) FROM PUBLIC;
+
+--
+-- Name: FUNCTION outbox_read_status(); Type: ACL; Schema: public; Owner: -
+--
+
+GRANT ALL ON FUNCTION public.outbox_read_status() TO outbox_operator;
+GRANT ALL ON FUNCTION public.outbox_read_status() TO outbox_viewer;
+REVOKE ALL ON FUNCTION public.outbox_read_status() FROM PUBLIC;
+
+--
+-- Name: FUNCTION outbox_read_switch(); Type: ACL; Schema: public; Owner: -
+--
+
+GRANT ALL ON FUNCTION public.outbox_read_switch() TO outbox_operator;
+GRANT ALL ON FUNCTION public.outbox_read_switch() TO outbox_viewer;
+REVOKE ALL ON FUNCTION public.outbox_read_switch() FROM PUBLIC;
+
+--
+-- Name: FUNCTION outbox_read_unknown(); Type: ACL; Schema: public; Owner: -
+--
+
+GRANT ALL ON FUNCTION public.outbox_read_unknown() TO outbox_operator;
+GRANT ALL ON FUNCTION public.outbox_read_unknown() TO outbox_viewer;
+REVOKE ALL ON FUNCTION public.outbox_read_unknown() FROM PUBLIC;
+
+--
 -- Name: FUNCTION outbox_reap(p_worker text, p_limit integer); Type: ACL; Schema: public; Owner: -
 --
 
@@ -4617,6 +5642,12 @@ REVOKE ALL ON FUNCTION public.outbox_reconcile_lease(p_owner uuid, p_worker text
 --
 
 REVOKE ALL ON FUNCTION public.outbox_reconcile_lease_seconds() FROM PUBLIC;
+
+--
+-- Name: FUNCTION outbox_reconcile_min_interval_seconds(); Type: ACL; Schema: public; Owner: -
+--
+
+REVOKE ALL ON FUNCTION public.outbox_reconcile_min_interval_seconds() FROM PUBLIC;
 
 --
 -- Name: FUNCTION outbox_reconcile_record(p_owner uuid, p_worker text, p_results jsonb); Type: ACL; Schema: public; Owner: -
@@ -4684,6 +5715,13 @@ REVOKE ALL ON FUNCTION public.outbox_replace(p_effect_id uuid, p_new_key text, p
 --
 
 REVOKE ALL ON FUNCTION public.outbox_replace_ungated(p_effect_id uuid, p_new_key text, p_operator text, p_reason text, p_target text, p_payload jsonb) FROM PUBLIC;
+
+--
+-- Name: FUNCTION outbox_request_reconcile(); Type: ACL; Schema: public; Owner: -
+--
+
+GRANT ALL ON FUNCTION public.outbox_request_reconcile() TO outbox_operator;
+REVOKE ALL ON FUNCTION public.outbox_request_reconcile() FROM PUBLIC;
 
 --
 -- Name: FUNCTION outbox_requeue(p_effect_id uuid, p_operator text, p_reason text); Type: ACL; Schema: public; Owner: -
@@ -4778,6 +5816,13 @@ REVOKE ALL ON FUNCTION public.outbox_scopes_refresh() FROM PUBLIC;
 GRANT ALL ON FUNCTION public.outbox_settle_runs(p_keys text[]) TO outbox_dispatcher;
 GRANT ALL ON FUNCTION public.outbox_settle_runs(p_keys text[]) TO outbox_operator;
 REVOKE ALL ON FUNCTION public.outbox_settle_runs(p_keys text[]) FROM PUBLIC;
+
+--
+-- Name: FUNCTION outbox_settle_unknown_runs(); Type: ACL; Schema: public; Owner: -
+--
+
+GRANT ALL ON FUNCTION public.outbox_settle_unknown_runs() TO outbox_operator;
+REVOKE ALL ON FUNCTION public.outbox_settle_unknown_runs() FROM PUBLIC;
 
 --
 -- Name: FUNCTION outbox_sha256_hex(t text); Type: ACL; Schema: public; Owner: -
@@ -5357,6 +6402,13 @@ GRANT SELECT(send_deadline) ON TABLE public.outbox_effects TO outbox_producer;
 
 GRANT SELECT ON TABLE public.outbox_providers TO outbox_dispatcher;
 GRANT SELECT ON TABLE public.outbox_providers TO outbox_operator;
+
+--
+-- Name: TABLE outbox_reconcile_requests; Type: ACL; Schema: public; Owner: -
+--
+
+GRANT SELECT ON TABLE public.outbox_reconcile_requests TO outbox_dispatcher;
+GRANT SELECT ON TABLE public.outbox_reconcile_requests TO outbox_operator;
 
 --
 -- Name: TABLE outbox_scope_history; Type: ACL; Schema: public; Owner: -

@@ -57,6 +57,11 @@ COMMENT ON TABLE outbox_control IS
 database has sends disabled until an operator enables them).';
 COMMENT ON TABLE outbox_control_history IS
 'Every change of the kill switch: who turned it on or off, why, and when.';
+COMMENT ON TABLE outbox_reconcile_requests IS
+'An operator''s request for a reconcile pass (outboxctl reconcile): one
+row, written only through outbox_request_reconcile. The NOTIFY that
+follows only wakes the workers; any login may send one, so it is never
+trusted as the request itself.';
 COMMENT ON TABLE outbox_scopes IS
 'Pauses of one scope (an effect type, a host, a CRM object) and
 fleet-wide rate limits per type or host: a token bucket kept in the row,
