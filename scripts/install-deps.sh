@@ -12,7 +12,7 @@ set -eu
 # What `make` and `make deb` need (debian/control's Build-Depends).
 BUILD_PKGS="build-essential pkg-config git ca-certificates
       libpq-dev libcurl4-openssl-dev libesmtp-dev libjansson-dev libevent-dev
-      libinih-dev libsystemd-dev libssl-dev
+      libinih-dev libsystemd-dev libssl-dev libmicrohttpd-dev
       debhelper dpkg-dev fakeroot help2man"
 if [ "${1:-}" = --build ]; then
     SUDO=

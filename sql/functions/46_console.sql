@@ -13,6 +13,8 @@ RETURNS uuid LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
     SELECT (lpad(to_hex(floor(extract(epoch FROM p_at) * 1000)::bigint), 12, '0')
             || '00000000000000000000')::uuid;
 $$;
+-- Only the console's functions (their owner) call it.
+REVOKE EXECUTE ON FUNCTION outbox_effect_id_floor(timestamptz) FROM PUBLIC;
 
 -- Open effects by state and type (one pass over the narrow live queue),
 -- and those finished in the last 24 hours by their final state and type.
