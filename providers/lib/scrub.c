@@ -168,6 +168,28 @@ void scrub_add(struct scrub *s, const char *value, size_t len)
 	free(t);
 	t = b64_of((const unsigned char *)value, len, &n);
 	add_owned(s, t, n);                          /* padded */
+	/* Inside a longer base64 text (a whole header line or request
+	 * encoded) the value starts at any of 3 offsets: the characters that
+	 * stand for its bytes alone, none of those before or after it. */
+	for (size_t k = 0; k < 3; k++) {
+		unsigned char *pre = text_alloc(len + k + 1);
+		size_t lead = k == 0 ? 0 : k + 1, end;
+
+		memset(pre, 0, k);
+		memcpy(pre + k, value, len);
+		t = b64_of(pre, len + k, &n);
+		explicit_bzero(pre, len + k);
+		free(pre);
+		end = (len + k) * 8 / 6;         /* characters made of whole bits */
+		if (end > lead) {
+			add_one(s, t + lead, end - lead, SCRUB_MIN_DERIVED);
+			for (size_t i = lead; i < end; i++)
+				t[i] = t[i] == '+' ? '-' : t[i] == '/' ? '_' : t[i];
+			add_one(s, t + lead, end - lead, SCRUB_MIN_DERIVED);
+		}
+		explicit_bzero(t, n);
+		free(t);
+	}
 	t = hex_of(value, len, false, &n);
 	add_owned(s, t, n);
 	t = hex_of(value, len, true, &n);

@@ -10,7 +10,8 @@
  *
  * A value is matched as-is and in the spellings an echo commonly gives it,
  * where they are cheap to list: JSON-escaped, percent-encoded, hex, base64
- * of it (padded, unpadded, base64url) and, when the value is itself base64
+ * of it (padded, unpadded, base64url; also the part of a longer base64
+ * text that stands for it alone, at each of the 3 offsets) and, when the value is itself base64
  * (a Basic credential), its decoded text ("user:pass") and the password
  * after the first ':'.  Each of these is also matched with its bytes
  * escaped one by one and mixed (%XX of either case on some bytes only, '+'

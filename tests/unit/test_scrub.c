@@ -10,6 +10,7 @@
 #include <cmocka.h>
 
 #include <stdbool.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -143,6 +144,50 @@ static void test_mixed_escapes(void **state)
 	scrub_free(&s);
 }
 
+static char *b64(const char *in)
+{
+	static const char a[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+	size_t len = strlen(in), o = 0;
+	char *out = malloc(len / 3 * 4 + 5);
+
+	for (size_t i = 0; i < len; i += 3) {
+		unsigned v = (unsigned char)in[i] << 16;
+		v |= i + 1 < len ? (unsigned char)in[i + 1] << 8 : 0;
+		v |= i + 2 < len ? (unsigned char)in[i + 2] : 0;
+		out[o++] = a[(v >> 18) & 63];
+		out[o++] = a[(v >> 12) & 63];
+		out[o++] = i + 1 < len ? a[(v >> 6) & 63] : '=';
+		out[o++] = i + 2 < len ? a[v & 63] : '=';
+	}
+	out[o] = 0;
+	return out;
+}
+
+/* A secret inside a longer text that was base64-encoded whole (an echo of
+ * the request's header lines), at each of the 3 offsets a prefix of the
+ * producer's choosing can give it, and with text after it. */
+static void test_base64_inside_longer_text(void **state)
+{
+	struct scrub s = { 0 };
+	const char *v = "s3cr3t-t0ken-value";
+	const char *prefixes[] = { "Authorization: Bearer ", "X-Ke: ", "X-Key:  " };
+
+	(void)state;
+	scrub_add(&s, v, strlen(v));
+	for (int i = 0; i < 3; i++) {
+		char line[128], *enc, *got;
+
+		snprintf(line, sizeof(line), "%s%s\r\nAccept: */*\r\n", prefixes[i], v);
+		enc = b64(line);
+		got = scrub_dup(&s, enc, strlen(enc), NULL);
+		if (got == NULL || strstr(got, SCRUB_MARK) == NULL)
+			fail_msg("offset %d: \"%s\" not scrubbed", (int)(strlen(prefixes[i]) % 3), enc);
+		free(got);
+		free(enc);
+	}
+	scrub_free(&s);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -151,6 +196,7 @@ int main(void)
 		cmocka_unit_test(test_basic_credential),
 		cmocka_unit_test(test_longest_first_and_buffers),
 		cmocka_unit_test(test_mixed_escapes),
+		cmocka_unit_test(test_base64_inside_longer_text),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
