@@ -147,7 +147,7 @@ static bool request_line_ok(const char *line, size_t n)
 	                 (line[i] >= '0' && line[i] <= '9') ||
 	                 (line[i] != '\0' && strchr("!#$%&'*+-.^_`|~", line[i]))))
 		i++;
-	if (i == 0 || i >= n || line[i] != ' ' || line[i + 1] != '/')
+	if (i == 0 || i + 1 >= n || line[i] != ' ' || line[i + 1] != '/')
 		return false;
 	for (i++; i < n && line[i] > 0x20 && line[i] < 0x7f; i++)
 		;

@@ -243,14 +243,30 @@ static void transaction_done(struct conn *c)
 
 /* ---- libesmtp callbacks (pool thread) ------------------------------------ */
 
+/* Whether an EHLO reply line offers CHUNKING as libesmtp reads it (cb_ehlo:
+ * blanks skipped, then an atom compared without case): "250- CHUNKING",
+ * "250-chunking\t" or "250-CHUNKING;" enable BDAT in libesmtp as much as
+ * "250-CHUNKING" does, and must set require_all_recipients as well. */
+static bool ehlo_offers_chunking(const char *line, size_t len)
+{
+	size_t i = 4, from;
+
+	if (len < 4 || line[0] != '2' || (line[3] != '-' && line[3] != ' '))
+		return false;
+	while (i < len && (line[i] == ' ' || line[i] == '\t' || line[i] == '\v' || line[i] == '\r'))
+		i++;
+	from = i;
+	while (i < len && line[i] > ' ' && line[i] <= '~' && strchr("\"()<>[]@,;:\\.", line[i]) == NULL)
+		i++;
+	return i - from == 8 && strncasecmp(line + from, "CHUNKING", 8) == 0;
+}
+
 static void monitor_reply_line(struct conn *c, const char *line, size_t len)
 {
 	struct email_seen *s;
 	int code;
 
-	if (len >= 12 && strcmp(c->last_cmd, "EHLO") == 0 && line[0] == '2' &&
-	    (line[3] == '-' || line[3] == ' ') && strncasecmp(line + 4, "CHUNKING", 8) == 0 &&
-	    (len == 12 || line[12] == ' ')) {
+	if (strcmp(c->last_cmd, "EHLO") == 0 && ehlo_offers_chunking(line, len)) {
 		/* CHUNKING: libesmtp will send the content as BDAT.  With
 		 * PIPELINING it writes RCPT TO and every BDAT chunk at once, and
 		 * libesmtp 1.1.0 then crashes when the connection is lost before

@@ -168,6 +168,28 @@ void scrub_add(struct scrub *s, const char *value, size_t len)
 	free(t);
 	t = b64_of((const unsigned char *)value, len, &n);
 	add_owned(s, t, n);                          /* padded */
+	/* Inside a longer base64 text (a whole header line or request
+	 * encoded) the value starts at any of 3 offsets: the characters that
+	 * stand for its bytes alone, none of those before or after it. */
+	for (size_t k = 0; k < 3; k++) {
+		unsigned char *pre = text_alloc(len + k + 1);
+		size_t lead = k == 0 ? 0 : k + 1, end;
+
+		memset(pre, 0, k);
+		memcpy(pre + k, value, len);
+		t = b64_of(pre, len + k, &n);
+		explicit_bzero(pre, len + k);
+		free(pre);
+		end = (len + k) * 8 / 6;         /* characters made of whole bits */
+		if (end > lead) {
+			add_one(s, t + lead, end - lead, SCRUB_MIN_DERIVED);
+			for (size_t i = lead; i < end; i++)
+				t[i] = t[i] == '+' ? '-' : t[i] == '/' ? '_' : t[i];
+			add_one(s, t + lead, end - lead, SCRUB_MIN_DERIVED);
+		}
+		explicit_bzero(t, n);
+		free(t);
+	}
 	t = hex_of(value, len, false, &n);
 	add_owned(s, t, n);
 	t = hex_of(value, len, true, &n);
@@ -202,18 +224,67 @@ void scrub_free(struct scrub *s)
 	s->n = 0;
 }
 
+static int hex_digit(char c)
+{
+	return c >= '0' && c <= '9' ? c - '0' : (c | 0x20) >= 'a' && (c | 0x20) <= 'f' ? (c | 0x20) - 'a' + 10 : -1;
+}
+
+static int hex_pair(const char *p)
+{
+	int a = hex_digit(p[0]), b = a < 0 ? -1 : hex_digit(p[1]);
+
+	return b < 0 ? -1 : a * 16 + b;
+}
+
+/* How many bytes of src[i..len) spell v[0..vlen) byte by byte, each byte
+ * as itself or in the escapes an echo mixes: %XX (either case, only some
+ * bytes encoded, as Python's quote() leaves '/'), '+' for a space (form
+ * encoding), \uXXXX below U+0100 (Go's JSON writes '&' '<' '>' so) and a
+ * backslash before a punctuation byte (JSON's \" \/ \\); 0 when they do
+ * not.  An escape that decodes to the byte wanted is taken before the
+ * byte itself: no backtracking, so the time stays linear. */
+static size_t match_mixed(const char *v, size_t vlen, const char *src, size_t len, size_t i)
+{
+	size_t p = i;
+
+	for (size_t j = 0; j < vlen; j++) {
+		unsigned char want = (unsigned char)v[j];
+
+		if (p >= len)
+			return 0;
+		if (src[p] == '%' && len - p >= 3 && hex_pair(src + p + 1) == want) {
+			p += 3;
+		} else if (src[p] == '\\' && len - p >= 6 && src[p + 1] == 'u' && src[p + 2] == '0' &&
+		           src[p + 3] == '0' && hex_pair(src + p + 4) == want) {
+			p += 6;
+		} else if (src[p] == '\\' && len - p >= 2 && (unsigned char)src[p + 1] == want &&
+		           want > 0x20 && want < 0x7f && !((want | 0x20) >= 'a' && (want | 0x20) <= 'z') &&
+		           !(want >= '0' && want <= '9')) {
+			p += 2;
+		} else if ((unsigned char)src[p] == want || (src[p] == '+' && want == ' ')) {
+			p++;
+		} else {
+			return 0;
+		}
+	}
+	return p - i;
+}
+
 /* Which spelling starts at src[i], and how many bytes it covers.  Whole
  * spellings only: scrubbing a text's end because it starts like a secret
  * would tell whoever chose that end (a producer, through an echo) that
  * their guess is a prefix of it, byte after byte. */
 static size_t match_at(const struct scrub *s, const char *src, size_t len, size_t i)
 {
-	size_t rest = len - i;
+	size_t rest = len - i, m;
 
 	for (int k = 0; k < s->n; k++)
 		if (s->v[k][0] == src[i] && s->len[k] <= rest &&
 		    memcmp(src + i, s->v[k], s->len[k]) == 0)
 			return s->len[k];
+	for (int k = 0; k < s->n; k++)
+		if ((m = match_mixed(s->v[k], s->len[k], src, len, i)) > 0)
+			return m;
 	return 0;
 }
 
@@ -225,8 +296,10 @@ void scrub_text(const struct scrub *s, char **data, size_t *len, bool cut)
 	if (s == NULL || s->n == 0 || *data == NULL)
 		return;
 	if (cut) {
-		/* s->len[0] is the longest spelling. */
-		size_t drop = s->len[0] - 1 < *len ? s->len[0] - 1 : *len;
+		/* s->len[0] is the longest spelling, and a byte of it is
+		 * written in 6 bytes at most (\u00XX: match_mixed). */
+		size_t most = SCRUB_MAX_WIDTH * s->len[0] - 1;
+		size_t drop = most < *len ? most : *len;
 		explicit_bzero(*data + *len - drop, drop);
 		*len -= drop;
 		(*data)[*len] = '\0';

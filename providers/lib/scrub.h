@@ -10,14 +10,19 @@
  *
  * A value is matched as-is and in the spellings an echo commonly gives it,
  * where they are cheap to list: JSON-escaped, percent-encoded, hex, base64
- * of it (padded, unpadded, base64url) and, when the value is itself base64
+ * of it (padded, unpadded, base64url; also the part of a longer base64
+ * text that stands for it alone, at each of the 3 offsets) and, when the value is itself base64
  * (a Basic credential), its decoded text ("user:pass") and the password
- * after the first ':'.  An echo in any other encoding is not caught: a
+ * after the first ':'.  Each of these is also matched with its bytes
+ * escaped one by one and mixed (%XX of either case on some bytes only, '+'
+ * for a space, \u00XX, a backslash before punctuation), as encoders that
+ * leave some bytes alone write it.  An echo in any other encoding is not
+ * caught: a
  * secret goes only to the URL prefixes the operator declared for it.
  *
  * Only whole spellings are matched.  A text cut at a bound (a body at
  * max_response_bytes, a header at its longest) may end inside a secret:
- * its last (longest spelling - 1) bytes are dropped, whatever they are
+ * its last (SCRUB_MAX_WIDTH * longest spelling - 1) bytes are dropped, whatever they are
  * (scrub_text's cut), so that what is dropped never depends on the
  * secret.  Sources are scrubbed before excerpts are cut from them.
  * Derived spellings shorter than
@@ -31,6 +36,7 @@
 
 #define SCRUB_MARK "[secret]"
 #define SCRUB_MIN_DERIVED 4
+#define SCRUB_MAX_WIDTH 6   /* bytes an escape of one byte takes at most (\u00XX) */
 
 struct scrub {
 	char **v;          /* the spellings, longest first; wiped when freed */

@@ -133,6 +133,26 @@ def test_postfix_cut_before_the_content_is_retry_and_no_crash(direct, relays, ch
     assert "nothing sent" in res["e3"]["error"] or "cannot have accepted" in res["e3"]["error"]
 
 
+@pytest.mark.parametrize("line", [b" CHUNKING", b"\tCHUNKING", b"chunking\t", b"CHUNKING;",
+                                  b"CHUNKING(x)"],
+                         ids=["space", "tab", "trailing-tab", "semicolon", "paren"])
+def test_postfix_cut_before_the_content_other_chunking_spellings(direct, relays, line):
+    """CHUNKING offered in a spelling libesmtp reads as CHUNKING (its EHLO
+    parser skips blanks and reads an atom) but not written "250 CHUNKING":
+    the provider still has RCPT TO answered before the BDAT chunks, so the
+    cut at RCPT TO of message 3 is `retry` and the process lives."""
+    relay, tag = relays[True], next(TAGS)
+    p = SmtpFaultProxy(relay.port, "cut-before", chunking_line=line)
+    p.start()
+    try:
+        res = direct.run(cfg(p.port, threads=1), effs(tag, 5, faulted=(3,)))
+    finally:
+        p.stop()
+    by = check(relay, res, tag, 5, direct.rc)
+    assert p.faulted == 1
+    assert by == {"accepted": [1, 2, 4, 5], "retry": [3]}, res
+
+
 @WAYS
 @pytest.mark.parametrize("delay_s", [0.3, 5.0], ids=["cut", "stall"])
 def test_postfix_no_reply_after_the_content_is_ambiguous_never_resent(direct, relays, chunking,

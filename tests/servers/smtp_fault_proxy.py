@@ -26,6 +26,9 @@ Modes (fault=...):
   none           no fault (with greeting_delay_s: a slow greeting only)
 
 greeting_delay_s holds every connection's greeting that long.
+chunking_line, when given, replaces what follows "250-" or "250 " in the
+relay's CHUNKING line of EHLO (a spelling that libesmtp reads as CHUNKING
+all the same, such as b" CHUNKING").
 
 Counters: .faulted (messages the fault hit), .connections.
 In-process: SmtpFaultProxy(upstream_port, fault, delay_s).start() -> port;
@@ -165,6 +168,10 @@ class _Conn:
                         self.p.faulted += 1
                         self.close()
                         return
+                    if self.p.chunking_line is not None and \
+                            line[4:].rstrip(b"\r\n").upper() == b"CHUNKING" and \
+                            line[:3] == b"250":
+                        line = line[:4] + self.p.chunking_line + b"\r\n"
                     if not self.mute:
                         self.cw.write(line)
         except (ConnectionError, OSError):
@@ -174,8 +181,10 @@ class _Conn:
 
 
 class SmtpFaultProxy:
-    def __init__(self, upstream_port, fault, delay_s=0.0, host="127.0.0.1", greeting_delay_s=0.0):
+    def __init__(self, upstream_port, fault, delay_s=0.0, host="127.0.0.1", greeting_delay_s=0.0,
+                 chunking_line=None):
         assert fault in ("cut-before", "after-content", "lost-final", "stall-mail", "none")
+        self.chunking_line = chunking_line
         self.greeting_delay_s = greeting_delay_s
         self.upstream = (host, upstream_port)
         self.fault = fault

@@ -644,7 +644,7 @@ static void test_http_routes(void **state)
 			"GET /me\x01trics HTTP/1.1\r\n", "GET /m\x7f HTTP/1.1\r\n",
 			"GET /m\xc3\xa9 HTTP/1.1\r\n", "GET\t/metrics HTTP/1.1\r\n",
 			"G(T /metrics HTTP/1.1\r\n", "GET /metrics\rHTTP/1.1\r\n",
-			"GET /metrics HTTP/1.1\r\r\n",
+			"GET /metrics HTTP/1.1\r\r\n", "GET \n", "GET \r\n",
 		};
 		for (size_t i = 0; i < sizeof(malformed) / sizeof(malformed[0]); i++) {
 			int64_t t0 = now_mono_ms();

@@ -10,6 +10,7 @@
 #include <cmocka.h>
 
 #include <stdbool.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -68,13 +69,17 @@ static void test_no_prefix_oracle(void **state)
 		size_t n = strlen(t);
 
 		scrub_text(&s, &t, &n, true);
-		/* The longest spelling (hex: 34 bytes) less one: all 22 go. */
+		/* The longest spelling (hex: 34 bytes), each byte of it
+		 * written as \u00XX at most (6 bytes), less one: all go. */
 		assert_int_equal(n, 0);
 		free(t);
-		t = strdup("0123456789012345678901234567890123456789 Bearer tok-5e1c");
+		t = malloc(300);
+		memset(t, 'x', 250);
+		strcpy(t + 250, " Bearer tok-5e1c");
 		n = strlen(t);
 		scrub_text(&s, &t, &n, true);
-		assert_string_equal(t, "01234567890123456789012");  /* 56 - 33 */
+		assert_int_equal(n, 266 - (6 * 34 - 1));
+		assert_int_equal(strspn(t, "x"), n);
 		free(t);
 	}
 	scrub_free(&s);
@@ -119,6 +124,70 @@ static void test_longest_first_and_buffers(void **state)
 	expect(&s, "abcd", NULL);
 }
 
+/* Encoders that escape some bytes and leave others, or escape them in a
+ * form of their own: Python's quote() keeps '/', form encoding writes a
+ * space as '+', lowercase %xx, Go's JSON writes '&' '<' '>' as \u00XX, and
+ * a mix of those within one echo. */
+static void test_mixed_escapes(void **state)
+{
+	struct scrub s = { 0 };
+	const char *v = "a&b<c>d/e f+g\"h";
+
+	(void)state;
+	scrub_add(&s, v, strlen(v));
+	expect(&s, "q=a%26b%3Cc%3Ed/e%20f%2Bg%22h;", "q=[secret];");          /* quote() */
+	expect(&s, "q=a%26b%3cc%3ed%2fe+f%2bg%22h;", "q=[secret];");          /* form, lower */
+	expect(&s, "{\"t\":\"a\\u0026b\\u003cc\\u003ed/e f+g\\\"h\"}",
+	       "{\"t\":\"[secret]\"}");                                        /* Go JSON */
+	expect(&s, "x a\\u0026b%3Cc>d\\/e+f+g%22h y", "x [secret] y");        /* mixed */
+	expect(&s, "x a%26b%3Cc%3Ed/e%20f%2Bg%22 y", NULL);                    /* not whole */
+	scrub_free(&s);
+}
+
+static char *b64(const char *in)
+{
+	static const char a[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+	size_t len = strlen(in), o = 0;
+	char *out = malloc(len / 3 * 4 + 5);
+
+	for (size_t i = 0; i < len; i += 3) {
+		unsigned v = (unsigned char)in[i] << 16;
+		v |= i + 1 < len ? (unsigned char)in[i + 1] << 8 : 0;
+		v |= i + 2 < len ? (unsigned char)in[i + 2] : 0;
+		out[o++] = a[(v >> 18) & 63];
+		out[o++] = a[(v >> 12) & 63];
+		out[o++] = i + 1 < len ? a[(v >> 6) & 63] : '=';
+		out[o++] = i + 2 < len ? a[v & 63] : '=';
+	}
+	out[o] = 0;
+	return out;
+}
+
+/* A secret inside a longer text that was base64-encoded whole (an echo of
+ * the request's header lines), at each of the 3 offsets a prefix of the
+ * producer's choosing can give it, and with text after it. */
+static void test_base64_inside_longer_text(void **state)
+{
+	struct scrub s = { 0 };
+	const char *v = "s3cr3t-t0ken-value";
+	const char *prefixes[] = { "Authorization: Bearer ", "X-Ke: ", "X-Key:  " };
+
+	(void)state;
+	scrub_add(&s, v, strlen(v));
+	for (int i = 0; i < 3; i++) {
+		char line[128], *enc, *got;
+
+		snprintf(line, sizeof(line), "%s%s\r\nAccept: */*\r\n", prefixes[i], v);
+		enc = b64(line);
+		got = scrub_dup(&s, enc, strlen(enc), NULL);
+		if (got == NULL || strstr(got, SCRUB_MARK) == NULL)
+			fail_msg("offset %d: \"%s\" not scrubbed", (int)(strlen(prefixes[i]) % 3), enc);
+		free(got);
+		free(enc);
+	}
+	scrub_free(&s);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -126,6 +195,8 @@ int main(void)
 		cmocka_unit_test(test_no_prefix_oracle),
 		cmocka_unit_test(test_basic_credential),
 		cmocka_unit_test(test_longest_first_and_buffers),
+		cmocka_unit_test(test_mixed_escapes),
+		cmocka_unit_test(test_base64_inside_longer_text),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
