@@ -5359,6 +5359,12 @@ REVOKE ALL ON FUNCTION public.outbox_create_approval(p_key text, p_owner uuid, p
 REVOKE ALL ON FUNCTION public.outbox_effect_gate() FROM PUBLIC;
 
 --
+-- Name: FUNCTION outbox_effect_id_floor(p_at timestamp with time zone); Type: ACL; Schema: public; Owner: -
+--
+
+REVOKE ALL ON FUNCTION public.outbox_effect_id_floor(p_at timestamp with time zone) FROM PUBLIC;
+
+--
 -- Name: FUNCTION outbox_effect_lease_owner(p_effect_id uuid); Type: ACL; Schema: public; Owner: -
 --
 
