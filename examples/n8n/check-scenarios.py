@@ -503,7 +503,7 @@ check("a failing step (create approval refused) answers an error, the retry then
       failing_create_approval)
 
 def failing_claim():
-    sig = "outbox_claim_run(text, text, uuid, integer)"
+    sig = "outbox_claim_run_status(text, text, uuid, integer)"
     grant(sig, False)
     try:
         code, body = http("POST", f"{HOOK}/outbox/ticket", ev("t-f", "When are you open?", category="opening_hours"))

@@ -22,7 +22,7 @@ from outbox_test import BUILD_DIR, ROOT
 CHECK = os.path.join(ROOT, "examples", "n8n", "check-with-n8n.sh")
 # The scenarios check-scenarios.py runs on one engine: fewer passed means
 # a part of the check did not run.
-MIN_SCENARIOS = 33
+MIN_SCENARIOS = 35
 
 
 # Alone, after the parallel part: n8n's start-ups and its npm install load
