@@ -43,7 +43,6 @@ if ! npm_quiet_in "$tmp" ci --ignore-scripts --no-audit --no-fund --loglevel=err
     exit 1
 fi
 check "$tmp" || { echo "bench-peer: the installed graphile-worker does not load" >&2; exit 1; }
-rm -rf "$tmp/.tmp"
 touch "$tmp/.complete"
 rm -rf "$dest"
 mv "$tmp" "$dest"
