@@ -109,6 +109,23 @@ def browser(tmp_path):
     d.quit()
 
 
+def text_once_loaded(browser, by, name, want, timeout=20):
+    """The text of an element once the page a click submitted has loaded
+    and the element shows want (or, at the deadline, whatever it shows)."""
+    from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
+    deadline = time.monotonic() + timeout
+    text = ""
+    while time.monotonic() < deadline:
+        try:
+            text = browser.find_element(by, name).text
+        except (NoSuchElementException, StaleElementReferenceException):
+            text = ""
+        if want in text:
+            break
+        time.sleep(0.1)
+    return text
+
+
 def test_console_in_a_browser(conn, console_factory, console_roles, proxy, browser, tmp_path):
     ids = populate(conn)
     _, people = console_roles
@@ -157,7 +174,8 @@ def test_console_in_a_browser(conn, console_factory, console_roles, proxy, brows
     browser.find_element(By.CSS_SELECTOR, '#resolve input[name=reason]').send_keys(
         "seen at the provider")
     browser.find_element(By.ID, "resolve-submit").click()
-    assert "2 resolved, 0 refused" in browser.find_element(By.TAG_NAME, "main").text
+    assert "2 resolved, 0 refused" in text_once_loaded(browser, By.TAG_NAME, "main",
+                                                         "2 resolved, 0 refused")
     for u in ids["unknown"]:
         assert scalar(conn, "SELECT state FROM outbox_effects WHERE effect_id = %s", (u,)) == \
             "completed"
@@ -167,9 +185,9 @@ def test_console_in_a_browser(conn, console_factory, console_roles, proxy, brows
     browser.find_element(By.CSS_SELECTOR, "#requeue-filter input[name=reason]").send_keys(
         "provider fixed")
     browser.find_element(By.CSS_SELECTOR, "#requeue-filter button[name=preview]").click()
-    assert "2 failed effects match" in browser.find_element(By.ID, "preview").text
+    assert "2 failed effects match" in text_once_loaded(browser, By.ID, "preview", "2 failed effects match")
     browser.find_element(By.ID, "confirm").click()
-    assert "requeued 2 failed effects" in browser.find_element(By.ID, "result").text
+    assert "requeued 2 failed effects" in text_once_loaded(browser, By.ID, "result", "requeued 2 failed effects")
     assert scalar(conn, "SELECT count(*) FROM effect_live WHERE effect_id = ANY(%s::uuid[]) "
                         "AND state = 'pending'", (ids["failed"],)) == 2
 
@@ -182,7 +200,7 @@ def test_console_in_a_browser(conn, console_factory, console_roles, proxy, brows
     browser.find_element(By.CSS_SELECTOR, "#switch-form input[name=reason]").send_keys(
         "relay down")
     browser.find_element(By.ID, "switch-off").click()
-    assert "scope type:email paused" in browser.find_element(By.ID, "result").text
+    assert "scope type:email paused" in text_once_loaded(browser, By.ID, "result", "scope type:email paused")
     assert scalar(conn, "SELECT paused FROM outbox_scopes WHERE kind = 'type' "
                         "AND value = 'email'") is True
     assert scalar(conn, "SELECT changed_by FROM outbox_scope_history ORDER BY change_id DESC "

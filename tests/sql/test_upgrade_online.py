@@ -31,6 +31,7 @@ import time
 import uuid
 
 import psycopg2
+import psycopg2.errors
 import pytest
 
 from outbox_test import (BUILD_DIR, Dispatcher, admin_dsn, dsn_for, producer_dsn, query,
@@ -84,6 +85,10 @@ class Producer:
     def __init__(self, dsn, url):
         self.dsn, self.url = dsn, url
         self.keys, self.errors, self.waits = [], [], []
+        # Calls refused once while a migration that rewrites the tables
+        # committed under them (their function began with the old body),
+        # each retried as n8n redelivers: kept apart from errors.
+        self.straddled = []
         self.stop_ev = threading.Event()
         self.thread = threading.Thread(target=self.run, daemon=True)
 
@@ -96,10 +101,15 @@ class Producer:
             while not self.stop_ev.is_set():
                 key = f"upo-{n}-{uuid.uuid4().hex[:8]}"
                 t = time.monotonic()
-                cur.execute("SELECT status FROM outbox_claim_run(%s, 'h', gen_random_uuid(), 300)",
-                            (key,))
-                cur.execute("SELECT effect_id FROM outbox_enqueue(%s, 'http', %s, %s::jsonb)",
-                            (key, self.url + "/idem", '{"body": {"n": %d}}' % n))
+                try:
+                    cur.execute("SELECT status FROM outbox_claim_run(%s, 'h', gen_random_uuid(), 300)",
+                                (key,))
+                    cur.execute("SELECT effect_id FROM outbox_enqueue(%s, 'http', %s, %s::jsonb)",
+                                (key, self.url + "/idem", '{"body": {"n": %d}}' % n))
+                except psycopg2.errors.UndefinedColumn as e:
+                    self.straddled.append(repr(e))
+                    n += 1
+                    continue
                 self.waits.append(time.monotonic() - t)
                 self.keys.append(key)
                 n += 1
@@ -224,6 +234,10 @@ def test_upgrade_under_a_serving_fleet(fresh_db, tmp_path, release):
         wait_for(lambda: len(producer.keys) >= before + 100 or producer.errors, timeout=180,
                  what="the producer streaming")
         assert not producer.errors, producer.errors
+        # Online (71088d8): no call is refused.  Stop-first (105 rewrites
+        # the tables): at most the one call that straddled its commit, as
+        # docs/running-a-fleet.md says.
+        assert len(producer.straddled) <= (0 if release == "71088d8" else 1), producer.straddled
         producer.stop()
         lost, twice = delivered_once(conn, sink, producer.keys)
         worst = max(producer.waits)
