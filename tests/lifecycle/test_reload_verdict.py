@@ -22,6 +22,10 @@ def test_reload_waits_for_the_workers_verdict(db, tmp_path):
     env = dict(os.environ, RUNTIME_DIRECTORY=str(run))
     w = Dispatcher(db, tmp_path, {}, env={"RUNTIME_DIRECTORY": str(run)}).start()
     try:
+        # Written once the worker's config is loaded, which may come after
+        # start() returns: awaited, then read.
+        wait_for(lambda: (run / "reload").exists() and (run / "reload").read_text().endswith("\n"),
+                 what="the worker's first verdict")
         assert (run / "reload").read_text() == "0 ok started\n"
         # A valid file (another log level): applied.
         with open(w.config_path, "a") as f:
