@@ -53,39 +53,40 @@ WARN      := -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wmissing-protot
 # CFLAGS, CPPFLAGS and LDFLAGS are the user's (make CFLAGS=-O0 works);
 # what the build needs is added to them, never replaced by them.
 CFLAGS    ?= -O2 -g
-REQ_CFLAGS := -std=c11 -D_GNU_SOURCE $(WARN) -fPIC -Idispatcher -Iproviders -I$(BUILD)/gen \
+REQ_CFLAGS := -std=c11 -D_GNU_SOURCE $(WARN) -fPIC -Ilib -Iproviders -I$(BUILD)/gen \
               -DOUTBOX_LIBDIR=\"$(PLUGINDIR)\" $(PKG_CFLAGS)
 ALL_CFLAGS = $(REQ_CFLAGS) $(CPPFLAGS) $(CFLAGS) $(EXTRA_CFLAGS)
 ALL_LDFLAGS = $(LDFLAGS) $(EXTRA_LDFLAGS)
 
-# Core objects shared by the daemon and outboxctl (providers/lib/text.c:
-# the growing string and the out-of-memory policy the plugins use too).
-CORE_SRC  := dispatcher/util.c dispatcher/log.c dispatcher/config.c dispatcher/db.c \
-             dispatcher/migrate.c dispatcher/config_read.c providers/lib/text.c \
-             providers/lib/hostname.c
-DAEMON_SRC := dispatcher/main.c dispatcher/worker.c dispatcher/health.c dispatcher/effect.c \
-              dispatcher/take.c dispatcher/lease.c dispatcher/claim.c dispatcher/decide.c dispatcher/mark.c dispatcher/send.c dispatcher/reconcile.c \
-              dispatcher/housekeeping.c dispatcher/late.c dispatcher/wire.c dispatcher/worker_sql.c \
-              dispatcher/plugin.c dispatcher/hosts.c dispatcher/policy.c \
-              dispatcher/metrics.c dispatcher/metrics_http.c dispatcher/sdnotify.c dispatcher/reload.c \
-              providers/lib/json_text.c providers/lib/scrub.c
-CTL_SRC   := $(sort $(wildcard dispatcher/outboxctl*.c))
+# One folder per program, each a wildcard: dispatcher/ (the worker,
+# outbox-dispatcher), outboxctl/ (the operator CLI), console/ (the web
+# console).  lib/ is what they share: the growing string and the one
+# allocation policy (text.c), util, logs, config reading, the database
+# connection, migrations, JSON as text, hostnames, secret scrubbing.
+LIB_SRC   := $(sort $(wildcard lib/*.c))
+DAEMON_SRC := $(sort $(wildcard dispatcher/*.c))
+CTL_SRC   := $(sort $(wildcard outboxctl/*.c))
 # The web console (console/, docs/console.md): a program of its own, the
 # only one linking libmicrohttpd.
 CONSOLE_SRC := $(sort $(wildcard console/*.c))
 CONSOLE_CFLAGS := $(shell pkg-config --cflags libmicrohttpd) -DOUTBOX_CONSOLE_VERSION=\"$(VERSION)\"
 CONSOLE_LIBS := $(shell pkg-config --libs libmicrohttpd)
 # A plugin is providers/NAME.c or the files providers/NAME/*.c;
-# providers/lib/*.c is linked into each.  A plugin exports only
-# outbox_provider_entry (providers/plugin.map): its own copies of
-# providers/lib/ are what it calls, never the loading daemon's.
+# providers/lib/*.c (the plugins' own helpers: libcurl on the loop, URLs,
+# SSRF rules, signing, http's lookup) is linked into each, and of lib/ the
+# members it calls, from lib/'s archive (text.c always).  A plugin exports
+# only outbox_provider_entry (providers/plugin.map): its own copies of
+# these are what it calls, never the loading daemon's.
 PROV_SRC  := $(sort $(wildcard providers/*.c))
 PROV_DIRS := $(filter-out lib,$(notdir $(patsubst %/,%,$(sort $(dir $(wildcard providers/*/*.c))))))
 PROV_LIB_SRC := $(sort $(wildcard providers/lib/*.c))
 PLUGINS   := $(patsubst providers/%.c,$(BUILD)/providers/outbox_%.so,$(PROV_SRC)) \
              $(patsubst %,$(BUILD)/providers/outbox_%.so,$(PROV_DIRS))
 
-CORE_OBJ  := $(patsubst %.c,$(BUILD)/obj/%.o,$(CORE_SRC)) $(BUILD)/obj/migrations.o
+LIB_OBJ   := $(patsubst %.c,$(BUILD)/obj/%.o,$(LIB_SRC))
+# The programs link all of lib/ and the compiled-in migrations.
+CORE_OBJ  := $(LIB_OBJ) $(BUILD)/obj/migrations.o
+LIB_A     := $(BUILD)/lib/liboutbox.a
 DAEMON_OBJ := $(patsubst %.c,$(BUILD)/obj/%.o,$(DAEMON_SRC))
 CTL_OBJ   := $(patsubst %.c,$(BUILD)/obj/%.o,$(CTL_SRC))
 CONSOLE_OBJ := $(patsubst %.c,$(BUILD)/obj/%.o,$(CONSOLE_SRC))
@@ -108,11 +109,11 @@ $(BUILD)/obj/%.o: %.c Makefile
 
 # The migrations are compiled into outboxctl: an installed binary always
 # carries the schema it was built for.
-$(BUILD)/gen/migrations.c: $(MIGRATIONS) $(FUNCTION_SQL) dispatcher/gen_migrations.sh
+$(BUILD)/gen/migrations.c: $(MIGRATIONS) $(FUNCTION_SQL) lib/gen_migrations.sh
 	@mkdir -p $(dir $@)
-	sh dispatcher/gen_migrations.sh $(MIGRATIONS) $(FUNCTION_SQL) > $@.tmp && mv $@.tmp $@
+	sh lib/gen_migrations.sh $(MIGRATIONS) $(FUNCTION_SQL) > $@.tmp && mv $@.tmp $@
 
-$(BUILD)/obj/migrations.o: $(BUILD)/gen/migrations.c dispatcher/migrate.h Makefile
+$(BUILD)/obj/migrations.o: $(BUILD)/gen/migrations.c lib/migrate.h Makefile
 	@mkdir -p $(dir $@)
 	@echo "  CC      $<"
 	@$(CC) $(ALL_CFLAGS) -c -o $@ $<
@@ -140,19 +141,28 @@ $(BUILD)/outbox-console: $(CONSOLE_OBJ) $(CORE_OBJ)
 objects_of = $(addprefix $(BUILD)/obj/,$(addsuffix .o,$(basename $(1))))
 PROV_OBJ  := $(call objects_of,$(wildcard providers/*.c providers/*/*.c))
 $(PROV_OBJ): Makefile
-$(BUILD)/providers/outbox_%.so: $$(call objects_of,$$(wildcard providers/$$*.c providers/$$*/*.c)) $(PROV_LIB_OBJ)
+$(BUILD)/providers/outbox_%.so: $$(call objects_of,$$(wildcard providers/$$*.c providers/$$*/*.c)) $(PROV_LIB_OBJ) $(LIB_A)
 	@mkdir -p $(dir $@)
 	@echo "  LD      $@"
 	@$(CC) $(ALL_CFLAGS) -shared -Wl,--version-script=providers/plugin.map -o $@ $(filter %.o,$^) \
-	  $(ALL_LDFLAGS) $(PKG_LIBS) -lpthread
+	  $(LIB_A) $(ALL_LDFLAGS) $(PKG_LIBS) -lpthread
+# lib/ as an archive, for the plugins: the linker takes only the members a
+# plugin calls (and what those call), so a plugin carries no database or
+# config code it never runs.
+$(LIB_A): $(LIB_OBJ)
+	@mkdir -p $(dir $@)
+	@echo "  AR      $@"
+	@rm -f $@ && $(AR) rcs $@ $^
 $(PLUGINS): providers/plugin.map
 
 # Unit tests (cmocka) link the objects they test; none includes a .c file.
+# They reach the worker's headers too (dispatcher/: decide.h, hosts.h, ...).
+UNIT_CFLAGS := -Idispatcher
 UNIT_DAEMON_OBJ := $(patsubst %,$(BUILD)/obj/dispatcher/%.o,policy hosts metrics metrics_http sdnotify decide)
 $(BUILD)/tests/test_%: tests/unit/test_%.c $(CORE_OBJ) $(UNIT_DAEMON_OBJ) $(PROV_LIB_OBJ)
 	@mkdir -p $(dir $@)
 	@echo "  LD      $@"
-	@$(CC) $(ALL_CFLAGS) -o $@ $^ $(ALL_LDFLAGS) $(PKG_LIBS) $(shell pkg-config --libs cmocka) -lm
+	@$(CC) $(ALL_CFLAGS) $(UNIT_CFLAGS) -o $@ $^ $(ALL_LDFLAGS) $(PKG_LIBS) $(shell pkg-config --libs cmocka) -lm
 
 # A plugin's own unit tests (tests/unit/test_NAME_PART.c) also link the
 # objects of providers/NAME/ but its glue (NAME.c).
@@ -160,7 +170,7 @@ $(BUILD)/tests/test_email_%: tests/unit/test_email_%.c $(CORE_OBJ) $(PROV_LIB_OB
   $$(call objects_of,$$(filter-out providers/email/email.c,$$(wildcard providers/email/*.c)))
 	@mkdir -p $(dir $@)
 	@echo "  LD      $@"
-	@$(CC) $(ALL_CFLAGS) -o $@ $^ $(ALL_LDFLAGS) $(PKG_LIBS) $(shell pkg-config --libs cmocka) -lpthread -lm
+	@$(CC) $(ALL_CFLAGS) $(UNIT_CFLAGS) -o $@ $^ $(ALL_LDFLAGS) $(PKG_LIBS) $(shell pkg-config --libs cmocka) -lpthread -lm
 
 # effect.c's phase mover, with what effect.c calls (hosts, metrics, the
 # provider lookup).
@@ -168,7 +178,7 @@ $(BUILD)/tests/test_effect: tests/unit/test_effect.c $(CORE_OBJ) $(PROV_LIB_OBJ)
   $(patsubst %,$(BUILD)/obj/dispatcher/%.o,effect hosts metrics plugin)
 	@mkdir -p $(dir $@)
 	@echo "  LD      $@"
-	@$(CC) $(ALL_CFLAGS) -o $@ $^ $(ALL_LDFLAGS) $(PKG_LIBS) $(shell pkg-config --libs cmocka) -ldl -lm
+	@$(CC) $(ALL_CFLAGS) $(UNIT_CFLAGS) -o $@ $^ $(ALL_LDFLAGS) $(PKG_LIBS) $(shell pkg-config --libs cmocka) -ldl -lm
 
 # Likewise the http provider's (tests/unit/test_http_PART.c): providers/http/
 # but its glue (http.c).
@@ -176,7 +186,7 @@ $(BUILD)/tests/test_http_%: tests/unit/test_http_%.c $(CORE_OBJ) $(PROV_LIB_OBJ)
   $$(call objects_of,$$(filter-out providers/http/http.c,$$(wildcard providers/http/*.c)))
 	@mkdir -p $(dir $@)
 	@echo "  LD      $@"
-	@$(CC) $(ALL_CFLAGS) -o $@ $^ $(ALL_LDFLAGS) $(PKG_LIBS) $(shell pkg-config --libs cmocka) -lm
+	@$(CC) $(ALL_CFLAGS) $(UNIT_CFLAGS) -o $@ $^ $(ALL_LDFLAGS) $(PKG_LIBS) $(shell pkg-config --libs cmocka) -lm
 
 unit: $(UNIT_BIN)
 	@set -e; for t in $(UNIT_BIN); do echo "== $$t"; $$t; done
@@ -200,8 +210,8 @@ schema: $(BUILD)/outboxctl
 
 cppcheck:
 	cppcheck --error-exitcode=1 --enable=warning,performance,portability --inline-suppr \
-	  --std=c11 -q -Idispatcher -Iproviders -D__GNUC__ --suppress=missingIncludeSystem \
-	  dispatcher providers console
+	  --std=c11 -q -Ilib -Iproviders -D__GNUC__ --suppress=missingIncludeSystem \
+	  lib dispatcher outboxctl console providers
 
 bench: all
 	sh bench/run.sh
@@ -289,8 +299,10 @@ deb:
 print-version:
 	@echo '$(VERSION)'
 
+# The default and test trees, and BUILD when it names another one.
 clean:
-	rm -rf build build-asan build-*
+	@case '$(BUILD)' in ''|.|./|..|../|/) echo "make clean: refusing BUILD='$(BUILD)'" >&2; exit 1;; esac
+	rm -rf build build-* '$(BUILD)'
 
 # Objects are kept between builds (pattern-rule intermediates otherwise go),
 # and every object's header dependencies come from its .d file.

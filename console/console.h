@@ -16,7 +16,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-#include "lib/text.h"
+#include "text.h"
 
 #define CONSOLE_MAX_FIELDS 256
 

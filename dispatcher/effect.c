@@ -11,7 +11,7 @@
 #include <string.h>
 
 #include "hosts.h"
-#include "lib/json_text.h"
+#include "json_text.h"
 #include "log.h"
 #include "metrics.h"
 #include "util.h"

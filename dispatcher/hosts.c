@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "lib/hostname.h"
+#include "hostname.h"
 #include "util.h"
 
 #define HOSTS_BUCKETS 256

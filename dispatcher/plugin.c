@@ -14,7 +14,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "lib/scrub.h"
+#include "scrub.h"
 #include "log.h"
 #include "util.h"
 

@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 # SPDX-License-Identifier: ISC
-"""scripts/gen_term_table.py: dispatcher/term_table.h, the code points
-outboxctl's terminal output escapes (dispatcher/util.c, term_char()),
+"""scripts/gen_term_table.py: lib/term_table.h, the code points
+outboxctl's terminal output escapes (lib/util.c, term_char()),
 from the Unicode Character Database Debian ships (package unicode-data).
 
 A code point above U+007F is escaped when it is not printable text:
@@ -17,7 +17,7 @@ A code point above U+007F is escaped when it is not printable text:
     spaces (U+2800 BRAILLE PATTERN BLANK, So).
 Spaces (Zs: U+00A0, U+2000-200A, U+3000 ...) stay as they are.
 
-  scripts/gen_term_table.py [UCD_DIR] > dispatcher/term_table.h
+  scripts/gen_term_table.py [UCD_DIR] > lib/term_table.h
 
 tests/unit/test_escape.c reads the same files and checks every code
 point against the escaping.

@@ -45,7 +45,7 @@ PKGS="$PKGS debhelper dpkg-dev fakeroot lintian help2man man-db python3-yaml"
 # clock-step fault run a worker with its wall clock off.
 PKGS="$PKGS faketime libfaketime"
 # The Unicode Character Database: scripts/gen_term_table.py generates
-# dispatcher/term_table.h from it, and tests/unit/test_escape.c checks every
+# lib/term_table.h from it, and tests/unit/test_escape.c checks every
 # code point's escaping against it.
 PKGS="$PKGS unicode-data"
 # The loopback sink of make bench and bench-peer (tests/sql/test_peer_bench.py).

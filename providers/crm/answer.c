@@ -14,7 +14,7 @@
 #include <string.h>
 
 #include "crm/crm.h"
-#include "lib/scrub.h"
+#include "scrub.h"
 
 /* "ERROR_CODE: message" from Salesforce's [{"errorCode","message"}] error
  * array (or the body's start when it is something else). */

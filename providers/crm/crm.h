@@ -34,7 +34,7 @@
 #include <stddef.h>
 
 #include "lib/curl_io.h"
-#include "lib/text.h"
+#include "text.h"
 #include "provider.h"
 
 #define CRM_NAME          "crm"

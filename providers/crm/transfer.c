@@ -17,7 +17,7 @@
 
 #include "crm/crm.h"
 #include "lib/curl_loop.h"
-#include "lib/json_text.h"
+#include "json_text.h"
 
 #define RETRY_AFTER_MAX_S (86400L * 7)
 

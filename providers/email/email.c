@@ -24,7 +24,7 @@
 #include <auth-client.h>
 
 #include "email.h"
-#include "lib/text.h"
+#include "text.h"
 #include "message.h"
 
 static const struct outbox_conf_key email_keys[] = {

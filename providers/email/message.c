@@ -15,7 +15,7 @@
 #include <jansson.h>
 #include <openssl/evp.h>
 
-#include "lib/text.h"
+#include "text.h"
 #include "message.h"
 
 /* Longest header line we write unencoded (RFC 5322 allows 998). */

@@ -31,7 +31,7 @@
 #include <event2/event.h>
 
 #include "email.h"
-#include "lib/text.h"
+#include "text.h"
 
 /* Join a stuck thread this long at shutdown before leaving it behind. */
 #define EMAIL_JOIN_MS 1000

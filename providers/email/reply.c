@@ -28,7 +28,7 @@
 #include <string.h>
 #include <strings.h>
 
-#include "lib/text.h"
+#include "text.h"
 #include "reply.h"
 
 static void result_set(struct outbox_result *r, enum outbox_outcome o, int status, const char *fmt, ...)

@@ -56,7 +56,7 @@
 #include <auth-client.h>
 
 #include "email.h"
-#include "lib/text.h"
+#include "text.h"
 
 /* One SMTP session of one thread. */
 struct conn {

@@ -13,7 +13,7 @@
 #include "lib/http_lookup.h"
 #include "lib/netrules.h"
 #include "lib/sign.h"
-#include "lib/text.h"
+#include "text.h"
 
 static const struct outbox_conf_key http_keys[] = {
 	{ "allow_hosts", CONF_STR, "", 0, 0,

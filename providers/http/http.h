@@ -52,7 +52,7 @@
 #include <stddef.h>
 
 #include "lib/curl_io.h"
-#include "lib/scrub.h"
+#include "scrub.h"
 #include "lib/url.h"
 #include "provider.h"
 

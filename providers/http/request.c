@@ -16,10 +16,10 @@
 #include <time.h>
 
 #include "http/http.h"
-#include "lib/json_text.h"
+#include "json_text.h"
 #include "lib/netrules.h"
 #include "lib/sign.h"
-#include "lib/text.h"
+#include "text.h"
 
 static bool add_header(struct http_call *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static bool add_header(struct http_call *c, const char *fmt, ...)

@@ -18,7 +18,7 @@
 #include <unistd.h>
 
 #include "http/http.h"
-#include "lib/text.h"
+#include "text.h"
 
 bool http_secret_name_ok(const char *name)
 {

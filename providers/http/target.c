@@ -13,10 +13,10 @@
 #include <strings.h>
 
 #include "http/http.h"
-#include "lib/hostname.h"
-#include "lib/json_text.h"
+#include "hostname.h"
+#include "json_text.h"
 #include "lib/netrules.h"
-#include "lib/text.h"
+#include "text.h"
 #include "lib/url.h"
 
 static bool has_ctl(const char *s)

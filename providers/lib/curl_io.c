@@ -12,7 +12,7 @@
 #include <sys/socket.h>
 
 #include "lib/netrules.h"
-#include "lib/text.h"
+#include "text.h"
 #include "provider.h"
 
 curl_socket_t curl_guard_open_socket(void *guard, curlsocktype purpose, struct curl_sockaddr *a)

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: ISC */
 /*
- * sign.h: Standard Webhooks signing and base64, for providers (plugins do
- * not link the dispatcher's own helpers).
+ * sign.h: Standard Webhooks signing and base64, for providers (no program
+ * links providers/lib/).
  */
 #ifndef OUTBOX_SIGN_H
 #define OUTBOX_SIGN_H

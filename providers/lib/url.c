@@ -12,7 +12,7 @@
 #include <string.h>
 #include <strings.h>
 
-#include "lib/text.h"
+#include "text.h"
 
 static void lower(char *s)
 {

@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: ISC
 """dispatcher.ini.example: every key the code knows is documented, in the
 right section, with the code's default (read from the code's key tables,
-dispatcher/config.c and providers/NAME*.c, not from a copy); the file runs
+lib/config.c and providers/NAME*.c, not from a copy); the file runs
 as shipped once [database] conninfo and [provider.http] allow_hosts are
 set; and the worker's command line: --check-config touches neither the
 metrics port nor the database, --instance N lets N workers share one file.
@@ -28,7 +28,7 @@ CORE = (("core_keys_database", "database"), ("core_keys_dispatcher", "dispatcher
 
 def tables():
     """{section: {key: default}} from the code's key tables."""
-    src = open(os.path.join(ROOT, "dispatcher", "config.c")).read()
+    src = open(os.path.join(ROOT, "lib", "config.c")).read()
     out = {}
     for name, section in CORE:
         body = src.split(f"{name}[] = {{", 1)[1].split("};", 1)[0]

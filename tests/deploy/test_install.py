@@ -48,15 +48,15 @@ def test_users_flags_are_added_to_not_replacing_the_builds(tmp_path):
                         "CPPFLAGS=-DOUTBOX_TEST_CPPFLAG=1", str(build / "outboxctl")],
                        cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
-    deps = (build / "obj" / "dispatcher" / "util.d").read_text()
-    assert "dispatcher/util.h" in deps, deps
+    deps = (build / "obj" / "lib" / "util.d").read_text()
+    assert "lib/util.h" in deps, deps
     # Nothing to do the second time; a dependency's timestamp moving
     # forward rebuilds the objects that include it.
     r = subprocess.run(["make", "-n", f"BUILD={build}", "CFLAGS=-O0 -g",
                         "CPPFLAGS=-DOUTBOX_TEST_CPPFLAG=1", str(build / "outboxctl")],
                        cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and "util.c" not in r.stdout, r.stdout
-    r = subprocess.run(["make", "-n", f"BUILD={build}", "CFLAGS=-O0 -g", "-W", "dispatcher/util.h",
+    r = subprocess.run(["make", "-n", f"BUILD={build}", "CFLAGS=-O0 -g", "-W", "lib/util.h",
                         str(build / "outboxctl")],
                        cwd=ROOT, capture_output=True, text=True, timeout=60)
-    assert r.returncode == 0 and "dispatcher/util.c" in r.stdout, r.stdout
+    assert r.returncode == 0 and "lib/util.c" in r.stdout, r.stdout

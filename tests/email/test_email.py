@@ -87,14 +87,14 @@ def provider_send(tmp_path_factory):
     the build has them)."""
     out = tmp_path_factory.mktemp("tools") / "provider_send"
     objs = [os.path.join(BUILD_DIR, "obj", f"{n}.o")
-            for n in ("dispatcher/config", "dispatcher/config_read", "dispatcher/util",
-                      "dispatcher/log", "providers/lib/text")]
+            for n in ("lib/config", "lib/config_read", "lib/util",
+                      "lib/log", "lib/text")]
     pkgs = ["jansson", "libevent", "libevent_pthreads", "inih", "libcrypto", "libpq", "libsystemd"]
     flags = subprocess.run(["pkg-config", "--cflags", "--libs"] + pkgs, check=True,
                            capture_output=True, text=True).stdout.split()
     san = ["-fsanitize=address,undefined"] if "asan" in os.path.basename(BUILD_DIR) else []
     cmd = (["cc", "-std=c11", "-D_GNU_SOURCE", "-g", "-Wall", "-Wextra", "-Werror",
-            "-Wno-unused-parameter", "-I" + os.path.join(ROOT, "dispatcher"),
+            "-Wno-unused-parameter", "-I" + os.path.join(ROOT, "lib"),
             "-I" + os.path.join(ROOT, "providers"), "-o", str(out),
             os.path.join(ROOT, "tests", "tools", "provider_send.c")] + objs + san + flags +
            ["-ldl", "-lpthread", "-lm"])

@@ -30,7 +30,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "lib/json_text.h"
+#include "json_text.h"
 #include "lib/netrules.h"
 #include "provider.h"
 

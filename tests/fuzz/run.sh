@@ -35,13 +35,13 @@ PKGS="libcurl jansson libevent inih libcrypto"
 pkg_cflags=$(pkg-config --cflags $PKGS) || exit 2
 pkg_libs=$(pkg-config --libs $PKGS) || exit 2
 CFLAGS="-g -O1 -fno-omit-frame-pointer -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all
-        -std=c11 -D_GNU_SOURCE -Wall -Wextra -Wno-unused-parameter -Idispatcher -Iproviders $pkg_cflags"
+        -std=c11 -D_GNU_SOURCE -Wall -Wextra -Wno-unused-parameter -Ilib -Iproviders $pkg_cflags"
 
 # Per target: the code under test, and the longest input worth trying.
 sources() {
     case "$1" in
-    fuzz_config)  echo "dispatcher/config.c dispatcher/config_read.c dispatcher/util.c dispatcher/log.c providers/lib/text.c" ;;
-    fuzz_payload) echo providers/http/*.c providers/lib/*.c ;;
+    fuzz_config)  echo "lib/config.c lib/config_read.c lib/util.c lib/log.c lib/text.c" ;;
+    fuzz_payload) echo providers/http/*.c providers/lib/*.c lib/text.c lib/json_text.c lib/scrub.c lib/hostname.c ;;
     *)            echo "" ;;
     esac
 }

@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: ISC
 """outboxctl reads through the functions of sql/functions/45_reads.sql and
-knows no table: its statements are a named table (dispatcher/outboxctl_sql.c)
+knows no table: its statements are a named table (outboxctl/outboxctl_sql.c)
 whose calls pass each function as many arguments as it takes; its columns
 are read by name, never by a bare number; `unknown show` tells an effect's
 history; `status` counts the finished effects of a window, not the whole
@@ -15,7 +15,7 @@ import pytest
 from effect_arrange import arrange
 from outbox_test import ROOT, ctl, fails, make_run, enqueue, ok, query
 
-CTL_FILES = sorted(f for f in os.listdir(os.path.join(ROOT, "dispatcher"))
+CTL_FILES = sorted(f for f in os.listdir(os.path.join(ROOT, "outboxctl"))
                    if f.startswith("outboxctl") and f.endswith(".c"))
 TABLES = ("effect_live", "effect_history", "effect_outbox", "effect_calls", "outbox_control",
           "outbox_scopes", "outbox_scope_status", "outbox_effects", "effect_attempts",
@@ -23,7 +23,7 @@ TABLES = ("effect_live", "effect_history", "effect_outbox", "effect_calls", "out
 
 
 def read(name):
-    with open(os.path.join(ROOT, "dispatcher", name)) as f:
+    with open(os.path.join(ROOT, "outboxctl", name)) as f:
         return f.read()
 
 

@@ -48,7 +48,7 @@ def test_licence_file_and_debian_copyright_say_isc():
 def test_migration_checksums_do_not_depend_on_the_licence_line():
     """gen_migrations.sh leaves the SPDX line out of the embedded SQL, so a
     database migrated before the line was added still matches."""
-    r = subprocess.run(["sh", "dispatcher/gen_migrations.sh", "sql/100_baseline.sql"],
+    r = subprocess.run(["sh", "lib/gen_migrations.sh", "sql/100_baseline.sql"],
                        cwd=ROOT, capture_output=True, text=True, check=True)
     assert "SPDX" not in r.stdout
     assert '"-- 100_baseline.sql: the tables' in r.stdout.split("static const char sql_0[] = \n", 1)[1][:60]

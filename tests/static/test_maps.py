@@ -1,9 +1,10 @@
 # SPDX-License-Identifier: ISC
-"""The maps a reader starts from stay true: every source file of the daemon
-and of outboxctl (the Makefile's DAEMON_SRC, CORE_SRC and CTL_SRC) has a row
-in README's Layout table, every file of the worker (a daemon file that
-includes worker_internal.h) is in worker_internal.h's list of the worker's
-files, and neither map names a file that is not built."""
+"""The maps a reader starts from stay true: every source file of the daemon,
+of outboxctl and of the library they share (the Makefile's DAEMON_SRC,
+CTL_SRC and LIB_SRC: dispatcher/, outboxctl/, lib/) has a row in README's
+Layout table, every file of the worker (a daemon file that includes
+worker_internal.h) is in worker_internal.h's list of the worker's files,
+and neither map names a file that is not built."""
 import glob
 import os
 import re
@@ -26,13 +27,17 @@ def makefile_sources(var):
     return value.split()
 
 
-def dispatcher_c(files):
-    return {f for f in files if f.startswith("dispatcher/") and f.endswith(".c")}
+MAPPED = ("dispatcher/", "outboxctl/", "lib/")
+
+
+def mapped_c(files):
+    """The .c files of the mapped folders: the worker's, outboxctl's, lib/'s."""
+    return {f for f in files if f.startswith(MAPPED) and f.endswith(".c")}
 
 
 def layout_paths():
     """Paths named in the first column of README's Layout table; a bare name
-    after a path is in that path's folder (`dispatcher/config.c`,
+    after a path is in that path's folder (`lib/config.c`,
     `config_read.c`)."""
     with open(f"{ROOT}/README.md") as fh:
         readme = fh.read()
@@ -68,26 +73,74 @@ def includes_worker_internal(path):
 def test_makefile_lists_are_read():
     daemon = makefile_sources("DAEMON_SRC")
     assert "dispatcher/worker.c" in daemon and "dispatcher/wire.c" in daemon, daemon
-    assert "dispatcher/util.c" in makefile_sources("CORE_SRC")
-    assert "dispatcher/outboxctl.c" in makefile_sources("CTL_SRC")
+    assert "lib/util.c" in makefile_sources("LIB_SRC")
+    assert "outboxctl/outboxctl.c" in makefile_sources("CTL_SRC")
+    # One folder per program: the worker's list holds no file of the others.
+    assert not any(f.startswith(("dispatcher/outboxctl", "dispatcher/util")) for f in daemon), daemon
 
 
 def test_every_daemon_and_outboxctl_file_is_in_readme_layout():
-    built = dispatcher_c(makefile_sources("DAEMON_SRC") + makefile_sources("CORE_SRC")
+    built = mapped_c(makefile_sources("DAEMON_SRC") + makefile_sources("LIB_SRC")
                          + makefile_sources("CTL_SRC"))
     layout = layout_paths()
     missing = sorted(built - layout)
     assert missing == [], "not in README's Layout table: " + ", ".join(missing)
-    stale = sorted(p for p in dispatcher_c(layout) if p not in built)
+    stale = sorted(p for p in mapped_c(layout) if p not in built)
     assert stale == [], "README's Layout names files that are not built: " + ", ".join(stale)
 
 
 def test_every_worker_file_is_in_worker_internal_h_list():
-    daemon = dispatcher_c(makefile_sources("DAEMON_SRC"))
+    daemon = mapped_c(makefile_sources("DAEMON_SRC"))
     worker_files = {f for f in daemon if includes_worker_internal(f)}
     assert {"dispatcher/worker.c", "dispatcher/lease.c"} <= worker_files, worker_files
     listed = worker_list()
     missing = sorted(worker_files - listed)
     assert missing == [], "not in worker_internal.h's list: " + ", ".join(missing)
-    stale = sorted(p for p in dispatcher_c(listed) if p not in daemon)
+    stale = sorted(p for p in mapped_c(listed) if p not in daemon)
     assert stale == [], "worker_internal.h lists files that are not built: " + ", ".join(stale)
+
+
+PROGRAMS = ("dispatcher", "outboxctl", "console")
+INCLUDE = re.compile(r'^[ \t]*#[ \t]*include[ \t]*"([^"]+)"', re.M)
+
+
+def include_owner(folder, name):
+    """The folder a quoted include of a file in folder resolves to, the way
+    the compiler searches: the file's own folder, then -Ilib, -Iproviders;
+    version.h is generated into the build tree."""
+    for d in (folder, "lib", "providers"):
+        if os.path.exists(f"{ROOT}/{d}/{name}"):
+            return os.path.dirname(f"{d}/{name}")
+    return "build" if name == "version.h" else None
+
+
+def test_a_program_includes_its_own_headers_and_lib_only():
+    """One folder per program: a program's files include their own folder's
+    headers, lib/'s and provider.h (the plugin interface), never another
+    program's or the plugins' helpers (providers/lib/); lib/ includes only
+    lib/ and provider.h, so that every program can link it."""
+    allowed = {p: {p, "lib", "providers", "build"} for p in PROGRAMS}
+    allowed["lib"] = {"lib", "providers"}
+    seen, wrong = 0, []
+    for folder, ok in allowed.items():
+        for path in sorted(glob.glob(f"{ROOT}/{folder}/*.[ch]")):
+            with open(path, encoding="utf-8") as fh:
+                text = fh.read()
+            for name in INCLUDE.findall(text):
+                seen += 1
+                owner = include_owner(folder, name)
+                rel = os.path.relpath(path, ROOT)
+                if owner is None:
+                    wrong.append(f"{rel}: {name} (not found)")
+                elif owner not in ok or (owner == "providers" and name != "provider.h"):
+                    wrong.append(f"{rel}: {name} ({owner}/)")
+    assert seen > 150, seen          # the scan read the tree's includes
+    assert wrong == [], "includes across folders:\n" + "\n".join(wrong)
+
+
+def test_the_scan_of_includes_sees_a_crossing():
+    assert include_owner("outboxctl", "worker.h") is None
+    assert include_owner("dispatcher", "outboxctl.h") is None
+    assert include_owner("outboxctl", "lib/netrules.h") == "providers/lib"
+    assert include_owner("dispatcher", "util.h") == "lib"
+    assert include_owner("lib", "provider.h") == "providers"

@@ -1,8 +1,8 @@
 # SPDX-License-Identifier: ISC
 """A provider plugin's ABI is provider.h: the built plugin exports
 outbox_provider_entry and nothing else (providers/plugin.map).  Its own
-copies of providers/lib/ (the growing string, the allocation policy, the
-URL parser) are then what it calls: exported, the daemon's copies of the
+copies of lib/ and providers/lib/ (the growing string, the allocation
+policy, the URL parser) are then what it calls: exported, the daemon's copies of the
 same names, linked with -rdynamic, would be bound in their place, and a
 plugin built from another tree would run the daemon's helpers over its
 own struct layouts."""

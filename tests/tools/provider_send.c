@@ -5,7 +5,7 @@
  *   provider_send [--exit-after-ms N] PLUGIN.so CONFIG.ini NAME EFFECTS.json
  *
  * Loads PLUGIN.so the way the dispatcher does (abi check, the real config
- * checker from dispatcher/config.c for [provider.NAME]), then, on a fresh
+ * checker from lib/config.c for [provider.NAME]), then, on a fresh
  * event_base, runs validate() and send() for each effect of EFFECTS.json
  * (one object or an array; each {"effect_id", "effect_key", "target",
  * "payload", "payload_text"?, "run_key"?, "attempt"?, "target_hex"?}; target_hex gives the

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: ISC */
 /*
- * test_config.c: dispatcher/config.c, the INI config.  Every error path
+ * test_config.c: lib/config.c, the INI config.  Every error path
  * is checked by its whole message, "file:line: [section] key: reason",
  * with the line it must name: unknown key and section, bad and
  * out-of-range integers, bad booleans, duplicate keys, keys outside a

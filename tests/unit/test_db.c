@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: ISC */
 /*
- * test_db.c: dispatcher/db.c against the suite's PostgreSQL (libpq's
+ * test_db.c: lib/db.c against the suite's PostgreSQL (libpq's
  * environment: tests/run.sh exports PGHOST, PGPORT, PGUSER, PGDATABASE).
  *
  * What the worker relies on: queries answer in queue order, except that

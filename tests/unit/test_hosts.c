@@ -18,7 +18,7 @@
 #include <string.h>
 
 #include "hosts.h"
-#include "lib/hostname.h"
+#include "hostname.h"
 
 #define N_FAIL   3
 #define OPEN_MS  30000

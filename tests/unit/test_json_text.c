@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: ISC */
 /*
- * test_json_text.c: providers/lib/json_text.c, how http's body and crm's
+ * test_json_text.c: lib/json_text.c, how http's body and crm's
  * fields leave as the producer wrote them: a top-level member found in
  * jsonb's text (nested braces, brackets and quotes inside strings are not
  * structure; the last duplicate wins; malformed or truncated text is "not
@@ -19,7 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "lib/json_text.h"
+#include "json_text.h"
 
 /* The member as a NUL-terminated copy, or NULL when not found. */
 static char *member(const char *text, const char *key)

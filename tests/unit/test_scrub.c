@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: ISC */
 /*
- * test_scrub.c: providers/lib/scrub.c, the secret values cut out of what a
+ * test_scrub.c: lib/scrub.c, the secret values cut out of what a
  * peer answered, in each spelling it lists.
  */
 #include <stdarg.h>
@@ -14,7 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "lib/scrub.h"
+#include "scrub.h"
 
 static void expect(const struct scrub *s, const char *in, const char *want)
 {

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: ISC */
 /*
- * test_util.c: dispatcher/util.c (UUIDs, SHA-256, UTF-8,
+ * test_util.c: lib/util.c (UUIDs, SHA-256, UTF-8,
  * backoff with full jitter, string copies, the growing string and its
  * JSON escaping, compared with jansson's), providers/lib/sign.c
  * (Standard Webhooks HMAC and base64) and db_redact_conninfo().

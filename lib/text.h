@@ -6,11 +6,12 @@
  * that cannot allocate a few bytes cannot record outcomes either, and the
  * lease reaper recovers its rows).
  *
- * text.c is compiled into each plugin and into the daemon and outboxctl
- * (the Makefile's CORE_SRC): the providers build against provider.h and
- * providers/lib/ only, never against the daemon's files, and a plugin
- * exports nothing but its entry point (providers/plugin.map), so its calls
- * here bind to its own copy, whatever the loading daemon was built from.
+ * text.c is in lib/, linked into every program (the Makefile's LIB_SRC)
+ * and into each plugin (from lib/'s archive): the providers build against
+ * provider.h, lib/ and providers/lib/, never against a program's files,
+ * and a plugin exports nothing but its entry point (providers/plugin.map),
+ * so its calls here bind to its own copy, whatever the loading daemon was
+ * built from.
  */
 #ifndef OUTBOX_TEXT_H
 #define OUTBOX_TEXT_H
@@ -48,10 +49,9 @@ void text_copy_printable(char *dst, const char *src, size_t srclen, size_t size)
  * zeroed struct still works, as an empty buffer with no allocation yet.
  * Growth checks len + n for overflow and, like every allocation here,
  * aborts when memory runs out, so no caller has a half-built text to
- * handle.  Why here: the plugins build against provider.h and
- * providers/lib/ only, and the dispatcher links this file too; the
- * dispatcher's own formatters over it (JSON strings, terminal escapes)
- * are in dispatcher/util.c. */
+ * handle.  Why here: the plugins and every program link this file; the
+ * programs' formatters over it (JSON strings, terminal escapes) are in
+ * lib/util.c. */
 struct strbuf {
 	char *s;
 	size_t len, cap;

@@ -3,7 +3,7 @@
  * util.h: small helpers every part uses: clocks, randomness, UUIDs,
  * SHA-256, bounded string copies, jittered backoff, and JSON-string and
  * terminal escaping onto the growing string (struct strbuf, which the
- * dispatcher shares with the providers: providers/lib/text.h).
+ * dispatcher shares with the providers: lib/text.h).
  */
 #ifndef OUTBOX_UTIL_H
 #define OUTBOX_UTIL_H
@@ -12,7 +12,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "lib/text.h"
+#include "text.h"
 
 #define WARN_UNUSED __attribute__((warn_unused_result))
 

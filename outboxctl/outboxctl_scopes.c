@@ -18,7 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "lib/hostname.h"
+#include "hostname.h"
 #include "outboxctl.h"
 #include "outboxctl_sql.h"
 

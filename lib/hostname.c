@@ -2,7 +2,7 @@
 /*
  * hostname.c: hosts in one spelling (see hostname.h).
  */
-#include "lib/hostname.h"
+#include "hostname.h"
 
 #include <arpa/inet.h>
 #include <ctype.h>
