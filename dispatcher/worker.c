@@ -7,12 +7,12 @@
  * and NOTIFYs, SIGTERM (a graceful stop), SIGHUP (a reload), teardown.
  *
  * An effect's life in one worker, each step a batch and one round trip
- * (README, "The hot path, in order").  take.c's take_batch() asks for
- * due rows, a claim or a lease, through one sender and one answer path
- * (take_send(), on_taken()); the kind's handlers (claim.c, lease.c) say
- * what becomes of the rows.  The default path, for rows this worker can
- * send at once (claim.c: claim_limit() says how many; http and crm, whose
- * sends start at once):
+ * (docs/architecture.md, "The hot path, in order").  take.c's
+ * take_batch() asks for due rows, a claim or a lease, through one sender
+ * and one answer path (take_send(), on_taken()); the kind's handlers
+ * (claim.c, lease.c) say what becomes of the rows.  The default path,
+ * for rows this worker can send at once (claim.c: claim_limit() says how
+ * many; http and crm, whose sends start at once):
  *
  *   claim        take.c, claim.c: outbox_claim(): pending rows go straight
  *                to `sending` under the kill-switch lock (lease and mark

@@ -1,7 +1,7 @@
 -- SPDX-License-Identifier: ISC
 -- functions/20_producer.sql: the functions n8n workflows (and other
 -- producers) call, one statement per step of the reference sequence
--- (README, "From n8n, step by step").
+-- (docs/n8n.md, "The steps at a glance").
 --
 -- All are SECURITY DEFINER with a fixed search_path: the producer role gets
 -- EXECUTE on them and nothing that lets it change an effect's state.

@@ -19,8 +19,8 @@
 -- of this runs: the lease, claim and mark run the statements they ran
 -- before scopes existed.
 
--- A host in its one spelling, as the worker writes it (providers/lib/
--- hostname.h): an IPv4 address in any form libcurl and inet_aton() accept
+-- A host in its one spelling, as the worker writes it (lib/hostname.h):
+-- an IPv4 address in any form libcurl and inet_aton() accept
 -- (2130706434, 0x7f.1, 127.1, 0177.0.0.01) or IPv4-mapped (::ffff:a.b.c.d)
 -- as the dotted quad; any other IPv6 address as inet_ntop() writes it
 -- (RFC 5952), without brackets; a name in lower case without a trailing

@@ -1,6 +1,6 @@
 -- SPDX-License-Identifier: ISC
 -- functions/45_reads.sql: what outboxctl and the web console read, as
--- functions, so that only sql/ knows the tables (dispatcher/outboxctl_sql.c
+-- functions, so that only sql/ knows the tables (outboxctl/outboxctl_sql.c
 -- names each call and its columns).
 --
 -- Each is a STABLE SECURITY DEFINER function: outbox_operator and

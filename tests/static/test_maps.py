@@ -1,10 +1,10 @@
 # SPDX-License-Identifier: ISC
 """The maps a reader starts from stay true: every source file of the daemon,
 of outboxctl and of the library they share (the Makefile's DAEMON_SRC,
-CTL_SRC and LIB_SRC: dispatcher/, outboxctl/, lib/) has a row in README's
-Layout table, every file of the worker (a daemon file that includes
-worker_internal.h) is in worker_internal.h's list of the worker's files,
-and neither map names a file that is not built."""
+CTL_SRC and LIB_SRC: dispatcher/, outboxctl/, lib/) has a row in the Layout
+tables of docs/architecture.md, every file of the worker (a daemon file that
+includes worker_internal.h) is in worker_internal.h's list of the worker's
+files, and neither map names a file that is not built."""
 import glob
 import os
 import re
@@ -35,14 +35,18 @@ def mapped_c(files):
     return {f for f in files if f.startswith(MAPPED) and f.endswith(".c")}
 
 
+LAYOUT_DOC = "docs/architecture.md"
+
+
 def layout_paths():
-    """Paths named in the first column of README's Layout table; a bare name
-    after a path is in that path's folder (`lib/config.c`,
-    `config_read.c`)."""
-    with open(f"{ROOT}/README.md") as fh:
-        readme = fh.read()
-    m = re.search(r"^## Layout\n(.*?)^#", readme, re.M | re.S)
-    assert m, "no Layout section in README.md"
+    """Paths named in the first column of the tables of the Layout section
+    of docs/architecture.md (its subsections, one per program or library,
+    included); a bare name after a path is in that path's folder
+    (`lib/config.c`, `config_read.c`)."""
+    with open(f"{ROOT}/{LAYOUT_DOC}") as fh:
+        doc = fh.read()
+    m = re.search(r"^## Layout\n(.*?)(?=^## |\Z)", doc, re.M | re.S)
+    assert m, f"no Layout section in {LAYOUT_DOC}"
     paths = set()
     for line in m.group(1).splitlines():
         if not line.startswith("| `"):
@@ -79,14 +83,14 @@ def test_makefile_lists_are_read():
     assert not any(f.startswith(("dispatcher/outboxctl", "dispatcher/util")) for f in daemon), daemon
 
 
-def test_every_daemon_and_outboxctl_file_is_in_readme_layout():
+def test_every_daemon_and_outboxctl_file_is_in_the_layout():
     built = mapped_c(makefile_sources("DAEMON_SRC") + makefile_sources("LIB_SRC")
-                         + makefile_sources("CTL_SRC"))
+                     + makefile_sources("CTL_SRC"))
     layout = layout_paths()
     missing = sorted(built - layout)
-    assert missing == [], "not in README's Layout table: " + ", ".join(missing)
+    assert missing == [], f"not in {LAYOUT_DOC}'s Layout: " + ", ".join(missing)
     stale = sorted(p for p in mapped_c(layout) if p not in built)
-    assert stale == [], "README's Layout names files that are not built: " + ", ".join(stale)
+    assert stale == [], f"{LAYOUT_DOC}'s Layout names files that are not built: " + ", ".join(stale)
 
 
 def test_every_worker_file_is_in_worker_internal_h_list():
