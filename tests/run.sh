@@ -53,9 +53,16 @@ export PYTEST_ADDOPTS="${PYTEST_ADDOPTS:-} ${PYTEST_ARGS:-}"
 jobs=${TEST_JOBS:-4}
 par=""
 /usr/bin/python3 -c "import xdist" 2>/dev/null && [ "$jobs" -gt 1 ] && par="-n $jobs"
+# A path in PYTEST_ARGS ("tests/email", "tests/sql/test_x.py::test_y")
+# narrows the run to it; without one the whole of tests/ is collected.
+case " ${PYTEST_ARGS:-} " in
+    *" tests/"*|*" tests "*) where="" ;;
+    *) where=tests ;;
+esac
 run_pytest() {   # $1: junit file, rest: pytest arguments
     junit=$1; shift
-    /usr/bin/python3 -m pytest -p no:cacheprovider -q -rfE --junitxml="$junit" "$@" tests
+    # shellcheck disable=SC2086
+    /usr/bin/python3 -m pytest -p no:cacheprovider -q -rfE --junitxml="$junit" "$@" $where
     rc=$?
     if [ -f "$junit" ]; then
         counts=$(/usr/bin/python3 - "$junit" <<'PY'

@@ -21,7 +21,6 @@ import calendar
 import glob
 import json
 import os
-import re
 import time
 import uuid
 
@@ -41,12 +40,12 @@ def libfaketime():
 def faketime_env(offset):
     """A wall clock `offset` ("-600", "+600") seconds off the test's own;
     the monotonic clock untouched, as a real clock error or step leaves it.
-    A suite run with every clock moved (scripts/test-at.sh: FAKETIME="+N"
-    for every process) moves the worker's by as much again, so the worker
-    is `offset` off the database and the test, not off the real time."""
+    A suite run at another date (scripts/test-at.sh: every clock moved by
+    OUTBOX_TEST_CLOCK_OFFSET) moves the worker's by as much again, so the
+    worker is `offset` off the database and the test, not off the real
+    time.  libfaketime replaces the run's own preload for this worker."""
     asan = os.environ.get("ASAN_OPTIONS", "")
-    inherited = os.environ.get("FAKETIME", "") if os.environ.get("LD_PRELOAD", "").find("faketime") >= 0 else ""
-    base = int(inherited) if re.fullmatch(r"[+-]?\d+", inherited) else 0
+    base = int(os.environ.get("OUTBOX_TEST_CLOCK_OFFSET", "0"))
     offset = f"{int(offset) + base:+d}"
     return {"LD_PRELOAD": libfaketime(), "FAKETIME": offset, "FAKETIME_DONT_FAKE_MONOTONIC": "1",
             # ASan wants to be first in the link order; libfaketime is
