@@ -105,8 +105,8 @@ static void claimed_new(struct worker *w, const struct batch *b, PGresult *r, in
 static void claimed_rows(struct worker *w, const struct batch *b, PGresult *r)
 {
 	size_t n = (size_t)PQntuples(r);
-	struct claimed c = { .back = xcalloc(n + 1, sizeof(struct effect *)),
-	                     .kept = xcalloc(n + 1, sizeof(struct effect *)) };
+	struct claimed c = { .back = text_array(n + 1, sizeof(struct effect *)),
+	                     .kept = text_array(n + 1, sizeof(struct effect *)) };
 
 	for (int row = 0; row < PQntuples(r); row++) {
 		struct effect *held = held_find(w, PQgetvalue(r, row, COL_EFFECT_ID));

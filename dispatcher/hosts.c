@@ -19,7 +19,7 @@ struct hosts {
 
 struct hosts *hosts_new(void)
 {
-	return xcalloc(1, sizeof(struct hosts));
+	return text_alloc(sizeof(struct hosts));
 }
 
 void hosts_free(struct hosts *h)
@@ -68,8 +68,8 @@ struct host_state *hosts_get(struct hosts *h, const char *key)
 			hs->users++;
 			return hs;
 		}
-	hs = xcalloc(1, sizeof(*hs));
-	hs->key = xstrdup(key);
+	hs = text_alloc(sizeof(*hs));
+	hs->key = text_strdup(key);
 	hs->next = h->bucket[b];
 	h->bucket[b] = hs;
 	h->count++;

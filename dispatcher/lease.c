@@ -56,7 +56,7 @@ static void leased_rows(struct worker *w, PGresult *r)
 		if (held && held_past_send(held)) {
 			/* Not ours to send yet: back to the queue, due again shortly. */
 			if (again == NULL)
-				again = xcalloc((size_t)PQntuples(r), sizeof(*again));
+				again = text_array((size_t)PQntuples(r), sizeof(*again));
 			again[n_again++] = held;
 		} else if (held == NULL) {
 			leased_new(w, r, row, &invalid);

@@ -104,9 +104,9 @@ static void take_cursor_update(struct worker *w, PGresult *r, bool from_head, in
 	 * it is current when the head turns slow. */
 	if (n == 0 || (from_head && was_position && w->lease.after_id[0]))
 		return;
-	str_copy(w->lease.after_at, PQgetvalue(r, n - 1, COL_LEASE_AVAILABLE_AT),
+	text_copy(w->lease.after_at, PQgetvalue(r, n - 1, COL_LEASE_AVAILABLE_AT),
 	         sizeof(w->lease.after_at));
-	str_copy(w->lease.after_id, PQgetvalue(r, n - 1, COL_EFFECT_ID), sizeof(w->lease.after_id));
+	text_copy(w->lease.after_id, PQgetvalue(r, n - 1, COL_EFFECT_ID), sizeof(w->lease.after_id));
 }
 
 /* Forget the position: the next lease scans from the head (rows given back
