@@ -13,8 +13,8 @@
  * queue).  claim_rows() sends them; a row that cannot go after all
  * (invalid, already held, its host's breaker open, the worker stopping)
  * is failed or given back (outbox_unclaim(), attempt undone).  While a
- * scope is paused or limited the claim only leases, and its rows go the
- * lease kind's way.  Everything else goes through outbox_lease and
+ * scope is paused or limited the claim only leases, and its answer is the
+ * lease kind's (claim_answered_as(): on_taken() hands it to lease.c).  Everything else goes through outbox_lease and
  * outbox_mark_sending (lease.c, send.c).
  */
 #include <stdio.h>
@@ -122,13 +122,7 @@ static void claimed_rows(struct worker *w, const struct batch *b, PGresult *r)
 		else
 			claimed_new(w, b, r, row, &c);
 	}
-	if (c.invalid) {
-		char *js = json_dumps(c.invalid, JSON_COMPACT);
-		const char *params[2] = { w->owner, js };
-		worker_query(w->rec, SQL_FAIL_INVALID, params, NULL, NULL, DBQ_RETRY);
-		free(js);
-		json_decref(c.invalid);
-	}
+	fail_invalid(w, c.invalid);
 	if (c.n_kept)
 		unclaim(w, b->call, c.kept, c.n_kept, false);
 	if (c.n_back) {
@@ -141,15 +135,19 @@ static void claimed_rows(struct worker *w, const struct batch *b, PGresult *r)
 	free(c.kept);
 }
 
-/* While a scope is paused or limited the claim leases (leased_only, the
- * same for every row of an answer): its rows are the lease kind's, to be
- * marked with the host each provider connects to. */
+/* While a scope is paused or limited the claim only leases (leased_only,
+ * the same for every row of an answer): its rows are the lease kind's, to
+ * be marked with the host each provider connects to, and on_taken() hands
+ * them to it. */
+static enum take_kind claim_answered_as(const PGresult *r)
+{
+	return PQntuples(r) > 0 && PQgetvalue(r, 0, COL_CLAIM_LEASED_ONLY)[0] == 't'
+	       ? TAKE_LEASE : TAKE_CLAIM;
+}
+
+/* Rows claimed (sending already): sent, or failed, given back or kept. */
 static void claim_rows(struct worker *w, const struct batch *b, PGresult *r)
 {
-	if (PQntuples(r) > 0 && PQgetvalue(r, 0, COL_CLAIM_LEASED_ONLY)[0] == 't') {
-		lease_take.rows(w, b, r);
-		return;
-	}
 	metrics_inc(M_CLAIMED, (unsigned long)PQntuples(r));
 	claimed_rows(w, b, r);
 }
@@ -195,6 +193,7 @@ const struct take_handlers claim_take = {
 	.flags = DBQ_RETRY | DBQ_REPEAT_FLAG,
 	.has_call = true,
 	.params = claim_params,
+	.answered_as = claim_answered_as,
 	.rows = claim_rows,
 	.refused = claim_refused,
 };

@@ -9,7 +9,9 @@
  * answer path, on_taken(): the wire bookkeeping, the burst (more_due), the
  * backlog count, the metric and the due-index position are the same for
  * both; what differs (statement, parameters, what becomes of the rows, a
- * refusal) is the kind's entry in take_kinds[].  The position: leasing
+ * refusal) is the kind's entry in take_kinds[], and which kind's rows
+ * handler an answer goes to is the kind's to say (answered_as: a claim
+ * that only leased is the lease kind's).  The position: leasing
  * from the head of the due index, or from the position after the last row
  * taken while the head is slow (take_cursor_update()).
  */
@@ -172,7 +174,7 @@ static void on_taken(struct db *db, PGresult *r, void *arg)
 	bool kick = true;
 
 	if (take_answered(w, db, b, r, worker_sql[k->stmt].name))
-		k->rows(w, b, r);
+		take_kinds[k->answered_as ? k->answered_as(r) : b->kind]->rows(w, b, r);
 	else
 		kick = k->refused(w, b, r);
 	free(b);

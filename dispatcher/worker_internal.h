@@ -341,12 +341,16 @@ struct take_handlers {
 	unsigned flags;
 	bool has_call;
 	void (*params)(const struct take_args *a, const char *params[TAKE_PARAMS_MAX]);
+	/* Which kind's rows() takes an answer (a claim that only leased is
+	 * the lease kind's); NULL: always this kind's. */
+	enum take_kind (*answered_as)(const PGresult *r);
 	void (*rows)(struct worker *w, const struct batch *b, PGresult *r);
 	bool (*refused)(struct worker *w, const struct batch *b, PGresult *r);
 };
 
 /* lease.c */
 extern const struct take_handlers lease_take;
+void fail_invalid(struct worker *w, json_t *invalid);
 void release_waiting(struct worker *w);
 void on_heartbeat(evutil_socket_t fd, short what, void *arg);
 
