@@ -82,14 +82,24 @@ static void claimed_new(struct worker *w, const struct batch *b, PGresult *r, in
 	struct effect *e = effect_from_row(w, r, row, true);
 	char err[OUTBOX_ERROR_MAX];
 	int64_t wait_ms;
+	bool half_open, free_slot;
 
 	if (!effect_validate(w, e, err, sizeof(err))) {
 		effect_invalid(e, err, b->call, &c->invalid);
-	} else if (w->life.stopping || !db_is_up(w->db) || !db_is_up(w->rec)) {
+		return;
+	}
+	if (w->life.stopping || !db_is_up(w->db) || !db_is_up(w->rec)) {
 		/* No send starts unless both connections are up (its lease is
 		 * renewed on one, its outcome recorded on the other). */
 		c->back[c->n_back++] = e;
-	} else if (!slot_free(NULL, e, now_mono_ms(), &wait_ms)) {
+		return;
+	}
+	free_slot = slot_free(NULL, e, now_mono_ms(), &wait_ms, &half_open);
+	/* The breaker's wait is over: half-open, so that a send now is its
+	 * one probe (mark_probe()). */
+	if (half_open)
+		host_half_open(e->host);
+	if (!free_slot) {
 		/* Its host filled up or its breaker opened since claim_limit():
 		 * it waits for a slot like a leased row (send.c releases it
 		 * while the breaker is open). */
