@@ -38,9 +38,11 @@ else
 VERSION   ?= $(BASE_VERSION)
 endif
 # Written when it changes (objects that include it rebuild then); not by
-# `make print-version`, which only says it.
+# `make print-version`, which only says it, nor by `make clean`, which
+# must not make what it removes (nor write under a BUILD it refuses).
 VERSION_H := $(BUILD)/gen/version.h
-ifneq ($(MAKECMDGOALS),print-version)
+WRITES_VERSION_H := $(if $(MAKECMDGOALS),$(filter-out print-version clean,$(MAKECMDGOALS)),all)
+ifneq ($(WRITES_VERSION_H),)
 $(shell mkdir -p $(BUILD)/gen && printf '#define OUTBOX_VERSION "%s"\n' '$(VERSION)' | cmp -s - $(VERSION_H) || printf '#define OUTBOX_VERSION "%s"\n' '$(VERSION)' > $(VERSION_H))
 endif
 CC        ?= cc

@@ -102,8 +102,8 @@ static void req_add(struct req *r, const char *key, const char *value, size_t le
 	/* A form field arrives in pieces: a piece of the last field grows it. */
 	if (r->nfields >= CONSOLE_MAX_FIELDS)
 		return;
-	r->keys[r->nfields] = xstrdup(key);
-	r->values[r->nfields] = xmalloc(len + 1);
+	r->keys[r->nfields] = text_strdup(key);
+	r->values[r->nfields] = text_alloc(len + 1);
 	memcpy(r->values[r->nfields], value, len);
 	r->values[r->nfields][len] = '\0';
 	r->nfields++;
@@ -128,7 +128,7 @@ static enum MHD_Result on_field(void *cls, enum MHD_ValueKind kind, const char *
 	if (off > 0 && p->last_index >= 0 && strcmp(p->last_key, key) == 0) {
 		char **v = &p->req.values[p->last_index];
 		size_t old = strlen(*v);
-		char *grown = xmalloc(old + size + 1);
+		char *grown = text_alloc(old + size + 1);
 		memcpy(grown, *v, old);
 		memcpy(grown + old, data, size);
 		grown[old + size] = '\0';
@@ -290,7 +290,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
 
 		if (!post && strcmp(method, "GET") != 0 && strcmp(method, "HEAD") != 0)
 			return refuse(c, 405, "method not allowed");
-		p = xcalloc(1, sizeof(*p));
+		p = text_alloc(sizeof(*p));
 		p->last_index = -1;
 		*con_cls = p;
 		p->req.method = post ? "POST" : "GET";

@@ -13,8 +13,8 @@
  * queue).  claim_rows() sends them; a row that cannot go after all
  * (invalid, already held, its host's breaker open, the worker stopping)
  * is failed or given back (outbox_unclaim(), attempt undone).  While a
- * scope is paused or limited the claim only leases, and its rows go the
- * lease kind's way.  Everything else goes through outbox_lease and
+ * scope is paused or limited the claim only leases, and its answer is the
+ * lease kind's (claim_answered_as(): on_taken() hands it to lease.c).  Everything else goes through outbox_lease and
  * outbox_mark_sending (lease.c, send.c).
  */
 #include <stdio.h>
@@ -82,14 +82,24 @@ static void claimed_new(struct worker *w, const struct batch *b, PGresult *r, in
 	struct effect *e = effect_from_row(w, r, row, true);
 	char err[OUTBOX_ERROR_MAX];
 	int64_t wait_ms;
+	bool half_open, free_slot;
 
 	if (!effect_validate(w, e, err, sizeof(err))) {
 		effect_invalid(e, err, b->call, &c->invalid);
-	} else if (w->life.stopping || !db_is_up(w->db) || !db_is_up(w->rec)) {
+		return;
+	}
+	if (w->life.stopping || !db_is_up(w->db) || !db_is_up(w->rec)) {
 		/* No send starts unless both connections are up (its lease is
 		 * renewed on one, its outcome recorded on the other). */
 		c->back[c->n_back++] = e;
-	} else if (!slot_free(NULL, e, now_mono_ms(), &wait_ms)) {
+		return;
+	}
+	free_slot = slot_free(NULL, e, now_mono_ms(), &wait_ms, &half_open);
+	/* The breaker's wait is over: half-open, so that a send now is its
+	 * one probe (mark_probe()). */
+	if (half_open)
+		host_half_open(e->host);
+	if (!free_slot) {
 		/* Its host filled up or its breaker opened since claim_limit():
 		 * it waits for a slot like a leased row (send.c releases it
 		 * while the breaker is open). */
@@ -105,8 +115,8 @@ static void claimed_new(struct worker *w, const struct batch *b, PGresult *r, in
 static void claimed_rows(struct worker *w, const struct batch *b, PGresult *r)
 {
 	size_t n = (size_t)PQntuples(r);
-	struct claimed c = { .back = xcalloc(n + 1, sizeof(struct effect *)),
-	                     .kept = xcalloc(n + 1, sizeof(struct effect *)) };
+	struct claimed c = { .back = text_array(n + 1, sizeof(struct effect *)),
+	                     .kept = text_array(n + 1, sizeof(struct effect *)) };
 
 	for (int row = 0; row < PQntuples(r); row++) {
 		struct effect *held = held_find(w, PQgetvalue(r, row, COL_EFFECT_ID));
@@ -122,13 +132,7 @@ static void claimed_rows(struct worker *w, const struct batch *b, PGresult *r)
 		else
 			claimed_new(w, b, r, row, &c);
 	}
-	if (c.invalid) {
-		char *js = json_dumps(c.invalid, JSON_COMPACT);
-		const char *params[2] = { w->owner, js };
-		worker_query(w->rec, SQL_FAIL_INVALID, params, NULL, NULL, DBQ_RETRY);
-		free(js);
-		json_decref(c.invalid);
-	}
+	fail_invalid(w, c.invalid);
 	if (c.n_kept)
 		unclaim(w, b->call, c.kept, c.n_kept, false);
 	if (c.n_back) {
@@ -141,15 +145,19 @@ static void claimed_rows(struct worker *w, const struct batch *b, PGresult *r)
 	free(c.kept);
 }
 
-/* While a scope is paused or limited the claim leases (leased_only, the
- * same for every row of an answer): its rows are the lease kind's, to be
- * marked with the host each provider connects to. */
+/* While a scope is paused or limited the claim only leases (leased_only,
+ * the same for every row of an answer): its rows are the lease kind's, to
+ * be marked with the host each provider connects to, and on_taken() hands
+ * them to it. */
+static enum take_kind claim_answered_as(const PGresult *r)
+{
+	return PQntuples(r) > 0 && PQgetvalue(r, 0, COL_CLAIM_LEASED_ONLY)[0] == 't'
+	       ? TAKE_LEASE : TAKE_CLAIM;
+}
+
+/* Rows claimed (sending already): sent, or failed, given back or kept. */
 static void claim_rows(struct worker *w, const struct batch *b, PGresult *r)
 {
-	if (PQntuples(r) > 0 && PQgetvalue(r, 0, COL_CLAIM_LEASED_ONLY)[0] == 't') {
-		lease_take.rows(w, b, r);
-		return;
-	}
 	metrics_inc(M_CLAIMED, (unsigned long)PQntuples(r));
 	claimed_rows(w, b, r);
 }
@@ -195,6 +203,7 @@ const struct take_handlers claim_take = {
 	.flags = DBQ_RETRY | DBQ_REPEAT_FLAG,
 	.has_call = true,
 	.params = claim_params,
+	.answered_as = claim_answered_as,
 	.rows = claim_rows,
 	.refused = claim_refused,
 };

@@ -2,8 +2,10 @@
 /*
  * decide.c: the worker's pure decisions (see decide.h): claim, lease or
  * neither and how many rows, a lease worth its round trip, the connection for
- * outcomes, outcomes gathering, a free send slot.  Nothing here reads a
- * clock, a connection or a list: the callers pass what each one reads.
+ * outcomes, outcomes gathering, a free send slot, a mark left for later,
+ * the lease mode after a scan from the head.  Nothing here reads a clock,
+ * a connection or a list, nor changes what it reads: the callers pass what
+ * each one reads and make the changes it answers.
  */
 #include "decide.h"
 
@@ -100,17 +102,48 @@ int64_t decide_gather_ms(const struct gather_view *v)
 	return BACKLOG_GATHER_MS - v->oldest_age_ms;
 }
 
-bool slot_free(const struct batch *b, const struct effect *e, int64_t now, int64_t *wait_ms)
+bool slot_free(const struct batch *b, const struct effect *e, int64_t now, int64_t *wait_ms,
+               bool *half_open)
 {
 	int pending_for_host = 0, pending_for_prov = 0;
 
 	*wait_ms = 0;
+	*half_open = false;
 	for (size_t i = 0; b && i < b->n; i++) {
 		pending_for_host += b->items[i]->host == e->host;
 		pending_for_prov += b->items[i]->prov == e->prov;
 	}
 	if (e->prov->in_flight + pending_for_prov >= e->prov->policy.max_in_flight)
 		return false;
+	*half_open = host_probe_due(e->host, now);
 	return host_may_send(e->host, (int)e->prov->policy.max_per_host - pending_for_host, now,
 	                     wait_ms);
+}
+
+/* p queues its sends and half of its max_in_flight or more is in flight.
+ * A max_in_flight below 8 leaves no queue worth the name: kept full. */
+static bool queue_busy(const struct provider_slot *p)
+{
+	return !(p->ops->caps & OUTBOX_CAP_STARTS_AT_ONCE) && p->policy.max_in_flight >= 8 &&
+	       (long)p->in_flight * 2 >= p->policy.max_in_flight;
+}
+
+bool decide_mark_later(const struct provider_slot *p)
+{
+	return queue_busy(p) && p->in_flight > 0;
+}
+
+struct head_scan_verdict decide_head_scan(const struct head_scan_view *v, int64_t took,
+                                          int64_t now)
+{
+	struct head_scan_verdict d;
+	int64_t wait = took * HEAD_SCAN_FACTOR;
+
+	d.slow_streak = v->slow_ms == 0 || took > v->slow_ms ? v->slow_streak + 1 : 0;
+	d.from_position = v->from_position ? d.slow_streak > 0 : d.slow_streak >= HEAD_SLOW_STREAK;
+	d.warn = d.from_position && took >= HEAD_SLOW_WARN_MS &&
+	         now - v->warned_mono > HEAD_SLOW_WARN_EVERY_MS;
+	d.log = d.from_position != v->from_position || d.warn;
+	d.next_scan_mono = now + (wait > HEAD_SCAN_MIN_MS ? wait : HEAD_SCAN_MIN_MS);
+	return d;
 }

@@ -4,9 +4,11 @@
  * what it reads, passed in as arguments: whether a take of due rows is a
  * claim or a lease (or neither now) and of how many rows, whether it is
  * worth its round trip, which connection records outcomes, whether
- * outcomes wait for more to share their call, and whether an effect has a
- * send slot.  claim.c, take.c and send.c read
- * the worker's state into them and act on the answer;
+ * outcomes wait for more to share their call, whether an effect has a
+ * send slot, whether a busy queueing provider is marked for later, and
+ * what a timed scan from the due index's head makes of the lease mode.
+ * None changes state: claim.c, take.c, mark.c and send.c read the
+ * worker's state into them and make the changes the answer asks for;
  * tests/unit/test_decide.c tables each one.
  */
 #ifndef OUTBOX_DECIDE_H
@@ -19,6 +21,7 @@
 struct batch;
 struct effect;
 struct provider_set;
+struct provider_slot;
 
 /* Full leases in a row that make a backlog: outcomes then go on the lease
  * connection (decide_outcomes_on_lease_db()).  One full lease is a burst
@@ -102,8 +105,61 @@ struct gather_view {
 int64_t decide_gather_ms(const struct gather_view *v);
 
 /* Whether e's provider and host have room beside the batch b being built
- * (NULL: none); *wait_ms > 0 when its host's breaker is open.  An open
- * breaker whose time is up becomes half-open here (host_may_send()). */
-bool slot_free(const struct batch *b, const struct effect *e, int64_t now, int64_t *wait_ms);
+ * (NULL: none); *wait_ms > 0 when its host's breaker is open.  *half_open:
+ * the host's breaker is open and its wait over (host_probe_due()), which
+ * the answer took as half-open: the caller moves it (host_half_open())
+ * before it picks the effect, so that its send is the one probe. */
+bool slot_free(const struct batch *b, const struct effect *e, int64_t now, int64_t *wait_ms,
+               bool *half_open);
+
+/* Whether the waiting effects of provider p are left for a later mark: p
+ * queues its sends (no OUTBOX_CAP_STARTS_AT_ONCE: email's thread pool) and
+ * is busy (half of its max_in_flight, at least 8, or more in flight), so
+ * answers keep coming while its queue keeps its threads at work, and a
+ * mark call per freed slot (a slow relay's sends end one by one) would
+ * cost the database a round trip per row.  It is marked for once half of
+ * its max_in_flight is free. */
+bool decide_mark_later(const struct provider_slot *p);
+
+/* Leasing from the position (take.c): scans from the head at least this
+ * far apart, and at least HEAD_SCAN_FACTOR times as long as the last one
+ * took, so that a head full of dead entries (vacuum held back) costs the
+ * lease path at most a tenth of its time. */
+#define HEAD_SCAN_MIN_MS 1000
+#define HEAD_SCAN_FACTOR 10
+/* Slow leases from the head in a row before leasing from the position: one
+ * slow answer is more often a busy machine than a head full of dead
+ * entries, and a switch makes late-committed rows wait for a head scan. */
+#define HEAD_SLOW_STREAK 3
+/* A head this slow is worth an operator's look (a long transaction holding
+ * vacuum back): lease_mode is logged at warn, once a minute at most (under
+ * a held-back vacuum the head can be fast and slow by turns).  Between
+ * lease_head_slow_ms and this, a busy queue between two autovacuums: info. */
+#define HEAD_SLOW_WARN_MS 100
+#define HEAD_SLOW_WARN_EVERY_MS 60000
+
+/* What a timed scan from the head reads of the lease state. */
+struct head_scan_view {
+	bool from_position;      /* leasing from the position now */
+	int slow_streak;         /* slow scans from the head in a row before this one */
+	long slow_ms;            /* [dispatcher] lease_head_slow_ms; 0: every scan is slow */
+	int64_t warned_mono;     /* the last warning that the head is slow */
+};
+
+/* What becomes of it. */
+struct head_scan_verdict {
+	int slow_streak;         /* slow scans in a row, this one counted */
+	bool from_position;      /* lease from the position from now on */
+	bool log;                /* log lease_mode: the mode changed, or warn */
+	bool warn;               /* at warn level (and warned_mono becomes now) */
+	int64_t next_scan_mono;  /* the next scan from the head, not before */
+};
+
+/* After a scan from the head that took `took` ms, at `now`: into position
+ * mode after HEAD_SLOW_STREAK slow ones in a row, out of it at the first
+ * fast one; the next scan from the head HEAD_SCAN_FACTOR times `took`
+ * later, HEAD_SCAN_MIN_MS at least. */
+struct head_scan_verdict decide_head_scan(const struct head_scan_view *v, int64_t took,
+                                          int64_t now);
 
 #endif

@@ -222,18 +222,18 @@ void effects_free_all(struct worker *w)
 
 static char *dup_field(PGresult *r, int row, int col)
 {
-	return PQgetisnull(r, row, col) ? NULL : xstrdup(PQgetvalue(r, row, col));
+	return PQgetisnull(r, row, col) ? NULL : text_strdup(PQgetvalue(r, row, col));
 }
 
 /* A row of SQL_LEASE (full) or SQL_RECONCILE_LEASE, as a PH_NEW effect. */
 struct effect *effect_from_row(struct worker *w, PGresult *r, int row, bool full)
 {
-	struct effect *e = xcalloc(1, sizeof(*e));
+	struct effect *e = text_alloc(sizeof(*e));
 
 	e->w = w;
 	e->phase = PH_NEW;
 	w->fx.n_active++;
-	str_copy(e->id, PQgetvalue(r, row, COL_EFFECT_ID), sizeof(e->id));
+	text_copy(e->id, PQgetvalue(r, row, COL_EFFECT_ID), sizeof(e->id));
 	e->run_key = dup_field(r, row, COL_IDEMPOTENCY_KEY);
 	e->type = dup_field(r, row, COL_EFFECT_TYPE);
 	e->target = dup_field(r, row, COL_TARGET);
@@ -388,7 +388,7 @@ void unmark_probe(struct effect *e)
 
 struct batch *batch_new(struct worker *w, size_t cap)
 {
-	struct batch *b = xcalloc(1, sizeof(*b) + cap * sizeof(struct effect *));
+	struct batch *b = text_alloc(sizeof(*b) + cap * sizeof(struct effect *));
 
 	b->w = w;
 	return b;
@@ -398,7 +398,7 @@ struct batch *batch_new(struct worker *w, size_t cap)
 char *ids_array(struct effect **items, size_t n)
 {
 	size_t len = 3 + n * 38;
-	char *s = xmalloc(len), *p = s;
+	char *s = text_alloc(len), *p = s;
 
 	*p++ = '{';
 	for (size_t i = 0; i < n; i++) {
@@ -423,7 +423,7 @@ char *hosts_array(struct effect **items, size_t n)
 
 	for (size_t i = 0; i < n; i++)
 		len += 2 * strlen(items[i]->host_key) + 3;
-	s = xmalloc(len);
+	s = text_alloc(len);
 	s[at++] = '{';
 	for (size_t i = 0; i < n; i++) {
 		host_key_host(items[i]->host_key, host, sizeof(host));

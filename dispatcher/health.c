@@ -27,7 +27,7 @@ bool pg_ok(PGresult *r, const char *what)
 /* The first line of a result's error, for STATUS= and /healthz. */
 void error_line(PGresult *r, char *buf, size_t len)
 {
-	str_copy(buf, r ? PQresultErrorMessage(r) : "connection lost", len);
+	text_copy(buf, r ? PQresultErrorMessage(r) : "connection lost", len);
 	buf[strcspn(buf, "\r\n")] = '\0';
 	if (strncmp(buf, "ERROR:  ", 8) == 0)
 		memmove(buf, buf + 8, strlen(buf + 8) + 1);

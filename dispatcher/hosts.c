@@ -1,6 +1,9 @@
 /* SPDX-License-Identifier: ISC */
 /*
- * hosts.c: per-host concurrency and circuit breaker (see hosts.h).
+ * hosts.c: per-host concurrency and circuit breaker (see hosts.h).  The
+ * questions (host_may_send(), host_probe_due()) change nothing; the
+ * breaker moves only in host_half_open(), host_send_started() and
+ * host_send_done().
  */
 #include "hosts.h"
 
@@ -19,7 +22,7 @@ struct hosts {
 
 struct hosts *hosts_new(void)
 {
-	return xcalloc(1, sizeof(struct hosts));
+	return text_alloc(sizeof(struct hosts));
 }
 
 void hosts_free(struct hosts *h)
@@ -68,8 +71,8 @@ struct host_state *hosts_get(struct hosts *h, const char *key)
 			hs->users++;
 			return hs;
 		}
-	hs = xcalloc(1, sizeof(*hs));
-	hs->key = xstrdup(key);
+	hs = text_alloc(sizeof(*hs));
+	hs->key = text_strdup(key);
 	hs->next = h->bucket[b];
 	h->bucket[b] = hs;
 	h->count++;
@@ -108,7 +111,19 @@ size_t hosts_count(const struct hosts *h)
 	return h->count;
 }
 
-bool host_may_send(struct host_state *hs, int max_per_host, int64_t now_ms, int64_t *retry_in_ms)
+bool host_probe_due(const struct host_state *hs, int64_t now_ms)
+{
+	return hs->breaker == BREAKER_OPEN && now_ms >= hs->open_until_ms;
+}
+
+void host_half_open(struct host_state *hs)
+{
+	hs->breaker = BREAKER_HALF_OPEN;
+	hs->probe_in_flight = false;
+}
+
+bool host_may_send(const struct host_state *hs, int max_per_host, int64_t now_ms,
+                   int64_t *retry_in_ms)
 {
 	*retry_in_ms = 0;
 	switch (hs->breaker) {
@@ -117,9 +132,9 @@ bool host_may_send(struct host_state *hs, int max_per_host, int64_t now_ms, int6
 			*retry_in_ms = hs->open_until_ms - now_ms;
 			return false;
 		}
-		hs->breaker = BREAKER_HALF_OPEN;
-		hs->probe_in_flight = false;
-		/* fall through */
+		/* Its time is up: as half-open with no probe out (the caller
+		 * makes it so, host_half_open()). */
+		return hs->in_flight < max_per_host;
 	case BREAKER_HALF_OPEN:
 		if (hs->probe_in_flight) {
 			*retry_in_ms = 100;

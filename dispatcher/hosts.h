@@ -53,8 +53,16 @@ size_t hosts_count(const struct hosts *h);
 
 /* May a send to this host start now?  False with *retry_in_ms > 0 when the
  * breaker is open (wait that long), or == 0 when only the concurrency
- * limit is in the way (wait for a slot). */
-bool host_may_send(struct host_state *hs, int max_per_host, int64_t now_ms, int64_t *retry_in_ms);
+ * limit is in the way (wait for a slot).  An open breaker whose wait is
+ * over answers as half-open with no probe out: changing nothing, the
+ * question leaves that move to the caller (host_probe_due(),
+ * host_half_open()). */
+bool host_may_send(const struct host_state *hs, int max_per_host, int64_t now_ms,
+                   int64_t *retry_in_ms);
+/* Whether the breaker is open and its wait over: it should half-open. */
+bool host_probe_due(const struct host_state *hs, int64_t now_ms);
+/* Open → half-open: the next send is its one probe. */
+void host_half_open(struct host_state *hs);
 void host_send_started(struct host_state *hs);
 /* The most sends in flight to any one host, and how many hosts have a
  * breaker open or half-open.  (Walks every host in the table.) */

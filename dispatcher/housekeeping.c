@@ -105,7 +105,7 @@ static void scope_gauges(const char *js)
 		if (n == METRICS_MAX_SCOPES)
 			break;
 		memset(&g[n], 0, sizeof(g[n]));
-		str_copy(g[n].scope, json_string_value(json_object_get(v, "scope")) ?
+		text_copy(g[n].scope, json_string_value(json_object_get(v, "scope")) ?
 		         json_string_value(json_object_get(v, "scope")) : "", sizeof(g[n].scope));
 		g[n].paused = json_is_true(json_object_get(v, "paused"));
 		g[n].rate = json_number_value(json_object_get(v, "rate"));

@@ -47,13 +47,13 @@ static void on_late_resolved(struct db *db, PGresult *r, void *arg)
  * it is `unknown` because of this very attempt of this owner. */
 static void resolve_late(struct worker *w, const char *id, int attempt, const struct outbox_result *res)
 {
-	struct late_call *lc = xcalloc(1, sizeof(*lc));
+	struct late_call *lc = text_alloc(sizeof(*lc));
 	char att[16], status[16];
 	const char *params[6];
 
-	str_copy(lc->id, id, sizeof(lc->id));
+	text_copy(lc->id, id, sizeof(lc->id));
 	lc->attempt = attempt;
-	str_copy(lc->provider_id, res->provider_id, sizeof(lc->provider_id));
+	text_copy(lc->provider_id, res->provider_id, sizeof(lc->provider_id));
 	providers_scrub(lc->provider_id, sizeof(lc->provider_id));
 	if (!utf8_valid(lc->provider_id, strlen(lc->provider_id)))
 		lc->provider_id[0] = '\0';
@@ -87,7 +87,7 @@ void on_late_result(void *arg, const char *provider, const char *effect_id, int 
 		 * wire): resolved once on_complete() has it.  Held in any other
 		 * phase (being reconciled), the verdict is in the database. */
 		if (e->late == NULL)
-			e->late = xmalloc(sizeof(*e->late));
+			e->late = text_alloc(sizeof(*e->late));
 		*e->late = *res;
 		return;
 	}

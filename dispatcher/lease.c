@@ -4,7 +4,8 @@
  * requests (lease_take: outbox_lease(), its parameters, its rows): each
  * leased row is validated and queued (PH_WAITING) or failed as invalid; a
  * row this worker already holds is kept or given back, never a second
- * copy.  The heartbeat renews the leases of waiting and sending effects
+ * copy; the invalid ones of a lease's or a claim's answer are failed in one
+ * call (fail_invalid()).  The heartbeat renews the leases of waiting and sending effects
  * (outbox_renew); release_waiting() gives unstarted leases back at a stop.
  */
 #include <event2/event.h>
@@ -20,6 +21,24 @@
 #include "worker_sql.h"
 
 /* ---- leasing ------------------------------------------------------------- */
+
+/* The rows effect_invalid() collected from one answer (a lease's or a
+ * claim's), failed in one outbox_fail_invalid() call on the records
+ * connection; the array is consumed.  NULL: none. */
+void fail_invalid(struct worker *w, json_t *invalid)
+{
+	char *js;
+
+	if (invalid == NULL)
+		return;
+	js = json_dumps(invalid, JSON_COMPACT);
+	{
+		const char *params[2] = { w->owner, js };
+		worker_query(w->rec, SQL_FAIL_INVALID, params, NULL, NULL, DBQ_RETRY);
+	}
+	free(js);
+	json_decref(invalid);
+}
 
 /* A new row: validated and queued, or added to *invalid (failed in one
  * outbox_fail_invalid() call). */
@@ -56,7 +75,7 @@ static void leased_rows(struct worker *w, PGresult *r)
 		if (held && held_past_send(held)) {
 			/* Not ours to send yet: back to the queue, due again shortly. */
 			if (again == NULL)
-				again = xcalloc((size_t)PQntuples(r), sizeof(*again));
+				again = text_array((size_t)PQntuples(r), sizeof(*again));
 			again[n_again++] = held;
 		} else if (held == NULL) {
 			leased_new(w, r, row, &invalid);
@@ -64,13 +83,7 @@ static void leased_rows(struct worker *w, PGresult *r)
 		/* else ours already (its lease had lapsed while it waited): the
 		 * lease is fresh again; keep the one copy we have. */
 	}
-	if (invalid) {
-		char *js = json_dumps(invalid, JSON_COMPACT);
-		const char *params[2] = { w->owner, js };
-		worker_query(w->rec, SQL_FAIL_INVALID, params, NULL, NULL, DBQ_RETRY);
-		free(js);
-		json_decref(invalid);
-	}
+	fail_invalid(w, invalid);
 	if (again) {
 		char *ids = ids_array(again, n_again);
 		const char *params[3] = { w->owner, ids, "100" };
@@ -121,6 +134,7 @@ const struct take_handlers lease_take = {
 	.flags = 0,
 	.has_call = false,
 	.params = lease_params,
+	.answered_as = NULL,
 	.rows = lease_rows,
 	.refused = lease_refused,
 };

@@ -187,37 +187,24 @@ static void release_open_breakers(struct worker *w, struct batch *rel, int64_t d
 	free(rel);
 }
 
-/* Whether p queues its sends (no OUTBOX_CAP_STARTS_AT_ONCE: email's thread
- * pool) and is busy: half of its max_in_flight or more in flight, so
- * answers keep coming while its queue keeps its threads at work. */
-static bool queue_busy(const struct provider_slot *p)
-{
-	/* A max_in_flight below 8 leaves no queue worth the name: kept full. */
-	return !(p->ops->caps & OUTBOX_CAP_STARTS_AT_ONCE) && p->policy.max_in_flight >= 8 &&
-	       (long)p->in_flight * 2 >= p->policy.max_in_flight;
-}
-
-/* A busy provider that queues its sends is marked for once half of its
- * max_in_flight is free (queue_busy() false): its queue keeps its threads
- * at work meanwhile, and a mark call per freed slot (a slow relay's sends
- * end one by one) would cost the database a round trip per row. */
-static bool mark_later(const struct provider_slot *p)
-{
-	return queue_busy(p) && p->in_flight > 0;
-}
-
 /* Waiting effects that have a slot into b (PH_MARKING); those whose
  * breaker is open into *rel (still waiting, freed when released). */
 static void mark_pick(struct worker *w, struct batch *b, struct batch **rel, int64_t *rel_delay)
 {
 	struct effect *e, *next;
 	int64_t now = now_mono_ms(), wait_ms;
+	bool half_open, free_slot;
 
 	for (e = TAILQ_FIRST(&w->fx.waiting); e && b->n < (size_t)w->s.batch_size * 4; e = next) {
 		next = TAILQ_NEXT(e, link);
-		if (mark_later(e->prov))
+		if (decide_mark_later(e->prov))
 			continue;
-		if (!slot_free(b, e, now, &wait_ms)) {
+		free_slot = slot_free(b, e, now, &wait_ms, &half_open);
+		/* The breaker's wait is over: half-open now, so that the effect
+		 * picked next is its one probe (mark_probe()). */
+		if (half_open)
+			host_half_open(e->host);
+		if (!free_slot) {
 			if (wait_ms > 0) {
 				if (*rel == NULL)
 					*rel = batch_new(w, (size_t)w->fx.n_active + 1);

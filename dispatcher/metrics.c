@@ -132,7 +132,7 @@ void metrics_init(const char *worker)
 	memset(M.counters, 0, sizeof(M.counters));
 	memset(M.gauges, 0, sizeof(M.gauges));
 	memset(M.providers, 0, sizeof(M.providers));
-	str_copy(M.worker, worker ? worker : "", sizeof(M.worker));
+	text_copy(M.worker, worker ? worker : "", sizeof(M.worker));
 	M.start_wall_ms = now_wall_ms();
 	M.heartbeat_ms = 0;
 }
@@ -205,13 +205,13 @@ static struct provider_stats *provider_slot(const char *provider)
 			if (strcmp(provider, "other") == 0)
 				break;
 			p->used = true;
-			str_copy(p->name, provider, sizeof(p->name));
+			text_copy(p->name, provider, sizeof(p->name));
 			return p;
 		}
 	}
 	if (!other->used) {
 		other->used = true;
-		str_copy(other->name, "other", sizeof(other->name));
+		text_copy(other->name, "other", sizeof(other->name));
 	}
 	return other;
 }

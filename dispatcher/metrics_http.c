@@ -276,7 +276,7 @@ static void on_accept(struct evconnlistener *lev, evutil_socket_t fd, struct soc
 			        "oldest for a new one (%lu so far)", H.n_conns, H.evicted);
 		conn_free(TAILQ_FIRST(&H.conns));
 	}
-	c = xcalloc(1, sizeof(*c));
+	c = text_alloc(sizeof(*c));
 	c->bev = bufferevent_socket_new(H.base, fd, BEV_OPT_CLOSE_ON_FREE);
 	c->deadline = evtimer_new(H.base, conn_deadline, c);
 	if (c->bev == NULL || c->deadline == NULL) {
@@ -360,7 +360,7 @@ static bool split_listen(const char *listen, char *host, size_t hostlen, char *p
 		snprintf(err, errlen, "metrics: [metrics] listen \"%s\": bad port \"%s\"", listen, colon);
 		return false;
 	}
-	str_copy(port, colon, portlen);
+	text_copy(port, colon, portlen);
 	return true;
 }
 

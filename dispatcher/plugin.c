@@ -108,12 +108,12 @@ void providers_default_dir(char *buf, size_t len)
 			*slash = '\0';
 			snprintf(cand, sizeof(cand), "%s/providers", exe);
 			if (stat(cand, &st) == 0 && S_ISDIR(st.st_mode)) {
-				str_copy(buf, cand, len);
+				text_copy(buf, cand, len);
 				return;
 			}
 		}
 	}
-	str_copy(buf, OUTBOX_LIBDIR, len);
+	text_copy(buf, OUTBOX_LIBDIR, len);
 }
 
 /*
@@ -174,13 +174,13 @@ static bool trusted_chain(const char *what, const char *path, const char *abs, b
 	char *slash;
 	struct stat lst;
 
-	str_copy(buf, abs, sizeof(buf));
+	text_copy(buf, abs, sizeof(buf));
 	/* A symlink itself: its target is judged on the resolved chain. */
 	if (!(lstat(buf, &lst) == 0 && S_ISLNK(lst.st_mode)) &&
 	    !trusted_node(what, path, buf, !resolved, NULL, err, errlen))
 		return false;
 	while ((slash = strrchr(buf, '/')) != NULL) {
-		str_copy(child, buf, sizeof(child));
+		text_copy(child, buf, sizeof(child));
 		if (slash == buf) {
 			if (buf[1] == '\0')
 				break;
@@ -199,7 +199,7 @@ static bool trusted_path(const char *what, const char *path, char *err, size_t e
 	char abs[PATH_MAX], real[PATH_MAX], cwd[PATH_MAX];
 
 	if (path[0] == '/') {
-		str_copy(abs, path, sizeof(abs));
+		text_copy(abs, path, sizeof(abs));
 	} else if (getcwd(cwd, sizeof(cwd)) != NULL &&
 	           (size_t)snprintf(abs, sizeof(abs), "%s/%s", cwd, path) < sizeof(abs)) {
 		;
@@ -228,7 +228,7 @@ static bool load_one(struct provider_slot *slot, struct config *cfg, const char 
 		snprintf(err, errlen, "provider \"%s\": not a valid provider name", name);
 		return false;
 	}
-	str_copy(slot->name, name, sizeof(slot->name));
+	text_copy(slot->name, name, sizeof(slot->name));
 	snprintf(path, sizeof(path), "%s/outbox_%s.so", dir, name);
 	if (access(path, F_OK) == 0 && !trusted_path("provider plugin", path, err, errlen))
 		return false;
@@ -298,14 +298,14 @@ bool providers_load(struct provider_set *set, struct config *cfg, const char *di
 	provider_host.base = base;
 	provider_host.worker = worker;
 	if (names && names[0])
-		str_copy(list, names, sizeof(list));
+		text_copy(list, names, sizeof(list));
 	else
 		config_provider_sections(cfg, list, sizeof(list));
 	if (list[0] == '\0')
-		str_copy(list, "http", sizeof(list));
+		text_copy(list, "http", sizeof(list));
 
 	set->n = 0;
-	set->slots = xcalloc(32, sizeof(*set->slots));
+	set->slots = text_array(32, sizeof(*set->slots));
 	if (access(dir, F_OK) == 0 && !trusted_path("provider_dir", dir, err, errlen)) {
 		providers_unload(set);
 		return false;

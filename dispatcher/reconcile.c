@@ -124,7 +124,7 @@ static void recon_ask(struct worker *w, PGresult *r, int row)
 	e->payload = payload_parse(e, &jerr);
 	if (e->prov == NULL || !e->prov->can_reconcile || e->payload == NULL) {
 		struct outbox_recon_result rr = { .verdict = RECON_CANNOT_TELL };
-		str_copy(rr.error, "no provider here can reconcile it", sizeof(rr.error));
+		text_copy(rr.error, "no provider here can reconcile it", sizeof(rr.error));
 		on_recon_done(e, &rr);
 		return;
 	}

@@ -293,7 +293,7 @@ static void result_sanitize(struct outbox_result *res)
 	providers_scrub(res->error, sizeof(res->error));
 	providers_scrub(res->provider_id, sizeof(res->provider_id));
 	if (!utf8_valid(res->error, strlen(res->error)))
-		str_copy(res->error, "(provider error text was not UTF-8)", sizeof(res->error));
+		text_copy(res->error, "(provider error text was not UTF-8)", sizeof(res->error));
 	if (!utf8_valid(res->provider_id, strlen(res->provider_id)))
 		res->provider_id[0] = '\0';
 }

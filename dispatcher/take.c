@@ -9,7 +9,9 @@
  * answer path, on_taken(): the wire bookkeeping, the burst (more_due), the
  * backlog count, the metric and the due-index position are the same for
  * both; what differs (statement, parameters, what becomes of the rows, a
- * refusal) is the kind's entry in take_kinds[].  The position: leasing
+ * refusal) is the kind's entry in take_kinds[], and which kind's rows
+ * handler an answer goes to is the kind's to say (answered_as: a claim
+ * that only leased is the lease kind's).  The position: leasing
  * from the head of the due index, or from the position after the last row
  * taken while the head is slow (take_cursor_update()).
  */
@@ -31,21 +33,6 @@ static const struct take_handlers *const take_kinds[TAKE_KINDS] = {
 	[TAKE_CLAIM] = &claim_take,
 };
 
-/* Leasing from the position (see take_batch()): scans from the head at
- * least this far apart, and at least HEAD_SCAN_FACTOR times as long as the
- * last one took, so that a head full of dead entries (vacuum held back)
- * costs the lease path at most a tenth of its time. */
-#define HEAD_SCAN_MIN_MS 1000
-#define HEAD_SCAN_FACTOR 10
-/* Slow leases from the head in a row before leasing from the position: one
- * slow answer is more often a busy machine than a head full of dead
- * entries, and a switch makes late-committed rows wait for a head scan. */
-#define HEAD_SLOW_STREAK 3
-/* A head this slow is worth an operator's look (a long transaction holding
- * vacuum back): lease_mode is logged at warn.  Between lease_head_slow_ms
- * and this, a busy queue between two autovacuums: info. */
-#define HEAD_SLOW_WARN_MS 100
-
 /* ---- the due-index position ---------------------------------------------- */
 
 /* A change of mode at info; a slow head at warn, also while the mode
@@ -66,27 +53,25 @@ static void log_lease_mode(bool slow, bool warn, int64_t took)
 	                    "head_scan_ms", (json_int_t)took, "msg", msg));
 }
 
-/* After a scan from the head that took `took` ms: into position mode
- * after HEAD_SLOW_STREAK slow ones in a row, out of it at the first fast
- * one; the next scan from the head HEAD_SCAN_FACTOR times `took` later. */
+/* After a scan from the head that took `took` ms: decide_head_scan() on
+ * the lease state, and what it says done (decide.h: the streak, the mode,
+ * the next scan from the head, the log line). */
 static void head_scan_timed(struct worker *w, int64_t took, int64_t now)
 {
 	struct worker_lease *l = &w->lease;
-	int64_t wait = took * HEAD_SCAN_FACTOR;
-	bool slow, warn;
+	const struct head_scan_view v = {
+		.from_position = l->from_position, .slow_streak = l->head_slow_streak,
+		.slow_ms = w->s.lease_head_slow_ms, .warned_mono = l->mode_warned_mono,
+	};
+	const struct head_scan_verdict d = decide_head_scan(&v, took, now);
 
-	l->head_slow_streak = w->s.lease_head_slow_ms == 0 || took > w->s.lease_head_slow_ms
-	                      ? l->head_slow_streak + 1 : 0;
-	slow = l->from_position ? l->head_slow_streak > 0 : l->head_slow_streak >= HEAD_SLOW_STREAK;
-	/* Warn once a minute at most: under a held-back vacuum the head can
-	 * be fast and slow by turns. */
-	warn = slow && took >= HEAD_SLOW_WARN_MS && now - l->mode_warned_mono > 60000;
-	if (warn)
+	if (d.warn)
 		l->mode_warned_mono = now;
-	if (slow != l->from_position || warn)
-		log_lease_mode(slow, warn, took);
-	l->from_position = slow;
-	l->head_scan_due_mono = now + (wait > HEAD_SCAN_MIN_MS ? wait : HEAD_SCAN_MIN_MS);
+	if (d.log)
+		log_lease_mode(d.from_position, d.warn, took);
+	l->head_slow_streak = d.slow_streak;
+	l->from_position = d.from_position;
+	l->head_scan_due_mono = d.next_scan_mono;
 }
 
 /* Rows come back in due-index order; the position is after the last one.
@@ -104,9 +89,9 @@ static void take_cursor_update(struct worker *w, PGresult *r, bool from_head, in
 	 * it is current when the head turns slow. */
 	if (n == 0 || (from_head && was_position && w->lease.after_id[0]))
 		return;
-	str_copy(w->lease.after_at, PQgetvalue(r, n - 1, COL_LEASE_AVAILABLE_AT),
+	text_copy(w->lease.after_at, PQgetvalue(r, n - 1, COL_LEASE_AVAILABLE_AT),
 	         sizeof(w->lease.after_at));
-	str_copy(w->lease.after_id, PQgetvalue(r, n - 1, COL_EFFECT_ID), sizeof(w->lease.after_id));
+	text_copy(w->lease.after_id, PQgetvalue(r, n - 1, COL_EFFECT_ID), sizeof(w->lease.after_id));
 }
 
 /* Forget the position: the next lease scans from the head (rows given back
@@ -172,7 +157,7 @@ static void on_taken(struct db *db, PGresult *r, void *arg)
 	bool kick = true;
 
 	if (take_answered(w, db, b, r, worker_sql[k->stmt].name))
-		k->rows(w, b, r);
+		take_kinds[k->answered_as ? k->answered_as(r) : b->kind]->rows(w, b, r);
 	else
 		kick = k->refused(w, b, r);
 	free(b);

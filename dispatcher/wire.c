@@ -120,7 +120,7 @@ static bool cancel_running(struct db *db, const struct batch *b, int timeout_ms)
 
 	if (c == NULL)
 		return false;
-	j = xcalloc(1, sizeof(*j));
+	j = text_alloc(sizeof(*j));
 	j->c = c;
 	if (pipe(j->done) < 0) {
 		PQfreeCancel(j->c);

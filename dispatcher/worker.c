@@ -410,11 +410,11 @@ static void pick_name(struct worker *w)
 	char host[64];
 
 	if (w->s.worker_name[0]) {
-		str_copy(w->name, w->s.worker_name, sizeof(w->name));
+		text_copy(w->name, w->s.worker_name, sizeof(w->name));
 		return;
 	}
 	if (gethostname(host, sizeof(host)) != 0)
-		str_copy(host, "host", sizeof(host));
+		text_copy(host, "host", sizeof(host));
 	host[sizeof(host) - 1] = '\0';
 	if (w->instance)
 		snprintf(w->name, sizeof(w->name), "%s-%s", host, w->instance);
@@ -427,7 +427,7 @@ static bool load_providers(struct worker *w, char *err, size_t errlen)
 	char dir[4096];
 
 	if (w->s.provider_dir[0])
-		str_copy(dir, w->s.provider_dir, sizeof(dir));
+		text_copy(dir, w->s.provider_dir, sizeof(dir));
 	else
 		providers_default_dir(dir, sizeof(dir));
 	providers_on_late_result(on_late_result, w);
@@ -447,13 +447,13 @@ static bool load_providers(struct worker *w, char *err, size_t errlen)
 
 struct worker *worker_load(struct event_base *base, const struct worker_options *opt)
 {
-	struct worker *w = xcalloc(1, sizeof(*w));
+	struct worker *w = text_alloc(sizeof(*w));
 	char err[1024];
 	const char *env = getenv("AI_ACTIONS_ENABLED");
 
 	w->base = base;
-	w->config_path = xstrdup(opt->config_path);
-	w->instance = opt->instance ? xstrdup(opt->instance) : NULL;
+	w->config_path = text_strdup(opt->config_path);
+	w->instance = opt->instance ? text_strdup(opt->instance) : NULL;
 	TAILQ_INIT(&w->fx.waiting);
 	TAILQ_INIT(&w->fx.sending);
 	TAILQ_INIT(&w->fx.done_q);

@@ -11,13 +11,16 @@
  *   take.c          taking due rows: a claim or a lease, how many, on
  *                   which connection; the one sender and answer path for
  *                   both (a table of the two kinds); the due-index position
- *   lease.c         the lease kind: validating leased rows; lease renewal,
- *                   giving leases back
+ *   lease.c         the lease kind: validating leased rows; failing the
+ *                   invalid rows of an answer; lease renewal, giving
+ *                   leases back
  *   claim.c         the claim kind (lease and mark in one call for rows
  *                   that go at once): how many rows, sending them, giving
  *                   back what cannot go
  *   decide.c        the pure decisions: claim or lease, how many rows, where
- *                   outcomes go, whether they wait, a free slot (decide.h)
+ *                   outcomes go, whether they wait, a free slot, a mark
+ *                   left for later, the lease mode after a head scan
+ *                   (decide.h); none changes state
  *   mark.c          mark (the commit point: kill switch and scopes)
  *   send.c          send, record
  *   wire.c          leases, claims and marks on the wire; given up at a
@@ -341,12 +344,16 @@ struct take_handlers {
 	unsigned flags;
 	bool has_call;
 	void (*params)(const struct take_args *a, const char *params[TAKE_PARAMS_MAX]);
+	/* Which kind's rows() takes an answer (a claim that only leased is
+	 * the lease kind's); NULL: always this kind's. */
+	enum take_kind (*answered_as)(const PGresult *r);
 	void (*rows)(struct worker *w, const struct batch *b, PGresult *r);
 	bool (*refused)(struct worker *w, const struct batch *b, PGresult *r);
 };
 
 /* lease.c */
 extern const struct take_handlers lease_take;
+void fail_invalid(struct worker *w, json_t *invalid);
 void release_waiting(struct worker *w);
 void on_heartbeat(evutil_socket_t fd, short what, void *arg);
 

@@ -182,7 +182,7 @@ static bool resolve_secret(struct conf_entry *e, const char *path, char *err, si
 		fclose(fp);
 		buf[n] = '\0';
 		buf[strcspn(buf, "\r\n")] = '\0';
-		e->resolved = xstrdup(buf);
+		e->resolved = text_strdup(buf);
 		memset(buf, 0, sizeof(buf));
 	} else if (strncmp(v, "env:", 4) == 0) {
 		const char *s = getenv(v + 4);
@@ -191,9 +191,9 @@ static bool resolve_secret(struct conf_entry *e, const char *path, char *err, si
 			         e->line, e->section, e->key, v + 4);
 			return false;
 		}
-		e->resolved = xstrdup(s);
+		e->resolved = text_strdup(s);
 	} else {
-		e->resolved = xstrdup(v);
+		e->resolved = text_strdup(v);
 	}
 	return true;
 }

@@ -98,13 +98,10 @@ static int on_entry(void *user, const char *section, const char *name, const cha
 	}
 	if (cfg->n == cfg->cap) {
 		cfg->cap = cfg->cap ? cfg->cap * 2 : 32;
-		struct conf_entry *grown = realloc(cfg->entries, cfg->cap * sizeof(*grown));
-		if (grown == NULL)
-			abort();
-		cfg->entries = grown;
+		cfg->entries = text_realloc(cfg->entries, cfg->cap * sizeof(*cfg->entries));
 	}
 	cfg->entries[cfg->n++] = (struct conf_entry){
-		.section = xstrdup(section), .key = xstrdup(name), .value = xstrdup(value),
+		.section = text_strdup(section), .key = text_strdup(name), .value = text_strdup(value),
 		.line = ctx->line,
 	};
 	return 1;
@@ -168,7 +165,7 @@ static bool stash_long_line(struct parse_ctx *ctx, char *line, char *str, int nu
 	while (end > v && (end[-1] == ' ' || end[-1] == '\t' || end[-1] == '\r'))
 		end--;
 	free(ctx->long_value);
-	ctx->long_value = xmalloc((size_t)(end - v) + 1);
+	ctx->long_value = text_alloc((size_t)(end - v) + 1);
 	memcpy(ctx->long_value, v, (size_t)(end - v));
 	ctx->long_value[end - v] = '\0';
 	snprintf(str, (size_t)num, "%.*s=%s\n", (int)klen, line, LONG_VALUE_MARK);
@@ -250,8 +247,8 @@ struct config *config_load(const char *path, char *err, size_t errlen)
 		snprintf(err, errlen, "%s: cannot open: %s", path, strerror(errno));
 		return NULL;
 	}
-	ctx.cfg = xcalloc(1, sizeof(*ctx.cfg));
-	ctx.cfg->path = xstrdup(path);
+	ctx.cfg = text_alloc(sizeof(*ctx.cfg));
+	ctx.cfg->path = text_strdup(path);
 	ctx.cfg->others_can_read = fstat(fileno(ctx.fp), &st) == 0 && (st.st_mode & S_IROTH);
 	cfg = parse(&ctx);
 	fclose(ctx.fp);
@@ -262,7 +259,7 @@ struct config *config_load_string(const char *name, const char *text, char *err,
 {
 	struct parse_ctx ctx = { .err = err, .errlen = errlen, .text = text };
 
-	ctx.cfg = xcalloc(1, sizeof(*ctx.cfg));
-	ctx.cfg->path = xstrdup(name);
+	ctx.cfg = text_alloc(sizeof(*ctx.cfg));
+	ctx.cfg->path = text_strdup(name);
 	return parse(&ctx);
 }

@@ -196,7 +196,7 @@ void db_redact_conninfo(const char *conninfo, char *out, size_t len)
 		return;
 	out[0] = '\0';
 	if (conninfo[0] == '\0') {
-		str_copy(out, "(libpq environment)", len);
+		text_copy(out, "(libpq environment)", len);
 		return;
 	}
 	if (strncmp(conninfo, "postgresql://", 13) == 0 || strncmp(conninfo, "postgres://", 11) == 0) {
@@ -247,11 +247,11 @@ void db_redact_conninfo(const char *conninfo, char *out, size_t len)
 struct db *db_new(struct event_base *base, const char *conninfo, long backoff_min_ms,
                   long backoff_max_ms, const char *listen_channel)
 {
-	struct db *db = xcalloc(1, sizeof(*db));
+	struct db *db = text_alloc(sizeof(*db));
 
 	db->base = base;
-	db->conninfo = xstrdup(conninfo ? conninfo : "");
-	db->listen_channel = listen_channel ? xstrdup(listen_channel) : NULL;
+	db->conninfo = text_strdup(conninfo ? conninfo : "");
+	db->listen_channel = listen_channel ? text_strdup(listen_channel) : NULL;
 	db->backoff_min = backoff_min_ms;
 	db->backoff_max = backoff_max_ms;
 	db->backoff_cur = backoff_min_ms;
@@ -278,7 +278,7 @@ void db_set_timeouts(struct db *db, long statement_timeout_ms, long response_tim
 void db_set_application_name(struct db *db, const char *name)
 {
 	free(db->app_name);
-	db->app_name = name ? xstrdup(name) : NULL;
+	db->app_name = name ? text_strdup(name) : NULL;
 }
 
 void db_set_callbacks(struct db *db, db_state_fn on_state, db_notify_fn on_notify, void *arg)
@@ -317,7 +317,7 @@ static void set_error_from_conn(struct db *db)
 {
 	const char *m = db->conn ? PQerrorMessage(db->conn) : "no connection";
 
-	str_copy(db->last_error, m, sizeof(db->last_error));
+	text_copy(db->last_error, m, sizeof(db->last_error));
 	db->last_error[strcspn(db->last_error, "\n")] = '\0';
 }
 
@@ -464,7 +464,7 @@ static void db_lost(struct db *db, const char *why)
 	int64_t delay;
 
 	/* why may be last_error, which the next connect overwrites. */
-	str_copy(reason, why, sizeof(reason));
+	text_copy(reason, why, sizeof(reason));
 	drop_socket_event(db);
 	if (db->deadline_ev)
 		evtimer_del(db->deadline_ev);
@@ -486,7 +486,7 @@ static void db_lost(struct db *db, const char *why)
 			query_free(head);
 		} else if ((head->flags & DBQ_REPEAT_FLAG) && head->nparams > 0) {
 			free(head->params[head->nparams - 1]);
-			head->params[head->nparams - 1] = xstrdup("true");
+			head->params[head->nparams - 1] = text_strdup("true");
 		}
 	}
 	if (db->ever_up)
@@ -528,9 +528,9 @@ static void on_connected(struct db *db)
 	if (db->listen_channel) {
 		/* LISTEN goes first so no NOTIFY is missed after the reconnect. */
 		char sql[128];
-		struct db_query *q = xcalloc(1, sizeof(*q));
+		struct db_query *q = text_alloc(sizeof(*q));
 		snprintf(sql, sizeof(sql), "LISTEN %s", db->listen_channel);
-		q->sql = xstrdup(sql);
+		q->sql = text_strdup(sql);
 		q->cb = NULL;
 		q->flags = DBQ_RETRY | DBQ_URGENT;   /* nothing goes ahead of it */
 		TAILQ_INSERT_HEAD(&db->queue, q, link);
@@ -540,13 +540,13 @@ static void on_connected(struct db *db)
 		 * the role, the database, the conninfo's options or PGOPTIONS set
 		 * one (even to 0): only a limit nobody set is replaced. */
 		char ms[24];
-		struct db_query *q = xcalloc(1, sizeof(*q));
+		struct db_query *q = text_alloc(sizeof(*q));
 		snprintf(ms, sizeof(ms), "%ld", db->statement_timeout_ms);
-		q->sql = xstrdup("SELECT set_config('statement_timeout', $1, false) "
+		q->sql = text_strdup("SELECT set_config('statement_timeout', $1, false) "
 		                 "FROM pg_settings WHERE name = 'statement_timeout' AND source = 'default'");
 		q->nparams = 1;
-		q->params = xcalloc(1, sizeof(char *));
-		q->params[0] = xstrdup(ms);
+		q->params = text_alloc(sizeof(char *));
+		q->params[0] = text_strdup(ms);
 		q->flags = DBQ_RETRY | DBQ_URGENT;
 		TAILQ_INSERT_HEAD(&db->queue, q, link);
 	}
@@ -763,7 +763,7 @@ static void on_deadline(evutil_socket_t fd, short what, void *arg)
 	case DB_CONNECTING:
 		snprintf(why, sizeof(why), "no answer from the server within %ld ms while connecting",
 		         db->response_timeout_ms);
-		str_copy(db->last_error, why, sizeof(db->last_error));
+		text_copy(db->last_error, why, sizeof(db->last_error));
 		db_lost(db, why);
 		return;
 	case DB_UP:
@@ -775,7 +775,7 @@ static void on_deadline(evutil_socket_t fd, short what, void *arg)
 		}
 		snprintf(why, sizeof(why), "no answer from the server within %ld ms",
 		         db->response_timeout_ms);
-		str_copy(db->last_error, why, sizeof(db->last_error));
+		text_copy(db->last_error, why, sizeof(db->last_error));
 		cancel_on_server(db);
 		db_lost(db, why);
 		return;
@@ -792,13 +792,13 @@ int64_t db_head_sent_mono(const struct db *db)
 void db_query(struct db *db, const char *sql, int nparams, const char *const *params,
               db_result_fn cb, void *arg, unsigned flags)
 {
-	struct db_query *q = xcalloc(1, sizeof(*q));
+	struct db_query *q = text_alloc(sizeof(*q));
 
-	q->sql = xstrdup(sql);
+	q->sql = text_strdup(sql);
 	q->nparams = nparams;
-	q->params = xcalloc((size_t)(nparams > 0 ? nparams : 1), sizeof(char *));
+	q->params = text_array((size_t)(nparams > 0 ? nparams : 1), sizeof(char *));
 	for (int i = 0; i < nparams; i++)
-		q->params[i] = params[i] ? xstrdup(params[i]) : NULL;
+		q->params[i] = params[i] ? text_strdup(params[i]) : NULL;
 	q->cb = cb;
 	q->arg = arg;
 	q->flags = flags;

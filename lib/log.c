@@ -17,14 +17,14 @@ static enum outbox_log_level log_min = OLOG_INFO;
 
 void log_init(const char *program, const char *worker)
 {
-	str_copy(log_program, program, sizeof(log_program));
+	text_copy(log_program, program, sizeof(log_program));
 	if (worker)
-		str_copy(log_worker, worker, sizeof(log_worker));
+		text_copy(log_worker, worker, sizeof(log_worker));
 }
 
 void log_set_worker(const char *worker)
 {
-	str_copy(log_worker, worker, sizeof(log_worker));
+	text_copy(log_worker, worker, sizeof(log_worker));
 }
 
 void log_set_min_level(enum outbox_log_level level)

@@ -154,7 +154,7 @@ static int apply_migrations(PGconn *conn, FILE *out, char *err, size_t errlen)
 		PQclear(r);
 		return -1;
 	}
-	applied = xcalloc((size_t)migrations_count + 1, sizeof(*applied));
+	applied = text_array((size_t)migrations_count + 1, sizeof(*applied));
 	if (!check_recorded(r, applied, &squashed_seen, err, errlen))
 		goto fail;
 	if (squashed_seen > 0 && base && !applied[base - migrations]) {
@@ -254,7 +254,7 @@ static int count_pending(PGconn *conn, char *err, size_t errlen)
 		PQclear(r);
 		return -1;
 	}
-	applied = xcalloc((size_t)migrations_count + 1, sizeof(*applied));
+	applied = text_array((size_t)migrations_count + 1, sizeof(*applied));
 	if (!check_recorded(r, applied, &squashed_seen, err, errlen)) {
 		free(applied);
 		PQclear(r);

@@ -1,10 +1,10 @@
 /* SPDX-License-Identifier: ISC */
 /*
  * text.h: small text helpers every provider needs: bounded copies,
- * printable copies of peer text, the growing string the dispatcher and the
- * providers share, and the providers' out-of-memory policy (abort: a worker
- * that cannot allocate a few bytes cannot record outcomes either, and the
- * lease reaper recovers its rows).
+ * printable copies of peer text, the growing string the programs and the
+ * providers share, and the one out-of-memory policy of the whole tree
+ * (abort: a worker that cannot allocate a few bytes cannot record outcomes
+ * either, and the lease reaper recovers its rows).
  *
  * text.c is in lib/, linked into every program (the Makefile's LIB_SRC)
  * and into each plugin (from lib/'s archive): the providers build against
@@ -19,7 +19,8 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-/* The providers' allocations, all of them (tests/static checks): they
+/* Every allocation of lib/, the programs and the providers
+ * (tests/static/test_oom_policy.py checks): they
  * abort when memory is exhausted and never return NULL, so no caller has
  * an out-of-memory path to get wrong (a cut header, an all-zero HMAC).
  * text_alloc zeroes like calloc; text_array(n, size) checks n * size for

@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: ISC */
 /*
- * util.c: clocks, randomness, UUIDs, digests, string copies, backoff,
- * a growing string, the descriptor limit.
+ * util.c: clocks, randomness, UUIDs, digests, backoff, UTF-8 checks, JSON
+ * and terminal escaping onto the growing string, the descriptor limit.
+ * Allocation and bounded copies are lib/text.c's (one out-of-memory policy).
  */
 #include "util.h"
 
@@ -111,49 +112,6 @@ void sha256_hex(const void *data, size_t len, char out[65])
 		out[2 * i + 1] = hex[md[i] & 0xf];
 	}
 	out[64] = '\0';
-}
-
-size_t str_copy(char *dst, const char *src, size_t size)
-{
-	size_t n = strlen(src);
-
-	if (size > 0) {
-		size_t c = n < size - 1 ? n : size - 1;
-		memcpy(dst, src, c);
-		dst[c] = '\0';
-	}
-	return n;
-}
-
-void *xmalloc(size_t n)
-{
-	void *p = malloc(n ? n : 1);
-
-	if (p == NULL) {
-		fputs("outbox: out of memory\n", stderr);
-		abort();
-	}
-	return p;
-}
-
-void *xcalloc(size_t n, size_t size)
-{
-	void *p = calloc(n ? n : 1, size ? size : 1);
-
-	if (p == NULL) {
-		fputs("outbox: out of memory\n", stderr);
-		abort();
-	}
-	return p;
-}
-
-char *xstrdup(const char *s)
-{
-	size_t n = strlen(s) + 1;
-	char *p = xmalloc(n);
-
-	memcpy(p, s, n);
-	return p;
 }
 
 int64_t backoff_full_jitter_ms(int64_t base_ms, int64_t cap_ms, int attempt)

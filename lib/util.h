@@ -1,9 +1,10 @@
 /* SPDX-License-Identifier: ISC */
 /*
  * util.h: small helpers every part uses: clocks, randomness, UUIDs,
- * SHA-256, bounded string copies, jittered backoff, and JSON-string and
+ * SHA-256, jittered backoff, and JSON-string and
  * terminal escaping onto the growing string (struct strbuf, which the
- * dispatcher shares with the providers: lib/text.h).
+ * dispatcher shares with the providers: lib/text.h).  Allocations and
+ * bounded copies are lib/text.h's: one out-of-memory policy, abort.
  */
 #ifndef OUTBOX_UTIL_H
 #define OUTBOX_UTIL_H
@@ -37,14 +38,6 @@ void uuid_v4(char out[37]);
 
 /* Lower-case hex SHA-256 of data: 64 characters + NUL. */
 void sha256_hex(const void *data, size_t len, char out[65]);
-/* Copy at most size-1 bytes and always terminate; returns strlen(src). */
-size_t str_copy(char *dst, const char *src, size_t size);
-/* strdup that aborts on out-of-memory (the only sane answer in a daemon
- * whose every allocation is small). */
-char *xstrdup(const char *s);
-void *xmalloc(size_t n);
-void *xcalloc(size_t n, size_t size);
-
 /* Exponential backoff with full jitter: uniform in [0, min(cap, base*2^(attempt-1))]. */
 int64_t backoff_full_jitter_ms(int64_t base_ms, int64_t cap_ms, int attempt);
 

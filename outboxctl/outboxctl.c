@@ -280,18 +280,12 @@ static void tv_free(void)
 static const char *tv_keep(const char *s, bool keep_newlines)
 {
 	struct strbuf b;
-	char **grown;
 
 	if (s == NULL || !term_needs_escape(s, keep_newlines))
 		return s;
 	sb_init(&b, strlen(s) + 16);
 	sb_term_escape(&b, s, keep_newlines);
-	grown = realloc(tv_pool, (tv_count + 1) * sizeof(*tv_pool));
-	if (grown == NULL) {
-		free(b.s);
-		return "(unprintable)";
-	}
-	tv_pool = grown;
+	tv_pool = text_realloc(tv_pool, (tv_count + 1) * sizeof(*tv_pool));
 	tv_pool[tv_count++] = b.s;
 	return b.s;
 }
@@ -316,7 +310,7 @@ static const char *hide_db_argument(char *arg)
 	size_t n = strlen(arg);
 
 	free(copy);
-	copy = xstrdup(arg);
+	copy = text_strdup(arg);
 	db_redact_conninfo(copy, shown, sizeof(shown));
 	memset(arg, 0, n);
 	if (strcmp(shown, copy) != 0)

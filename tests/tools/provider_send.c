@@ -203,10 +203,10 @@ int main(int argc, char **argv)
 		effects = a;
 	}
 	n_effects = json_array_size(effects);
-	slots = xcalloc(n_effects + 1, sizeof(*slots));
+	slots = text_array(n_effects + 1, sizeof(*slots));
 	for (size_t i = 0; i < json_array_size(effects); i++) {
 		json_t *e = json_array_get(effects, i);
-		struct pending *p = xcalloc(1, sizeof(*p));
+		struct pending *p = text_alloc(sizeof(*p));
 
 		p->slot = i;
 		p->effect = json_incref(e);
@@ -218,7 +218,7 @@ int main(int argc, char **argv)
 		if (json_is_string(json_object_get(e, "target_hex"))) {
 			const char *h = str_of(e, "target_hex", "");
 			size_t n = strlen(h) / 2;
-			p->target = xcalloc(n + 1, 1);
+			p->target = text_array(n + 1, 1);
 			for (size_t k = 0; k < n; k++)
 				sscanf(h + 2 * k, "%2hhx", (unsigned char *)&p->target[k]);
 			p->view.target = p->target;
@@ -227,7 +227,7 @@ int main(int argc, char **argv)
 		/* The text: "payload_text" as given (to test numbers jansson
 		 * cannot hold), else the payload compacted. */
 		if (json_is_string(json_object_get(e, "payload_text")))
-			p->payload_text = xstrdup(str_of(e, "payload_text", ""));
+			p->payload_text = text_strdup(str_of(e, "payload_text", ""));
 		else
 			p->payload_text = json_dumps(p->view.payload, JSON_COMPACT | JSON_ENCODE_ANY);
 		p->view.payload_text = p->payload_text;

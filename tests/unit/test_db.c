@@ -65,7 +65,7 @@ static void on_state(struct db *db, bool up, void *arg)
 
 static int setup(void **state)
 {
-	struct fixture *f = xcalloc(1, sizeof(*f));
+	struct fixture *f = text_alloc(sizeof(*f));
 
 	log_init("test_db", NULL);
 	log_set_min_level(OLOG_ERROR);
@@ -223,7 +223,7 @@ static void test_a_failed_lookahead_send_delivers_the_answer_then_loses_the_conn
 	/* libpq refuses more than 65535 parameters before writing anything:
 	 * the send fails as a broken connection's would. */
 	enum { TOO_MANY = 70000 };
-	const char **params = xcalloc(TOO_MANY, sizeof(*params));
+	const char **params = text_array(TOO_MANY, sizeof(*params));
 
 	assert_true(f->up);
 	for (int i = 0; i < TOO_MANY; i++)

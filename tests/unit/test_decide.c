@@ -3,9 +3,11 @@
  * test_decide.c: dispatcher/decide.c, the worker's pure decisions, each
  * as a table of cases: the claim's room and its row count (or lease, or
  * wait and ask again when), a lease worth its round trip, a claim, a lease
- * or neither, the connection for outcomes, how long outcomes gather, and a
+ * or neither, the connection for outcomes, how long outcomes gather, a
  * free send slot (the provider's and the host's limits beside the batch
- * being built, the breaker).  Each row says why it is there.
+ * being built, the breaker, which the answer leaves as it was), a busy
+ * queueing provider marked later, and the lease mode after a timed scan
+ * from the due index's head.  Each row says why it is there.
  */
 #include <stdarg.h>
 #include <stddef.h>
@@ -284,27 +286,33 @@ struct slot_case {
 	int batch_same_host, batch_other_host;   /* effects already in the batch being built */
 	bool want;
 	int64_t want_wait_ms;
-	enum breaker_state want_breaker;
+	bool want_half_open;     /* the caller is to half-open the breaker */
 };
 
 #define NOW 1000000
 
 static const struct slot_case slot_cases[] = {
-	{ "room everywhere", 0, 256, 64, 0, BREAKER_CLOSED, 0, false, 0, 0, true, 0, BREAKER_CLOSED },
-	{ "the provider full", 256, 256, 64, 0, BREAKER_CLOSED, 0, false, 0, 0, false, 0, BREAKER_CLOSED },
+	{ "room everywhere", 0, 256, 64, 0, BREAKER_CLOSED, 0, false, 0, 0, true, 0, false },
+	{ "the provider full", 256, 256, 64, 0, BREAKER_CLOSED, 0, false, 0, 0, false, 0, false },
 	{ "the provider full with the batch", 250, 256, 64, 0, BREAKER_CLOSED, 0, false, 3, 3, false, 0,
-	  BREAKER_CLOSED },
-	{ "the host full", 10, 256, 64, 64, BREAKER_CLOSED, 0, false, 0, 0, false, 0, BREAKER_CLOSED },
+	  false },
+	{ "the host full", 10, 256, 64, 64, BREAKER_CLOSED, 0, false, 0, 0, false, 0, false },
 	{ "the host full with the batch's rows for it", 10, 256, 64, 60, BREAKER_CLOSED, 0, false, 4, 0,
-	  false, 0, BREAKER_CLOSED },
+	  false, 0, false },
 	{ "the batch's rows for other hosts leave this host's room", 10, 256, 64, 60, BREAKER_CLOSED, 0,
-	  false, 3, 20, true, 0, BREAKER_CLOSED },
+	  false, 3, 20, true, 0, false },
 	{ "breaker open: wait until it may probe", 0, 256, 64, 0, BREAKER_OPEN, NOW + 250, false, 0, 0,
-	  false, 250, BREAKER_OPEN },
-	{ "breaker open, its time up: half-open, one probe may go", 0, 256, 64, 0, BREAKER_OPEN, NOW,
-	  false, 0, 0, true, 0, BREAKER_HALF_OPEN },
+	  false, 250, false },
+	{ "breaker open, its time up: one probe may go, the caller half-opens it", 0, 256, 64, 0,
+	  BREAKER_OPEN, NOW, false, 0, 0, true, 0, true },
+	{ "breaker open, its time up, the host full: no slot, still to be half-opened", 0, 256, 64, 64,
+	  BREAKER_OPEN, NOW, false, 0, 0, false, 0, true },
+	{ "breaker open, its time up, the provider full: no slot, the breaker not asked", 256, 256, 64,
+	  0, BREAKER_OPEN, NOW, false, 0, 0, false, 0, false },
 	{ "half-open with its probe out: wait 100 ms", 0, 256, 64, 1, BREAKER_HALF_OPEN, 0, true, 0, 0,
-	  false, 100, BREAKER_HALF_OPEN },
+	  false, 100, false },
+	{ "half-open, no probe out: the probe may go", 0, 256, 64, 1, BREAKER_HALF_OPEN, 0, false, 0, 0,
+	  true, 0, false },
 };
 
 static void test_slot_free(void **state)
@@ -318,7 +326,7 @@ static void test_slot_free(void **state)
 		size_t n = (size_t)(c->batch_same_host + c->batch_other_host);
 		struct batch *b = calloc(1, sizeof(*b) + (n ? n : 1) * sizeof(b->items[0]));
 		int64_t wait_ms = -7;
-		bool got;
+		bool got, half_open = !c->want_half_open;
 
 		assert_non_null(b);
 		memset(&prov, 0, sizeof(prov));
@@ -341,12 +349,124 @@ static void test_slot_free(void **state)
 			b->items[b->n++] = &same;
 		for (int k = 0; k < c->batch_other_host; k++)
 			b->items[b->n++] = &diff;
-		got = slot_free(n ? b : NULL, &e, NOW, &wait_ms);
-		if (got != c->want || wait_ms != c->want_wait_ms || host.breaker != c->want_breaker)
-			fail_msg("%s: %d, wait %lld ms, breaker %d; want %d, %lld, %d", c->why, got,
-			         (long long)wait_ms, host.breaker, c->want, (long long)c->want_wait_ms,
-			         c->want_breaker);
+		got = slot_free(n ? b : NULL, &e, NOW, &wait_ms, &half_open);
+		if (got != c->want || wait_ms != c->want_wait_ms || half_open != c->want_half_open)
+			fail_msg("%s: %d, wait %lld ms, half-open %d; want %d, %lld, %d", c->why, got,
+			         (long long)wait_ms, half_open, c->want, (long long)c->want_wait_ms,
+			         c->want_half_open);
+		/* A decision: the host is as it was. */
+		if (host.breaker != c->breaker || host.probe_in_flight != c->probe_in_flight ||
+		    host.in_flight != c->host_in_flight || host.open_until_ms != c->open_until_ms)
+			fail_msg("%s: slot_free changed the host", c->why);
 		free(b);
+	}
+}
+
+/* ---- decide_mark_later ------------------------------------------------------ */
+
+struct later_case {
+	const char *why;
+	unsigned caps;
+	long max_in_flight;
+	int in_flight;
+	bool want;
+};
+
+#define AT_ONCE OUTBOX_CAP_STARTS_AT_ONCE
+
+static const struct later_case later_cases[] = {
+	{ "a queueing provider, half of its slots in flight: later", 0, 16, 8, true },
+	{ "a queueing provider, all its slots in flight: later", 0, 16, 16, true },
+	{ "a queueing provider, one short of half: mark now", 0, 16, 7, false },
+	{ "a queueing provider, idle: mark now", 0, 16, 0, false },
+	{ "a provider that starts its sends at once: never later", AT_ONCE, 16, 16, false },
+	{ "max_in_flight below 8: no queue worth the name, kept full", 0, 7, 7, false },
+	{ "max_in_flight exactly 8, 4 in flight: later", 0, 8, 4, true },
+	{ "other capability bits do not make it start at once", 0x1u | 0x2u, 16, 8, true },
+};
+
+static void test_mark_later(void **state)
+{
+	(void)state;
+	for (size_t i = 0; i < N_OF(later_cases); i++) {
+		const struct later_case *c = &later_cases[i];
+		struct outbox_provider ops;
+		struct provider_slot p;
+
+		memset(&ops, 0, sizeof(ops));
+		memset(&p, 0, sizeof(p));
+		ops.caps = c->caps;
+		p.ops = &ops;
+		p.policy.max_in_flight = c->max_in_flight;
+		p.in_flight = c->in_flight;
+		if (decide_mark_later(&p) != c->want)
+			fail_msg("%s: want %d", c->why, c->want);
+		if (p.in_flight != c->in_flight)
+			fail_msg("%s: decide_mark_later changed the provider", c->why);
+	}
+}
+
+/* ---- decide_head_scan ------------------------------------------------------- */
+
+struct head_case {
+	const char *why;
+	struct head_scan_view v;
+	int64_t took;
+	struct head_scan_verdict want;
+};
+
+/* [dispatcher] lease_head_slow_ms = 20, a warning long ago. */
+#define HEAD(pos, streak) .from_position = (pos), .slow_streak = (streak), .slow_ms = 20, \
+                          .warned_mono = NOW - HEAD_SLOW_WARN_EVERY_MS - 1
+/* The next scan from the head: HEAD_SCAN_FACTOR times `took`, at least
+ * HEAD_SCAN_MIN_MS. */
+#define NEXT(took) (NOW + ((took) * HEAD_SCAN_FACTOR > HEAD_SCAN_MIN_MS \
+                           ? (took) * HEAD_SCAN_FACTOR : HEAD_SCAN_MIN_MS))
+
+static const struct head_case head_cases[] = {
+	{ "from the head, fast: stays, no log", { HEAD(false, 0) }, 5,
+	  { 0, false, false, false, NEXT(5) } },
+	{ "from the head, one slow scan: counted, not yet a switch", { HEAD(false, 0) }, 50,
+	  { 1, false, false, false, NEXT(50) } },
+	{ "from the head, the second slow one in a row", { HEAD(false, 1) }, 50,
+	  { 2, false, false, false, NEXT(50) } },
+	{ "the third slow one in a row: position mode, at info (under 100 ms)",
+	  { HEAD(false, HEAD_SLOW_STREAK - 1) }, 50, { HEAD_SLOW_STREAK, true, true, false, NEXT(50) } },
+	{ "the third slow one, 100 ms or more: position mode, at warn",
+	  { HEAD(false, HEAD_SLOW_STREAK - 1) }, HEAD_SLOW_WARN_MS,
+	  { HEAD_SLOW_STREAK, true, true, true, NEXT(HEAD_SLOW_WARN_MS) } },
+	{ "a fast one resets the streak before the switch", { HEAD(false, HEAD_SLOW_STREAK - 1) }, 20,
+	  { 0, false, false, false, NEXT(20) } },
+	{ "in position mode, still slow, under 100 ms: stays, no log", { HEAD(true, 5) }, 50,
+	  { 6, true, false, false, NEXT(50) } },
+	{ "in position mode, very slow, last warning a minute ago: warn again", { HEAD(true, 5) }, 500,
+	  { 6, true, true, true, NEXT(500) } },
+	{ "in position mode, very slow, warned within the minute: no log",
+	  { .from_position = true, .slow_streak = 5, .slow_ms = 20,
+	    .warned_mono = NOW - HEAD_SLOW_WARN_EVERY_MS }, 500, { 6, true, false, false, NEXT(500) } },
+	{ "in position mode, the first fast one: back to the head, at info", { HEAD(true, 5) }, 3,
+	  { 0, false, true, false, NEXT(3) } },
+	{ "lease_head_slow_ms = 0: every scan is slow", { .slow_ms = 0, .warned_mono = NOW }, 0,
+	  { 1, false, false, false, NEXT(0) } },
+	{ "a scan of 150 ms: the next one 1.5 s later", { HEAD(false, 0) }, 150,
+	  { 1, false, false, false, NOW + 1500 } },
+};
+
+static void test_head_scan(void **state)
+{
+	(void)state;
+	for (size_t i = 0; i < N_OF(head_cases); i++) {
+		const struct head_case *c = &head_cases[i];
+		struct head_scan_verdict d = decide_head_scan(&c->v, c->took, NOW);
+
+		if (d.slow_streak != c->want.slow_streak || d.from_position != c->want.from_position ||
+		    d.log != c->want.log || d.warn != c->want.warn ||
+		    d.next_scan_mono != c->want.next_scan_mono)
+			fail_msg("%s: streak %d, position %d, log %d, warn %d, next +%lld; "
+			         "want %d, %d, %d, %d, +%lld", c->why, d.slow_streak, d.from_position,
+			         d.log, d.warn, (long long)(d.next_scan_mono - NOW), c->want.slow_streak,
+			         c->want.from_position, c->want.log, c->want.warn,
+			         (long long)(c->want.next_scan_mono - NOW));
 	}
 }
 
@@ -360,6 +480,8 @@ int main(void)
 		cmocka_unit_test(test_outcomes_on_lease_db),
 		cmocka_unit_test(test_gather),
 		cmocka_unit_test(test_slot_free),
+		cmocka_unit_test(test_mark_later),
+		cmocka_unit_test(test_head_scan),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

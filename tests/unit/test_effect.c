@@ -47,7 +47,7 @@ static PGresult *lease_result(const char *const *ids, int n)
 
 static struct worker *worker_empty(void)
 {
-	struct worker *w = xcalloc(1, sizeof(*w));
+	struct worker *w = text_alloc(sizeof(*w));
 
 	TAILQ_INIT(&w->fx.waiting);
 	TAILQ_INIT(&w->fx.sending);

@@ -6,7 +6,9 @@
  * to open_ms; half-open lets exactly one probe through, the probe's
  * success closes (and resets the wait) and its failure re-opens; 4xx
  * answers are not host failures.  Hosts no effect holds and that remember
- * nothing are pruned.  The clock is passed in, so no test sleeps.
+ * nothing are pruned.  host_may_send() and host_probe_due() change
+ * nothing: the caller half-opens (host_half_open()).  The clock is passed
+ * in, so no test sleeps.
  */
 #include <stdarg.h>
 #include <stddef.h>
@@ -49,12 +51,25 @@ static const struct outbox_result *down(void)
 	return &r;
 }
 
+/* As the dispatcher asks (decide.c's slot_free(), then mark.c or
+ * claim.c): the answer, and a breaker whose wait is over moved to
+ * half-open by the caller, the question itself changing nothing. */
+static bool may_send(struct host_state *hs, int max_per_host, int64_t now, int64_t *wait)
+{
+	bool due = host_probe_due(hs, now);
+	bool yes = host_may_send(hs, max_per_host, now, wait);
+
+	if (due)
+		host_half_open(hs);
+	return yes;
+}
+
 /* One whole send: may_send, started, done.  Returns host_send_done's value. */
 static bool send_one(struct host_state *hs, const struct outbox_result *r, int64_t now)
 {
 	int64_t wait = -1;
 
-	assert_true(host_may_send(hs, 16, now, &wait));
+	assert_true(may_send(hs, 16, now, &wait));
 	assert_int_equal(wait, 0);
 	host_send_started(hs);
 	return host_send_done(hs, r, N_FAIL, OPEN_MS, now);
@@ -103,20 +118,20 @@ static void test_per_host_concurrency(void **state)
 	struct host_state *a = hosts_get(h, "a"), *b = hosts_get(h, "b");
 	int64_t wait = -1;
 
-	assert_true(host_may_send(a, 2, T0, &wait));
+	assert_true(may_send(a, 2, T0, &wait));
 	host_send_started(a);
-	assert_true(host_may_send(a, 2, T0, &wait));
+	assert_true(may_send(a, 2, T0, &wait));
 	host_send_started(a);
 	assert_int_equal(a->in_flight, 2);
 	/* full: wait for a slot (0), not for the breaker */
 	wait = -1;
-	assert_false(host_may_send(a, 2, T0, &wait));
+	assert_false(may_send(a, 2, T0, &wait));
 	assert_int_equal(wait, 0);
 	/* another host is not affected */
-	assert_true(host_may_send(b, 2, T0, &wait));
+	assert_true(may_send(b, 2, T0, &wait));
 	/* a finished send frees a slot, whatever its outcome */
 	assert_false(host_send_done(a, down(), N_FAIL, OPEN_MS, T0));
-	assert_true(host_may_send(a, 2, T0, &wait));
+	assert_true(may_send(a, 2, T0, &wait));
 	assert_false(host_send_done(a, ok(), N_FAIL, OPEN_MS, T0));
 	assert_int_equal(a->in_flight, 0);
 	/* never below zero */
@@ -138,9 +153,9 @@ static void test_opens_after_n_consecutive_failures(void **state)
 	assert_int_equal(hs->breaker, BREAKER_OPEN);
 	assert_int_equal(hs->open_until_ms, T0 + 5 + BREAKER_FIRST_PROBE_MS);
 	/* open: nothing goes, and the caller learns how long to wait */
-	assert_false(host_may_send(hs, 16, T0 + 5, &wait));
+	assert_false(may_send(hs, 16, T0 + 5, &wait));
 	assert_int_equal(wait, BREAKER_FIRST_PROBE_MS);
-	assert_false(host_may_send(hs, 16, T0 + 5 + BREAKER_FIRST_PROBE_MS - 1, &wait));
+	assert_false(may_send(hs, 16, T0 + 5 + BREAKER_FIRST_PROBE_MS - 1, &wait));
 	assert_int_equal(wait, 1);
 	assert_int_equal(hs->breaker, BREAKER_OPEN);
 }
@@ -172,16 +187,45 @@ static void test_half_open_lets_exactly_one_probe(void **state)
 
 	open_breaker(hs, T0);
 	/* open_ms later: half-open, one probe may go even with room for 16 */
-	assert_true(host_may_send(hs, 16, t, &wait));
+	assert_true(may_send(hs, 16, t, &wait));
 	assert_int_equal(hs->breaker, BREAKER_HALF_OPEN);
 	host_send_started(hs);
 	assert_true(hs->probe_in_flight);
 	for (int i = 0; i < 10; i++) {
 		wait = 0;
-		assert_false(host_may_send(hs, 16, t + i * 1000, &wait));
+		assert_false(may_send(hs, 16, t + i * 1000, &wait));
 		assert_true(wait > 0);                          /* wait, don't spend attempts */
 	}
 	assert_int_equal(hs->in_flight, 1);
+}
+
+/* The questions change nothing: an open breaker whose wait is over answers
+ * as half-open with no probe out and stays open until host_half_open(). */
+static void test_questions_change_nothing(void **state)
+{
+	struct host_state *hs = hosts_get(*state, "pure");
+	int64_t wait = -1, t = T0 + OPEN_MS;
+
+	open_breaker(hs, T0);
+	assert_false(host_probe_due(hs, hs->open_until_ms - 1));
+	assert_false(host_may_send(hs, 16, hs->open_until_ms - 1, &wait));
+	assert_int_equal(wait, 1);
+	for (int i = 0; i < 3; i++) {
+		assert_true(host_probe_due(hs, t));
+		assert_true(host_may_send(hs, 16, t, &wait));
+		assert_int_equal(wait, 0);
+		assert_int_equal(hs->breaker, BREAKER_OPEN);
+	}
+	/* the host's own limit still counts while the probe is due */
+	hs->in_flight = 16;
+	assert_false(host_may_send(hs, 16, t, &wait));
+	assert_int_equal(wait, 0);
+	hs->in_flight = 0;
+	host_half_open(hs);
+	assert_int_equal(hs->breaker, BREAKER_HALF_OPEN);
+	assert_false(hs->probe_in_flight);
+	assert_false(host_probe_due(hs, t));
+	assert_true(host_may_send(hs, 16, t, &wait));
 }
 
 static void test_probe_success_closes(void **state)
@@ -190,7 +234,7 @@ static void test_probe_success_closes(void **state)
 	int64_t wait = -1, t = T0 + OPEN_MS;
 
 	open_breaker(hs, T0);
-	assert_true(host_may_send(hs, 16, t, &wait));
+	assert_true(may_send(hs, 16, t, &wait));
 	host_send_started(hs);
 	assert_false(host_send_done(hs, ok(), N_FAIL, OPEN_MS, t + 10));
 	assert_int_equal(hs->breaker, BREAKER_CLOSED);
@@ -198,10 +242,10 @@ static void test_probe_success_closes(void **state)
 	assert_false(hs->probe_in_flight);
 	/* closed again: full concurrency */
 	for (int i = 0; i < 16; i++) {
-		assert_true(host_may_send(hs, 16, t + 10, &wait));
+		assert_true(may_send(hs, 16, t + 10, &wait));
 		host_send_started(hs);
 	}
-	assert_false(host_may_send(hs, 16, t + 10, &wait));
+	assert_false(may_send(hs, 16, t + 10, &wait));
 	assert_int_equal(wait, 0);
 }
 
@@ -211,17 +255,17 @@ static void test_probe_failure_reopens(void **state)
 	int64_t wait = -1, t = T0 + OPEN_MS;
 
 	open_breaker(hs, T0);
-	assert_true(host_may_send(hs, 16, t, &wait));
+	assert_true(may_send(hs, 16, t, &wait));
 	host_send_started(hs);
 	/* one failed probe is enough: no N more failures needed */
 	(void)host_send_done(hs, down(), N_FAIL, OPEN_MS, t + 50);
 	assert_int_equal(hs->breaker, BREAKER_OPEN);
 	assert_int_equal(hs->open_until_ms, t + 50 + 2 * BREAKER_FIRST_PROBE_MS);
 	assert_false(hs->probe_in_flight);
-	assert_false(host_may_send(hs, 16, t + 51, &wait));
+	assert_false(may_send(hs, 16, t + 51, &wait));
 	assert_int_equal(wait, 2 * BREAKER_FIRST_PROBE_MS - 1);
 	/* and the cycle repeats: half-open again after the (doubled) wait */
-	assert_true(host_may_send(hs, 16, t + 50 + 2 * BREAKER_FIRST_PROBE_MS, &wait));
+	assert_true(may_send(hs, 16, t + 50 + 2 * BREAKER_FIRST_PROBE_MS, &wait));
 	assert_int_equal(hs->breaker, BREAKER_HALF_OPEN);
 }
 
@@ -233,9 +277,9 @@ static void probe_fails(struct host_state *hs, int64_t *t, int64_t expect_wait)
 	int64_t wait = -1;
 
 	*t = hs->open_until_ms;
-	assert_false(host_may_send(hs, 16, *t - 1, &wait));
+	assert_false(may_send(hs, 16, *t - 1, &wait));
 	assert_int_equal(wait, 1);
-	assert_true(host_may_send(hs, 16, *t, &wait));
+	assert_true(may_send(hs, 16, *t, &wait));
 	assert_int_equal(hs->breaker, BREAKER_HALF_OPEN);
 	host_send_started(hs);
 	assert_false(host_send_done(hs, down(), N_FAIL, OPEN_MS, *t));   /* not a new opening */
@@ -256,7 +300,7 @@ static void test_probe_schedule_backs_off_to_open_ms(void **state)
 		probe_fails(hs, &t, waits[i]);
 	/* back: the next probe succeeds and closes */
 	t = hs->open_until_ms;
-	assert_true(host_may_send(hs, 16, t, &wait));
+	assert_true(may_send(hs, 16, t, &wait));
 	host_send_started(hs);
 	assert_false(host_send_done(hs, ok(), N_FAIL, OPEN_MS, t));
 	assert_int_equal(hs->breaker, BREAKER_CLOSED);
@@ -278,7 +322,7 @@ static void test_short_open_ms_caps_the_first_wait(void **state)
 		assert_false(host_send_done(hs, down(), N_FAIL, 200, T0));
 	assert_true(host_send_done(hs, down(), N_FAIL, 200, T0));
 	assert_int_equal(hs->open_until_ms, T0 + 200);
-	assert_true(host_may_send(hs, 16, T0 + 200, &wait));
+	assert_true(may_send(hs, 16, T0 + 200, &wait));
 	host_send_started(hs);
 	assert_false(host_send_done(hs, down(), N_FAIL, 200, T0 + 200));
 	assert_int_equal(hs->open_until_ms, T0 + 400);
@@ -356,7 +400,7 @@ static void test_stragglers_while_open(void **state)
 	int64_t wait = -1;
 
 	for (int i = 0; i < 5; i++) {
-		assert_true(host_may_send(hs, 16, T0, &wait));
+		assert_true(may_send(hs, 16, T0, &wait));
 		host_send_started(hs);
 	}
 	assert_false(host_send_done(hs, down(), N_FAIL, OPEN_MS, T0));
@@ -368,9 +412,9 @@ static void test_stragglers_while_open(void **state)
 	assert_int_equal(hs->open_until_ms, T0 + BREAKER_FIRST_PROBE_MS);
 	assert_int_equal(hs->in_flight, 1);
 	/* half-open with a straggler still in flight: the probe still goes */
-	assert_true(host_may_send(hs, 16, T0 + BREAKER_FIRST_PROBE_MS, &wait));
+	assert_true(may_send(hs, 16, T0 + BREAKER_FIRST_PROBE_MS, &wait));
 	host_send_started(hs);
-	assert_false(host_may_send(hs, 16, T0 + BREAKER_FIRST_PROBE_MS, &wait));
+	assert_false(may_send(hs, 16, T0 + BREAKER_FIRST_PROBE_MS, &wait));
 	assert_true(wait > 0);
 }
 
@@ -543,6 +587,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_opens_after_n_consecutive_failures, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_success_resets_the_count, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_half_open_lets_exactly_one_probe, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_questions_change_nothing, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_probe_success_closes, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_probe_failure_reopens, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_probe_schedule_backs_off_to_open_ms, setup, teardown),

@@ -190,8 +190,8 @@ static void parse(struct parsed *p, const char *text)
 				            strcmp(name + strlen(name) - 6, "_total") == 0);
 			assert_true(p->nfam < MAX_FAMILIES);
 			f = &p->fam[p->nfam++];
-			str_copy(f->name, name, sizeof(f->name));
-			str_copy(f->type, rest, sizeof(f->type));
+			text_copy(f->name, name, sizeof(f->name));
+			text_copy(f->type, rest, sizeof(f->type));
 			/* HELP comes first, for the same name. */
 			assert_true(line > copy);
 		} else if (strncmp(line, "# HELP ", 7) == 0) {
@@ -786,7 +786,7 @@ static void sink_open(struct notify_sink *s)
 	assert_true(s->fd >= 0);
 	memset(&a, 0, sizeof(a));
 	a.sun_family = AF_UNIX;
-	str_copy(a.sun_path, s->path, sizeof(a.sun_path));
+	text_copy(a.sun_path, s->path, sizeof(a.sun_path));
 	assert_int_equal(bind(s->fd, (struct sockaddr *)&a, sizeof(a)), 0);
 	setenv("NOTIFY_SOCKET", s->path, 1);
 }
