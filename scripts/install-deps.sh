@@ -9,6 +9,12 @@
 #                                    packages, debhelper, help2man): ~15
 #                                    packages, no PostgreSQL, nginx or Node.js
 set -eu
+# Two runs at once (two clones' test runs side by side) would meet on
+# dpkg's and apt's locks and the second would fail: they take turns.
+# flock is util-linux's, on every Debian machine.
+if [ -z "${OUTBOX_DEPS_LOCKED:-}" ] && command -v flock >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+    OUTBOX_DEPS_LOCKED=1 exec flock /run/outbox-install-deps.lock sh "$0" "$@"
+fi
 # What `make` and `make deb` need (debian/control's Build-Depends).
 BUILD_PKGS="build-essential pkg-config git ca-certificates
       libpq-dev libcurl4-openssl-dev libesmtp-dev libjansson-dev libevent-dev
