@@ -21,7 +21,8 @@ for _folder in ("lib", "servers"):
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), _folder))
 
 from outbox_test import (  # noqa: E402
-    BUILD_DIR, ROOT, Dispatcher, admin_dsn, dsn_for, ensure_test_roles, query, run_ctl,
+    BUILD_DIR, ROOT, Dispatcher, admin_dsn, dsn_for, ensure_test_roles, machine_lock, query,
+    run_ctl,
 )
 
 TEMPLATE = "outbox_tpl"
@@ -35,6 +36,14 @@ def pytest_configure(config):
     if not os.environ.get("PGPORT"):
         raise pytest.UsageError("run the suite through tests/run.sh (make test): "
                                 "it starts the PostgreSQL server the tests use")
+
+
+@pytest.fixture
+def shipped_port():
+    """Port 9464, the shipped config's [metrics] listen, held for the
+    test: another suite run on the machine waits for it (machine_lock)."""
+    with machine_lock("port-9464"):
+        yield 9464
 
 
 @pytest.fixture(scope="session")

@@ -179,7 +179,7 @@ def stop(p, log):
     log.close()
 
 
-def test_example_runs_as_shipped_and_sends(db, conn, tmp_path, sink):
+def test_example_runs_as_shipped_and_sends(db, conn, tmp_path, sink, shipped_port):
     """Only conninfo (a login granted outbox_dispatcher alone) and
     allow_hosts set: the worker starts, serves on the listed port, and
     sends an effect."""
@@ -197,8 +197,8 @@ def test_example_runs_as_shipped_and_sends(db, conn, tmp_path, sink):
         assert p.poll() is None, (tmp_path / "shipped.log").read_text()
         assert [r["path"] for r in sink.received()] == ["/ok/shipped"]
         # The documented port, and healthy.
-        wait_for(lambda: http_get(9464, "/healthz") == (200, "ok"), timeout=30,
-                 what="/healthz 200 on 127.0.0.1:9464")
+        wait_for(lambda: http_get(shipped_port, "/healthz") == (200, "ok"), timeout=30,
+                 what=f"/healthz 200 on 127.0.0.1:{shipped_port}")
     finally:
         stop(p, log)
 

@@ -5,6 +5,8 @@ outboxctl and workers, seeding runs and effects, waiting for conditions.
 Nothing here sleeps for a fixed time to "let things happen": wait_for()
 polls a condition with a deadline and fails with what it last saw.
 """
+import contextlib
+import fcntl
 import json
 import os
 import re
@@ -108,6 +110,22 @@ def fails(r, code, *words):
     for w in words:
         assert w in r.stderr, f"{w!r} not in stderr: {r.stderr}"
     return r
+
+
+@contextlib.contextmanager
+def machine_lock(name):
+    """Held while a test uses something the whole machine shares (the
+    shipped config's port 9464): two suite runs side by side (two clones,
+    a cold run beside another) take turns instead of meeting there.  The
+    lock lives in /run/lock, not under TMPDIR, which is each run's own."""
+    path = os.path.join("/run/lock" if os.access("/run/lock", os.W_OK) else "/var/tmp",
+                        f"outbox-test-{name}.lock")
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
 
 
 def wait_for(cond, timeout=30.0, interval=0.02, what="condition"):

@@ -47,7 +47,8 @@ pytestmark = [
 
 
 @pytest.fixture
-def box():
+def box(shipped_port):
+    # The box shares the machine's network: its workers listen on 9464...
     b = Box()
     yield b
     b.close()

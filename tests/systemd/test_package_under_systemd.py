@@ -45,7 +45,8 @@ def pg():
 
 
 @pytest.fixture
-def box():
+def box(shipped_port):
+    # The box shares the machine's network: its workers listen on 9464...
     b = Box(overlays=("/usr", "/opt"))
     yield b
     b.close()
