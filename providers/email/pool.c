@@ -334,12 +334,14 @@ void email_pool_stop(struct email *em)
 		email_job_free(j);
 	}
 	for (int i = 0; i < em->started_threads; i++) {
+		/* The deadline is on the monotonic clock: a wall clock stepped
+		 * back during shutdown must not stretch the wait. */
 		struct timespec ts;
-		clock_gettime(CLOCK_REALTIME, &ts);
+		clock_gettime(CLOCK_MONOTONIC, &ts);
 		ts.tv_nsec += (long)EMAIL_JOIN_MS * 1000000L;
 		ts.tv_sec += ts.tv_nsec / 1000000000L;
 		ts.tv_nsec %= 1000000000L;
-		if (pthread_timedjoin_np(em->threads[i], NULL, &ts) != 0) {
+		if (pthread_clockjoin_np(em->threads[i], NULL, CLOCK_MONOTONIC, &ts) != 0) {
 			pthread_detach(em->threads[i]);
 			left_behind = true;
 		}
