@@ -12,6 +12,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <jansson.h>
+
 #include "console.h"
 
 #define T(col) "to_char(" col " AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS')"
@@ -463,6 +465,22 @@ static void page_effect(const struct req *rq, struct strbuf *b)
 			           "<button type=\"submit\" name=\"act\" value=\"not_sent\">resolve: not sent"
 			           "</button>");
 		sb_puts(b, "</fieldset></form>");
+		/* A replacement only of an effect that can no longer be sent
+		 * (outbox_replace refuses pending, sending and unknown). */
+		if (strcmp(state, "completed") == 0 || strcmp(state, "failed") == 0) {
+			sb_puts(b, "<form method=\"post\" action=\"/effect/replace\" id=\"replace-form\">"
+			           "<fieldset><legend>replace: a new run under a key from the source system, "
+			           "approved, its effect queued; this one is left as it is</legend>");
+			csrf_field(b, rq);
+			sb_puts(b, "<input type=\"hidden\" name=\"id\" value=\"");
+			h(b, id);
+			sb_puts(b, "\"><label>new run key <input name=\"new_key\" size=\"24\" required></label> "
+			           "<label>reason <input name=\"reason\" size=\"30\" required></label> "
+			           "<label>target (empty: the same) <input name=\"target\" size=\"30\"></label> "
+			           "<label>payload JSON (empty: the same) <textarea name=\"payload\" rows=\"3\" "
+			           "cols=\"40\"></textarea></label> "
+			           "<button type=\"submit\" id=\"replace-submit\">replace</button></fieldset></form>");
+		}
 	}
 	PQclear(r);
 	page_end(b);
@@ -938,6 +956,108 @@ answered:
 	page_end(b);
 }
 
+/* outbox_replace, as outboxctl replace calls it; its answers worded as
+ * outboxctl words them. */
+static void do_replace(const struct req *rq, struct strbuf *b, struct resp *out)
+{
+	const char *id = req_get(rq, "id"), *key = req_get(rq, "new_key"), *err;
+	const char *reason = req_get(rq, "reason"), *target = req_get(rq, "target");
+	const char *payload = req_get(rq, "payload"), *params[6], *status, *state;
+	PGresult *r;
+
+	act_page(rq, b, out, "effect", "/effects");
+	if (id == NULL || strlen(id) != 36 || key == NULL || reason == NULL) {
+		out->status = 400;
+		sb_puts(b, "<p class=\"msg err\" id=\"result\">an effect, the replacement's own run key "
+		           "(issued by the source system, not a suffix of the old one) and a reason are "
+		           "needed</p>");
+		page_end(b);
+		return;
+	}
+	if (payload) {
+		json_error_t jerr;
+		json_t *j = json_loads(payload, JSON_DECODE_ANY, &jerr);
+		if (j == NULL) {
+			out->status = 400;
+			sb_puts(b, "<p class=\"msg err\" id=\"result\">the payload is not valid JSON: ");
+			h(b, jerr.text);
+			sb_printf(b, " (column %d)</p>", jerr.column);
+			page_end(b);
+			return;
+		}
+		json_decref(j);
+	}
+	params[0] = id;
+	params[1] = key;
+	params[2] = rq->identity;
+	params[3] = reason;
+	params[4] = target;
+	params[5] = payload;
+	r = act(rq, "SELECT status, state, coalesce(new_effect_id::text, ''), new_key, original_key "
+	            "FROM outbox_replace($1::uuid, $2, $3, $4, $5, $6::jsonb)", 6, params, &err);
+	if (r == NULL) {
+		act_failed(b, out, err);
+	} else if (PQntuples(r) == 0) {
+		out->status = 404;
+		sb_puts(b, "<p class=\"msg err\" id=\"result\">no such effect</p>");
+	} else {
+		status = PQgetvalue(r, 0, 0);
+		state = PQgetvalue(r, 0, 1);
+		sb_puts(b, "<p class=\"msg\" id=\"result\">");
+		if (strcmp(status, "created") == 0) {
+			sb_puts(b, "replacement created by ");
+			h(b, rq->identity);
+			sb_puts(b, ": effect <a id=\"replacement\" href=\"/effect?id=");
+			hq(b, PQgetvalue(r, 0, 2));
+			sb_puts(b, "\">");
+			h(b, PQgetvalue(r, 0, 2));
+			sb_puts(b, "</a> under the new run ");
+			h(b, key);
+			sb_puts(b, " (approved, queued), linked to effect ");
+			h(b, id);
+			sb_puts(b, " of run ");
+			h(b, PQgetvalue(r, 0, 4));
+			sb_puts(b, ", which is left as it was");
+		} else if (strcmp(status, "exists") == 0) {
+			sb_puts(b, "effect ");
+			h(b, id);
+			sb_puts(b, " was already replaced by effect <a id=\"replacement\" href=\"/effect?id=");
+			hq(b, PQgetvalue(r, 0, 2));
+			sb_puts(b, "\">");
+			h(b, PQgetvalue(r, 0, 2));
+			sb_puts(b, "</a> under run ");
+			h(b, key);
+			sb_puts(b, " (now ");
+			h(b, state);
+			sb_puts(b, "): nothing changed");
+		} else if (strcmp(status, "key_taken") == 0) {
+			out->status = 409;
+			sb_puts(b, "refused: the key ");
+			h(b, key);
+			sb_puts(b, " already belongs to another run (");
+			h(b, state);
+			sb_puts(b, "): nothing changed; bring a new key from the source system");
+		} else {
+			out->status = 409;
+			sb_puts(b, "refused: effect ");
+			h(b, id);
+			sb_puts(b, " is ");
+			h(b, state);
+			sb_puts(b, ", so it may still be delivered: nothing changed (");
+			sb_puts(b, strcmp(state, "pending") == 0   ? "cancel it, then replace it"
+			           : strcmp(state, "unknown") == 0 ? "resolve it, then replace it"
+			                                           : "wait for its outcome, then replace it");
+			sb_puts(b, ")");
+		}
+		sb_puts(b, "</p>");
+	}
+	PQclear(r);
+	sb_puts(b, "<p><a href=\"/effect?id=");
+	hq(b, id);
+	sb_puts(b, "\">back to the effect</a></p>");
+	page_end(b);
+}
+
 /* An act on everything a filter matches, in the state the act takes: a
  * preview (the effects, at most cap), then the act on the same filter. */
 struct filter_act {
@@ -1157,6 +1277,7 @@ void pages_handle(const struct req *rq, struct resp *out)
 		void (*run)(const struct req *, struct strbuf *, struct resp *);
 	} acts[] = {
 		{ "/unknown/resolve", do_resolve }, { "/effect/act", do_effect_act },
+		{ "/effect/replace", do_replace },
 		{ "/effects/requeue", do_requeue_filter }, { "/effects/cancel", do_cancel_filter },
 		{ "/controls/switch", do_switch },
 		{ "/controls/limit", do_limit },
