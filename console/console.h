@@ -29,6 +29,7 @@ struct console_settings {
 	const char *origin;
 	long refresh_seconds;
 	long max_connections;
+	const char *approvals_url;   /* a template, {id} the approval's id; "" no link */
 };
 
 /* One request as the pages see it. */

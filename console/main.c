@@ -542,6 +542,7 @@ int main(int argc, char **argv)
 	console.origin = config_value(cfg, "console", core_keys_console, "origin");
 	console.refresh_seconds = config_int(cfg, "console", core_keys_console, "refresh_seconds");
 	console.max_connections = config_int(cfg, "console", core_keys_console, "max_connections");
+	console.approvals_url = config_value(cfg, "console", core_keys_console, "approvals_url");
 	random_bytes(csrf_key, sizeof(csrf_key));
 
 	/* SIGTERM and SIGINT are waited for here, never delivered to the

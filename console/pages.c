@@ -573,6 +573,28 @@ static void page_unknown(const struct req *rq, struct strbuf *b)
 
 /* ---- approvals, runs, audit ----------------------------------------------------- */
 
+/* The approval's id linked to its page on the n8n kit: [console]
+ * approvals_url with {id} replaced (checked at load: http(s), {id} once,
+ * after the host), the whole href escaped; the page opens apart from the
+ * console and learns nothing of it. */
+static void approval_link(struct strbuf *b, const char *id)
+{
+	const char *t = console.approvals_url, *at = strstr(t, "{id}");
+	struct strbuf url;
+
+	sb_init(&url, 256);
+	sb_append(&url, t, (size_t)(at - t));
+	hq(&url, id);
+	sb_puts(&url, at + 4);
+	sb_puts(b, "<td class=\"mono\"><a class=\"approval\" rel=\"noopener noreferrer\" "
+	           "target=\"_blank\" href=\"");
+	h(b, url.s);
+	sb_puts(b, "\">");
+	h(b, id);
+	sb_puts(b, "</a></td>");
+	free(url.s);
+}
+
 static void page_approvals(const struct req *rq, struct strbuf *b)
 {
 	const char *err;
@@ -589,14 +611,19 @@ static void page_approvals(const struct req *rq, struct strbuf *b)
 		return;
 	}
 	sb_printf(b, "<p>%d approval%s waiting. The decision is made on the approval page behind "
-	          "your SSO proxy (the n8n kit), not here.</p>", PQntuples(r),
-	          PQntuples(r) == 1 ? "" : "s");
+	          "your SSO proxy (the n8n kit), not here%s.</p>", PQntuples(r),
+	          PQntuples(r) == 1 ? "" : "s",
+	          console.approvals_url[0] ? ": each approval links to its page" : "");
 	sb_puts(b, "<table id=\"approvals\"><tr><th>approval</th><th>run key</th><th>audience</th>"
 	           "<th>asked</th><th>waiting (min)</th><th>expires</th><th>effects drafted</th>"
 	           "<th>what</th></tr>");
 	for (int i = 0; i < PQntuples(r); i++) {
 		sb_puts(b, "<tr>");
-		for (int c = 0; c < 8; c++)
+		if (console.approvals_url[0])
+			approval_link(b, v(r, i, 0));
+		else
+			cell(b, r, i, 0);
+		for (int c = 1; c < 8; c++)
 			cell(b, r, i, c);
 		sb_puts(b, "</tr>");
 	}
