@@ -632,6 +632,33 @@ static void page_approvals(const struct req *rq, struct strbuf *b)
 	page_end(b);
 }
 
+/* The runs page's "more": after its last run when it is full, else, for
+ * a state (which may be rare), after the 10,000 runs the page walked. */
+static void runs_next(struct strbuf *b, const PGresult *r, const char *const params[2])
+{
+	const char *after = PQntuples(r) == 50 ? v(r, 49, 0) : NULL, *err;
+	PGresult *end = NULL;
+
+	if (after == NULL && params[0]) {
+		end = console_query("SELECT outbox_console_runs_window_end($1)", 1, &params[1], &err);
+		if (end == NULL)
+			db_error(b, err);
+		else if (PQntuples(end) == 1)
+			after = v(end, 0, 0);
+	}
+	if (after) {
+		sb_puts(b, "<p><a id=\"next\" href=\"/runs?after=");
+		hq(b, after);
+		if (params[0]) {
+			sb_puts(b, "&amp;state=");
+			hq(b, params[0]);
+		}
+		sb_puts(b, PQntuples(r) == 50 ? "\">more &rarr;</a></p>"
+		                              : "\">the next 10,000 runs &rarr;</a></p>");
+	}
+	PQclear(end);
+}
+
 static void page_runs(const struct req *rq, struct strbuf *b)
 {
 	const char *params[2] = { req_get(rq, "state"), req_get(rq, "after") }, *err;
@@ -686,25 +713,27 @@ static void page_runs(const struct req *rq, struct strbuf *b)
 	sb_puts(b, "<table id=\"runs\"><tr><th>run key</th><th>state</th><th>effects</th>"
 	           "<th>open</th><th>failure</th></tr>");
 	for (int i = 0; i < PQntuples(r); i++) {
+		/* Counted up to 101 (outbox_console_runs): 101 is "more than 100". */
+		bool many = atol(PQgetvalue(r, i, 2)) > 100;
 		sb_puts(b, "<tr><td><a href=\"/runs?key=");
 		hq(b, v(r, i, 0));
 		sb_puts(b, "\">");
 		h(b, v(r, i, 0));
 		sb_puts(b, "</a></td>");
-		for (int c = 1; c < 5; c++)
-			cell(b, r, i, c);
+		cell(b, r, i, 1);
+		if (many) {
+			sb_puts(b, "<td>more than 100</td><td>at least ");
+			h(b, v(r, i, 3));
+			sb_puts(b, "</td>");
+		} else {
+			cell(b, r, i, 2);
+			cell(b, r, i, 3);
+		}
+		cell(b, r, i, 4);
 		sb_puts(b, "</tr>");
 	}
 	sb_puts(b, "</table>");
-	if (PQntuples(r) == 50) {
-		sb_puts(b, "<p><a id=\"next\" href=\"/runs?after=");
-		hq(b, v(r, 49, 0));
-		if (params[0]) {
-			sb_puts(b, "&amp;state=");
-			hq(b, params[0]);
-		}
-		sb_puts(b, "\">more &rarr;</a></p>");
-	}
+	runs_next(b, r, params);
 	PQclear(r);
 	page_end(b);
 }
