@@ -7,7 +7,9 @@
  * (SET ROLE in the act's transaction) through the functions outboxctl
  * calls.  main.c: the configuration, the HTTP server (libmicrohttpd), the
  * request's checks (proxy identity, Origin, CSRF token) and the headers;
- * pages.c: the views and the acts; html.c: escaping and the page frame.
+ * pages.c (pages.h): what the pages share and the routing; views_queue.c
+ * and views_records.c: the views; acts.c: the acts; html.c: escaping and
+ * the page frame.
  */
 #ifndef OUTBOX_CONSOLE_H
 #define OUTBOX_CONSOLE_H
@@ -29,6 +31,7 @@ struct console_settings {
 	const char *origin;
 	long refresh_seconds;
 	long max_connections;
+	const char *approvals_url;   /* a template, {id} the approval's id; "" no link */
 };
 
 /* One request as the pages see it. */

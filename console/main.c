@@ -26,6 +26,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -348,6 +349,55 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
 	return answer(c, &out);
 }
 
+/* Before binding unix:/PATH: nothing there, or a socket nobody answers
+ * on (left by a console that was killed) is removed.  A socket something
+ * still answers on, or a file that is no socket, is left alone and the
+ * start refused: another console may be serving there, or the path is a
+ * mistake. */
+static bool stale_socket_removed(const struct sockaddr_un *un, const char *listen_on, char *err,
+                                 size_t errlen)
+{
+	struct stat st;
+	int probe;
+
+	if (lstat(un->sun_path, &st) != 0) {
+		if (errno == ENOENT)
+			return true;
+		snprintf(err, errlen, "listen %s: %s", listen_on, strerror(errno));
+		return false;
+	}
+	if (!S_ISSOCK(st.st_mode)) {
+		snprintf(err, errlen, "listen %s: the path exists and is not a socket: left alone",
+		         listen_on);
+		return false;
+	}
+	probe = socket(AF_UNIX, SOCK_STREAM, 0);
+	if (probe < 0) {
+		snprintf(err, errlen, "listen %s: %s", listen_on, strerror(errno));
+		return false;
+	}
+	if (connect(probe, (const struct sockaddr *)un, sizeof(*un)) == 0) {
+		close(probe);
+		snprintf(err, errlen, "listen %s: something is serving on this socket already "
+		         "(another outbox-console?): left alone", listen_on);
+		return false;
+	}
+	close(probe);
+	if (errno != ECONNREFUSED) {
+		snprintf(err, errlen, "listen %s: cannot tell whether the socket is in use: %s",
+		         listen_on, strerror(errno));
+		return false;
+	}
+	if (unlink(un->sun_path) != 0) {
+		snprintf(err, errlen, "listen %s: the stale socket cannot be removed: %s", listen_on,
+		         strerror(errno));
+		return false;
+	}
+	fprintf(stderr, "outbox-console: %s: removed a stale socket nobody answered on\n",
+	        un->sun_path);
+	return true;
+}
+
 /* listen: HOST:PORT (IPv4 or [IPv6]:PORT) or unix:/PATH; a bound socket. */
 static int listen_socket(const char *listen_on, char *err, size_t errlen)
 {
@@ -360,12 +410,24 @@ static int listen_socket(const char *listen_on, char *err, size_t errlen)
 			return -1;
 		}
 		snprintf(un.sun_path, sizeof(un.sun_path), "%s", listen_on + 5);
-		unlink(un.sun_path);
+		if (!stale_socket_removed(&un, listen_on, err, errlen))
+			return -1;
 		fd = socket(AF_UNIX, SOCK_STREAM, 0);
-		if (fd < 0 || bind(fd, (struct sockaddr *)&un, sizeof(un)) != 0) {
-			snprintf(err, errlen, "listen %s: %s", listen_on, strerror(errno));
-			if (fd >= 0)
+		if (fd >= 0) {
+			/* Made owner and group read-write only (the proxy reaches it
+			 * through the group), never for a moment world-writable. */
+			mode_t old = umask(0117);
+			int rc = bind(fd, (struct sockaddr *)&un, sizeof(un));
+			int saved = errno;
+			umask(old);
+			errno = saved;
+			if (rc != 0) {
 				close(fd);
+				fd = -1;
+			}
+		}
+		if (fd < 0) {
+			snprintf(err, errlen, "listen %s: %s", listen_on, strerror(errno));
 			return -1;
 		}
 	} else {
@@ -480,6 +542,7 @@ int main(int argc, char **argv)
 	console.origin = config_value(cfg, "console", core_keys_console, "origin");
 	console.refresh_seconds = config_int(cfg, "console", core_keys_console, "refresh_seconds");
 	console.max_connections = config_int(cfg, "console", core_keys_console, "max_connections");
+	console.approvals_url = config_value(cfg, "console", core_keys_console, "approvals_url");
 	random_bytes(csrf_key, sizeof(csrf_key));
 
 	/* SIGTERM and SIGINT are waited for here, never delivered to the
@@ -512,6 +575,9 @@ int main(int argc, char **argv)
 	sigwait(&stop, &sig);
 	MHD_stop_daemon(d);
 	close(fd);
+	/* A clean stop leaves no socket behind. */
+	if (strncmp(console.listen, "unix:", 5) == 0)
+		unlink(console.listen + 5);
 	if (viewer)
 		PQfinish(viewer);
 	config_free(cfg);

@@ -75,6 +75,8 @@ const struct outbox_conf_key core_keys_console[] = {
 	{ "origin", CONF_STR, "", 0, 0, "the origin pages are served from (https://host)" },
 	{ "refresh_seconds", CONF_INT, "5", 0, 3600, "pages refresh this often while visible; 0 never" },
 	{ "max_connections", CONF_INT, "64", 1, 10000, "connections at once" },
+	{ "approvals_url", CONF_STR, "", 0, 0,
+	  "the n8n kit's approval page, {id} the approval's id (http or https); empty: no link" },
 	{ NULL, CONF_STR, NULL, 0, 0, NULL },
 };
 
@@ -337,6 +339,42 @@ static bool bool_of(const struct config *cfg, const char *section,
 	return b;
 }
 
+/* [console] approvals_url: empty, or http(s)://HOST... holding {id} once,
+ * where the approval's id goes; no spaces, quotes or angle brackets (the
+ * console puts it in an href).  Checked here, for the workers too, so a
+ * mistake is found by whichever program loads the file first. */
+static bool console_approvals_url_ok(const struct config *cfg, char *err, size_t errlen)
+{
+	const struct conf_entry *e = config_find(cfg, "console", "approvals_url");
+	const char *u = e ? e->value : "", *rest, *id;
+	const char *why = NULL;
+
+	if (!u[0])
+		return true;
+	if (strncmp(u, "https://", 8) == 0)
+		rest = u + 8;
+	else if (strncmp(u, "http://", 7) == 0)
+		rest = u + 7;
+	else
+		rest = NULL;
+	id = strstr(u, "{id}");
+	if (rest == NULL)
+		why = "must begin with https:// or http://";
+	else if (!rest[0] || rest[0] == '/' || rest[0] == '{')
+		why = "needs a host after the scheme";
+	else if (u[strcspn(u, " \t\"'<>\\`")] != '\0')
+		why = "must not hold spaces, quotes, backslashes or angle brackets";
+	else if (id == NULL || strstr(id + 4, "{id}") != NULL)
+		why = "must hold {id}, once, where the approval's id goes";
+	else if (id < rest + strcspn(rest, "/?#"))
+		why = "{id} must come after the host";
+	if (why == NULL)
+		return true;
+	snprintf(err, errlen, "%s:%d: [console] approvals_url: %s (got \"%.64s\")", cfg->path,
+	         e->line, why, u);
+	return false;
+}
+
 bool config_core(struct config *cfg, struct core_settings *s, char *err, size_t errlen)
 {
 	static const struct {
@@ -412,7 +450,7 @@ bool config_core(struct config *cfg, struct core_settings *s, char *err, size_t 
 		         cfg->path, e ? e->line : 0, s->log_level);
 		return false;
 	}
-	return true;
+	return console_approvals_url_ok(cfg, err, errlen);
 }
 
 /* Whether dir (resolved) is the directory holding file. */

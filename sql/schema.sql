@@ -2145,16 +2145,36 @@ CREATE FUNCTION public.outbox_console_runs(p_state text, p_after text, p_limit i
     LANGUAGE sql STABLE SECURITY DEFINER
     SET search_path TO 'public', 'pg_temp'
     AS $$
-    SELECT w.idempotency_key, w.state,
-           (SELECT count(*) FROM effect_outbox b WHERE b.idempotency_key = w.idempotency_key),
-           (SELECT count(*) FROM effect_outbox b JOIN effect_live l ON l.effect_id = b.effect_id
-             WHERE b.idempotency_key = w.idempotency_key),
-           w.failure_reason
-      FROM workflow_runs w
+    -- Bounded at any size: at most 10,000 runs walked from the keyset
+    -- position (a rare state ends a page early; the page goes on from
+    -- outbox_console_runs_window_end), and a run's effects counted up to
+    -- 101 through its unique key (101: more than 100; open_effects then
+    -- counts the open ones among those 101, a lower bound).
+    SELECT w.idempotency_key, w.state, c.effects, c.open_effects, w.failure_reason
+      FROM (SELECT r.idempotency_key, r.state, r.failure_reason FROM workflow_runs r
+             WHERE r.idempotency_key > coalesce(p_after, '')
+             ORDER BY r.idempotency_key LIMIT 10000) w
+     CROSS JOIN LATERAL (
+           SELECT count(*) AS effects, count(l.effect_id) AS open_effects
+             FROM (SELECT b.effect_id FROM effect_outbox b
+                    WHERE b.idempotency_key = w.idempotency_key LIMIT 101) f
+             LEFT JOIN effect_live l ON l.effect_id = f.effect_id) c
      WHERE (p_state IS NULL OR w.state = p_state)
-       AND w.idempotency_key > coalesce(p_after, '')
      ORDER BY w.idempotency_key
      LIMIT least(greatest(p_limit, 1), 200);
+$$;
+
+--
+-- Name: outbox_console_runs_window_end(text); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.outbox_console_runs_window_end(p_after text) RETURNS text
+    LANGUAGE sql STABLE SECURITY DEFINER
+    SET search_path TO 'public', 'pg_temp'
+    AS $$
+    SELECT w.idempotency_key FROM workflow_runs w
+     WHERE w.idempotency_key > coalesce(p_after, '')
+     ORDER BY w.idempotency_key OFFSET 9999 LIMIT 1;
 $$;
 
 --
@@ -5337,6 +5357,14 @@ REVOKE ALL ON FUNCTION public.outbox_console_run_effects(p_key text) FROM PUBLIC
 GRANT ALL ON FUNCTION public.outbox_console_runs(p_state text, p_after text, p_limit integer) TO outbox_operator;
 GRANT ALL ON FUNCTION public.outbox_console_runs(p_state text, p_after text, p_limit integer) TO outbox_viewer;
 REVOKE ALL ON FUNCTION public.outbox_console_runs(p_state text, p_after text, p_limit integer) FROM PUBLIC;
+
+--
+-- Name: FUNCTION outbox_console_runs_window_end(p_after text); Type: ACL; Schema: public; Owner: -
+--
+
+GRANT ALL ON FUNCTION public.outbox_console_runs_window_end(p_after text) TO outbox_operator;
+GRANT ALL ON FUNCTION public.outbox_console_runs_window_end(p_after text) TO outbox_viewer;
+REVOKE ALL ON FUNCTION public.outbox_console_runs_window_end(p_after text) FROM PUBLIC;
 
 --
 -- Name: FUNCTION outbox_consume_approval(p_token_sha256 bytea, p_decision text, p_approver text); Type: ACL; Schema: public; Owner: -

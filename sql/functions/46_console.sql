@@ -113,16 +113,33 @@ CREATE OR REPLACE FUNCTION outbox_console_runs(p_state text, p_after text, p_lim
 RETURNS TABLE (idempotency_key text, state text, effects bigint, open_effects bigint,
                failure_reason text)
 LANGUAGE sql STABLE SECURITY DEFINER SET search_path = public, pg_temp AS $$
-    SELECT w.idempotency_key, w.state,
-           (SELECT count(*) FROM effect_outbox b WHERE b.idempotency_key = w.idempotency_key),
-           (SELECT count(*) FROM effect_outbox b JOIN effect_live l ON l.effect_id = b.effect_id
-             WHERE b.idempotency_key = w.idempotency_key),
-           w.failure_reason
-      FROM workflow_runs w
+    -- Bounded at any size: at most 10,000 runs walked from the keyset
+    -- position (a rare state ends a page early; the page goes on from
+    -- outbox_console_runs_window_end), and a run's effects counted up to
+    -- 101 through its unique key (101: more than 100; open_effects then
+    -- counts the open ones among those 101, a lower bound).
+    SELECT w.idempotency_key, w.state, c.effects, c.open_effects, w.failure_reason
+      FROM (SELECT r.idempotency_key, r.state, r.failure_reason FROM workflow_runs r
+             WHERE r.idempotency_key > coalesce(p_after, '')
+             ORDER BY r.idempotency_key LIMIT 10000) w
+     CROSS JOIN LATERAL (
+           SELECT count(*) AS effects, count(l.effect_id) AS open_effects
+             FROM (SELECT b.effect_id FROM effect_outbox b
+                    WHERE b.idempotency_key = w.idempotency_key LIMIT 101) f
+             LEFT JOIN effect_live l ON l.effect_id = f.effect_id) c
      WHERE (p_state IS NULL OR w.state = p_state)
-       AND w.idempotency_key > coalesce(p_after, '')
      ORDER BY w.idempotency_key
      LIMIT least(greatest(p_limit, 1), 200);
+$$;
+
+-- Where the runs page's walk of 10,000 runs after p_after ends: the key
+-- the next page starts after, or NULL when no run is left beyond it.
+CREATE OR REPLACE FUNCTION outbox_console_runs_window_end(p_after text)
+RETURNS text
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = public, pg_temp AS $$
+    SELECT w.idempotency_key FROM workflow_runs w
+     WHERE w.idempotency_key > coalesce(p_after, '')
+     ORDER BY w.idempotency_key OFFSET 9999 LIMIT 1;
 $$;
 
 -- A run's effects (its unique index).
@@ -193,7 +210,8 @@ REVOKE EXECUTE ON FUNCTION
     outbox_console_counts(), outbox_console_ages(), outbox_console_minutes(integer),
     outbox_console_effects(timestamptz, timestamptz, text, text, text, text, text, text, uuid,
                            integer),
-    outbox_console_runs(text, text, integer), outbox_console_run_effects(text),
+    outbox_console_runs(text, text, integer), outbox_console_runs_window_end(text),
+    outbox_console_run_effects(text),
     outbox_console_audit(text, bigint, integer), outbox_console_approvals(),
     outbox_console_control_history(integer), outbox_console_database()
     FROM PUBLIC;
@@ -201,7 +219,8 @@ GRANT EXECUTE ON FUNCTION
     outbox_console_counts(), outbox_console_ages(), outbox_console_minutes(integer),
     outbox_console_effects(timestamptz, timestamptz, text, text, text, text, text, text, uuid,
                            integer),
-    outbox_console_runs(text, text, integer), outbox_console_run_effects(text),
+    outbox_console_runs(text, text, integer), outbox_console_runs_window_end(text),
+    outbox_console_run_effects(text),
     outbox_console_audit(text, bigint, integer), outbox_console_approvals(),
     outbox_console_control_history(integer), outbox_console_database()
     TO outbox_viewer, outbox_operator;

@@ -413,6 +413,46 @@ static void test_backoff_base_above_default_cap(void **state)
 	assert_non_null(strstr(err, NAME ":2: [provider.http] backoff_base_ms"));
 }
 
+static void test_console_approvals_url(void **state)
+{
+	(void)state;
+	struct core_settings s;
+	char err[512];
+	struct config *cfg = load_ok("[console]\napprovals_url = https://n8n.example.com/a?id={id}&x=1\n");
+
+	assert_true(config_core(cfg, &s, err, sizeof(err)));
+	assert_string_equal(config_value(cfg, "console", core_keys_console, "approvals_url"),
+	                    "https://n8n.example.com/a?id={id}&x=1");
+	config_free(cfg);
+	cfg = load_ok("[console]\napprovals_url = http://10.0.0.5:5678/approval/{id}\n");
+	assert_true(config_core(cfg, &s, err, sizeof(err)));
+	config_free(cfg);
+	core_fails("[console]\n\napprovals_url = javascript:alert({id})\n",
+	           NAME ":3: [console] approvals_url: must begin with https:// or http:// "
+	                "(got \"javascript:alert({id})\")");
+	core_fails("[console]\napprovals_url = file:///etc/{id}\n",
+	           NAME ":2: [console] approvals_url: must begin with https:// or http:// "
+	                "(got \"file:///etc/{id}\")");
+	core_fails("[console]\napprovals_url = https:///x/{id}\n",
+	           NAME ":2: [console] approvals_url: needs a host after the scheme "
+	                "(got \"https:///x/{id}\")");
+	core_fails("[console]\napprovals_url = https://n8n.example.com/approval\n",
+	           NAME ":2: [console] approvals_url: must hold {id}, once, where the approval's id "
+	                "goes (got \"https://n8n.example.com/approval\")");
+	core_fails("[console]\napprovals_url = https://n8n.example.com/{id}/{id}\n",
+	           NAME ":2: [console] approvals_url: must hold {id}, once, where the approval's id "
+	                "goes (got \"https://n8n.example.com/{id}/{id}\")");
+	core_fails("[console]\napprovals_url = https://{id}.example.com/\n",
+	           NAME ":2: [console] approvals_url: needs a host after the scheme "
+	                "(got \"https://{id}.example.com/\")");
+	core_fails("[console]\napprovals_url = https://n8n{id}.example.com/\n",
+	           NAME ":2: [console] approvals_url: {id} must come after the host "
+	                "(got \"https://n8n{id}.example.com/\")");
+	core_fails("[console]\napprovals_url = https://n8n.example.com/\"><b>{id}\n",
+	           NAME ":2: [console] approvals_url: must not hold spaces, quotes, backslashes or "
+	                "angle brackets (got \"https://n8n.example.com/\"><b>{id}\")");
+}
+
 static void test_unknown_log_level(void **state)
 {
 	(void)state;
@@ -825,6 +865,7 @@ int main(void)
 		cmocka_unit_test(test_backoff_cap_below_base),
 		cmocka_unit_test(test_backoff_base_above_default_cap),
 		cmocka_unit_test(test_unknown_log_level),
+		cmocka_unit_test(test_console_approvals_url),
 		cmocka_unit_test(test_line_numbers_in_files),
 		cmocka_unit_test(test_values_and_comments),
 		cmocka_unit_test(test_indented_keys),
