@@ -53,6 +53,9 @@ LANGUAGE sql IMMUTABLE AS $$
         THEN 'reconcile'
         ELSE 'worker' END
 $$;
+REVOKE EXECUTE ON FUNCTION outbox_history_source_of(text, uuid, text, text, text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION outbox_history_source_of(text, uuid, text, text, text)
+    TO outbox_dispatcher, outbox_operator;
 
 -- Still append-only, for every role: the one update allowed is the
 -- backfill's, which sets a row's source from the default to what its
@@ -61,11 +64,13 @@ $$;
 CREATE OR REPLACE FUNCTION effect_history_append_only() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN
-    IF TG_OP = 'UPDATE' AND OLD.source = 'worker'
-       AND NEW.source = outbox_history_source_of(OLD.worker, OLD.lease_owner, OLD.outcome_class,
-                                                 OLD.resolution, OLD.state)
-       AND to_jsonb(NEW) - 'source' = to_jsonb(OLD) - 'source' THEN
-        RETURN NEW;
+    IF TG_OP = 'UPDATE' THEN
+        IF OLD.source = 'worker'
+           AND NEW.source = outbox_history_source_of(OLD.worker, OLD.lease_owner,
+                                                     OLD.outcome_class, OLD.resolution, OLD.state)
+           AND to_jsonb(NEW) - 'source' = to_jsonb(OLD) - 'source' THEN
+            RETURN NEW;
+        END IF;
     END IF;
     RAISE EXCEPTION 'effect_history is append-only: % refused', TG_OP
         USING ERRCODE = 'insufficient_privilege';

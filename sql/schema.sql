@@ -1303,11 +1303,13 @@ CREATE FUNCTION public.effect_history_append_only() RETURNS trigger
     LANGUAGE plpgsql
     AS $$
 BEGIN
-    IF TG_OP = 'UPDATE' AND OLD.source = 'worker'
-       AND NEW.source = outbox_history_source_of(OLD.worker, OLD.lease_owner, OLD.outcome_class,
-                                                 OLD.resolution, OLD.state)
-       AND to_jsonb(NEW) - 'source' = to_jsonb(OLD) - 'source' THEN
-        RETURN NEW;
+    IF TG_OP = 'UPDATE' THEN
+        IF OLD.source = 'worker'
+           AND NEW.source = outbox_history_source_of(OLD.worker, OLD.lease_owner,
+                                                     OLD.outcome_class, OLD.resolution, OLD.state)
+           AND to_jsonb(NEW) - 'source' = to_jsonb(OLD) - 'source' THEN
+            RETURN NEW;
+        END IF;
     END IF;
     RAISE EXCEPTION 'effect_history is append-only: % refused', TG_OP
         USING ERRCODE = 'insufficient_privilege';
@@ -5609,6 +5611,14 @@ REVOKE ALL ON FUNCTION public.outbox_history_partitions(p_from timestamp with ti
 --
 
 REVOKE ALL ON FUNCTION public.outbox_history_source_backfill(p_pages integer) FROM PUBLIC;
+
+--
+-- Name: FUNCTION outbox_history_source_of(p_worker text, p_lease_owner uuid, p_outcome_class text, p_resolution text, p_state text); Type: ACL; Schema: public; Owner: -
+--
+
+GRANT ALL ON FUNCTION public.outbox_history_source_of(p_worker text, p_lease_owner uuid, p_outcome_class text, p_resolution text, p_state text) TO outbox_dispatcher;
+GRANT ALL ON FUNCTION public.outbox_history_source_of(p_worker text, p_lease_owner uuid, p_outcome_class text, p_resolution text, p_state text) TO outbox_operator;
+REVOKE ALL ON FUNCTION public.outbox_history_source_of(p_worker text, p_lease_owner uuid, p_outcome_class text, p_resolution text, p_state text) FROM PUBLIC;
 
 --
 -- Name: FUNCTION outbox_host_canon(p_host text); Type: ACL; Schema: public; Owner: -
