@@ -465,7 +465,8 @@ static int backfill_after_commit(PGconn *conn, FILE *out, char *err, size_t errl
 		steps += have;
 	}
 	if (out && steps > 0)
-		fprintf(out, "backfilled effect_history.source (%lld steps)\n", steps);
+		fprintf(out, "backfilled effect_history.source (%lld step%s)\n", steps,
+		        steps == 1 ? "" : "s");
 	return 0;
 }
 

@@ -14,14 +14,19 @@ the worker name's pattern ('reaper:%') read the column instead.
 - The backfill's derivation (outbox_history_source_of) and the one update
   the append-only trigger allows: a row's source set to what its other
   columns say, nothing else.
+- The upgrade from the last release: migrate gives the rows written before
+  it their writer's source.
 """
 import json
+import os
+import subprocess
 import uuid
 
 import psycopg2
 import pytest
 
-from outbox_test import expire_sending, kill_switch, query, scalar
+from outbox_test import BUILD_DIR, admin_dsn, dsn_for, expire_sending, kill_switch, query, scalar
+from releases import release_build
 
 
 def add_effects(conn, n, label):
@@ -180,3 +185,86 @@ def test_history_stays_append_only_but_for_the_backfill(conn):
     # Once set, not again (even to the same value).
     with pytest.raises(psycopg2.errors.InsufficientPrivilege, match="append-only"):
         query(conn, "UPDATE effect_history SET source = 'reaper' WHERE effect_id = %s", (eid,))
+
+
+# ---- the upgrade -------------------------------------------------------------
+
+@pytest.fixture
+def fresh_db(template_db):
+    name = "src_" + uuid.uuid4().hex[:12]
+    admin = psycopg2.connect(admin_dsn())
+    admin.autocommit = True
+    query(admin, f"CREATE DATABASE {name}")
+    yield name
+    query(admin, f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+    admin.close()
+
+
+def migrate(dsn, exe):
+    return subprocess.run([exe, "--db", dsn, "migrate"], capture_output=True, text=True,
+                          timeout=600)
+
+
+def test_upgrade_from_the_last_release_backfills_the_source(fresh_db):
+    """A database of the last release (71088d8, schema 106: no source
+    column), with the history every writer left in it, for an effect
+    finished and one still `unknown`: this tree's migrate gives each row
+    the source of its writer (the live effect's rows under the locks, the
+    finished one's in the steps after the commit) and validates the
+    CHECK."""
+    old = release_build("71088d8")
+    dsn = dsn_for(fresh_db)
+    r = migrate(dsn, os.path.join(old, "outboxctl"))
+    assert r.returncode == 0, r.stdout + r.stderr
+    c = psycopg2.connect(dsn)
+    c.autocommit = True
+    assert scalar(c, "SELECT max(version) FROM schema_migrations") == 106
+    assert scalar(c, "SELECT count(*) FROM pg_attribute WHERE attrelid = 'effect_history'::regclass "
+                     "AND attname = 'source'") == 0
+    query(c, "INSERT INTO workflow_runs (idempotency_key, state, payload_hash) "
+             "VALUES ('up-1', 'processing', 'h')")
+    finished = scalar(c, "SELECT effect_id::text FROM outbox_enqueue('up-1', 'http', "
+                                "'http://127.0.0.1:9/a', '{}')")
+    live = scalar(c, "SELECT effect_id::text FROM outbox_enqueue('up-1', 'http', "
+                            "'http://127.0.0.1:9/b', '{}')")
+    owner = str(uuid.uuid4())
+    rows = {   # (worker, lease_owner, outcome_class, resolution, state): the source it gets
+        ("w1", owner, "ambiguous", None, None): "worker",
+        ("reaper:r1", owner, "ambiguous", None, None): "reaper",
+        ("w2", None, "reconciled_not_sent", None, None): "reconcile",
+        ("operator:alice", None, "operator_sent", None, None): "operator",
+        ("operator:alice", None, None, None, "completed"): "operator",
+    }
+    for eid in (finished, live):
+        for (worker, lease_owner, oc, res, state) in rows:
+            query(c, "INSERT INTO effect_history (effect_id, created_at, attempt, lease_owner, "
+                     "worker, started_at, outcome_class, resolution, state) "
+                     "SELECT effect_id, created_at, 1, %s, %s, now(), %s, %s, %s "
+                     "FROM effect_outbox WHERE effect_id = %s",
+                  (lease_owner, worker, oc, res, state, eid))
+    query(c, "INSERT INTO effect_history (effect_id, created_at, attempt, worker, started_at, state) "
+             "SELECT effect_id, created_at, 1, 'cancel', now(), 'failed' FROM effect_outbox "
+             "WHERE effect_id = %s", (finished,))
+    query(c, "DELETE FROM effect_live WHERE effect_id = %s", (finished,))
+    query(c, "UPDATE effect_live SET state = 'unknown', available_at = 'infinity', attempts = 1 "
+             "WHERE effect_id = %s", (live,))
+
+    r = migrate(dsn, os.path.join(BUILD_DIR, "outboxctl"))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "applied 112_history_source\n" in r.stdout, r.stdout
+    assert "backfilled effect_history.source" in r.stdout, r.stdout
+    want = dict(rows)
+    for eid in (finished, live):
+        got = {tuple(x[:5]): x[5] for x in query(
+            c, "SELECT worker, lease_owner::text, outcome_class, resolution, state, source "
+               "FROM effect_history WHERE effect_id = %s AND worker <> 'cancel'", (eid,))}
+        assert got == want, (eid, got)
+    assert query(c, "SELECT source FROM effect_history WHERE worker = 'cancel'") == [("producer",)]
+    assert scalar(c, "SELECT convalidated FROM pg_constraint WHERE conname = "
+                     "'effect_history_source_check' AND conrelid = 'effect_history'::regclass") \
+        is True
+    assert scalar(c, "SELECT count(*) FROM outbox_history_backfill WHERE next_page < end_page") == 0
+    # Nothing left: migrate again does nothing and says nothing of it.
+    r = migrate(dsn, os.path.join(BUILD_DIR, "outboxctl"))
+    assert r.returncode == 0 and "backfilled" not in r.stdout, r.stdout + r.stderr
+    c.close()
