@@ -566,12 +566,19 @@ BEGIN
                                               FROM jsonb_array_elements(p_results) e))
              ORDER BY o.effect_id
                FOR UPDATE) l;
+    -- (Each element's rows found by a lookup per element that has only
+    -- one plan without a penalty, as `cur` below: where the statistics
+    -- could make a statement of this function a walk of the queue or of
+    -- the bodies, it did so on a queue analyzed while empty.)
     SELECT coalesce(array_agg(o.effect_id), '{}') INTO late_ids
-      FROM effect_live o
-      JOIN jsonb_to_recordset(p_results) AS r(effect_id uuid, attempt integer, outcome text,
+      FROM jsonb_to_recordset(p_results) AS r(effect_id uuid, attempt integer, outcome text,
                                               next_state text)
-        ON r.effect_id = o.effect_id
-     WHERE o.effect_id = ANY (left_ids) AND o.state = 'unknown'
+     CROSS JOIN LATERAL (
+           SELECT k.effect_id, k.created_at, k.state, k.attempts FROM effect_live k
+            WHERE k.effect_id = ANY (ARRAY[r.effect_id])
+            ORDER BY k.effect_id) o
+     WHERE r.effect_id = ANY (left_ids)
+       AND o.state = 'unknown'
        AND ((r.outcome = 'accepted' AND r.next_state = 'completed')
             OR (r.outcome = 'not_sent' AND r.next_state IN ('pending', 'failed')))
        AND o.attempts = r.attempt
@@ -681,11 +688,14 @@ BEGIN
                effect_id uuid, attempt integer, started_ms_ago bigint, outcome text,
                status integer, provider_id text, error text)
      CROSS JOIN LATERAL (SELECT e.created_at FROM effect_outbox e
-                          WHERE e.effect_id = r.effect_id) b
+                          WHERE e.effect_id = ANY (ARRAY[r.effect_id])
+                          ORDER BY e.effect_id OFFSET 0) b
      WHERE NOT r.effect_id = ANY (done_ids)
        AND r.outcome IS NOT NULL
-       AND (EXISTS (SELECT 1 FROM effect_live o
-                     WHERE o.effect_id = r.effect_id AND o.lease_owner = p_owner)
+       AND (EXISTS (SELECT 1 FROM (SELECT k.lease_owner FROM effect_live k
+                                    WHERE k.effect_id = ANY (ARRAY[r.effect_id])
+                                    ORDER BY k.effect_id OFFSET 0) o
+                     WHERE o.lease_owner = p_owner)
             OR EXISTS (SELECT 1 FROM effect_history a
                         WHERE a.effect_id = r.effect_id AND a.created_at = b.created_at
                           AND a.attempt = r.attempt
