@@ -8,8 +8,9 @@
 --   outbox_claim    (lease and CAS to `sending` under the kill-switch lock in
 --                    one call, batch of :batch rows like [dispatcher]
 --                    batch_size, with a call token as the worker passes one)
---   outbox_complete (the history row that finishes each effect, the live
---                    row gone, in one statement)
+--   outbox_complete_sending (the history row that finishes each effect,
+--                    the live row gone, in one statement; what a worker
+--                    calls for a batch whose rows all apply)
 -- Each pgbench client is one lease owner.  Variables: batch (rows per
 -- claim).  The worker passes its outcomes as a JSON array; so does this
 -- script.  outbox_claim returns the attempts made before this one; the
@@ -24,5 +25,5 @@ SELECT quote_literal(coalesce(jsonb_agg(jsonb_build_object(
   FROM outbox_claim(('00000000-0000-4000-8000-' || lpad(':client_id', 12, '0'))::uuid,
                     'pgbench-:client_id', :batch, 30, '{http}', true, '{http}',
                     gen_random_uuid()) \gset
-SELECT count(*) FROM outbox_complete(('00000000-0000-4000-8000-' || lpad(':client_id', 12, '0'))::uuid,
-                                     'pgbench-:client_id', :results::jsonb);
+SELECT count(*) FROM outbox_complete_sending(('00000000-0000-4000-8000-' || lpad(':client_id', 12, '0'))::uuid,
+                                             'pgbench-:client_id', :results::jsonb);

@@ -14,7 +14,8 @@ It is vacuumed and analyzed, so both sides are planned on true sizes.
 Then, per batch size (LEVERS_BATCHES), each variant gets a copy of its
 template (CREATE DATABASE ... TEMPLATE), analyzed again, and one connection
 per variant claims a batch and records it as accepted (outbox_claim,
-outbox_complete: what a worker does for a batch, without the provider),
+outbox_complete (outbox_complete_sending where the schema has it, as its
+workers call): what a worker does for a batch, without the provider),
 variant after variant, batch after batch, in alternating order, until every
 backlog is empty.  Per call, the backend's own CPU time
 (/proc/PID/schedstat, nanoseconds) and the WAL it wrote
@@ -155,6 +156,14 @@ class Variant:
         self.claim_wal = self.complete_wal = self.vacuum_wal = 0
         self.effects = self.calls = 0
         self.after_at = self.after_id = None
+        # What a worker of the variant's tree calls for a batch: since the
+        # completion was split, outbox_complete_sending (it answers the
+        # rows it applied, all of them here); before, outbox_complete.
+        self.cur.execute("SELECT to_regproc('outbox_complete_sending') IS NOT NULL")
+        self.complete_sql = ("SELECT count(*) FROM outbox_complete_sending(%s, 'levers', %s::jsonb)"
+                             if self.cur.fetchone()[0] else
+                             "SELECT count(*) FILTER (WHERE applied) FROM"
+                             " outbox_complete(%s, 'levers', %s::jsonb)")
 
     def wal(self):
         self.cur.execute("SELECT pg_current_wal_insert_lsn()")
@@ -189,8 +198,7 @@ class Variant:
         results = json.dumps([{"effect_id": r[0], "attempt": r[1] + 1, "started_ms_ago": 1,
                                "outcome": "accepted", "next_state": "completed", "retry_delay_ms": 0,
                                "status": 200, "provider_id": "x"} for r in rows])
-        ns, wal, done = self.measured("SELECT count(*) FILTER (WHERE applied) FROM"
-                                      " outbox_complete(%s, 'levers', %s::jsonb)", (OWNER, results))
+        ns, wal, done = self.measured(self.complete_sql, (OWNER, results))
         if done[0][0] != len(rows):
             sys.exit("levers: %s recorded %d of %d outcomes" % (self.name, done[0][0], len(rows)))
         self.complete_ns += ns

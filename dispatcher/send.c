@@ -4,7 +4,8 @@
  * start_send() hands each effect made `sending` (by a mark, mark.c, or a
  * claim, claim.c) to its provider; on_send_done() takes the answer and
  * policy_decide()'s next state; flush_completions() records outcomes in
- * batches (outbox_complete(), on_complete()).
+ * batches (outbox_complete_sending(), on_complete(); outbox_complete_rest() for
+ * what it did not apply).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -87,56 +88,7 @@ static void log_resolved(struct effect *e, const char *how)
 
 /* ---- recording outcomes ------------------------------------------------- */
 
-/* One recorded effect: its row in outbox_complete()'s answer says whether
- * the CAS applied (and whether it resolved an `unknown`). */
-static void completed_one(struct worker *w, struct effect *e, PGresult *r)
-{
-	bool applied = false;
-	const char *resolved = NULL;
-
-	for (int row = 0; row < PQntuples(r); row++)
-		if (strcmp(PQgetvalue(r, row, COL_COMPLETE_EFFECT_ID), e->id) == 0) {
-			applied = PQgetvalue(r, row, COL_COMPLETE_APPLIED)[0] == 't';
-			if (!PQgetisnull(r, row, COL_COMPLETE_RESOLVED))
-				resolved = PQgetvalue(r, row, COL_COMPLETE_RESOLVED);
-			break;
-		}
-	log_attempt(e, applied, resolved);
-	if (resolved)
-		log_resolved(e, resolved);
-	if (!applied)
-		metrics_inc(M_LEASE_LOST, 1);
-	else if (e->decision.exhausted && e->decision.next == NEXT_FAILED)
-		metrics_inc(M_RETRIES_EXHAUSTED, 1);
-	if (e->late)
-		late_resolve_recorded(w, e);
-	effect_free(e);
-}
-
-static void on_complete(struct db *db, PGresult *r, void *arg)
-{
-	struct batch *b = arg;
-	struct worker *w = b->w;
-
-	(void)db;
-	if (!job_ok(w, r, worker_sql[SQL_COMPLETE].name)) {
-		/* Keep the evidence: back to the queue, tried again after a
-		 * pause (the database refused it; do not spin). */
-		for (size_t i = b->n; i-- > 0;)
-			effect_set_phase(w, b->items[i], PH_DONE);
-		free(b);
-		w->send.complete_busy = false;
-		w->send.complete_retry_mono = now_mono_ms() + 1000;
-		return;
-	}
-	for (size_t i = 0; i < b->n; i++)
-		completed_one(w, b->items[i], r);
-	free(b);
-	w->send.complete_busy = false;
-	worker_kick(w);
-}
-
-/* One outcome as an element of outbox_complete()'s p_results (the keys of
+/* One outcome as an element of a completion's p_results (the keys of
  * its jsonb_to_recordset; status, provider_id and error only when set).
  * Written as text: json_pack + json_dumps per batch cost the worker a
  * noticeable share of its instructions (docs/performance.md, "Where the
@@ -172,6 +124,124 @@ static void completion_json(struct strbuf *sb, const struct effect *e)
 		sb_json_string(sb, e->result.error);
 	}
 	sb_append(sb, "}", 1);
+}
+
+/* The row of effect id in a completion's answer, or -1. */
+static int answer_row(PGresult *r, const char *id)
+{
+	for (int row = 0; row < PQntuples(r); row++)
+		if (strcmp(PQgetvalue(r, row, COL_COMPLETE_EFFECT_ID), id) == 0)
+			return row;
+	return -1;
+}
+
+/* One recorded effect: its row in the answer (-1: none) says whether the
+ * CAS applied (and whether it resolved an `unknown`). */
+static void completed_one(struct worker *w, struct effect *e, PGresult *r, int row)
+{
+	bool applied = false;
+	const char *resolved = NULL;
+
+	if (row >= 0) {
+		applied = PQgetvalue(r, row, COL_COMPLETE_APPLIED)[0] == 't';
+		if (!PQgetisnull(r, row, COL_COMPLETE_RESOLVED))
+			resolved = PQgetvalue(r, row, COL_COMPLETE_RESOLVED);
+	}
+	log_attempt(e, applied, resolved);
+	if (resolved)
+		log_resolved(e, resolved);
+	if (!applied)
+		metrics_inc(M_LEASE_LOST, 1);
+	else if (e->decision.exhausted && e->decision.next == NEXT_FAILED)
+		metrics_inc(M_RETRIES_EXHAUSTED, 1);
+	if (e->late)
+		late_resolve_recorded(w, e);
+	effect_free(e);
+}
+
+/* The database refused a completion: keep the evidence, back to the
+ * queue, tried again after a pause (do not spin). */
+static void complete_refused(struct worker *w, struct batch *b)
+{
+	for (size_t i = b->n; i-- > 0;)
+		effect_set_phase(w, b->items[i], PH_DONE);
+	free(b);
+	w->send.complete_busy = false;
+	w->send.complete_retry_mono = now_mono_ms() + 1000;
+}
+
+/* outbox_complete_rest()'s answer: a row for every element it was given. */
+static void on_complete_rest(struct db *db, PGresult *r, void *arg)
+{
+	struct batch *b = arg;
+	struct worker *w = b->w;
+
+	(void)db;
+	if (!job_ok(w, r, worker_sql[SQL_COMPLETE_REST].name)) {
+		complete_refused(w, b);
+		return;
+	}
+	for (size_t i = 0; i < b->n; i++)
+		completed_one(w, b->items[i], r, answer_row(r, b->items[i]->id));
+	free(b);
+	w->send.complete_busy = false;
+	worker_kick(w);
+}
+
+/* The elements outbox_complete_sending() did not apply (late evidence, a
+ * lost lease, a batch delivered twice): on the same connection, still
+ * busy, so that no other batch of this worker's runs between the two. */
+static void complete_rest(struct worker *w, struct db *db, struct batch *b)
+{
+	struct strbuf js;
+	const char *params[3];
+
+	sb_init(&js, 1024);
+	sb_append(&js, "[", 1);
+	for (size_t i = 0; i < b->n; i++) {
+		if (i > 0)
+			sb_append(&js, ",", 1);
+		completion_json(&js, b->items[i]);
+	}
+	sb_append(&js, "]", 1);
+	params[0] = w->owner;
+	params[1] = w->name;
+	params[2] = js.s;
+	/* Safe to repeat: locked, CAS, evidence once per (attempt, owner). */
+	worker_query(db, SQL_COMPLETE_REST, params, on_complete_rest, b, DBQ_RETRY);
+	free(js.s);
+}
+
+/* outbox_complete_sending()'s answer: a row per element it applied (the
+ * usual batch: all of them); the rest, if any, goes to
+ * outbox_complete_rest(). */
+static void on_complete(struct db *db, PGresult *r, void *arg)
+{
+	struct batch *b = arg, *rest = NULL;
+	struct worker *w = b->w;
+
+	if (!job_ok(w, r, worker_sql[SQL_COMPLETE].name)) {
+		complete_refused(w, b);
+		return;
+	}
+	for (size_t i = 0; i < b->n; i++) {
+		int row = answer_row(r, b->items[i]->id);
+
+		if (row >= 0) {
+			completed_one(w, b->items[i], r, row);
+			continue;
+		}
+		if (rest == NULL)
+			rest = batch_new(w, b->n);
+		rest->items[rest->n++] = b->items[i];
+	}
+	free(b);
+	if (rest != NULL) {
+		complete_rest(w, db, rest);
+		return;
+	}
+	w->send.complete_busy = false;
+	worker_kick(w);
 }
 
 /* Where outcomes are recorded.  In a backlog (BACKLOG_FULL_LEASES full

@@ -32,10 +32,11 @@
  *                the kill-switch lock; blocked rows are released by the
  *                same call, lost rows are dropped
  *   send         send.c: provider->send(); its done callback records the outcome
- *   record       send.c: outbox_complete(): attempts-log row + CAS to the
- *                state policy_decide() chose (completed, pending, failed,
- *                unknown); a late acceptance or not-sent of an attempt the
- *                reaper made `unknown` resolves it there
+ *   record       send.c: outbox_complete_sending(): attempts-log row + CAS
+ *                to the state policy_decide() chose (completed, pending,
+ *                failed, unknown); what it did not apply goes to
+ *                outbox_complete_rest(), where a late acceptance or
+ *                not-sent of an attempt the reaper made `unknown` resolves it
  *
  * Two connections: `db` (the lease connection: claim, lease, mark,
  * renew, release, unclaim; LISTEN) and `rec` (the records connection: housekeeping,

@@ -46,8 +46,10 @@ const struct worker_sql worker_sql[SQL_STATEMENTS] = {
 		" CASE WHEN held_until IS NULL OR held_until = 'infinity' THEN -1"
 		" ELSE greatest(ceil(extract(epoch FROM held_until - now()) * 1000), 0) END"
 		" FROM outbox_mark_sending($1, $2, $3, $4, $5, $6, $7)", 7 },
-	[SQL_COMPLETE] = { "outbox_complete",
-		"SELECT effect_id, applied, state, resolved FROM outbox_complete($1, $2, $3)", 3 },
+	[SQL_COMPLETE] = { "outbox_complete_sending",
+		"SELECT effect_id, true, state, NULL::text FROM outbox_complete_sending($1, $2, $3)", 3 },
+	[SQL_COMPLETE_REST] = { "outbox_complete_rest",
+		"SELECT effect_id, applied, state, resolved FROM outbox_complete_rest($1, $2, $3)", 3 },
 	[SQL_RENEW] = { "outbox_renew",
 		"SELECT effect_id FROM outbox_renew($1, $2, $3, $4)", 4 },
 	[SQL_RECONCILE_LEASE] = { "outbox_reconcile_lease",

@@ -17,7 +17,8 @@ enum worker_stmt {
 	SQL_FAIL_INVALID,        /* outbox_fail_invalid: rows that failed validation */
 	SQL_RELEASE,             /* outbox_release: leases given back, nothing sent */
 	SQL_MARK_SENDING,        /* outbox_mark_sending: the kill-switch commit point */
-	SQL_COMPLETE,            /* outbox_complete: attempts row + the next state */
+	SQL_COMPLETE,            /* outbox_complete_sending: the usual batch's outcomes */
+	SQL_COMPLETE_REST,       /* outbox_complete_rest: what it did not apply */
 	SQL_RENEW,               /* outbox_renew: the heartbeat */
 	SQL_RECONCILE_LEASE,     /* outbox_reconcile_lease: unknown effects to ask about */
 	SQL_RECONCILE_RECORD,    /* outbox_reconcile_record: the providers' verdicts */
@@ -60,6 +61,8 @@ enum effect_row_col {
  * held_in_ms: when it is due again (-1: when its scope resumes). */
 enum mark_col { COL_MARK_EFFECT_ID, COL_MARK_ATTEMPTS, COL_MARK_BLOCKED, COL_MARK_HELD_BY,
                 COL_MARK_HELD_IN_MS };
+/* SQL_COMPLETE and SQL_COMPLETE_REST: the first answers only the elements
+ * it applied (applied true, resolved NULL). */
 enum complete_col { COL_COMPLETE_EFFECT_ID, COL_COMPLETE_APPLIED, COL_COMPLETE_STATE,
                     COL_COMPLETE_RESOLVED };
 enum renew_col { COL_RENEW_EFFECT_ID };

@@ -429,6 +429,47 @@ fail:
 	return -1;
 }
 
+/* ---- after the commit ---------------------------------------------------- */
+
+/* Work a migration leaves for after its commit, in short transactions of
+ * its own while the fleet serves: the history's source column
+ * (sql/112_history_source.sql), a few thousand pages a call, until
+ * outbox_history_source_backfill() says none is left.  A schema without
+ * the function (one that is not migrated to 112) has nothing to do. */
+#define BACKFILL_PAGES "4096"
+
+static int backfill_after_commit(PGconn *conn, FILE *out, char *err, size_t errlen)
+{
+	PGresult *r = PQexec(conn, "SELECT to_regprocedure('outbox_history_source_backfill(integer)') "
+	                           "IS NOT NULL");
+	long long steps = 0;
+	bool have;
+
+	if (PQresultStatus(r) != PGRES_TUPLES_OK) {
+		snprintf(err, errlen, "backfill: %s", PQresultErrorMessage(r));
+		PQclear(r);
+		return -1;
+	}
+	have = PQgetvalue(r, 0, 0)[0] == 't';
+	PQclear(r);
+	while (have) {
+		r = PQexec(conn, "SELECT outbox_history_source_backfill(" BACKFILL_PAGES ")");
+		if (PQresultStatus(r) != PGRES_TUPLES_OK) {
+			snprintf(err, errlen, "backfilling effect_history.source: %s",
+			         PQresultErrorMessage(r));
+			PQclear(r);
+			return -1;
+		}
+		have = strcmp(PQgetvalue(r, 0, 0), "0") != 0;
+		PQclear(r);
+		steps += have;
+	}
+	if (out && steps > 0)
+		fprintf(out, "backfilled effect_history.source (%lld step%s)\n", steps,
+		        steps == 1 ? "" : "s");
+	return 0;
+}
+
 static long long mono_ms(void)
 {
 	struct timespec ts;
@@ -477,7 +518,9 @@ int migrate_apply_opts(PGconn *conn, FILE *out, const struct migrate_opts *o, ch
 				fputs(buf, out);
 			free(buf);
 		}
-		if (n >= 0 || !retryable(last_state))
+		if (n >= 0)
+			return backfill_after_commit(conn, out, err, errlen) < 0 ? -1 : n;
+		if (!retryable(last_state))
 			return n;
 		if (mono_ms() - start >= o->wait_ms) {
 			size_t l = strlen(err);

@@ -248,7 +248,9 @@ CREATE TABLE public.effect_history (
     last_error text,
     last_provider_id text,
     retry_base integer,
+    source text DEFAULT 'worker'::text NOT NULL,
     CONSTRAINT effect_history_outcome_class_check CHECK ((outcome_class = ANY (ARRAY['accepted'::text, 'not_sent'::text, 'retry'::text, 'terminal'::text, 'ambiguous'::text, 'lease_lost'::text, 'reconciled_sent'::text, 'reconciled_not_sent'::text, 'reconcile_unknown'::text, 'operator_sent'::text, 'operator_not_sent'::text]))),
+    CONSTRAINT effect_history_source_check CHECK ((source = ANY (ARRAY['worker'::text, 'reaper'::text, 'reconcile'::text, 'operator'::text, 'producer'::text]))),
     CONSTRAINT effect_history_state_check CHECK ((state = ANY (ARRAY['completed'::text, 'failed'::text])))
 )
 PARTITION BY RANGE (created_at);
@@ -263,6 +265,17 @@ effect carries its final state. Partitioned by the effect''s creation
 month (effect_history_YYYYMM, made for the current month and the next
 three by migrate and housekeeping), so prune detaches and drops whole
 months.';
+
+--
+-- Name: COLUMN effect_history.source; Type: COMMENT; Schema: public; Owner: -
+--
+
+COMMENT ON COLUMN public.effect_history.source IS 'Who wrote the row: worker (its own provider call, a late answer to it, a
+validation failure, the sweep), reaper (a lease that expired while
+sending), reconcile (a lookup''s verdict), operator (resolve, requeue,
+cancel) or producer (a cancel of the run''s effects). The worker column
+names which one. Rows from before migration 112 were given it from the
+worker name''s old patterns (outbox_history_source_of).';
 
 --
 -- Name: effect_history_id_seq; Type: SEQUENCE; Schema: public; Owner: -
@@ -312,7 +325,9 @@ CREATE TABLE public.effect_history_YYYYMM (
     last_error text,
     last_provider_id text,
     retry_base integer,
+    source text DEFAULT 'worker'::text NOT NULL,
     CONSTRAINT effect_history_outcome_class_check CHECK ((outcome_class = ANY (ARRAY['accepted'::text, 'not_sent'::text, 'retry'::text, 'terminal'::text, 'ambiguous'::text, 'lease_lost'::text, 'reconciled_sent'::text, 'reconciled_not_sent'::text, 'reconcile_unknown'::text, 'operator_sent'::text, 'operator_not_sent'::text]))),
+    CONSTRAINT effect_history_source_check CHECK ((source = ANY (ARRAY['worker'::text, 'reaper'::text, 'reconcile'::text, 'operator'::text, 'producer'::text]))),
     CONSTRAINT effect_history_state_check CHECK ((state = ANY (ARRAY['completed'::text, 'failed'::text])))
 );
 
@@ -371,7 +386,9 @@ CREATE TABLE public.effect_history_default (
     last_error text,
     last_provider_id text,
     retry_base integer,
+    source text DEFAULT 'worker'::text NOT NULL,
     CONSTRAINT effect_history_outcome_class_check CHECK ((outcome_class = ANY (ARRAY['accepted'::text, 'not_sent'::text, 'retry'::text, 'terminal'::text, 'ambiguous'::text, 'lease_lost'::text, 'reconciled_sent'::text, 'reconciled_not_sent'::text, 'reconcile_unknown'::text, 'operator_sent'::text, 'operator_not_sent'::text]))),
+    CONSTRAINT effect_history_source_check CHECK ((source = ANY (ARRAY['worker'::text, 'reaper'::text, 'reconcile'::text, 'operator'::text, 'producer'::text]))),
     CONSTRAINT effect_history_state_check CHECK ((state = ANY (ARRAY['completed'::text, 'failed'::text])))
 );
 
@@ -771,6 +788,31 @@ ALTER TABLE ONLY public.outbox_control_history ALTER COLUMN change_id SET DEFAUL
 
 ALTER TABLE ONLY public.outbox_control_history
     ADD CONSTRAINT outbox_control_history_pkey PRIMARY KEY (change_id);
+
+--
+-- Name: outbox_history_backfill; Type: TABLE; Schema: public; Owner: -
+--
+
+CREATE TABLE public.outbox_history_backfill (
+    part regclass NOT NULL,
+    next_page bigint DEFAULT 0 NOT NULL,
+    end_page bigint NOT NULL
+);
+
+--
+-- Name: TABLE outbox_history_backfill; Type: COMMENT; Schema: public; Owner: -
+--
+
+COMMENT ON TABLE public.outbox_history_backfill IS 'The pages of each history partition that migration 112 left for
+outbox_history_source_backfill (run by outboxctl migrate after the
+commit) to give a source: done when next_page reaches end_page.';
+
+--
+-- Name: outbox_history_backfill outbox_history_backfill_pkey; Type: CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.outbox_history_backfill
+    ADD CONSTRAINT outbox_history_backfill_pkey PRIMARY KEY (part);
 
 --
 -- Name: outbox_providers; Type: TABLE; Schema: public; Owner: -
@@ -1261,6 +1303,14 @@ CREATE FUNCTION public.effect_history_append_only() RETURNS trigger
     LANGUAGE plpgsql
     AS $$
 BEGIN
+    IF TG_OP = 'UPDATE' THEN
+        IF OLD.source = 'worker'
+           AND NEW.source = outbox_history_source_of(OLD.worker, OLD.lease_owner,
+                                                     OLD.outcome_class, OLD.resolution, OLD.state)
+           AND to_jsonb(NEW) - 'source' = to_jsonb(OLD) - 'source' THEN
+            RETURN NEW;
+        END IF;
+    END IF;
     RAISE EXCEPTION 'effect_history is append-only: % refused', TG_OP
         USING ERRCODE = 'insufficient_privilege';
 END $$;
@@ -1326,12 +1376,15 @@ BEGIN
     END IF;
     WITH gone AS (
         DELETE FROM effect_live l WHERE l.effect_id = p_effect_id RETURNING l.*)
-    INSERT INTO effect_history (effect_id, created_at, attempt, worker, started_at, ended_at,
-                                state, last_error_class, last_error, last_provider_id,
+    INSERT INTO effect_history (effect_id, created_at, attempt, worker, source, started_at,
+                                ended_at, state, last_error_class, last_error, last_provider_id,
                                 provider_status, retry_base)
-    SELECT g.effect_id, g.created_at, g.attempts, 'cancel', now(), now(),
-           'failed', 'cancelled', 'cancelled: ' || why, g.provider_id, g.last_status,
-           g.retry_base
+    SELECT g.effect_id, g.created_at, g.attempts, 'cancel',
+           CASE WHEN NOT (p_owner IS NOT NULL AND holder = p_owner)
+                     AND pg_has_role(session_user, 'outbox_operator', 'MEMBER')
+                THEN 'operator' ELSE 'producer' END,
+           now(), now(), 'failed', 'cancelled', 'cancelled: ' || why, g.provider_id,
+           g.last_status, g.retry_base
       FROM gone g;
     UPDATE workflow_runs w
        SET state = 'failed_terminal', version = w.version + 1,
@@ -1382,10 +1435,10 @@ BEGIN
          USING effect_outbox b
          WHERE b.idempotency_key = p_key AND l.effect_id = b.effect_id AND l.state = 'pending'
         RETURNING l.*)
-    INSERT INTO effect_history (effect_id, created_at, attempt, worker, started_at, ended_at,
-                                state, last_error_class, last_error, last_provider_id,
+    INSERT INTO effect_history (effect_id, created_at, attempt, worker, source, started_at,
+                                ended_at, state, last_error_class, last_error, last_provider_id,
                                 provider_status, retry_base)
-    SELECT g.effect_id, g.created_at, g.attempts, 'cancel', now(), now(),
+    SELECT g.effect_id, g.created_at, g.attempts, 'cancel', 'producer', now(), now(),
            'failed', 'cancelled', 'cancelled: ' || p_why, g.provider_id, g.last_status,
            g.retry_base
       FROM gone g;
@@ -1728,170 +1781,157 @@ CREATE FUNCTION public.outbox_complete(p_owner uuid, p_worker text, p_results js
     SET enable_hashjoin TO 'off'
     SET enable_mergejoin TO 'off'
     SET jit TO 'off'
-    AS $_$
+    AS $$
 #variable_conflict use_column
 DECLARE
-    n integer := jsonb_array_length(p_results);
-    mixed boolean;
-    late_ids uuid[] := '{}';
-    pass_ids uuid[];
-    pass_states text[];
-    pass_outcomes text[];
-    done_ids uuid[] := '{}';
-    done_states text[] := '{}';
-    done_outcomes text[] := '{}';
-    requeued integer := 0;
-    pass_requeued integer;
-    left_ids uuid[];
+    ids uuid[];
+    states text[];
 BEGIN
-    -- Rows are locked in effect_id order, the order every batch function
-    -- takes them in, so two batches cannot wait on each other: the state
-    -- change below walks the batch in that order.  A batch that finishes
-    -- some effects and retries others changes them in two steps (DELETE,
-    -- UPDATE), so it takes its locks first.
-    -- (Expressions without a table, so PL/pgSQL evaluates them without
-    -- starting an executor.)
-    mixed := jsonb_path_exists(p_results, '$[*] ? (@.next_state == "completed" || @.next_state == "failed")')
-             AND jsonb_path_exists(p_results, '$[*] ? (@.next_state != "completed" && @.next_state != "failed")');
-    IF mixed THEN
-        PERFORM 1 FROM effect_live o
-         WHERE o.effect_id = ANY (ARRAY(SELECT (e ->> 'effect_id')::uuid
-                                          FROM jsonb_array_elements(p_results) e))
-         ORDER BY o.effect_id FOR UPDATE;
+    SELECT coalesce(array_agg(c.effect_id), '{}'), coalesce(array_agg(c.state), '{}')
+      INTO ids, states
+      FROM outbox_complete_sending(p_owner, p_worker, p_results) c;
+    RETURN QUERY SELECT x.id, true, x.st, NULL::text FROM unnest(ids, states) AS x(id, st);
+    IF cardinality(ids) < jsonb_array_length(p_results) THEN
+        RETURN QUERY
+        SELECT * FROM outbox_complete_rest(p_owner, p_worker,
+                                           (SELECT jsonb_agg(e) FROM jsonb_array_elements(p_results) e
+                                             WHERE NOT (e ->> 'effect_id')::uuid = ANY (ids)));
     END IF;
+END $$;
 
-    -- Two passes at most.  The first applies what the lease holder
-    -- reports for its `sending` rows: the usual batch ends there.  Only
-    -- when some element did not apply are the rest looked at, locked: the
-    -- `unknown` rows whose unknown-ness came from this worker's lease on
-    -- exactly the attempt being recorded (late evidence), and the rows a
-    -- concurrent statement (a heartbeat's renewal) changed after the first
-    -- pass read their TIDs, get a second pass of the same statement; what
-    -- still did not apply is evidence only, below.
-    FOR pass IN 1 .. 2 LOOP
-        -- The state change and, in the same statement, the history row of
-        -- every element it applied to.  The same batch sent again after a lost
-        -- connection (the first may have committed) finds its rows moved on:
-        -- the CAS records each provider call once.
-        WITH r AS MATERIALIZED (
-            SELECT r.*,
-                   r.next_state IN ('completed', 'failed') AS finishes,
-                   CASE WHEN r.outcome = 'accepted' THEN NULL ELSE r.outcome END AS error_class,
-                   CASE WHEN r.effect_id = ANY (late_ids) AND r.outcome = 'not_sent'
-                        THEN 'late evidence: the attempt given up on was not sent ('
-                             || coalesce(r.error, 'no detail') || ')'
-                        ELSE r.error END AS error_text,
-                   CASE WHEN r.effect_id = ANY (late_ids)
-                        THEN CASE WHEN r.outcome = 'accepted' THEN 'late_accepted'
-                                  ELSE 'late_not_sent' END END AS resolution
-              FROM jsonb_to_recordset(p_results) AS r(
-                   effect_id uuid, attempt integer, started_ms_ago bigint, outcome text,
-                   status integer, provider_id text, error text, next_state text,
-                   retry_delay_ms bigint)
-             WHERE r.next_state IN ('completed', 'pending', 'failed', 'unknown')
-               AND NOT r.effect_id = ANY (done_ids)
-               AND (pass = 1 OR r.effect_id = ANY (left_ids))
-             ORDER BY r.effect_id),
-        -- Each element's live row, found once through the primary key
-        -- (in key order: the only plan without a sort) and then by its
-        -- TID, so that no statistics can turn the probes into a walk of
-        -- the queue; with the row's sending_since before the update.
-        cur AS MATERIALIZED (
-            SELECT r.*, k.row_at, k.sending_since AS old_sending_since
-              FROM r
-             CROSS JOIN LATERAL (
-                   SELECT k.ctid AS row_at, k.sending_since FROM effect_live k
-                    WHERE k.effect_id = ANY (ARRAY[r.effect_id])
-                    ORDER BY k.effect_id) k),
-        gone AS (
-            DELETE FROM effect_live o USING cur r
-             WHERE o.ctid = r.row_at AND r.finishes
-               AND o.attempts = r.attempt
-               AND ((o.lease_owner = p_owner AND o.state = 'sending')
-                    OR (o.state = 'unknown' AND o.effect_id = ANY (late_ids)))
-            RETURNING o.effect_id, o.created_at, o.sending_since, o.retry_base,
-                      coalesce(r.provider_id, o.provider_id) AS effect_provider_id,
-                      r.started_ms_ago, r.attempt, r.outcome, r.status, r.provider_id, r.error,
-                      r.next_state, r.resolution, r.error_class, r.error_text),
-        moved AS (
-            UPDATE effect_live o
-               SET state = r.next_state,
-                   provider_id = coalesce(r.provider_id, o.provider_id),
-                   lease_owner = NULL, lease_expires_at = NULL, lease_worker = NULL,
-                   sending_since = NULL,
-                   available_at = CASE WHEN r.next_state = 'pending'
-                                       THEN now() + make_interval(secs => greatest(r.retry_delay_ms, 0) / 1000.0)
-                                       ELSE 'infinity' END,
-                   last_error_class = r.error_class, last_error = r.error_text,
-                   last_status = r.status, updated_at = now()
-              FROM cur r
-             WHERE o.ctid = r.row_at AND NOT r.finishes
-               AND o.attempts = r.attempt
-               AND ((o.lease_owner = p_owner AND o.state = 'sending')
-                    OR (o.state = 'unknown' AND o.effect_id = ANY (late_ids)))
-            RETURNING o.effect_id, o.created_at, r.started_ms_ago, r.attempt, r.outcome, r.status,
-                      r.provider_id, r.error, r.next_state, r.resolution,
-                      r.old_sending_since AS sending_since),
-        moved_since AS (
-            SELECT m.* FROM moved m),
-        u AS (
-            SELECT g.effect_id, g.created_at, g.sending_since, g.started_ms_ago, g.attempt,
-                   g.outcome, g.status, g.provider_id, g.error, g.next_state, g.resolution,
-                   g.next_state AS final_state, g.error_class, g.error_text AS final_error,
-                   g.effect_provider_id, g.retry_base
-              FROM gone g
-            UNION ALL
-            SELECT m.effect_id, m.created_at, m.sending_since, m.started_ms_ago, m.attempt,
-                   m.outcome, m.status, m.provider_id, m.error, m.next_state, m.resolution,
-                   NULL, NULL, NULL, NULL, NULL
-              FROM moved_since m),
-        logged AS (
-            INSERT INTO effect_history (effect_id, created_at, attempt, lease_owner, worker,
-                                        started_at, outcome_class, provider_status, provider_id,
-                                        error_text, cas_applied, resolution, state,
-                                        last_error_class, last_error, last_provider_id, retry_base)
-            SELECT u.effect_id, u.created_at, u.attempt, p_owner, p_worker,
-                   least(now(), greatest(u.sending_since,
-                                         now() - make_interval(secs => coalesce(greatest(
-                                                     u.started_ms_ago, 0), 0) / 1000.0))),
-                   u.outcome, u.status, u.provider_id, u.error, true, u.resolution, u.final_state,
-                   u.error_class, u.final_error, u.effect_provider_id, u.retry_base
-              FROM u)
-        SELECT coalesce(array_agg(u.effect_id), '{}'), coalesce(array_agg(u.next_state), '{}'),
-               coalesce(array_agg(u.outcome), '{}'),
-               count(*) FILTER (WHERE u.next_state = 'pending' AND u.effect_id = ANY (late_ids))
-          INTO pass_ids, pass_states, pass_outcomes, pass_requeued
-          FROM u;
-        done_ids := done_ids || pass_ids;
-        done_states := done_states || pass_states;
-        done_outcomes := done_outcomes || pass_outcomes;
-        requeued := requeued + pass_requeued;
-        EXIT WHEN pass = 2 OR cardinality(done_ids) = n;
+--
+-- Name: outbox_complete_rest(uuid, text, jsonb); Type: FUNCTION; Schema: public; Owner: -
+--
 
-        -- What is left: locked in effect_id order, then the late candidates.
-        SELECT coalesce(array_agg(l.effect_id), '{}') INTO left_ids
-          FROM (SELECT o.effect_id FROM effect_live o
-                 WHERE o.effect_id = ANY (ARRAY(SELECT (e ->> 'effect_id')::uuid
-                                                  FROM jsonb_array_elements(p_results) e))
-                   AND NOT o.effect_id = ANY (done_ids)
-                 ORDER BY o.effect_id
-                   FOR UPDATE) l;
-        SELECT coalesce(array_agg(o.effect_id), '{}') INTO late_ids
-          FROM effect_live o
-          JOIN jsonb_to_recordset(p_results) AS r(effect_id uuid, attempt integer, outcome text,
-                                                  next_state text)
-            ON r.effect_id = o.effect_id
-         WHERE o.effect_id = ANY (left_ids) AND o.state = 'unknown'
-           AND ((r.outcome = 'accepted' AND r.next_state = 'completed')
-                OR (r.outcome = 'not_sent' AND r.next_state IN ('pending', 'failed')))
+CREATE FUNCTION public.outbox_complete_rest(p_owner uuid, p_worker text, p_results jsonb) RETURNS TABLE(effect_id uuid, applied boolean, state text, resolved text)
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'public', 'pg_temp'
+    SET plan_cache_mode TO 'force_generic_plan'
+    SET enable_seqscan TO 'off'
+    SET enable_bitmapscan TO 'off'
+    SET enable_sort TO 'off'
+    SET enable_hashjoin TO 'off'
+    SET enable_mergejoin TO 'off'
+    SET jit TO 'off'
+    AS $$
+#variable_conflict use_column
+DECLARE
+    late_ids uuid[];
+    left_ids uuid[];
+    done_ids uuid[];
+    requeued integer;
+BEGIN
+    -- What is left: locked in effect_id order, then the late candidates.
+    SELECT coalesce(array_agg(l.effect_id), '{}') INTO left_ids
+      FROM (SELECT o.effect_id FROM effect_live o
+             WHERE o.effect_id = ANY (ARRAY(SELECT (e ->> 'effect_id')::uuid
+                                              FROM jsonb_array_elements(p_results) e))
+             ORDER BY o.effect_id
+               FOR UPDATE) l;
+    -- (Each element's rows found by a lookup per element that has only
+    -- one plan without a penalty, as `cur` below: where the statistics
+    -- could make a statement of this function a walk of the queue or of
+    -- the bodies, it did so on a queue analyzed while empty.)
+    SELECT coalesce(array_agg(o.effect_id), '{}') INTO late_ids
+      FROM jsonb_to_recordset(p_results) AS r(effect_id uuid, attempt integer, outcome text,
+                                              next_state text)
+     CROSS JOIN LATERAL (
+           SELECT k.effect_id, k.created_at, k.state, k.attempts FROM effect_live k
+            WHERE k.effect_id = ANY (ARRAY[r.effect_id])
+            ORDER BY k.effect_id) o
+     WHERE r.effect_id = ANY (left_ids)
+       AND o.state = 'unknown'
+       AND ((r.outcome = 'accepted' AND r.next_state = 'completed')
+            OR (r.outcome = 'not_sent' AND r.next_state IN ('pending', 'failed')))
+       AND o.attempts = r.attempt
+       AND EXISTS (SELECT 1 FROM effect_history a
+                    WHERE a.effect_id = o.effect_id AND a.created_at = o.created_at
+                      AND a.attempt = r.attempt
+                      AND a.lease_owner = p_owner AND a.source = 'reaper');
+
+    -- The state change of what is left, as in outbox_complete_sending,
+    -- for the lease holder's `sending` rows and the late candidates.
+    WITH r AS MATERIALIZED (
+        SELECT r.*,
+               r.next_state IN ('completed', 'failed') AS finishes,
+               CASE WHEN r.outcome = 'accepted' THEN NULL ELSE r.outcome END AS error_class,
+               CASE WHEN r.effect_id = ANY (late_ids) AND r.outcome = 'not_sent'
+                    THEN 'late evidence: the attempt given up on was not sent ('
+                         || coalesce(r.error, 'no detail') || ')'
+                    ELSE r.error END AS error_text,
+               CASE WHEN r.effect_id = ANY (late_ids)
+                    THEN CASE WHEN r.outcome = 'accepted' THEN 'late_accepted'
+                              ELSE 'late_not_sent' END END AS resolution
+          FROM jsonb_to_recordset(p_results) AS r(
+               effect_id uuid, attempt integer, started_ms_ago bigint, outcome text,
+               status integer, provider_id text, error text, next_state text,
+               retry_delay_ms bigint)
+         WHERE r.next_state IN ('completed', 'pending', 'failed', 'unknown')
+           AND r.effect_id = ANY (left_ids)
+         ORDER BY r.effect_id),
+    cur AS MATERIALIZED (
+        SELECT r.*, k.row_at, k.sending_since AS old_sending_since
+          FROM r
+         CROSS JOIN LATERAL (
+               SELECT k.ctid AS row_at, k.sending_since FROM effect_live k
+                WHERE k.effect_id = ANY (ARRAY[r.effect_id])
+                ORDER BY k.effect_id) k),
+    gone AS (
+        DELETE FROM effect_live o USING cur r
+         WHERE o.ctid = r.row_at AND r.finishes
            AND o.attempts = r.attempt
-           AND EXISTS (SELECT 1 FROM effect_history a
-                        WHERE a.effect_id = o.effect_id AND a.created_at = o.created_at
-                          AND a.attempt = r.attempt
-                          AND a.lease_owner = p_owner AND a.worker LIKE 'reaper:%');
-        EXIT WHEN cardinality(left_ids) = 0;
-    END LOOP;
-
+           AND ((o.lease_owner = p_owner AND o.state = 'sending')
+                OR (o.state = 'unknown' AND o.effect_id = ANY (late_ids)))
+        RETURNING o.effect_id, o.created_at, o.sending_since, o.retry_base,
+                  coalesce(r.provider_id, o.provider_id) AS effect_provider_id,
+                  r.started_ms_ago, r.attempt, r.outcome, r.status, r.provider_id, r.error,
+                  r.next_state, r.resolution, r.error_class, r.error_text),
+    moved AS (
+        UPDATE effect_live o
+           SET state = r.next_state,
+               provider_id = coalesce(r.provider_id, o.provider_id),
+               lease_owner = NULL, lease_expires_at = NULL, lease_worker = NULL,
+               sending_since = NULL,
+               available_at = CASE WHEN r.next_state = 'pending'
+                                   THEN now() + make_interval(secs => greatest(r.retry_delay_ms, 0) / 1000.0)
+                                   ELSE 'infinity' END,
+               last_error_class = r.error_class, last_error = r.error_text,
+               last_status = r.status, updated_at = now()
+          FROM cur r
+         WHERE o.ctid = r.row_at AND NOT r.finishes
+           AND o.attempts = r.attempt
+           AND ((o.lease_owner = p_owner AND o.state = 'sending')
+                OR (o.state = 'unknown' AND o.effect_id = ANY (late_ids)))
+        RETURNING o.effect_id, o.created_at, r.started_ms_ago, r.attempt, r.outcome, r.status,
+                  r.provider_id, r.error, r.next_state, r.resolution,
+                  r.old_sending_since AS sending_since),
+    u AS (
+        SELECT g.effect_id, g.created_at, g.sending_since, g.started_ms_ago, g.attempt,
+               g.outcome, g.status, g.provider_id, g.error, g.next_state, g.resolution,
+               g.next_state AS final_state, g.error_class, g.error_text AS final_error,
+               g.effect_provider_id, g.retry_base
+          FROM gone g
+        UNION ALL
+        SELECT m.effect_id, m.created_at, m.sending_since, m.started_ms_ago, m.attempt,
+               m.outcome, m.status, m.provider_id, m.error, m.next_state, m.resolution,
+               NULL, NULL, NULL, NULL, NULL
+          FROM moved m),
+    logged AS (
+        INSERT INTO effect_history (effect_id, created_at, attempt, lease_owner, worker, source,
+                                    started_at, outcome_class, provider_status, provider_id,
+                                    error_text, cas_applied, resolution, state,
+                                    last_error_class, last_error, last_provider_id, retry_base)
+        SELECT u.effect_id, u.created_at, u.attempt, p_owner, p_worker, 'worker',
+               least(now(), greatest(u.sending_since,
+                                     now() - make_interval(secs => coalesce(greatest(
+                                                 u.started_ms_ago, 0), 0) / 1000.0))),
+               u.outcome, u.status, u.provider_id, u.error, true, u.resolution, u.final_state,
+               u.error_class, u.final_error, u.effect_provider_id, u.retry_base
+          FROM u)
+    SELECT coalesce(array_agg(u.effect_id), '{}'),
+           count(*) FILTER (WHERE u.next_state = 'pending' AND u.effect_id = ANY (late_ids))
+      INTO done_ids, requeued
+      FROM u;
 
     -- Elements whose CAS did not apply: evidence only from the worker that
     -- held this attempt's lease, the lease owner now or the owner the
@@ -1900,48 +1940,40 @@ BEGIN
     -- leaves one row.  The rows of the batch that are still live are
     -- locked, so a second delivery waits for the first and then sees its
     -- rows.
-    IF cardinality(done_ids) < n THEN
-        INSERT INTO effect_history (effect_id, created_at, attempt, lease_owner, worker,
-                                    started_at, outcome_class, provider_status, provider_id,
-                                    error_text, cas_applied)
-        SELECT r.effect_id, b.created_at, r.attempt, p_owner, p_worker,
-               now() - make_interval(secs => coalesce(greatest(r.started_ms_ago, 0), 0) / 1000.0),
-               r.outcome, r.status, r.provider_id, r.error, false
-          FROM jsonb_to_recordset(p_results) AS r(
-                   effect_id uuid, attempt integer, started_ms_ago bigint, outcome text,
-                   status integer, provider_id text, error text)
-         CROSS JOIN LATERAL (SELECT e.created_at FROM effect_outbox e
-                              WHERE e.effect_id = r.effect_id) b
-         WHERE NOT r.effect_id = ANY (done_ids)
-           AND r.outcome IS NOT NULL
-           AND (EXISTS (SELECT 1 FROM effect_live o
-                         WHERE o.effect_id = r.effect_id AND o.lease_owner = p_owner)
-                OR EXISTS (SELECT 1 FROM effect_history a
-                            WHERE a.effect_id = r.effect_id AND a.created_at = b.created_at
-                              AND a.attempt = r.attempt
-                              AND a.lease_owner = p_owner AND a.worker LIKE 'reaper:%'))
-           AND NOT EXISTS (SELECT 1 FROM effect_history a
-                            WHERE a.effect_id = r.effect_id AND a.created_at = b.created_at
-                              AND a.attempt = r.attempt AND a.lease_owner = p_owner
-                              AND a.outcome_class IS NOT NULL
-                              AND a.worker NOT LIKE 'reaper:%');
-    END IF;
+    INSERT INTO effect_history (effect_id, created_at, attempt, lease_owner, worker, source,
+                                started_at, outcome_class, provider_status, provider_id,
+                                error_text, cas_applied)
+    SELECT r.effect_id, b.created_at, r.attempt, p_owner, p_worker, 'worker',
+           now() - make_interval(secs => coalesce(greatest(r.started_ms_ago, 0), 0) / 1000.0),
+           r.outcome, r.status, r.provider_id, r.error, false
+      FROM jsonb_to_recordset(p_results) AS r(
+               effect_id uuid, attempt integer, started_ms_ago bigint, outcome text,
+               status integer, provider_id text, error text)
+     CROSS JOIN LATERAL (SELECT e.created_at FROM effect_outbox e
+                          WHERE e.effect_id = ANY (ARRAY[r.effect_id])
+                          ORDER BY e.effect_id OFFSET 0) b
+     WHERE NOT r.effect_id = ANY (done_ids)
+       AND r.outcome IS NOT NULL
+       AND (EXISTS (SELECT 1 FROM (SELECT k.lease_owner FROM effect_live k
+                                    WHERE k.effect_id = ANY (ARRAY[r.effect_id])
+                                    ORDER BY k.effect_id OFFSET 0) o
+                     WHERE o.lease_owner = p_owner)
+            OR EXISTS (SELECT 1 FROM effect_history a
+                        WHERE a.effect_id = r.effect_id AND a.created_at = b.created_at
+                          AND a.attempt = r.attempt
+                          AND a.lease_owner = p_owner AND a.source = 'reaper'))
+       AND NOT EXISTS (SELECT 1 FROM effect_history a
+                        WHERE a.effect_id = r.effect_id AND a.created_at = b.created_at
+                          AND a.attempt = r.attempt AND a.lease_owner = p_owner
+                          AND a.outcome_class IS NOT NULL
+                          AND a.source <> 'reaper');
 
     IF requeued > 0 THEN
         PERFORM pg_notify('effect_outbox', '');
     END IF;
 
-    IF cardinality(done_ids) = n THEN
-        RETURN QUERY
-        SELECT x.id, true, x.st,
-               CASE WHEN x.id = ANY (late_ids)
-                    THEN CASE WHEN x.outcome = 'accepted' THEN 'late_accepted'
-                              ELSE 'late_not_sent' END END
-          FROM unnest(done_ids, done_states, done_outcomes) AS x(id, st, outcome);
-        RETURN;
-    END IF;
     -- "applied" also when an earlier delivery of this same batch applied it
-    -- (the rare case: only then is the history probed, by its index).
+    -- (only then is the history probed, by its index).
     RETURN QUERY
     SELECT r.effect_id, r.effect_id = ANY (done_ids) OR coalesce(prev.applied, false),
            CASE WHEN r.effect_id = ANY (done_ids) OR coalesce(prev.applied, false) THEN r.next_state END,
@@ -1959,8 +1991,105 @@ BEGIN
                                   WHERE e.effect_id = r.effect_id)
              AND a.lease_owner = p_owner AND a.cas_applied
              AND a.outcome_class IS NOT NULL
-             AND a.worker NOT LIKE 'reaper:%'
+             AND a.source <> 'reaper'
            LIMIT 1) prev ON true;
+END $$;
+
+--
+-- Name: outbox_complete_sending(uuid, text, jsonb); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.outbox_complete_sending(p_owner uuid, p_worker text, p_results jsonb) RETURNS TABLE(effect_id uuid, state text)
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'public', 'pg_temp'
+    SET plan_cache_mode TO 'force_generic_plan'
+    SET enable_seqscan TO 'off'
+    SET enable_bitmapscan TO 'off'
+    SET enable_sort TO 'off'
+    SET enable_hashjoin TO 'off'
+    SET enable_mergejoin TO 'off'
+    SET jit TO 'off'
+    AS $_$
+#variable_conflict use_column
+BEGIN
+    RETURN QUERY
+    WITH locked AS MATERIALIZED (
+        SELECT o.effect_id FROM effect_live o
+         WHERE jsonb_path_exists(p_results, '$[*] ? (@.next_state == "completed" || @.next_state == "failed")')
+           AND jsonb_path_exists(p_results, '$[*] ? (@.next_state != "completed" && @.next_state != "failed")')
+           AND o.effect_id = ANY (ARRAY(SELECT (e ->> 'effect_id')::uuid
+                                          FROM jsonb_array_elements(p_results) e))
+         ORDER BY o.effect_id FOR UPDATE),
+    r AS MATERIALIZED (
+        SELECT r.*,
+               r.next_state IN ('completed', 'failed') AS finishes,
+               CASE WHEN r.outcome = 'accepted' THEN NULL ELSE r.outcome END AS error_class
+          FROM jsonb_to_recordset(p_results) AS r(
+               effect_id uuid, attempt integer, started_ms_ago bigint, outcome text,
+               status integer, provider_id text, error text, next_state text,
+               retry_delay_ms bigint)
+         WHERE r.next_state IN ('completed', 'pending', 'failed', 'unknown')
+           AND (SELECT count(*) FROM locked) >= 0
+         ORDER BY r.effect_id),
+    -- Each element's live row, found once through the primary key (in key
+    -- order: the only plan without a sort) and then by its TID, so that no
+    -- statistics can turn the probes into a walk of the queue; with the
+    -- row's sending_since before the update.
+    cur AS MATERIALIZED (
+        SELECT r.*, k.row_at, k.sending_since AS old_sending_since
+          FROM r
+         CROSS JOIN LATERAL (
+               SELECT k.ctid AS row_at, k.sending_since FROM effect_live k
+                WHERE k.effect_id = ANY (ARRAY[r.effect_id])
+                ORDER BY k.effect_id) k),
+    gone AS (
+        DELETE FROM effect_live o USING cur r
+         WHERE o.ctid = r.row_at AND r.finishes
+           AND o.attempts = r.attempt AND o.lease_owner = p_owner AND o.state = 'sending'
+        RETURNING o.effect_id, o.created_at, o.sending_since, o.retry_base,
+                  coalesce(r.provider_id, o.provider_id) AS effect_provider_id,
+                  r.started_ms_ago, r.attempt, r.outcome, r.status, r.provider_id, r.error,
+                  r.next_state, r.error_class),
+    moved AS (
+        UPDATE effect_live o
+           SET state = r.next_state,
+               provider_id = coalesce(r.provider_id, o.provider_id),
+               lease_owner = NULL, lease_expires_at = NULL, lease_worker = NULL,
+               sending_since = NULL,
+               available_at = CASE WHEN r.next_state = 'pending'
+                                   THEN now() + make_interval(secs => greatest(r.retry_delay_ms, 0) / 1000.0)
+                                   ELSE 'infinity' END,
+               last_error_class = r.error_class, last_error = r.error,
+               last_status = r.status, updated_at = now()
+          FROM cur r
+         WHERE o.ctid = r.row_at AND NOT r.finishes
+           AND o.attempts = r.attempt AND o.lease_owner = p_owner AND o.state = 'sending'
+        RETURNING o.effect_id, o.created_at, r.started_ms_ago, r.attempt, r.outcome, r.status,
+                  r.provider_id, r.error, r.next_state, r.old_sending_since AS sending_since),
+    u AS (
+        SELECT g.effect_id, g.created_at, g.sending_since, g.started_ms_ago, g.attempt,
+               g.outcome, g.status, g.provider_id, g.error, g.next_state,
+               g.next_state AS final_state, g.error_class, g.error AS final_error,
+               g.effect_provider_id, g.retry_base
+          FROM gone g
+        UNION ALL
+        SELECT m.effect_id, m.created_at, m.sending_since, m.started_ms_ago, m.attempt,
+               m.outcome, m.status, m.provider_id, m.error, m.next_state,
+               NULL, NULL, NULL, NULL, NULL
+          FROM moved m),
+    logged AS (
+        INSERT INTO effect_history (effect_id, created_at, attempt, lease_owner, worker, source,
+                                    started_at, outcome_class, provider_status, provider_id,
+                                    error_text, cas_applied, state, last_error_class,
+                                    last_error, last_provider_id, retry_base)
+        SELECT u.effect_id, u.created_at, u.attempt, p_owner, p_worker, 'worker',
+               least(now(), greatest(u.sending_since,
+                                     now() - make_interval(secs => coalesce(greatest(
+                                                 u.started_ms_ago, 0), 0) / 1000.0))),
+               u.outcome, u.status, u.provider_id, u.error, true, u.final_state,
+               u.error_class, u.final_error, u.effect_provider_id, u.retry_base
+          FROM u)
+    SELECT u.effect_id, u.next_state FROM u;
 END $_$;
 
 --
@@ -2513,10 +2642,10 @@ BEGIN
                   CASE WHEN o.state = 'sending' THEN o.attempts - 1 ELSE o.attempts END AS attempts,
                   coalesce(x.error_class, 'invalid') AS error_class, x.error),
     logged AS (
-        INSERT INTO effect_history (effect_id, created_at, attempt, lease_owner, worker,
+        INSERT INTO effect_history (effect_id, created_at, attempt, lease_owner, worker, source,
                                     started_at, state, last_error_class, last_error,
                                     last_provider_id, provider_status, retry_base)
-        SELECT g.effect_id, g.created_at, g.attempts, p_owner, NULL, now(), 'failed',
+        SELECT g.effect_id, g.created_at, g.attempts, p_owner, NULL, 'worker', now(), 'failed',
                g.error_class, g.error, g.provider_id, g.last_status, g.retry_base
           FROM gone g)
     SELECT coalesce(array_agg(g.effect_id), '{}') INTO ids FROM gone g;
@@ -2549,10 +2678,10 @@ BEGIN
         RETURNING o.effect_id, o.effect_type, o.created_at, o.attempts, o.retry_base,
                   o.provider_id, o.last_status),
     logged AS (
-        INSERT INTO effect_history (effect_id, created_at, attempt, worker, started_at,
+        INSERT INTO effect_history (effect_id, created_at, attempt, worker, source, started_at,
                                     state, last_error_class, last_error, last_provider_id,
                                     provider_status, retry_base)
-        SELECT g.effect_id, g.created_at, g.attempts, NULL, now(), 'failed', 'invalid',
+        SELECT g.effect_id, g.created_at, g.attempts, NULL, 'worker', now(), 'failed', 'invalid',
                'unknown effect type "' || g.effect_type || '": no worker serves it',
                g.provider_id, g.last_status, g.retry_base
           FROM gone g)
@@ -2607,6 +2736,64 @@ BEGIN
     END LOOP;
     RETURN made;
 END $$;
+
+--
+-- Name: outbox_history_source_backfill(integer); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.outbox_history_source_backfill(p_pages integer DEFAULT 4096) RETURNS bigint
+    LANGUAGE plpgsql
+    SET search_path TO 'public', 'pg_temp'
+    AS $$
+DECLARE
+    b outbox_history_backfill%ROWTYPE;
+    upto bigint;
+BEGIN
+    SELECT * INTO b FROM outbox_history_backfill x
+     WHERE x.next_page < x.end_page ORDER BY x.part LIMIT 1 FOR UPDATE;
+    IF NOT FOUND THEN
+        IF EXISTS (SELECT 1 FROM pg_constraint c
+                    WHERE c.conrelid = 'effect_history'::regclass
+                      AND c.conname = 'effect_history_source_check' AND NOT c.convalidated) THEN
+            ALTER TABLE effect_history VALIDATE CONSTRAINT effect_history_source_check;
+        END IF;
+        RETURN 0;
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM pg_class c WHERE c.oid = b.part) THEN
+        DELETE FROM outbox_history_backfill x WHERE x.part = b.part;
+        RETURN 1;
+    END IF;
+    upto := least(b.next_page + greatest(p_pages, 1), b.end_page);
+    EXECUTE format('UPDATE %s h SET source = outbox_history_source_of(h.worker, h.lease_owner, '
+                   'h.outcome_class, h.resolution, h.state) '
+                   'WHERE h.ctid >= %L::tid AND h.ctid < %L::tid AND h.source = ''worker'' '
+                   'AND outbox_history_source_of(h.worker, h.lease_owner, h.outcome_class, '
+                   'h.resolution, h.state) <> ''worker''',
+                   b.part, format('(%s,0)', b.next_page), format('(%s,0)', upto));
+    UPDATE outbox_history_backfill x SET next_page = upto WHERE x.part = b.part;
+    -- At least 1: the call that finds nothing left validates.
+    RETURN greatest((SELECT sum(x.end_page - x.next_page) FROM outbox_history_backfill x), 1);
+END $$;
+
+--
+-- Name: outbox_history_source_of(text, uuid, text, text, text); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.outbox_history_source_of(p_worker text, p_lease_owner uuid, p_outcome_class text, p_resolution text, p_state text) RETURNS text
+    LANGUAGE sql IMMUTABLE
+    AS $$
+    SELECT CASE
+        WHEN p_worker LIKE 'reaper:%' THEN 'reaper'
+        WHEN p_worker LIKE 'operator:%' THEN 'operator'
+        WHEN p_worker = 'cancel' THEN 'producer'
+        WHEN p_worker IS NULL OR p_worker = 'migration' THEN 'worker'
+        WHEN p_resolution IS NOT DISTINCT FROM 'late_accepted' THEN 'worker'
+        WHEN p_outcome_class IN ('reconciled_sent', 'reconciled_not_sent', 'reconcile_unknown')
+        THEN 'reconcile'
+        WHEN p_lease_owner IS NULL AND p_outcome_class IS NULL AND p_state = 'completed'
+        THEN 'reconcile'
+        ELSE 'worker' END
+$$;
 
 --
 -- Name: outbox_host_canon(text); Type: FUNCTION; Schema: public; Owner: -
@@ -3651,10 +3838,10 @@ BEGIN
         RETURNING o.effect_id, o.state, e.created_at, e.lease_worker, e.lease_owner,
                   e.attempts, e.sending_since),
     logged AS (
-        INSERT INTO effect_history (effect_id, created_at, attempt, lease_owner, worker,
+        INSERT INTO effect_history (effect_id, created_at, attempt, lease_owner, worker, source,
                                     started_at, outcome_class, error_text, cas_applied)
         SELECT m.effect_id, m.created_at, m.attempts, m.lease_owner, 'reaper:' || p_worker,
-               coalesce(m.sending_since, now()), 'ambiguous',
+               'reaper', coalesce(m.sending_since, now()), 'ambiguous',
                'lease expired while sending; worker ' || coalesce(m.lease_worker, '?')
                || ' lost; state ' || m.state, true
           FROM moved m)
@@ -3809,11 +3996,11 @@ BEGIN
         RETURNING l.effect_id, l.created_at, l.attempts, l.retry_base, l.last_status,
                   coalesce(nullif(r.provider_id, ''), l.provider_id) AS provider_id
     ), fin_rows AS (
-        INSERT INTO effect_history (effect_id, created_at, attempt, lease_owner, worker,
+        INSERT INTO effect_history (effect_id, created_at, attempt, lease_owner, worker, source,
                                     started_at, provider_status, cas_applied, state,
                                     last_provider_id, retry_base)
-        SELECT f.effect_id, f.created_at, f.attempts, NULL, p_worker, now(), f.last_status, true,
-               'completed', f.provider_id, f.retry_base
+        SELECT f.effect_id, f.created_at, f.attempts, NULL, p_worker, 'reconcile', now(),
+               f.last_status, true, 'completed', f.provider_id, f.retry_base
           FROM fin f
     ), moved AS (
         UPDATE effect_live l
@@ -3845,10 +4032,10 @@ BEGIN
 
     -- The answers, as evidence: each element about an effect this worker
     -- held, applied or not.
-    INSERT INTO effect_history (effect_id, created_at, attempt, lease_owner, worker, started_at,
-                                outcome_class, provider_status, provider_id, error_text,
-                                cas_applied, metadata)
-    SELECT x.effect_id, e.created_at, e.attempts, NULL, p_worker,
+    INSERT INTO effect_history (effect_id, created_at, attempt, lease_owner, worker, source,
+                                started_at, outcome_class, provider_status, provider_id,
+                                error_text, cas_applied, metadata)
+    SELECT x.effect_id, e.created_at, e.attempts, NULL, p_worker, 'reconcile',
            now(),   -- the database's clock, never the worker's
            CASE x.verdict WHEN 'sent' THEN 'reconciled_sent'
                           WHEN 'not_sent' THEN 'reconciled_not_sent'
@@ -4326,11 +4513,11 @@ BEGIN
                              updated_at)
     VALUES (b.effect_id, b.effect_type, b.created_at, 'pending', now(), h.attempt, h.attempt,
             h.last_provider_id, h.last_error_class, h.last_error, h.provider_status, now());
-    INSERT INTO effect_history (effect_id, created_at, attempt, lease_owner, worker, started_at,
-                                outcome_class, error_text, cas_applied, resolution,
+    INSERT INTO effect_history (effect_id, created_at, attempt, lease_owner, worker, source,
+                                started_at, outcome_class, error_text, cas_applied, resolution,
                                 last_error_class)
-    VALUES (b.effect_id, b.created_at, h.attempt, NULL, 'operator:' || p_operator, now(),
-            NULL, p_reason, true, 'requeued', h.last_error_class);
+    VALUES (b.effect_id, b.created_at, h.attempt, NULL, 'operator:' || p_operator, 'operator',
+            now(), NULL, p_reason, true, 'requeued', h.last_error_class);
 
     UPDATE workflow_runs w
        SET state = 'approved', version = w.version + 1, failure_reason = NULL, updated_at = now()
@@ -4371,7 +4558,7 @@ BEGIN
                     WHERE a.effect_id = p_effect_id AND a.created_at = x.created_at
                       AND a.attempt = p_attempt AND a.lease_owner = p_owner
                       AND a.outcome_class IS NOT NULL
-                      AND (a.worker LIKE 'reaper:%' OR a.outcome_class = 'ambiguous'))
+                      AND (a.source = 'reaper' OR a.outcome_class = 'ambiguous'))
        FOR UPDATE;
     IF NOT FOUND THEN
         RETURN (SELECT 'late_accepted' FROM effect_history a
@@ -4380,16 +4567,16 @@ BEGIN
                                         WHERE b.effect_id = p_effect_id)
                    AND a.attempt = p_attempt
                    AND a.resolution = 'late_accepted' AND a.lease_owner IS NULL
-                   AND a.worker = p_worker
+                   AND a.source = 'worker' AND a.worker = p_worker
                  LIMIT 1);
     END IF;
     WITH done AS (
         DELETE FROM effect_live x WHERE x.effect_id = l.effect_id RETURNING x.*)
-    INSERT INTO effect_history (effect_id, created_at, attempt, lease_owner, worker, started_at,
-                                outcome_class, provider_status, provider_id, error_text,
-                                cas_applied, metadata, resolution, state, last_error_class,
-                                last_error, last_provider_id, retry_base)
-    SELECT d.effect_id, d.created_at, p_attempt, NULL, p_worker, now(), 'reconciled_sent',
+    INSERT INTO effect_history (effect_id, created_at, attempt, lease_owner, worker, source,
+                                started_at, outcome_class, provider_status, provider_id,
+                                error_text, cas_applied, metadata, resolution, state,
+                                last_error_class, last_error, last_provider_id, retry_base)
+    SELECT d.effect_id, d.created_at, p_attempt, NULL, p_worker, 'worker', now(), 'reconciled_sent',
            p_status, nullif(p_provider_id, ''),
            'late evidence: the provider accepted the call after it had been given up on',
            true, NULL, 'late_accepted', 'completed', NULL, NULL,
@@ -4450,16 +4637,16 @@ BEGIN
         WITH done AS (
             DELETE FROM effect_live x WHERE x.effect_id = l.effect_id RETURNING x.*),
         verdict AS (
-            INSERT INTO effect_history (effect_id, created_at, attempt, lease_owner, worker,
+            INSERT INTO effect_history (effect_id, created_at, attempt, lease_owner, worker, source,
                                         started_at, outcome_class, provider_id, error_text,
                                         cas_applied)
-            SELECT d.effect_id, d.created_at, d.attempts, NULL, 'operator:' || p_operator, now(),
+            SELECT d.effect_id, d.created_at, d.attempts, NULL, 'operator:' || p_operator, 'operator', now(),
                    'operator_sent', pid, p_reason, true
               FROM done d)
-        INSERT INTO effect_history (effect_id, created_at, attempt, lease_owner, worker,
+        INSERT INTO effect_history (effect_id, created_at, attempt, lease_owner, worker, source,
                                     started_at, provider_status, cas_applied, state,
                                     last_provider_id, retry_base)
-        SELECT d.effect_id, d.created_at, d.attempts, NULL, 'operator:' || p_operator, now(),
+        SELECT d.effect_id, d.created_at, d.attempts, NULL, 'operator:' || p_operator, 'operator', now(),
                d.last_status, true, 'completed', pid, d.retry_base
           FROM done d;
     ELSE
@@ -4470,10 +4657,10 @@ BEGIN
                lease_owner = NULL, lease_expires_at = NULL, lease_worker = NULL,
                sending_since = NULL, updated_at = now()
          WHERE x.effect_id = l.effect_id;
-        INSERT INTO effect_history (effect_id, created_at, attempt, lease_owner, worker,
+        INSERT INTO effect_history (effect_id, created_at, attempt, lease_owner, worker, source,
                                     started_at, outcome_class, provider_id, error_text,
                                     cas_applied)
-        VALUES (l.effect_id, l.created_at, l.attempts, NULL, 'operator:' || p_operator, now(),
+        VALUES (l.effect_id, l.created_at, l.attempts, NULL, 'operator:' || p_operator, 'operator', now(),
                 'operator_not_sent', NULL, p_reason, true);
         PERFORM pg_notify('effect_outbox', '');
     END IF;
@@ -5279,6 +5466,20 @@ GRANT ALL ON FUNCTION public.outbox_complete(p_owner uuid, p_worker text, p_resu
 REVOKE ALL ON FUNCTION public.outbox_complete(p_owner uuid, p_worker text, p_results jsonb) FROM PUBLIC;
 
 --
+-- Name: FUNCTION outbox_complete_rest(p_owner uuid, p_worker text, p_results jsonb); Type: ACL; Schema: public; Owner: -
+--
+
+GRANT ALL ON FUNCTION public.outbox_complete_rest(p_owner uuid, p_worker text, p_results jsonb) TO outbox_dispatcher;
+REVOKE ALL ON FUNCTION public.outbox_complete_rest(p_owner uuid, p_worker text, p_results jsonb) FROM PUBLIC;
+
+--
+-- Name: FUNCTION outbox_complete_sending(p_owner uuid, p_worker text, p_results jsonb); Type: ACL; Schema: public; Owner: -
+--
+
+GRANT ALL ON FUNCTION public.outbox_complete_sending(p_owner uuid, p_worker text, p_results jsonb) TO outbox_dispatcher;
+REVOKE ALL ON FUNCTION public.outbox_complete_sending(p_owner uuid, p_worker text, p_results jsonb) FROM PUBLIC;
+
+--
 -- Name: FUNCTION outbox_console_ages(); Type: ACL; Schema: public; Owner: -
 --
 
@@ -5442,6 +5643,20 @@ REVOKE ALL ON FUNCTION public.outbox_history_months(p_from timestamp with time z
 --
 
 REVOKE ALL ON FUNCTION public.outbox_history_partitions(p_from timestamp with time zone, p_to timestamp with time zone) FROM PUBLIC;
+
+--
+-- Name: FUNCTION outbox_history_source_backfill(p_pages integer); Type: ACL; Schema: public; Owner: -
+--
+
+REVOKE ALL ON FUNCTION public.outbox_history_source_backfill(p_pages integer) FROM PUBLIC;
+
+--
+-- Name: FUNCTION outbox_history_source_of(p_worker text, p_lease_owner uuid, p_outcome_class text, p_resolution text, p_state text); Type: ACL; Schema: public; Owner: -
+--
+
+GRANT ALL ON FUNCTION public.outbox_history_source_of(p_worker text, p_lease_owner uuid, p_outcome_class text, p_resolution text, p_state text) TO outbox_dispatcher;
+GRANT ALL ON FUNCTION public.outbox_history_source_of(p_worker text, p_lease_owner uuid, p_outcome_class text, p_resolution text, p_state text) TO outbox_operator;
+REVOKE ALL ON FUNCTION public.outbox_history_source_of(p_worker text, p_lease_owner uuid, p_outcome_class text, p_resolution text, p_state text) FROM PUBLIC;
 
 --
 -- Name: FUNCTION outbox_host_canon(p_host text); Type: ACL; Schema: public; Owner: -

@@ -113,10 +113,10 @@ BEGIN
          USING effect_outbox b
          WHERE b.idempotency_key = p_key AND l.effect_id = b.effect_id AND l.state = 'pending'
         RETURNING l.*)
-    INSERT INTO effect_history (effect_id, created_at, attempt, worker, started_at, ended_at,
-                                state, last_error_class, last_error, last_provider_id,
+    INSERT INTO effect_history (effect_id, created_at, attempt, worker, source, started_at,
+                                ended_at, state, last_error_class, last_error, last_provider_id,
                                 provider_status, retry_base)
-    SELECT g.effect_id, g.created_at, g.attempts, 'cancel', now(), now(),
+    SELECT g.effect_id, g.created_at, g.attempts, 'cancel', 'producer', now(), now(),
            'failed', 'cancelled', 'cancelled: ' || p_why, g.provider_id, g.last_status,
            g.retry_base
       FROM gone g;
@@ -602,12 +602,15 @@ BEGIN
     END IF;
     WITH gone AS (
         DELETE FROM effect_live l WHERE l.effect_id = p_effect_id RETURNING l.*)
-    INSERT INTO effect_history (effect_id, created_at, attempt, worker, started_at, ended_at,
-                                state, last_error_class, last_error, last_provider_id,
+    INSERT INTO effect_history (effect_id, created_at, attempt, worker, source, started_at,
+                                ended_at, state, last_error_class, last_error, last_provider_id,
                                 provider_status, retry_base)
-    SELECT g.effect_id, g.created_at, g.attempts, 'cancel', now(), now(),
-           'failed', 'cancelled', 'cancelled: ' || why, g.provider_id, g.last_status,
-           g.retry_base
+    SELECT g.effect_id, g.created_at, g.attempts, 'cancel',
+           CASE WHEN NOT (p_owner IS NOT NULL AND holder = p_owner)
+                     AND pg_has_role(session_user, 'outbox_operator', 'MEMBER')
+                THEN 'operator' ELSE 'producer' END,
+           now(), now(), 'failed', 'cancelled', 'cancelled: ' || why, g.provider_id,
+           g.last_status, g.retry_base
       FROM gone g;
     UPDATE workflow_runs w
        SET state = 'failed_terminal', version = w.version + 1,

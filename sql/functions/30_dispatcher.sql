@@ -424,20 +424,129 @@ END $$;
 -- which sent its own clock's started_at: ignored) it is now().  A worker
 -- whose wall clock is off therefore cannot move the attempt's age, which
 -- decides when a lookup's "not found" counts (outbox_reconcile_lease).
--- Every element of an attempt this worker held the lease of becomes a
--- history row, whether or not the CAS still matches (a worker that lost
--- its lease still leaves its evidence).  Returns, per element, whether the
--- state change applied, the state it set and, when it resolved an
--- `unknown` effect, how (late_accepted, late_not_sent).
 --
--- The usual batch (every CAS applies, no `unknown` row) costs one
--- statement that touches tables: the state change with its history rows
--- (finished effects leave the live queue by a DELETE whose RETURNING makes
--- their finishing history rows, retried ones are updated in place).  Runs are not touched (outbox_settle_runs).
--- The rest runs only for what is left over: late evidence for `unknown`
--- rows, and elements whose CAS did not apply (lease lost, a batch
--- delivered twice) (docs/performance.md, "Where the time goes").
-CREATE OR REPLACE FUNCTION outbox_complete(p_owner uuid, p_worker text, p_results jsonb)
+-- Two functions, the worker calling the second only when the first left
+-- elements over (docs/design.md, "Recording outcomes"):
+-- - outbox_complete_sending, the usual batch (every element's row is
+--   `sending` under this lease): one statement, the state change with its
+--   history rows (finished effects leave the live queue by a DELETE whose
+--   RETURNING makes their finishing history rows, retried ones are updated
+--   in place).  It answers only the elements it applied.
+-- - outbox_complete_rest, for the elements it did not apply: late evidence
+--   for `unknown` rows, rows a concurrent statement (a heartbeat's
+--   renewal) changed under the first, and elements whose CAS does not
+--   apply (lease lost, a batch delivered twice), which are evidence only.
+-- outbox_complete, the two in one call, is what workers before the split
+-- call.  Runs are not touched (outbox_settle_runs).
+
+-- The usual batch, one statement.  Rows are locked in effect_id order,
+-- the order every batch function takes them in, so two batches cannot
+-- wait on each other: the state change walks the batch in that order.  A
+-- batch that finishes some effects and retries others changes them in two
+-- steps (DELETE, UPDATE), so it takes its locks first (`locked`, read by
+-- `r` before any row is changed; a filter without a table column, so a
+-- batch that is not mixed reads no row for it).  The same batch sent again
+-- after a lost connection (the first may have committed) finds its rows
+-- moved on: the CAS records each provider call once.
+CREATE OR REPLACE FUNCTION outbox_complete_sending(p_owner uuid, p_worker text, p_results jsonb)
+RETURNS TABLE (effect_id uuid, state text)
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp
+    SET plan_cache_mode = force_generic_plan SET enable_seqscan = off
+    SET enable_bitmapscan = off SET enable_sort = off SET enable_hashjoin = off
+    SET enable_mergejoin = off SET jit = off AS $$
+#variable_conflict use_column
+BEGIN
+    RETURN QUERY
+    WITH locked AS MATERIALIZED (
+        SELECT o.effect_id FROM effect_live o
+         WHERE jsonb_path_exists(p_results, '$[*] ? (@.next_state == "completed" || @.next_state == "failed")')
+           AND jsonb_path_exists(p_results, '$[*] ? (@.next_state != "completed" && @.next_state != "failed")')
+           AND o.effect_id = ANY (ARRAY(SELECT (e ->> 'effect_id')::uuid
+                                          FROM jsonb_array_elements(p_results) e))
+         ORDER BY o.effect_id FOR UPDATE),
+    r AS MATERIALIZED (
+        SELECT r.*,
+               r.next_state IN ('completed', 'failed') AS finishes,
+               CASE WHEN r.outcome = 'accepted' THEN NULL ELSE r.outcome END AS error_class
+          FROM jsonb_to_recordset(p_results) AS r(
+               effect_id uuid, attempt integer, started_ms_ago bigint, outcome text,
+               status integer, provider_id text, error text, next_state text,
+               retry_delay_ms bigint)
+         WHERE r.next_state IN ('completed', 'pending', 'failed', 'unknown')
+           AND (SELECT count(*) FROM locked) >= 0
+         ORDER BY r.effect_id),
+    -- Each element's live row, found once through the primary key (in key
+    -- order: the only plan without a sort) and then by its TID, so that no
+    -- statistics can turn the probes into a walk of the queue; with the
+    -- row's sending_since before the update.
+    cur AS MATERIALIZED (
+        SELECT r.*, k.row_at, k.sending_since AS old_sending_since
+          FROM r
+         CROSS JOIN LATERAL (
+               SELECT k.ctid AS row_at, k.sending_since FROM effect_live k
+                WHERE k.effect_id = ANY (ARRAY[r.effect_id])
+                ORDER BY k.effect_id) k),
+    gone AS (
+        DELETE FROM effect_live o USING cur r
+         WHERE o.ctid = r.row_at AND r.finishes
+           AND o.attempts = r.attempt AND o.lease_owner = p_owner AND o.state = 'sending'
+        RETURNING o.effect_id, o.created_at, o.sending_since, o.retry_base,
+                  coalesce(r.provider_id, o.provider_id) AS effect_provider_id,
+                  r.started_ms_ago, r.attempt, r.outcome, r.status, r.provider_id, r.error,
+                  r.next_state, r.error_class),
+    moved AS (
+        UPDATE effect_live o
+           SET state = r.next_state,
+               provider_id = coalesce(r.provider_id, o.provider_id),
+               lease_owner = NULL, lease_expires_at = NULL, lease_worker = NULL,
+               sending_since = NULL,
+               available_at = CASE WHEN r.next_state = 'pending'
+                                   THEN now() + make_interval(secs => greatest(r.retry_delay_ms, 0) / 1000.0)
+                                   ELSE 'infinity' END,
+               last_error_class = r.error_class, last_error = r.error,
+               last_status = r.status, updated_at = now()
+          FROM cur r
+         WHERE o.ctid = r.row_at AND NOT r.finishes
+           AND o.attempts = r.attempt AND o.lease_owner = p_owner AND o.state = 'sending'
+        RETURNING o.effect_id, o.created_at, r.started_ms_ago, r.attempt, r.outcome, r.status,
+                  r.provider_id, r.error, r.next_state, r.old_sending_since AS sending_since),
+    u AS (
+        SELECT g.effect_id, g.created_at, g.sending_since, g.started_ms_ago, g.attempt,
+               g.outcome, g.status, g.provider_id, g.error, g.next_state,
+               g.next_state AS final_state, g.error_class, g.error AS final_error,
+               g.effect_provider_id, g.retry_base
+          FROM gone g
+        UNION ALL
+        SELECT m.effect_id, m.created_at, m.sending_since, m.started_ms_ago, m.attempt,
+               m.outcome, m.status, m.provider_id, m.error, m.next_state,
+               NULL, NULL, NULL, NULL, NULL
+          FROM moved m),
+    logged AS (
+        INSERT INTO effect_history (effect_id, created_at, attempt, lease_owner, worker, source,
+                                    started_at, outcome_class, provider_status, provider_id,
+                                    error_text, cas_applied, state, last_error_class,
+                                    last_error, last_provider_id, retry_base)
+        SELECT u.effect_id, u.created_at, u.attempt, p_owner, p_worker, 'worker',
+               least(now(), greatest(u.sending_since,
+                                     now() - make_interval(secs => coalesce(greatest(
+                                                 u.started_ms_ago, 0), 0) / 1000.0))),
+               u.outcome, u.status, u.provider_id, u.error, true, u.final_state,
+               u.error_class, u.final_error, u.effect_provider_id, u.retry_base
+          FROM u)
+    SELECT u.effect_id, u.next_state FROM u;
+END $$;
+
+-- The elements outbox_complete_sending did not apply (p_results: those
+-- only), locked.  Returns, per element, whether the state change applied,
+-- the state it set and, when it resolved an `unknown` effect, how
+-- (late_accepted, late_not_sent).  The `unknown` rows whose unknown-ness
+-- came from this worker's lease on exactly the attempt being recorded (the
+-- reaper's row for it names this owner) take late evidence; the rows a
+-- concurrent statement changed after the first read their TIDs are tried
+-- again.  Every element of an attempt this worker held the lease of
+-- becomes a history row, whether or not the CAS still matches (a worker
+-- that lost its lease still leaves its evidence).
+CREATE OR REPLACE FUNCTION outbox_complete_rest(p_owner uuid, p_worker text, p_results jsonb)
 RETURNS TABLE (effect_id uuid, applied boolean, state text, resolved text)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp
     SET plan_cache_mode = force_generic_plan SET enable_seqscan = off
@@ -445,167 +554,122 @@ LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp
     SET enable_mergejoin = off SET jit = off AS $$
 #variable_conflict use_column
 DECLARE
-    n integer := jsonb_array_length(p_results);
-    mixed boolean;
-    late_ids uuid[] := '{}';
-    pass_ids uuid[];
-    pass_states text[];
-    pass_outcomes text[];
-    done_ids uuid[] := '{}';
-    done_states text[] := '{}';
-    done_outcomes text[] := '{}';
-    requeued integer := 0;
-    pass_requeued integer;
+    late_ids uuid[];
     left_ids uuid[];
+    done_ids uuid[];
+    requeued integer;
 BEGIN
-    -- Rows are locked in effect_id order, the order every batch function
-    -- takes them in, so two batches cannot wait on each other: the state
-    -- change below walks the batch in that order.  A batch that finishes
-    -- some effects and retries others changes them in two steps (DELETE,
-    -- UPDATE), so it takes its locks first.
-    -- (Expressions without a table, so PL/pgSQL evaluates them without
-    -- starting an executor.)
-    mixed := jsonb_path_exists(p_results, '$[*] ? (@.next_state == "completed" || @.next_state == "failed")')
-             AND jsonb_path_exists(p_results, '$[*] ? (@.next_state != "completed" && @.next_state != "failed")');
-    IF mixed THEN
-        PERFORM 1 FROM effect_live o
-         WHERE o.effect_id = ANY (ARRAY(SELECT (e ->> 'effect_id')::uuid
-                                          FROM jsonb_array_elements(p_results) e))
-         ORDER BY o.effect_id FOR UPDATE;
-    END IF;
+    -- What is left: locked in effect_id order, then the late candidates.
+    SELECT coalesce(array_agg(l.effect_id), '{}') INTO left_ids
+      FROM (SELECT o.effect_id FROM effect_live o
+             WHERE o.effect_id = ANY (ARRAY(SELECT (e ->> 'effect_id')::uuid
+                                              FROM jsonb_array_elements(p_results) e))
+             ORDER BY o.effect_id
+               FOR UPDATE) l;
+    -- (Each element's rows found by a lookup per element that has only
+    -- one plan without a penalty, as `cur` below: where the statistics
+    -- could make a statement of this function a walk of the queue or of
+    -- the bodies, it did so on a queue analyzed while empty.)
+    SELECT coalesce(array_agg(o.effect_id), '{}') INTO late_ids
+      FROM jsonb_to_recordset(p_results) AS r(effect_id uuid, attempt integer, outcome text,
+                                              next_state text)
+     CROSS JOIN LATERAL (
+           SELECT k.effect_id, k.created_at, k.state, k.attempts FROM effect_live k
+            WHERE k.effect_id = ANY (ARRAY[r.effect_id])
+            ORDER BY k.effect_id) o
+     WHERE r.effect_id = ANY (left_ids)
+       AND o.state = 'unknown'
+       AND ((r.outcome = 'accepted' AND r.next_state = 'completed')
+            OR (r.outcome = 'not_sent' AND r.next_state IN ('pending', 'failed')))
+       AND o.attempts = r.attempt
+       AND EXISTS (SELECT 1 FROM effect_history a
+                    WHERE a.effect_id = o.effect_id AND a.created_at = o.created_at
+                      AND a.attempt = r.attempt
+                      AND a.lease_owner = p_owner AND a.source = 'reaper');
 
-    -- Two passes at most.  The first applies what the lease holder
-    -- reports for its `sending` rows: the usual batch ends there.  Only
-    -- when some element did not apply are the rest looked at, locked: the
-    -- `unknown` rows whose unknown-ness came from this worker's lease on
-    -- exactly the attempt being recorded (late evidence), and the rows a
-    -- concurrent statement (a heartbeat's renewal) changed after the first
-    -- pass read their TIDs, get a second pass of the same statement; what
-    -- still did not apply is evidence only, below.
-    FOR pass IN 1 .. 2 LOOP
-        -- The state change and, in the same statement, the history row of
-        -- every element it applied to.  The same batch sent again after a lost
-        -- connection (the first may have committed) finds its rows moved on:
-        -- the CAS records each provider call once.
-        WITH r AS MATERIALIZED (
-            SELECT r.*,
-                   r.next_state IN ('completed', 'failed') AS finishes,
-                   CASE WHEN r.outcome = 'accepted' THEN NULL ELSE r.outcome END AS error_class,
-                   CASE WHEN r.effect_id = ANY (late_ids) AND r.outcome = 'not_sent'
-                        THEN 'late evidence: the attempt given up on was not sent ('
-                             || coalesce(r.error, 'no detail') || ')'
-                        ELSE r.error END AS error_text,
-                   CASE WHEN r.effect_id = ANY (late_ids)
-                        THEN CASE WHEN r.outcome = 'accepted' THEN 'late_accepted'
-                                  ELSE 'late_not_sent' END END AS resolution
-              FROM jsonb_to_recordset(p_results) AS r(
-                   effect_id uuid, attempt integer, started_ms_ago bigint, outcome text,
-                   status integer, provider_id text, error text, next_state text,
-                   retry_delay_ms bigint)
-             WHERE r.next_state IN ('completed', 'pending', 'failed', 'unknown')
-               AND NOT r.effect_id = ANY (done_ids)
-               AND (pass = 1 OR r.effect_id = ANY (left_ids))
-             ORDER BY r.effect_id),
-        -- Each element's live row, found once through the primary key
-        -- (in key order: the only plan without a sort) and then by its
-        -- TID, so that no statistics can turn the probes into a walk of
-        -- the queue; with the row's sending_since before the update.
-        cur AS MATERIALIZED (
-            SELECT r.*, k.row_at, k.sending_since AS old_sending_since
-              FROM r
-             CROSS JOIN LATERAL (
-                   SELECT k.ctid AS row_at, k.sending_since FROM effect_live k
-                    WHERE k.effect_id = ANY (ARRAY[r.effect_id])
-                    ORDER BY k.effect_id) k),
-        gone AS (
-            DELETE FROM effect_live o USING cur r
-             WHERE o.ctid = r.row_at AND r.finishes
-               AND o.attempts = r.attempt
-               AND ((o.lease_owner = p_owner AND o.state = 'sending')
-                    OR (o.state = 'unknown' AND o.effect_id = ANY (late_ids)))
-            RETURNING o.effect_id, o.created_at, o.sending_since, o.retry_base,
-                      coalesce(r.provider_id, o.provider_id) AS effect_provider_id,
-                      r.started_ms_ago, r.attempt, r.outcome, r.status, r.provider_id, r.error,
-                      r.next_state, r.resolution, r.error_class, r.error_text),
-        moved AS (
-            UPDATE effect_live o
-               SET state = r.next_state,
-                   provider_id = coalesce(r.provider_id, o.provider_id),
-                   lease_owner = NULL, lease_expires_at = NULL, lease_worker = NULL,
-                   sending_since = NULL,
-                   available_at = CASE WHEN r.next_state = 'pending'
-                                       THEN now() + make_interval(secs => greatest(r.retry_delay_ms, 0) / 1000.0)
-                                       ELSE 'infinity' END,
-                   last_error_class = r.error_class, last_error = r.error_text,
-                   last_status = r.status, updated_at = now()
-              FROM cur r
-             WHERE o.ctid = r.row_at AND NOT r.finishes
-               AND o.attempts = r.attempt
-               AND ((o.lease_owner = p_owner AND o.state = 'sending')
-                    OR (o.state = 'unknown' AND o.effect_id = ANY (late_ids)))
-            RETURNING o.effect_id, o.created_at, r.started_ms_ago, r.attempt, r.outcome, r.status,
-                      r.provider_id, r.error, r.next_state, r.resolution,
-                      r.old_sending_since AS sending_since),
-        moved_since AS (
-            SELECT m.* FROM moved m),
-        u AS (
-            SELECT g.effect_id, g.created_at, g.sending_since, g.started_ms_ago, g.attempt,
-                   g.outcome, g.status, g.provider_id, g.error, g.next_state, g.resolution,
-                   g.next_state AS final_state, g.error_class, g.error_text AS final_error,
-                   g.effect_provider_id, g.retry_base
-              FROM gone g
-            UNION ALL
-            SELECT m.effect_id, m.created_at, m.sending_since, m.started_ms_ago, m.attempt,
-                   m.outcome, m.status, m.provider_id, m.error, m.next_state, m.resolution,
-                   NULL, NULL, NULL, NULL, NULL
-              FROM moved_since m),
-        logged AS (
-            INSERT INTO effect_history (effect_id, created_at, attempt, lease_owner, worker,
-                                        started_at, outcome_class, provider_status, provider_id,
-                                        error_text, cas_applied, resolution, state,
-                                        last_error_class, last_error, last_provider_id, retry_base)
-            SELECT u.effect_id, u.created_at, u.attempt, p_owner, p_worker,
-                   least(now(), greatest(u.sending_since,
-                                         now() - make_interval(secs => coalesce(greatest(
-                                                     u.started_ms_ago, 0), 0) / 1000.0))),
-                   u.outcome, u.status, u.provider_id, u.error, true, u.resolution, u.final_state,
-                   u.error_class, u.final_error, u.effect_provider_id, u.retry_base
-              FROM u)
-        SELECT coalesce(array_agg(u.effect_id), '{}'), coalesce(array_agg(u.next_state), '{}'),
-               coalesce(array_agg(u.outcome), '{}'),
-               count(*) FILTER (WHERE u.next_state = 'pending' AND u.effect_id = ANY (late_ids))
-          INTO pass_ids, pass_states, pass_outcomes, pass_requeued
-          FROM u;
-        done_ids := done_ids || pass_ids;
-        done_states := done_states || pass_states;
-        done_outcomes := done_outcomes || pass_outcomes;
-        requeued := requeued + pass_requeued;
-        EXIT WHEN pass = 2 OR cardinality(done_ids) = n;
-
-        -- What is left: locked in effect_id order, then the late candidates.
-        SELECT coalesce(array_agg(l.effect_id), '{}') INTO left_ids
-          FROM (SELECT o.effect_id FROM effect_live o
-                 WHERE o.effect_id = ANY (ARRAY(SELECT (e ->> 'effect_id')::uuid
-                                                  FROM jsonb_array_elements(p_results) e))
-                   AND NOT o.effect_id = ANY (done_ids)
-                 ORDER BY o.effect_id
-                   FOR UPDATE) l;
-        SELECT coalesce(array_agg(o.effect_id), '{}') INTO late_ids
-          FROM effect_live o
-          JOIN jsonb_to_recordset(p_results) AS r(effect_id uuid, attempt integer, outcome text,
-                                                  next_state text)
-            ON r.effect_id = o.effect_id
-         WHERE o.effect_id = ANY (left_ids) AND o.state = 'unknown'
-           AND ((r.outcome = 'accepted' AND r.next_state = 'completed')
-                OR (r.outcome = 'not_sent' AND r.next_state IN ('pending', 'failed')))
+    -- The state change of what is left, as in outbox_complete_sending,
+    -- for the lease holder's `sending` rows and the late candidates.
+    WITH r AS MATERIALIZED (
+        SELECT r.*,
+               r.next_state IN ('completed', 'failed') AS finishes,
+               CASE WHEN r.outcome = 'accepted' THEN NULL ELSE r.outcome END AS error_class,
+               CASE WHEN r.effect_id = ANY (late_ids) AND r.outcome = 'not_sent'
+                    THEN 'late evidence: the attempt given up on was not sent ('
+                         || coalesce(r.error, 'no detail') || ')'
+                    ELSE r.error END AS error_text,
+               CASE WHEN r.effect_id = ANY (late_ids)
+                    THEN CASE WHEN r.outcome = 'accepted' THEN 'late_accepted'
+                              ELSE 'late_not_sent' END END AS resolution
+          FROM jsonb_to_recordset(p_results) AS r(
+               effect_id uuid, attempt integer, started_ms_ago bigint, outcome text,
+               status integer, provider_id text, error text, next_state text,
+               retry_delay_ms bigint)
+         WHERE r.next_state IN ('completed', 'pending', 'failed', 'unknown')
+           AND r.effect_id = ANY (left_ids)
+         ORDER BY r.effect_id),
+    cur AS MATERIALIZED (
+        SELECT r.*, k.row_at, k.sending_since AS old_sending_since
+          FROM r
+         CROSS JOIN LATERAL (
+               SELECT k.ctid AS row_at, k.sending_since FROM effect_live k
+                WHERE k.effect_id = ANY (ARRAY[r.effect_id])
+                ORDER BY k.effect_id) k),
+    gone AS (
+        DELETE FROM effect_live o USING cur r
+         WHERE o.ctid = r.row_at AND r.finishes
            AND o.attempts = r.attempt
-           AND EXISTS (SELECT 1 FROM effect_history a
-                        WHERE a.effect_id = o.effect_id AND a.created_at = o.created_at
-                          AND a.attempt = r.attempt
-                          AND a.lease_owner = p_owner AND a.worker LIKE 'reaper:%');
-        EXIT WHEN cardinality(left_ids) = 0;
-    END LOOP;
-
+           AND ((o.lease_owner = p_owner AND o.state = 'sending')
+                OR (o.state = 'unknown' AND o.effect_id = ANY (late_ids)))
+        RETURNING o.effect_id, o.created_at, o.sending_since, o.retry_base,
+                  coalesce(r.provider_id, o.provider_id) AS effect_provider_id,
+                  r.started_ms_ago, r.attempt, r.outcome, r.status, r.provider_id, r.error,
+                  r.next_state, r.resolution, r.error_class, r.error_text),
+    moved AS (
+        UPDATE effect_live o
+           SET state = r.next_state,
+               provider_id = coalesce(r.provider_id, o.provider_id),
+               lease_owner = NULL, lease_expires_at = NULL, lease_worker = NULL,
+               sending_since = NULL,
+               available_at = CASE WHEN r.next_state = 'pending'
+                                   THEN now() + make_interval(secs => greatest(r.retry_delay_ms, 0) / 1000.0)
+                                   ELSE 'infinity' END,
+               last_error_class = r.error_class, last_error = r.error_text,
+               last_status = r.status, updated_at = now()
+          FROM cur r
+         WHERE o.ctid = r.row_at AND NOT r.finishes
+           AND o.attempts = r.attempt
+           AND ((o.lease_owner = p_owner AND o.state = 'sending')
+                OR (o.state = 'unknown' AND o.effect_id = ANY (late_ids)))
+        RETURNING o.effect_id, o.created_at, r.started_ms_ago, r.attempt, r.outcome, r.status,
+                  r.provider_id, r.error, r.next_state, r.resolution,
+                  r.old_sending_since AS sending_since),
+    u AS (
+        SELECT g.effect_id, g.created_at, g.sending_since, g.started_ms_ago, g.attempt,
+               g.outcome, g.status, g.provider_id, g.error, g.next_state, g.resolution,
+               g.next_state AS final_state, g.error_class, g.error_text AS final_error,
+               g.effect_provider_id, g.retry_base
+          FROM gone g
+        UNION ALL
+        SELECT m.effect_id, m.created_at, m.sending_since, m.started_ms_ago, m.attempt,
+               m.outcome, m.status, m.provider_id, m.error, m.next_state, m.resolution,
+               NULL, NULL, NULL, NULL, NULL
+          FROM moved m),
+    logged AS (
+        INSERT INTO effect_history (effect_id, created_at, attempt, lease_owner, worker, source,
+                                    started_at, outcome_class, provider_status, provider_id,
+                                    error_text, cas_applied, resolution, state,
+                                    last_error_class, last_error, last_provider_id, retry_base)
+        SELECT u.effect_id, u.created_at, u.attempt, p_owner, p_worker, 'worker',
+               least(now(), greatest(u.sending_since,
+                                     now() - make_interval(secs => coalesce(greatest(
+                                                 u.started_ms_ago, 0), 0) / 1000.0))),
+               u.outcome, u.status, u.provider_id, u.error, true, u.resolution, u.final_state,
+               u.error_class, u.final_error, u.effect_provider_id, u.retry_base
+          FROM u)
+    SELECT coalesce(array_agg(u.effect_id), '{}'),
+           count(*) FILTER (WHERE u.next_state = 'pending' AND u.effect_id = ANY (late_ids))
+      INTO done_ids, requeued
+      FROM u;
 
     -- Elements whose CAS did not apply: evidence only from the worker that
     -- held this attempt's lease, the lease owner now or the owner the
@@ -614,48 +678,40 @@ BEGIN
     -- leaves one row.  The rows of the batch that are still live are
     -- locked, so a second delivery waits for the first and then sees its
     -- rows.
-    IF cardinality(done_ids) < n THEN
-        INSERT INTO effect_history (effect_id, created_at, attempt, lease_owner, worker,
-                                    started_at, outcome_class, provider_status, provider_id,
-                                    error_text, cas_applied)
-        SELECT r.effect_id, b.created_at, r.attempt, p_owner, p_worker,
-               now() - make_interval(secs => coalesce(greatest(r.started_ms_ago, 0), 0) / 1000.0),
-               r.outcome, r.status, r.provider_id, r.error, false
-          FROM jsonb_to_recordset(p_results) AS r(
-                   effect_id uuid, attempt integer, started_ms_ago bigint, outcome text,
-                   status integer, provider_id text, error text)
-         CROSS JOIN LATERAL (SELECT e.created_at FROM effect_outbox e
-                              WHERE e.effect_id = r.effect_id) b
-         WHERE NOT r.effect_id = ANY (done_ids)
-           AND r.outcome IS NOT NULL
-           AND (EXISTS (SELECT 1 FROM effect_live o
-                         WHERE o.effect_id = r.effect_id AND o.lease_owner = p_owner)
-                OR EXISTS (SELECT 1 FROM effect_history a
-                            WHERE a.effect_id = r.effect_id AND a.created_at = b.created_at
-                              AND a.attempt = r.attempt
-                              AND a.lease_owner = p_owner AND a.worker LIKE 'reaper:%'))
-           AND NOT EXISTS (SELECT 1 FROM effect_history a
-                            WHERE a.effect_id = r.effect_id AND a.created_at = b.created_at
-                              AND a.attempt = r.attempt AND a.lease_owner = p_owner
-                              AND a.outcome_class IS NOT NULL
-                              AND a.worker NOT LIKE 'reaper:%');
-    END IF;
+    INSERT INTO effect_history (effect_id, created_at, attempt, lease_owner, worker, source,
+                                started_at, outcome_class, provider_status, provider_id,
+                                error_text, cas_applied)
+    SELECT r.effect_id, b.created_at, r.attempt, p_owner, p_worker, 'worker',
+           now() - make_interval(secs => coalesce(greatest(r.started_ms_ago, 0), 0) / 1000.0),
+           r.outcome, r.status, r.provider_id, r.error, false
+      FROM jsonb_to_recordset(p_results) AS r(
+               effect_id uuid, attempt integer, started_ms_ago bigint, outcome text,
+               status integer, provider_id text, error text)
+     CROSS JOIN LATERAL (SELECT e.created_at FROM effect_outbox e
+                          WHERE e.effect_id = ANY (ARRAY[r.effect_id])
+                          ORDER BY e.effect_id OFFSET 0) b
+     WHERE NOT r.effect_id = ANY (done_ids)
+       AND r.outcome IS NOT NULL
+       AND (EXISTS (SELECT 1 FROM (SELECT k.lease_owner FROM effect_live k
+                                    WHERE k.effect_id = ANY (ARRAY[r.effect_id])
+                                    ORDER BY k.effect_id OFFSET 0) o
+                     WHERE o.lease_owner = p_owner)
+            OR EXISTS (SELECT 1 FROM effect_history a
+                        WHERE a.effect_id = r.effect_id AND a.created_at = b.created_at
+                          AND a.attempt = r.attempt
+                          AND a.lease_owner = p_owner AND a.source = 'reaper'))
+       AND NOT EXISTS (SELECT 1 FROM effect_history a
+                        WHERE a.effect_id = r.effect_id AND a.created_at = b.created_at
+                          AND a.attempt = r.attempt AND a.lease_owner = p_owner
+                          AND a.outcome_class IS NOT NULL
+                          AND a.source <> 'reaper');
 
     IF requeued > 0 THEN
         PERFORM pg_notify('effect_outbox', '');
     END IF;
 
-    IF cardinality(done_ids) = n THEN
-        RETURN QUERY
-        SELECT x.id, true, x.st,
-               CASE WHEN x.id = ANY (late_ids)
-                    THEN CASE WHEN x.outcome = 'accepted' THEN 'late_accepted'
-                              ELSE 'late_not_sent' END END
-          FROM unnest(done_ids, done_states, done_outcomes) AS x(id, st, outcome);
-        RETURN;
-    END IF;
     -- "applied" also when an earlier delivery of this same batch applied it
-    -- (the rare case: only then is the history probed, by its index).
+    -- (only then is the history probed, by its index).
     RETURN QUERY
     SELECT r.effect_id, r.effect_id = ANY (done_ids) OR coalesce(prev.applied, false),
            CASE WHEN r.effect_id = ANY (done_ids) OR coalesce(prev.applied, false) THEN r.next_state END,
@@ -673,8 +729,33 @@ BEGIN
                                   WHERE e.effect_id = r.effect_id)
              AND a.lease_owner = p_owner AND a.cas_applied
              AND a.outcome_class IS NOT NULL
-             AND a.worker NOT LIKE 'reaper:%'
+             AND a.source <> 'reaper'
            LIMIT 1) prev ON true;
+END $$;
+
+-- Both in one call, as workers before the split made it: the usual batch,
+-- then the rest of it when some element did not apply.
+CREATE OR REPLACE FUNCTION outbox_complete(p_owner uuid, p_worker text, p_results jsonb)
+RETURNS TABLE (effect_id uuid, applied boolean, state text, resolved text)
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp
+    SET plan_cache_mode = force_generic_plan SET enable_seqscan = off
+    SET enable_bitmapscan = off SET enable_sort = off SET enable_hashjoin = off
+    SET enable_mergejoin = off SET jit = off AS $$
+#variable_conflict use_column
+DECLARE
+    ids uuid[];
+    states text[];
+BEGIN
+    SELECT coalesce(array_agg(c.effect_id), '{}'), coalesce(array_agg(c.state), '{}')
+      INTO ids, states
+      FROM outbox_complete_sending(p_owner, p_worker, p_results) c;
+    RETURN QUERY SELECT x.id, true, x.st, NULL::text FROM unnest(ids, states) AS x(id, st);
+    IF cardinality(ids) < jsonb_array_length(p_results) THEN
+        RETURN QUERY
+        SELECT * FROM outbox_complete_rest(p_owner, p_worker,
+                                           (SELECT jsonb_agg(e) FROM jsonb_array_elements(p_results) e
+                                             WHERE NOT (e ->> 'effect_id')::uuid = ANY (ids)));
+    END IF;
 END $$;
 
 -- Rows the worker found invalid before sending: failed with the reason,
@@ -707,10 +788,10 @@ BEGIN
                   CASE WHEN o.state = 'sending' THEN o.attempts - 1 ELSE o.attempts END AS attempts,
                   coalesce(x.error_class, 'invalid') AS error_class, x.error),
     logged AS (
-        INSERT INTO effect_history (effect_id, created_at, attempt, lease_owner, worker,
+        INSERT INTO effect_history (effect_id, created_at, attempt, lease_owner, worker, source,
                                     started_at, state, last_error_class, last_error,
                                     last_provider_id, provider_status, retry_base)
-        SELECT g.effect_id, g.created_at, g.attempts, p_owner, NULL, now(), 'failed',
+        SELECT g.effect_id, g.created_at, g.attempts, p_owner, NULL, 'worker', now(), 'failed',
                g.error_class, g.error, g.provider_id, g.last_status, g.retry_base
           FROM gone g)
     SELECT coalesce(array_agg(g.effect_id), '{}') INTO ids FROM gone g;
@@ -775,10 +856,10 @@ BEGIN
         RETURNING o.effect_id, o.state, e.created_at, e.lease_worker, e.lease_owner,
                   e.attempts, e.sending_since),
     logged AS (
-        INSERT INTO effect_history (effect_id, created_at, attempt, lease_owner, worker,
+        INSERT INTO effect_history (effect_id, created_at, attempt, lease_owner, worker, source,
                                     started_at, outcome_class, error_text, cas_applied)
         SELECT m.effect_id, m.created_at, m.attempts, m.lease_owner, 'reaper:' || p_worker,
-               coalesce(m.sending_since, now()), 'ambiguous',
+               'reaper', coalesce(m.sending_since, now()), 'ambiguous',
                'lease expired while sending; worker ' || coalesce(m.lease_worker, '?')
                || ' lost; state ' || m.state, true
           FROM moved m)
@@ -853,10 +934,10 @@ BEGIN
         RETURNING o.effect_id, o.effect_type, o.created_at, o.attempts, o.retry_base,
                   o.provider_id, o.last_status),
     logged AS (
-        INSERT INTO effect_history (effect_id, created_at, attempt, worker, started_at,
+        INSERT INTO effect_history (effect_id, created_at, attempt, worker, source, started_at,
                                     state, last_error_class, last_error, last_provider_id,
                                     provider_status, retry_base)
-        SELECT g.effect_id, g.created_at, g.attempts, NULL, now(), 'failed', 'invalid',
+        SELECT g.effect_id, g.created_at, g.attempts, NULL, 'worker', now(), 'failed', 'invalid',
                'unknown effect type "' || g.effect_type || '": no worker serves it',
                g.provider_id, g.last_status, g.retry_base
           FROM gone g)
@@ -931,6 +1012,8 @@ REVOKE EXECUTE ON FUNCTION
     outbox_record_call(uuid, uuid, text, uuid[], timestamp with time zone),
     outbox_settle_runs(text[]),
     outbox_complete(uuid, text, jsonb),
+    outbox_complete_sending(uuid, text, jsonb),
+    outbox_complete_rest(uuid, text, jsonb),
     outbox_fail_invalid(uuid, jsonb),
     outbox_reap(text, integer),
     outbox_register_providers(text[], text[]),
@@ -946,6 +1029,8 @@ GRANT EXECUTE ON FUNCTION
     outbox_renew(uuid, uuid[], integer, integer),
     outbox_release(uuid, uuid[], bigint),
     outbox_complete(uuid, text, jsonb),
+    outbox_complete_sending(uuid, text, jsonb),
+    outbox_complete_rest(uuid, text, jsonb),
     outbox_fail_invalid(uuid, jsonb),
     outbox_reap(text, integer),
     outbox_register_providers(text[], text[]),

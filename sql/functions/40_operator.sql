@@ -89,16 +89,16 @@ BEGIN
         WITH done AS (
             DELETE FROM effect_live x WHERE x.effect_id = l.effect_id RETURNING x.*),
         verdict AS (
-            INSERT INTO effect_history (effect_id, created_at, attempt, lease_owner, worker,
+            INSERT INTO effect_history (effect_id, created_at, attempt, lease_owner, worker, source,
                                         started_at, outcome_class, provider_id, error_text,
                                         cas_applied)
-            SELECT d.effect_id, d.created_at, d.attempts, NULL, 'operator:' || p_operator, now(),
+            SELECT d.effect_id, d.created_at, d.attempts, NULL, 'operator:' || p_operator, 'operator', now(),
                    'operator_sent', pid, p_reason, true
               FROM done d)
-        INSERT INTO effect_history (effect_id, created_at, attempt, lease_owner, worker,
+        INSERT INTO effect_history (effect_id, created_at, attempt, lease_owner, worker, source,
                                     started_at, provider_status, cas_applied, state,
                                     last_provider_id, retry_base)
-        SELECT d.effect_id, d.created_at, d.attempts, NULL, 'operator:' || p_operator, now(),
+        SELECT d.effect_id, d.created_at, d.attempts, NULL, 'operator:' || p_operator, 'operator', now(),
                d.last_status, true, 'completed', pid, d.retry_base
           FROM done d;
     ELSE
@@ -109,10 +109,10 @@ BEGIN
                lease_owner = NULL, lease_expires_at = NULL, lease_worker = NULL,
                sending_since = NULL, updated_at = now()
          WHERE x.effect_id = l.effect_id;
-        INSERT INTO effect_history (effect_id, created_at, attempt, lease_owner, worker,
+        INSERT INTO effect_history (effect_id, created_at, attempt, lease_owner, worker, source,
                                     started_at, outcome_class, provider_id, error_text,
                                     cas_applied)
-        VALUES (l.effect_id, l.created_at, l.attempts, NULL, 'operator:' || p_operator, now(),
+        VALUES (l.effect_id, l.created_at, l.attempts, NULL, 'operator:' || p_operator, 'operator', now(),
                 'operator_not_sent', NULL, p_reason, true);
         PERFORM pg_notify('effect_outbox', '');
     END IF;
@@ -172,11 +172,11 @@ BEGIN
                              updated_at)
     VALUES (b.effect_id, b.effect_type, b.created_at, 'pending', now(), h.attempt, h.attempt,
             h.last_provider_id, h.last_error_class, h.last_error, h.provider_status, now());
-    INSERT INTO effect_history (effect_id, created_at, attempt, lease_owner, worker, started_at,
-                                outcome_class, error_text, cas_applied, resolution,
+    INSERT INTO effect_history (effect_id, created_at, attempt, lease_owner, worker, source,
+                                started_at, outcome_class, error_text, cas_applied, resolution,
                                 last_error_class)
-    VALUES (b.effect_id, b.created_at, h.attempt, NULL, 'operator:' || p_operator, now(),
-            NULL, p_reason, true, 'requeued', h.last_error_class);
+    VALUES (b.effect_id, b.created_at, h.attempt, NULL, 'operator:' || p_operator, 'operator',
+            now(), NULL, p_reason, true, 'requeued', h.last_error_class);
 
     UPDATE workflow_runs w
        SET state = 'approved', version = w.version + 1, failure_reason = NULL, updated_at = now()

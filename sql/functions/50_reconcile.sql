@@ -170,11 +170,11 @@ BEGIN
         RETURNING l.effect_id, l.created_at, l.attempts, l.retry_base, l.last_status,
                   coalesce(nullif(r.provider_id, ''), l.provider_id) AS provider_id
     ), fin_rows AS (
-        INSERT INTO effect_history (effect_id, created_at, attempt, lease_owner, worker,
+        INSERT INTO effect_history (effect_id, created_at, attempt, lease_owner, worker, source,
                                     started_at, provider_status, cas_applied, state,
                                     last_provider_id, retry_base)
-        SELECT f.effect_id, f.created_at, f.attempts, NULL, p_worker, now(), f.last_status, true,
-               'completed', f.provider_id, f.retry_base
+        SELECT f.effect_id, f.created_at, f.attempts, NULL, p_worker, 'reconcile', now(),
+               f.last_status, true, 'completed', f.provider_id, f.retry_base
           FROM fin f
     ), moved AS (
         UPDATE effect_live l
@@ -206,10 +206,10 @@ BEGIN
 
     -- The answers, as evidence: each element about an effect this worker
     -- held, applied or not.
-    INSERT INTO effect_history (effect_id, created_at, attempt, lease_owner, worker, started_at,
-                                outcome_class, provider_status, provider_id, error_text,
-                                cas_applied, metadata)
-    SELECT x.effect_id, e.created_at, e.attempts, NULL, p_worker,
+    INSERT INTO effect_history (effect_id, created_at, attempt, lease_owner, worker, source,
+                                started_at, outcome_class, provider_status, provider_id,
+                                error_text, cas_applied, metadata)
+    SELECT x.effect_id, e.created_at, e.attempts, NULL, p_worker, 'reconcile',
            now(),   -- the database's clock, never the worker's
            CASE x.verdict WHEN 'sent' THEN 'reconciled_sent'
                           WHEN 'not_sent' THEN 'reconciled_not_sent'
@@ -275,7 +275,7 @@ BEGIN
                     WHERE a.effect_id = p_effect_id AND a.created_at = x.created_at
                       AND a.attempt = p_attempt AND a.lease_owner = p_owner
                       AND a.outcome_class IS NOT NULL
-                      AND (a.worker LIKE 'reaper:%' OR a.outcome_class = 'ambiguous'))
+                      AND (a.source = 'reaper' OR a.outcome_class = 'ambiguous'))
        FOR UPDATE;
     IF NOT FOUND THEN
         RETURN (SELECT 'late_accepted' FROM effect_history a
@@ -284,16 +284,16 @@ BEGIN
                                         WHERE b.effect_id = p_effect_id)
                    AND a.attempt = p_attempt
                    AND a.resolution = 'late_accepted' AND a.lease_owner IS NULL
-                   AND a.worker = p_worker
+                   AND a.source = 'worker' AND a.worker = p_worker
                  LIMIT 1);
     END IF;
     WITH done AS (
         DELETE FROM effect_live x WHERE x.effect_id = l.effect_id RETURNING x.*)
-    INSERT INTO effect_history (effect_id, created_at, attempt, lease_owner, worker, started_at,
-                                outcome_class, provider_status, provider_id, error_text,
-                                cas_applied, metadata, resolution, state, last_error_class,
-                                last_error, last_provider_id, retry_base)
-    SELECT d.effect_id, d.created_at, p_attempt, NULL, p_worker, now(), 'reconciled_sent',
+    INSERT INTO effect_history (effect_id, created_at, attempt, lease_owner, worker, source,
+                                started_at, outcome_class, provider_status, provider_id,
+                                error_text, cas_applied, metadata, resolution, state,
+                                last_error_class, last_error, last_provider_id, retry_base)
+    SELECT d.effect_id, d.created_at, p_attempt, NULL, p_worker, 'worker', now(), 'reconciled_sent',
            p_status, nullif(p_provider_id, ''),
            'late evidence: the provider accepted the call after it had been given up on',
            true, NULL, 'late_accepted', 'completed', NULL, NULL,

@@ -204,8 +204,51 @@ GRANT SELECT ON outbox_weekly_stats TO outbox_operator;
 -- its owner's rights, so this exposes aggregates, not approvals.
 GRANT SELECT ON outbox_weekly_stats TO outbox_dispatcher;
 
+-- The backfill of effect_history.source that 112_history_source.sql left
+-- for after its commit: up to p_pages pages of one partition, by TID range
+-- (a scan of those pages only), each row set to what its other columns say
+-- (outbox_history_source_of: the one update the append-only trigger
+-- allows).  Returns how many pages are left (0: done); the call that finds
+-- none left validates the CHECK, which 112 added NOT VALID (a read of the
+-- history under a lock that blocks no insert).  Run by `outboxctl
+-- migrate` as the owner after every migration, one transaction per call.
+-- A partition dropped meanwhile (prune) is skipped.
+CREATE OR REPLACE FUNCTION outbox_history_source_backfill(p_pages integer DEFAULT 4096)
+RETURNS bigint
+LANGUAGE plpgsql SET search_path = public, pg_temp AS $$
+DECLARE
+    b outbox_history_backfill%ROWTYPE;
+    upto bigint;
+BEGIN
+    SELECT * INTO b FROM outbox_history_backfill x
+     WHERE x.next_page < x.end_page ORDER BY x.part LIMIT 1 FOR UPDATE;
+    IF NOT FOUND THEN
+        IF EXISTS (SELECT 1 FROM pg_constraint c
+                    WHERE c.conrelid = 'effect_history'::regclass
+                      AND c.conname = 'effect_history_source_check' AND NOT c.convalidated) THEN
+            ALTER TABLE effect_history VALIDATE CONSTRAINT effect_history_source_check;
+        END IF;
+        RETURN 0;
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM pg_class c WHERE c.oid = b.part) THEN
+        DELETE FROM outbox_history_backfill x WHERE x.part = b.part;
+        RETURN 1;
+    END IF;
+    upto := least(b.next_page + greatest(p_pages, 1), b.end_page);
+    EXECUTE format('UPDATE %s h SET source = outbox_history_source_of(h.worker, h.lease_owner, '
+                   'h.outcome_class, h.resolution, h.state) '
+                   'WHERE h.ctid >= %L::tid AND h.ctid < %L::tid AND h.source = ''worker'' '
+                   'AND outbox_history_source_of(h.worker, h.lease_owner, h.outcome_class, '
+                   'h.resolution, h.state) <> ''worker''',
+                   b.part, format('(%s,0)', b.next_page), format('(%s,0)', upto));
+    UPDATE outbox_history_backfill x SET next_page = upto WHERE x.part = b.part;
+    -- At least 1: the call that finds nothing left validates.
+    RETURN greatest((SELECT sum(x.end_page - x.next_page) FROM outbox_history_backfill x), 1);
+END $$;
+
 -- Nobody may call these but the roles named here.
 REVOKE EXECUTE ON FUNCTION
+    outbox_history_source_backfill(integer),
     outbox_sweep(text, integer, integer, integer),
     outbox_weekly_figures(text, integer),
     outbox_weekly_stats_since(timestamp without time zone),

@@ -25,6 +25,17 @@ effect carries its final state. Partitioned by the effect''s creation
 month (effect_history_YYYYMM, made for the current month and the next
 three by migrate and housekeeping), so prune detaches and drops whole
 months.';
+COMMENT ON COLUMN effect_history.source IS
+'Who wrote the row: worker (its own provider call, a late answer to it, a
+validation failure, the sweep), reaper (a lease that expired while
+sending), reconcile (a lookup''s verdict), operator (resolve, requeue,
+cancel) or producer (a cancel of the run''s effects). The worker column
+names which one. Rows from before migration 112 were given it from the
+worker name''s old patterns (outbox_history_source_of).';
+COMMENT ON TABLE outbox_history_backfill IS
+'The pages of each history partition that migration 112 left for
+outbox_history_source_backfill (run by outboxctl migrate after the
+commit) to give a source: done when next_page reaches end_page.';
 COMMENT ON TABLE effect_history_default IS
 'The history''s default partition: rows whose creation month has no
 partition of its own (none should: housekeeping makes the months ahead)
