@@ -155,6 +155,9 @@ LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp
     SET enable_mergejoin = off SET jit = off AS $$
 #variable_conflict use_column
 DECLARE
+    live_ids uuid[];
+    live_held text[];
+    live_due timestamptz[];
     ids uuid[];
     types text[];
     hosts text[];
@@ -177,6 +180,14 @@ DECLARE
     verdict text;
     until timestamptz;
 BEGIN
+    -- The live rows by key, then by TID (no join the statistics could make
+    -- a walk of the queue); then each asked-for id that has one, in order.
+    SELECT coalesce(array_agg(o.effect_id), '{}'), coalesce(array_agg(o.held_by), '{}'),
+           coalesce(array_agg(o.available_at), '{}')
+      INTO live_ids, live_held, live_due
+      FROM effect_live o
+     WHERE o.ctid = ANY (ARRAY(SELECT k.ctid FROM effect_live k
+                                WHERE k.effect_id = ANY (p_ids) ORDER BY k.effect_id));
     SELECT coalesce(array_agg(x.id ORDER BY x.ord), '{}'),
            coalesce(array_agg(b.effect_type ORDER BY x.ord), '{}'),
            coalesce(array_agg(coalesce(nullif(x.host, ''), outbox_target_host(b.target))
@@ -184,14 +195,13 @@ BEGIN
            coalesce(array_agg(CASE WHEN b.effect_type = 'crm'
                                    THEN lower(split_part(b.target, '/', 1)) END
                               ORDER BY x.ord), '{}'),
-           coalesce(array_agg(l.held_by ORDER BY x.ord), '{}'),
-           coalesce(array_agg(l.available_at ORDER BY x.ord), '{}')
+           coalesce(array_agg(live_held[array_position(live_ids, x.id)] ORDER BY x.ord), '{}'),
+           coalesce(array_agg(live_due[array_position(live_ids, x.id)] ORDER BY x.ord), '{}')
       INTO ids, types, hosts, objs, was_held, due_at
       FROM unnest(p_ids, p_hosts) WITH ORDINALITY AS x(id, host, ord)
-      CROSS JOIN LATERAL (SELECT k.held_by, k.available_at FROM effect_live k
-                           WHERE k.effect_id = x.id OFFSET 0) l
       CROSS JOIN LATERAL (SELECT e.effect_type, e.target FROM effect_outbox e
-                           WHERE e.effect_id = x.id OFFSET 0) b;
+                           WHERE e.effect_id = x.id OFFSET 0) b
+     WHERE x.id = ANY (live_ids);
     n := cardinality(ids);
     IF n = 0 THEN
         RETURN;
@@ -350,7 +360,7 @@ BEGIN
         UPDATE effect_live l
            SET available_at = 'infinity', held_by = park_held[array_position(park_ids, l.effect_id)]
          WHERE l.ctid = ANY (ARRAY(SELECT k.ctid FROM effect_live k
-                                    WHERE k.effect_id = ANY (park_ids)));
+                                    WHERE k.effect_id = ANY (park_ids) ORDER BY k.effect_id));
         GET DIAGNOSTICS parked = ROW_COUNT;
         WITH leased AS (
             UPDATE effect_live l
@@ -359,7 +369,8 @@ BEGIN
              WHERE l.ctid = ANY (ARRAY(SELECT k.ctid FROM effect_live k
                                         WHERE k.effect_id = ANY (ARRAY(
                                               SELECT h.id FROM unnest(due_ids, due_held) AS h(id, held)
-                                               WHERE h.held IS NULL))))
+                                               WHERE h.held IS NULL))
+                                        ORDER BY k.effect_id))
             RETURNING l.effect_id)
         SELECT coalesce(array_agg(x.effect_id), '{}') INTO more FROM leased x;
         ids := ids || more;
@@ -371,7 +382,14 @@ BEGIN
                   FROM unnest(due_held) AS h WHERE h IS NOT NULL GROUP BY 1, 2) c
          WHERE s.kind = c.kind AND s.value = c.value;
     END LOOP;
+    -- The leased rows by key, then by TID, materialized: sorted after, as
+    -- outbox_lease sorts what it leased (an in-order walk of the due index
+    -- filtering by TID would be the one plan without a sort).
     RETURN QUERY
+    WITH got AS MATERIALIZED (
+        SELECT k.effect_id, k.attempts, k.retry_base, k.available_at FROM effect_live k
+         WHERE k.ctid = ANY (ARRAY(SELECT t.ctid FROM effect_live t
+                                    WHERE t.effect_id = ANY (ids) ORDER BY t.effect_id)))
     SELECT l.effect_id, b.idempotency_key, b.effect_type, b.target,
            CASE WHEN octet_length(b.payload_text) <= p_max_payload_bytes THEN b.payload_text END,
            b.payload_hash, b.effect_key, l.attempts,
@@ -379,11 +397,7 @@ BEGIN
                 THEN b.metadata_text END,
            b.approved_by, l.retry_base, l.available_at,
            octet_length(b.payload_text), octet_length(b.metadata_text)
-      FROM unnest(ids) AS x(id)
-     CROSS JOIN LATERAL (
-           SELECT k.effect_id, k.attempts, k.retry_base, k.available_at
-             FROM effect_live k WHERE k.effect_id = x.id
-            OFFSET 0) l
+      FROM got l
      CROSS JOIN LATERAL (
            SELECT e.idempotency_key, e.effect_type, e.target, e.payload::text AS payload_text,
                   e.payload_hash, e.effect_key, e.metadata::text AS metadata_text, e.approved_by

@@ -377,7 +377,7 @@ def test_hot_path_plans_hold_whatever_the_statistics_say(conn, db):
                 "VALUES ('small', 'processing', 'h')")
     query(conn, "INSERT INTO effect_outbox (idempotency_key, effect_type, target, payload) "
                 "SELECT 'small', 'http', 'http://127.0.0.1:9/s' || g, '{}' "
-                "FROM generate_series(1, 1000) g")
+                "FROM generate_series(1, 2000) g")
     for _ in range(6):          # past PL/pgSQL's first calls: the cached plan from here on
         hot_round(early, str(uuid.uuid4()), "while empty")
         scoped_round(conn, early, str(uuid.uuid4()), "while empty")
