@@ -3015,7 +3015,12 @@ END $$;
 CREATE FUNCTION public.outbox_lease_scoped(p_owner uuid, p_worker text, p_limit integer, p_lease_seconds integer, p_types text[], p_after_at timestamp with time zone, p_after_id uuid, p_max_payload_bytes integer) RETURNS TABLE(effect_id uuid, idempotency_key text, effect_type text, target text, payload text, payload_hash text, effect_key text, attempts integer, metadata text, approved_by text, retry_base integer, available_at timestamp with time zone, payload_bytes integer, metadata_bytes integer)
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'public', 'pg_temp'
+    SET plan_cache_mode TO 'force_generic_plan'
     SET enable_seqscan TO 'off'
+    SET enable_bitmapscan TO 'off'
+    SET enable_sort TO 'off'
+    SET enable_hashjoin TO 'off'
+    SET enable_mergejoin TO 'off'
     SET jit TO 'off'
     AS $$
 #variable_conflict use_column
@@ -3025,6 +3030,8 @@ DECLARE
     due_held text[];
     ids uuid[] := '{}';
     more uuid[];
+    park_ids uuid[];
+    park_held text[];
     parked integer;
 BEGIN
     -- Under the kill-switch lock, as the mark: a resume (which takes it
@@ -3058,16 +3065,23 @@ BEGIN
                  LIMIT p_limit - cardinality(ids)
                  FOR UPDATE OF l SKIP LOCKED) d;
         EXIT WHEN cardinality(due_ids) = 0;
-        UPDATE effect_live l SET available_at = 'infinity', held_by = h.held
-          FROM unnest(due_ids, due_held) AS h(id, held)
-         WHERE l.effect_id = h.id AND h.held IS NOT NULL;
+        park_ids := ARRAY(SELECT h.id FROM unnest(due_ids, due_held) AS h(id, held)
+                           WHERE h.held IS NOT NULL);
+        park_held := ARRAY(SELECT h.held FROM unnest(due_held) AS h(held) WHERE h.held IS NOT NULL);
+        UPDATE effect_live l
+           SET available_at = 'infinity', held_by = park_held[array_position(park_ids, l.effect_id)]
+         WHERE l.ctid = ANY (ARRAY(SELECT k.ctid FROM effect_live k
+                                    WHERE k.effect_id = ANY (park_ids) ORDER BY k.effect_id));
         GET DIAGNOSTICS parked = ROW_COUNT;
         WITH leased AS (
             UPDATE effect_live l
                SET lease_owner = p_owner, lease_worker = p_worker, leased_at = now(),
                    lease_expires_at = now() + make_interval(secs => p_lease_seconds)
-             WHERE l.effect_id = ANY (ARRAY(SELECT h.id FROM unnest(due_ids, due_held) AS h(id, held)
-                                             WHERE h.held IS NULL))
+             WHERE l.ctid = ANY (ARRAY(SELECT k.ctid FROM effect_live k
+                                        WHERE k.effect_id = ANY (ARRAY(
+                                              SELECT h.id FROM unnest(due_ids, due_held) AS h(id, held)
+                                               WHERE h.held IS NULL))
+                                        ORDER BY k.effect_id))
             RETURNING l.effect_id)
         SELECT coalesce(array_agg(x.effect_id), '{}') INTO more FROM leased x;
         ids := ids || more;
@@ -3079,7 +3093,14 @@ BEGIN
                   FROM unnest(due_held) AS h WHERE h IS NOT NULL GROUP BY 1, 2) c
          WHERE s.kind = c.kind AND s.value = c.value;
     END LOOP;
+    -- The leased rows by key, then by TID, materialized: sorted after, as
+    -- outbox_lease sorts what it leased (an in-order walk of the due index
+    -- filtering by TID would be the one plan without a sort).
     RETURN QUERY
+    WITH got AS MATERIALIZED (
+        SELECT k.effect_id, k.attempts, k.retry_base, k.available_at FROM effect_live k
+         WHERE k.ctid = ANY (ARRAY(SELECT t.ctid FROM effect_live t
+                                    WHERE t.effect_id = ANY (ids) ORDER BY t.effect_id)))
     SELECT l.effect_id, b.idempotency_key, b.effect_type, b.target,
            CASE WHEN octet_length(b.payload_text) <= p_max_payload_bytes THEN b.payload_text END,
            b.payload_hash, b.effect_key, l.attempts,
@@ -3087,13 +3108,12 @@ BEGIN
                 THEN b.metadata_text END,
            b.approved_by, l.retry_base, l.available_at,
            octet_length(b.payload_text), octet_length(b.metadata_text)
-      FROM effect_live l
+      FROM got l
      CROSS JOIN LATERAL (
            SELECT e.idempotency_key, e.effect_type, e.target, e.payload::text AS payload_text,
                   e.payload_hash, e.effect_key, e.metadata::text AS metadata_text, e.approved_by
              FROM effect_outbox e WHERE e.effect_id = l.effect_id
             OFFSET 0) b
-     WHERE l.effect_id = ANY (ids)
      ORDER BY l.available_at, l.effect_id;
 END $$;
 
@@ -4689,13 +4709,21 @@ CREATE FUNCTION public.outbox_run_is_mine(p_owner_role text) RETURNS boolean
 CREATE FUNCTION public.outbox_scope_hold(p_owner uuid, p_ids uuid[], p_held uuid[], p_by text[], p_until timestamp with time zone[]) RETURNS TABLE(effect_id uuid, attempts integer, held_by text, held_until timestamp with time zone)
     LANGUAGE sql SECURITY DEFINER
     SET search_path TO 'public', 'pg_temp'
+    SET plan_cache_mode TO 'force_generic_plan'
+    SET enable_seqscan TO 'off'
+    SET enable_bitmapscan TO 'off'
+    SET enable_sort TO 'off'
+    SET enable_hashjoin TO 'off'
+    SET enable_mergejoin TO 'off'
     SET jit TO 'off'
     AS $$
     UPDATE effect_live o
-       SET available_at = h.until, held_by = h.by,
+       SET available_at = p_until[array_position(p_held, o.effect_id)],
+           held_by = p_by[array_position(p_held, o.effect_id)],
            lease_owner = NULL, lease_expires_at = NULL, lease_worker = NULL
-      FROM unnest(p_held, p_by, p_until) AS h(id, by, until)
-     WHERE o.effect_id = h.id AND o.effect_id = ANY (p_ids)
+     WHERE o.ctid = ANY (ARRAY(SELECT k.ctid FROM effect_live k
+                                WHERE k.effect_id = ANY (p_held) AND k.effect_id = ANY (p_ids)
+                                ORDER BY k.effect_id))
        AND o.lease_owner = p_owner AND o.state = 'pending'
     RETURNING o.effect_id, o.attempts, o.held_by, o.available_at;
 $$;
@@ -4823,10 +4851,19 @@ END $$;
 CREATE FUNCTION public.outbox_scope_sort(p_ids uuid[], p_hosts text[]) RETURNS TABLE(effect_id uuid, held_by text, held_until timestamp with time zone)
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'public', 'pg_temp'
+    SET plan_cache_mode TO 'force_generic_plan'
+    SET enable_seqscan TO 'off'
+    SET enable_bitmapscan TO 'off'
+    SET enable_sort TO 'off'
+    SET enable_hashjoin TO 'off'
+    SET enable_mergejoin TO 'off'
     SET jit TO 'off'
     AS $$
 #variable_conflict use_column
 DECLARE
+    live_ids uuid[];
+    live_held text[];
+    live_due timestamptz[];
     ids uuid[];
     types text[];
     hosts text[];
@@ -4849,6 +4886,14 @@ DECLARE
     verdict text;
     until timestamptz;
 BEGIN
+    -- The live rows by key, then by TID (no join the statistics could make
+    -- a walk of the queue); then each asked-for id that has one, in order.
+    SELECT coalesce(array_agg(o.effect_id), '{}'), coalesce(array_agg(o.held_by), '{}'),
+           coalesce(array_agg(o.available_at), '{}')
+      INTO live_ids, live_held, live_due
+      FROM effect_live o
+     WHERE o.ctid = ANY (ARRAY(SELECT k.ctid FROM effect_live k
+                                WHERE k.effect_id = ANY (p_ids) ORDER BY k.effect_id));
     SELECT coalesce(array_agg(x.id ORDER BY x.ord), '{}'),
            coalesce(array_agg(b.effect_type ORDER BY x.ord), '{}'),
            coalesce(array_agg(coalesce(nullif(x.host, ''), outbox_target_host(b.target))
@@ -4856,13 +4901,13 @@ BEGIN
            coalesce(array_agg(CASE WHEN b.effect_type = 'crm'
                                    THEN lower(split_part(b.target, '/', 1)) END
                               ORDER BY x.ord), '{}'),
-           coalesce(array_agg(l.held_by ORDER BY x.ord), '{}'),
-           coalesce(array_agg(l.available_at ORDER BY x.ord), '{}')
+           coalesce(array_agg(live_held[array_position(live_ids, x.id)] ORDER BY x.ord), '{}'),
+           coalesce(array_agg(live_due[array_position(live_ids, x.id)] ORDER BY x.ord), '{}')
       INTO ids, types, hosts, objs, was_held, due_at
       FROM unnest(p_ids, p_hosts) WITH ORDINALITY AS x(id, host, ord)
-      JOIN effect_live l ON l.effect_id = x.id
       CROSS JOIN LATERAL (SELECT e.effect_type, e.target FROM effect_outbox e
-                           WHERE e.effect_id = x.id OFFSET 0) b;
+                           WHERE e.effect_id = x.id OFFSET 0) b
+     WHERE x.id = ANY (live_ids);
     n := cardinality(ids);
     IF n = 0 THEN
         RETURN;
@@ -4908,7 +4953,6 @@ BEGIN
             END IF;
             IF hit AND s_rate[j] IS NOT NULL
                AND was_held[i] = outbox_scope_name(s_kind[j], s_value[j])
-               AND due_at[i] <= now()
                AND due_at[i] <= now() THEN
                 IF due_at[i] >= now() - make_interval(secs => greatest(s_burst[j] / s_rate[j], 0.25)) THEN
                     paid := true;

@@ -205,6 +205,8 @@ def test_hot_path_generic_plans_are_index_probes_at_two_million_rows(conn, login
 # about a queue of 2,000,000 rows and runs every hot statement with
 # auto_explain's actual row and buffer counts: none may scan sequentially,
 # make a bitmap, hash or merge join, or touch more than a batch's worth.
+# The same holds while scopes are set: the scoped lease, the scopes'
+# verdict and the hold of the mark, called from the hot path or alone.
 
 STALE_BOUND_ROWS = 5_000       # rows any node of a hot statement may pass
 STALE_BOUND_BUFFERS = 30_000   # buffers one hot statement may touch (a walk of the queue: > 400,000)
@@ -310,6 +312,75 @@ def hot_round(c, owner, what):
     assert len(reaped) >= 40, what
 
 
+LIMITED_BURST = 5
+NO_ID = "00000000-0000-0000-0000-000000000000"
+
+
+def scoped_round(conn, c, owner, what):
+    """One worker's round on c while scopes are set (by conn): a pause on a
+    host no row uses, so that the lease and the claim go through
+    outbox_lease_scoped, and a limit on a host the worker's provider
+    connects to for half the rows it marks, so that the mark runs
+    outbox_scope_sort and outbox_scope_hold; then each scoped function
+    called by itself (a caller without the hot path's settings).  Each
+    statement's plan checked; the scopes cleared at the end, the rows they
+    deferred due again."""
+    def run(name, sql, args=None):
+        text, rows = analyzed_plans(c, sql, args)
+        check_bounded(text, f"{what}, scoped: {name}")
+        return rows
+
+    query(conn, "SELECT count(*) FROM outbox_scope_pause('host', 'paused.example', true, 't', 't')")
+    query(conn, "SELECT outbox_scope_limit('host', 'limited.example', 0.001, %s, 't', 't')",
+          (LIMITED_BURST,))
+    leased = [r[0] for r in run("outbox_lease", "SELECT effect_id::text FROM outbox_lease(%s, 'w', "
+                                "50, 30, '{http}', true)", (owner,))]
+    assert len(leased) == 50, what
+    claimed = run("outbox_claim", "SELECT effect_id::text, leased_only FROM outbox_claim(%s, 'w', "
+                  "50, 30, '{http}', true, '{}', %s, p_lease_if_scoped => true)",
+                  (owner, str(uuid.uuid4())))
+    assert len(claimed) == 50 and all(only for _, only in claimed), what
+    claimed = [i for i, _ in claimed]
+    direct = [r[0] for r in run("outbox_lease_scoped", "SELECT effect_id::text FROM "
+                                "outbox_lease_scoped(%s, 'w', 50, 30, '{http}', '-infinity', %s, "
+                                "67108864)", (owner, NO_ID))]
+    assert len(direct) == 50, what
+
+    # The provider connects to limited.example for the first 20 rows: the
+    # burst's worth goes, the rest is deferred; the other 20 go.
+    hosts = ["limited.example"] * 20 + [None] * 20
+    marked = run("outbox_mark_sending", "SELECT effect_id::text, attempts, blocked, held_by "
+                 "FROM outbox_mark_sending(%s, %s::uuid[], true, '{}', 30, %s, %s::text[])",
+                 (owner, leased[:40], str(uuid.uuid4()), hosts))
+    held = [i for i, _, blocked, by in marked if blocked and by == "host:limited.example"]
+    sent = [(i, a) for i, a, blocked, _ in marked if not blocked]
+    assert len(held) == 20 - LIMITED_BURST and len(sent) == 20 + LIMITED_BURST, (what, marked)
+
+    # The limit's bucket is spent: every limited row is deferred.
+    sorted_ = run("outbox_scope_sort", "SELECT effect_id::text, held_by, held_until::text "
+                  "FROM outbox_scope_sort(%s::uuid[], %s::text[])", (claimed[:40], hosts))
+    verdicts = {i: by for i, by, _ in sorted_}
+    assert len(sorted_) == 40 and all(verdicts[i] == "host:limited.example" for i in claimed[:20]) \
+        and all(verdicts[i] is None for i in claimed[20:40]), (what, sorted_)
+    until = [u for _, by, u in sorted_ if by]
+    parked = run("outbox_scope_hold", "SELECT effect_id::text FROM outbox_scope_hold(%s, "
+                 "%s::uuid[], %s::uuid[], %s::text[], %s::timestamptz[])",
+                 (owner, claimed[:40], [i for i, by, _ in sorted_ if by],
+                  ["host:limited.example"] * len(until), until))
+    assert sorted(r[0] for r in parked) == sorted(claimed[:20]), what
+
+    results = [{"effect_id": i, "attempt": a, "outcome": "accepted", "next_state": "completed",
+                "status": 200, "provider_id": "p"} for i, a in sent]
+    done = run("outbox_complete", "SELECT effect_id, applied FROM outbox_complete(%s, 'w', %s)",
+               (owner, json.dumps(results)))
+    assert len(done) == len(sent) and all(a for _, a in done), what
+    run("outbox_release", "SELECT outbox_release(%s, %s::uuid[])",
+        (owner, leased[40:] + claimed[20:] + direct))
+    query(conn, "SELECT outbox_scope_limit('host', 'limited.example', NULL, NULL, 't', 't')")
+    query(conn, "SELECT count(*) FROM outbox_scope_pause('host', 'paused.example', false, 't', 't')")
+    assert not scalar(conn, "SELECT scoped FROM outbox_control WHERE id = 1"), what
+
+
 def test_hot_path_plans_hold_whatever_the_statistics_say(conn, db):
     kill_switch(conn, True)
     tables = ("effect_live", "effect_outbox", "effect_calls")
@@ -325,15 +396,17 @@ def test_hot_path_plans_hold_whatever_the_statistics_say(conn, db):
                 "VALUES ('small', 'processing', 'h')")
     query(conn, "INSERT INTO effect_outbox (idempotency_key, effect_type, target, payload) "
                 "SELECT 'small', 'http', 'http://127.0.0.1:9/s' || g, '{}' "
-                "FROM generate_series(1, 700) g")
+                "FROM generate_series(1, 2000) g")
     for _ in range(6):          # past PL/pgSQL's first calls: the cached plan from here on
         hot_round(early, str(uuid.uuid4()), "while empty")
+        scoped_round(conn, early, str(uuid.uuid4()), "while empty")
     # (No ANALYZE from here: the plans stay cached as they were made.)
     query(conn, "DELETE FROM effect_live")
     query(conn, "DELETE FROM effect_calls")
     load_live_only(conn)
     assert scalar(conn, "SELECT reltuples FROM pg_class WHERE oid = 'effect_live'::regclass") <= 0
     hot_round(early, str(uuid.uuid4()), "plans cached while the queue was empty")
+    scoped_round(conn, early, str(uuid.uuid4()), "plans cached while the queue was empty")
     early.close()
 
     cases = [
@@ -356,6 +429,7 @@ def test_hot_path_plans_hold_whatever_the_statistics_say(conn, db):
         try:
             for _ in range(2):
                 hot_round(c, str(uuid.uuid4()), what)
+                scoped_round(conn, c, str(uuid.uuid4()), what)
         finally:
             c.close()
 
