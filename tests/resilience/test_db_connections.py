@@ -3,7 +3,7 @@
 
 Each worker holds a lease connection (lease, mark, renew, release) and a
 records connection (housekeeping, invalid rows, reconciliation).  Outcomes
-(`outbox_complete`) go on the records connection while the queue is short,
+(`outbox_complete_sending`) go on the records connection while the queue is short,
 so that a lease never waits for one, and on the lease connection in a
 backlog (three full leases in a row), so that a worker keeps one database
 backend busy instead of two; `[database] busy_connections = 2` keeps them on
@@ -11,6 +11,8 @@ the records connection always.  Observed through pg_stat_activity, where
 the connections are named `outbox lease <worker>` and `outbox records
 <worker>`: its `query` column is each backend's current or last statement.
 """
+import re
+
 import pytest
 
 from outbox_test import enqueue, kill_switch, make_run, query, scalar, states, wait_for
@@ -26,7 +28,8 @@ def sample_roles(conn, worker):
 
 def watch_until(conn, worker, done, timeout=60):
     """Sample the worker's backends until done(); per role, how many samples
-    showed outbox_complete, and how many samples were taken."""
+    showed a completion (outbox_complete_sending, or outbox_complete_rest
+    for the rows it leaves), and how many samples were taken."""
     seen = {"lease": 0, "records": 0}
     n = 0
 
@@ -34,7 +37,7 @@ def watch_until(conn, worker, done, timeout=60):
         nonlocal n
         n += 1
         for role, q in sample_roles(conn, worker).items():
-            if "outbox_complete(" in (q or ""):
+            if re.search(r"\boutbox_complete(_sending|_rest)?\(", q or ""):
                 seen[role] = seen.get(role, 0) + 1
         return done()
 
