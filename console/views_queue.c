@@ -24,16 +24,26 @@ static void chart(struct strbuf *b)
 	PGresult *r = console_query("SELECT extract(epoch FROM now() - minute)::integer / 60, completed, "
 	                            "retried, failed, unknown FROM outbox_console_minutes($1::integer)",
 	                            1, hours, &err);
-	long max = 1;
+	/* Every minute of the window, those with no row at zero, so that a
+	 * line falls to the axis where nothing happened. */
+	long per[180 + 1][4] = { { 0 } }, max = 1;
 
 	if (r == NULL) {
 		db_error(b, err);
 		return;
 	}
-	for (int i = 0; i < PQntuples(r); i++)
-		for (int s = 1; s <= 4; s++)
-			if (atol(PQgetvalue(r, i, s)) > max)
-				max = atol(PQgetvalue(r, i, s));
+	for (int i = 0; i < PQntuples(r); i++) {
+		int ago = atoi(PQgetvalue(r, i, 0));
+
+		if (ago < 0 || ago > minutes)
+			continue;
+		for (int s = 0; s < 4; s++) {
+			per[minutes - ago][s] = atol(PQgetvalue(r, i, s + 1));
+			if (per[minutes - ago][s] > max)
+				max = per[minutes - ago][s];
+		}
+	}
+	PQclear(r);
 	sb_printf(b, "<h2>the last 3 hours, per minute</h2><svg id=\"chart\" width=\"%d\" height=\"%d\" "
 	          "viewBox=\"0 0 %d %d\" role=\"img\" aria-label=\"completions, retries, failures and "
 	          "unknowns per minute\">", W, H + 20, W, H + 20);
@@ -41,10 +51,9 @@ static void chart(struct strbuf *b)
 	for (int s = 0; s < 4; s++) {
 		sb_printf(b, "<polyline fill=\"none\" stroke=\"%s\" stroke-width=\"1.5\" points=\"",
 		          series[s].color);
-		for (int i = 0; i < PQntuples(r); i++) {
-			int ago = atoi(PQgetvalue(r, i, 0));
-			double x = (double)(minutes - ago) * W / minutes;
-			double y = H - (double)atol(PQgetvalue(r, i, s + 1)) * (H - 10) / (double)max;
+		for (int m = 0; m <= minutes; m++) {
+			double x = (double)m * W / minutes;
+			double y = H - (double)per[m][s] * (H - 10) / (double)max;
 			sb_printf(b, "%.1f,%.1f ", x, y);
 		}
 		sb_puts(b, "\"/>");
@@ -54,7 +63,6 @@ static void chart(struct strbuf *b)
 	sb_printf(b, "<text x=\"%d\" y=\"12\" font-size=\"11\" text-anchor=\"end\">max %ld/min</text>",
 	          W - 4, max);
 	sb_puts(b, "</svg>");
-	PQclear(r);
 }
 
 void page_overview(const struct req *rq, struct strbuf *b)
@@ -75,28 +83,44 @@ void page_overview(const struct req *rq, struct strbuf *b)
 		sb_puts(b, "</p>");
 	}
 	PQclear(r);
-	r = console_query("SELECT state, effect_type, n, held FROM outbox_console_counts()", 0, NULL, &err);
+	r = console_query("SELECT state, effect_type, host, n, held, capped FROM outbox_console_counts()",
+	                  0, NULL, &err);
 	if (r == NULL) {
 		db_error(b, err);
 	} else {
-		sb_puts(b, "<h2>effects by state and type</h2><p>open ones now; completed and failed: "
-		           "finished in the last 24 hours</p><table id=\"counts\"><tr><th>state</th>"
-		           "<th>type</th><th>effects</th><th>held by a scope</th></tr>");
+		bool capped = false;
+
+		sb_puts(b, "<h2>effects by state, type and host</h2><p>open ones now; completed and "
+		           "failed: finished in the last 24 hours</p><table id=\"counts\"><tr><th>state</th>"
+		           "<th>type</th><th>host</th><th>effects</th><th>held by a scope</th></tr>");
 		for (int i = 0; i < PQntuples(r); i++) {
+			/* A walk that stopped at its cap: its counts are lower bounds. */
+			const char *atleast = strcmp(PQgetvalue(r, i, 5), "t") == 0 ? "&ge; " : "";
+
+			capped |= *atleast != '\0';
 			sb_puts(b, "<tr>");
 			state_cell(b, v(r, i, 0));
 			cell(b, r, i, 1);
+			cell(b, r, i, 2);
 			sb_puts(b, "<td><a href=\"/effects?state=");
 			hq(b, v(r, i, 0));
 			sb_puts(b, "&amp;type=");
 			hq(b, v(r, i, 1));
-			sb_puts(b, "\">");
-			h(b, v(r, i, 2));
+			if (v(r, i, 2)) {
+				sb_puts(b, "&amp;host=");
+				hq(b, v(r, i, 2));
+			}
+			sb_printf(b, "\">%s", atleast);
+			h(b, v(r, i, 3));
 			sb_puts(b, "</a></td>");
-			cell(b, r, i, 3);
+			cell(b, r, i, 4);
 			sb_puts(b, "</tr>");
 		}
 		sb_puts(b, "</table>");
+		if (capped)
+			sb_puts(b, "<p id=\"counts-capped\">&ge;: more effects than the overview counts "
+			           "(20,000 of each: the oldest due, the parked, the day&rsquo;s first "
+			           "finished); the effects page lists them all</p>");
 		PQclear(r);
 	}
 	chart(b);

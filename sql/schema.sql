@@ -2161,22 +2161,43 @@ CREATE FUNCTION public.outbox_console_control_history(p_limit integer) RETURNS T
 $$;
 
 --
--- Name: outbox_console_counts(); Type: FUNCTION; Schema: public; Owner: -
+-- Name: outbox_console_counts(integer); Type: FUNCTION; Schema: public; Owner: -
 --
 
-CREATE FUNCTION public.outbox_console_counts() RETURNS TABLE(state text, effect_type text, n bigint, held bigint)
+CREATE FUNCTION public.outbox_console_counts(p_cap integer DEFAULT 20000) RETURNS TABLE(state text, effect_type text, host text, n bigint, held bigint, capped boolean)
     LANGUAGE sql STABLE SECURITY DEFINER
     SET search_path TO 'public', 'pg_temp'
     SET jit TO 'off'
+    SET enable_seqscan TO 'off'
+    SET enable_hashjoin TO 'off'
+    SET enable_mergejoin TO 'off'
     AS $$
-    SELECT l.state, l.effect_type, count(*), count(*) FILTER (WHERE l.held_by IS NOT NULL)
-      FROM effect_live l GROUP BY 1, 2
-    UNION ALL
-    SELECT h.state, b.effect_type, count(*), 0
-      FROM effect_history h JOIN effect_outbox b ON b.effect_id = h.effect_id
-     WHERE h.ended_at > now() - interval '24 hours' AND h.state IS NOT NULL
-     GROUP BY 1, 2
-     ORDER BY 1, 2;
+    WITH cap AS (SELECT least(greatest(p_cap, 1000), 200000) AS n),
+    walked AS (
+        SELECT 'due' AS walk, d.effect_id, d.state, d.held_by
+          FROM (SELECT l.effect_id, l.state, l.held_by FROM effect_live l
+                 WHERE l.available_at < 'infinity'
+                 ORDER BY l.available_at, l.effect_id
+                 LIMIT (SELECT n + 1 FROM cap)) d
+        UNION ALL
+        SELECT 'parked', p.effect_id, p.state, p.held_by
+          FROM (SELECT l.effect_id, l.state, l.held_by FROM effect_live l
+                 WHERE l.available_at = 'infinity'
+                 ORDER BY l.available_at, l.effect_id
+                 LIMIT (SELECT n + 1 FROM cap)) p
+        UNION ALL
+        SELECT 'finished', f.effect_id, f.state, NULL
+          FROM (SELECT h.effect_id, h.state FROM effect_history h
+                 WHERE h.ended_at > now() - interval '24 hours' AND h.state IS NOT NULL
+                 LIMIT (SELECT n + 1 FROM cap)) f),
+    walks AS (SELECT w.walk, count(*) > (SELECT n FROM cap) AS capped FROM walked w GROUP BY 1)
+    SELECT w.state, b.effect_type, outbox_target_host(b.target), count(*),
+           count(*) FILTER (WHERE w.held_by IS NOT NULL), bool_or(k.capped)
+      FROM walked w
+      JOIN effect_outbox b ON b.effect_id = w.effect_id
+      JOIN walks k ON k.walk = w.walk
+     GROUP BY 1, 2, 3
+     ORDER BY 1, 2, 3;
 $$;
 
 --
@@ -5556,12 +5577,12 @@ GRANT ALL ON FUNCTION public.outbox_console_control_history(p_limit integer) TO 
 REVOKE ALL ON FUNCTION public.outbox_console_control_history(p_limit integer) FROM PUBLIC;
 
 --
--- Name: FUNCTION outbox_console_counts(); Type: ACL; Schema: public; Owner: -
+-- Name: FUNCTION outbox_console_counts(p_cap integer); Type: ACL; Schema: public; Owner: -
 --
 
-GRANT ALL ON FUNCTION public.outbox_console_counts() TO outbox_operator;
-GRANT ALL ON FUNCTION public.outbox_console_counts() TO outbox_viewer;
-REVOKE ALL ON FUNCTION public.outbox_console_counts() FROM PUBLIC;
+GRANT ALL ON FUNCTION public.outbox_console_counts(p_cap integer) TO outbox_operator;
+GRANT ALL ON FUNCTION public.outbox_console_counts(p_cap integer) TO outbox_viewer;
+REVOKE ALL ON FUNCTION public.outbox_console_counts(p_cap integer) FROM PUBLIC;
 
 --
 -- Name: FUNCTION outbox_console_database(); Type: ACL; Schema: public; Owner: -

@@ -16,20 +16,50 @@ $$;
 -- Only the console's functions (their owner) call it.
 REVOKE EXECUTE ON FUNCTION outbox_effect_id_floor(timestamptz) FROM PUBLIC;
 
--- Open effects by state and type (one pass over the narrow live queue),
--- and those finished in the last 24 hours by their final state and type.
--- held: pending effects a scope holds back, counted apart.
-CREATE OR REPLACE FUNCTION outbox_console_counts()
-RETURNS TABLE (state text, effect_type text, n bigint, held bigint)
-LANGUAGE sql STABLE SECURITY DEFINER SET search_path = public, pg_temp SET jit = off AS $$
-    SELECT l.state, l.effect_type, count(*), count(*) FILTER (WHERE l.held_by IS NOT NULL)
-      FROM effect_live l GROUP BY 1, 2
-    UNION ALL
-    SELECT h.state, b.effect_type, count(*), 0
-      FROM effect_history h JOIN effect_outbox b ON b.effect_id = h.effect_id
-     WHERE h.ended_at > now() - interval '24 hours' AND h.state IS NOT NULL
-     GROUP BY 1, 2
-     ORDER BY 1, 2;
+-- Effects by state, type and destination host (a URL target's host as
+-- the scopes read it, outbox_target_host; NULL for other targets): the
+-- open ones now and those finished in the last 24 hours by their final
+-- state.  held: pending effects a scope holds back, counted apart.
+-- Bounded at any size: each of three walks counts at most p_cap rows (1,000
+-- to 200,000) and says when it stopped there (capped: the counts of that
+-- walk are lower bounds): the due index's head (pending and sending, the
+-- oldest first), its 'infinity' end (unknown, and pending a scope holds),
+-- and the history's end-time index over the last day (its BRIN, the day's
+-- oldest rows first).  Each counted row costs one probe of effect_outbox's
+-- primary key for its type and target.  The planner settings keep those
+-- walks and probes whatever the statistics say (a table analyzed while
+-- empty would otherwise make a hash join over effect_outbox look cheap).
+DROP FUNCTION IF EXISTS outbox_console_counts();
+CREATE OR REPLACE FUNCTION outbox_console_counts(p_cap integer DEFAULT 20000)
+RETURNS TABLE (state text, effect_type text, host text, n bigint, held bigint, capped boolean)
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = public, pg_temp SET jit = off
+SET enable_seqscan = off SET enable_hashjoin = off SET enable_mergejoin = off AS $$
+    WITH cap AS (SELECT least(greatest(p_cap, 1000), 200000) AS n),
+    walked AS (
+        SELECT 'due' AS walk, d.effect_id, d.state, d.held_by
+          FROM (SELECT l.effect_id, l.state, l.held_by FROM effect_live l
+                 WHERE l.available_at < 'infinity'
+                 ORDER BY l.available_at, l.effect_id
+                 LIMIT (SELECT n + 1 FROM cap)) d
+        UNION ALL
+        SELECT 'parked', p.effect_id, p.state, p.held_by
+          FROM (SELECT l.effect_id, l.state, l.held_by FROM effect_live l
+                 WHERE l.available_at = 'infinity'
+                 ORDER BY l.available_at, l.effect_id
+                 LIMIT (SELECT n + 1 FROM cap)) p
+        UNION ALL
+        SELECT 'finished', f.effect_id, f.state, NULL
+          FROM (SELECT h.effect_id, h.state FROM effect_history h
+                 WHERE h.ended_at > now() - interval '24 hours' AND h.state IS NOT NULL
+                 LIMIT (SELECT n + 1 FROM cap)) f),
+    walks AS (SELECT w.walk, count(*) > (SELECT n FROM cap) AS capped FROM walked w GROUP BY 1)
+    SELECT w.state, b.effect_type, outbox_target_host(b.target), count(*),
+           count(*) FILTER (WHERE w.held_by IS NOT NULL), bool_or(k.capped)
+      FROM walked w
+      JOIN effect_outbox b ON b.effect_id = w.effect_id
+      JOIN walks k ON k.walk = w.walk
+     GROUP BY 1, 2, 3
+     ORDER BY 1, 2, 3;
 $$;
 
 -- The age of the oldest due pending effect no scope holds, and of the
@@ -207,7 +237,7 @@ LANGUAGE sql STABLE SECURITY DEFINER SET search_path = public, pg_temp AS $$
 $$;
 
 REVOKE EXECUTE ON FUNCTION
-    outbox_console_counts(), outbox_console_ages(), outbox_console_minutes(integer),
+    outbox_console_counts(integer), outbox_console_ages(), outbox_console_minutes(integer),
     outbox_console_effects(timestamptz, timestamptz, text, text, text, text, text, text, uuid,
                            integer),
     outbox_console_runs(text, text, integer), outbox_console_runs_window_end(text),
@@ -216,7 +246,7 @@ REVOKE EXECUTE ON FUNCTION
     outbox_console_control_history(integer), outbox_console_database()
     FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION
-    outbox_console_counts(), outbox_console_ages(), outbox_console_minutes(integer),
+    outbox_console_counts(integer), outbox_console_ages(), outbox_console_minutes(integer),
     outbox_console_effects(timestamptz, timestamptz, text, text, text, text, text, text, uuid,
                            integer),
     outbox_console_runs(text, text, integer), outbox_console_runs_window_end(text),

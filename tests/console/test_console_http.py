@@ -225,3 +225,58 @@ def test_runs_page_is_bounded_and_pages_on(conn, console_factory):
     _, _, body = c.get(m.group(1).replace("&amp;", "&"))
     assert 'href="/runs?key=b-010050"' in body, body[-800:]
     assert 'id="next"' not in body
+
+
+def overview_rows(body):
+    """The overview's counts as (state, type, host, effects, held) rows."""
+    import html
+    table = body.split('id="counts"')[1].split("</table>")[0]
+    rows = []
+    for tr in re.findall(r"<tr>(.*?)</tr>", table, re.S)[1:]:
+        cells = [html.unescape(re.sub(r"<[^>]+>", "", td)).strip()
+                 for td in re.findall(r"<td[^>]*>(.*?)</td>", tr, re.S)]
+        rows.append(tuple(cells))
+    return rows
+
+
+def test_overview_counts_by_state_type_and_host(conn, console_factory):
+    ids = populate(conn)
+    c = console_factory()
+    _, _, body = c.get("/")
+    rows = overview_rows(body)
+    # The two failed effects went to failing.example, the rest to sink.example.
+    assert ("failed", "http", "failing.example", "2", "0") in rows, rows
+    assert ("unknown", "http", "sink.example", "2", "0") in rows, rows
+    assert ("completed", "http", "sink.example", "2", "0") in rows, rows
+    assert sum(int(r[3]) for r in rows) == sum(len(v) for v in ids.values()), rows
+    assert 'href="/effects?state=failed&amp;type=http&amp;host=failing.example"' in body
+    assert 'id="counts-capped"' not in body
+    # The chart: one point a minute over 3 hours for each series, the
+    # minutes with nothing on the axis (y = 160), the last minute's not.
+    lines = re.findall(r'<polyline[^>]*points="([^"]*)"', body)
+    assert len(lines) == 4, lines
+    for points in lines:
+        ys = [float(p.split(",")[1]) for p in points.split()]
+        assert len(ys) == 181 and ys.count(160.0) >= 170, points
+    assert any(float(p.split(",")[1]) < 160 for line in lines for p in line.split()[-12:]), lines
+
+
+def test_overview_counts_stop_at_their_cap_and_say_so(conn, console_factory):
+    """More open effects than a walk counts: the count shown is a lower
+    bound, marked as one, and the page says why."""
+    populate(conn)
+    from outbox_test import make_run
+    key = make_run(conn)
+    query(conn, "UPDATE workflow_runs SET state = 'processing' WHERE idempotency_key = %s", (key,))
+    query(conn, "INSERT INTO effect_outbox (idempotency_key, effect_type, target, payload) "
+                "SELECT %s, 'http', 'https://many.example/' || g, '{}' "
+                "FROM generate_series(1, 20005) g", (key,))
+    c = console_factory()
+    _, _, body = c.get("/")
+    rows = overview_rows(body)
+    many = [r for r in rows if r[2] == "many.example"]
+    assert len(many) == 1 and many[0][0] == "pending" and many[0][3].startswith("≥ "), rows
+    assert 20000 - 3 <= int(many[0][3][2:]) <= 20001, many
+    assert 'id="counts-capped"' in body
+    # The parked walk (unknown effects) is not capped: its counts are exact.
+    assert ("unknown", "http", "sink.example", "2", "0") in rows, rows
