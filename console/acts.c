@@ -325,7 +325,7 @@ static void do_filter_act(const struct req *rq, struct strbuf *b, struct resp *o
 	if (n < 1 || n > 200)
 		n = n < 1 ? 1 : 200;
 	snprintf(cap, sizeof(cap), "%ld", n);
-	effects_params(rq, params, hours, sizeof(hours), fa->state, cap);
+	effects_params(rq, params, hours, sizeof(hours), fa->state, cap, NULL);
 	if (reason == NULL) {
 		out->status = 400;
 		sb_puts(b, "<p class=\"msg err\" id=\"result\">a reason is needed</p>");
@@ -333,7 +333,7 @@ static void do_filter_act(const struct req *rq, struct strbuf *b, struct resp *o
 		return;
 	}
 	if (req_get(rq, "confirm") == NULL) {
-		r = console_query(effects_sql, 9, params, &err);
+		r = console_query(effects_sql, 10, params, &err);
 		if (r == NULL) {
 			db_error(b, err);
 			page_end(b);

@@ -197,10 +197,10 @@ const char effects_sql[] =
 	"SELECT effect_id, idempotency_key, effect_type, target, state, attempts, " T("created_at")
 	", " T("updated_at") ", last_error_class, last_error, provider_id "
 	"FROM outbox_console_effects(now() - make_interval(hours => $1::integer), now() + interval '1 minute', "
-	"$2, $3, $4, $5, $6, $7, $8::uuid, $9::integer)";
+	"$2, $3, $4, $5, $6, $7, $8::uuid, $9::integer, $10::integer)";
 
-void effects_params(const struct req *rq, const char *params[9], char *hours, size_t hlen,
-                    const char *state, const char *limit)
+void effects_params(const struct req *rq, const char *params[10], char *hours, size_t hlen,
+                    const char *state, const char *limit, const char *walk)
 {
 	long hrs = req_get(rq, "hours") ? strtol(req_get(rq, "hours"), NULL, 10) : 24;
 
@@ -214,6 +214,7 @@ void effects_params(const struct req *rq, const char *params[9], char *hours, si
 		params[1] = state;
 	params[7] = req_get(rq, "before");
 	params[8] = limit;
+	params[9] = walk;
 }
 
 void effects_table(struct strbuf *b, const PGresult *r)

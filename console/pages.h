@@ -58,10 +58,14 @@ void filter_hidden(struct strbuf *b, const struct req *rq, const struct filter_f
 extern const struct filter_field effects_fields[];
 extern const size_t effects_nfields;
 extern const char effects_sql[];
-/* effects_sql's parameters ($1..$9): hours, the six filters (state
- * overridden when given), the keyset position, the page size. */
-void effects_params(const struct req *rq, const char *params[9], char *hours, size_t hlen,
-                    const char *state, const char *limit);
+/* effects_sql's parameters ($1..$10): hours, the six filters (state
+ * overridden when given), the keyset position, the page size, the walk
+ * (WALK for a page, NULL: the whole window, as the acts on a filter). */
+void effects_params(const struct req *rq, const char *params[10], char *hours, size_t hlen,
+                    const char *state, const char *limit, const char *walk);
+/* How many effects of its window a page of the effects list reads at most
+ * (outbox_console_effects' p_walk). */
+#define WALK "20000"
 void effects_table(struct strbuf *b, const PGresult *r);
 
 /* The views (GET) and the acts (POST) the routing in pages.c calls. */

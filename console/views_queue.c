@@ -139,16 +139,16 @@ static const struct {
 
 void page_effects(const struct req *rq, struct strbuf *b)
 {
-	const char *params[9], *err;
+	const char *params[10], *err, *state = req_get(rq, "state");
 	char hours[16], limit[8];
 	PGresult *r;
 
 	snprintf(limit, sizeof(limit), "%d", PAGE);
-	effects_params(rq, params, hours, sizeof(hours), NULL, limit);
+	effects_params(rq, params, hours, sizeof(hours), NULL, limit, WALK);
 	page_begin(b, rq, "effects", "/effects");
 	banner(b);
 	filter_form(b, rq, "/effects", "filters", "filter", effects_fields, effects_nfields);
-	r = console_query(effects_sql, 9, params, &err);
+	r = console_query(effects_sql, 10, params, &err);
 	if (r == NULL) {
 		db_error(b, err);
 		page_end(b);
@@ -162,6 +162,33 @@ void page_effects(const struct req *rq, struct strbuf *b)
 		hq(b, v(r, PAGE - 1, 0));
 		filter_query(b, rq, effects_fields, effects_nfields);
 		sb_puts(b, "\">older &rarr;</a></p>");
+	} else if (req_get(rq, "run") == NULL && (state == NULL || strcmp(state, "failed") != 0)) {
+		/* A short page of a bounded walk: where the walk stopped, if it
+		 * stopped before the window's start, and the way on from there.
+		 * (Read after the page: effects created in between can only move
+		 * that point later, so the next page may repeat a row, never skip
+		 * one.) */
+		const char *fp[3] = { hours, params[7], WALK };
+		/* The time an effect id begins with (its creation's Unix ms). */
+		PGresult *f = console_query(
+			"SELECT w::text, " T("to_timestamp(('x' || lpad(substr(replace(w::text, '-', ''), 1, 12), "
+			                     "16, '0'))::bit(64)::bigint / 1000.0)")
+			" FROM (SELECT outbox_console_walk_floor(now() - make_interval(hours => $1::integer), "
+			"now() + interval '1 minute', $2::uuid, $3::integer) AS w) x",
+			3, fp, &err);
+
+		if (f == NULL) {
+			db_error(b, err);
+		} else if (PQntuples(f) == 1 && v(f, 0, 0)) {
+			sb_puts(b, "<p id=\"walk-end\">searched the newest " WALK " effects of the window "
+			           "from here, back to ");
+			h(b, v(f, 0, 1));
+			sb_puts(b, ": <a id=\"next\" href=\"/effects?before=");
+			hq(b, v(f, 0, 0));
+			filter_query(b, rq, effects_fields, effects_nfields);
+			sb_puts(b, "\">search older &rarr;</a></p>");
+		}
+		PQclear(f);
 	}
 	PQclear(r);
 	for (size_t i = 0; can_act(rq) && i < sizeof(filter_acts) / sizeof(filter_acts[0]); i++) {

@@ -2213,10 +2213,10 @@ CREATE FUNCTION public.outbox_console_database() RETURNS TABLE(database text, se
 $$;
 
 --
--- Name: outbox_console_effects(timestamp with time zone, timestamp with time zone, text, text, text, text, text, text, uuid, integer); Type: FUNCTION; Schema: public; Owner: -
+-- Name: outbox_console_effects(timestamp with time zone, timestamp with time zone, text, text, text, text, text, text, uuid, integer, integer); Type: FUNCTION; Schema: public; Owner: -
 --
 
-CREATE FUNCTION public.outbox_console_effects(p_from timestamp with time zone, p_to timestamp with time zone, p_state text, p_type text, p_host text, p_run_key text, p_effect_key text, p_error text, p_before uuid, p_limit integer) RETURNS TABLE(effect_id uuid, idempotency_key text, effect_type text, target text, state text, attempts integer, created_at timestamp with time zone, updated_at timestamp with time zone, last_error_class text, last_error text, provider_id text)
+CREATE FUNCTION public.outbox_console_effects(p_from timestamp with time zone, p_to timestamp with time zone, p_state text, p_type text, p_host text, p_run_key text, p_effect_key text, p_error text, p_before uuid, p_limit integer, p_walk integer DEFAULT NULL::integer) RETURNS TABLE(effect_id uuid, idempotency_key text, effect_type text, target text, state text, attempts integer, created_at timestamp with time zone, updated_at timestamp with time zone, last_error_class text, last_error text, provider_id text)
     LANGUAGE sql STABLE SECURITY DEFINER
     SET search_path TO 'public', 'pg_temp'
     SET jit TO 'off'
@@ -2226,6 +2226,9 @@ CREATE FUNCTION public.outbox_console_effects(p_from timestamp with time zone, p
        FROM outbox_effects o
       WHERE p_state IS DISTINCT FROM 'failed'
         AND o.effect_id >= outbox_effect_id_floor(p_from)
+        AND o.effect_id >= coalesce((SELECT outbox_console_walk_floor(p_from, p_to, p_before,
+                                                                      p_walk)
+                                      WHERE p_run_key IS NULL), outbox_effect_id_floor(p_from))
         AND o.effect_id < coalesce(p_before, outbox_effect_id_floor(p_to))
         AND o.effect_id < outbox_effect_id_floor(p_to)
         AND (p_run_key IS NULL OR o.idempotency_key = p_run_key)
@@ -2325,6 +2328,22 @@ CREATE FUNCTION public.outbox_console_runs_window_end(p_after text) RETURNS text
     SELECT w.idempotency_key FROM workflow_runs w
      WHERE w.idempotency_key > coalesce(p_after, '')
      ORDER BY w.idempotency_key OFFSET 9999 LIMIT 1;
+$$;
+
+--
+-- Name: outbox_console_walk_floor(timestamp with time zone, timestamp with time zone, uuid, integer); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.outbox_console_walk_floor(p_from timestamp with time zone, p_to timestamp with time zone, p_before uuid, p_walk integer) RETURNS uuid
+    LANGUAGE sql STABLE SECURITY DEFINER
+    SET search_path TO 'public', 'pg_temp'
+    AS $$
+    SELECT b.effect_id FROM effect_outbox b
+     WHERE p_walk IS NOT NULL
+       AND b.effect_id >= outbox_effect_id_floor(p_from)
+       AND b.effect_id < coalesce(p_before, outbox_effect_id_floor(p_to))
+       AND b.effect_id < outbox_effect_id_floor(p_to)
+     ORDER BY b.effect_id DESC OFFSET greatest(p_walk, 1000) - 1 LIMIT 1;
 $$;
 
 --
@@ -5593,12 +5612,12 @@ GRANT ALL ON FUNCTION public.outbox_console_database() TO outbox_viewer;
 REVOKE ALL ON FUNCTION public.outbox_console_database() FROM PUBLIC;
 
 --
--- Name: FUNCTION outbox_console_effects(p_from timestamp with time zone, p_to timestamp with time zone, p_state text, p_type text, p_host text, p_run_key text, p_effect_key text, p_error text, p_before uuid, p_limit integer); Type: ACL; Schema: public; Owner: -
+-- Name: FUNCTION outbox_console_effects(p_from timestamp with time zone, p_to timestamp with time zone, p_state text, p_type text, p_host text, p_run_key text, p_effect_key text, p_error text, p_before uuid, p_limit integer, p_walk integer); Type: ACL; Schema: public; Owner: -
 --
 
-GRANT ALL ON FUNCTION public.outbox_console_effects(p_from timestamp with time zone, p_to timestamp with time zone, p_state text, p_type text, p_host text, p_run_key text, p_effect_key text, p_error text, p_before uuid, p_limit integer) TO outbox_operator;
-GRANT ALL ON FUNCTION public.outbox_console_effects(p_from timestamp with time zone, p_to timestamp with time zone, p_state text, p_type text, p_host text, p_run_key text, p_effect_key text, p_error text, p_before uuid, p_limit integer) TO outbox_viewer;
-REVOKE ALL ON FUNCTION public.outbox_console_effects(p_from timestamp with time zone, p_to timestamp with time zone, p_state text, p_type text, p_host text, p_run_key text, p_effect_key text, p_error text, p_before uuid, p_limit integer) FROM PUBLIC;
+GRANT ALL ON FUNCTION public.outbox_console_effects(p_from timestamp with time zone, p_to timestamp with time zone, p_state text, p_type text, p_host text, p_run_key text, p_effect_key text, p_error text, p_before uuid, p_limit integer, p_walk integer) TO outbox_operator;
+GRANT ALL ON FUNCTION public.outbox_console_effects(p_from timestamp with time zone, p_to timestamp with time zone, p_state text, p_type text, p_host text, p_run_key text, p_effect_key text, p_error text, p_before uuid, p_limit integer, p_walk integer) TO outbox_viewer;
+REVOKE ALL ON FUNCTION public.outbox_console_effects(p_from timestamp with time zone, p_to timestamp with time zone, p_state text, p_type text, p_host text, p_run_key text, p_effect_key text, p_error text, p_before uuid, p_limit integer, p_walk integer) FROM PUBLIC;
 
 --
 -- Name: FUNCTION outbox_console_minutes(p_hours integer); Type: ACL; Schema: public; Owner: -
@@ -5631,6 +5650,14 @@ REVOKE ALL ON FUNCTION public.outbox_console_runs(p_state text, p_after text, p_
 GRANT ALL ON FUNCTION public.outbox_console_runs_window_end(p_after text) TO outbox_operator;
 GRANT ALL ON FUNCTION public.outbox_console_runs_window_end(p_after text) TO outbox_viewer;
 REVOKE ALL ON FUNCTION public.outbox_console_runs_window_end(p_after text) FROM PUBLIC;
+
+--
+-- Name: FUNCTION outbox_console_walk_floor(p_from timestamp with time zone, p_to timestamp with time zone, p_before uuid, p_walk integer); Type: ACL; Schema: public; Owner: -
+--
+
+GRANT ALL ON FUNCTION public.outbox_console_walk_floor(p_from timestamp with time zone, p_to timestamp with time zone, p_before uuid, p_walk integer) TO outbox_operator;
+GRANT ALL ON FUNCTION public.outbox_console_walk_floor(p_from timestamp with time zone, p_to timestamp with time zone, p_before uuid, p_walk integer) TO outbox_viewer;
+REVOKE ALL ON FUNCTION public.outbox_console_walk_floor(p_from timestamp with time zone, p_to timestamp with time zone, p_before uuid, p_walk integer) FROM PUBLIC;
 
 --
 -- Name: FUNCTION outbox_consume_approval(p_token_sha256 bytea, p_decision text, p_approver text); Type: ACL; Schema: public; Owner: -

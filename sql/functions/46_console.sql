@@ -89,6 +89,23 @@ LANGUAGE sql STABLE SECURITY DEFINER SET search_path = public, pg_temp SET jit =
      GROUP BY 1 ORDER BY 1;
 $$;
 
+-- Where a walk of at most p_walk effects (1,000 or more) of the window
+-- [p_from, p_to) ends, going back from p_before (NULL: the newest): the
+-- last effect id the walk reads, or NULL when the window holds no more
+-- than p_walk effects from there (or p_walk is NULL).  An index-only walk
+-- of the primary key.
+CREATE OR REPLACE FUNCTION outbox_console_walk_floor(p_from timestamptz, p_to timestamptz,
+    p_before uuid, p_walk integer)
+RETURNS uuid
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = public, pg_temp AS $$
+    SELECT b.effect_id FROM effect_outbox b
+     WHERE p_walk IS NOT NULL
+       AND b.effect_id >= outbox_effect_id_floor(p_from)
+       AND b.effect_id < coalesce(p_before, outbox_effect_id_floor(p_to))
+       AND b.effect_id < outbox_effect_id_floor(p_to)
+     ORDER BY b.effect_id DESC OFFSET greatest(p_walk, 1000) - 1 LIMIT 1;
+$$;
+
 -- Effects created in [p_from, p_to), newest first, from the keyset position
 -- p_before (an effect id; NULL: the newest), at most p_limit (1 to 200),
 -- with the filters given (NULL: any): state, type, host, run key, the
@@ -97,9 +114,16 @@ $$;
 -- effects, few among many, are found from the other side: the history's
 -- failing rows that ended since the window began (its end-time index),
 -- sorted, so that a page of them does not walk every effect of the window.
+-- p_walk (the console's pages: 20,000; NULL: the whole window, as the acts
+-- on a filter take it) bounds the walk without a run key to that many
+-- effects: a filter that matches few of them (a host, an error text) ends
+-- a page early at outbox_console_walk_floor, and the next page goes on
+-- from there.
+DROP FUNCTION IF EXISTS outbox_console_effects(timestamptz, timestamptz, text, text, text, text,
+                                               text, text, uuid, integer);
 CREATE OR REPLACE FUNCTION outbox_console_effects(p_from timestamptz, p_to timestamptz,
     p_state text, p_type text, p_host text, p_run_key text, p_effect_key text, p_error text,
-    p_before uuid, p_limit integer)
+    p_before uuid, p_limit integer, p_walk integer DEFAULT NULL)
 RETURNS TABLE (effect_id uuid, idempotency_key text, effect_type text, target text,
                state text, attempts integer, created_at timestamptz, updated_at timestamptz,
                last_error_class text, last_error text, provider_id text)
@@ -109,6 +133,9 @@ LANGUAGE sql STABLE SECURITY DEFINER SET search_path = public, pg_temp SET jit =
        FROM outbox_effects o
       WHERE p_state IS DISTINCT FROM 'failed'
         AND o.effect_id >= outbox_effect_id_floor(p_from)
+        AND o.effect_id >= coalesce((SELECT outbox_console_walk_floor(p_from, p_to, p_before,
+                                                                      p_walk)
+                                      WHERE p_run_key IS NULL), outbox_effect_id_floor(p_from))
         AND o.effect_id < coalesce(p_before, outbox_effect_id_floor(p_to))
         AND o.effect_id < outbox_effect_id_floor(p_to)
         AND (p_run_key IS NULL OR o.idempotency_key = p_run_key)
@@ -239,7 +266,8 @@ $$;
 REVOKE EXECUTE ON FUNCTION
     outbox_console_counts(integer), outbox_console_ages(), outbox_console_minutes(integer),
     outbox_console_effects(timestamptz, timestamptz, text, text, text, text, text, text, uuid,
-                           integer),
+                           integer, integer),
+    outbox_console_walk_floor(timestamptz, timestamptz, uuid, integer),
     outbox_console_runs(text, text, integer), outbox_console_runs_window_end(text),
     outbox_console_run_effects(text),
     outbox_console_audit(text, bigint, integer), outbox_console_approvals(),
@@ -248,7 +276,8 @@ REVOKE EXECUTE ON FUNCTION
 GRANT EXECUTE ON FUNCTION
     outbox_console_counts(integer), outbox_console_ages(), outbox_console_minutes(integer),
     outbox_console_effects(timestamptz, timestamptz, text, text, text, text, text, text, uuid,
-                           integer),
+                           integer, integer),
+    outbox_console_walk_floor(timestamptz, timestamptz, uuid, integer),
     outbox_console_runs(text, text, integer), outbox_console_runs_window_end(text),
     outbox_console_run_effects(text),
     outbox_console_audit(text, bigint, integer), outbox_console_approvals(),

@@ -280,3 +280,38 @@ def test_overview_counts_stop_at_their_cap_and_say_so(conn, console_factory):
     assert 'id="counts-capped"' in body
     # The parked walk (unknown effects) is not capped: its counts are exact.
     assert ("unknown", "http", "sink.example", "2", "0") in rows, rows
+
+
+def test_a_rare_host_filter_walks_a_bounded_part_of_the_window(conn, console_factory):
+    """A host that only old effects of the window have: the first page
+    reads the newest 20,000 effects, says where it stopped and links on;
+    the next page finds them."""
+    from outbox_test import make_run
+    key = make_run(conn)
+    query(conn, "UPDATE workflow_runs SET state = 'processing' WHERE idempotency_key = %s", (key,))
+    old = [r[0] for r in query(conn, "INSERT INTO effect_outbox (idempotency_key, effect_type, "
+                                     "target, payload) SELECT %s, 'http', "
+                                     "'https://rare.example/' || g, '{}' FROM generate_series(1, 3) g "
+                                     "RETURNING effect_id::text", (key,))]
+    # Ids begin with their creation's milliseconds: once the database's
+    # clock is past the rare ones' millisecond, every later id is newer.
+    last_ms = max(int(e.replace("-", "")[:12], 16) for e in old)
+    while scalar(conn, "SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint") <= last_ms:
+        pass
+    query(conn, "INSERT INTO effect_outbox (idempotency_key, effect_type, target, payload) "
+                "SELECT %s, 'http', 'https://common.example/' || g, '{}' "
+                "FROM generate_series(1, 20010) g", (key,))
+    c = console_factory()
+    status, _, body = c.get("/effects?host=rare.example")
+    assert status == 200
+    assert not any(e in body for e in old), "the first page walked past its 20,000"
+    assert 'id="walk-end"' in body and "searched the newest 20000 effects" in body
+    link = re.search(r'id="next" href="([^"]+)"', body).group(1).replace("&amp;", "&")
+    assert "host=rare.example" in link
+    status, _, body = c.get(link)
+    assert status == 200 and all(e in body for e in old), body[-2000:]
+    assert 'id="walk-end"' not in body   # the window's start reached
+    # A run key is its own index: no walk, every effect of the run at once
+    # (the first page holds 50 of them, newest first, and links on).
+    _, _, body = c.get(f"/effects?run={key}")
+    assert 'id="walk-end"' not in body and 'older &rarr;' in body

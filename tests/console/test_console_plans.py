@@ -108,13 +108,15 @@ def test_console_pages_are_bounded_at_scale(conn):
         ("overview: counts", "SELECT * FROM outbox_console_counts()", True),
         ("overview: chart", "SELECT * FROM outbox_console_minutes(3)", False),
         ("effects", "SELECT * FROM outbox_console_effects(now() - interval '24 hours', now() + "
-                    "interval '1 minute', NULL, NULL, NULL, NULL, NULL, NULL, NULL, 50)", True),
+                    "interval '1 minute', NULL, NULL, NULL, NULL, NULL, NULL, NULL, 50, 20000)", True),
         ("effects: failed http", "SELECT * FROM outbox_console_effects(now() - interval "
                                  "'24 hours', now(), 'failed', 'http', NULL, NULL, NULL, NULL, "
                                  "NULL, 50)", True),
         ("effects: host and error", "SELECT * FROM outbox_console_effects(now() - interval "
                                     "'24 hours', now(), NULL, NULL, 'h3.example', NULL, NULL, "
-                                    "'timeout', NULL, 50)", True),
+                                    "'timeout', NULL, 50, 20000)", True),
+        ("effects: walk end", "SELECT outbox_console_walk_floor(now() - interval '24 hours', "
+                              "now(), NULL, 20000)", True),
         ("effects: run key", "SELECT * FROM outbox_console_effects(now() - interval '24 hours', "
                              "now(), NULL, NULL, NULL, 'big-0000007', NULL, NULL, NULL, 50)", True),
         ("effect", f"SELECT * FROM outbox_read_effect('{some}')", False),
