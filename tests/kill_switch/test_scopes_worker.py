@@ -49,6 +49,10 @@ def test_the_relays_host_pauses_email_at_the_sending_transition(conn, dispatcher
     wait_for(lambda: all(r[0] == "host:127.0.0.1" for r in held(conn, ids)), what="all parked")
     assert all(r[1] == 0 and r[2] == "pending" and r[3] for r in held(conn, ids)), held(conn, ids)
     assert smtp.received() == []
+    # The worker logs what it parked once the mark's answer is back: after
+    # the commit the test saw.
+    wait_for(lambda: sum(e["count"] for e in w.events() if e.get("event") == "scope_held") >= 4,
+             what="the scope_held events")
     ev = [e for e in w.events() if e.get("event") == "scope_held"]
     assert ev and all(e["scope"] == "host:127.0.0.1" and e["why"] == "paused" for e in ev), ev
     assert sum(e["count"] for e in ev) == 4
@@ -105,6 +109,8 @@ def test_a_limit_spaces_the_sends_of_an_http_worker_whose_claims_become_leases(
     assert times[-1] - times[0] >= 7 * 0.2 * 0.9, times
     assert scalar(conn, "SELECT max(attempt) FROM effect_attempts "
                         "WHERE effect_id = ANY(%s::uuid[])", ([str(i) for i in ids],)) == 1
+    wait_for(lambda: any(e.get("event") == "scope_held" for e in w.events()),
+             what="a scope_held event")
     ev = [e for e in w.events() if e.get("event") == "scope_held"]
     assert ev and all(e["why"] == "limited" and e["scope"] == "host:127.0.0.1" for e in ev), ev
     assert scalar(conn, "SELECT held_total FROM outbox_scopes WHERE kind = 'host'") >= 1

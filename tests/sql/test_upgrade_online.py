@@ -38,9 +38,11 @@ from outbox_test import (BUILD_DIR, Dispatcher, admin_dsn, dsn_for, producer_dsn
                          scalar, wait_for)
 from releases import release_build
 
-# What a producer's call may wait, at most, while migrate runs: the
+# What a producer's call may wait, at most, while migrate runs online: the
 # runner's pre-lock bound (500 ms) and the migrations' run time, with room
-# for a loaded machine.
+# for a loaded machine.  From a release before the live queue, producers
+# wait for the copy of 105 (docs/running-a-fleet.md: an upgrade window),
+# so there a call may wait as long as migrate ran, and no longer.
 BOUND_S = 1.5
 
 
@@ -244,7 +246,8 @@ def test_upgrade_under_a_serving_fleet(fresh_db, tmp_path, release):
         figures(f"{release}: migrate {took:.2f} s, {len(producer.keys)} effects, lost {len(lost)}, "
               f"twice {len(twice)}, longest producer call {worst * 1000:.0f} ms")
         assert not lost and not twice, (lost, twice)
-        assert worst < BOUND_S, f"a producer call waited {worst:.2f} s"
+        bound = BOUND_S if release == "71088d8" else took + BOUND_S
+        assert worst < bound, f"a producer call waited {worst:.2f} s (migrate ran {took:.2f} s)"
     finally:
         producer.stop_ev.set()
         # Shown only when the test fails.
