@@ -104,6 +104,7 @@ def main():
                 assert time.monotonic() < deadline
                 time.sleep(0.05)
         pages = ["/", "/effects", "/effects?state=failed", "/effects?host=h3.example",
+                 "/effects?host=none.example", "/effects?error=timeout",
                  "/effects?run=big-7", f"/effect?id={some}", "/unknown", "/approvals", "/runs",
                  "/runs?state=failed_terminal", "/runs?key=big-7", "/audit", "/controls"]
         print("page\tms (best of 3)")

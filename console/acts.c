@@ -64,12 +64,13 @@ static PGresult *act(const struct req *rq, const char *sql, int n, const char *c
 	return r;
 }
 
+/* The answer's frame; its banner is drawn once the act is done (pages.c),
+ * so that it shows what the act changed. */
 static void act_page(const struct req *rq, struct strbuf *b, struct resp *out, const char *title,
                      const char *back)
 {
 	page_begin(b, rq, title, back);
-	banner(b);
-	(void)out;
+	out->banner_at = b->len;
 }
 
 static void act_failed(struct strbuf *b, struct resp *out, const char *err)

@@ -50,6 +50,7 @@ struct resp {
 	const char *content_type;
 	struct strbuf body;
 	char location[512];          /* a redirect after an act (303) */
+	size_t banner_at;            /* an act's answer: where its banner goes, drawn after the act */
 };
 
 extern struct console_settings console;

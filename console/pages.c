@@ -244,6 +244,20 @@ void effects_table(struct strbuf *b, const PGresult *r)
 
 /* ---- routing ------------------------------------------------------------------------ */
 
+/* An act's answer gets its banner where act_page left room for it, drawn
+ * after the act, so that a switch just turned off reads off. */
+static void banner_into(struct resp *out)
+{
+	struct strbuf page;
+
+	sb_init(&page, out->body.len + 4096);
+	sb_append(&page, out->body.s, out->banner_at);
+	banner(&page);
+	sb_append(&page, out->body.s + out->banner_at, out->body.len - out->banner_at);
+	free(out->body.s);
+	out->body = page;
+}
+
 void pages_handle(const struct req *rq, struct resp *out)
 {
 	static const struct {
@@ -270,6 +284,8 @@ void pages_handle(const struct req *rq, struct resp *out)
 		for (size_t i = 0; i < sizeof(acts) / sizeof(acts[0]); i++) {
 			if (strcmp(rq->path, acts[i].path) == 0) {
 				acts[i].run(rq, &out->body, out);
+				if (out->banner_at > 0 && out->banner_at <= out->body.len)
+					banner_into(out);
 				return;
 			}
 		}

@@ -2099,11 +2099,21 @@ END $_$;
 CREATE FUNCTION public.outbox_console_ages() RETURNS TABLE(oldest_pending_seconds numeric, oldest_held_seconds numeric)
     LANGUAGE sql STABLE SECURITY DEFINER
     SET search_path TO 'public', 'pg_temp'
+    SET enable_seqscan TO 'off'
+    SET enable_bitmapscan TO 'off'
     AS $$
     SELECT (SELECT extract(epoch FROM now() - min(available_at))::numeric(12,1) FROM effect_live
              WHERE state = 'pending' AND available_at <= now() AND held_by IS NULL),
-           (SELECT extract(epoch FROM now() - min(available_at))::numeric(12,1) FROM effect_live
-             WHERE state = 'pending' AND available_at <= now() AND held_by IS NOT NULL);
+           extract(epoch FROM now() - least(
+               (SELECT l.created_at FROM effect_live l
+                 WHERE l.available_at = 'infinity' AND l.state = 'pending'
+                   AND l.held_by IS NOT NULL
+                 ORDER BY l.available_at, l.effect_id LIMIT 1),
+               (SELECT min(d.created_at)
+                  FROM (SELECT l.created_at, l.held_by FROM effect_live l
+                         WHERE l.available_at > now() AND l.available_at < 'infinity'
+                         ORDER BY l.available_at, l.effect_id LIMIT 20000) d
+                 WHERE d.held_by IS NOT NULL)))::numeric(12,1);
 $$;
 
 --
@@ -2291,6 +2301,39 @@ CREATE FUNCTION public.outbox_console_run_effects(p_key text) RETURNS TABLE(effe
 $$;
 
 --
+-- Name: outbox_console_run_state(text, text); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.outbox_console_run_state(p_key text, p_state text) RETURNS text
+    LANGUAGE sql STABLE SECURITY DEFINER
+    SET search_path TO 'public', 'pg_temp'
+    AS $$
+    SELECT CASE
+        WHEN p_state IN ('completed', 'failed_terminal') THEN p_state
+        WHEN EXISTS (SELECT 1 FROM effect_outbox b
+                      WHERE b.idempotency_key = p_key
+                        AND NOT EXISTS (SELECT 1 FROM effect_live l WHERE l.effect_id = b.effect_id)
+                        AND (SELECT h.state FROM effect_history h
+                              WHERE h.effect_id = b.effect_id AND h.created_at = b.created_at
+                                AND h.state IS NOT NULL
+                              ORDER BY h.history_id DESC LIMIT 1) = 'failed')
+        THEN 'failed_terminal'
+        WHEN p_state IN ('approved', 'processing')
+         AND EXISTS (SELECT 1 FROM effect_outbox b WHERE b.idempotency_key = p_key)
+         AND NOT EXISTS (SELECT 1 FROM effect_outbox b
+                          WHERE b.idempotency_key = p_key
+                            AND (EXISTS (SELECT 1 FROM effect_live l WHERE l.effect_id = b.effect_id)
+                                 OR coalesce((SELECT h.state FROM effect_history h
+                                               WHERE h.effect_id = b.effect_id
+                                                 AND h.created_at = b.created_at
+                                                 AND h.state IS NOT NULL
+                                               ORDER BY h.history_id DESC LIMIT 1), '')
+                                    <> 'completed'))
+        THEN 'completed'
+        ELSE p_state END;
+$$;
+
+--
 -- Name: outbox_console_runs(text, text, integer); Type: FUNCTION; Schema: public; Owner: -
 --
 
@@ -2302,17 +2345,26 @@ CREATE FUNCTION public.outbox_console_runs(p_state text, p_after text, p_limit i
     -- position (a rare state ends a page early; the page goes on from
     -- outbox_console_runs_window_end), and a run's effects counted up to
     -- 101 through its unique key (101: more than 100; open_effects then
-    -- counts the open ones among those 101, a lower bound).
-    SELECT w.idempotency_key, w.state, c.effects, c.open_effects, w.failure_reason
+    -- counts the open ones among those 101, a lower bound).  Only a run
+    -- not yet completed or failed_terminal can have moved on, so a state
+    -- asked for is looked for among the runs stored in it and, for those
+    -- two, among the runs that can still move.
+    SELECT w.idempotency_key, s.state, c.effects, c.open_effects,
+           coalesce(w.failure_reason, CASE WHEN s.state = 'failed_terminal'
+                                           THEN 'an effect failed terminally' END)
       FROM (SELECT r.idempotency_key, r.state, r.failure_reason FROM workflow_runs r
              WHERE r.idempotency_key > coalesce(p_after, '')
              ORDER BY r.idempotency_key LIMIT 10000) w
+     CROSS JOIN LATERAL (SELECT outbox_console_run_state(w.idempotency_key, w.state) AS state) s
      CROSS JOIN LATERAL (
            SELECT count(*) AS effects, count(l.effect_id) AS open_effects
              FROM (SELECT b.effect_id FROM effect_outbox b
                     WHERE b.idempotency_key = w.idempotency_key LIMIT 101) f
              LEFT JOIN effect_live l ON l.effect_id = f.effect_id) c
-     WHERE (p_state IS NULL OR w.state = p_state)
+     WHERE (p_state IS NULL OR w.state = p_state
+            OR (p_state IN ('completed', 'failed_terminal')
+                AND w.state NOT IN ('completed', 'failed_terminal')))
+       AND (p_state IS NULL OR s.state = p_state)
      ORDER BY w.idempotency_key
      LIMIT least(greatest(p_limit, 1), 200);
 $$;
@@ -5634,6 +5686,12 @@ REVOKE ALL ON FUNCTION public.outbox_console_minutes(p_hours integer) FROM PUBLI
 GRANT ALL ON FUNCTION public.outbox_console_run_effects(p_key text) TO outbox_operator;
 GRANT ALL ON FUNCTION public.outbox_console_run_effects(p_key text) TO outbox_viewer;
 REVOKE ALL ON FUNCTION public.outbox_console_run_effects(p_key text) FROM PUBLIC;
+
+--
+-- Name: FUNCTION outbox_console_run_state(p_key text, p_state text); Type: ACL; Schema: public; Owner: -
+--
+
+REVOKE ALL ON FUNCTION public.outbox_console_run_state(p_key text, p_state text) FROM PUBLIC;
 
 --
 -- Name: FUNCTION outbox_console_runs(p_state text, p_after text, p_limit integer); Type: ACL; Schema: public; Owner: -

@@ -62,15 +62,30 @@ SET enable_seqscan = off SET enable_hashjoin = off SET enable_mergejoin = off AS
      ORDER BY 1, 2, 3;
 $$;
 
--- The age of the oldest due pending effect no scope holds, and of the
--- oldest one a scope holds (the due index's head).
+-- The age of the oldest due pending effect no scope holds (the due
+-- index's head), and of the oldest one a scope holds, since its creation,
+-- as outbox_read_status counts it: a held effect is not due (a pause
+-- parks it at 'infinity', a limit defers it), so its due time says
+-- nothing of its age.  Both bounded, from the due index: the parked ones
+-- at its 'infinity' end are in effect id order, which is creation order
+-- (the first pending one there is the oldest); the deferred ones are due
+-- soon, among the next 20,000 rows due after now.
 CREATE OR REPLACE FUNCTION outbox_console_ages()
 RETURNS TABLE (oldest_pending_seconds numeric, oldest_held_seconds numeric)
-LANGUAGE sql STABLE SECURITY DEFINER SET search_path = public, pg_temp AS $$
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = public, pg_temp
+SET enable_seqscan = off SET enable_bitmapscan = off AS $$
     SELECT (SELECT extract(epoch FROM now() - min(available_at))::numeric(12,1) FROM effect_live
              WHERE state = 'pending' AND available_at <= now() AND held_by IS NULL),
-           (SELECT extract(epoch FROM now() - min(available_at))::numeric(12,1) FROM effect_live
-             WHERE state = 'pending' AND available_at <= now() AND held_by IS NOT NULL);
+           extract(epoch FROM now() - least(
+               (SELECT l.created_at FROM effect_live l
+                 WHERE l.available_at = 'infinity' AND l.state = 'pending'
+                   AND l.held_by IS NOT NULL
+                 ORDER BY l.available_at, l.effect_id LIMIT 1),
+               (SELECT min(d.created_at)
+                  FROM (SELECT l.created_at, l.held_by FROM effect_live l
+                         WHERE l.available_at > now() AND l.available_at < 'infinity'
+                         ORDER BY l.available_at, l.effect_id LIMIT 20000) d
+                 WHERE d.held_by IS NOT NULL)))::numeric(12,1);
 $$;
 
 -- Per minute over the last p_hours (1 to 24): completions, retries,
@@ -165,7 +180,43 @@ LANGUAGE sql STABLE SECURITY DEFINER SET search_path = public, pg_temp SET jit =
       LIMIT least(greatest(p_limit, 1), 200));
 $$;
 
--- Runs in one state (NULL: any), by key from the keyset position p_after.
+-- A run's state as outbox_settle_runs would leave it, read without
+-- writing (the viewer writes nothing): p_state, the stored one, unless
+-- its effects have moved it on: failed_terminal when one of them failed,
+-- completed (from approved or processing) when all of them completed.
+-- The run's effects through its unique key, each probed in the live
+-- queue and, finished, by its last state in the history.
+CREATE OR REPLACE FUNCTION outbox_console_run_state(p_key text, p_state text)
+RETURNS text
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = public, pg_temp AS $$
+    SELECT CASE
+        WHEN p_state IN ('completed', 'failed_terminal') THEN p_state
+        WHEN EXISTS (SELECT 1 FROM effect_outbox b
+                      WHERE b.idempotency_key = p_key
+                        AND NOT EXISTS (SELECT 1 FROM effect_live l WHERE l.effect_id = b.effect_id)
+                        AND (SELECT h.state FROM effect_history h
+                              WHERE h.effect_id = b.effect_id AND h.created_at = b.created_at
+                                AND h.state IS NOT NULL
+                              ORDER BY h.history_id DESC LIMIT 1) = 'failed')
+        THEN 'failed_terminal'
+        WHEN p_state IN ('approved', 'processing')
+         AND EXISTS (SELECT 1 FROM effect_outbox b WHERE b.idempotency_key = p_key)
+         AND NOT EXISTS (SELECT 1 FROM effect_outbox b
+                          WHERE b.idempotency_key = p_key
+                            AND (EXISTS (SELECT 1 FROM effect_live l WHERE l.effect_id = b.effect_id)
+                                 OR coalesce((SELECT h.state FROM effect_history h
+                                               WHERE h.effect_id = b.effect_id
+                                                 AND h.created_at = b.created_at
+                                                 AND h.state IS NOT NULL
+                                               ORDER BY h.history_id DESC LIMIT 1), '')
+                                    <> 'completed'))
+        THEN 'completed'
+        ELSE p_state END;
+$$;
+
+-- Runs in one state (NULL: any), by key from the keyset position p_after,
+-- each in the state its effects make it (outbox_console_run_state), which
+-- the state asked for is matched against.
 CREATE OR REPLACE FUNCTION outbox_console_runs(p_state text, p_after text, p_limit integer)
 RETURNS TABLE (idempotency_key text, state text, effects bigint, open_effects bigint,
                failure_reason text)
@@ -174,17 +225,26 @@ LANGUAGE sql STABLE SECURITY DEFINER SET search_path = public, pg_temp AS $$
     -- position (a rare state ends a page early; the page goes on from
     -- outbox_console_runs_window_end), and a run's effects counted up to
     -- 101 through its unique key (101: more than 100; open_effects then
-    -- counts the open ones among those 101, a lower bound).
-    SELECT w.idempotency_key, w.state, c.effects, c.open_effects, w.failure_reason
+    -- counts the open ones among those 101, a lower bound).  Only a run
+    -- not yet completed or failed_terminal can have moved on, so a state
+    -- asked for is looked for among the runs stored in it and, for those
+    -- two, among the runs that can still move.
+    SELECT w.idempotency_key, s.state, c.effects, c.open_effects,
+           coalesce(w.failure_reason, CASE WHEN s.state = 'failed_terminal'
+                                           THEN 'an effect failed terminally' END)
       FROM (SELECT r.idempotency_key, r.state, r.failure_reason FROM workflow_runs r
              WHERE r.idempotency_key > coalesce(p_after, '')
              ORDER BY r.idempotency_key LIMIT 10000) w
+     CROSS JOIN LATERAL (SELECT outbox_console_run_state(w.idempotency_key, w.state) AS state) s
      CROSS JOIN LATERAL (
            SELECT count(*) AS effects, count(l.effect_id) AS open_effects
              FROM (SELECT b.effect_id FROM effect_outbox b
                     WHERE b.idempotency_key = w.idempotency_key LIMIT 101) f
              LEFT JOIN effect_live l ON l.effect_id = f.effect_id) c
-     WHERE (p_state IS NULL OR w.state = p_state)
+     WHERE (p_state IS NULL OR w.state = p_state
+            OR (p_state IN ('completed', 'failed_terminal')
+                AND w.state NOT IN ('completed', 'failed_terminal')))
+       AND (p_state IS NULL OR s.state = p_state)
      ORDER BY w.idempotency_key
      LIMIT least(greatest(p_limit, 1), 200);
 $$;
@@ -262,6 +322,9 @@ LANGUAGE sql STABLE SECURITY DEFINER SET search_path = public, pg_temp AS $$
     SELECT current_database()::text, coalesce(inet_server_addr()::text, 'local socket'),
            (SELECT max(version) FROM schema_migrations);
 $$;
+
+-- Only the console's functions (their owner) call it.
+REVOKE EXECUTE ON FUNCTION outbox_console_run_state(text, text) FROM PUBLIC;
 
 REVOKE EXECUTE ON FUNCTION
     outbox_console_counts(integer), outbox_console_ages(), outbox_console_minutes(integer),

@@ -3,7 +3,9 @@
 fresh login role that is a member of outbox_viewer (NOINHERIT: it reads as
 the viewer only), and each person the proxy names is a role of their own,
 a member of outbox_operator, granted to the console's login so that it may
-SET ROLE to them for an act."""
+SET ROLE to them for an act.  For the browser tests: nginx in front of a
+console as docs/console.md configures it (`proxy`), and Debian's headless
+chromium through chromium-driver (`browser`, `browser_factory`)."""
 import http.client
 import os
 import subprocess
@@ -14,6 +16,7 @@ import uuid
 import pytest
 
 from outbox_test import BUILD_DIR, dsn_as, free_port, query, write_config
+from browser_lib import PASSWORD, nginx_location
 
 
 class Console:
@@ -115,3 +118,97 @@ def console_factory(db, console_roles, tmp_path):
             bad.append((c.proc.returncode, text[-3000:]))
     assert bad == [], bad
 
+
+
+@pytest.fixture
+def proxy(tmp_path):
+    """nginx in front of a console: start(console_port, person) -> port;
+    person is one name or a list of them, each with the password
+    browser_lib.PASSWORD."""
+    procs = []
+
+    def start(console_port, person):
+        people = [person] if isinstance(person, str) else list(person)
+        d = tmp_path / f"nginx-{console_port}"
+        d.mkdir()
+        hashed = subprocess.run(["openssl", "passwd", "-apr1", PASSWORD], capture_output=True,
+                                text=True, check=True).stdout.strip()
+        (d / "htpasswd").write_text("".join(f"{p}:{hashed}\n" for p in people))
+        port = free_port()
+        lines = (nginx_location().replace("/etc/nginx/outbox-console.htpasswd", str(d / "htpasswd"))
+                 .replace("127.0.0.1:8470", f"127.0.0.1:{console_port}"))
+        (d / "nginx.conf").write_text(f"""
+daemon off; master_process off; worker_processes 1;
+pid {d}/nginx.pid; error_log {d}/error.log warn;
+events {{ worker_connections 64; }}
+http {{
+    access_log off;
+    client_body_temp_path {d}/body; proxy_temp_path {d}/proxy; fastcgi_temp_path {d}/fcgi;
+    uwsgi_temp_path {d}/uwsgi; scgi_temp_path {d}/scgi;
+    server {{
+        listen 127.0.0.1:{port};
+{lines}
+    }}
+}}
+""")
+        p = subprocess.Popen(["nginx", "-p", str(d), "-c", "nginx.conf", "-e", str(d / "error.log")],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        procs.append(p)
+        import socket
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), 0.5).close()
+                break
+            except OSError:
+                assert p.poll() is None, (d / "error.log").read_text()
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+        return port
+
+    yield start
+    for p in procs:
+        p.terminate()
+        p.wait(10)
+
+
+@pytest.fixture
+def browser_factory(tmp_path):
+    """start(javascript=True) -> a headless chromium (its own profile);
+    javascript=False blocks scripts on every page (the content setting a
+    managed policy sets).  All are quit at teardown."""
+    pytest.importorskip("selenium")
+    from selenium import webdriver
+    started = []
+
+    def start(javascript=True):
+        n = len(started)
+        opts = webdriver.ChromeOptions()
+        opts.binary_location = "/usr/bin/chromium"
+        for a in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                  "--disable-component-update", "--disable-sync", "--no-first-run",
+                  "--disable-dev-shm-usage", "--window-size=1280,900",
+                  f"--user-data-dir={tmp_path / f'chromium-profile-{n}'}"):
+            opts.add_argument(a)
+        if not javascript:
+            opts.add_experimental_option(
+                "prefs", {"profile.managed_default_content_settings.javascript": 2})
+        opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+        log = str(tmp_path / f"chromedriver-{n}.log")
+        service = webdriver.ChromeService(executable_path="/usr/bin/chromedriver",
+                                          log_output=log) \
+            if hasattr(webdriver, "ChromeService") else \
+            webdriver.chrome.service.Service("/usr/bin/chromedriver", log_path=log)
+        d = webdriver.Chrome(options=opts, service=service)
+        started.append(d)
+        d.set_page_load_timeout(60)
+        return d
+
+    yield start
+    for d in started:
+        d.quit()
+
+
+@pytest.fixture
+def browser(browser_factory):
+    return browser_factory()

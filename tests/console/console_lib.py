@@ -8,12 +8,15 @@ from outbox_test import query
 HOSTILE_KEY = "run-<script>alert(1)</script>-\"q'-\u202egnp.exe"
 
 
-def new_effect(conn, key=None, target=None, effect_type="http"):
+def new_effect(conn, key=None, target=None, effect_type="http", payload=None, run=True):
+    """A pending effect in a run of its own (key), or, with run=False, in
+    the existing run key; the run is left approved."""
     from outbox_test import enqueue, make_run
-    key = make_run(conn, key=key)
+    if run:
+        key = make_run(conn, key=key)
     query(conn, "UPDATE workflow_runs SET state = 'processing' WHERE idempotency_key = %s", (key,))
     eid = str(enqueue(conn, effect_type, target or f"https://sink.example/{uuid.uuid4().hex[:6]}",
-                      {"body": {"n": 1}}, key=key))
+                      payload or {"body": {"n": 1}}, key=key))
     query(conn, "UPDATE workflow_runs SET state = 'approved' WHERE idempotency_key = %s", (key,))
     return eid
 

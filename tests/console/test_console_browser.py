@@ -10,120 +10,18 @@ view is saved (OUTBOX_CONSOLE_SHOTS=docs/console writes the ones
 docs/console.md shows), and docs/console.md shows one of every view."""
 import base64
 import os
-import re
-import subprocess
 import time
 
 import pytest
 
+from browser_lib import PASSWORD, docs, log_problems, text_once_loaded
 from console_lib import populate
-from outbox_test import ROOT, free_port, query, scalar
+from outbox_test import ROOT, scalar
 
 pytest.importorskip("selenium")
-from selenium import webdriver  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
 
 SHOTS = ["overview", "effects", "effect", "unknown", "approvals", "controls", "runs", "audit"]
-PASSWORD = "correct horse"
-
-
-def docs():
-    with open(os.path.join(ROOT, "docs", "console.md")) as f:
-        return f.read()
-
-
-def nginx_location():
-    """The nginx lines docs/console.md gives, between its markers."""
-    m = re.search(r"# --- console proxy begin ---\n(.*?)# --- console proxy end ---", docs(), re.S)
-    assert m, "docs/console.md has no marked nginx configuration"
-    return m.group(1)
-
-
-@pytest.fixture
-def proxy(tmp_path):
-    """nginx in front of a console: start(console_port, person) -> port."""
-    procs = []
-
-    def start(console_port, person):
-        d = tmp_path / "nginx"
-        d.mkdir()
-        hashed = subprocess.run(["openssl", "passwd", "-apr1", PASSWORD], capture_output=True,
-                                text=True, check=True).stdout.strip()
-        (d / "htpasswd").write_text(f"{person}:{hashed}\n")
-        port = free_port()
-        lines = (nginx_location().replace("/etc/nginx/outbox-console.htpasswd", str(d / "htpasswd"))
-                 .replace("127.0.0.1:8470", f"127.0.0.1:{console_port}"))
-        (d / "nginx.conf").write_text(f"""
-daemon off; master_process off; worker_processes 1;
-pid {d}/nginx.pid; error_log {d}/error.log warn;
-events {{ worker_connections 64; }}
-http {{
-    access_log off;
-    client_body_temp_path {d}/body; proxy_temp_path {d}/proxy; fastcgi_temp_path {d}/fcgi;
-    uwsgi_temp_path {d}/uwsgi; scgi_temp_path {d}/scgi;
-    server {{
-        listen 127.0.0.1:{port};
-{lines}
-    }}
-}}
-""")
-        p = subprocess.Popen(["nginx", "-p", str(d), "-c", "nginx.conf", "-e", str(d / "error.log")],
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        procs.append(p)
-        import socket
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), 0.5).close()
-                break
-            except OSError:
-                assert p.poll() is None, (d / "error.log").read_text()
-                assert time.monotonic() < deadline
-                time.sleep(0.05)
-        return port
-
-    yield start
-    for p in procs:
-        p.terminate()
-        p.wait(10)
-
-
-@pytest.fixture
-def browser(tmp_path):
-    opts = webdriver.ChromeOptions()
-    opts.binary_location = "/usr/bin/chromium"
-    for a in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-              "--disable-component-update", "--disable-sync", "--no-first-run",
-              "--disable-dev-shm-usage", "--window-size=1280,900",
-              f"--user-data-dir={tmp_path / 'chromium-profile'}"):
-        opts.add_argument(a)
-    opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    service = webdriver.ChromeService(executable_path="/usr/bin/chromedriver",
-                                      log_output=str(tmp_path / "chromedriver.log")) \
-        if hasattr(webdriver, "ChromeService") else \
-        webdriver.chrome.service.Service("/usr/bin/chromedriver",
-                                         log_path=str(tmp_path / "chromedriver.log"))
-    d = webdriver.Chrome(options=opts, service=service)
-    d.set_page_load_timeout(60)
-    yield d
-    d.quit()
-
-
-def text_once_loaded(browser, by, name, want, timeout=20):
-    """The text of an element once the page a click submitted has loaded
-    and the element shows want (or, at the deadline, whatever it shows)."""
-    from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
-    deadline = time.monotonic() + timeout
-    text = ""
-    while time.monotonic() < deadline:
-        try:
-            text = browser.find_element(by, name).text
-        except (NoSuchElementException, StaleElementReferenceException):
-            text = ""
-        if want in text:
-            break
-        time.sleep(0.1)
-    return text
 
 
 def test_console_in_a_browser(conn, console_factory, console_roles, proxy, browser, tmp_path):
@@ -217,9 +115,7 @@ def test_console_in_a_browser(conn, console_factory, console_roles, proxy, brows
         assert time.monotonic() < deadline, "the page did not refresh"
         time.sleep(0.2)
 
-    logs = browser.get_log("browser")
-    bad = [entry for entry in logs if entry["level"] == "SEVERE"
-           or "Content Security Policy" in entry["message"] or "Refused" in entry["message"]]
+    bad = log_problems(browser)
     assert bad == [], bad
     for s in SHOTS:
         assert os.path.getsize(os.path.join(shots, f"{s}.png")) > 1000, s
