@@ -38,7 +38,9 @@ struct mark_tally {
 	size_t blocked;
 	json_t *blocked_ids;
 	json_t *held;               /* {scope: {"count": n, "effect_ids": [...]}} */
-	int64_t held_due_ms;        /* -1: none deferred */
+	int64_t held_due_ms;        /* -1: none deferred; else the first deferred
+	                             * row's slot, or, for a row sent at its
+	                             * slot, when the slots after it come */
 };
 
 static void log_blocked(const struct mark_tally *t)
@@ -123,6 +125,13 @@ static void marked_one(struct worker *w, struct batch *b, struct effect *e, PGre
 		unmark_probe(e);
 		effect_free(e);
 	} else {
+		/* Sent at the slot a limit deferred it to: more deferred rows are
+		 * due at the slots after it, lease again then (not at the poll). */
+		const char *again = PQgetvalue(r, row, COL_MARK_HELD_IN_MS);
+		int64_t again_ms = again[0] ? strtoll(again, NULL, 10) : -1;
+
+		if (again_ms >= 0 && (t->held_due_ms < 0 || again_ms < t->held_due_ms))
+			t->held_due_ms = again_ms;
 		start_send(w, e, atoi(PQgetvalue(r, row, COL_MARK_ATTEMPTS)), b->sent_mono);
 	}
 }

@@ -3301,6 +3301,8 @@ DECLARE
     atts integer[];
     call uuid := coalesce(p_call, gen_random_uuid());
     worker text;
+    repoll_ids uuid[] := '{}';
+    repoll_at timestamptz[] := '{}';
 BEGIN
     -- A call the worker gave up on (outbox_unclaim_call, after its repeat
     -- was refused) marks nothing, even if its first delivery reaches the
@@ -3349,6 +3351,9 @@ BEGIN
             held uuid[];
             bys text[];
             untils timestamptz[];
+            sorted_ids uuid[];
+            sorted_by text[];
+            sorted_until timestamptz[];
         BEGIN
             -- (Rows by key, then by TID; each one's host by its position:
             -- no join the statistics could make a walk of the queue.)
@@ -3363,8 +3368,18 @@ BEGIN
                AND o.lease_expires_at > now();
             SELECT coalesce(array_agg(v.effect_id), '{}'), coalesce(array_agg(v.held_by), '{}'),
                    coalesce(array_agg(v.held_until), '{}')
+              INTO sorted_ids, sorted_by, sorted_until
+              FROM outbox_scope_sort(cand, cand_hosts) v;
+            SELECT coalesce(array_agg(x.id), '{}'), coalesce(array_agg(x.by), '{}'),
+                   coalesce(array_agg(x.until), '{}')
               INTO held, bys, untils
-              FROM outbox_scope_sort(cand, cand_hosts) v WHERE v.held_by IS NOT NULL;
+              FROM unnest(sorted_ids, sorted_by, sorted_until) AS x(id, by, until)
+             WHERE x.by IS NOT NULL;
+            -- Rows that go at their deferred slot: when to lease again.
+            SELECT coalesce(array_agg(x.id), '{}'), coalesce(array_agg(x.until), '{}')
+              INTO repoll_ids, repoll_at
+              FROM unnest(sorted_ids, sorted_by, sorted_until) AS x(id, by, until)
+             WHERE x.by IS NULL AND x.until IS NOT NULL;
             IF cardinality(held) > 0 THEN
                 RETURN QUERY SELECT h.effect_id, h.attempts, true, h.held_by, h.held_until
                                FROM outbox_scope_hold(p_owner, p_ids, held, bys, untils) h;
@@ -3390,7 +3405,8 @@ BEGIN
       INTO ids, atts, worker FROM u;
     PERFORM outbox_record_call(call, p_owner, worker, ids,
                                now() + make_interval(secs => p_lease_seconds));
-    RETURN QUERY SELECT x.id, x.att, false, NULL::text, NULL::timestamptz
+    RETURN QUERY SELECT x.id, x.att, false, NULL::text,
+                        repoll_at[array_position(repoll_ids, x.id)]
                    FROM unnest(ids, atts) AS x(id, att);
     IF p_call IS NOT NULL AND cardinality(ids) < cardinality(go) THEN
         RETURN QUERY
@@ -5073,7 +5089,7 @@ BEGIN
         END IF;
         effect_id := ids[i];
         held_by := verdict;
-        held_until := until;
+        held_until := CASE WHEN paid THEN now() + interval '100 milliseconds' ELSE until END;
         RETURN NEXT;
     END LOOP;
     -- Each scope this call drew on or held for, written once.

@@ -144,9 +144,13 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$ SELECT p_kind || ':' || p_value $$;
 -- then lost its slot (a limit of 100/s with a burst of 10 delivered a
 -- quarter of its rate).  A row later than that (its worker died holding
 -- it, the fleet was down) pays again, so that rows late together do not
--- add up to much over the limit.  The limited scopes' rows are locked in
--- key order and written once per call, not once per effect.  Runs under
--- the kill-switch lock (the caller's).
+-- add up to much over the limit.  A row that goes as paid comes back with
+-- held_by NULL and held_until 100 ms from now: more deferred rows are due
+-- at the slots after its own, and the worker leases again then instead of
+-- at its next poll (a second late, so every such row would pay again and
+-- lose its slot); rows are then at most that late.  The limited scopes'
+-- rows are locked in key order and written once per call, not once per
+-- effect.  Runs under the kill-switch lock (the caller's).
 CREATE OR REPLACE FUNCTION outbox_scope_sort(p_ids uuid[], p_hosts text[])
 RETURNS TABLE (effect_id uuid, held_by text, held_until timestamptz)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp
@@ -275,7 +279,7 @@ BEGIN
         END IF;
         effect_id := ids[i];
         held_by := verdict;
-        held_until := until;
+        held_until := CASE WHEN paid THEN now() + interval '100 milliseconds' ELSE until END;
         RETURN NEXT;
     END LOOP;
     -- Each scope this call drew on or held for, written once.
