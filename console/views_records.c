@@ -77,7 +77,7 @@ static const struct filter_field runs_fields[] = { { "state", "state", 0, run_st
 static const struct filter_field audit_fields[] = { { "operator", "operator", 20, NULL, NULL } };
 
 /* The runs page's "more": after its last run when it is full, else, for
- * a state (which may be rare), after the 10,000 runs the page walked. */
+ * a state (which may be rare), after the 1,000 runs the page walked. */
 static void runs_next(struct strbuf *b, const struct req *rq, const PGresult *r,
                       const char *const params[2])
 {
@@ -96,7 +96,7 @@ static void runs_next(struct strbuf *b, const struct req *rq, const PGresult *r,
 		hq(b, after);
 		filter_query(b, rq, runs_fields, 1);
 		sb_puts(b, PQntuples(r) == 50 ? "\">more &rarr;</a></p>"
-		                              : "\">the next 10,000 runs &rarr;</a></p>");
+		                              : "\">the next 1,000 runs &rarr;</a></p>");
 	}
 	PQclear(end);
 }

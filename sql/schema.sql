@@ -2308,27 +2308,23 @@ CREATE FUNCTION public.outbox_console_run_state(p_key text, p_state text) RETURN
     LANGUAGE sql STABLE SECURITY DEFINER
     SET search_path TO 'public', 'pg_temp'
     AS $$
+    WITH e AS MATERIALIZED (
+        SELECT CASE WHEN EXISTS (SELECT 1 FROM effect_live l WHERE l.effect_id = b.effect_id)
+                    THEN 'open'
+                    ELSE coalesce((SELECT h.state FROM effect_history h
+                                    WHERE h.effect_id = b.effect_id AND h.created_at = b.created_at
+                                      AND h.state IS NOT NULL
+                                    ORDER BY h.history_id DESC LIMIT 1), '') END AS st
+          FROM (SELECT x.effect_id, x.created_at FROM effect_outbox x
+                 WHERE x.idempotency_key = p_key
+                   AND p_state NOT IN ('completed', 'failed_terminal')
+                 LIMIT 101) b)
     SELECT CASE
         WHEN p_state IN ('completed', 'failed_terminal') THEN p_state
-        WHEN EXISTS (SELECT 1 FROM effect_outbox b
-                      WHERE b.idempotency_key = p_key
-                        AND NOT EXISTS (SELECT 1 FROM effect_live l WHERE l.effect_id = b.effect_id)
-                        AND (SELECT h.state FROM effect_history h
-                              WHERE h.effect_id = b.effect_id AND h.created_at = b.created_at
-                                AND h.state IS NOT NULL
-                              ORDER BY h.history_id DESC LIMIT 1) = 'failed')
-        THEN 'failed_terminal'
+        WHEN EXISTS (SELECT 1 FROM e WHERE e.st = 'failed') THEN 'failed_terminal'
         WHEN p_state IN ('approved', 'processing')
-         AND EXISTS (SELECT 1 FROM effect_outbox b WHERE b.idempotency_key = p_key)
-         AND NOT EXISTS (SELECT 1 FROM effect_outbox b
-                          WHERE b.idempotency_key = p_key
-                            AND (EXISTS (SELECT 1 FROM effect_live l WHERE l.effect_id = b.effect_id)
-                                 OR coalesce((SELECT h.state FROM effect_history h
-                                               WHERE h.effect_id = b.effect_id
-                                                 AND h.created_at = b.created_at
-                                                 AND h.state IS NOT NULL
-                                               ORDER BY h.history_id DESC LIMIT 1), '')
-                                    <> 'completed'))
+         AND (SELECT count(*) FROM e) BETWEEN 1 AND 100
+         AND NOT EXISTS (SELECT 1 FROM e WHERE e.st <> 'completed')
         THEN 'completed'
         ELSE p_state END;
 $$;
@@ -2341,7 +2337,7 @@ CREATE FUNCTION public.outbox_console_runs(p_state text, p_after text, p_limit i
     LANGUAGE sql STABLE SECURITY DEFINER
     SET search_path TO 'public', 'pg_temp'
     AS $$
-    -- Bounded at any size: at most 10,000 runs walked from the keyset
+    -- Bounded at any size: at most 1,000 runs walked from the keyset
     -- position (a rare state ends a page early; the page goes on from
     -- outbox_console_runs_window_end), and a run's effects counted up to
     -- 101 through its unique key (101: more than 100; open_effects then
@@ -2354,7 +2350,7 @@ CREATE FUNCTION public.outbox_console_runs(p_state text, p_after text, p_limit i
                                            THEN 'an effect failed terminally' END)
       FROM (SELECT r.idempotency_key, r.state, r.failure_reason FROM workflow_runs r
              WHERE r.idempotency_key > coalesce(p_after, '')
-             ORDER BY r.idempotency_key LIMIT 10000) w
+             ORDER BY r.idempotency_key LIMIT 1000) w
      CROSS JOIN LATERAL (SELECT outbox_console_run_state(w.idempotency_key, w.state) AS state) s
      CROSS JOIN LATERAL (
            SELECT count(*) AS effects, count(l.effect_id) AS open_effects
@@ -2379,7 +2375,7 @@ CREATE FUNCTION public.outbox_console_runs_window_end(p_after text) RETURNS text
     AS $$
     SELECT w.idempotency_key FROM workflow_runs w
      WHERE w.idempotency_key > coalesce(p_after, '')
-     ORDER BY w.idempotency_key OFFSET 9999 LIMIT 1;
+     ORDER BY w.idempotency_key OFFSET 999 LIMIT 1;
 $$;
 
 --
