@@ -385,6 +385,11 @@ def test_metrics_scrape_agrees_with_database(conn, dispatchers):
             return s
 
         s = wait_for(agree, timeout=30, what="/metrics counters equal to effect_attempts")
+        # A send is counted when its answer comes, an exhausted retry once
+        # outbox_complete has answered: after the attempt row agree() saw.
+        s = wait_for(lambda: (lambda s: s if metric(s, "outbox_retries_exhausted_total") >= len(busy)
+                              else None)(parse_metrics(http_get(port, "/metrics")[1])),
+                     timeout=30, what="outbox_retries_exhausted_total counting every busy effect")
         want = db_counts()
         assert want.get("accepted") == len(ok)
         assert want.get("terminal") == len(bad)
@@ -551,6 +556,9 @@ def test_systemd_notify_protocol(dispatchers, tmp_path):
 
         # SIGTERM: STOPPING=1, and a clean exit.
         assert w.stop() == 0
+        # Sent before the exit; the collector's thread may take it in after.
+        wait_for(lambda: ns.count(lambda m: m.startswith("STOPPING=1")), timeout=10,
+                 what="STOPPING=1")
         assert ns.count(lambda m: m.startswith("STOPPING=1")) == 1
         # Every message is KEY=VALUE lines (a STATUS never spans lines).
         for m in ns.messages:

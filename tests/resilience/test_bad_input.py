@@ -291,6 +291,11 @@ def test_the_whole_table_at_once_in_one_lease_batch(fleet):
         assert fleet.settled(eid)["state"] == "completed"
     assert fleet.traffic() - before == len(good)
     assert fleet.worker.proc.poll() is None
+    # A row of a type no worker serves is failed by the sweep, and logged
+    # once the sweep's answer is back: after the state seen above.
+    wait_for(lambda: {e["effect_id"] for e in fleet.worker.events()
+                      if e.get("event") == "effect_invalid"} >= {eid for eid, _ in bad},
+             what="an effect_invalid line for every bad row")
     invalid = [e for e in fleet.worker.events() if e.get("event") == "effect_invalid"]
     assert {e["effect_id"] for e in invalid} >= {eid for eid, _ in bad}, "every refusal is logged"
 

@@ -69,6 +69,10 @@ def test_terminated_backends_reconnect(conn, dispatchers, sink):
         time.sleep(0.05)
     wait_for(lambda: states(conn).get("completed") == 100, timeout=30, what="all delivered")
     assert sink.count() == 100 and all(v == 1 for v in sink.keys().values())
+    # Logged when the worker notices the cut, which may come after the last
+    # completion (a connection it was not using at the time).
+    wait_for(lambda: any(e.get("event") == "db_disconnected" for e in w.events()),
+             what="db_disconnected")
     assert any(e.get("event") == "db_disconnected" for e in w.events())
 
 
