@@ -321,11 +321,15 @@ void page_unknown(const struct req *rq, struct strbuf *b)
 
 	page_begin(b, rq, "unknown", "/unknown");
 	banner(b);
-	r = console_query("SELECT effect_id, idempotency_key, effect_key, effect_type, target, attempts, "
-	                  T("unknown_since") ", extract(epoch FROM now() - coalesce(last_attempt_ended, "
-	                  "unknown_since))::bigint, last_attempt_worker, last_attempt_outcome, "
-	                  "last_attempt_status, last_attempt_error, " T("last_reconciled_at") ", run_state "
-	                  "FROM outbox_read_unknown()", 0, NULL, &err);
+	r = console_query("SELECT u.effect_id, u.idempotency_key, u.effect_key, u.effect_type, u.target, "
+	                  "u.attempts, " T("u.unknown_since") ", extract(epoch FROM now() - "
+	                  "coalesce(u.last_attempt_ended, u.unknown_since))::bigint, u.last_attempt_worker, "
+	                  "u.last_attempt_outcome, u.last_attempt_status, u.last_attempt_error, "
+	                  T("u.last_reconciled_at") ", u.run_state, e.lookups, e.last_lookup, "
+	                  T("e.last_lookup_at") ", e.late_accepted "
+	                  "FROM outbox_read_unknown() u "
+	                  "CROSS JOIN LATERAL outbox_console_unknown_evidence(u.effect_id) e",
+	                  0, NULL, &err);
 	if (r == NULL) {
 		db_error(b, err);
 		page_end(b);
@@ -339,7 +343,8 @@ void page_unknown(const struct req *rq, struct strbuf *b)
 	}
 	sb_puts(b, "<table id=\"unknown\"><tr><th></th><th>effect</th><th>run key (state)</th>"
 	           "<th>provider key</th><th>type, target</th><th>attempts</th><th>unknown since</th>"
-	           "<th>since the last call</th><th>last call</th><th>reconciled</th></tr>");
+	           "<th>since the last call</th><th>last call</th><th>reconcile lookups</th>"
+	           "<th>late acceptances</th></tr>");
 	for (int i = 0; i < PQntuples(r); i++) {
 		sb_puts(b, "<tr><td>");
 		if (can_act(rq)) {
@@ -379,8 +384,17 @@ void page_unknown(const struct req *rq, struct strbuf *b)
 				h(b, v(r, i, 11));
 			}
 		}
+		sb_puts(b, "</td><td class=\"lookups\">");
+		/* The reconcile lookups: how many, the last one's answer, when. */
+		h(b, v(r, i, 14));
+		if (v(r, i, 15)) {
+			sb_puts(b, "; last ");
+			h(b, v(r, i, 16));
+			sb_puts(b, ": ");
+			h(b, v(r, i, 15));
+		}
 		sb_puts(b, "</td>");
-		cell(b, r, i, 12);
+		cell(b, r, i, 17);
 		sb_puts(b, "</tr>");
 	}
 	sb_puts(b, "</table>");

@@ -2379,6 +2379,25 @@ CREATE FUNCTION public.outbox_console_runs_window_end(p_after text) RETURNS text
 $$;
 
 --
+-- Name: outbox_console_unknown_evidence(uuid); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.outbox_console_unknown_evidence(p_effect_id uuid) RETURNS TABLE(lookups bigint, last_lookup text, last_lookup_at timestamp with time zone, late_accepted bigint)
+    LANGUAGE sql STABLE SECURITY DEFINER
+    SET search_path TO 'public', 'pg_temp'
+    AS $$
+    SELECT count(*) FILTER (WHERE h.source = 'reconcile'),
+           (array_agg(h.outcome_class || coalesce(', status ' || h.provider_status, '')
+                      || coalesce(': ' || h.error_text, '') ORDER BY h.history_id DESC)
+              FILTER (WHERE h.source = 'reconcile'))[1],
+           max(h.started_at) FILTER (WHERE h.source = 'reconcile'),
+           count(*) FILTER (WHERE h.resolution = 'late_accepted')
+      FROM effect_outbox b
+      JOIN effect_history h ON h.created_at = b.created_at AND h.effect_id = b.effect_id
+     WHERE b.effect_id = p_effect_id;
+$$;
+
+--
 -- Name: outbox_console_walk_floor(timestamp with time zone, timestamp with time zone, uuid, integer); Type: FUNCTION; Schema: public; Owner: -
 --
 
@@ -5720,6 +5739,14 @@ REVOKE ALL ON FUNCTION public.outbox_console_runs(p_state text, p_after text, p_
 GRANT ALL ON FUNCTION public.outbox_console_runs_window_end(p_after text) TO outbox_operator;
 GRANT ALL ON FUNCTION public.outbox_console_runs_window_end(p_after text) TO outbox_viewer;
 REVOKE ALL ON FUNCTION public.outbox_console_runs_window_end(p_after text) FROM PUBLIC;
+
+--
+-- Name: FUNCTION outbox_console_unknown_evidence(p_effect_id uuid); Type: ACL; Schema: public; Owner: -
+--
+
+GRANT ALL ON FUNCTION public.outbox_console_unknown_evidence(p_effect_id uuid) TO outbox_operator;
+GRANT ALL ON FUNCTION public.outbox_console_unknown_evidence(p_effect_id uuid) TO outbox_viewer;
+REVOKE ALL ON FUNCTION public.outbox_console_unknown_evidence(p_effect_id uuid) FROM PUBLIC;
 
 --
 -- Name: FUNCTION outbox_console_walk_floor(p_from timestamp with time zone, p_to timestamp with time zone, p_before uuid, p_walk integer); Type: ACL; Schema: public; Owner: -

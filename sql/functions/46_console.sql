@@ -213,6 +213,26 @@ LANGUAGE sql STABLE SECURITY DEFINER SET search_path = public, pg_temp AS $$
         ELSE p_state END;
 $$;
 
+-- The unknown page's evidence beyond the last attempt, for one effect:
+-- the reconcile lookups its history holds (how many, the last one's
+-- answer and when) and the late acceptances recorded (a provider's answer
+-- that came after the worker had given up on the call).  One effect's
+-- history rows, through the history's (created_at, effect_id) index.
+CREATE OR REPLACE FUNCTION outbox_console_unknown_evidence(p_effect_id uuid)
+RETURNS TABLE (lookups bigint, last_lookup text, last_lookup_at timestamptz,
+               late_accepted bigint)
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = public, pg_temp AS $$
+    SELECT count(*) FILTER (WHERE h.source = 'reconcile'),
+           (array_agg(h.outcome_class || coalesce(', status ' || h.provider_status, '')
+                      || coalesce(': ' || h.error_text, '') ORDER BY h.history_id DESC)
+              FILTER (WHERE h.source = 'reconcile'))[1],
+           max(h.started_at) FILTER (WHERE h.source = 'reconcile'),
+           count(*) FILTER (WHERE h.resolution = 'late_accepted')
+      FROM effect_outbox b
+      JOIN effect_history h ON h.created_at = b.created_at AND h.effect_id = b.effect_id
+     WHERE b.effect_id = p_effect_id;
+$$;
+
 -- Runs in one state (NULL: any), by key from the keyset position p_after,
 -- each in the state its effects make it (outbox_console_run_state), which
 -- the state asked for is matched against.
@@ -330,6 +350,7 @@ REVOKE EXECUTE ON FUNCTION
     outbox_console_effects(timestamptz, timestamptz, text, text, text, text, text, text, uuid,
                            integer, integer),
     outbox_console_walk_floor(timestamptz, timestamptz, uuid, integer),
+    outbox_console_unknown_evidence(uuid),
     outbox_console_runs(text, text, integer), outbox_console_runs_window_end(text),
     outbox_console_run_effects(text),
     outbox_console_audit(text, bigint, integer), outbox_console_approvals(),
@@ -340,6 +361,7 @@ GRANT EXECUTE ON FUNCTION
     outbox_console_effects(timestamptz, timestamptz, text, text, text, text, text, text, uuid,
                            integer, integer),
     outbox_console_walk_floor(timestamptz, timestamptz, uuid, integer),
+    outbox_console_unknown_evidence(uuid),
     outbox_console_runs(text, text, integer), outbox_console_runs_window_end(text),
     outbox_console_run_effects(text),
     outbox_console_audit(text, bigint, integer), outbox_console_approvals(),

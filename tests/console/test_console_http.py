@@ -315,3 +315,30 @@ def test_a_rare_host_filter_walks_a_bounded_part_of_the_window(conn, console_fac
     # (the first page holds 50 of them, newest first, and links on).
     _, _, body = c.get(f"/effects?run={key}")
     assert 'id="walk-end"' not in body and 'older &rarr;' in body
+
+
+def test_unknown_page_shows_the_reconcile_lookups_and_late_acceptances(conn, console_factory):
+    """Each unknown effect with the evidence its history holds beyond the
+    last call: how many reconcile lookups, the last one's answer and when,
+    and the late acceptances (none for the other unknown)."""
+    ids = populate(conn)
+    u, other = ids["unknown"]
+    for n, (outcome, status, err) in enumerate([("reconcile_unknown", None, "lookup timed out"),
+                                                ("reconcile_unknown", 404, "no such message")]):
+        query(conn, "INSERT INTO effect_history (effect_id, created_at, attempt, lease_owner, "
+                    "worker, source, started_at, outcome_class, provider_status, error_text) "
+                    "SELECT effect_id, created_at, 1, NULL, 'w2', 'reconcile', "
+                    "now() - make_interval(mins => %s), %s, %s, %s "
+                    "FROM effect_outbox WHERE effect_id = %s", (10 - n, outcome, status, err, u))
+    c = console_factory()
+    _, _, body = c.get("/unknown")
+    rows = {m.group(1): m.group(0) for m in re.finditer(
+        r'<tr><td>.*?href="/effect\?id=([0-9a-f-]{36})".*?</tr>', body, re.S)}
+    assert set(rows) == {u, other}, body[-2000:]
+    lookups = re.search(r'<td class="lookups">(.*?)</td>\s*<td[^>]*>(.*?)</td>', rows[u], re.S)
+    assert lookups, rows[u]
+    assert lookups.group(1).startswith("2; last ") and \
+        "reconcile_unknown, status 404: no such message" in lookups.group(1), lookups.group(1)
+    assert lookups.group(2) == "0", lookups.group(2)
+    other_lookups = re.search(r'<td class="lookups">(.*?)</td>', rows[other], re.S).group(1)
+    assert other_lookups == "0", other_lookups

@@ -179,8 +179,10 @@ static void test_the_next_query_runs_while_the_previous_callback_does(void **sta
 	 * (at least its 100 ms sleep before the answer; the second query's,
 	 * written just before the callback, would be ~0 ms); the second, not
 	 * before the first callback ended (it was written ahead, and its
-	 * answer waited for that callback, which is not its own time). */
-	assert_true(f->cb_entered_mono[0] - f->sent_in_cb[0] >= 100);
+	 * answer waited for that callback, which is not its own time).  Half
+	 * the sleep: the send time is read after the write returns, which on a
+	 * loaded machine may be a while after the server got the query. */
+	assert_true(f->cb_entered_mono[0] - f->sent_in_cb[0] >= 50);
 	assert_true(f->sent_in_cb[1] >= f->cb_end_mono);
 }
 
