@@ -115,6 +115,7 @@ const char console_js[] =
 	"  if (!s || document.querySelector('[data-no-refresh]')) return;\n"
 	"  var touched = false;\n"
 	"  document.addEventListener('input', function(){ touched = true; });\n"
+	"  document.addEventListener('change', function(){ touched = true; });\n"
 	"  setInterval(function(){\n"
 	"    if (document.visibilityState === 'visible' && !touched) location.reload();\n"
 	"  }, s * 1000);\n"
