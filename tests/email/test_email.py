@@ -304,11 +304,22 @@ def test_no_answer_after_data_is_unknown_and_never_resent(conn, dispatchers, smt
     kill_switch(conn, True)
     w = dispatchers(email_cfg(smtp, **cfg))
     eid = enqueue(conn, "email", f"bob+{mode}@example.com", payload())
-    e = wait_state(conn, eid, "unknown")
     key = key_of(conn, eid)
-    assert e["attempts"] == 1 and e["last_error_class"] == "ambiguous", e
-    assert "end of data" in e["last_error"]
-    assert classes(conn, eid) == [("ambiguous", None)]
+    if mode.startswith("slow-data"):
+        # The late 250 comes 200 ms after the timeout: a loaded machine may
+        # record it before this test looks, so the ambiguous attempt is
+        # read from the history, whatever the state is by then.
+        wait_for(lambda: classes(conn, eid)[:1] == [("ambiguous", None)], timeout=30,
+                 what="the ambiguous attempt")
+        assert classes(conn, eid) in ([("ambiguous", None)],
+                                      [("ambiguous", None), ("reconciled_sent", 250)]), \
+            classes(conn, eid)
+        assert "end of data" in attempts(conn, eid)[0]["error_text"]
+    else:
+        e = wait_state(conn, eid, "unknown")
+        assert e["attempts"] == 1 and e["last_error_class"] == "ambiguous", e
+        assert "end of data" in e["last_error"]
+        assert classes(conn, eid) == [("ambiguous", None)]
     # A later effect through the same worker: it kept polling meanwhile.
     later = enqueue(conn, "email", "carol@example.com", payload())
     wait_state(conn, later, "completed")

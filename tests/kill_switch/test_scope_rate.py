@@ -44,14 +44,13 @@ def test_a_limit_delivers_its_rate_over_every_5s_window_through_a_worker_kill(
     # More than the measured span holds at the rate: the backlog stays steady.
     prod = producers(only_to(sink, "limited"))
     prod.batch(int(RATE * (MEASURE + 12)))
-    workers = {name: dispatchers(http_only(batch_size=32, poll_interval_ms=1000), name=name)
-               for name in ("a", "b", "c")}
+    workers = {name: dispatchers(http_only(batch_size=32), name=name) for name in ("a", "b", "c")}
     t0 = wait_first(sink)
     # A worker dies mid-stream; a replacement keeps the fleet at three.
     while time.time() < t0 + MEASURE / 2:
         time.sleep(0.1)
     workers.pop("a").kill()
-    workers["d"] = dispatchers(http_only(batch_size=32, poll_interval_ms=1000), name="d")
+    workers["d"] = dispatchers(http_only(batch_size=32), name="d")
     while time.time() < t0 + 4 + MEASURE + 0.5:
         time.sleep(0.2)
     times = arrivals(sink)
