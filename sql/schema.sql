@@ -2276,6 +2276,7 @@ CREATE FUNCTION public.outbox_console_minutes(p_hours integer) RETURNS TABLE(min
     LANGUAGE sql STABLE SECURITY DEFINER
     SET search_path TO 'public', 'pg_temp'
     SET jit TO 'off'
+    SET enable_seqscan TO 'off'
     AS $$
     SELECT date_trunc('minute', h.ended_at),
            count(*) FILTER (WHERE h.state = 'completed'),

@@ -89,11 +89,14 @@ SET enable_seqscan = off SET enable_bitmapscan = off AS $$
 $$;
 
 -- Per minute over the last p_hours (1 to 24): completions, retries,
--- failures and unknowns, from the history's end-time window.
+-- failures and unknowns, from the history's end-time window: its BRIN
+-- index in every month's partition, whatever the statistics say (with
+-- none, the planner read a month's partition whole).
 CREATE OR REPLACE FUNCTION outbox_console_minutes(p_hours integer)
 RETURNS TABLE (minute timestamptz, completed bigint, retried bigint, failed bigint,
                unknown bigint)
-LANGUAGE sql STABLE SECURITY DEFINER SET search_path = public, pg_temp SET jit = off AS $$
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = public, pg_temp SET jit = off
+SET enable_seqscan = off AS $$
     SELECT date_trunc('minute', h.ended_at),
            count(*) FILTER (WHERE h.state = 'completed'),
            count(*) FILTER (WHERE h.outcome_class = 'retry'),

@@ -96,15 +96,20 @@ class Producer(threading.Thread):
             t0 = time.monotonic()
             for i in range(self.n):
                 t = f"{self.target}?p-{i}"
+                broke = False     # an insert broke: it may have committed
                 while True:
+                    # The look-up runs on a new connection, which may break
+                    # too (the failover still under way): retried the same.
                     try:
+                        if broke and scalar(c, "SELECT count(*) FROM outbox_effects "
+                                               "WHERE target = %s", (t,)):
+                            break
                         enqueue(c, "http", t, {"n": i})
                         break
                     except psycopg2.Error:
                         self.retried += 1
+                        broke = True
                         c = self.connect()
-                        if scalar(c, "SELECT count(*) FROM outbox_effects WHERE target = %s", (t,)):
-                            break
                 self.acked.append(t)
                 ahead = t0 + (i + 1) / self.rate - time.monotonic()
                 if ahead > 0:
