@@ -325,7 +325,7 @@ void page_unknown(const struct req *rq, struct strbuf *b)
 	                  "u.attempts, " T("u.unknown_since") ", extract(epoch FROM now() - "
 	                  "coalesce(u.last_attempt_ended, u.unknown_since))::bigint, u.last_attempt_worker, "
 	                  "u.last_attempt_outcome, u.last_attempt_status, u.last_attempt_error, "
-	                  T("u.last_reconciled_at") ", u.run_state, e.lookups, e.last_lookup, "
+	                  "u.run_state, e.lookups, e.last_lookup, "
 	                  T("e.last_lookup_at") ", e.late_accepted "
 	                  "FROM outbox_read_unknown() u "
 	                  "CROSS JOIN LATERAL outbox_console_unknown_evidence(u.effect_id) e",
@@ -357,7 +357,7 @@ void page_unknown(const struct req *rq, struct strbuf *b)
 		sb_puts(b, "<td>");
 		h(b, v(r, i, 1));
 		sb_puts(b, " (");
-		h(b, v(r, i, 13));
+		h(b, v(r, i, 12));
 		sb_puts(b, ")</td><td class=\"mono\">");
 		h(b, v(r, i, 2));
 		sb_puts(b, "</td><td>");
@@ -386,15 +386,15 @@ void page_unknown(const struct req *rq, struct strbuf *b)
 		}
 		sb_puts(b, "</td><td class=\"lookups\">");
 		/* The reconcile lookups: how many, the last one's answer, when. */
-		h(b, v(r, i, 14));
-		if (v(r, i, 15)) {
+		h(b, v(r, i, 13));
+		if (v(r, i, 14)) {
 			sb_puts(b, "; last ");
-			h(b, v(r, i, 16));
-			sb_puts(b, ": ");
 			h(b, v(r, i, 15));
+			sb_puts(b, ": ");
+			h(b, v(r, i, 14));
 		}
 		sb_puts(b, "</td>");
-		cell(b, r, i, 17);
+		cell(b, r, i, 16);
 		sb_puts(b, "</tr>");
 	}
 	sb_puts(b, "</table>");

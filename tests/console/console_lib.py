@@ -21,6 +21,20 @@ def new_effect(conn, key=None, target=None, effect_type="http", payload=None, ru
     return eid
 
 
+def new_unknown(conn, attempts, last_error, worker, status, reply):
+    """An effect left unknown by an ambiguous call: its attempt in the
+    history with the worker, the provider's status and reply."""
+    from effect_arrange import arrange
+    u = new_effect(conn)
+    arrange(conn, u, "unknown", attempts=attempts, last_error_class="ambiguous",
+            last_error=last_error)
+    query(conn, "INSERT INTO effect_history (effect_id, created_at, attempt, lease_owner, "
+                "worker, started_at, outcome_class, provider_status, error_text) SELECT "
+                "effect_id, created_at, %s, gen_random_uuid(), %s, now(), 'ambiguous', %s, %s "
+                "FROM effect_outbox WHERE effect_id = %s", (attempts, worker, status, reply, u))
+    return u
+
+
 def populate(conn):
     """Effects in every state (two unknown with an ambiguous call each,
     two failed), one under a producer's hostile run key."""
@@ -43,12 +57,6 @@ def populate(conn):
         ids["failed"].append(f)
     ids["unknown"] = []
     for _ in range(2):
-        u = new_effect(conn)
-        arrange(conn, u, "unknown", attempts=1, last_error_class="ambiguous",
-                last_error="timeout after the request was sent")
-        query(conn, "INSERT INTO effect_history (effect_id, created_at, attempt, lease_owner, "
-                    "worker, started_at, outcome_class, provider_status, error_text) SELECT "
-                    "effect_id, created_at, 1, gen_random_uuid(), 'w1', now(), 'ambiguous', 504, "
-                    "'gateway timeout' FROM effect_outbox WHERE effect_id = %s", (u,))
-        ids["unknown"].append(u)
+        ids["unknown"].append(new_unknown(conn, 1, "timeout after the request was sent", "w1",
+                                          504, "gateway timeout"))
     return ids

@@ -18,7 +18,7 @@ import uuid
 import pytest
 
 from browser_lib import PASSWORD, log_problems
-from console_lib import new_effect, populate
+from console_lib import new_effect, new_unknown, populate
 from effect_arrange import arrange, effect_created_at
 from outbox_test import make_run, query, scalar
 
@@ -472,13 +472,8 @@ def test_unknown_evidence_and_resolve_not_sent(conn, site):
     """Each unknown effect with its last call's worker, outcome, status and
     error; one resolved "not sent" by clicking goes back to pending."""
     ids = populate(conn)
-    third = new_effect(conn)
-    arrange(conn, third, "unknown", attempts=2, last_error_class="ambiguous",
-            last_error="reset after the body was sent")
-    query(conn, "INSERT INTO effect_history (effect_id, created_at, attempt, lease_owner, worker, "
-                "started_at, outcome_class, provider_status, error_text) SELECT effect_id, "
-                "created_at, 2, gen_random_uuid(), 'w9', now(), 'ambiguous', 502, "
-                "'bad gateway after send' FROM effect_outbox WHERE effect_id = %s", (third,))
+    third = new_unknown(conn, 2, "reset after the body was sent", "w9", 502,
+                        "bad gateway after send")
     s = site()
     s.get("/unknown", "unknown")
     rows = {r["effect"]: r for r in table(s.browser, "unknown")}
