@@ -75,6 +75,13 @@ static void log_held(const struct mark_tally *t)
 	}
 }
 
+/* When to lease again: the soonest of the rows' times (-1: none). */
+static void tally_due(struct mark_tally *t, int64_t due_ms)
+{
+	if (due_ms >= 0 && (t->held_due_ms < 0 || due_ms < t->held_due_ms))
+		t->held_due_ms = due_ms;
+}
+
 /* A row a scope held: counted under its scope, its id kept (20 per scope). */
 static void tally_held(struct mark_tally *t, const struct effect *e, const char *scope,
                        int64_t due_ms)
@@ -91,8 +98,7 @@ static void tally_held(struct mark_tally *t, const struct effect *e, const char 
 	json_object_set_new(v, "count", json_integer(json_integer_value(json_object_get(v, "count")) + 1));
 	if (json_array_size(json_object_get(v, "effect_ids")) < 20)
 		json_array_append_new(json_object_get(v, "effect_ids"), json_string(e->id));
-	if (due_ms >= 0 && (t->held_due_ms < 0 || due_ms < t->held_due_ms))
-		t->held_due_ms = due_ms;
+	tally_due(t, due_ms);
 }
 
 /* One effect of a mark batch, by its row of the answer: lost, blocked by
@@ -128,10 +134,8 @@ static void marked_one(struct worker *w, struct batch *b, struct effect *e, PGre
 		/* Sent at the slot a limit deferred it to: more deferred rows are
 		 * due at the slots after it, lease again then (not at the poll). */
 		const char *again = PQgetvalue(r, row, COL_MARK_HELD_IN_MS);
-		int64_t again_ms = again[0] ? strtoll(again, NULL, 10) : -1;
 
-		if (again_ms >= 0 && (t->held_due_ms < 0 || again_ms < t->held_due_ms))
-			t->held_due_ms = again_ms;
+		tally_due(t, again[0] ? strtoll(again, NULL, 10) : -1);
 		start_send(w, e, atoi(PQgetvalue(r, row, COL_MARK_ATTEMPTS)), b->sent_mono);
 	}
 }
