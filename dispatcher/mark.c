@@ -249,8 +249,13 @@ void mark_ready(struct worker *w)
 		return;
 	b = batch_new(w, (size_t)w->s.batch_size * 4);
 	mark_pick(w, b, &rel, &rel_delay);
-	if (rel)
+	if (rel) {
 		release_open_breakers(w, rel, rel_delay);
+		/* Lease them again when the breaker half-opens, not at the next
+		 * poll tick (the margin: the release's now() is a little later
+		 * than ours). */
+		worker_lease_in(w, rel_delay + 50);
+	}
 	if (b->n == 0) {
 		free(b);
 		return;

@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from outbox_test import kill_switch
+from outbox_test import kill_switch, query
 from test_scoped_fleet import (arrivals, finished, http_only, limit, loopback_sinks, only_to,  # noqa: F401
                                op, per_second, producers)
 
@@ -64,11 +64,19 @@ def test_a_limit_delivers_its_rate_over_every_5s_window_through_a_worker_kill(
           f"{max(r for _, r in rates):.1f}/s (limit {RATE}/s), "
           f"{len(times) / (times[-1] - times[0]):.1f}/s overall")
     assert bad == [], (f"5 s windows off the limit of {RATE}/s by more than 10 %: {bad}; "
-                       f"per second from the first send: {per_second(times, t0, MEASURE + 5)}")
+                       f"per second from the first send: {per_second(times, t0, MEASURE + 5)}; "
+                       f"sends started per second (the database's clock): "
+                       f"{per_second(starts(conn), t0, MEASURE + 5)}")
     # Each effect reached the sink at most once.
     keys = sink.keys()
     assert all(n == 1 for n in keys.values()), {k: n for k, n in keys.items() if n != 1}
     limit(op, "host", sink.host, None)
+
+
+def starts(conn):
+    """When each accepted send started, by the database's clock."""
+    return sorted(t for (t,) in query(conn, "SELECT extract(epoch FROM started_at)::float8 "
+                                            "FROM effect_history WHERE outcome_class = 'accepted'"))
 
 
 def wait_first(sink, timeout=60):

@@ -343,12 +343,15 @@ def test_a_row_claimed_as_its_breaker_opens_waits_unsent_with_its_attempt_undone
     sent; it goes back to pending under the worker's lease with the attempt
     undone (outbox_unclaim, keep), waits for the breaker, and is then sent
     once.  The claim is held on the wire by the kill switch's lock (which
-    it takes shared) while an earlier send to the same host times out."""
+    it takes shared) while an earlier send to the same host times out.
+    No poll: a claim a poll started before the second row's insert would
+    wait on the lock too, but its transaction's now() is older than the
+    row's available_at, so it would find nothing and the row be leased."""
     kill_switch(conn, True)
     mport = free_port()
     w = dispatchers({**http_cfg(breaker_failures=1, breaker_open_ms=1500, timeout_ms=1000,
                                 max_attempts=1, max_per_host=4),
-                     "dispatcher": {"batch_size": 2},
+                     "dispatcher": {"batch_size": 2, "poll_interval_ms": 60000},
                      "metrics": {"listen": f"127.0.0.1:{mport}"}})
     first = enqueue(conn, "http", sink.url + "/hang", {})
     wait_for(lambda: any(r["path"].startswith("/hang") for r in sink.received()),
@@ -361,8 +364,12 @@ def test_a_row_claimed_as_its_breaker_opens_waits_unsent_with_its_attempt_undone
             wait_for(lambda: scalar(conn, "SELECT count(*) FROM pg_stat_activity "
                                           "WHERE wait_event_type = 'Lock' "
                                           "AND datname = current_database() "
-                                          "AND query LIKE '%%outbox_claim%%'") >= 1,
-                     what="the second row's claim waiting on the kill switch's lock")
+                                          "AND query LIKE '%%outbox_claim%%' "
+                                          "AND xact_start >= (SELECT available_at "
+                                          "  FROM outbox_effects WHERE effect_id = %s)",
+                                    (second,)) >= 1,
+                     what="the second row's claim, begun after its insert, waiting on "
+                          "the kill switch's lock")
             wait_for(lambda: any(e.get("event") == "breaker_open" for e in w.events()),
                      what="the breaker opened by the first send's timeout")
         holder.rollback()
