@@ -132,7 +132,9 @@ def test_a_repeat_waits_for_a_first_call_still_running(conn, db):
     t1 = threading.Thread(target=lambda: results.update(first=claim(first_conn, owner, call)))
     t1.start()
     wait_for(lambda: scalar(conn, "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' "
-                                  "AND NOT granted") == 1, what="the first call waiting")
+                                  "AND database = (SELECT oid FROM pg_database "
+                                  "WHERE datname = current_database()) AND NOT granted") == 1,
+             what="the first call waiting")
     repeat_conn = psycopg2.connect(db)
     repeat_conn.autocommit = True
     t2 = threading.Thread(target=lambda: results.update(
@@ -140,7 +142,9 @@ def test_a_repeat_waits_for_a_first_call_still_running(conn, db):
     t2.start()
     # The repeat waits on the call's own lock (the first call holds it).
     wait_for(lambda: scalar(conn, "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' "
-                                  "AND NOT granted AND ((classid::bigint << 32) | objid::bigint) "
+                                  "AND database = (SELECT oid FROM pg_database "
+                                  "WHERE datname = current_database()) AND NOT granted "
+                                  "AND ((classid::bigint << 32) | objid::bigint) "
                                   "= hashtextextended(%s, 0)", (call,)) == 1,
              what="the repeat waiting on the call's lock")
     query(holder, "SELECT pg_advisory_unlock(outbox_kill_switch_lock_key())")
@@ -291,8 +295,11 @@ def test_rows_claimed_while_the_worker_stops_go_back_unsent(conn, db, dispatcher
         query(holder, "SELECT pg_advisory_lock(outbox_kill_switch_lock_key())")
         ids = [enqueue(conn, "http", sink.url + f"/ok?{i}", {}) for i in range(3)]
         w = dispatchers(http_cfg())
-        wait_for(lambda: scalar(conn, "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' "
-                                      "AND NOT granted"), what="the worker's claim waiting")
+        wait_for(lambda: scalar(conn, "SELECT count(*) FROM pg_stat_activity "
+                                      "WHERE wait_event_type = 'Lock' "
+                                      "AND datname = current_database() "
+                                      "AND query LIKE '%%outbox_claim%%'"),
+                 what="the worker's claim waiting (not another of its statements)")
         w.signal(signal.SIGTERM)
         wait_for(lambda: any(e.get("event") == "stopping" for e in w.events()),
                  what="the worker stopping")
