@@ -219,7 +219,10 @@ void page_effect(const struct req *rq, struct strbuf *b)
 		page_end(b);
 		return;
 	}
-	r = console_query("SELECT effect_id, state, idempotency_key, run_state, effect_type, target, "
+	/* The run's state as its effects make it, not as last stored (a run
+	 * settles when a worker or outboxctl next touches it). */
+	r = console_query("SELECT effect_id, state, idempotency_key, "
+	                  "outbox_console_run_state(idempotency_key, run_state), effect_type, target, "
 	                  "effect_key, attempts, " T("created_at") ", " T("updated_at") ", provider_id, "
 	                  "last_error_class, last_error, payload::text FROM outbox_read_effect($1::uuid)",
 	                  1, params, &err);
@@ -325,7 +328,8 @@ void page_unknown(const struct req *rq, struct strbuf *b)
 	                  "u.attempts, " T("u.unknown_since") ", extract(epoch FROM now() - "
 	                  "coalesce(u.last_attempt_ended, u.unknown_since))::bigint, u.last_attempt_worker, "
 	                  "u.last_attempt_outcome, u.last_attempt_status, u.last_attempt_error, "
-	                  "u.run_state, e.lookups, e.last_lookup, "
+	                  "outbox_console_run_state(u.idempotency_key, u.run_state), e.lookups, "
+	                  "e.last_lookup, "
 	                  T("e.last_lookup_at") ", e.late_accepted "
 	                  "FROM outbox_read_unknown() u "
 	                  "CROSS JOIN LATERAL outbox_console_unknown_evidence(u.effect_id) e",

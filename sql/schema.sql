@@ -5723,6 +5723,8 @@ REVOKE ALL ON FUNCTION public.outbox_console_run_effects(p_key text) FROM PUBLIC
 -- Name: FUNCTION outbox_console_run_state(p_key text, p_state text); Type: ACL; Schema: public; Owner: -
 --
 
+GRANT ALL ON FUNCTION public.outbox_console_run_state(p_key text, p_state text) TO outbox_operator;
+GRANT ALL ON FUNCTION public.outbox_console_run_state(p_key text, p_state text) TO outbox_viewer;
 REVOKE ALL ON FUNCTION public.outbox_console_run_state(p_key text, p_state text) FROM PUBLIC;
 
 --

@@ -345,9 +345,6 @@ LANGUAGE sql STABLE SECURITY DEFINER SET search_path = public, pg_temp AS $$
            (SELECT max(version) FROM schema_migrations);
 $$;
 
--- Only the console's functions (their owner) call it.
-REVOKE EXECUTE ON FUNCTION outbox_console_run_state(text, text) FROM PUBLIC;
-
 REVOKE EXECUTE ON FUNCTION
     outbox_console_counts(integer), outbox_console_ages(), outbox_console_minutes(integer),
     outbox_console_effects(timestamptz, timestamptz, text, text, text, text, text, text, uuid,
@@ -355,7 +352,7 @@ REVOKE EXECUTE ON FUNCTION
     outbox_console_walk_floor(timestamptz, timestamptz, uuid, integer),
     outbox_console_unknown_evidence(uuid),
     outbox_console_runs(text, text, integer), outbox_console_runs_window_end(text),
-    outbox_console_run_effects(text),
+    outbox_console_run_effects(text), outbox_console_run_state(text, text),
     outbox_console_audit(text, bigint, integer), outbox_console_approvals(),
     outbox_console_control_history(integer), outbox_console_database()
     FROM PUBLIC;
@@ -366,7 +363,7 @@ GRANT EXECUTE ON FUNCTION
     outbox_console_walk_floor(timestamptz, timestamptz, uuid, integer),
     outbox_console_unknown_evidence(uuid),
     outbox_console_runs(text, text, integer), outbox_console_runs_window_end(text),
-    outbox_console_run_effects(text),
+    outbox_console_run_effects(text), outbox_console_run_state(text, text),
     outbox_console_audit(text, bigint, integer), outbox_console_approvals(),
     outbox_console_control_history(integer), outbox_console_database()
     TO outbox_viewer, outbox_operator;

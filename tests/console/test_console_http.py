@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from console_lib import HOSTILE_KEY, populate
+from console_lib import HOSTILE_KEY, new_effect, new_unknown, populate
 from outbox_test import query, scalar
 
 VIEWS = ["/", "/effects", "/unknown", "/approvals", "/controls", "/runs", "/audit"]
@@ -342,3 +342,25 @@ def test_unknown_page_shows_the_reconcile_lookups_and_late_acceptances(conn, con
     assert lookups.group(2) == "0", lookups.group(2)
     other_lookups = re.search(r'<td class="lookups">(.*?)</td>', rows[other], re.S).group(1)
     assert other_lookups == "0", other_lookups
+
+
+def test_the_unknown_and_effect_pages_show_the_run_as_its_effects_settle_it(conn, console_factory):
+    """A run whose other effect failed is failed_terminal on the unknown
+    page and on each effect's page, though its row still says approved
+    (no worker or outboxctl has settled it since)."""
+    from effect_arrange import arrange
+    u = new_unknown(conn, 1, "timed out after the request was sent", "w1", None, None)
+    key = scalar(conn, "SELECT idempotency_key FROM effect_outbox WHERE effect_id = %s", (u,))
+    f = new_effect(conn, key=key, run=False)
+    arrange(conn, f, "failed", last_error_class="terminal", last_error="400 bad request")
+    assert scalar(conn, "SELECT state FROM workflow_runs WHERE idempotency_key = %s",
+                  (key,)) == "approved"
+    c = console_factory()
+    _, _, body = c.get("/unknown")
+    row = re.search(r'<tr><td>.*?href="/effect\?id=' + u + r'".*?</tr>', body, re.S)
+    assert row, body[-2000:]
+    assert "(failed_terminal)" in row.group(0) and "(approved)" not in row.group(0), row.group(0)
+    for eid in (u, f):
+        _, _, body = c.get(f"/effect?id={eid}")
+        shown = re.search(r"<tr><th>run state</th><td[^>]*>(.*?)</td>", body)
+        assert shown and shown.group(1) == "failed_terminal", (eid, body[-3000:])
