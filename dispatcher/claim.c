@@ -52,6 +52,43 @@ int claim_limit(struct worker *w, int limit, int full)
 	return rows;
 }
 
+/* The host each served type's rows connect to, aligned with the types the
+ * claim takes (w->types_array): its provider's one_host(), else NULL (the
+ * database reads an http URL's host from the target).
+ * The claim records it with each row it moves to `sending`, for the list a
+ * host pause returns.  Freed by the caller. */
+char *claim_type_hosts(const struct worker *w)
+{
+	size_t len = 3, at = 0;
+	char *s;
+
+	for (size_t i = 0; i < w->providers.n; i++)
+		len += 2 * strlen(w->providers.slots[i].one_host) + 6;
+	s = text_alloc(len);
+	s[at++] = '{';
+	for (size_t i = 0; i < w->providers.n; i++) {
+		const struct provider_slot *p = &w->providers.slots[i];
+
+		if (i)
+			s[at++] = ',';
+		if (p->one_host[0] == '\0') {
+			memcpy(s + at, "NULL", 4);
+			at += 4;
+			continue;
+		}
+		s[at++] = '"';
+		for (const char *c = p->one_host; *c; c++) {
+			if (*c == '"' || *c == '\\')
+				s[at++] = '\\';
+			s[at++] = *c;
+		}
+		s[at++] = '"';
+	}
+	s[at++] = '}';
+	s[at] = '\0';
+	return s;
+}
+
 /* ---- the answer ----------------------------------------------------------- */
 
 /* Give claimed rows back: pending again, attempt undone; with `release`
@@ -176,7 +213,7 @@ static bool claim_refused(struct worker *w, const struct batch *b, PGresult *r)
 	return true;
 }
 
-/* The statement's parameters: p_lease_if_scoped, then p_repeat last,
+/* The statement's parameters: p_lease_if_scoped, p_type_hosts, then p_repeat last,
  * false (DBQ_REPEAT_FLAG sets the last one on a repeat). */
 static void claim_params(const struct take_args *a, const char *params[TAKE_PARAMS_MAX])
 {
@@ -192,7 +229,8 @@ static void claim_params(const struct take_args *a, const char *params[TAKE_PARA
 	params[9] = a->after_id;
 	params[10] = a->max_payload;
 	params[11] = "true";    /* p_lease_if_scoped: this worker reads leased_only */
-	params[12] = "false";
+	params[12] = a->type_hosts;
+	params[13] = "false";
 }
 
 /* The claim as take.c sends it, with a call token of its own.  Repeated

@@ -14,6 +14,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "hosts.h"
 #include "scrub.h"
 #include "log.h"
 #include "util.h"
@@ -277,6 +278,14 @@ static bool load_one(struct provider_slot *slot, struct config *cfg, const char 
 		snprintf(err, errlen, "provider \"%s\": init failed: %s", name,
 		         perr[0] ? perr : "no reason given");
 		return false;
+	}
+	/* One host for every effect (read from plugins built for ABI 4 on):
+	 * the claim records it for the rows it moves to `sending`. */
+	if (ops->abi >= 4 && ops->one_host != NULL) {
+		const char *key = ops->one_host(slot->self);
+
+		if (key != NULL && key[0] != '\0')
+			host_key_host(key, slot->one_host, sizeof(slot->one_host));
 	}
 	log_event(OLOG_INFO, "provider_loaded",
 	          json_pack("{s:s,s:s,s:b,s:b,s:I,s:I}", "provider", name, "path", path,

@@ -25,6 +25,8 @@ struct provider_slot {
 	bool honours_keys;            /* config, else the capability bit */
 	bool can_reconcile;           /* a reconcile hook, and (if optional) configured */
 	int in_flight;
+	/* The provider's one_host() (ABI 4), as a host: "" when it has none. */
+	char one_host[256];
 };
 
 struct provider_set {

@@ -173,6 +173,8 @@ static void take_send(struct worker *w, struct db *db, enum take_kind kind, bool
 	char lim[16], lease[16], max_payload[24];
 	const char *params[TAKE_PARAMS_MAX];
 	struct batch *b = take_on_wire(w, db, kind, from_head, rows);
+	/* Only a claim moves rows to `sending` without a mark. */
+	char *type_hosts = kind == TAKE_CLAIM ? claim_type_hosts(w) : NULL;
 	struct take_args a = {
 		.owner = w->owner, .name = w->name, .limit = lim, .lease_seconds = lease,
 		.types = w->types_array, .env_enabled = w->env_enabled ? "true" : "false",
@@ -180,6 +182,7 @@ static void take_send(struct worker *w, struct db *db, enum take_kind kind, bool
 		.after_at = from_head ? NULL : w->lease.after_at,
 		.after_id = from_head ? NULL : w->lease.after_id,
 		.max_payload = max_payload,
+		.type_hosts = type_hosts,
 	};
 
 	snprintf(lim, sizeof(lim), "%d", rows);
@@ -189,6 +192,7 @@ static void take_send(struct worker *w, struct db *db, enum take_kind kind, bool
 		uuid_v4(b->call);
 	k->params(&a, params);
 	worker_query(db, k->stmt, params, on_taken, b, k->flags | (b->on_rec ? 0 : DBQ_URGENT));
+	free(type_hosts);
 }
 
 /* ---- what to take -------------------------------------------------------- */

@@ -330,8 +330,9 @@ struct take_args {
 	const char *call;             /* the batch's call token */
 	const char *after_at, *after_id; /* the due-index position; NULL: from the head */
 	const char *max_payload;
+	const char *type_hosts;       /* claim_type_hosts(), aligned with types */
 };
-#define TAKE_PARAMS_MAX 13
+#define TAKE_PARAMS_MAX 14
 
 /* One kind of request take.c sends and answers: its statement, the flags
  * it goes with (besides DBQ_URGENT on the lease connection), whether it
@@ -362,6 +363,7 @@ void on_heartbeat(evutil_socket_t fd, short what, void *arg);
  * room). */
 extern const struct take_handlers claim_take;
 int claim_limit(struct worker *w, int limit, int full);
+char *claim_type_hosts(const struct worker *w);
 /* mark.c */
 void mark_ready(struct worker *w);
 /* send.c */

@@ -32,7 +32,8 @@ const struct worker_sql worker_sql[SQL_STATEMENTS] = {
 		"effect_key, attempts, metadata, approved_by, retry_base, available_at, "
 		"payload_bytes, metadata_bytes, leased_only "
 		"FROM outbox_claim($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, "
-		"p_max_payload_bytes => $11, p_lease_if_scoped => $12, p_repeat => $13)", 13 },
+		"p_max_payload_bytes => $11, p_lease_if_scoped => $12, p_type_hosts => $13, "
+		"p_repeat => $14)", 14 },
 	[SQL_UNCLAIM] = { "outbox_unclaim",
 		"SELECT outbox_unclaim($1, $2, $3, $4, $5)", 5 },
 	[SQL_UNCLAIM_CALL] = { "outbox_unclaim_call",

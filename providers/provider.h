@@ -32,10 +32,12 @@ struct event_base;
 
 /* Bump when anything below changes layout or meaning.  3: struct
  * outbox_host gained late_result (a plugin built for 3 may read it, so a
- * dispatcher that speaks only 2 refuses it).  The dispatcher still loads
- * plugins built for OUTBOX_PROVIDER_ABI_OLDEST: every change since was an
- * append to a struct the dispatcher allocates. */
-#define OUTBOX_PROVIDER_ABI 3
+ * dispatcher that speaks only 2 refuses it).  4: struct outbox_provider
+ * gained one_host, which the dispatcher reads only from a plugin built for
+ * 4 or later.  The dispatcher still loads plugins built for
+ * OUTBOX_PROVIDER_ABI_OLDEST: every change since was an append, to a
+ * struct the dispatcher allocates or to the end of this one. */
+#define OUTBOX_PROVIDER_ABI 4
 #define OUTBOX_PROVIDER_ABI_OLDEST 2
 
 /* The failure classes of docs/design.md.  The dispatcher, not the provider, maps a
@@ -206,6 +208,16 @@ struct outbox_provider {
 	 * a webhook body was most of the worker's JSON work.  NULL-terminated;
 	 * NULL: none.  Since ABI 2. */
 	const char *const *text_members;
+
+	/* The host every effect of this provider connects to, when it has one
+	 * (a CRM instance, a relay), as a host key validate() gives ("host" or
+	 * "host:port"); NULL: it depends on the effect.  Called once, after
+	 * init().  The worker tells the database that host for the rows it
+	 * claims, so that a host pause lists a send in flight under the host
+	 * it goes to.  Without it (NULL, or a plugin built before ABI 4) a
+	 * claimed row's host is read from its target when that is an http URL;
+	 * any other is listed under every host paused.  Since ABI 4. */
+	const char *(*one_host)(void *self);
 };
 
 /* The symbol every plugin exports. */

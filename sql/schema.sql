@@ -467,7 +467,8 @@ CREATE TABLE public.effect_calls (
     worker text,
     ids uuid[] NOT NULL,
     deadline timestamp with time zone NOT NULL,
-    created_at timestamp with time zone DEFAULT now() NOT NULL
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    hosts text[]
 );
 
 --
@@ -1505,10 +1506,10 @@ BEGIN
 END $$;
 
 --
--- Name: outbox_claim(uuid, text, integer, integer, text[], boolean, text[], uuid, timestamp with time zone, uuid, boolean, integer, boolean); Type: FUNCTION; Schema: public; Owner: -
+-- Name: outbox_claim(uuid, text, integer, integer, text[], boolean, text[], uuid, timestamp with time zone, uuid, boolean, integer, boolean, text[]); Type: FUNCTION; Schema: public; Owner: -
 --
 
-CREATE FUNCTION public.outbox_claim(p_owner uuid, p_worker text, p_limit integer, p_lease_seconds integer, p_types text[], p_env_enabled boolean, p_idempotent_types text[], p_call uuid, p_after_at timestamp with time zone DEFAULT NULL::timestamp with time zone, p_after_id uuid DEFAULT NULL::uuid, p_repeat boolean DEFAULT false, p_max_payload_bytes integer DEFAULT 67108864, p_lease_if_scoped boolean DEFAULT false) RETURNS TABLE(effect_id uuid, idempotency_key text, effect_type text, target text, payload text, payload_hash text, effect_key text, attempts integer, metadata text, approved_by text, retry_base integer, available_at timestamp with time zone, payload_bytes integer, metadata_bytes integer, leased_only boolean)
+CREATE FUNCTION public.outbox_claim(p_owner uuid, p_worker text, p_limit integer, p_lease_seconds integer, p_types text[], p_env_enabled boolean, p_idempotent_types text[], p_call uuid, p_after_at timestamp with time zone DEFAULT NULL::timestamp with time zone, p_after_id uuid DEFAULT NULL::uuid, p_repeat boolean DEFAULT false, p_max_payload_bytes integer DEFAULT 67108864, p_lease_if_scoped boolean DEFAULT false, p_type_hosts text[] DEFAULT NULL::text[]) RETURNS TABLE(effect_id uuid, idempotency_key text, effect_type text, target text, payload text, payload_hash text, effect_key text, attempts integer, metadata text, approved_by text, retry_base integer, available_at timestamp with time zone, payload_bytes integer, metadata_bytes integer, leased_only boolean)
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'public', 'pg_temp'
     SET plan_cache_mode TO 'force_generic_plan'
@@ -1628,11 +1629,13 @@ BEGIN
                sending_idempotent = o.effect_type = ANY (p_idempotent_types),
                updated_at = now()
          WHERE o.ctid = ANY (ARRAY(SELECT d.row_at FROM due d))
-        RETURNING o.effect_id, o.attempts - 1 AS attempts, o.retry_base, o.available_at),
+        RETURNING o.effect_id, o.attempts - 1 AS attempts, o.retry_base, o.available_at,
+                  o.effect_type),
     called AS (
-        INSERT INTO effect_calls (call, lease_owner, worker, ids, deadline)
+        INSERT INTO effect_calls (call, lease_owner, worker, ids, deadline, hosts)
         SELECT p_call, p_owner, p_worker, array_agg(c.effect_id),
-               now() + make_interval(secs => p_lease_seconds)
+               now() + make_interval(secs => p_lease_seconds),
+               array_agg(p_type_hosts[array_position(p_types, c.effect_type)])
           FROM claimed c HAVING count(*) > 0
         ON CONFLICT (call) DO NOTHING)
     SELECT c.effect_id, b.idempotency_key, b.effect_type, b.target,
@@ -3317,6 +3320,7 @@ DECLARE
     atts integer[];
     call uuid := coalesce(p_call, gen_random_uuid());
     worker text;
+    hosts text[];
     repoll_ids uuid[] := '{}';
     repoll_at timestamptz[] := '{}';
 BEGIN
@@ -3417,10 +3421,10 @@ BEGIN
            AND o.lease_expires_at > now()
         RETURNING o.effect_id, o.attempts, o.lease_worker)
     SELECT coalesce(array_agg(u.effect_id), '{}'), coalesce(array_agg(u.attempts), '{}'),
-           min(u.lease_worker)
-      INTO ids, atts, worker FROM u;
+           min(u.lease_worker), array_agg(p_hosts[array_position(p_ids, u.effect_id)])
+      INTO ids, atts, worker, hosts FROM u;
     PERFORM outbox_record_call(call, p_owner, worker, ids,
-                               now() + make_interval(secs => p_lease_seconds));
+                               now() + make_interval(secs => p_lease_seconds), hosts);
     RETURN QUERY SELECT x.id, x.att, false, NULL::text,
                         repoll_at[array_position(repoll_ids, x.id)]
                    FROM unnest(ids, atts) AS x(id, att);
@@ -4217,17 +4221,23 @@ BEGIN
 END $$;
 
 --
--- Name: outbox_record_call(uuid, uuid, text, uuid[], timestamp with time zone); Type: FUNCTION; Schema: public; Owner: -
+-- Name: outbox_record_call(uuid, uuid, text, uuid[], timestamp with time zone, text[]); Type: FUNCTION; Schema: public; Owner: -
 --
 
-CREATE FUNCTION public.outbox_record_call(p_call uuid, p_owner uuid, p_worker text, p_ids uuid[], p_deadline timestamp with time zone) RETURNS void
+CREATE FUNCTION public.outbox_record_call(p_call uuid, p_owner uuid, p_worker text, p_ids uuid[], p_deadline timestamp with time zone, p_hosts text[] DEFAULT NULL::text[]) RETURNS void
     LANGUAGE sql SECURITY DEFINER
     SET search_path TO 'public', 'pg_temp'
     AS $$
-    INSERT INTO effect_calls AS c (call, lease_owner, worker, ids, deadline)
-    SELECT p_call, p_owner, p_worker, p_ids, p_deadline WHERE cardinality(p_ids) > 0
+    INSERT INTO effect_calls AS c (call, lease_owner, worker, ids, deadline, hosts)
+    SELECT p_call, p_owner, p_worker, p_ids, p_deadline, p_hosts WHERE cardinality(p_ids) > 0
     ON CONFLICT (call) DO UPDATE
-       SET ids = ARRAY(SELECT DISTINCT x FROM unnest(c.ids || EXCLUDED.ids) AS x),
+       SET (ids, hosts) = (SELECT array_agg(u.id ORDER BY u.id), array_agg(u.host ORDER BY u.id)
+                             FROM (SELECT DISTINCT ON (x.id) x.id, x.host
+                                     FROM (SELECT * FROM unnest(c.ids, c.hosts)
+                                           UNION ALL
+                                           SELECT * FROM unnest(EXCLUDED.ids, EXCLUDED.hosts))
+                                          AS x(id, host)
+                                    ORDER BY x.id, x.host NULLS LAST) u),
            deadline = least(c.deadline, EXCLUDED.deadline);
 $$;
 
@@ -4950,7 +4960,11 @@ BEGIN
     -- order, as every batch takes them) until then, so a send that
     -- finishes meanwhile either finished before the lock (its row
     -- re-read, and left out) or waits for the commit to record it; and no
-    -- send of the scope starts while the switch's lock is held.
+    -- send of the scope starts while the switch's lock is held.  A send's
+    -- host is the one its call recorded (the worker's provider's: a relay,
+    -- a CRM instance), else the database's reading of an http URL; a send
+    -- with neither (a call from a worker built before hosts were recorded)
+    -- is listed under every host paused.
     RETURN QUERY
     SELECT x.effect_id, x.effect_key, x.effect_type, x.target, x.lease_worker, x.sending_since
       FROM (SELECT o.effect_id, b.effect_key, b.effect_type, b.target, o.lease_worker,
@@ -4961,7 +4975,8 @@ BEGIN
              WHERE o.state = 'sending'
                AND CASE p_kind
                    WHEN 'type' THEN b.effect_type = v
-                   WHEN 'host' THEN coalesce(outbox_target_host(b.target) = v, true)
+                   WHEN 'host' THEN coalesce(coalesce(c.hosts[array_position(c.ids, o.effect_id)],
+                                                      outbox_target_host(b.target)) = v, true)
                    ELSE b.effect_type = 'crm' AND lower(split_part(b.target, '/', 1)) = v END
              ORDER BY o.effect_id
                FOR SHARE OF o) x
@@ -5600,11 +5615,11 @@ GRANT ALL ON FUNCTION public.outbox_cancel_status(p_effect_id uuid, p_reason tex
 REVOKE ALL ON FUNCTION public.outbox_cancel_status(p_effect_id uuid, p_reason text, p_actor text) FROM PUBLIC;
 
 --
--- Name: FUNCTION outbox_claim(p_owner uuid, p_worker text, p_limit integer, p_lease_seconds integer, p_types text[], p_env_enabled boolean, p_idempotent_types text[], p_call uuid, p_after_at timestamp with time zone, p_after_id uuid, p_repeat boolean, p_max_payload_bytes integer, p_lease_if_scoped boolean); Type: ACL; Schema: public; Owner: -
+-- Name: FUNCTION outbox_claim(p_owner uuid, p_worker text, p_limit integer, p_lease_seconds integer, p_types text[], p_env_enabled boolean, p_idempotent_types text[], p_call uuid, p_after_at timestamp with time zone, p_after_id uuid, p_repeat boolean, p_max_payload_bytes integer, p_lease_if_scoped boolean, p_type_hosts text[]); Type: ACL; Schema: public; Owner: -
 --
 
-GRANT ALL ON FUNCTION public.outbox_claim(p_owner uuid, p_worker text, p_limit integer, p_lease_seconds integer, p_types text[], p_env_enabled boolean, p_idempotent_types text[], p_call uuid, p_after_at timestamp with time zone, p_after_id uuid, p_repeat boolean, p_max_payload_bytes integer, p_lease_if_scoped boolean) TO outbox_dispatcher;
-REVOKE ALL ON FUNCTION public.outbox_claim(p_owner uuid, p_worker text, p_limit integer, p_lease_seconds integer, p_types text[], p_env_enabled boolean, p_idempotent_types text[], p_call uuid, p_after_at timestamp with time zone, p_after_id uuid, p_repeat boolean, p_max_payload_bytes integer, p_lease_if_scoped boolean) FROM PUBLIC;
+GRANT ALL ON FUNCTION public.outbox_claim(p_owner uuid, p_worker text, p_limit integer, p_lease_seconds integer, p_types text[], p_env_enabled boolean, p_idempotent_types text[], p_call uuid, p_after_at timestamp with time zone, p_after_id uuid, p_repeat boolean, p_max_payload_bytes integer, p_lease_if_scoped boolean, p_type_hosts text[]) TO outbox_dispatcher;
+REVOKE ALL ON FUNCTION public.outbox_claim(p_owner uuid, p_worker text, p_limit integer, p_lease_seconds integer, p_types text[], p_env_enabled boolean, p_idempotent_types text[], p_call uuid, p_after_at timestamp with time zone, p_after_id uuid, p_repeat boolean, p_max_payload_bytes integer, p_lease_if_scoped boolean, p_type_hosts text[]) FROM PUBLIC;
 
 --
 -- Name: FUNCTION outbox_claim_repeated(p_call uuid); Type: ACL; Schema: public; Owner: -
@@ -6098,10 +6113,10 @@ GRANT ALL ON FUNCTION public.outbox_reconcile_record(p_owner uuid, p_worker text
 REVOKE ALL ON FUNCTION public.outbox_reconcile_record(p_owner uuid, p_worker text, p_results jsonb) FROM PUBLIC;
 
 --
--- Name: FUNCTION outbox_record_call(p_call uuid, p_owner uuid, p_worker text, p_ids uuid[], p_deadline timestamp with time zone); Type: ACL; Schema: public; Owner: -
+-- Name: FUNCTION outbox_record_call(p_call uuid, p_owner uuid, p_worker text, p_ids uuid[], p_deadline timestamp with time zone, p_hosts text[]); Type: ACL; Schema: public; Owner: -
 --
 
-REVOKE ALL ON FUNCTION public.outbox_record_call(p_call uuid, p_owner uuid, p_worker text, p_ids uuid[], p_deadline timestamp with time zone) FROM PUBLIC;
+REVOKE ALL ON FUNCTION public.outbox_record_call(p_call uuid, p_owner uuid, p_worker text, p_ids uuid[], p_deadline timestamp with time zone, p_hosts text[]) FROM PUBLIC;
 
 --
 -- Name: FUNCTION outbox_refuse_foreign_run(p_fn text, p_key text); Type: ACL; Schema: public; Owner: -

@@ -128,6 +128,14 @@ fail:
 	return NULL;
 }
 
+/* Every record goes to the one instance. */
+static const char *crm_one_host(void *self)
+{
+	const struct crm *c = self;
+
+	return c->host_key;
+}
+
 /* ---- the provider ---------------------------------------------------------- */
 
 static const struct outbox_provider crm_provider = {
@@ -140,6 +148,7 @@ static const struct outbox_provider crm_provider = {
 	.send = crm_send,
 	.reconcile = crm_reconcile,
 	.shutdown = crm_shutdown,
+	.one_host = crm_one_host,
 };
 
 const struct outbox_provider *outbox_provider_entry(void)

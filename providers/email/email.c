@@ -322,6 +322,14 @@ static void email_shutdown(void *self)
 	email_unref(em);
 }
 
+/* Every message goes to the one relay. */
+static const char *email_one_host(void *self)
+{
+	const struct email *em = self;
+
+	return em->server;
+}
+
 static const struct outbox_provider email_provider = {
 	.abi = OUTBOX_PROVIDER_ABI,
 	.name = EMAIL_NAME,
@@ -332,6 +340,7 @@ static const struct outbox_provider email_provider = {
 	.send = email_send,
 	.reconcile = NULL,
 	.shutdown = email_shutdown,
+	.one_host = email_one_host,
 };
 
 const struct outbox_provider *outbox_provider_entry(void)

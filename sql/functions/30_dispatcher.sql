@@ -135,17 +135,26 @@ BEGIN
      ORDER BY l.available_at, l.effect_id;
 END $$;
 
--- The call row of a claim or mark: which rows it moved to `sending` and
--- when the first lease of them ends (docs/design.md, "Tables").  A repeat
--- of the same call adds the rows it moved this time.
+-- The call row of a claim or mark: which rows it moved to `sending`, the
+-- host each one connects to (p_hosts, aligned with p_ids; NULL: read from
+-- the target) and when the first lease of them ends (docs/design.md,
+-- "Tables").  A repeat of the same call adds the rows it moved this time.
+DROP FUNCTION IF EXISTS outbox_record_call(uuid, uuid, text, uuid[], timestamp with time zone);
 CREATE OR REPLACE FUNCTION outbox_record_call(p_call uuid, p_owner uuid, p_worker text,
-                                              p_ids uuid[], p_deadline timestamptz)
+                                              p_ids uuid[], p_deadline timestamptz,
+                                              p_hosts text[] DEFAULT NULL)
 RETURNS void
 LANGUAGE sql SECURITY DEFINER SET search_path = public, pg_temp AS $$
-    INSERT INTO effect_calls AS c (call, lease_owner, worker, ids, deadline)
-    SELECT p_call, p_owner, p_worker, p_ids, p_deadline WHERE cardinality(p_ids) > 0
+    INSERT INTO effect_calls AS c (call, lease_owner, worker, ids, deadline, hosts)
+    SELECT p_call, p_owner, p_worker, p_ids, p_deadline, p_hosts WHERE cardinality(p_ids) > 0
     ON CONFLICT (call) DO UPDATE
-       SET ids = ARRAY(SELECT DISTINCT x FROM unnest(c.ids || EXCLUDED.ids) AS x),
+       SET (ids, hosts) = (SELECT array_agg(u.id ORDER BY u.id), array_agg(u.host ORDER BY u.id)
+                             FROM (SELECT DISTINCT ON (x.id) x.id, x.host
+                                     FROM (SELECT * FROM unnest(c.ids, c.hosts)
+                                           UNION ALL
+                                           SELECT * FROM unnest(EXCLUDED.ids, EXCLUDED.hosts))
+                                          AS x(id, host)
+                                    ORDER BY x.id, x.host NULLS LAST) u),
            deadline = least(c.deadline, EXCLUDED.deadline);
 $$;
 
@@ -185,6 +194,7 @@ DECLARE
     atts integer[];
     call uuid := coalesce(p_call, gen_random_uuid());
     worker text;
+    hosts text[];
     repoll_ids uuid[] := '{}';
     repoll_at timestamptz[] := '{}';
 BEGIN
@@ -285,10 +295,10 @@ BEGIN
            AND o.lease_expires_at > now()
         RETURNING o.effect_id, o.attempts, o.lease_worker)
     SELECT coalesce(array_agg(u.effect_id), '{}'), coalesce(array_agg(u.attempts), '{}'),
-           min(u.lease_worker)
-      INTO ids, atts, worker FROM u;
+           min(u.lease_worker), array_agg(p_hosts[array_position(p_ids, u.effect_id)])
+      INTO ids, atts, worker, hosts FROM u;
     PERFORM outbox_record_call(call, p_owner, worker, ids,
-                               now() + make_interval(secs => p_lease_seconds));
+                               now() + make_interval(secs => p_lease_seconds), hosts);
     RETURN QUERY SELECT x.id, x.att, false, NULL::text,
                         repoll_at[array_position(repoll_ids, x.id)]
                    FROM unnest(ids, atts) AS x(id, att);
@@ -1028,7 +1038,7 @@ REVOKE EXECUTE ON FUNCTION
     outbox_renew(uuid, uuid[], integer, integer),
     outbox_release(uuid, uuid[], bigint),
     outbox_effect_state(uuid),
-    outbox_record_call(uuid, uuid, text, uuid[], timestamp with time zone),
+    outbox_record_call(uuid, uuid, text, uuid[], timestamp with time zone, text[]),
     outbox_settle_runs(text[]),
     outbox_complete(uuid, text, jsonb),
     outbox_complete_sending(uuid, text, jsonb),

@@ -535,7 +535,11 @@ BEGIN
     -- order, as every batch takes them) until then, so a send that
     -- finishes meanwhile either finished before the lock (its row
     -- re-read, and left out) or waits for the commit to record it; and no
-    -- send of the scope starts while the switch's lock is held.
+    -- send of the scope starts while the switch's lock is held.  A send's
+    -- host is the one its call recorded (the worker's provider's: a relay,
+    -- a CRM instance), else the database's reading of an http URL; a send
+    -- with neither (a call from a worker built before hosts were recorded)
+    -- is listed under every host paused.
     RETURN QUERY
     SELECT x.effect_id, x.effect_key, x.effect_type, x.target, x.lease_worker, x.sending_since
       FROM (SELECT o.effect_id, b.effect_key, b.effect_type, b.target, o.lease_worker,
@@ -546,7 +550,8 @@ BEGIN
              WHERE o.state = 'sending'
                AND CASE p_kind
                    WHEN 'type' THEN b.effect_type = v
-                   WHEN 'host' THEN coalesce(outbox_target_host(b.target) = v, true)
+                   WHEN 'host' THEN coalesce(coalesce(c.hosts[array_position(c.ids, o.effect_id)],
+                                                      outbox_target_host(b.target)) = v, true)
                    ELSE b.effect_type = 'crm' AND lower(split_part(b.target, '/', 1)) = v END
              ORDER BY o.effect_id
                FOR SHARE OF o) x

@@ -47,11 +47,19 @@
 -- scopes existed does not, and would send the leased rows as if marked:
 -- while a scope is set, its claim takes nothing.
 --
--- (The older signatures go first: a result type cannot be replaced.)
+-- p_type_hosts (aligned with p_types): the host every row of that type
+-- connects to, when its provider has one (a CRM instance), recorded with
+-- the rows the claim moves to `sending` for the list a host pause returns;
+-- NULL: read from the target.  A worker built before it passes none.
+--
+-- (The older signatures go first: a result type cannot be replaced, and a
+-- call naming the older parameters must find one function.)
 DROP FUNCTION IF EXISTS outbox_claim(uuid, text, integer, integer, text[], boolean, text[], uuid,
                                      timestamp with time zone, uuid, boolean);
 DROP FUNCTION IF EXISTS outbox_claim(uuid, text, integer, integer, text[], boolean, text[], uuid,
                                      timestamp with time zone, uuid, boolean, integer);
+DROP FUNCTION IF EXISTS outbox_claim(uuid, text, integer, integer, text[], boolean, text[], uuid,
+                                     timestamp with time zone, uuid, boolean, integer, boolean);
 CREATE OR REPLACE FUNCTION outbox_claim(p_owner uuid, p_worker text, p_limit integer,
                                         p_lease_seconds integer, p_types text[],
                                         p_env_enabled boolean, p_idempotent_types text[],
@@ -59,7 +67,8 @@ CREATE OR REPLACE FUNCTION outbox_claim(p_owner uuid, p_worker text, p_limit int
                                         p_after_id uuid DEFAULT NULL,
                                         p_repeat boolean DEFAULT false,
                                         p_max_payload_bytes integer DEFAULT 67108864,
-                                        p_lease_if_scoped boolean DEFAULT false)
+                                        p_lease_if_scoped boolean DEFAULT false,
+                                        p_type_hosts text[] DEFAULT NULL)
 RETURNS TABLE (effect_id uuid, idempotency_key text, effect_type text, target text,
                payload text, payload_hash text, effect_key text, attempts integer,
                metadata text, approved_by text, retry_base integer,
@@ -178,11 +187,13 @@ BEGIN
                sending_idempotent = o.effect_type = ANY (p_idempotent_types),
                updated_at = now()
          WHERE o.ctid = ANY (ARRAY(SELECT d.row_at FROM due d))
-        RETURNING o.effect_id, o.attempts - 1 AS attempts, o.retry_base, o.available_at),
+        RETURNING o.effect_id, o.attempts - 1 AS attempts, o.retry_base, o.available_at,
+                  o.effect_type),
     called AS (
-        INSERT INTO effect_calls (call, lease_owner, worker, ids, deadline)
+        INSERT INTO effect_calls (call, lease_owner, worker, ids, deadline, hosts)
         SELECT p_call, p_owner, p_worker, array_agg(c.effect_id),
-               now() + make_interval(secs => p_lease_seconds)
+               now() + make_interval(secs => p_lease_seconds),
+               array_agg(p_type_hosts[array_position(p_types, c.effect_type)])
           FROM claimed c HAVING count(*) > 0
         ON CONFLICT (call) DO NOTHING)
     SELECT c.effect_id, b.idempotency_key, b.effect_type, b.target,
@@ -268,14 +279,14 @@ END $$;
 
 REVOKE EXECUTE ON FUNCTION
     outbox_claim(uuid, text, integer, integer, text[], boolean, text[], uuid,
-                 timestamp with time zone, uuid, boolean, integer, boolean),
+                 timestamp with time zone, uuid, boolean, integer, boolean, text[]),
     outbox_unclaim(uuid, uuid[], uuid, boolean, bigint),
     outbox_claim_repeated(uuid),
     outbox_unclaim_call(uuid, uuid)
     FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION
     outbox_claim(uuid, text, integer, integer, text[], boolean, text[], uuid,
-                 timestamp with time zone, uuid, boolean, integer, boolean),
+                 timestamp with time zone, uuid, boolean, integer, boolean, text[]),
     outbox_unclaim(uuid, uuid[], uuid, boolean, bigint),
     outbox_unclaim_call(uuid, uuid)
     TO outbox_dispatcher;

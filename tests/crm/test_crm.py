@@ -379,6 +379,28 @@ def test_stop_with_a_call_in_flight_abandons_it_cleanly(conn, dispatchers, crm, 
     assert effect(conn, eid)["state"] == "sending"
 
 
+def test_a_host_pause_lists_a_call_in_flight_under_the_instance_host(conn, dispatchers, crm,
+                                                                      token_file):
+    """The worker records the instance's host with the CRM call it starts
+    (the target, Object/Field, names none): a pause of that host lists the
+    call in flight, a pause of another host does not."""
+    kill_switch(conn, True)
+    eid, key = crm_effect(conn, {"Subject": "x"})
+    crm.fault("PATCH", key, ("hang",))
+    cfg = crm_config(crm.url, token_file, timeout_ms=60000)
+    cfg["dispatcher"]["shutdown_grace_ms"] = 200
+    w = dispatchers(cfg)
+    wait_for(lambda: crm.count(key, "PATCH") == 1, what="the call in flight")
+    assert query(conn, "SELECT c.hosts FROM effect_calls c WHERE %s::uuid = ANY (c.ids)",
+                 (eid,)) == [(["127.0.0.1"],)]
+    for host, listed in [("elsewhere.example", []), ("127.0.0.1", [eid])]:
+        got = query(conn, "SELECT effect_id::text FROM outbox_scope_pause('host', %s, true, "
+                          "'op', 'a test')", (host,))
+        assert [r[0] for r in got] == listed, (host, got)
+        query(conn, "SELECT outbox_scope_pause('host', %s, false, 'op', 'a test')", (host,))
+    assert w.stop() == 0, w.log()
+
+
 def test_connection_refused_is_not_sent(conn, dispatchers, token_file):
     kill_switch(conn, True)
     # A port nothing listens on: bind, learn it, close.

@@ -794,7 +794,7 @@ def test_healthz_fails_while_leases_are_refused(conn, db, tmp_path):
     # The claim (lease and mark in one) is what an idle worker tries first.
     lease_fn = ("outbox_lease(uuid, text, integer, integer, text[], boolean, timestamptz, uuid, "
                 "integer), outbox_claim(uuid, text, integer, integer, text[], boolean, text[], uuid, "
-                "timestamptz, uuid, boolean, integer, boolean)")
+                "timestamptz, uuid, boolean, integer, boolean, text[])")
     kill_switch(conn, True)
     d = Dispatcher(db, tmp_path, {"metrics": {"listen": f"127.0.0.1:{port}"},
                                   "dispatcher": {"maintenance_interval_ms": 200}},

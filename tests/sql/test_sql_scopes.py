@@ -243,6 +243,34 @@ def test_a_host_pause_lists_its_sends_in_flight_in_every_spelling(conn):
     assert not set(other) & set(listed)
 
 
+CLAIM = ("SELECT effect_id::text FROM outbox_claim(%s, 'w', 10, 30, %s, true, '{}', %s, "
+         "p_lease_if_scoped => true, p_type_hosts => %s)")
+
+
+def test_a_host_pause_lists_each_send_under_the_host_its_worker_connects_to(conn):
+    """The host a send's call recorded decides: an email marked for the
+    relay, a CRM record claimed for its instance, an http request by its
+    URL.  A pause of one of them lists that one alone, not every send
+    whose target has no URL.  A call recorded without hosts (a worker
+    built before them) is listed under every host paused."""
+    kill_switch(conn, True)
+    (mail,) = add(conn, [("email", "someone@example.com")])
+    owner = str(uuid.uuid4())
+    assert query(conn, LEASE, (owner, 1, ["email"])) == [(mail,)]
+    assert query(conn, MARK, (owner, [mail], str(uuid.uuid4()), ["relay.example"]))[0][2] is False
+    web, rec = add(conn, [("http", "https://API.example:8443/x"), ("crm", "Task/Ext__c")])
+    claimed = query(conn, CLAIM, (str(uuid.uuid4()), ["http", "crm"], str(uuid.uuid4()),
+                                  [None, "crm.example"]))
+    assert sorted(r[0] for r in claimed) == sorted([web, rec])
+    (old,) = add(conn, [("crm", "Task/Ext__c")])
+    assert len(query(conn, CLAIM, (str(uuid.uuid4()), ["crm"], str(uuid.uuid4()), None))) == 1
+    for host, sends in [("relay.example", [mail]), ("crm.example", [rec]),
+                        ("api.example", [web]), ("elsewhere.example", [])]:
+        listed = sorted(r[0] for r in pause(conn, "host", host))
+        assert listed == sorted(sends + [old]), (host, listed)
+        pause(conn, "host", host, paused=False)
+
+
 @pytest.mark.parametrize("kind", ["global", "type"])
 def test_the_in_flight_list_is_exact_when_the_pause_commits(conn, db, kind):
     """A send that finishes while the pause's transaction is open waits for
