@@ -33,9 +33,10 @@ Environment:
                    server's) and extra [database] lines: workers through PgBouncer
                    (bench/scaling.py)
   BENCH_ONLY       the parts to run: throughput ceiling latency inflight variants durable
-                   (variants = big held limited unrelated; each alone needs throughput,
-                   for its baseline; unrelated: a type limit on email, which the run's
-                   workers do not serve)
+                   (variants = big held limited unrelated otherhost; each alone needs
+                   throughput, for its baseline; unrelated: a type limit on email, which
+                   the run's workers do not serve; otherhost: a limit on a host the run
+                   does not send to)
 """
 import atexit
 import json
@@ -971,7 +972,8 @@ def main():
             results["inflight"] = inflight_run()
 
         if VARIANTS and tp and ("variants" in ONLY or "big" in ONLY or "held" in ONLY
-                                or "limited" in ONLY or "unrelated" in ONLY):
+                                or "limited" in ONLY or "unrelated" in ONLY
+                                or "otherhost" in ONLY):
             # Each variant is compared with a fresh-table run of the same
             # worker count made just before it: the machine's speed drifts
             # by 10-20 % over a quarter of an hour (the same work took 0.19
@@ -979,7 +981,8 @@ def main():
             # the variants run last.
             best_k = results.get("ratio_workers") or max(tp, key=lambda k: tp[k]["rate"])
             for name, big, hold in (("big", True, False), ("held", False, True),
-                                    ("limited", False, False), ("unrelated", False, False)):
+                                    ("limited", False, False), ("unrelated", False, False),
+                                    ("otherhost", False, False)):
                 if "variants" not in ONLY and name not in ONLY:
                     continue
                 reset()
@@ -1003,9 +1006,17 @@ def main():
                       fetch=False)
                     q("SELECT outbox_scope_limit('type', 'email', 10::float8, 10, "
                       "'bench', 'a limit the run does not meet')", fetch=False)
+                if name == "otherhost":
+                    # A limit on a host the run does not send to: the
+                    # claims stay one statement, the worker checks hosts.
+                    q("SELECT outbox_scope_limit('host', '127.0.0.9', 10::float8, 10, "
+                      "'bench', 'a host the run does not touch')", fetch=False)
                 load(N, sink.url("ok"))
                 settle()
                 results[name] = throughput(best_k, "%s-%d" % (name, best_k), hold_xmin=hold)
+                if name == "otherhost":
+                    q("SELECT outbox_scope_limit('host', '127.0.0.9', NULL::float8, NULL::integer, "
+                      "'bench', 'done')", fetch=False)
                 if name == "unrelated":
                     q("SELECT outbox_scope_limit('type', 'email', NULL::float8, NULL::integer, "
                       "'bench', 'done')", fetch=False)
@@ -1192,6 +1203,14 @@ def summary():
         k = results["variant_workers"]
         r, b = results["unrelated"], base_of("unrelated")
         rows.append(("throughput, %d workers, a rate limit on a type the run does not serve" % k,
+                     "%.0f effects/s" % r["rate"],
+                     "%+.0f%% vs no scope just before (%.0f effects/s); PostgreSQL CPU s/1000 %.2f vs %.2f"
+                     " (%.2fx)" % ((r["rate"] / b["rate"] - 1) * 100, b["rate"], r["pg_cpu_per_1k"],
+                                   b["pg_cpu_per_1k"], r["pg_cpu_per_1k"] / b["pg_cpu_per_1k"])))
+    if "otherhost" in results:
+        k = results["variant_workers"]
+        r, b = results["otherhost"], base_of("otherhost")
+        rows.append(("throughput, %d workers, a rate limit on a host the run does not send to" % k,
                      "%.0f effects/s" % r["rate"],
                      "%+.0f%% vs no scope just before (%.0f effects/s); PostgreSQL CPU s/1000 %.2f vs %.2f"
                      " (%.2fx)" % ((r["rate"] / b["rate"] - 1) * 100, b["rate"], r["pg_cpu_per_1k"],

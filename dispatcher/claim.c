@@ -11,10 +11,11 @@
  * provider starts its sends at once (OUTBOX_CAP_STARTS_AT_ONCE; not
  * email's thread pool, where a claimed row could wait `sending` in a
  * queue).  claim_rows() sends them; a row that cannot go after all
- * (invalid, already held, its host's breaker open, the worker stopping)
- * is failed or given back (outbox_unclaim(), attempt undone).  While a
- * scope is paused or limited the claim only leases, and its answer is the
- * lease kind's (claim_answered_as(): on_taken() hands it to lease.c).  Everything else goes through outbox_lease and
+ * (invalid, already held, its host's breaker open, the worker stopping,
+ * its host one of the scoped hosts the claim returns: host_scoped()) is
+ * failed or given back (outbox_unclaim(), attempt undone).  While a scope
+ * the claim could meet is paused or limited it only leases, and its answer
+ * is the lease kind's (claim_answered_as(): on_taken() hands it to lease.c).  Everything else goes through outbox_lease and
  * outbox_mark_sending (lease.c, send.c).
  */
 #include <stdio.h>
@@ -110,7 +111,38 @@ struct claimed {
 	json_t *invalid;                /* outbox_fail_invalid() items */
 	struct effect **back, **kept;   /* given back (freed after); kept, waiting */
 	size_t n_back, n_kept;
+	const char *check_hosts;        /* the hosts scoped at the claim, or NULL */
 };
+
+/* Whether e's provider connects to one of the hosts scoped when the claim
+ * ran (check_hosts, a text[] as PostgreSQL writes it: {a,"b"}).  The
+ * database claimed the row by its own reading of the target; this is the
+ * reading that counts, the host the breaker and the mark use. */
+static bool host_scoped(const struct effect *e, const char *check_hosts)
+{
+	char host[sizeof(e->host_key)];
+	const char *p;
+	size_t n;
+
+	if (check_hosts == NULL || check_hosts[0] != '{')
+		return false;
+	host_key_host(e->host_key, host, sizeof(host));
+	n = strlen(host);
+	for (p = check_hosts + 1; *p != '\0' && *p != '}';) {
+		bool quoted = *p == '"';
+		const char *start = p + quoted;
+		const char *end = quoted ? strchr(start, '"') : start + strcspn(start, ",}");
+
+		if (end == NULL)
+			return true;    /* unreadable: the sending transition decides */
+		if ((size_t)(end - start) == n && memcmp(start, host, n) == 0)
+			return true;
+		p = end + quoted;
+		if (*p == ',')
+			p++;
+	}
+	return false;
+}
 
 /* A new row: sent, failed as invalid, given back or kept waiting. */
 static void claimed_new(struct worker *w, const struct batch *b, PGresult *r, int row,
@@ -129,6 +161,13 @@ static void claimed_new(struct worker *w, const struct batch *b, PGresult *r, in
 		/* No send starts unless both connections are up (its lease is
 		 * renewed on one, its outcome recorded on the other). */
 		c->back[c->n_back++] = e;
+		return;
+	}
+	if (host_scoped(e, c->check_hosts)) {
+		/* Its host is paused or limited: kept, and marked with the host
+		 * (the sending transition holds it or draws on the bucket). */
+		effect_set_phase(w, e, PH_WAITING);
+		c->kept[c->n_kept++] = e;
 		return;
 	}
 	free_slot = slot_free(NULL, e, now_mono_ms(), &wait_ms, &half_open);
@@ -153,7 +192,9 @@ static void claimed_rows(struct worker *w, const struct batch *b, PGresult *r)
 {
 	size_t n = (size_t)PQntuples(r);
 	struct claimed c = { .back = text_array(n + 1, sizeof(struct effect *)),
-	                     .kept = text_array(n + 1, sizeof(struct effect *)) };
+	                     .kept = text_array(n + 1, sizeof(struct effect *)),
+	                     .check_hosts = n > 0 && !PQgetisnull(r, 0, COL_CLAIM_CHECK_HOSTS)
+	                                    ? PQgetvalue(r, 0, COL_CLAIM_CHECK_HOSTS) : NULL };
 
 	for (int row = 0; row < PQntuples(r); row++) {
 		struct effect *held = held_find(w, PQgetvalue(r, row, COL_EFFECT_ID));

@@ -53,6 +53,10 @@ enum effect_row_col {
 	/* SQL_CLAIM only: true when the rows were leased, not marked (a scope
 	 * is set: the sending transition decides, outbox_mark_sending) */
 	COL_CLAIM_LEASED_ONLY,
+	/* SQL_CLAIM only: the hosts scoped when the rows were claimed ({a,b};
+	 * NULL: none): a row whose provider connects to one of them is given
+	 * back, to be marked (claim.c) */
+	COL_CLAIM_CHECK_HOSTS,
 	/* SQL_RECONCILE_LEASE only */
 	COL_RECON_ATTEMPT_AGE_MS = COL_ATTEMPTS + 1,
 };

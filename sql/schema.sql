@@ -1509,7 +1509,7 @@ END $$;
 -- Name: outbox_claim(uuid, text, integer, integer, text[], boolean, text[], uuid, timestamp with time zone, uuid, boolean, integer, boolean, text[]); Type: FUNCTION; Schema: public; Owner: -
 --
 
-CREATE FUNCTION public.outbox_claim(p_owner uuid, p_worker text, p_limit integer, p_lease_seconds integer, p_types text[], p_env_enabled boolean, p_idempotent_types text[], p_call uuid, p_after_at timestamp with time zone DEFAULT NULL::timestamp with time zone, p_after_id uuid DEFAULT NULL::uuid, p_repeat boolean DEFAULT false, p_max_payload_bytes integer DEFAULT 67108864, p_lease_if_scoped boolean DEFAULT false, p_type_hosts text[] DEFAULT NULL::text[]) RETURNS TABLE(effect_id uuid, idempotency_key text, effect_type text, target text, payload text, payload_hash text, effect_key text, attempts integer, metadata text, approved_by text, retry_base integer, available_at timestamp with time zone, payload_bytes integer, metadata_bytes integer, leased_only boolean)
+CREATE FUNCTION public.outbox_claim(p_owner uuid, p_worker text, p_limit integer, p_lease_seconds integer, p_types text[], p_env_enabled boolean, p_idempotent_types text[], p_call uuid, p_after_at timestamp with time zone DEFAULT NULL::timestamp with time zone, p_after_id uuid DEFAULT NULL::uuid, p_repeat boolean DEFAULT false, p_max_payload_bytes integer DEFAULT 67108864, p_lease_if_scoped boolean DEFAULT false, p_type_hosts text[] DEFAULT NULL::text[]) RETURNS TABLE(effect_id uuid, idempotency_key text, effect_type text, target text, payload text, payload_hash text, effect_key text, attempts integer, metadata text, approved_by text, retry_base integer, available_at timestamp with time zone, payload_bytes integer, metadata_bytes integer, leased_only boolean, check_hosts text[])
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'public', 'pg_temp'
     SET plan_cache_mode TO 'force_generic_plan'
@@ -1524,6 +1524,8 @@ CREATE FUNCTION public.outbox_claim(p_owner uuid, p_worker text, p_limit integer
 DECLARE
     allowed boolean;
     scoped boolean;
+    typed boolean := false;
+    hosts text[];
     locked text;
     after_at timestamptz := p_after_at;
     after_id uuid := p_after_id;
@@ -1543,6 +1545,18 @@ BEGIN
     locked := pg_advisory_xact_lock_shared(outbox_kill_switch_lock_key())::text;
     SELECT c.enabled, c.scoped INTO allowed, scoped FROM outbox_control c WHERE c.id = 1;
     allowed := coalesce(allowed, false) AND p_env_enabled;
+    -- Scopes this claim's types could meet: a type scope of one of them, a
+    -- CRM object's when it takes crm (typed), or any host.  A pause or
+    -- limit on a type this worker does not serve leaves its claim whole.
+    IF scoped THEN
+        typed := EXISTS (SELECT 1 FROM outbox_scopes s
+                          WHERE (s.paused OR s.rate_per_second IS NOT NULL)
+                            AND ((s.kind = 'type' AND s.value = ANY (p_types))
+                                 OR (s.kind = 'crm_object' AND 'crm' = ANY (p_types))));
+        hosts := ARRAY(SELECT s.value FROM outbox_scopes s
+                        WHERE (s.paused OR s.rate_per_second IS NOT NULL) AND s.kind = 'host');
+        scoped := typed OR cardinality(hosts) > 0;
+    END IF;
     IF p_repeat THEN
         IF NOT allowed THEN
             PERFORM outbox_unclaim_call(p_owner, p_call);
@@ -1563,7 +1577,8 @@ BEGIN
                CASE WHEN octet_length(b.metadata_text) <= outbox_metadata_max_bytes()
                     THEN b.metadata_text END,
                b.approved_by, m.retry_base, m.available_at,
-               octet_length(b.payload_text), octet_length(b.metadata_text), false
+               octet_length(b.payload_text), octet_length(b.metadata_text), false,
+               CASE WHEN cardinality(hosts) > 0 THEN hosts END
           FROM moved m
          CROSS JOIN LATERAL (
                SELECT e.idempotency_key, e.effect_type, e.target,
@@ -1577,24 +1592,18 @@ BEGIN
     IF NOT allowed THEN
         RETURN;
     END IF;
-    -- Scopes only this claim's types could meet make it a lease: a type
-    -- scope of one of them, a CRM object's when it takes crm, any host
-    -- (the host is the provider's, known to the worker only).  A pause or
-    -- limit on a type this worker does not serve leaves its claim whole.
-    IF scoped THEN
-        scoped := EXISTS (SELECT 1 FROM outbox_scopes s
-                           WHERE (s.paused OR s.rate_per_second IS NOT NULL)
-                             AND (s.kind = 'host'
-                                  OR (s.kind = 'type' AND s.value = ANY (p_types))
-                                  OR (s.kind = 'crm_object' AND 'crm' = ANY (p_types))));
-    END IF;
-    IF scoped AND NOT p_lease_if_scoped THEN
-        RETURN;
-    ELSIF scoped THEN
-        RETURN QUERY SELECT l.*, true FROM outbox_lease(p_owner, p_worker, p_limit,
-                                                        p_lease_seconds, p_types, p_env_enabled,
-                                                        p_after_at, p_after_id,
-                                                        p_max_payload_bytes) l;
+    -- A scope it could meet makes the claim a lease, marked later with the
+    -- host each provider connects to; but host scopes alone, for a worker
+    -- that checks (p_type_hosts given: it gives back a claimed row whose
+    -- host is one of check_hosts, to be marked), leave it a claim unless a
+    -- due row may go to one of them (below).
+    IF scoped AND (typed OR p_type_hosts IS NULL) THEN
+        IF p_lease_if_scoped THEN
+            RETURN QUERY SELECT l.*, true, NULL::text[]
+                           FROM outbox_lease(p_owner, p_worker, p_limit, p_lease_seconds,
+                                             p_types, p_env_enabled, p_after_at, p_after_id,
+                                             p_max_payload_bytes) l;
+        END IF;
         RETURN;
     END IF;
     -- The position rules and the one statement shape of outbox_lease.
@@ -1604,6 +1613,80 @@ BEGIN
     END IF;
     after_at := coalesce(after_at, '-infinity');
     after_id := coalesce(after_id, '00000000-0000-0000-0000-000000000000');
+    IF scoped THEN
+        -- Host scopes only: the statement below, but it claims only when no
+        -- due row may go to a scoped host as the database reads it (its
+        -- type's one host, p_type_hosts; a scope's host within an http
+        -- target, any spelling aside; a row of a type with no host known
+        -- may go anywhere), else nothing, and the rows are leased, to be
+        -- marked.  The reading only filters: the worker gives back a
+        -- claimed row it would connect to one of check_hosts for.
+        RETURN QUERY
+        WITH due AS MATERIALIZED (
+            SELECT l.ctid AS row_at, l.effect_id FROM effect_live l
+             WHERE (l.available_at, l.effect_id) > (after_at, after_id)
+               AND l.available_at <= now()
+               AND l.state = 'pending'
+               AND (l.lease_expires_at IS NULL OR l.lease_expires_at < now())
+               AND l.effect_type = ANY (p_types)
+             ORDER BY l.available_at, l.effect_id
+             LIMIT p_limit
+             FOR UPDATE SKIP LOCKED),
+        body AS MATERIALIZED (
+            SELECT d.effect_id, b.* FROM due d
+             CROSS JOIN LATERAL (
+                   SELECT e.idempotency_key, e.effect_type, e.target,
+                          e.payload::text AS payload_text, e.payload_hash, e.effect_key,
+                          e.metadata::text AS metadata_text, e.approved_by
+                     FROM effect_outbox e WHERE e.effect_id = d.effect_id
+                    OFFSET 0) b),
+        free AS (
+            SELECT NOT EXISTS (
+                   SELECT 1 FROM body x
+                    WHERE CASE WHEN p_type_hosts[array_position(p_types, x.effect_type)] IS NOT NULL
+                               THEN p_type_hosts[array_position(p_types, x.effect_type)] = ANY (hosts)
+                               WHEN x.effect_type = 'http'
+                               THEN EXISTS (SELECT 1 FROM unnest(hosts) AS h(v)
+                                             WHERE strpos(lower(x.target), h.v) > 0)
+                               ELSE true END) AS ok),
+        claimed AS (
+            UPDATE effect_live o
+               SET state = 'sending', attempts = o.attempts + 1,
+                   lease_owner = p_owner, lease_worker = p_worker, leased_at = now(),
+                   lease_expires_at = now() + make_interval(secs => p_lease_seconds),
+                   sending_since = now(), mark_token = p_call,
+                   sending_idempotent = o.effect_type = ANY (p_idempotent_types),
+                   updated_at = now()
+             WHERE o.ctid = ANY (ARRAY(SELECT d.row_at FROM due d)) AND (SELECT f.ok FROM free f)
+            RETURNING o.effect_id, o.attempts - 1 AS attempts, o.retry_base, o.available_at,
+                      o.effect_type),
+        called AS (
+            INSERT INTO effect_calls (call, lease_owner, worker, ids, deadline, hosts)
+            SELECT p_call, p_owner, p_worker, array_agg(c.effect_id),
+                   now() + make_interval(secs => p_lease_seconds),
+                   array_agg(p_type_hosts[array_position(p_types, c.effect_type)])
+              FROM claimed c HAVING count(*) > 0
+            ON CONFLICT (call) DO NOTHING)
+        SELECT c.effect_id, b.idempotency_key, b.effect_type, b.target,
+               CASE WHEN octet_length(b.payload_text) <= p_max_payload_bytes
+                    THEN b.payload_text END,
+               b.payload_hash, b.effect_key, c.attempts,
+               CASE WHEN octet_length(b.metadata_text) <= outbox_metadata_max_bytes()
+                    THEN b.metadata_text END,
+               b.approved_by, c.retry_base, c.available_at,
+               octet_length(b.payload_text), octet_length(b.metadata_text), false, hosts
+          FROM claimed c
+         CROSS JOIN LATERAL (SELECT x.* FROM body x WHERE x.effect_id = c.effect_id) b
+         ORDER BY c.available_at, c.effect_id;
+        IF FOUND THEN
+            RETURN;
+        END IF;
+        RETURN QUERY SELECT l.*, true, NULL::text[]
+                       FROM outbox_lease(p_owner, p_worker, p_limit, p_lease_seconds, p_types,
+                                         p_env_enabled, p_after_at, p_after_id,
+                                         p_max_payload_bytes) l;
+        RETURN;
+    END IF;
     -- One statement: the due rows, their move to `sending` (in place: no
     -- indexed column changes), the call's row for the reaper, and what the
     -- worker sends, read from the immutable body row by its key.  OFFSET 0
@@ -1644,7 +1727,7 @@ BEGIN
            CASE WHEN octet_length(b.metadata_text) <= outbox_metadata_max_bytes()
                 THEN b.metadata_text END,
            b.approved_by, c.retry_base, c.available_at,
-           octet_length(b.payload_text), octet_length(b.metadata_text), false
+           octet_length(b.payload_text), octet_length(b.metadata_text), false, NULL::text[]
       FROM claimed c
      CROSS JOIN LATERAL (
            SELECT e.idempotency_key, e.effect_type, e.target, e.payload::text AS payload_text,
@@ -5093,7 +5176,7 @@ BEGIN
             IF hit AND s_rate[j] IS NOT NULL
                AND was_held[i] = outbox_scope_name(s_kind[j], s_value[j])
                AND due_at[i] <= now() THEN
-                IF due_at[i] >= now() - make_interval(secs => greatest(s_burst[j] / s_rate[j], 0.25)) THEN
+                IF due_at[i] >= now() - make_interval(secs => greatest(1 / s_rate[j], 0.5)) THEN
                     paid := true;
                 END IF;
             END IF;

@@ -138,13 +138,16 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$ SELECT p_kind || ':' || p_value $$;
 -- slot: a row is deferred to when the balance of its scope is back to
 -- zero, so rows deferred by every worker are spread over successive slots
 -- in the order they were deferred.  A deferred row marked at its slot has
--- paid already and goes without drawing again, if it is not later than one
--- burst's worth of time or 250 ms (a poll), whichever is longer: workers
--- take deferred rows a poll after their slot, and a row that paid again
--- then lost its slot (a limit of 100/s with a burst of 10 delivered a
--- quarter of its rate).  A row later than that (its worker died holding
--- it, the fleet was down) pays again, so that rows late together do not
--- add up to much over the limit.  A row that goes as paid comes back with
+-- paid already and goes without drawing again, if it is not later than
+-- 500 ms, or one slot (1/rate) where that is longer: workers take deferred
+-- rows a little after their slot (more under load), and a row that paid
+-- again then lost its slot (a limit of 100/s with a burst of 10 delivered
+-- a quarter of its rate; with 250 ms, a loaded machine lost a fifth of a
+-- 20/s limit's slots).  A row later than that (its worker died holding it,
+-- the fleet was down) pays again, so that rows late together add at most
+-- half a second of the rate to any 5 s window: a tenth, whatever the
+-- burst (a burst's worth of time let a limit with the default burst, one
+-- second's worth, catch up 20 % over a stall).  A row that goes as paid comes back with
 -- held_by NULL and held_until 100 ms from now: more deferred rows are due
 -- at the slots after its own, and the worker leases again then instead of
 -- at its next poll (a second late, so every such row would pay again and
@@ -252,7 +255,7 @@ BEGIN
             IF hit AND s_rate[j] IS NOT NULL
                AND was_held[i] = outbox_scope_name(s_kind[j], s_value[j])
                AND due_at[i] <= now() THEN
-                IF due_at[i] >= now() - make_interval(secs => greatest(s_burst[j] / s_rate[j], 0.25)) THEN
+                IF due_at[i] >= now() - make_interval(secs => greatest(1 / s_rate[j], 0.5)) THEN
                     paid := true;
                 END IF;
             END IF;

@@ -41,7 +41,11 @@
 -- leased_only true, pending with this worker's lease, and are marked with
 -- outbox_mark_sending, the commit point that reads the scopes with the host
 -- each provider connects to.  A claim cannot know that host before the
--- worker has seen the row.
+-- worker has seen the row.  Host scopes alone leave it a claim for a
+-- worker that passes p_type_hosts, when no due row may go to a scoped
+-- host (docs/design.md, "Scoped pauses and rate limits"): its rows come
+-- back with check_hosts, the scoped hosts, and the worker gives back (to
+-- be marked) a row it would connect to one of them for.
 --
 -- p_lease_if_scoped: the caller knows leased_only.  A worker built before
 -- scopes existed does not, and would send the leased rows as if marked:
@@ -50,7 +54,8 @@
 -- p_type_hosts (aligned with p_types): the host every row of that type
 -- connects to, when its provider has one (a CRM instance), recorded with
 -- the rows the claim moves to `sending` for the list a host pause returns;
--- NULL: read from the target.  A worker built before it passes none.
+-- NULL: read from the target.  A worker built before it passes none, and
+-- while any host is scoped its claim is a lease, as before.
 --
 -- (The older signatures go first: a result type cannot be replaced, and a
 -- call naming the older parameters must find one function.)
@@ -60,6 +65,9 @@ DROP FUNCTION IF EXISTS outbox_claim(uuid, text, integer, integer, text[], boole
                                      timestamp with time zone, uuid, boolean, integer);
 DROP FUNCTION IF EXISTS outbox_claim(uuid, text, integer, integer, text[], boolean, text[], uuid,
                                      timestamp with time zone, uuid, boolean, integer, boolean);
+DROP FUNCTION IF EXISTS outbox_claim(uuid, text, integer, integer, text[], boolean, text[], uuid,
+                                     timestamp with time zone, uuid, boolean, integer, boolean,
+                                     text[]);
 CREATE OR REPLACE FUNCTION outbox_claim(p_owner uuid, p_worker text, p_limit integer,
                                         p_lease_seconds integer, p_types text[],
                                         p_env_enabled boolean, p_idempotent_types text[],
@@ -73,7 +81,7 @@ RETURNS TABLE (effect_id uuid, idempotency_key text, effect_type text, target te
                payload text, payload_hash text, effect_key text, attempts integer,
                metadata text, approved_by text, retry_base integer,
                available_at timestamptz, payload_bytes integer, metadata_bytes integer,
-               leased_only boolean)
+               leased_only boolean, check_hosts text[])
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp
     SET plan_cache_mode = force_generic_plan SET enable_seqscan = off
     SET enable_bitmapscan = off SET enable_sort = off SET enable_hashjoin = off
@@ -82,6 +90,8 @@ LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp
 DECLARE
     allowed boolean;
     scoped boolean;
+    typed boolean := false;
+    hosts text[];
     locked text;
     after_at timestamptz := p_after_at;
     after_id uuid := p_after_id;
@@ -101,6 +111,18 @@ BEGIN
     locked := pg_advisory_xact_lock_shared(outbox_kill_switch_lock_key())::text;
     SELECT c.enabled, c.scoped INTO allowed, scoped FROM outbox_control c WHERE c.id = 1;
     allowed := coalesce(allowed, false) AND p_env_enabled;
+    -- Scopes this claim's types could meet: a type scope of one of them, a
+    -- CRM object's when it takes crm (typed), or any host.  A pause or
+    -- limit on a type this worker does not serve leaves its claim whole.
+    IF scoped THEN
+        typed := EXISTS (SELECT 1 FROM outbox_scopes s
+                          WHERE (s.paused OR s.rate_per_second IS NOT NULL)
+                            AND ((s.kind = 'type' AND s.value = ANY (p_types))
+                                 OR (s.kind = 'crm_object' AND 'crm' = ANY (p_types))));
+        hosts := ARRAY(SELECT s.value FROM outbox_scopes s
+                        WHERE (s.paused OR s.rate_per_second IS NOT NULL) AND s.kind = 'host');
+        scoped := typed OR cardinality(hosts) > 0;
+    END IF;
     IF p_repeat THEN
         IF NOT allowed THEN
             PERFORM outbox_unclaim_call(p_owner, p_call);
@@ -121,7 +143,8 @@ BEGIN
                CASE WHEN octet_length(b.metadata_text) <= outbox_metadata_max_bytes()
                     THEN b.metadata_text END,
                b.approved_by, m.retry_base, m.available_at,
-               octet_length(b.payload_text), octet_length(b.metadata_text), false
+               octet_length(b.payload_text), octet_length(b.metadata_text), false,
+               CASE WHEN cardinality(hosts) > 0 THEN hosts END
           FROM moved m
          CROSS JOIN LATERAL (
                SELECT e.idempotency_key, e.effect_type, e.target,
@@ -135,24 +158,18 @@ BEGIN
     IF NOT allowed THEN
         RETURN;
     END IF;
-    -- Scopes only this claim's types could meet make it a lease: a type
-    -- scope of one of them, a CRM object's when it takes crm, any host
-    -- (the host is the provider's, known to the worker only).  A pause or
-    -- limit on a type this worker does not serve leaves its claim whole.
-    IF scoped THEN
-        scoped := EXISTS (SELECT 1 FROM outbox_scopes s
-                           WHERE (s.paused OR s.rate_per_second IS NOT NULL)
-                             AND (s.kind = 'host'
-                                  OR (s.kind = 'type' AND s.value = ANY (p_types))
-                                  OR (s.kind = 'crm_object' AND 'crm' = ANY (p_types))));
-    END IF;
-    IF scoped AND NOT p_lease_if_scoped THEN
-        RETURN;
-    ELSIF scoped THEN
-        RETURN QUERY SELECT l.*, true FROM outbox_lease(p_owner, p_worker, p_limit,
-                                                        p_lease_seconds, p_types, p_env_enabled,
-                                                        p_after_at, p_after_id,
-                                                        p_max_payload_bytes) l;
+    -- A scope it could meet makes the claim a lease, marked later with the
+    -- host each provider connects to; but host scopes alone, for a worker
+    -- that checks (p_type_hosts given: it gives back a claimed row whose
+    -- host is one of check_hosts, to be marked), leave it a claim unless a
+    -- due row may go to one of them (below).
+    IF scoped AND (typed OR p_type_hosts IS NULL) THEN
+        IF p_lease_if_scoped THEN
+            RETURN QUERY SELECT l.*, true, NULL::text[]
+                           FROM outbox_lease(p_owner, p_worker, p_limit, p_lease_seconds,
+                                             p_types, p_env_enabled, p_after_at, p_after_id,
+                                             p_max_payload_bytes) l;
+        END IF;
         RETURN;
     END IF;
     -- The position rules and the one statement shape of outbox_lease.
@@ -162,6 +179,80 @@ BEGIN
     END IF;
     after_at := coalesce(after_at, '-infinity');
     after_id := coalesce(after_id, '00000000-0000-0000-0000-000000000000');
+    IF scoped THEN
+        -- Host scopes only: the statement below, but it claims only when no
+        -- due row may go to a scoped host as the database reads it (its
+        -- type's one host, p_type_hosts; a scope's host within an http
+        -- target, any spelling aside; a row of a type with no host known
+        -- may go anywhere), else nothing, and the rows are leased, to be
+        -- marked.  The reading only filters: the worker gives back a
+        -- claimed row it would connect to one of check_hosts for.
+        RETURN QUERY
+        WITH due AS MATERIALIZED (
+            SELECT l.ctid AS row_at, l.effect_id FROM effect_live l
+             WHERE (l.available_at, l.effect_id) > (after_at, after_id)
+               AND l.available_at <= now()
+               AND l.state = 'pending'
+               AND (l.lease_expires_at IS NULL OR l.lease_expires_at < now())
+               AND l.effect_type = ANY (p_types)
+             ORDER BY l.available_at, l.effect_id
+             LIMIT p_limit
+             FOR UPDATE SKIP LOCKED),
+        body AS MATERIALIZED (
+            SELECT d.effect_id, b.* FROM due d
+             CROSS JOIN LATERAL (
+                   SELECT e.idempotency_key, e.effect_type, e.target,
+                          e.payload::text AS payload_text, e.payload_hash, e.effect_key,
+                          e.metadata::text AS metadata_text, e.approved_by
+                     FROM effect_outbox e WHERE e.effect_id = d.effect_id
+                    OFFSET 0) b),
+        free AS (
+            SELECT NOT EXISTS (
+                   SELECT 1 FROM body x
+                    WHERE CASE WHEN p_type_hosts[array_position(p_types, x.effect_type)] IS NOT NULL
+                               THEN p_type_hosts[array_position(p_types, x.effect_type)] = ANY (hosts)
+                               WHEN x.effect_type = 'http'
+                               THEN EXISTS (SELECT 1 FROM unnest(hosts) AS h(v)
+                                             WHERE strpos(lower(x.target), h.v) > 0)
+                               ELSE true END) AS ok),
+        claimed AS (
+            UPDATE effect_live o
+               SET state = 'sending', attempts = o.attempts + 1,
+                   lease_owner = p_owner, lease_worker = p_worker, leased_at = now(),
+                   lease_expires_at = now() + make_interval(secs => p_lease_seconds),
+                   sending_since = now(), mark_token = p_call,
+                   sending_idempotent = o.effect_type = ANY (p_idempotent_types),
+                   updated_at = now()
+             WHERE o.ctid = ANY (ARRAY(SELECT d.row_at FROM due d)) AND (SELECT f.ok FROM free f)
+            RETURNING o.effect_id, o.attempts - 1 AS attempts, o.retry_base, o.available_at,
+                      o.effect_type),
+        called AS (
+            INSERT INTO effect_calls (call, lease_owner, worker, ids, deadline, hosts)
+            SELECT p_call, p_owner, p_worker, array_agg(c.effect_id),
+                   now() + make_interval(secs => p_lease_seconds),
+                   array_agg(p_type_hosts[array_position(p_types, c.effect_type)])
+              FROM claimed c HAVING count(*) > 0
+            ON CONFLICT (call) DO NOTHING)
+        SELECT c.effect_id, b.idempotency_key, b.effect_type, b.target,
+               CASE WHEN octet_length(b.payload_text) <= p_max_payload_bytes
+                    THEN b.payload_text END,
+               b.payload_hash, b.effect_key, c.attempts,
+               CASE WHEN octet_length(b.metadata_text) <= outbox_metadata_max_bytes()
+                    THEN b.metadata_text END,
+               b.approved_by, c.retry_base, c.available_at,
+               octet_length(b.payload_text), octet_length(b.metadata_text), false, hosts
+          FROM claimed c
+         CROSS JOIN LATERAL (SELECT x.* FROM body x WHERE x.effect_id = c.effect_id) b
+         ORDER BY c.available_at, c.effect_id;
+        IF FOUND THEN
+            RETURN;
+        END IF;
+        RETURN QUERY SELECT l.*, true, NULL::text[]
+                       FROM outbox_lease(p_owner, p_worker, p_limit, p_lease_seconds, p_types,
+                                         p_env_enabled, p_after_at, p_after_id,
+                                         p_max_payload_bytes) l;
+        RETURN;
+    END IF;
     -- One statement: the due rows, their move to `sending` (in place: no
     -- indexed column changes), the call's row for the reaper, and what the
     -- worker sends, read from the immutable body row by its key.  OFFSET 0
@@ -202,7 +293,7 @@ BEGIN
            CASE WHEN octet_length(b.metadata_text) <= outbox_metadata_max_bytes()
                 THEN b.metadata_text END,
            b.approved_by, c.retry_base, c.available_at,
-           octet_length(b.payload_text), octet_length(b.metadata_text), false
+           octet_length(b.payload_text), octet_length(b.metadata_text), false, NULL::text[]
       FROM claimed c
      CROSS JOIN LATERAL (
            SELECT e.idempotency_key, e.effect_type, e.target, e.payload::text AS payload_text,

@@ -9,8 +9,8 @@ under load is tests/kill_switch/test_scoped_fleet.py.
 import re
 import urllib.request
 
-from outbox_test import (FAST, enqueue, free_port, http_cfg, kill_switch, query, scalar, states,
-                         wait_for)
+from outbox_test import (FAST, enqueue, free_port, http_cfg, kill_switch, query, scalar, scrape,
+                         states, wait_for)
 
 
 def pause(conn, kind, value, paused=True):
@@ -116,16 +116,51 @@ def test_a_limit_spaces_the_sends_of_an_http_worker_whose_claims_become_leases(
     assert scalar(conn, "SELECT held_total FROM outbox_scopes WHERE kind = 'host'") >= 1
 
 
+def test_a_limit_on_a_host_the_run_does_not_touch_leaves_its_claims_whole(
+        conn, dispatchers, sink):
+    """A limit on another host: the worker still claims (lease and mark in
+    one statement), the limit's bucket is not drawn on, each is sent once."""
+    kill_switch(conn, True)
+    limit(conn, "host", "127.0.0.9", 1, 1)
+    port = free_port()
+    ids = [enqueue(conn, "http", sink.url + f"/ok?{i}", {}) for i in range(8)]
+    dispatchers({**http_cfg(), "metrics": {"listen": f"127.0.0.1:{port}"}})
+    wait_for(lambda: states(conn).get("completed") == 8, timeout=30, what="all delivered")
+    assert scrape(port)["outbox_claimed_total"] == len(ids)
+    assert all(v == 1 for v in sink.keys().values()) and len(sink.keys()) == len(ids)
+    assert scalar(conn, "SELECT tokens FROM outbox_scopes WHERE value = '127.0.0.9'") == 1
+
+
+def test_a_claimed_row_the_database_read_as_unscoped_is_marked_with_the_worker_host(
+        conn, dispatchers, sink):
+    """The claim reads a URL's host cheaply (2130706433 is not 127.0.0.1 to
+    it) and claims the row; the worker, which connects to 127.0.0.1, gives
+    it back and marks it with that host, and the pause holds it: parked, no
+    attempt spent, nothing sent.  Resumed, it is sent once."""
+    kill_switch(conn, True)
+    pause(conn, "host", "127.0.0.1")
+    port = free_port()
+    eid = enqueue(conn, "http", f"http://2130706433:{sink.port}/ok", {})
+    dispatchers({**http_cfg(), "metrics": {"listen": f"127.0.0.1:{port}"}})
+    wait_for(lambda: held(conn, [eid]) == [("host:127.0.0.1", 0, "pending", True)],
+             what="the row parked by the pause at the sending transition")
+    assert scrape(port)["outbox_claimed_total"] == 1
+    assert sink.received() == []
+    pause(conn, "host", "127.0.0.1", False)
+    wait_for(lambda: states(conn).get("completed") == 1, what="sent after the resume")
+    assert len(sink.received()) == 1
+
+
 def test_a_limit_delivers_its_rate_over_every_window_of_a_backlog(conn, dispatchers, sink):
     """A backlog of 300 through a host limit of 20/s with a burst of 2, two
     workers at the default poll (a second): every 5 s window of the sends
-    holds at least 80 % of the rate and at most 110 % (a row sent at its
-    deferred slot does not pay again, and the worker that sent it leases
-    again 100 ms later for the slots after it instead of at its next poll,
-    when each of those rows would be late, pay again and lose its slot:
-    without that, 35 of 100 a window).  Not yet 10 % below: a row more
-    than 250 ms late still loses its slot (windows of 86 to 89 seen).  Each is sent once, no attempt is
-    spent waiting, and the scope's balance stays within the backlog."""
+    holds the rate within 10 % (a row sent at its deferred slot does not
+    pay again, and the worker that sent it leases again 100 ms later for
+    the slots after it instead of at its next poll, when each of those rows
+    would be late, pay again and lose its slot: without that, 35 of 100 a
+    window; with a row counted late after 250 ms instead of 500, 77 of 100
+    on a loaded machine).  Each is sent once, no attempt is spent waiting,
+    and the scope's balance stays within the backlog."""
     kill_switch(conn, True)
     limit(conn, "host", "127.0.0.1", 20, 2)
     n = 300
@@ -151,7 +186,8 @@ def test_a_limit_delivers_its_rate_over_every_window_of_a_backlog(conn, dispatch
     while s + 5 <= times[-1]:
         windows.append((round(s - times[0], 2), sum(1 for t in times if s <= t < s + 5)))
         s += 0.25
-    bad = [w for w in windows if not 80 <= w[1] <= 110]
+    bad = [w for w in windows if not 90 <= w[1] <= 110]
+    print(f"5 s windows: {min(w[1] for w in windows)} to {max(w[1] for w in windows)} sends")
     assert len(windows) >= 20 and not bad, (bad, windows)
     assert scalar(conn, "SELECT max(attempt) FROM effect_attempts "
                         "WHERE effect_id = ANY(%s::uuid[])", ([str(i) for i in ids],)) == 1

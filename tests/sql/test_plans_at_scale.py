@@ -345,6 +345,13 @@ def scoped_round(conn, c, owner, what):
                                 "outbox_lease_scoped(%s, 'w', 50, 30, '{http}', '-infinity', %s, "
                                 "67108864)", (owner, NO_ID))]
     assert len(direct) == 50, what
+    # A worker that checks the hosts: no due row's URL names a scoped host,
+    # so its claim stays one statement, the host-checked one.
+    checked_call = str(uuid.uuid4())
+    checked = run("outbox_claim, hosts checked", "SELECT effect_id::text, leased_only "
+                  "FROM outbox_claim(%s, 'w', 50, 30, '{http}', true, '{}', %s, "
+                  "p_lease_if_scoped => true, p_type_hosts => '{NULL}')", (owner, checked_call))
+    assert len(checked) == 50 and not any(only for _, only in checked), what
 
     # The provider connects to limited.example for the first 20 rows: the
     # burst's worth goes, the rest is deferred; the other 20 go.
@@ -376,6 +383,8 @@ def scoped_round(conn, c, owner, what):
     assert len(done) == len(sent) and all(a for _, a in done), what
     run("outbox_release", "SELECT outbox_release(%s, %s::uuid[])",
         (owner, leased[40:] + claimed[20:] + direct))
+    run("outbox_unclaim", "SELECT outbox_unclaim(%s, %s::uuid[], %s, true)",
+        (owner, [i for i, _ in checked], checked_call))
     query(conn, "SELECT outbox_scope_limit('host', 'limited.example', NULL, NULL, 't', 't')")
     query(conn, "SELECT count(*) FROM outbox_scope_pause('host', 'paused.example', false, 't', 't')")
     assert not scalar(conn, "SELECT scoped FROM outbox_control WHERE id = 1"), what

@@ -247,6 +247,41 @@ CLAIM = ("SELECT effect_id::text FROM outbox_claim(%s, 'w', 10, 30, %s, true, '{
          "p_lease_if_scoped => true, p_type_hosts => %s)")
 
 
+CLAIM_CHECKED = ("SELECT effect_id::text, leased_only, check_hosts FROM outbox_claim(%s, 'w', 10, "
+                 "30, %s, true, '{}', %s, p_lease_if_scoped => true, p_type_hosts => %s)")
+
+
+def test_host_scopes_alone_leave_the_claim_whole_unless_a_due_row_may_meet_one(conn):
+    """A limit on a host no due row goes to: the claim moves the rows to
+    `sending` and returns the scoped hosts for the worker to check.  A due
+    row the database reads as going to it (in its URL; a CRM row by its
+    instance's host) turns the whole claim into a lease; so does any host
+    scope for a worker that passes no hosts (built before the check)."""
+    kill_switch(conn, True)
+    query(conn, "SELECT outbox_scope_limit('host', 'limited.example', 5, 1, 'op', 'why')")
+    web = add(conn, [("http", "https://api.example/x"), ("http", "https://other.example/y")])
+    got = query(conn, CLAIM_CHECKED, (str(uuid.uuid4()), ["http"], str(uuid.uuid4()), [None]))
+    assert sorted(got) == sorted((i, False, ["limited.example"]) for i in web)
+    assert {live(conn, i)["state"] for i in web} == {"sending"}
+    assert scalar(conn, "SELECT tokens FROM outbox_scopes WHERE value = 'limited.example'") == 1
+    # A row to the limited host among them: leased, all of them.
+    mixed = add(conn, [("http", "https://api.example/z"), ("http", "https://LIMITED.example/q")])
+    got = query(conn, CLAIM_CHECKED, (str(uuid.uuid4()), ["http"], str(uuid.uuid4()), [None]))
+    assert sorted(got) == sorted((i, True, None) for i in mixed)
+    assert {live(conn, i)["state"] for i in mixed} == {"pending"}
+    # A CRM row by its instance's host, scoped or not; unknown: leased.
+    for type_hosts, leased in [(["crm.example"], False), (["limited.example"], True),
+                               ([None], True)]:
+        (rec,) = add(conn, [("crm", "Task/Ext__c")])
+        got = query(conn, CLAIM_CHECKED, (str(uuid.uuid4()), ["crm"], str(uuid.uuid4()),
+                                          type_hosts))
+        assert [(r[0], r[1]) for r in got] == [(rec, leased)], (type_hosts, got)
+    # A worker that passes no hosts: a lease while any host is scoped.
+    (old,) = add(conn, [("http", "https://api.example/w")])
+    got = query(conn, CLAIM_CHECKED, (str(uuid.uuid4()), ["http"], str(uuid.uuid4()), None))
+    assert got == [(old, True, None)]
+
+
 def test_a_host_pause_lists_each_send_under_the_host_its_worker_connects_to(conn):
     """The host a send's call recorded decides: an email marked for the
     relay, a CRM record claimed for its instance, an http request by its
