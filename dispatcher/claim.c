@@ -124,8 +124,10 @@ static bool host_scoped(const struct effect *e, const char *check_hosts)
 	const char *p;
 	size_t n;
 
-	if (check_hosts == NULL || check_hosts[0] != '{')
+	if (check_hosts == NULL)
 		return false;
+	if (check_hosts[0] != '{' || strchr(check_hosts, '\\') != NULL)
+		return true;    /* unreadable: the sending transition decides */
 	host_key_host(e->host_key, host, sizeof(host));
 	n = strlen(host);
 	for (p = check_hosts + 1; *p != '\0' && *p != '}';) {

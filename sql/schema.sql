@@ -1620,7 +1620,12 @@ BEGIN
         -- target, any spelling aside; a row of a type with no host known
         -- may go anywhere), else nothing, and the rows are leased, to be
         -- marked.  The reading only filters: the worker gives back a
-        -- claimed row it would connect to one of check_hosts for.
+        -- claimed row it would connect to one of check_hosts for.  (Such a
+        -- row is `sending` until the give-back commits; a pause in that
+        -- moment lists it, though it never starts.  The exact reading,
+        -- outbox_target_host, costs more per row than the claim itself.)
+        -- The first walk reads only what the filter needs; the payloads
+        -- are read for the rows claimed.
         RETURN QUERY
         WITH due AS MATERIALIZED (
             SELECT l.ctid AS row_at, l.effect_id FROM effect_live l
@@ -1632,17 +1637,14 @@ BEGIN
              ORDER BY l.available_at, l.effect_id
              LIMIT p_limit
              FOR UPDATE SKIP LOCKED),
-        body AS MATERIALIZED (
-            SELECT d.effect_id, b.* FROM due d
+        aim AS MATERIALIZED (
+            SELECT d.effect_id, b.effect_type, b.target FROM due d
              CROSS JOIN LATERAL (
-                   SELECT e.idempotency_key, e.effect_type, e.target,
-                          e.payload::text AS payload_text, e.payload_hash, e.effect_key,
-                          e.metadata::text AS metadata_text, e.approved_by
-                     FROM effect_outbox e WHERE e.effect_id = d.effect_id
-                    OFFSET 0) b),
+                   SELECT e.effect_type, e.target FROM effect_outbox e
+                    WHERE e.effect_id = d.effect_id OFFSET 0) b),
         free AS (
             SELECT NOT EXISTS (
-                   SELECT 1 FROM body x
+                   SELECT 1 FROM aim x
                     WHERE CASE WHEN p_type_hosts[array_position(p_types, x.effect_type)] IS NOT NULL
                                THEN p_type_hosts[array_position(p_types, x.effect_type)] = ANY (hosts)
                                WHEN x.effect_type = 'http'
@@ -1676,7 +1678,12 @@ BEGIN
                b.approved_by, c.retry_base, c.available_at,
                octet_length(b.payload_text), octet_length(b.metadata_text), false, hosts
           FROM claimed c
-         CROSS JOIN LATERAL (SELECT x.* FROM body x WHERE x.effect_id = c.effect_id) b
+         CROSS JOIN LATERAL (
+               SELECT e.idempotency_key, e.effect_type, e.target,
+                      e.payload::text AS payload_text, e.payload_hash, e.effect_key,
+                      e.metadata::text AS metadata_text, e.approved_by
+                 FROM effect_outbox e WHERE e.effect_id = c.effect_id
+                OFFSET 0) b
          ORDER BY c.available_at, c.effect_id;
         IF FOUND THEN
             RETURN;
@@ -3504,7 +3511,7 @@ BEGIN
            AND o.lease_expires_at > now()
         RETURNING o.effect_id, o.attempts, o.lease_worker)
     SELECT coalesce(array_agg(u.effect_id), '{}'), coalesce(array_agg(u.attempts), '{}'),
-           min(u.lease_worker), array_agg(p_hosts[array_position(p_ids, u.effect_id)])
+           min(u.lease_worker), array_agg(nullif(p_hosts[array_position(p_ids, u.effect_id)], ''))
       INTO ids, atts, worker, hosts FROM u;
     PERFORM outbox_record_call(call, p_owner, worker, ids,
                                now() + make_interval(secs => p_lease_seconds), hosts);

@@ -295,7 +295,7 @@ BEGIN
            AND o.lease_expires_at > now()
         RETURNING o.effect_id, o.attempts, o.lease_worker)
     SELECT coalesce(array_agg(u.effect_id), '{}'), coalesce(array_agg(u.attempts), '{}'),
-           min(u.lease_worker), array_agg(p_hosts[array_position(p_ids, u.effect_id)])
+           min(u.lease_worker), array_agg(nullif(p_hosts[array_position(p_ids, u.effect_id)], ''))
       INTO ids, atts, worker, hosts FROM u;
     PERFORM outbox_record_call(call, p_owner, worker, ids,
                                now() + make_interval(secs => p_lease_seconds), hosts);

@@ -145,9 +145,10 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$ SELECT p_kind || ':' || p_value $$;
 -- a quarter of its rate; with 250 ms, a loaded machine lost a fifth of a
 -- 20/s limit's slots).  A row later than that (its worker died holding it,
 -- the fleet was down) pays again, so that rows late together add at most
--- half a second of the rate to any 5 s window: a tenth, whatever the
--- burst (a burst's worth of time let a limit with the default burst, one
--- second's worth, catch up 20 % over a stall).  A row that goes as paid comes back with
+-- half a second of the rate to any 5 s window, a tenth, whatever the burst
+-- (at 2/s or less: one row); a burst's worth of time let a limit with the
+-- default burst, one second's worth, catch up 20 % over a stall.  Rows
+-- late together do go at once, up to that half second's worth.  A row that goes as paid comes back with
 -- held_by NULL and held_until 100 ms from now: more deferred rows are due
 -- at the slots after its own, and the worker leases again then instead of
 -- at its next poll (a second late, so every such row would pay again and
@@ -499,8 +500,9 @@ END $$;
 
 -- Pause (p_paused) or resume one scope.  Pausing returns the scope's sends
 -- in flight: the ones that moved to `sending` before it committed (for a
--- host, also every send whose target is not a URL: its host is the one the
--- provider's configuration names, which the database does not know).
+-- host, by the host each one's call recorded, else its URL's; a send
+-- with neither, from a worker built before calls recorded hosts, under
+-- every host paused).
 -- Resuming puts the rows it parked back in the queue, due now, and wakes
 -- the workers.
 CREATE OR REPLACE FUNCTION outbox_scope_pause(p_kind text, p_value text, p_paused boolean,
