@@ -12,11 +12,12 @@
  * email's thread pool, where a claimed row could wait `sending` in a
  * queue).  claim_rows() sends them; a row that cannot go after all
  * (invalid, already held, its host's breaker open, the worker stopping,
- * its host one of the scoped hosts the claim returns: host_scoped()) is
- * failed or given back (outbox_unclaim(), attempt undone).  While a scope
- * the claim could meet is paused or limited it only leases, and its answer
- * is the lease kind's (claim_answered_as(): on_taken() hands it to lease.c).  Everything else goes through outbox_lease and
- * outbox_mark_sending (lease.c, send.c).
+ * its host one of the scoped hosts the claim drew no token for:
+ * host_scoped()) is failed or given back (outbox_unclaim(), attempt
+ * undone).  When a due row meets a pause, or a limit the claim cannot pay
+ * for, it only leases, and its answer is the lease kind's
+ * (claim_answered_as(): on_taken() hands it to lease.c).  Everything else
+ * goes through outbox_lease and outbox_mark_sending (lease.c, send.c).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -111,13 +112,13 @@ struct claimed {
 	json_t *invalid;                /* outbox_fail_invalid() items */
 	struct effect **back, **kept;   /* given back (freed after); kept, waiting */
 	size_t n_back, n_kept;
-	const char *check_hosts;        /* the hosts scoped at the claim, or NULL */
 };
 
 /* Whether e's provider connects to one of the hosts scoped when the claim
- * ran (check_hosts, a text[] as PostgreSQL writes it: {a,"b"}).  The
- * database claimed the row by its own reading of the target; this is the
- * reading that counts, the host the breaker and the mark use. */
+ * ran that the claim drew no token for (check_hosts, the row's own, a
+ * text[] as PostgreSQL writes it: {a,"b"}).  The database claimed the row
+ * by its own reading of the target; this is the reading that counts, the
+ * host the breaker and the mark use. */
 static bool host_scoped(const struct effect *e, const char *check_hosts)
 {
 	char host[sizeof(e->host_key)];
@@ -165,9 +166,11 @@ static void claimed_new(struct worker *w, const struct batch *b, PGresult *r, in
 		c->back[c->n_back++] = e;
 		return;
 	}
-	if (host_scoped(e, c->check_hosts)) {
-		/* Its host is paused or limited: kept, and marked with the host
-		 * (the sending transition holds it or draws on the bucket). */
+	if (host_scoped(e, PQgetisnull(r, row, COL_CLAIM_CHECK_HOSTS)
+	                   ? NULL : PQgetvalue(r, row, COL_CLAIM_CHECK_HOSTS))) {
+		/* Its host is paused or limited, and the claim paid for none
+		 * of it: kept, and marked with the host (the sending
+		 * transition holds it or draws on the bucket). */
 		effect_set_phase(w, e, PH_WAITING);
 		c->kept[c->n_kept++] = e;
 		return;
@@ -194,9 +197,7 @@ static void claimed_rows(struct worker *w, const struct batch *b, PGresult *r)
 {
 	size_t n = (size_t)PQntuples(r);
 	struct claimed c = { .back = text_array(n + 1, sizeof(struct effect *)),
-	                     .kept = text_array(n + 1, sizeof(struct effect *)),
-	                     .check_hosts = n > 0 && !PQgetisnull(r, 0, COL_CLAIM_CHECK_HOSTS)
-	                                    ? PQgetvalue(r, 0, COL_CLAIM_CHECK_HOSTS) : NULL };
+	                     .kept = text_array(n + 1, sizeof(struct effect *)) };
 
 	for (int row = 0; row < PQntuples(r); row++) {
 		struct effect *held = held_find(w, PQgetvalue(r, row, COL_EFFECT_ID));
@@ -225,10 +226,10 @@ static void claimed_rows(struct worker *w, const struct batch *b, PGresult *r)
 	free(c.kept);
 }
 
-/* While a scope is paused or limited the claim only leases (leased_only,
- * the same for every row of an answer): its rows are the lease kind's, to
- * be marked with the host each provider connects to, and on_taken() hands
- * them to it. */
+/* When a due row meets a pause or a limit the claim cannot pay for, the
+ * claim only leases (leased_only, the same for every row of an answer): its
+ * rows are the lease kind's, to be marked with the host each provider
+ * connects to, and on_taken() hands them to it. */
 static enum take_kind claim_answered_as(const PGresult *r)
 {
 	return PQntuples(r) > 0 && PQgetvalue(r, 0, COL_CLAIM_LEASED_ONLY)[0] == 't'

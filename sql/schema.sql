@@ -1524,7 +1524,9 @@ CREATE FUNCTION public.outbox_claim(p_owner uuid, p_worker text, p_limit integer
 DECLARE
     allowed boolean;
     scoped boolean;
-    typed boolean := false;
+    s_kind text[];
+    s_value text[];
+    s_paused boolean[];
     hosts text[];
     locked text;
     after_at timestamptz := p_after_at;
@@ -1545,17 +1547,23 @@ BEGIN
     locked := pg_advisory_xact_lock_shared(outbox_kill_switch_lock_key())::text;
     SELECT c.enabled, c.scoped INTO allowed, scoped FROM outbox_control c WHERE c.id = 1;
     allowed := coalesce(allowed, false) AND p_env_enabled;
-    -- Scopes this claim's types could meet: a type scope of one of them, a
-    -- CRM object's when it takes crm (typed), or any host.  A pause or
-    -- limit on a type this worker does not serve leaves its claim whole.
+    -- Scopes this claim's types could meet, in key order (the order every
+    -- caller locks them in): a type scope of one of them, a CRM object's
+    -- when it takes crm, or any host.  A pause or limit on a type this
+    -- worker does not serve leaves its claim whole.
     IF scoped THEN
-        typed := EXISTS (SELECT 1 FROM outbox_scopes s
-                          WHERE (s.paused OR s.rate_per_second IS NOT NULL)
-                            AND ((s.kind = 'type' AND s.value = ANY (p_types))
-                                 OR (s.kind = 'crm_object' AND 'crm' = ANY (p_types))));
-        hosts := ARRAY(SELECT s.value FROM outbox_scopes s
-                        WHERE (s.paused OR s.rate_per_second IS NOT NULL) AND s.kind = 'host');
-        scoped := typed OR cardinality(hosts) > 0;
+        SELECT coalesce(array_agg(s.kind ORDER BY s.kind, s.value), '{}'),
+               coalesce(array_agg(s.value ORDER BY s.kind, s.value), '{}'),
+               coalesce(array_agg(s.paused ORDER BY s.kind, s.value), '{}')
+          INTO s_kind, s_value, s_paused
+          FROM outbox_scopes s
+         WHERE s.kind = ANY ('{crm_object,host,type}')     -- the key's walk
+           AND (s.paused OR s.rate_per_second IS NOT NULL)
+           AND (s.kind = 'host' OR (s.kind = 'type' AND s.value = ANY (p_types))
+                OR (s.kind = 'crm_object' AND 'crm' = ANY (p_types)));
+        hosts := ARRAY(SELECT s_value[i] FROM generate_subscripts(s_kind, 1) AS i
+                        WHERE s_kind[i] = 'host');
+        scoped := cardinality(s_kind) > 0;
     END IF;
     IF p_repeat THEN
         IF NOT allowed THEN
@@ -1592,12 +1600,10 @@ BEGIN
     IF NOT allowed THEN
         RETURN;
     END IF;
-    -- A scope it could meet makes the claim a lease, marked later with the
-    -- host each provider connects to; but host scopes alone, for a worker
-    -- that checks (p_type_hosts given: it gives back a claimed row whose
-    -- host is one of check_hosts, to be marked), leave it a claim unless a
-    -- due row may go to one of them (below).
-    IF scoped AND (typed OR p_type_hosts IS NULL) THEN
+    -- A worker that passes no hosts (built before the claim's reading of
+    -- scopes) has its claim turned into a lease while a scope it could
+    -- meet is set, marked later with the host each provider connects to.
+    IF scoped AND p_type_hosts IS NULL THEN
         IF p_lease_if_scoped THEN
             RETURN QUERY SELECT l.*, true, NULL::text[]
                            FROM outbox_lease(p_owner, p_worker, p_limit, p_lease_seconds,
@@ -1614,21 +1620,29 @@ BEGIN
     after_at := coalesce(after_at, '-infinity');
     after_id := coalesce(after_id, '00000000-0000-0000-0000-000000000000');
     IF scoped THEN
-        -- Host scopes only: the statement below, but it claims only when no
-        -- due row may go to a scoped host as the database reads it (its
-        -- type's one host, p_type_hosts; a scope's host within an http
-        -- target, any spelling aside; a row of a type with no host known
-        -- may go anywhere), else nothing, and the rows are leased, to be
-        -- marked.  The reading only filters: the worker gives back a
-        -- claimed row it would connect to one of check_hosts for.  (Such a
-        -- row is `sending` until the give-back commits; a pause in that
-        -- moment lists it, though it never starts.  The exact reading,
-        -- outbox_target_host, costs more per row than the claim itself.)
-        -- The first walk reads only what the filter needs; the payloads
-        -- are read for the rows claimed.
+        -- The statement below, reading the scopes for each due row as the
+        -- database can (docs/design.md, "Scoped pauses and rate limits").
+        -- A row meets a scope by its type, its CRM object, or a host: its
+        -- type's one host (p_type_hosts), else a scope's host anywhere in
+        -- an http target (any spelling aside); a row of a type with no
+        -- host known may go to any.  It claims the rows when each meets
+        -- only limits it certainly belongs to (its type, its one host, the
+        -- host an http URL starts with) and those limits' buckets have a
+        -- token for every row now: it draws them, as the mark would.
+        -- Otherwise (a pause met, a row deferred by a limit, a host only
+        -- perhaps in the URL, a bucket short) it claims nothing, and the
+        -- rows are leased, to be marked by the sending transition.  The
+        -- reading only filters: each row comes back with check_hosts, the
+        -- scoped hosts it drew no token for, and the worker gives back a
+        -- claimed row it would connect to one of them for, to be marked.
+        -- (Such a row is `sending` until the give-back commits; a pause in
+        -- that moment lists it, though it never starts.  The exact
+        -- reading, outbox_target_host, costs more per row than the claim
+        -- itself.)  The first walk reads only what the reading needs; the
+        -- payloads are read for the rows claimed.
         RETURN QUERY
         WITH due AS MATERIALIZED (
-            SELECT l.ctid AS row_at, l.effect_id FROM effect_live l
+            SELECT l.ctid AS row_at, l.effect_id, l.held_by FROM effect_live l
              WHERE (l.available_at, l.effect_id) > (after_at, after_id)
                AND l.available_at <= now()
                AND l.state = 'pending'
@@ -1638,19 +1652,71 @@ BEGIN
              LIMIT p_limit
              FOR UPDATE SKIP LOCKED),
         aim AS MATERIALIZED (
-            SELECT d.effect_id, b.effect_type, b.target FROM due d
+            SELECT d.effect_id, d.held_by, b.effect_type, b.target, lower(b.target) AS url,
+                   p_type_hosts[array_position(p_types, b.effect_type)] AS one_host
+              FROM due d
              CROSS JOIN LATERAL (
                    SELECT e.effect_type, e.target FROM effect_outbox e
                     WHERE e.effect_id = d.effect_id OFFSET 0) b),
-        free AS (
-            SELECT NOT EXISTS (
-                   SELECT 1 FROM aim x
-                    WHERE CASE WHEN p_type_hosts[array_position(p_types, x.effect_type)] IS NOT NULL
-                               THEN p_type_hosts[array_position(p_types, x.effect_type)] = ANY (hosts)
-                               WHEN x.effect_type = 'http'
-                               THEN EXISTS (SELECT 1 FROM unnest(hosts) AS h(v)
-                                             WHERE strpos(lower(x.target), h.v) > 0)
-                               ELSE true END) AS ok),
+        -- Each scope (j) each row meets, and whether the claim may pay for
+        -- it: a limit, not a pause, on a row no limit deferred, that the
+        -- row certainly belongs to.
+        hit AS MATERIALIZED (
+            SELECT x.effect_id, j.j,
+                   NOT s_paused[j.j] AND x.held_by IS NULL
+                   AND CASE s_kind[j.j]
+                       WHEN 'type' THEN true
+                       WHEN 'host' THEN x.one_host IS NOT NULL
+                            OR (x.effect_type = 'http'
+                                AND left(x.url, position('://' IN x.url) + 2)
+                                    IN ('http://', 'https://')
+                                AND substr(x.url, position('://' IN x.url) + 3,
+                                           length(s_value[j.j]) + 1)
+                                    IN (s_value[j.j], s_value[j.j] || ':', s_value[j.j] || '/',
+                                        s_value[j.j] || '?', s_value[j.j] || '#'))
+                       ELSE false END AS payable
+              FROM aim x
+             CROSS JOIN LATERAL (
+                   SELECT i AS j FROM generate_subscripts(s_kind, 1) AS i
+                    WHERE CASE s_kind[i]
+                          WHEN 'type' THEN x.effect_type = s_value[i]
+                          WHEN 'crm_object' THEN x.effect_type = 'crm'
+                               AND lower(split_part(x.target, '/', 1)) = s_value[i]
+                          ELSE CASE WHEN x.one_host IS NOT NULL THEN x.one_host = s_value[i]
+                                    WHEN x.effect_type = 'http' THEN strpos(x.url, s_value[i]) > 0
+                                    ELSE true END
+                          END) j),
+        -- The tokens each limit met needs, its bucket locked (key order,
+        -- as the mark locks them) and refilled to now; nothing locked when
+        -- a row cannot be paid.
+        need AS MATERIALIZED (
+            SELECT h.j, count(*) AS n FROM hit h
+             WHERE NOT EXISTS (SELECT 1 FROM hit k WHERE NOT k.payable)
+             GROUP BY h.j ORDER BY h.j),
+        bucket AS MATERIALIZED (
+            SELECT n.j, n.n, t.tokens FROM need n
+             CROSS JOIN LATERAL (
+                   SELECT least(s.burst::double precision,
+                                s.tokens + s.rate_per_second
+                                  * greatest(extract(epoch FROM now() - s.tokens_at), 0))
+                            AS tokens
+                     FROM outbox_scopes s
+                    WHERE s.kind = s_kind[n.j] AND s.value = s_value[n.j]
+                      AND s.rate_per_second IS NOT NULL
+                      FOR UPDATE) t),
+        free AS MATERIALIZED (
+            SELECT NOT EXISTS (SELECT 1 FROM hit h WHERE NOT h.payable)
+                   AND NOT EXISTS (SELECT 1 FROM need n
+                                    WHERE NOT EXISTS (SELECT 1 FROM bucket b
+                                                       WHERE b.j = n.j AND b.tokens >= n.n))
+                   AS ok),
+        -- The draw: the claim pays for its rows only when every bucket
+        -- has a token for each of them, so it never goes below zero (a
+        -- mark's debt reserves the slots of the rows it deferred).
+        drawn AS (
+            UPDATE outbox_scopes s SET tokens = b.tokens - b.n, tokens_at = now()
+              FROM bucket b
+             WHERE s.kind = s_kind[b.j] AND s.value = s_value[b.j] AND (SELECT f.ok FROM free f)),
         claimed AS (
             UPDATE effect_live o
                SET state = 'sending', attempts = o.attempts + 1,
@@ -1676,7 +1742,12 @@ BEGIN
                CASE WHEN octet_length(b.metadata_text) <= outbox_metadata_max_bytes()
                     THEN b.metadata_text END,
                b.approved_by, c.retry_base, c.available_at,
-               octet_length(b.payload_text), octet_length(b.metadata_text), false, hosts
+               octet_length(b.payload_text), octet_length(b.metadata_text), false,
+               CASE WHEN cardinality(hosts) > 0
+                    THEN ARRAY(SELECT v FROM unnest(hosts) AS v
+                                WHERE v NOT IN (SELECT s_value[h.j] FROM hit h
+                                                 WHERE h.effect_id = c.effect_id
+                                                   AND s_kind[h.j] = 'host')) END
           FROM claimed c
          CROSS JOIN LATERAL (
                SELECT e.idempotency_key, e.effect_type, e.target,

@@ -131,6 +131,25 @@ def test_a_limit_on_a_host_the_run_does_not_touch_leaves_its_claims_whole(
     assert scalar(conn, "SELECT tokens FROM outbox_scopes WHERE value = '127.0.0.9'") == 1
 
 
+def test_a_limit_the_run_meets_with_tokens_to_spare_is_paid_for_in_the_claim(
+        conn, dispatchers, sink):
+    """A limit on the sink's host with a token for every row: the claim
+    moves the rows to `sending` and draws their tokens in the same
+    statement; the worker, told the claim paid for that host, sends them
+    without a mark (which would draw again: at 0.01/s the second draw would
+    defer each row by 100 s).  Each is sent once, the bucket is empty."""
+    kill_switch(conn, True)
+    limit(conn, "host", "127.0.0.1", 0.01, 8)
+    port = free_port()
+    ids = [enqueue(conn, "http", sink.url + f"/ok?{i}", {}) for i in range(8)]
+    dispatchers({**http_cfg(), "metrics": {"listen": f"127.0.0.1:{port}"}})
+    wait_for(lambda: states(conn).get("completed") == 8, timeout=30, what="all delivered")
+    assert scrape(port)["outbox_claimed_total"] == len(ids)
+    assert all(v == 1 for v in sink.keys().values()) and len(sink.keys()) == len(ids)
+    assert 0 <= scalar(conn, "SELECT tokens FROM outbox_scopes WHERE value = '127.0.0.1'") < 0.5
+    assert scalar(conn, "SELECT held_total FROM outbox_scopes WHERE value = '127.0.0.1'") == 0
+
+
 def test_a_claimed_row_the_database_read_as_unscoped_is_marked_with_the_worker_host(
         conn, dispatchers, sink):
     """The claim reads a URL's host cheaply (2130706433 is not 127.0.0.1 to

@@ -352,6 +352,16 @@ def scoped_round(conn, c, owner, what):
                   "FROM outbox_claim(%s, 'w', 50, 30, '{http}', true, '{}', %s, "
                   "p_lease_if_scoped => true, p_type_hosts => '{NULL}')", (owner, checked_call))
     assert len(checked) == 50 and not any(only for _, only in checked), what
+    # A limit on the rows' own host, with a token for each: the claim draws
+    # on its bucket in the same statement.
+    query(conn, "SELECT outbox_scope_limit('host', '127.0.0.1', 1000, 1000, 't', 't')")
+    drawn_call = str(uuid.uuid4())
+    drawn = run("outbox_claim, a limit drawn on", "SELECT effect_id::text, leased_only "
+                "FROM outbox_claim(%s, 'w', 50, 30, '{http}', true, '{}', %s, "
+                "p_lease_if_scoped => true, p_type_hosts => '{NULL}')", (owner, drawn_call))
+    assert len(drawn) == 50 and not any(only for _, only in drawn), what
+    assert scalar(conn, "SELECT tokens FROM outbox_scopes WHERE value = '127.0.0.1'") < 951, what
+    query(conn, "SELECT outbox_scope_limit('host', '127.0.0.1', NULL, NULL, 't', 't')")
 
     # The provider connects to limited.example for the first 20 rows: the
     # burst's worth goes, the rest is deferred; the other 20 go.
@@ -385,6 +395,8 @@ def scoped_round(conn, c, owner, what):
         (owner, leased[40:] + claimed[20:] + direct))
     run("outbox_unclaim", "SELECT outbox_unclaim(%s, %s::uuid[], %s, true)",
         (owner, [i for i, _ in checked], checked_call))
+    run("outbox_unclaim", "SELECT outbox_unclaim(%s, %s::uuid[], %s, true)",
+        (owner, [i for i, _ in drawn], drawn_call))
     query(conn, "SELECT outbox_scope_limit('host', 'limited.example', NULL, NULL, 't', 't')")
     query(conn, "SELECT count(*) FROM outbox_scope_pause('host', 'paused.example', false, 't', 't')")
     assert not scalar(conn, "SELECT scoped FROM outbox_control WHERE id = 1"), what

@@ -251,35 +251,102 @@ CLAIM_CHECKED = ("SELECT effect_id::text, leased_only, check_hosts FROM outbox_c
                  "30, %s, true, '{}', %s, p_lease_if_scoped => true, p_type_hosts => %s)")
 
 
-def test_host_scopes_alone_leave_the_claim_whole_unless_a_due_row_may_meet_one(conn):
+def claim_checked(conn, types, type_hosts, owner=None):
+    return sorted(query(conn, CLAIM_CHECKED, (owner or str(uuid.uuid4()), types,
+                                              str(uuid.uuid4()), type_hosts)))
+
+
+def tokens(conn, value):
+    return scalar(conn, "SELECT tokens FROM outbox_scopes WHERE value = %s", (value,))
+
+
+def test_a_claim_pays_for_the_limits_its_rows_certainly_meet_and_leases_otherwise(conn):
     """A limit on a host no due row goes to: the claim moves the rows to
-    `sending` and returns the scoped hosts for the worker to check.  A due
-    row the database reads as going to it (in its URL; a CRM row by its
-    instance's host) turns the whole claim into a lease; so does any host
-    scope for a worker that passes no hosts (built before the check)."""
+    `sending`, draws nothing and returns the scoped host for the worker to
+    check.  A row to the limited host (its URL's host; a CRM row by its
+    instance's host): claimed too, one token drawn, that host left out of
+    its check.  A bucket short of a token, a host only perhaps in the URL,
+    a row of a type with no host known: a lease, nothing drawn.  A worker
+    that passes no hosts (built before the check): a lease."""
     kill_switch(conn, True)
     query(conn, "SELECT outbox_scope_limit('host', 'limited.example', 5, 1, 'op', 'why')")
     web = add(conn, [("http", "https://api.example/x"), ("http", "https://other.example/y")])
-    got = query(conn, CLAIM_CHECKED, (str(uuid.uuid4()), ["http"], str(uuid.uuid4()), [None]))
-    assert sorted(got) == sorted((i, False, ["limited.example"]) for i in web)
+    assert claim_checked(conn, ["http"], [None]) == sorted(
+        (i, False, ["limited.example"]) for i in web)
     assert {live(conn, i)["state"] for i in web} == {"sending"}
-    assert scalar(conn, "SELECT tokens FROM outbox_scopes WHERE value = 'limited.example'") == 1
-    # A row to the limited host among them: leased, all of them.
-    mixed = add(conn, [("http", "https://api.example/z"), ("http", "https://LIMITED.example/q")])
-    got = query(conn, CLAIM_CHECKED, (str(uuid.uuid4()), ["http"], str(uuid.uuid4()), [None]))
-    assert sorted(got) == sorted((i, True, None) for i in mixed)
-    assert {live(conn, i)["state"] for i in mixed} == {"pending"}
-    # A CRM row by its instance's host, scoped or not; unknown: leased.
-    for type_hosts, leased in [(["crm.example"], False), (["limited.example"], True),
-                               ([None], True)]:
+    assert tokens(conn, "limited.example") == 1
+    # A row to the limited host among them: claimed, its token drawn.
+    other, to_limited = add(conn, [("http", "https://api.example/z"),
+                                   ("http", "https://LIMITED.example/q")])
+    assert claim_checked(conn, ["http"], [None]) == sorted(
+        [(other, False, ["limited.example"]), (to_limited, False, [])])
+    assert live(conn, to_limited)["state"] == "sending"
+    assert tokens(conn, "limited.example") == 0
+    # The bucket is short now (a token in 200 ms): a lease, nothing drawn.
+    at = scalar(conn, "SELECT tokens_at FROM outbox_scopes WHERE value = 'limited.example'")
+    (next_one,) = add(conn, [("http", "https://limited.example/r")])
+    assert claim_checked(conn, ["http"], [None]) == [(next_one, True, None)]
+    assert live(conn, next_one)["state"] == "pending"
+    assert scalar(conn, "SELECT tokens_at FROM outbox_scopes WHERE value = 'limited.example'") == at
+    # A host only perhaps the URL's: a lease, whatever the bucket holds.
+    # (Each leased row keeps its lease: the next claim walks past it.)
+    query(conn, "SELECT outbox_scope_limit('host', 'limited.example', 1000, 100, 'op', 'why')")
+    for target in ["https://api.example/?to=limited.example", "https://u@limited.example/",
+                   "https://limited.example.evil/", "ftp://limited.example/",
+                   "https://limited.example\\@other.example/"]:
+        (row,) = add(conn, [("http", target)])
+        assert claim_checked(conn, ["http"], [None]) == [(row, True, None)], target
+    assert tokens(conn, "limited.example") == 100
+    # A CRM row by its instance's host: unscoped, drawn for, or unknown.
+    for type_hosts, expect in [(["crm.example"], (False, ["limited.example"])),
+                               (["limited.example"], (False, [])), ([None], (True, None))]:
         (rec,) = add(conn, [("crm", "Task/Ext__c")])
-        got = query(conn, CLAIM_CHECKED, (str(uuid.uuid4()), ["crm"], str(uuid.uuid4()),
-                                          type_hosts))
-        assert [(r[0], r[1]) for r in got] == [(rec, leased)], (type_hosts, got)
+        got = claim_checked(conn, ["crm"], type_hosts)
+        assert got == [(rec,) + expect], (type_hosts, got)
+    assert 98 < tokens(conn, "limited.example") < 99.1
     # A worker that passes no hosts: a lease while any host is scoped.
     (old,) = add(conn, [("http", "https://api.example/w")])
-    got = query(conn, CLAIM_CHECKED, (str(uuid.uuid4()), ["http"], str(uuid.uuid4()), None))
-    assert got == [(old, True, None)]
+    assert claim_checked(conn, ["http"], None) == [(old, True, None)]
+
+
+def test_a_claim_leaves_to_the_mark_what_a_pause_holds_or_a_limit_deferred(conn):
+    """A row a pause may hold (a host in its URL, its CRM object) turns the
+    claim into a lease, which parks what it can see is paused; the claim
+    then takes the rows behind.  A limit of the row's type is drawn on as a
+    host's is.  A row a limit deferred has paid for its slot (the mark lets
+    it go without drawing again): the claim leaves it to the mark, even
+    with tokens in the bucket."""
+    kill_switch(conn, True)
+    pause(conn, "host", "paused.example")
+    owner = str(uuid.uuid4())
+    held, free = add(conn, [("http", "https://paused.example/a"), ("http", "https://api.example/b")])
+    assert claim_checked(conn, ["http"], [None], owner) == [(free, True, None)]
+    assert live(conn, held)["held_by"] == "host:paused.example"
+    pause(conn, "crm_object", "Task")
+    task, note = add(conn, [("crm", "Task/Ext__c"), ("crm", "Note/Ext__c")])
+    assert claim_checked(conn, ["crm"], ["crm.example"], owner) == [(note, True, None)]
+    assert live(conn, task)["held_by"] == "crm_object:task"
+    query(conn, "SELECT outbox_release(%s, %s::uuid[], 0)", (owner, [free, note]))
+    assert claim_checked(conn, ["crm", "http"], ["crm.example", None]) == sorted(
+        [(free, False, ["paused.example"]), (note, False, ["paused.example"])])
+    # A type limit: drawn on, then short.
+    query(conn, "SELECT outbox_scope_limit('type', 'http', 2, 2, 'op', 'why')")
+    two = add(conn, [("http", "https://api.example/1"), ("http", "https://api.example/2")])
+    assert claim_checked(conn, ["http"], [None]) == sorted(
+        (i, False, ["paused.example"]) for i in two)
+    assert tokens(conn, "http") == 0
+    (late,) = add(conn, [("http", "https://api.example/3")])
+    assert claim_checked(conn, ["http"], [None], owner) == [(late, True, None)]
+    mark = query(conn, MARK, (owner, [late], str(uuid.uuid4()), None))
+    assert mark[0][2] is True and mark[0][3] == "type:http"     # deferred to its slot
+    # Once the bucket has a token again, the deferred row is due: the
+    # claim leases it, drawing nothing, for the mark to let it go.
+    wait_for(lambda: scalar(conn, "SELECT s.tokens + 2 * extract(epoch FROM now() - s.tokens_at) >= 1 "
+                                  "AND l.available_at <= now() FROM outbox_scopes s, effect_live l "
+                                  "WHERE s.kind = 'type' AND l.effect_id = %s", (late,)), timeout=10)
+    at = scalar(conn, "SELECT tokens_at FROM outbox_scopes WHERE kind = 'type'")
+    assert claim_checked(conn, ["http"], [None]) == [(late, True, None)]
+    assert scalar(conn, "SELECT tokens_at FROM outbox_scopes WHERE kind = 'type'") == at
 
 
 def test_a_host_pause_lists_each_send_under_the_host_its_worker_connects_to(conn):
