@@ -330,7 +330,8 @@ void page_unknown(const struct req *rq, struct strbuf *b)
 	                  "u.last_attempt_outcome, u.last_attempt_status, u.last_attempt_error, "
 	                  "outbox_console_run_state(u.idempotency_key, u.run_state), e.lookups, "
 	                  "e.last_lookup, "
-	                  T("e.last_lookup_at") ", e.late_accepted "
+	                  T("e.last_lookup_at") ", e.late_accepted, e.phase, "
+	                  "extract(epoch FROM now() - e.sent_at)::bigint "
 	                  "FROM outbox_read_unknown() u "
 	                  "CROSS JOIN LATERAL outbox_console_unknown_evidence(u.effect_id) e",
 	                  0, NULL, &err);
@@ -347,7 +348,8 @@ void page_unknown(const struct req *rq, struct strbuf *b)
 	}
 	sb_puts(b, "<table id=\"unknown\"><tr><th></th><th>effect</th><th>run key (state)</th>"
 	           "<th>provider key</th><th>type, target</th><th>attempts</th><th>unknown since</th>"
-	           "<th>since the last call</th><th>last call</th><th>reconcile lookups</th>"
+	           "<th>since the last call</th><th>phase reached</th><th>since the point of no "
+	           "return</th><th>last call</th><th>reconcile lookups</th>"
 	           "<th>late acceptances</th></tr>");
 	for (int i = 0; i < PQntuples(r); i++) {
 		sb_puts(b, "<tr><td>");
@@ -373,7 +375,16 @@ void page_unknown(const struct req *rq, struct strbuf *b)
 		cell(b, r, i, 6);
 		sb_puts(b, "<td>");
 		h(b, v(r, i, 7));
-		sb_puts(b, " s</td><td>");
+		/* The phase the last send reached, and how long ago it went
+		 * `sending` (past that point the provider may have it). */
+		sb_puts(b, " s</td><td class=\"phase\">");
+		h(b, v(r, i, 17));
+		sb_puts(b, "</td><td class=\"no-return\">");
+		if (v(r, i, 18)) {
+			h(b, v(r, i, 18));
+			sb_puts(b, " s");
+		}
+		sb_puts(b, "</td><td>");
 		if (v(r, i, 8)) {
 			sb_puts(b, "worker ");
 			h(b, v(r, i, 8));

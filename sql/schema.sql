@@ -295,6 +295,12 @@ CREATE SEQUENCE public.effect_history_id_seq
 CREATE INDEX effect_history_effect_idx ON ONLY public.effect_history USING btree (created_at, effect_id);
 
 --
+-- Name: effect_history_failed_idx; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE INDEX effect_history_failed_idx ON ONLY public.effect_history USING btree (effect_id) WHERE (state = 'failed'::text);
+
+--
 -- Name: effect_history_ended_brin; Type: INDEX; Schema: public; Owner: -
 --
 
@@ -344,6 +350,12 @@ ALTER TABLE ONLY public.effect_history ATTACH PARTITION public.effect_history_YY
 CREATE INDEX effect_history_YYYYMM_created_at_effect_id_idx ON public.effect_history_YYYYMM USING btree (created_at, effect_id);
 
 --
+-- Name: effect_history_YYYYMM_effect_id_idx; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE INDEX effect_history_YYYYMM_effect_id_idx ON public.effect_history_YYYYMM USING btree (effect_id) WHERE (state = 'failed'::text);
+
+--
 -- Name: effect_history_YYYYMM_ended_at_idx; Type: INDEX; Schema: public; Owner: -
 --
 
@@ -354,6 +366,12 @@ CREATE INDEX effect_history_YYYYMM_ended_at_idx ON public.effect_history_YYYYMM 
 --
 
 ALTER INDEX public.effect_history_effect_idx ATTACH PARTITION public.effect_history_YYYYMM_created_at_effect_id_idx;
+
+--
+-- Name: effect_history_YYYYMM_effect_id_idx; Type: INDEX ATTACH; Schema: public; Owner: -
+--
+
+ALTER INDEX public.effect_history_failed_idx ATTACH PARTITION public.effect_history_YYYYMM_effect_id_idx;
 
 --
 -- Name: effect_history_YYYYMM_ended_at_idx; Type: INDEX ATTACH; Schema: public; Owner: -
@@ -413,6 +431,12 @@ ALTER TABLE ONLY public.effect_history ATTACH PARTITION public.effect_history_de
 CREATE INDEX effect_history_default_created_at_effect_id_idx ON public.effect_history_default USING btree (created_at, effect_id);
 
 --
+-- Name: effect_history_default_effect_id_idx; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE INDEX effect_history_default_effect_id_idx ON public.effect_history_default USING btree (effect_id) WHERE (state = 'failed'::text);
+
+--
 -- Name: effect_history_default_ended_at_idx; Type: INDEX; Schema: public; Owner: -
 --
 
@@ -423,6 +447,12 @@ CREATE INDEX effect_history_default_ended_at_idx ON public.effect_history_defaul
 --
 
 ALTER INDEX public.effect_history_effect_idx ATTACH PARTITION public.effect_history_default_created_at_effect_id_idx;
+
+--
+-- Name: effect_history_default_effect_id_idx; Type: INDEX ATTACH; Schema: public; Owner: -
+--
+
+ALTER INDEX public.effect_history_failed_idx ATTACH PARTITION public.effect_history_default_effect_id_idx;
 
 --
 -- Name: effect_history_default_ended_at_idx; Type: INDEX ATTACH; Schema: public; Owner: -
@@ -1519,7 +1549,7 @@ CREATE FUNCTION public.outbox_claim(p_owner uuid, p_worker text, p_limit integer
     SET enable_hashjoin TO 'off'
     SET enable_mergejoin TO 'off'
     SET jit TO 'off'
-    AS $$
+    AS $_$
 #variable_conflict use_column
 DECLARE
     allowed boolean;
@@ -1670,10 +1700,19 @@ BEGIN
                             OR (x.effect_type = 'http'
                                 AND left(x.url, position('://' IN x.url) + 2)
                                     IN ('http://', 'https://')
-                                AND substr(x.url, position('://' IN x.url) + 3,
-                                           length(s_value[j.j]) + 1)
-                                    IN (s_value[j.j], s_value[j.j] || ':', s_value[j.j] || '/',
-                                        s_value[j.j] || '?', s_value[j.j] || '#'))
+                                AND CASE substr(x.url, position('://' IN x.url) + 3,
+                                                length(s_value[j.j]) + 1)
+                                    WHEN s_value[j.j] THEN true
+                                    WHEN s_value[j.j] || '/' THEN true
+                                    WHEN s_value[j.j] || '?' THEN true
+                                    WHEN s_value[j.j] || '#' THEN true
+                                    -- A port, not a user's password before
+                                    -- another host ('host:pw@other').
+                                    WHEN s_value[j.j] || ':' THEN
+                                         substr(x.url, position('://' IN x.url) + 4
+                                                       + length(s_value[j.j]))
+                                         ~ '^[0-9]*([/?#]|$)'
+                                    ELSE false END)
                        ELSE false END AS payable
               FROM aim x
              CROSS JOIN LATERAL (
@@ -1714,7 +1753,8 @@ BEGIN
         -- has a token for each of them, so it never goes below zero (a
         -- mark's debt reserves the slots of the rows it deferred).
         drawn AS (
-            UPDATE outbox_scopes s SET tokens = b.tokens - b.n, tokens_at = now()
+            UPDATE outbox_scopes s SET tokens = b.tokens - b.n,
+                   tokens_at = greatest(s.tokens_at, now())
               FROM bucket b
              WHERE s.kind = s_kind[b.j] AND s.value = s_value[b.j] AND (SELECT f.ok FROM free f)),
         claimed AS (
@@ -1813,7 +1853,7 @@ BEGIN
              FROM effect_outbox e WHERE e.effect_id = c.effect_id
             OFFSET 0) b
      ORDER BY c.available_at, c.effect_id;
-END $$;
+END $_$;
 
 --
 -- Name: outbox_claim_repeated(uuid); Type: FUNCTION; Schema: public; Owner: -
@@ -2365,11 +2405,15 @@ CREATE FUNCTION public.outbox_console_counts(p_cap integer DEFAULT 20000) RETURN
                  WHERE h.ended_at > now() - interval '24 hours' AND h.state IS NOT NULL
                  LIMIT (SELECT n + 1 FROM cap)) f),
     walks AS (SELECT w.walk, count(*) > (SELECT n FROM cap) AS capped FROM walked w GROUP BY 1)
-    SELECT w.state, b.effect_type, outbox_target_host(b.target), count(*),
-           count(*) FILTER (WHERE w.held_by IS NOT NULL), bool_or(k.capped)
-      FROM walked w
-      JOIN effect_outbox b ON b.effect_id = w.effect_id
-      JOIN walks k ON k.walk = w.walk
+    SELECT c.state, c.effect_type, coalesce(outbox_host_canon(c.written), nullif(c.written, '')),
+           sum(c.n)::bigint, sum(c.held)::bigint, bool_or(c.capped)
+      FROM (SELECT w.state, b.effect_type, outbox_target_host_written(b.target) AS written,
+                   count(*) AS n, count(*) FILTER (WHERE w.held_by IS NOT NULL) AS held,
+                   bool_or(k.capped) AS capped
+              FROM walked w
+              JOIN effect_outbox b ON b.effect_id = w.effect_id
+              JOIN walks k ON k.walk = w.walk
+             GROUP BY 1, 2, 3) c
      GROUP BY 1, 2, 3
      ORDER BY 1, 2, 3;
 $$;
@@ -2394,6 +2438,10 @@ CREATE FUNCTION public.outbox_console_effects(p_from timestamp with time zone, p
     LANGUAGE sql STABLE SECURITY DEFINER
     SET search_path TO 'public', 'pg_temp'
     SET jit TO 'off'
+    SET enable_sort TO 'off'
+    SET enable_hashjoin TO 'off'
+    SET enable_hashagg TO 'off'
+    SET enable_seqscan TO 'off'
     AS $$
     (SELECT o.effect_id, o.idempotency_key, o.effect_type, o.target, o.state, o.attempts,
             o.created_at, o.updated_at, o.last_error_class, o.last_error, o.provider_id
@@ -2417,10 +2465,11 @@ CREATE FUNCTION public.outbox_console_effects(p_from timestamp with time zone, p
     (SELECT o.effect_id, o.idempotency_key, o.effect_type, o.target, o.state, o.attempts,
             o.created_at, o.updated_at, o.last_error_class, o.last_error, o.provider_id
        FROM (SELECT DISTINCT h.effect_id FROM effect_history h
-              WHERE p_state = 'failed' AND h.state = 'failed' AND h.ended_at >= p_from
+              WHERE p_state = 'failed' AND h.state = 'failed'
                 AND h.effect_id >= outbox_effect_id_floor(p_from)
                 AND h.effect_id < coalesce(p_before, outbox_effect_id_floor(p_to))
-                AND h.effect_id < outbox_effect_id_floor(p_to)) f
+                AND h.effect_id < outbox_effect_id_floor(p_to)
+              ORDER BY h.effect_id DESC) f
        JOIN outbox_effects o ON o.effect_id = f.effect_id
       WHERE o.state = 'failed'
         AND (p_run_key IS NULL OR o.idempotency_key = p_run_key)
@@ -2547,7 +2596,7 @@ $$;
 -- Name: outbox_console_unknown_evidence(uuid); Type: FUNCTION; Schema: public; Owner: -
 --
 
-CREATE FUNCTION public.outbox_console_unknown_evidence(p_effect_id uuid) RETURNS TABLE(lookups bigint, last_lookup text, last_lookup_at timestamp with time zone, late_accepted bigint)
+CREATE FUNCTION public.outbox_console_unknown_evidence(p_effect_id uuid) RETURNS TABLE(lookups bigint, last_lookup text, last_lookup_at timestamp with time zone, late_accepted bigint, phase text, sent_at timestamp with time zone)
     LANGUAGE sql STABLE SECURITY DEFINER
     SET search_path TO 'public', 'pg_temp'
     AS $$
@@ -2556,7 +2605,18 @@ CREATE FUNCTION public.outbox_console_unknown_evidence(p_effect_id uuid) RETURNS
                       || coalesce(': ' || h.error_text, '') ORDER BY h.history_id DESC)
               FILTER (WHERE h.source = 'reconcile'))[1],
            max(h.started_at) FILTER (WHERE h.source = 'reconcile'),
-           count(*) FILTER (WHERE h.resolution = 'late_accepted')
+           count(*) FILTER (WHERE h.resolution = 'late_accepted'),
+           (array_agg(CASE
+                WHEN h.outcome_class = 'lease_lost'
+                    THEN 'sending; worker lost'
+                WHEN coalesce(h.provider_status, 0) > 0
+                    THEN 'sent; inconclusive ' || h.provider_status
+                ELSE 'sent; no answer' END ORDER BY h.history_id DESC)
+              FILTER (WHERE h.source IN ('worker', 'reaper')
+                        AND h.outcome_class IN ('ambiguous', 'lease_lost')))[1],
+           (array_agg(h.started_at ORDER BY h.history_id DESC)
+              FILTER (WHERE h.source IN ('worker', 'reaper')
+                        AND h.outcome_class IN ('ambiguous', 'lease_lost')))[1]
       FROM effect_outbox b
       JOIN effect_history h ON h.created_at = b.created_at AND h.effect_id = b.effect_id
      WHERE b.effect_id = p_effect_id;
@@ -2961,6 +3021,30 @@ BEGIN
       INTO ids, types FROM gone g;
     RETURN QUERY SELECT * FROM unnest(ids, types);
 END $$;
+
+--
+-- Name: outbox_history_index_todo(); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.outbox_history_index_todo() RETURNS TABLE(part text, index_name text, leftover text, leftover_valid boolean)
+    LANGUAGE sql STABLE
+    SET search_path TO 'public', 'pg_temp'
+    AS $$
+    SELECT p.inhrelid::regclass::text, quote_ident(c.relname || '_effect_id_idx'),
+           l.indexrelid::regclass::text, l.indisvalid
+      FROM pg_inherits p
+      JOIN pg_class c ON c.oid = p.inhrelid
+      LEFT JOIN LATERAL (SELECT i.indexrelid, i.indisvalid FROM pg_index i
+                           JOIN pg_class ic ON ic.oid = i.indexrelid
+                          WHERE i.indrelid = p.inhrelid
+                            AND ic.relname = c.relname || '_effect_id_idx') l ON true
+     WHERE p.inhparent = 'effect_history'::regclass
+       AND to_regclass('effect_history_failed_idx') IS NOT NULL
+       AND NOT EXISTS (SELECT 1 FROM pg_inherits x JOIN pg_index i ON i.indexrelid = x.inhrelid
+                        WHERE x.inhparent = to_regclass('effect_history_failed_idx')
+                          AND i.indrelid = p.inhrelid)
+     ORDER BY c.relname;
+$$;
 
 --
 -- Name: outbox_history_months(timestamp with time zone, timestamp with time zone); Type: FUNCTION; Schema: public; Owner: -
@@ -5287,7 +5371,8 @@ BEGIN
     -- Each scope this call drew on or held for, written once.
     UPDATE outbox_scopes s
        SET tokens = CASE WHEN s.rate_per_second IS NULL THEN s.tokens ELSE u.tokens END,
-           tokens_at = CASE WHEN s.rate_per_second IS NULL THEN s.tokens_at ELSE now() END,
+           tokens_at = CASE WHEN s.rate_per_second IS NULL THEN s.tokens_at
+                            ELSE greatest(s.tokens_at, now()) END,
            held_total = s.held_total + u.held
       FROM unnest(s_kind[1:m], s_value[1:m], s_tokens[1:m], s_held[1:m], s_used[1:m])
            AS u(kind, value, tokens, held, used)
@@ -5490,9 +5575,19 @@ END $$;
 CREATE FUNCTION public.outbox_target_host(p_target text) RETURNS text
     LANGUAGE sql IMMUTABLE PARALLEL SAFE
     AS $$
-    SELECT coalesce(outbox_host_canon(h), nullif(lower(h), ''))
-      FROM (SELECT substring(p_target FROM
-                   '^[Hh][Tt][Tt][Pp][Ss]?://(?:[^/?#@]*@)?(\[[^]/?#]*\]|[^:/?#]*)') AS h) x;
+    SELECT coalesce(outbox_host_canon(h), nullif(h, ''))
+      FROM (SELECT outbox_target_host_written(p_target) AS h) x;
+$$;
+
+--
+-- Name: outbox_target_host_written(text); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.outbox_target_host_written(p_target text) RETURNS text
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $$
+    SELECT lower(substring(p_target FROM
+                 '^[Hh][Tt][Tt][Pp][Ss]?://(?:[^/?#@]*@)?(\[[^]/?#]*\]|[^:/?#]*)'));
 $$;
 
 --
@@ -5999,6 +6094,12 @@ GRANT ALL ON FUNCTION public.outbox_fail_unknown_types(p_grace_seconds integer, 
 REVOKE ALL ON FUNCTION public.outbox_fail_unknown_types(p_grace_seconds integer, p_limit integer) FROM PUBLIC;
 
 --
+-- Name: FUNCTION outbox_history_index_todo(); Type: ACL; Schema: public; Owner: -
+--
+
+REVOKE ALL ON FUNCTION public.outbox_history_index_todo() FROM PUBLIC;
+
+--
 -- Name: FUNCTION outbox_history_months(p_from timestamp with time zone, p_to timestamp with time zone); Type: ACL; Schema: public; Owner: -
 --
 
@@ -6463,6 +6564,14 @@ REVOKE ALL ON FUNCTION public.outbox_sweep(p_worker text, p_grace_seconds intege
 GRANT ALL ON FUNCTION public.outbox_target_host(p_target text) TO outbox_dispatcher;
 GRANT ALL ON FUNCTION public.outbox_target_host(p_target text) TO outbox_operator;
 REVOKE ALL ON FUNCTION public.outbox_target_host(p_target text) FROM PUBLIC;
+
+--
+-- Name: FUNCTION outbox_target_host_written(p_target text); Type: ACL; Schema: public; Owner: -
+--
+
+GRANT ALL ON FUNCTION public.outbox_target_host_written(p_target text) TO outbox_dispatcher;
+GRANT ALL ON FUNCTION public.outbox_target_host_written(p_target text) TO outbox_operator;
+REVOKE ALL ON FUNCTION public.outbox_target_host_written(p_target text) FROM PUBLIC;
 
 --
 -- Name: FUNCTION outbox_transition_run(p_key text, p_owner uuid, p_version bigint, p_state text, p_result jsonb); Type: ACL; Schema: public; Owner: -

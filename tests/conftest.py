@@ -67,6 +67,25 @@ def template_db():
 
 
 @pytest.fixture
+def unmigrated_db(template_db):
+    """A new empty database, not migrated (the template's fixture makes the
+    test logins): for a migrate of another release, or from nothing.  Its
+    name; dropped at the end."""
+    name = "e_" + uuid.uuid4().hex[:12]
+    admin = psycopg2.connect(admin_dsn())
+    admin.autocommit = True
+    with admin.cursor() as cur:
+        cur.execute(f"CREATE DATABASE {name}")
+    yield name
+    admin.close()
+    admin = psycopg2.connect(admin_dsn())
+    admin.autocommit = True
+    with admin.cursor() as cur:
+        cur.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+    admin.close()
+
+
+@pytest.fixture
 def db(template_db):
     """A fresh migrated database for one test; its conninfo string."""
     name = "t_" + uuid.uuid4().hex[:12]

@@ -238,10 +238,19 @@ BEGIN
                             OR (x.effect_type = 'http'
                                 AND left(x.url, position('://' IN x.url) + 2)
                                     IN ('http://', 'https://')
-                                AND substr(x.url, position('://' IN x.url) + 3,
-                                           length(s_value[j.j]) + 1)
-                                    IN (s_value[j.j], s_value[j.j] || ':', s_value[j.j] || '/',
-                                        s_value[j.j] || '?', s_value[j.j] || '#'))
+                                AND CASE substr(x.url, position('://' IN x.url) + 3,
+                                                length(s_value[j.j]) + 1)
+                                    WHEN s_value[j.j] THEN true
+                                    WHEN s_value[j.j] || '/' THEN true
+                                    WHEN s_value[j.j] || '?' THEN true
+                                    WHEN s_value[j.j] || '#' THEN true
+                                    -- A port, not a user's password before
+                                    -- another host ('host:pw@other').
+                                    WHEN s_value[j.j] || ':' THEN
+                                         substr(x.url, position('://' IN x.url) + 4
+                                                       + length(s_value[j.j]))
+                                         ~ '^[0-9]*([/?#]|$)'
+                                    ELSE false END)
                        ELSE false END AS payable
               FROM aim x
              CROSS JOIN LATERAL (
@@ -282,7 +291,8 @@ BEGIN
         -- has a token for each of them, so it never goes below zero (a
         -- mark's debt reserves the slots of the rows it deferred).
         drawn AS (
-            UPDATE outbox_scopes s SET tokens = b.tokens - b.n, tokens_at = now()
+            UPDATE outbox_scopes s SET tokens = b.tokens - b.n,
+                   tokens_at = greatest(s.tokens_at, now())
               FROM bucket b
              WHERE s.kind = s_kind[b.j] AND s.value = s_value[b.j] AND (SELECT f.ok FROM free f)),
         claimed AS (

@@ -26,7 +26,9 @@ REVOKE EXECUTE ON FUNCTION outbox_effect_id_floor(timestamptz) FROM PUBLIC;
 -- oldest first), its 'infinity' end (unknown, and pending a scope holds),
 -- and the history's end-time index over the last day (its BRIN, the day's
 -- oldest rows first).  Each counted row costs one probe of effect_outbox's
--- primary key for its type and target.  The planner settings keep those
+-- primary key for its type and target; the host of each target is read
+-- as written and put in its one spelling once per host written
+-- (outbox_target_host_written), not once per row.  The planner settings keep those
 -- walks and probes whatever the statistics say (a table analyzed while
 -- empty would otherwise make a hash join over effect_outbox look cheap).
 DROP FUNCTION IF EXISTS outbox_console_counts();
@@ -53,11 +55,15 @@ SET enable_seqscan = off SET enable_hashjoin = off SET enable_mergejoin = off AS
                  WHERE h.ended_at > now() - interval '24 hours' AND h.state IS NOT NULL
                  LIMIT (SELECT n + 1 FROM cap)) f),
     walks AS (SELECT w.walk, count(*) > (SELECT n FROM cap) AS capped FROM walked w GROUP BY 1)
-    SELECT w.state, b.effect_type, outbox_target_host(b.target), count(*),
-           count(*) FILTER (WHERE w.held_by IS NOT NULL), bool_or(k.capped)
-      FROM walked w
-      JOIN effect_outbox b ON b.effect_id = w.effect_id
-      JOIN walks k ON k.walk = w.walk
+    SELECT c.state, c.effect_type, coalesce(outbox_host_canon(c.written), nullif(c.written, '')),
+           sum(c.n)::bigint, sum(c.held)::bigint, bool_or(c.capped)
+      FROM (SELECT w.state, b.effect_type, outbox_target_host_written(b.target) AS written,
+                   count(*) AS n, count(*) FILTER (WHERE w.held_by IS NOT NULL) AS held,
+                   bool_or(k.capped) AS capped
+              FROM walked w
+              JOIN effect_outbox b ON b.effect_id = w.effect_id
+              JOIN walks k ON k.walk = w.walk
+             GROUP BY 1, 2, 3) c
      GROUP BY 1, 2, 3
      ORDER BY 1, 2, 3;
 $$;
@@ -130,8 +136,12 @@ $$;
 -- provider key, error text (a substring).  The walk is the primary key's
 -- range of the window, backwards; a run key is its unique index.  Failed
 -- effects, few among many, are found from the other side: the history's
--- failing rows that ended since the window began (its end-time index),
--- sorted, so that a page of them does not walk every effect of the window.
+-- failing rows of the window's effects, newest first (the partial index
+-- effect_history_failed_idx, each partition's walked backwards and merged),
+-- so that a page of them walks its own rows and stops, not every effect of
+-- the window.  The planner settings keep those walks whatever the
+-- statistics say (a sort of the window's failing rows looks cheap to a
+-- planner that thinks the history small).
 -- p_walk (the console's pages: 20,000; NULL: the whole window, as the acts
 -- on a filter take it) bounds the walk without a run key to that many
 -- effects: a filter that matches few of them (a host, an error text) ends
@@ -145,7 +155,9 @@ CREATE OR REPLACE FUNCTION outbox_console_effects(p_from timestamptz, p_to times
 RETURNS TABLE (effect_id uuid, idempotency_key text, effect_type text, target text,
                state text, attempts integer, created_at timestamptz, updated_at timestamptz,
                last_error_class text, last_error text, provider_id text)
-LANGUAGE sql STABLE SECURITY DEFINER SET search_path = public, pg_temp SET jit = off AS $$
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = public, pg_temp SET jit = off
+SET enable_sort = off SET enable_hashjoin = off SET enable_hashagg = off
+SET enable_seqscan = off AS $$
     (SELECT o.effect_id, o.idempotency_key, o.effect_type, o.target, o.state, o.attempts,
             o.created_at, o.updated_at, o.last_error_class, o.last_error, o.provider_id
        FROM outbox_effects o
@@ -168,10 +180,11 @@ LANGUAGE sql STABLE SECURITY DEFINER SET search_path = public, pg_temp SET jit =
     (SELECT o.effect_id, o.idempotency_key, o.effect_type, o.target, o.state, o.attempts,
             o.created_at, o.updated_at, o.last_error_class, o.last_error, o.provider_id
        FROM (SELECT DISTINCT h.effect_id FROM effect_history h
-              WHERE p_state = 'failed' AND h.state = 'failed' AND h.ended_at >= p_from
+              WHERE p_state = 'failed' AND h.state = 'failed'
                 AND h.effect_id >= outbox_effect_id_floor(p_from)
                 AND h.effect_id < coalesce(p_before, outbox_effect_id_floor(p_to))
-                AND h.effect_id < outbox_effect_id_floor(p_to)) f
+                AND h.effect_id < outbox_effect_id_floor(p_to)
+              ORDER BY h.effect_id DESC) f
        JOIN outbox_effects o ON o.effect_id = f.effect_id
       WHERE o.state = 'failed'
         AND (p_run_key IS NULL OR o.idempotency_key = p_run_key)
@@ -217,20 +230,36 @@ LANGUAGE sql STABLE SECURITY DEFINER SET search_path = public, pg_temp AS $$
 $$;
 
 -- The unknown page's evidence beyond the last attempt, for one effect:
--- the reconcile lookups its history holds (how many, the last one's
--- answer and when) and the late acceptances recorded (a provider's answer
--- that came after the worker had given up on the call).  One effect's
--- history rows, through the history's (created_at, effect_id) index.
+-- the phase its last send reached (from the class the worker or the
+-- reaper recorded: the request out and no answer, an answer that does not
+-- say, the worker gone mid-send) and when that send began (its point of no
+-- return: the row went `sending` then), the reconcile lookups its history
+-- holds (how many, the last one's answer and when) and the late
+-- acceptances recorded (a provider's answer that came after the worker had
+-- given up on the call).  One effect's history rows, through the
+-- history's (created_at, effect_id) index.
+DROP FUNCTION IF EXISTS outbox_console_unknown_evidence(uuid);
 CREATE OR REPLACE FUNCTION outbox_console_unknown_evidence(p_effect_id uuid)
 RETURNS TABLE (lookups bigint, last_lookup text, last_lookup_at timestamptz,
-               late_accepted bigint)
+               late_accepted bigint, phase text, sent_at timestamptz)
 LANGUAGE sql STABLE SECURITY DEFINER SET search_path = public, pg_temp AS $$
     SELECT count(*) FILTER (WHERE h.source = 'reconcile'),
            (array_agg(h.outcome_class || coalesce(', status ' || h.provider_status, '')
                       || coalesce(': ' || h.error_text, '') ORDER BY h.history_id DESC)
               FILTER (WHERE h.source = 'reconcile'))[1],
            max(h.started_at) FILTER (WHERE h.source = 'reconcile'),
-           count(*) FILTER (WHERE h.resolution = 'late_accepted')
+           count(*) FILTER (WHERE h.resolution = 'late_accepted'),
+           (array_agg(CASE
+                WHEN h.outcome_class = 'lease_lost'
+                    THEN 'sending; worker lost'
+                WHEN coalesce(h.provider_status, 0) > 0
+                    THEN 'sent; inconclusive ' || h.provider_status
+                ELSE 'sent; no answer' END ORDER BY h.history_id DESC)
+              FILTER (WHERE h.source IN ('worker', 'reaper')
+                        AND h.outcome_class IN ('ambiguous', 'lease_lost')))[1],
+           (array_agg(h.started_at ORDER BY h.history_id DESC)
+              FILTER (WHERE h.source IN ('worker', 'reaper')
+                        AND h.outcome_class IN ('ambiguous', 'lease_lost')))[1]
       FROM effect_outbox b
       JOIN effect_history h ON h.created_at = b.created_at AND h.effect_id = b.effect_id
      WHERE b.effect_id = p_effect_id;

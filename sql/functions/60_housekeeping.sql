@@ -246,9 +246,36 @@ BEGIN
     RETURN greatest((SELECT sum(x.end_page - x.next_page) FROM outbox_history_backfill x), 1);
 END $$;
 
+-- The partitions of the history whose part of effect_history_failed_idx
+-- is not attached yet (114_history_failed_index.sql made the index ON ONLY
+-- the parent): the partition, the name its part gets, and an index of that
+-- name already there (a build or an attach that was cut short), with
+-- whether it is valid.  `outboxctl migrate` builds each part CONCURRENTLY
+-- after its commit and attaches it (lib/migrate.c); nothing is returned
+-- once the parent is whole, or on a schema without the index.
+CREATE OR REPLACE FUNCTION outbox_history_index_todo()
+RETURNS TABLE (part text, index_name text, leftover text, leftover_valid boolean)
+LANGUAGE sql STABLE SET search_path = public, pg_temp AS $$
+    SELECT p.inhrelid::regclass::text, quote_ident(c.relname || '_effect_id_idx'),
+           l.indexrelid::regclass::text, l.indisvalid
+      FROM pg_inherits p
+      JOIN pg_class c ON c.oid = p.inhrelid
+      LEFT JOIN LATERAL (SELECT i.indexrelid, i.indisvalid FROM pg_index i
+                           JOIN pg_class ic ON ic.oid = i.indexrelid
+                          WHERE i.indrelid = p.inhrelid
+                            AND ic.relname = c.relname || '_effect_id_idx') l ON true
+     WHERE p.inhparent = 'effect_history'::regclass
+       AND to_regclass('effect_history_failed_idx') IS NOT NULL
+       AND NOT EXISTS (SELECT 1 FROM pg_inherits x JOIN pg_index i ON i.indexrelid = x.inhrelid
+                        WHERE x.inhparent = to_regclass('effect_history_failed_idx')
+                          AND i.indrelid = p.inhrelid)
+     ORDER BY c.relname;
+$$;
+
 -- Nobody may call these but the roles named here.
 REVOKE EXECUTE ON FUNCTION
     outbox_history_source_backfill(integer),
+    outbox_history_index_todo(),
     outbox_sweep(text, integer, integer, integer),
     outbox_weekly_figures(text, integer),
     outbox_weekly_stats_since(timestamp without time zone),

@@ -344,6 +344,51 @@ def test_unknown_page_shows_the_reconcile_lookups_and_late_acceptances(conn, con
     assert other_lookups == "0", other_lookups
 
 
+def test_unknown_page_shows_the_phase_each_send_reached_and_its_point_of_no_return(
+        conn, console_factory):
+    """Each unknown effect with the phase its last send reached, from the
+    class its worker or the reaper recorded, and the time since that send
+    went `sending`: an answer that does not say (a 504), no answer at all,
+    a worker gone mid-send.  A later reconcile lookup is not a send."""
+    from effect_arrange import arrange
+    ids = populate(conn)
+    answered, _ = ids["unknown"]
+    silent = new_effect(conn)
+    arrange(conn, silent, "unknown", attempts=1, last_error_class="ambiguous",
+            last_error="sent, no answer: timeout")
+    query(conn, "INSERT INTO effect_history (effect_id, created_at, attempt, lease_owner, worker, "
+                "started_at, outcome_class, error_text) SELECT effect_id, created_at, 1, "
+                "gen_random_uuid(), 'w1', now() - interval '300 seconds', 'ambiguous', "
+                "'sent, no answer: timeout' FROM effect_outbox WHERE effect_id = %s", (silent,))
+    reaped = new_unknown(conn, 1, "lease lost", "w1", None, None)
+    query(conn, "INSERT INTO effect_history (effect_id, created_at, attempt, lease_owner, worker, "
+                "source, started_at, outcome_class, error_text) SELECT effect_id, created_at, 1, "
+                "gen_random_uuid(), 'reaper:w2', 'reaper', now() - interval '1 hour', "
+                "'lease_lost', 'the worker stopped renewing' FROM effect_outbox "
+                "WHERE effect_id = %s", (reaped,))
+    query(conn, "INSERT INTO effect_history (effect_id, created_at, attempt, worker, source, "
+                "started_at, outcome_class, provider_status) SELECT effect_id, created_at, 1, "
+                "'w2', 'reconcile', now(), 'reconcile_unknown', 404 FROM effect_outbox "
+                "WHERE effect_id = %s", (silent,))
+    c = console_factory()
+    _, _, body = c.get("/unknown")
+    rows = {m.group(1): m.group(0) for m in re.finditer(
+        r'<tr><td>.*?href="/effect\?id=([0-9a-f-]{36})".*?</tr>', body, re.S)}
+
+    def phase(eid):
+        m = re.search(r'<td class="phase">(.*?)</td><td class="no-return">(\d+) s</td>',
+                      rows[eid], re.S)
+        assert m, rows[eid]
+        return m.group(1), int(m.group(2))
+
+    got, since = phase(answered)
+    assert got == "sent; inconclusive 504" and since < 60
+    got, since = phase(silent)
+    assert got == "sent; no answer" and 300 <= since < 400, (got, since)
+    got, since = phase(reaped)
+    assert got == "sending; worker lost" and 3600 <= since < 3700, (got, since)
+
+
 def test_the_unknown_and_effect_pages_show_the_run_as_its_effects_settle_it(conn, console_factory):
     """A run whose other effect failed is failed_terminal on the unknown
     page and on each effect's page, though its row still says approved

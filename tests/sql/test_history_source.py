@@ -25,7 +25,7 @@ import uuid
 import psycopg2
 import pytest
 
-from outbox_test import BUILD_DIR, admin_dsn, dsn_for, expire_sending, kill_switch, query, scalar
+from outbox_test import BUILD_DIR, dsn_for, expire_sending, kill_switch, query, scalar
 from releases import release_build
 
 
@@ -189,23 +189,13 @@ def test_history_stays_append_only_but_for_the_backfill(conn):
 
 # ---- the upgrade -------------------------------------------------------------
 
-@pytest.fixture
-def fresh_db(template_db):
-    name = "src_" + uuid.uuid4().hex[:12]
-    admin = psycopg2.connect(admin_dsn())
-    admin.autocommit = True
-    query(admin, f"CREATE DATABASE {name}")
-    yield name
-    query(admin, f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
-    admin.close()
-
 
 def migrate(dsn, exe):
     return subprocess.run([exe, "--db", dsn, "migrate"], capture_output=True, text=True,
                           timeout=600)
 
 
-def test_upgrade_from_the_last_release_backfills_the_source(fresh_db):
+def test_upgrade_from_the_last_release_backfills_the_source(unmigrated_db):
     """A database of the last release (71088d8, schema 106: no source
     column), with the history every writer left in it, for an effect
     finished and one still `unknown`: this tree's migrate gives each row
@@ -213,7 +203,7 @@ def test_upgrade_from_the_last_release_backfills_the_source(fresh_db):
     finished one's in the steps after the commit) and validates the
     CHECK."""
     old = release_build("71088d8")
-    dsn = dsn_for(fresh_db)
+    dsn = dsn_for(unmigrated_db)
     r = migrate(dsn, os.path.join(old, "outboxctl"))
     assert r.returncode == 0, r.stdout + r.stderr
     c = psycopg2.connect(dsn)

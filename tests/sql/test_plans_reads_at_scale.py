@@ -4,7 +4,8 @@ and the web console's pages) stay bounded on a long history: on HISTORY finished
 spread over two months (and LIVE open ones), none reads a partition of
 effect_history sequentially, status counts the finished effects of its
 window through the history's end-time index, and the reads by effect and
-the unknown list are index probes.
+the unknown list are index probes, and the failed effects are a walk of
+the history's index of failing rows.
 
 The figures default to 1,000,000 finished and 200,000 open effects, so the
 suite stays quick on a small machine; OUTBOX_SCALE_HISTORY=10000000
@@ -90,7 +91,8 @@ def test_reads_are_bounded_on_a_long_history(conn):
             "NULL, NULL, NULL, NULL, NULL, 50)", None, ["effect_outbox_pkey"]),
         "outbox_console_effects (failed)": (
             "SELECT * FROM outbox_console_effects(now() - interval '24 hours', now(), 'failed', "
-            "'http', NULL, NULL, NULL, NULL, NULL, 50)", None, ["effect_outbox_pkey"]),
+            "'http', NULL, NULL, NULL, NULL, NULL, 50)", None,
+            ["effect_outbox_pkey"]),
         "outbox_console_effects (run key)": (
             "SELECT * FROM outbox_console_effects(now() - interval '24 hours', now(), NULL, NULL, "
             "NULL, 'big-7', NULL, NULL, NULL, 50)", None, []),
@@ -114,6 +116,11 @@ def test_reads_are_bounded_on_a_long_history(conn):
         assert not scans, f"{name} reads {scans} sequentially:\n{plans}"
         for index in must_use:
             assert index in plans, f"{name} does not use {index}:\n{plans}"
+        if name == "outbox_console_effects (failed)":
+            # The history's failing rows, each partition's part of
+            # effect_history_failed_idx walked newest first.
+            assert re.search(r"Index Only Scan Backward using effect_history_\d{6}_effect_id_idx",
+                             plans), plans
         times[name] = min(timed(conn, sql, args) for _ in range(3))
     st = query(conn, "SELECT completed, failed, unknown FROM outbox_read_status()")[0]
     # One day of sixty: about a sixtieth of the history.

@@ -269,7 +269,7 @@ def test_a_claim_pays_for_the_limits_its_rows_certainly_meet_and_leases_otherwis
     a row of a type with no host known: a lease, nothing drawn.  A worker
     that passes no hosts (built before the check): a lease."""
     kill_switch(conn, True)
-    query(conn, "SELECT outbox_scope_limit('host', 'limited.example', 5, 1, 'op', 'why')")
+    query(conn, "SELECT outbox_scope_limit('host', 'limited.example', 0.5, 1, 'op', 'why')")
     web = add(conn, [("http", "https://api.example/x"), ("http", "https://other.example/y")])
     assert claim_checked(conn, ["http"], [None]) == sorted(
         (i, False, ["limited.example"]) for i in web)
@@ -282,7 +282,7 @@ def test_a_claim_pays_for_the_limits_its_rows_certainly_meet_and_leases_otherwis
         [(other, False, ["limited.example"]), (to_limited, False, [])])
     assert live(conn, to_limited)["state"] == "sending"
     assert tokens(conn, "limited.example") == 0
-    # The bucket is short now (a token in 200 ms): a lease, nothing drawn.
+    # The bucket is short now (a token in 2 s): a lease, nothing drawn.
     at = scalar(conn, "SELECT tokens_at FROM outbox_scopes WHERE value = 'limited.example'")
     (next_one,) = add(conn, [("http", "https://limited.example/r")])
     assert claim_checked(conn, ["http"], [None]) == [(next_one, True, None)]
@@ -293,10 +293,17 @@ def test_a_claim_pays_for_the_limits_its_rows_certainly_meet_and_leases_otherwis
     query(conn, "SELECT outbox_scope_limit('host', 'limited.example', 1000, 100, 'op', 'why')")
     for target in ["https://api.example/?to=limited.example", "https://u@limited.example/",
                    "https://limited.example.evil/", "ftp://limited.example/",
-                   "https://limited.example\\@other.example/"]:
+                   "https://limited.example\\@other.example/",
+                   # A password, not a port: the host is the one after '@'.
+                   "https://limited.example:x@other.example/p",
+                   "https://limited.example:@2130706433/q",
+                   "https://limited.example:80@other.example/"]:
         (row,) = add(conn, [("http", target)])
         assert claim_checked(conn, ["http"], [None]) == [(row, True, None)], target
     assert tokens(conn, "limited.example") == 100
+    # A port is the limited host's: drawn for.
+    (port,) = add(conn, [("http", "https://limited.example:8443/p")])
+    assert claim_checked(conn, ["http"], [None]) == [(port, False, [])]
     # A CRM row by its instance's host: unscoped, drawn for, or unknown.
     for type_hosts, expect in [(["crm.example"], (False, ["limited.example"])),
                                (["limited.example"], (False, [])), ([None], (True, None))]:

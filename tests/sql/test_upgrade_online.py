@@ -34,7 +34,7 @@ import psycopg2
 import psycopg2.errors
 import pytest
 
-from outbox_test import (BUILD_DIR, Dispatcher, admin_dsn, dsn_for, producer_dsn, query,
+from outbox_test import (BUILD_DIR, Dispatcher, dsn_for, producer_dsn, query,
                          scalar, wait_for)
 from releases import release_build
 
@@ -44,18 +44,6 @@ from releases import release_build
 # wait for the copy of 105 (docs/running-a-fleet.md: an upgrade window),
 # so there a call may wait as long as migrate ran, and no longer.
 BOUND_S = 1.5
-
-
-@pytest.fixture
-def fresh_db(template_db):
-    """An empty database (the template's fixture makes the test logins)."""
-    name = "upo_" + uuid.uuid4().hex[:12]
-    admin = psycopg2.connect(admin_dsn())
-    admin.autocommit = True
-    query(admin, f"CREATE DATABASE {name}")
-    yield name
-    query(admin, f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
-    admin.close()
 
 
 class Worker(Dispatcher):
@@ -179,10 +167,10 @@ def delivered_once(conn, sink, keys):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("release", ["71088d8", "9d05c90"])
-def test_upgrade_under_a_serving_fleet(fresh_db, tmp_path, release):
+def test_upgrade_under_a_serving_fleet(unmigrated_db, tmp_path, release):
     from http_sink import Sink
     old = release_build(release)
-    dsn = dsn_for(fresh_db)
+    dsn = dsn_for(unmigrated_db)
     r = migrate(dsn, os.path.join(old, "outboxctl"))
     assert r.returncode == 0, r.stdout + r.stderr
     conn = psycopg2.connect(dsn)
