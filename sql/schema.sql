@@ -498,7 +498,8 @@ CREATE TABLE public.effect_calls (
     ids uuid[] NOT NULL,
     deadline timestamp with time zone NOT NULL,
     created_at timestamp with time zone DEFAULT now() NOT NULL,
-    hosts text[]
+    hosts text[],
+    drawn jsonb
 );
 
 --
@@ -897,6 +898,32 @@ ALTER TABLE ONLY public.outbox_reconcile_requests
     ADD CONSTRAINT outbox_reconcile_requests_pkey PRIMARY KEY (id);
 
 --
+-- Name: outbox_scope_held_log; Type: TABLE; Schema: public; Owner: -
+--
+
+CREATE TABLE public.outbox_scope_held_log (
+    kind text NOT NULL,
+    value text NOT NULL,
+    n bigint NOT NULL,
+    at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT outbox_scope_held_log_n_check CHECK ((n > 0))
+);
+
+--
+-- Name: TABLE outbox_scope_held_log; Type: COMMENT; Schema: public; Owner: -
+--
+
+COMMENT ON TABLE public.outbox_scope_held_log IS 'Rows a lease parked for a paused scope whose row another transaction
+held then, counted here rather than waited for; outbox_scope_status adds
+them to held_total and the sweep folds them in.';
+
+--
+-- Name: outbox_scope_held_log_scope_idx; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE INDEX outbox_scope_held_log_scope_idx ON public.outbox_scope_held_log USING btree (kind, value);
+
+--
 -- Name: outbox_scope_history; Type: TABLE; Schema: public; Owner: -
 --
 
@@ -1282,7 +1309,9 @@ CREATE VIEW public.outbox_scope_status WITH (security_invoker='false') AS
     ( SELECT count(*) AS count
            FROM public.effect_live o
           WHERE ((o.held_by = public.outbox_scope_name(s.kind, s.value)) AND (o.state = 'pending'::text))) AS waiting,
-    s.held_total
+    (s.held_total + (COALESCE(( SELECT sum(g.n) AS sum
+           FROM public.outbox_scope_held_log g
+          WHERE ((g.kind = s.kind) AND (g.value = s.value))), (0)::numeric))::bigint) AS held_total
    FROM public.outbox_scopes s
   ORDER BY s.kind, s.value;
 
@@ -1602,7 +1631,8 @@ BEGIN
         END IF;
         RETURN QUERY
         WITH moved AS MATERIALIZED (
-            SELECT o.effect_id, o.attempts - 1 AS attempts, o.retry_base, o.available_at
+            SELECT o.effect_id, o.attempts - 1 AS attempts, o.retry_base, o.available_at,
+                   (SELECT c.drawn FROM effect_calls c WHERE c.call = p_call) AS drawn
               FROM effect_live o
              WHERE o.effect_id = ANY (coalesce((SELECT c.ids FROM effect_calls c
                                                  WHERE c.call = p_call), '{}'))
@@ -1616,7 +1646,11 @@ BEGIN
                     THEN b.metadata_text END,
                b.approved_by, m.retry_base, m.available_at,
                octet_length(b.payload_text), octet_length(b.metadata_text), false,
-               CASE WHEN cardinality(hosts) > 0 THEN hosts END
+               -- Each row's unpaid hosts, as the first call told them.
+               CASE WHEN cardinality(hosts) > 0
+                    THEN ARRAY(SELECT v FROM unnest(hosts) AS v
+                                WHERE NOT coalesce((m.drawn -> m.effect_id::text)
+                                                   ? outbox_scope_name('host', v), false)) END
           FROM moved m
          CROSS JOIN LATERAL (
                SELECT e.idempotency_key, e.effect_type, e.target,
@@ -1757,6 +1791,17 @@ BEGIN
                    tokens_at = greatest(s.tokens_at, now())
               FROM bucket b
              WHERE s.kind = s_kind[b.j] AND s.value = s_value[b.j] AND (SELECT f.ok FROM free f)),
+        -- What each row drew, by its id: kept with the call (its repeat,
+        -- a give-back's refund), and each row's unpaid hosts read from it
+        -- by key, not by a scan of the hits per row.
+        paid AS MATERIALIZED (
+            SELECT coalesce(jsonb_object_agg(d.effect_id, d.names), '{}') AS m
+              FROM (SELECT h.effect_id,
+                           jsonb_agg(outbox_scope_name(s_kind[h.j], s_value[h.j]) ORDER BY h.j)
+                               AS names
+                      FROM hit h JOIN bucket b ON b.j = h.j
+                     WHERE (SELECT f.ok FROM free f)
+                     GROUP BY h.effect_id) d),
         claimed AS (
             UPDATE effect_live o
                SET state = 'sending', attempts = o.attempts + 1,
@@ -1769,10 +1814,11 @@ BEGIN
             RETURNING o.effect_id, o.attempts - 1 AS attempts, o.retry_base, o.available_at,
                       o.effect_type),
         called AS (
-            INSERT INTO effect_calls (call, lease_owner, worker, ids, deadline, hosts)
+            INSERT INTO effect_calls (call, lease_owner, worker, ids, deadline, hosts, drawn)
             SELECT p_call, p_owner, p_worker, array_agg(c.effect_id),
                    now() + make_interval(secs => p_lease_seconds),
-                   array_agg(p_type_hosts[array_position(p_types, c.effect_type)])
+                   array_agg(p_type_hosts[array_position(p_types, c.effect_type)]),
+                   (SELECT p.m FROM paid p)
               FROM claimed c HAVING count(*) > 0
             ON CONFLICT (call) DO NOTHING)
         SELECT c.effect_id, b.idempotency_key, b.effect_type, b.target,
@@ -1785,9 +1831,8 @@ BEGIN
                octet_length(b.payload_text), octet_length(b.metadata_text), false,
                CASE WHEN cardinality(hosts) > 0
                     THEN ARRAY(SELECT v FROM unnest(hosts) AS v
-                                WHERE v NOT IN (SELECT s_value[h.j] FROM hit h
-                                                 WHERE h.effect_id = c.effect_id
-                                                   AND s_kind[h.j] = 'host')) END
+                                WHERE NOT coalesce(((SELECT p.m FROM paid p) -> c.effect_id::text)
+                                                   ? outbox_scope_name('host', v), false)) END
           FROM claimed c
          CROSS JOIN LATERAL (
                SELECT e.idempotency_key, e.effect_type, e.target,
@@ -3443,11 +3488,26 @@ BEGIN
         ids := ids || more;
         -- A pass that parked nothing found the end of what is due.
         EXIT WHEN parked = 0;
-        UPDATE outbox_scopes s SET held_total = s.held_total + c.n
-          FROM (SELECT split_part(h, ':', 1) AS kind, substr(h, strpos(h, ':') + 1) AS value,
-                       count(*) AS n
-                  FROM unnest(due_held) AS h WHERE h IS NOT NULL GROUP BY 1, 2) c
-         WHERE s.kind = c.kind AND s.value = c.value;
+        -- Counted on each paused scope's row this lease can take now;
+        -- one another transaction holds goes to the log (115), never
+        -- waited for: a claim calls this lease with a bucket locked, and
+        -- a mark holding the paused row may be waiting for that bucket.
+        WITH c AS (
+            SELECT split_part(h, ':', 1) AS kind, substr(h, strpos(h, ':') + 1) AS value,
+                   count(*) AS n
+              FROM unnest(due_held) AS h WHERE h IS NOT NULL GROUP BY 1, 2),
+        got AS (
+            SELECT s.kind, s.value FROM outbox_scopes s
+             WHERE (s.kind, s.value) IN (SELECT c.kind, c.value FROM c)
+             ORDER BY s.kind, s.value FOR UPDATE SKIP LOCKED),
+        counted AS (
+            UPDATE outbox_scopes s SET held_total = s.held_total + c.n
+              FROM c JOIN got g ON g.kind = c.kind AND g.value = c.value
+             WHERE s.kind = c.kind AND s.value = c.value
+            RETURNING s.kind, s.value)
+        INSERT INTO outbox_scope_held_log (kind, value, n)
+        SELECT c.kind, c.value, c.n FROM c
+         WHERE NOT EXISTS (SELECT 1 FROM counted k WHERE k.kind = c.kind AND k.value = c.value);
     END LOOP;
     -- The leased rows by key, then by TID, materialized: sorted after, as
     -- outbox_lease sorts what it leased (an in-order walk of the due index
@@ -5082,6 +5142,30 @@ CREATE FUNCTION public.outbox_run_is_mine(p_owner_role text) RETURNS boolean
     RETURN ((p_owner_role IS NULL) OR (p_owner_role = SESSION_USER) OR pg_has_role(SESSION_USER, 'outbox_operator'::name, 'MEMBER'::text));
 
 --
+-- Name: outbox_scope_held_fold(); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.outbox_scope_held_fold() RETURNS bigint
+    LANGUAGE sql SECURITY DEFINER
+    SET search_path TO 'public', 'pg_temp'
+    AS $$
+    WITH got AS (
+        SELECT s.kind, s.value FROM outbox_scopes s
+         WHERE EXISTS (SELECT 1 FROM outbox_scope_held_log g
+                        WHERE g.kind = s.kind AND g.value = s.value)
+         ORDER BY s.kind, s.value FOR UPDATE SKIP LOCKED),
+    gone AS (
+        DELETE FROM outbox_scope_held_log g USING got
+         WHERE g.kind = got.kind AND g.value = got.value
+        RETURNING g.kind, g.value, g.n),
+    folded AS (
+        UPDATE outbox_scopes s SET held_total = s.held_total + x.n
+          FROM (SELECT kind, value, sum(n)::bigint AS n FROM gone GROUP BY 1, 2) x
+         WHERE s.kind = x.kind AND s.value = x.value)
+    SELECT count(*) FROM gone;
+$$;
+
+--
 -- Name: outbox_scope_hold(uuid, uuid[], uuid[], text[], timestamp with time zone[]); Type: FUNCTION; Schema: public; Owner: -
 --
 
@@ -5442,6 +5526,8 @@ CREATE FUNCTION public.outbox_scopes_refresh() RETURNS void
     SET search_path TO 'public', 'pg_temp'
     AS $$
     DELETE FROM outbox_scopes s WHERE NOT s.paused AND s.rate_per_second IS NULL;
+    DELETE FROM outbox_scope_held_log g
+     WHERE NOT EXISTS (SELECT 1 FROM outbox_scopes s WHERE s.kind = g.kind AND s.value = g.value);
     UPDATE outbox_control c
        SET scoped = EXISTS (SELECT 1 FROM outbox_scopes s)
      WHERE c.id = 1;
@@ -5565,6 +5651,7 @@ BEGIN
             NULL;                           -- a later hour's pass makes them
         END;
     END IF;
+    PERFORM outbox_scope_held_fold();
     RETURN QUERY SELECT * FROM outbox_fail_unknown_types(p_grace_seconds, p_limit);
 END $$;
 
@@ -5651,9 +5738,11 @@ CREATE FUNCTION public.outbox_unclaim(p_owner uuid, p_ids uuid[], p_call uuid, p
     AS $$
 #variable_conflict use_column
 DECLARE
-    n integer;
+    back uuid[];
+    owed jsonb;
 BEGIN
     PERFORM outbox_lock_owned(p_owner, p_ids);      -- lock order: effect_id
+    WITH moved AS (
     UPDATE effect_live o
        SET state = 'pending', attempts = o.attempts - 1, sending_since = NULL,
            mark_token = NULL, sending_idempotent = false, updated_at = now(),
@@ -5667,9 +5756,37 @@ BEGIN
      WHERE o.ctid = ANY (ARRAY(SELECT k.ctid FROM effect_live k
                                 WHERE k.effect_id = ANY (p_ids) ORDER BY k.effect_id))
        AND o.lease_owner = p_owner
-       AND o.state = 'sending' AND o.mark_token = p_call;
-    GET DIAGNOSTICS n = ROW_COUNT;
-    RETURN n;
+       AND o.state = 'sending' AND o.mark_token = p_call
+    RETURNING o.effect_id)
+    SELECT coalesce(array_agg(m.effect_id), '{}') INTO back FROM moved m;
+    -- The tokens these rows drew in the claim, given back to the buckets
+    -- (after the effect rows, in key order, as every caller locks them),
+    -- and struck from the call's record, so that none is refunded twice:
+    -- a row given back to be marked pays at its mark, once.
+    SELECT c.drawn INTO owed FROM effect_calls c WHERE c.call = p_call;
+    IF cardinality(back) > 0 AND owed IS NOT NULL AND owed <> '{}' THEN
+        WITH due AS (
+            SELECT split_part(x, ':', 1) AS kind, substr(x, strpos(x, ':') + 1) AS value,
+                   count(*) AS n
+              FROM unnest(back) AS r(id)
+             CROSS JOIN LATERAL jsonb_array_elements_text(
+                   coalesce(owed -> r.id::text, '[]')) AS x
+             GROUP BY 1, 2),
+        got AS (
+            SELECT s.kind, s.value FROM outbox_scopes s
+             WHERE (s.kind, s.value) IN (SELECT d.kind, d.value FROM due d)
+               AND s.rate_per_second IS NOT NULL
+             ORDER BY s.kind, s.value FOR UPDATE)
+        UPDATE outbox_scopes s
+           SET tokens = least(s.burst::double precision,
+                              s.tokens + s.rate_per_second
+                                * greatest(extract(epoch FROM now() - s.tokens_at), 0) + d.n),
+               tokens_at = greatest(s.tokens_at, now())
+          FROM due d JOIN got g ON g.kind = d.kind AND g.value = d.value
+         WHERE s.kind = d.kind AND s.value = d.value;
+        UPDATE effect_calls c SET drawn = c.drawn - back::text[] WHERE c.call = p_call;
+    END IF;
+    RETURN cardinality(back);
 END $$;
 
 --
@@ -6480,6 +6597,12 @@ REVOKE ALL ON FUNCTION public.outbox_resolve_unknown(p_effect_id uuid, p_sent bo
 --
 
 REVOKE ALL ON FUNCTION public.outbox_run_is_mine(p_owner_role text) FROM PUBLIC;
+
+--
+-- Name: FUNCTION outbox_scope_held_fold(); Type: ACL; Schema: public; Owner: -
+--
+
+REVOKE ALL ON FUNCTION public.outbox_scope_held_fold() FROM PUBLIC;
 
 --
 -- Name: FUNCTION outbox_scope_hold(p_owner uuid, p_ids uuid[], p_held uuid[], p_by text[], p_until timestamp with time zone[]); Type: ACL; Schema: public; Owner: -

@@ -397,11 +397,26 @@ BEGIN
         ids := ids || more;
         -- A pass that parked nothing found the end of what is due.
         EXIT WHEN parked = 0;
-        UPDATE outbox_scopes s SET held_total = s.held_total + c.n
-          FROM (SELECT split_part(h, ':', 1) AS kind, substr(h, strpos(h, ':') + 1) AS value,
-                       count(*) AS n
-                  FROM unnest(due_held) AS h WHERE h IS NOT NULL GROUP BY 1, 2) c
-         WHERE s.kind = c.kind AND s.value = c.value;
+        -- Counted on each paused scope's row this lease can take now;
+        -- one another transaction holds goes to the log (115), never
+        -- waited for: a claim calls this lease with a bucket locked, and
+        -- a mark holding the paused row may be waiting for that bucket.
+        WITH c AS (
+            SELECT split_part(h, ':', 1) AS kind, substr(h, strpos(h, ':') + 1) AS value,
+                   count(*) AS n
+              FROM unnest(due_held) AS h WHERE h IS NOT NULL GROUP BY 1, 2),
+        got AS (
+            SELECT s.kind, s.value FROM outbox_scopes s
+             WHERE (s.kind, s.value) IN (SELECT c.kind, c.value FROM c)
+             ORDER BY s.kind, s.value FOR UPDATE SKIP LOCKED),
+        counted AS (
+            UPDATE outbox_scopes s SET held_total = s.held_total + c.n
+              FROM c JOIN got g ON g.kind = c.kind AND g.value = c.value
+             WHERE s.kind = c.kind AND s.value = c.value
+            RETURNING s.kind, s.value)
+        INSERT INTO outbox_scope_held_log (kind, value, n)
+        SELECT c.kind, c.value, c.n FROM c
+         WHERE NOT EXISTS (SELECT 1 FROM counted k WHERE k.kind = c.kind AND k.value = c.value);
     END LOOP;
     -- The leased rows by key, then by TID, materialized: sorted after, as
     -- outbox_lease sorts what it leased (an in-order walk of the due index
@@ -454,6 +469,8 @@ CREATE OR REPLACE FUNCTION outbox_scopes_refresh()
 RETURNS void
 LANGUAGE sql SECURITY DEFINER SET search_path = public, pg_temp AS $$
     DELETE FROM outbox_scopes s WHERE NOT s.paused AND s.rate_per_second IS NULL;
+    DELETE FROM outbox_scope_held_log g
+     WHERE NOT EXISTS (SELECT 1 FROM outbox_scopes s WHERE s.kind = g.kind AND s.value = g.value);
     UPDATE outbox_control c
        SET scoped = EXISTS (SELECT 1 FROM outbox_scopes s)
      WHERE c.id = 1;
@@ -628,13 +645,37 @@ BEGIN
     PERFORM pg_notify('effect_outbox', 'kill-switch-on');
 END $$;
 
+-- The counts of outbox_scope_held_log added to held_total, for the scopes
+-- whose rows can be taken now (never waited for), the log's rows removed:
+-- the sweep's, once a pass.  Returns how many log rows it folded.
+CREATE OR REPLACE FUNCTION outbox_scope_held_fold()
+RETURNS bigint
+LANGUAGE sql SECURITY DEFINER SET search_path = public, pg_temp AS $$
+    WITH got AS (
+        SELECT s.kind, s.value FROM outbox_scopes s
+         WHERE EXISTS (SELECT 1 FROM outbox_scope_held_log g
+                        WHERE g.kind = s.kind AND g.value = s.value)
+         ORDER BY s.kind, s.value FOR UPDATE SKIP LOCKED),
+    gone AS (
+        DELETE FROM outbox_scope_held_log g USING got
+         WHERE g.kind = got.kind AND g.value = got.value
+        RETURNING g.kind, g.value, g.n),
+    folded AS (
+        UPDATE outbox_scopes s SET held_total = s.held_total + x.n
+          FROM (SELECT kind, value, sum(n)::bigint AS n FROM gone GROUP BY 1, 2) x
+         WHERE s.kind = x.kind AND s.value = x.value)
+    SELECT count(*) FROM gone;
+$$;
+
 -- Every scope, with the rows it holds now.
 CREATE OR REPLACE VIEW outbox_scope_status WITH (security_invoker = false) AS
 SELECT s.kind, s.value, s.paused, s.paused_by, s.paused_at, s.paused_reason,
        s.rate_per_second, s.burst, s.limit_by, s.limit_at, s.limit_reason,
        (SELECT count(*) FROM effect_live o
          WHERE o.held_by = outbox_scope_name(s.kind, s.value) AND o.state = 'pending') AS waiting,
-       s.held_total
+       s.held_total + coalesce((SELECT sum(g.n) FROM outbox_scope_held_log g
+                                 WHERE g.kind = s.kind AND g.value = s.value), 0)::bigint
+           AS held_total
   FROM outbox_scopes s
  ORDER BY s.kind, s.value;
 
@@ -648,6 +689,7 @@ REVOKE EXECUTE ON FUNCTION
     outbox_scope_sort(uuid[], text[]),
     outbox_scope_hold(uuid, uuid[], uuid[], text[], timestamp with time zone[]),
     outbox_scopes_refresh(),
+    outbox_scope_held_fold(),
     outbox_scope_value(text, text),
     outbox_scope_pause(text, text, boolean, text, text),
     outbox_scope_limit(text, text, double precision, integer, text, text)

@@ -140,7 +140,8 @@ BEGIN
         END IF;
         RETURN QUERY
         WITH moved AS MATERIALIZED (
-            SELECT o.effect_id, o.attempts - 1 AS attempts, o.retry_base, o.available_at
+            SELECT o.effect_id, o.attempts - 1 AS attempts, o.retry_base, o.available_at,
+                   (SELECT c.drawn FROM effect_calls c WHERE c.call = p_call) AS drawn
               FROM effect_live o
              WHERE o.effect_id = ANY (coalesce((SELECT c.ids FROM effect_calls c
                                                  WHERE c.call = p_call), '{}'))
@@ -154,7 +155,11 @@ BEGIN
                     THEN b.metadata_text END,
                b.approved_by, m.retry_base, m.available_at,
                octet_length(b.payload_text), octet_length(b.metadata_text), false,
-               CASE WHEN cardinality(hosts) > 0 THEN hosts END
+               -- Each row's unpaid hosts, as the first call told them.
+               CASE WHEN cardinality(hosts) > 0
+                    THEN ARRAY(SELECT v FROM unnest(hosts) AS v
+                                WHERE NOT coalesce((m.drawn -> m.effect_id::text)
+                                                   ? outbox_scope_name('host', v), false)) END
           FROM moved m
          CROSS JOIN LATERAL (
                SELECT e.idempotency_key, e.effect_type, e.target,
@@ -295,6 +300,17 @@ BEGIN
                    tokens_at = greatest(s.tokens_at, now())
               FROM bucket b
              WHERE s.kind = s_kind[b.j] AND s.value = s_value[b.j] AND (SELECT f.ok FROM free f)),
+        -- What each row drew, by its id: kept with the call (its repeat,
+        -- a give-back's refund), and each row's unpaid hosts read from it
+        -- by key, not by a scan of the hits per row.
+        paid AS MATERIALIZED (
+            SELECT coalesce(jsonb_object_agg(d.effect_id, d.names), '{}') AS m
+              FROM (SELECT h.effect_id,
+                           jsonb_agg(outbox_scope_name(s_kind[h.j], s_value[h.j]) ORDER BY h.j)
+                               AS names
+                      FROM hit h JOIN bucket b ON b.j = h.j
+                     WHERE (SELECT f.ok FROM free f)
+                     GROUP BY h.effect_id) d),
         claimed AS (
             UPDATE effect_live o
                SET state = 'sending', attempts = o.attempts + 1,
@@ -307,10 +323,11 @@ BEGIN
             RETURNING o.effect_id, o.attempts - 1 AS attempts, o.retry_base, o.available_at,
                       o.effect_type),
         called AS (
-            INSERT INTO effect_calls (call, lease_owner, worker, ids, deadline, hosts)
+            INSERT INTO effect_calls (call, lease_owner, worker, ids, deadline, hosts, drawn)
             SELECT p_call, p_owner, p_worker, array_agg(c.effect_id),
                    now() + make_interval(secs => p_lease_seconds),
-                   array_agg(p_type_hosts[array_position(p_types, c.effect_type)])
+                   array_agg(p_type_hosts[array_position(p_types, c.effect_type)]),
+                   (SELECT p.m FROM paid p)
               FROM claimed c HAVING count(*) > 0
             ON CONFLICT (call) DO NOTHING)
         SELECT c.effect_id, b.idempotency_key, b.effect_type, b.target,
@@ -323,9 +340,8 @@ BEGIN
                octet_length(b.payload_text), octet_length(b.metadata_text), false,
                CASE WHEN cardinality(hosts) > 0
                     THEN ARRAY(SELECT v FROM unnest(hosts) AS v
-                                WHERE v NOT IN (SELECT s_value[h.j] FROM hit h
-                                                 WHERE h.effect_id = c.effect_id
-                                                   AND s_kind[h.j] = 'host')) END
+                                WHERE NOT coalesce(((SELECT p.m FROM paid p) -> c.effect_id::text)
+                                                   ? outbox_scope_name('host', v), false)) END
           FROM claimed c
          CROSS JOIN LATERAL (
                SELECT e.idempotency_key, e.effect_type, e.target,
@@ -406,9 +422,11 @@ LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp
     SET enable_mergejoin = off SET jit = off AS $$
 #variable_conflict use_column
 DECLARE
-    n integer;
+    back uuid[];
+    owed jsonb;
 BEGIN
     PERFORM outbox_lock_owned(p_owner, p_ids);      -- lock order: effect_id
+    WITH moved AS (
     UPDATE effect_live o
        SET state = 'pending', attempts = o.attempts - 1, sending_since = NULL,
            mark_token = NULL, sending_idempotent = false, updated_at = now(),
@@ -422,9 +440,37 @@ BEGIN
      WHERE o.ctid = ANY (ARRAY(SELECT k.ctid FROM effect_live k
                                 WHERE k.effect_id = ANY (p_ids) ORDER BY k.effect_id))
        AND o.lease_owner = p_owner
-       AND o.state = 'sending' AND o.mark_token = p_call;
-    GET DIAGNOSTICS n = ROW_COUNT;
-    RETURN n;
+       AND o.state = 'sending' AND o.mark_token = p_call
+    RETURNING o.effect_id)
+    SELECT coalesce(array_agg(m.effect_id), '{}') INTO back FROM moved m;
+    -- The tokens these rows drew in the claim, given back to the buckets
+    -- (after the effect rows, in key order, as every caller locks them),
+    -- and struck from the call's record, so that none is refunded twice:
+    -- a row given back to be marked pays at its mark, once.
+    SELECT c.drawn INTO owed FROM effect_calls c WHERE c.call = p_call;
+    IF cardinality(back) > 0 AND owed IS NOT NULL AND owed <> '{}' THEN
+        WITH due AS (
+            SELECT split_part(x, ':', 1) AS kind, substr(x, strpos(x, ':') + 1) AS value,
+                   count(*) AS n
+              FROM unnest(back) AS r(id)
+             CROSS JOIN LATERAL jsonb_array_elements_text(
+                   coalesce(owed -> r.id::text, '[]')) AS x
+             GROUP BY 1, 2),
+        got AS (
+            SELECT s.kind, s.value FROM outbox_scopes s
+             WHERE (s.kind, s.value) IN (SELECT d.kind, d.value FROM due d)
+               AND s.rate_per_second IS NOT NULL
+             ORDER BY s.kind, s.value FOR UPDATE)
+        UPDATE outbox_scopes s
+           SET tokens = least(s.burst::double precision,
+                              s.tokens + s.rate_per_second
+                                * greatest(extract(epoch FROM now() - s.tokens_at), 0) + d.n),
+               tokens_at = greatest(s.tokens_at, now())
+          FROM due d JOIN got g ON g.kind = d.kind AND g.value = d.value
+         WHERE s.kind = d.kind AND s.value = d.value;
+        UPDATE effect_calls c SET drawn = c.drawn - back::text[] WHERE c.call = p_call;
+    END IF;
+    RETURN cardinality(back);
 END $$;
 
 -- A claim token that was repeated or given up on: a first call carrying it

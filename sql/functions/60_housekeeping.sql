@@ -43,6 +43,7 @@ BEGIN
             NULL;                           -- a later hour's pass makes them
         END;
     END IF;
+    PERFORM outbox_scope_held_fold();
     RETURN QUERY SELECT * FROM outbox_fail_unknown_types(p_grace_seconds, p_limit);
 END $$;
 

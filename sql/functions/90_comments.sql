@@ -79,6 +79,10 @@ fleet-wide rate limits per type or host: a token bucket kept in the row,
 so that every worker draws on the same budget.';
 COMMENT ON TABLE outbox_scope_history IS
 'Every change of a scope''s pause or limit: who, what, why, when.';
+COMMENT ON TABLE outbox_scope_held_log IS
+'Rows a lease parked for a paused scope whose row another transaction
+held then, counted here rather than waited for; outbox_scope_status adds
+them to held_total and the sweep folds them in.';
 
 -- The workers' own bookkeeping.
 COMMENT ON TABLE outbox_claim_repeats IS

@@ -38,6 +38,15 @@ def pause(conn, kind, value, paused=True):
                  (kind, value, paused))
 
 
+def lock_waiters(conn, *calls, event=None):
+    """Sessions of this database waiting for a lock (of the event given)
+    in a statement that calls one of `calls`."""
+    like = " OR ".join("query LIKE %s" for _ in calls)
+    return scalar(conn, "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                        "AND (%s IS NULL OR wait_event = %s) AND datname = current_database() "
+                        f"AND ({like})", (event, event) + tuple(f"%{c}%" for c in calls))
+
+
 def live(conn, eid):
     return dict(zip(("state", "attempts", "held_by", "available_at", "lease_owner"), query(
         conn, "SELECT state, attempts, held_by, available_at::text, lease_owner::text "
@@ -147,6 +156,43 @@ def test_the_mark_holds_by_the_host_the_worker_passes(conn):
     assert held["available_at"] == "infinity"
 
 
+def test_a_lease_parks_past_a_scope_row_another_transaction_holds_and_counts_it_later(conn, db):
+    """A paused scope's row held by another transaction (a mark, which
+    locks the scopes in key order and may be waiting for a bucket the
+    claim around this lease holds): the lease parks the row without
+    waiting for it, its count goes to the log, the status shows it at
+    once, and the sweep's fold moves it onto the scope's row."""
+    kill_switch(conn, True)
+    pause(conn, "host", "paused.example")
+    (held,) = add(conn, [("http", "https://paused.example/a")])
+    other = connect(db)
+    query(other, "BEGIN")
+    query(other, "SELECT 1 FROM outbox_scopes WHERE value = 'paused.example' FOR UPDATE")
+    try:
+        query(conn, "SET lock_timeout = '500ms'")
+        assert query(conn, LEASE, (str(uuid.uuid4()), 10, ["http"])) == []
+        query(conn, "RESET lock_timeout")
+        assert live(conn, held)["held_by"] == "host:paused.example"
+        assert scalar(conn, "SELECT held_total FROM outbox_scopes") == 0
+        assert query(conn, "SELECT kind, value, n FROM outbox_scope_held_log") == \
+            [("host", "paused.example", 1)]
+        assert scalar(conn, "SELECT held_total FROM outbox_scope_status") == 1
+        # The fold skips a row it cannot take now.
+        assert scalar(conn, "SELECT outbox_scope_held_fold()") == 0
+    finally:
+        query(other, "ROLLBACK")
+        other.close()
+    assert scalar(conn, "SELECT outbox_scope_held_fold()") == 1
+    assert scalar(conn, "SELECT held_total FROM outbox_scopes") == 1
+    assert scalar(conn, "SELECT count(*) FROM outbox_scope_held_log") == 0
+    assert scalar(conn, "SELECT held_total FROM outbox_scope_status") == 1
+    # A scope cleared takes its log with it.
+    query(conn, "INSERT INTO outbox_scope_held_log (kind, value, n) "
+                "VALUES ('host', 'paused.example', 2)")
+    pause(conn, "host", "paused.example", False)
+    assert scalar(conn, "SELECT count(*) FROM outbox_scope_held_log") == 0
+
+
 def test_the_bucket_lets_its_burst_go_and_defers_the_rest_to_successive_slots(conn):
     """2 per second, a burst of 3: of 10 rows 3 go, 7 are deferred to slots
     half a second apart; a later row (another worker's) to the slot after
@@ -199,9 +245,7 @@ def test_a_pause_waits_for_a_mark_in_progress_and_lists_its_sends(conn, db):
     listed = []
     t = threading.Thread(target=lambda: listed.extend(r[0] for r in pause(connect(db), "type", "http")))
     t.start()
-    wait_for(lambda: scalar(conn, "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = "
-                                  "'Lock' AND wait_event = 'advisory' AND datname = current_database() "
-                                  "AND query LIKE '%%outbox_scope_pause%%'") == 1,
+    wait_for(lambda: lock_waiters(conn, "outbox_scope_pause", event="advisory") == 1,
              what="the pause waiting")
     assert t.is_alive(), "the pause committed while a mark held the switch's lock"
     marker.commit()
@@ -316,6 +360,75 @@ def test_a_claim_pays_for_the_limits_its_rows_certainly_meet_and_leases_otherwis
     assert claim_checked(conn, ["http"], None) == [(old, True, None)]
 
 
+def test_a_claimed_row_pays_once_whether_repeated_given_back_or_released(conn):
+    """What each claimed row drew is kept with its call.  The claim's repeat
+    tells each row's unpaid hosts as the first call did (not every scoped
+    host, which would send the rows to a mark that draws again).  A row
+    given back to be marked gets its tokens back, once, from every bucket
+    it drew on, and pays at its mark; a row released unsent (the worker
+    stopping) gets them back too."""
+    kill_switch(conn, True)
+    query(conn, "SELECT outbox_scope_limit('host', 'limited.example', 0.01, 5, 'op', 'why')")
+    query(conn, "SELECT outbox_scope_limit('type', 'http', 0.01, 5, 'op', 'why')")
+    a, b, c = add(conn, [("http", "https://limited.example/a"), ("http", "https://limited.example/b"),
+                         ("http", "https://limited.example/c")])
+    owner, call = str(uuid.uuid4()), str(uuid.uuid4())
+    first = sorted(query(conn, CLAIM_CHECKED.replace("p_lease_if_scoped", "p_repeat => false, "
+                                                     "p_lease_if_scoped"),
+                         (owner, ["http"], call, [None])))
+    assert first == sorted((i, False, []) for i in (a, b, c))
+    assert (round(tokens(conn, "limited.example")), round(tokens(conn, "http"))) == (2, 2)
+    drawn = scalar(conn, "SELECT drawn FROM effect_calls WHERE call = %s", (call,))
+    assert drawn == {i: ["host:limited.example", "type:http"] for i in (a, b, c)}
+    repeat = sorted(query(conn, CLAIM_CHECKED.replace("p_lease_if_scoped", "p_repeat => true, "
+                                                      "p_lease_if_scoped"),
+                          (owner, ["http"], call, [None])))
+    assert repeat == first
+    assert (round(tokens(conn, "limited.example")), round(tokens(conn, "http"))) == (2, 2)
+    # Given back to be marked: refunded, once.
+    assert scalar(conn, "SELECT outbox_unclaim(%s, %s::uuid[], %s, false)", (owner, [a], call)) == 1
+    assert (round(tokens(conn, "limited.example")), round(tokens(conn, "http"))) == (3, 3)
+    assert scalar(conn, "SELECT outbox_unclaim(%s, %s::uuid[], %s, false)", (owner, [a], call)) == 0
+    assert (round(tokens(conn, "limited.example")), round(tokens(conn, "http"))) == (3, 3)
+    # Its mark pays for it: one token from each bucket, as one send.
+    marked = query(conn, MARK, (owner, [a], str(uuid.uuid4()), None))
+    assert [m[2] for m in marked] == [False]
+    assert (round(tokens(conn, "limited.example")), round(tokens(conn, "http"))) == (2, 2)
+    # Released unsent: refunded.
+    assert scalar(conn, "SELECT outbox_unclaim(%s, %s::uuid[], %s, true)", (owner, [b, c], call)) == 2
+    assert (round(tokens(conn, "limited.example")), round(tokens(conn, "http"))) == (4, 4)
+    assert scalar(conn, "SELECT drawn FROM effect_calls WHERE call = %s", (call,)) == {}
+
+
+def test_two_claims_on_one_bucket_draw_its_tokens_once(conn, db):
+    """A claim that draws a bucket's last tokens holds the bucket's row
+    until it commits; a second claim meeting the same limit waits for it
+    and reads the tokens as that commit left them: short, so it leases (a
+    claim reading the tokens of its snapshot would draw them again)."""
+    kill_switch(conn, True)
+    query(conn, "SELECT outbox_scope_limit('host', 'limited.example', 0.01, 2, 'op', 'why')")
+    first = add(conn, [("http", "https://limited.example/a"), ("http", "https://limited.example/b")])
+    holder = psycopg2.connect(db)
+    holder.autocommit = False
+    with holder.cursor() as cur:
+        cur.execute(CLAIM_CHECKED, (str(uuid.uuid4()), ["http"], str(uuid.uuid4()), [None]))
+        assert sorted(r[0] for r in cur.fetchall() if not r[1]) == sorted(first)
+    (late,) = add(conn, [("http", "https://limited.example/c")])
+    got = []
+    other = connect(db)
+    t = threading.Thread(target=lambda: got.extend(claim_checked(other, ["http"], [None])))
+    t.start()
+    wait_for(lambda: lock_waiters(conn, "outbox_claim", event="transactionid") == 1,
+             what="the second claim waiting for the bucket")
+    holder.commit()
+    t.join(10)
+    assert not t.is_alive()
+    assert got == [(late, True, None)]
+    assert round(tokens(conn, "limited.example")) == 0
+    holder.close()
+    other.close()
+
+
 def test_a_claim_leaves_to_the_mark_what_a_pause_holds_or_a_limit_deferred(conn):
     """A row a pause may hold (a host in its URL, its CRM object) turns the
     claim into a lease, which parks what it can see is paused; the claim
@@ -409,10 +522,7 @@ def test_the_in_flight_list_is_exact_when_the_pause_commits(conn, db, kind):
             listed.extend(r[0] for r in cur.fetchall())
     t = threading.Thread(target=run_pause)
     t.start()
-    wait_for(lambda: scalar(conn, "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = "
-                                  "'Lock' AND datname = current_database() "
-                                  "AND (query LIKE '%%outbox_scope_pause%%' "
-                                  "OR query LIKE '%%outbox_kill_switch_set%%')") == 1,
+    wait_for(lambda: lock_waiters(conn, "outbox_scope_pause", "outbox_kill_switch_set") == 1,
              what="the pause waiting for the finish in progress")
     finisher.commit()
     t.join(10)
@@ -430,9 +540,7 @@ def test_the_in_flight_list_is_exact_when_the_pause_commits(conn, db, kind):
         finisher.commit()
     f = threading.Thread(target=finish)
     f.start()
-    wait_for(lambda: scalar(conn, "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = "
-                                  "'Lock' AND datname = current_database() "
-                                  "AND query LIKE '%%outbox_complete%%'") == 1,
+    wait_for(lambda: lock_waiters(conn, "outbox_complete") == 1,
              what="the finish waiting for the pause to commit")
     assert scalar(conn, "SELECT state FROM effect_live WHERE effect_id = %s", (ids[1],)) == "sending"
     op.commit()
