@@ -475,74 +475,58 @@ static long long mono_ms(void);
 
 /* The parts of effect_history_failed_idx (sql/114_history_failed_index.sql)
  * the existing partitions lack, each built CONCURRENTLY, outside any
- * transaction (the fleet goes on writing the history), then attached;
- * the last attach makes the parent index valid.  A build cut short
- * leaves an invalid index, dropped and built again here; one built but
- * not attached is attached.  The build waits for the transactions that
- * were running when it began (a held snapshot holds it up), so its lock
- * and statement timeouts are off; the attach is brief, and a worker's
- * insert queued behind it waits at most lock_timeout.  One migrate builds
- * at a time: the others wait for its session lock outside any transaction
- * (a transaction waiting in the lock would be one the build waits for),
- * then find nothing left. */
-#define BUILD_LOCK_KEY "7262935012345678001"
-
-static int build_history_parts(PGconn *conn, FILE *out, char *err, size_t errlen);
+ * transaction (the fleet goes on writing the history), then attached in
+ * a transaction of its own; the last attach makes the parent index valid.
+ * A build cut short leaves an invalid index, dropped and built again
+ * here; one built but not attached is attached.  A partition pruned or
+ * an index dropped meanwhile is looked for again.  Nothing here needs a
+ * session of its own (no session lock, no SET), so it runs through
+ * PgBouncer's transaction mode as the rest of migrate does: a partition
+ * another session is building (pg_stat_progress_create_index) is waited
+ * for, and a build that meets another's (the same name taken, a deadlock
+ * between two builds, a lock not granted) steps back and looks again;
+ * one still busy after --wait is left to that session (a line says so).
+ * The build waits for the transactions older than it (a held snapshot
+ * holds it up, not the workers) under the session's own statement and
+ * lock timeouts, the server's defaults unless the owner's role sets them;
+ * the attach waits at most a second for its lock, so a worker's insert
+ * queued behind it waits no longer. */
+static bool steps_back(void)
+{
+	return strcmp(last_state, "42P07") == 0 ||      /* a name another build took */
+	       strcmp(last_state, "40P01") == 0 ||      /* deadlock with another build */
+	       strcmp(last_state, "55P03") == 0 ||      /* a lock not granted in time */
+	       strcmp(last_state, "55006") == 0 ||      /* the index in use by another */
+	       strcmp(last_state, "42P01") == 0 ||      /* the partition pruned meanwhile */
+	       strcmp(last_state, "42704") == 0 ||      /* the index dropped meanwhile */
+	       strcmp(last_state, "42809") == 0;        /* no longer a partition of it */
+}
 
 static int build_history_indexes(PGconn *conn, FILE *out, const struct migrate_opts *o,
                                  char *err, size_t errlen)
 {
-	long long start = mono_ms();
-	int rc;
-
-	for (;;) {
-		PGresult *r = PQexec(conn, "SELECT to_regprocedure('outbox_history_index_todo()') "
-		                           "IS NULL OR pg_try_advisory_lock(" BUILD_LOCK_KEY ")");
-		bool got;
-
-		if (PQresultStatus(r) != PGRES_TUPLES_OK) {
-			snprintf(err, errlen, "history index: %s", PQresultErrorMessage(r));
-			err[strcspn(err, "\n")] = '\0';
-			PQclear(r);
-			return -1;
-		}
-		got = PQgetvalue(r, 0, 0)[0] == 't';
-		PQclear(r);
-		if (got)
-			break;
-		if (mono_ms() - start >= o->wait_ms) {
-			snprintf(err, errlen, "history index: another migrate kept building it for %lld s",
-			         (mono_ms() - start) / 1000);
-			return -1;
-		}
-		sleep_ms(100);
-	}
-	rc = build_history_parts(conn, out, err, errlen);
-	PQclear(PQexec(conn, "SELECT pg_advisory_unlock(" BUILD_LOCK_KEY ")"));
-	return rc;
-}
-
-static int build_history_parts(PGconn *conn, FILE *out, char *err, size_t errlen)
-{
 	PGresult *r = PQexec(conn, "SELECT to_regprocedure('outbox_history_index_todo()') IS NOT NULL");
-	int built = 0, rounds = 0;
+	long long start = mono_ms();
+	int built = 0;
 	bool have;
 
 	if (PQresultStatus(r) != PGRES_TUPLES_OK) {
 		snprintf(err, errlen, "history index: %s", PQresultErrorMessage(r));
+		err[strcspn(err, "\n")] = '\0';
 		PQclear(r);
 		return -1;
 	}
 	have = PQgetvalue(r, 0, 0)[0] == 't';
 	PQclear(r);
 	while (have) {
-		char part[200], index[100], leftover[200], sql[640];
-		bool leftover_valid;
+		char part[200], leftover[200], sql[640];
+		bool leftover_valid, busy, ok;
 
-		r = PQexec(conn, "SELECT part, index_name, coalesce(leftover, ''), "
-		                 "coalesce(leftover_valid, false) FROM outbox_history_index_todo() LIMIT 1");
+		r = PQexec(conn, "SELECT part, coalesce(leftover, ''), coalesce(leftover_valid, false), "
+		                 "busy FROM outbox_history_index_todo() ORDER BY busy, part LIMIT 1");
 		if (PQresultStatus(r) != PGRES_TUPLES_OK) {
 			snprintf(err, errlen, "history index: %s", PQresultErrorMessage(r));
+			err[strcspn(err, "\n")] = '\0';
 			PQclear(r);
 			return -1;
 		}
@@ -550,49 +534,64 @@ static int build_history_parts(PGconn *conn, FILE *out, char *err, size_t errlen
 			PQclear(r);
 			break;
 		}
-		/* Names from the catalogue, quoted by the database (regclass and
-		 * quote_ident); the bounds only refuse what cannot be one. */
-		if (++rounds > 1000 || PQgetlength(r, 0, 0) >= (int)sizeof(part) ||
-		    PQgetlength(r, 0, 1) >= (int)sizeof(index) ||
-		    PQgetlength(r, 0, 2) >= (int)sizeof(leftover)) {
-			snprintf(err, errlen, "history index: partition %s not done after %d rounds",
-			         PQgetvalue(r, 0, 0), rounds);
+		/* Names from the catalogue, quoted by the database (regclass);
+		 * the bounds only refuse what cannot be one. */
+		if (PQgetlength(r, 0, 0) >= (int)sizeof(part) ||
+		    PQgetlength(r, 0, 1) >= (int)sizeof(leftover)) {
+			snprintf(err, errlen, "history index: a partition name too long: %.100s",
+			         PQgetvalue(r, 0, 0));
 			PQclear(r);
 			return -1;
 		}
 		snprintf(part, sizeof(part), "%s", PQgetvalue(r, 0, 0));
-		snprintf(index, sizeof(index), "%s", PQgetvalue(r, 0, 1));
-		snprintf(leftover, sizeof(leftover), "%s", PQgetvalue(r, 0, 2));
-		leftover_valid = PQgetvalue(r, 0, 3)[0] == 't';
+		snprintf(leftover, sizeof(leftover), "%s", PQgetvalue(r, 0, 1));
+		leftover_valid = PQgetvalue(r, 0, 2)[0] == 't';
+		busy = PQgetvalue(r, 0, 3)[0] == 't';
 		PQclear(r);
-		if (!exec_ok(conn, "SET lock_timeout = 0", err, errlen, "history index") ||
-		    !exec_ok(conn, "SET statement_timeout = 0", err, errlen, "history index"))
-			return -1;
-		snprintf(sql, sizeof(sql), "DROP INDEX CONCURRENTLY IF EXISTS %s", leftover);
-		if (leftover[0] && !leftover_valid &&
-		    !exec_ok(conn, sql, err, errlen, "dropping an index build cut short"))
-			return -1;
-		snprintf(sql, sizeof(sql),
-		         "CREATE INDEX CONCURRENTLY %s ON %s (effect_id) WHERE state = 'failed'", index,
-		         part);
-		if ((!leftover[0] || !leftover_valid) &&
-		    !exec_ok(conn, sql, err, errlen, "building the history's index of failing rows"))
-			return -1;
-		if (!exec_ok(conn, "SET lock_timeout = '1s'", err, errlen, "history index"))
-			return -1;
-		snprintf(sql, sizeof(sql), "ALTER INDEX effect_history_failed_idx ATTACH PARTITION %s",
-		         leftover[0] && leftover_valid ? leftover : index);
-		for (int tries = 1;; tries++) {
-			if (exec_ok(conn, sql, err, errlen, "attaching the history's index of failing rows"))
-				break;
-			if (strcmp(last_state, "55P03") != 0 || tries == 5)
-				return -1;
-			sleep_ms(200L * tries);
+		if (busy) {
+			/* Another session builds on it (another migrate, most
+			 * likely): it finishes there, or the next migrate does. */
+			if (mono_ms() - start >= o->wait_ms) {
+				if (out)
+					fprintf(out, "effect_history_failed_idx: %s is being built by another "
+					             "session; it finishes there (or run migrate again)\n", part);
+				return 0;
+			}
+			sleep_ms(200);
+			continue;
 		}
-		if (!exec_ok(conn, "RESET lock_timeout", err, errlen, "history index") ||
-		    !exec_ok(conn, "RESET statement_timeout", err, errlen, "history index"))
+		if (leftover[0] && !leftover_valid) {
+			snprintf(sql, sizeof(sql), "DROP INDEX CONCURRENTLY IF EXISTS %s", leftover);
+			ok = exec_ok(conn, sql, err, errlen, "dropping an index build cut short");
+		} else if (!leftover[0]) {
+			/* Named by the server, as it names the part of a month made
+			 * later (<partition>_effect_id_idx). */
+			snprintf(sql, sizeof(sql),
+			         "CREATE INDEX CONCURRENTLY ON %s (effect_id) WHERE state = 'failed'", part);
+			ok = exec_ok(conn, sql, err, errlen, "building the history's index of failing rows");
+		} else {
+			snprintf(sql, sizeof(sql), "ALTER INDEX effect_history_failed_idx ATTACH PARTITION %s",
+			         leftover);
+			ok = exec_ok(conn, "BEGIN", err, errlen, "history index") &&
+			     exec_ok(conn, "SET LOCAL lock_timeout = '1s'", err, errlen, "history index") &&
+			     exec_ok(conn, sql, err, errlen, "attaching the history's index of failing rows") &&
+			     exec_ok(conn, "COMMIT", err, errlen, "history index");
+			if (!ok)
+				PQclear(PQexec(conn, "ROLLBACK"));
+			built += ok;
+		}
+		if (ok)
+			continue;
+		if (!steps_back())
 			return -1;
-		built++;
+		if (mono_ms() - start >= o->wait_ms) {
+			size_t l = strlen(err);
+
+			snprintf(err + l, errlen - l, " (still so after %lld s)",
+			         (mono_ms() - start) / 1000);
+			return -1;
+		}
+		sleep_ms(200);
 	}
 	if (out && built > 0)
 		fprintf(out, "built effect_history_failed_idx on %d partition%s\n", built,

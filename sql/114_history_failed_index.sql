@@ -16,7 +16,8 @@
 -- read) and then attached, by `outboxctl migrate`
 -- (outbox_history_index_todo, sql/functions/60_housekeeping.sql); the
 -- last one attached makes the parent valid.  Until then the console reads
--- a partition without its part as before, through the end-time index.
+-- a partition of the window without its part through its (created_at,
+-- effect_id) index.
 
 CREATE INDEX effect_history_failed_idx ON ONLY effect_history (effect_id)
     WHERE state = 'failed';

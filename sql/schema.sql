@@ -1787,8 +1787,7 @@ BEGIN
         -- has a token for each of them, so it never goes below zero (a
         -- mark's debt reserves the slots of the rows it deferred).
         drawn AS (
-            UPDATE outbox_scopes s SET tokens = b.tokens - b.n,
-                   tokens_at = greatest(s.tokens_at, now())
+            UPDATE outbox_scopes s SET tokens = b.tokens - b.n, tokens_at = now()
               FROM bucket b
              WHERE s.kind = s_kind[b.j] AND s.value = s_value[b.j] AND (SELECT f.ok FROM free f)),
         -- What each row drew, by its id: kept with the call (its repeat,
@@ -2511,6 +2510,10 @@ CREATE FUNCTION public.outbox_console_effects(p_from timestamp with time zone, p
             o.created_at, o.updated_at, o.last_error_class, o.last_error, o.provider_id
        FROM (SELECT DISTINCT h.effect_id FROM effect_history h
               WHERE p_state = 'failed' AND h.state = 'failed'
+                -- The partitions of the window (by the effects' creation,
+                -- which an id's time follows within its transaction).
+                AND h.created_at >= p_from - interval '1 hour'
+                AND h.created_at < p_to + interval '1 hour'
                 AND h.effect_id >= outbox_effect_id_floor(p_from)
                 AND h.effect_id < coalesce(p_before, outbox_effect_id_floor(p_to))
                 AND h.effect_id < outbox_effect_id_floor(p_to)
@@ -2652,7 +2655,7 @@ CREATE FUNCTION public.outbox_console_unknown_evidence(p_effect_id uuid) RETURNS
            max(h.started_at) FILTER (WHERE h.source = 'reconcile'),
            count(*) FILTER (WHERE h.resolution = 'late_accepted'),
            (array_agg(CASE
-                WHEN h.outcome_class = 'lease_lost'
+                WHEN h.source = 'reaper' OR h.outcome_class = 'lease_lost'
                     THEN 'sending; worker lost'
                 WHEN coalesce(h.provider_status, 0) > 0
                     THEN 'sent; inconclusive ' || h.provider_status
@@ -3071,18 +3074,22 @@ END $$;
 -- Name: outbox_history_index_todo(); Type: FUNCTION; Schema: public; Owner: -
 --
 
-CREATE FUNCTION public.outbox_history_index_todo() RETURNS TABLE(part text, index_name text, leftover text, leftover_valid boolean)
+CREATE FUNCTION public.outbox_history_index_todo() RETURNS TABLE(part text, leftover text, leftover_valid boolean, busy boolean)
     LANGUAGE sql STABLE
     SET search_path TO 'public', 'pg_temp'
     AS $$
-    SELECT p.inhrelid::regclass::text, quote_ident(c.relname || '_effect_id_idx'),
-           l.indexrelid::regclass::text, l.indisvalid
+    SELECT p.inhrelid::regclass::text, l.indexrelid::regclass::text, l.indisvalid,
+           EXISTS (SELECT 1 FROM pg_stat_progress_create_index b WHERE b.relid = p.inhrelid)
       FROM pg_inherits p
       JOIN pg_class c ON c.oid = p.inhrelid
-      LEFT JOIN LATERAL (SELECT i.indexrelid, i.indisvalid FROM pg_index i
-                           JOIN pg_class ic ON ic.oid = i.indexrelid
-                          WHERE i.indrelid = p.inhrelid
-                            AND ic.relname = c.relname || '_effect_id_idx') l ON true
+      LEFT JOIN LATERAL (
+           SELECT i.indexrelid, i.indisvalid FROM pg_index i
+            WHERE i.indrelid = p.inhrelid AND i.indnatts = 1 AND NOT i.indisunique
+              AND i.indkey[0] = (SELECT a.attnum FROM pg_attribute a
+                                  WHERE a.attrelid = p.inhrelid AND a.attname = 'effect_id')
+              AND pg_get_expr(i.indpred, i.indrelid) = '(state = ''failed''::text)'
+              AND NOT EXISTS (SELECT 1 FROM pg_inherits x WHERE x.inhrelid = i.indexrelid)
+            ORDER BY i.indisvalid DESC, i.indexrelid LIMIT 1) l ON true
      WHERE p.inhparent = 'effect_history'::regclass
        AND to_regclass('effect_history_failed_idx') IS NOT NULL
        AND NOT EXISTS (SELECT 1 FROM pg_inherits x JOIN pg_index i ON i.indexrelid = x.inhrelid
@@ -5455,8 +5462,7 @@ BEGIN
     -- Each scope this call drew on or held for, written once.
     UPDATE outbox_scopes s
        SET tokens = CASE WHEN s.rate_per_second IS NULL THEN s.tokens ELSE u.tokens END,
-           tokens_at = CASE WHEN s.rate_per_second IS NULL THEN s.tokens_at
-                            ELSE greatest(s.tokens_at, now()) END,
+           tokens_at = CASE WHEN s.rate_per_second IS NULL THEN s.tokens_at ELSE now() END,
            held_total = s.held_total + u.held
       FROM unnest(s_kind[1:m], s_value[1:m], s_tokens[1:m], s_held[1:m], s_used[1:m])
            AS u(kind, value, tokens, held, used)
@@ -5741,6 +5747,15 @@ DECLARE
     back uuid[];
     owed jsonb;
 BEGIN
+    -- A call whose rows drew tokens is refunded below, which locks the
+    -- scopes' rows: first the kill switch's lock, shared, as the claim
+    -- and the mark take it before any effect row, so that a pause (which
+    -- holds it exclusively, then its scope's row, then the rows sending)
+    -- is never waited for the other way round.
+    SELECT c.drawn INTO owed FROM effect_calls c WHERE c.call = p_call;
+    IF owed IS NOT NULL AND owed <> '{}' THEN
+        PERFORM pg_advisory_xact_lock_shared(outbox_kill_switch_lock_key());
+    END IF;
     PERFORM outbox_lock_owned(p_owner, p_ids);      -- lock order: effect_id
     WITH moved AS (
     UPDATE effect_live o
@@ -5763,7 +5778,6 @@ BEGIN
     -- (after the effect rows, in key order, as every caller locks them),
     -- and struck from the call's record, so that none is refunded twice:
     -- a row given back to be marked pays at its mark, once.
-    SELECT c.drawn INTO owed FROM effect_calls c WHERE c.call = p_call;
     IF cardinality(back) > 0 AND owed IS NOT NULL AND owed <> '{}' THEN
         WITH due AS (
             SELECT split_part(x, ':', 1) AS kind, substr(x, strpos(x, ':') + 1) AS value,

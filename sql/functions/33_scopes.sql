@@ -301,8 +301,7 @@ BEGIN
     -- Each scope this call drew on or held for, written once.
     UPDATE outbox_scopes s
        SET tokens = CASE WHEN s.rate_per_second IS NULL THEN s.tokens ELSE u.tokens END,
-           tokens_at = CASE WHEN s.rate_per_second IS NULL THEN s.tokens_at
-                            ELSE greatest(s.tokens_at, now()) END,
+           tokens_at = CASE WHEN s.rate_per_second IS NULL THEN s.tokens_at ELSE now() END,
            held_total = s.held_total + u.held
       FROM unnest(s_kind[1:m], s_value[1:m], s_tokens[1:m], s_held[1:m], s_used[1:m])
            AS u(kind, value, tokens, held, used)

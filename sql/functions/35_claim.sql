@@ -296,8 +296,7 @@ BEGIN
         -- has a token for each of them, so it never goes below zero (a
         -- mark's debt reserves the slots of the rows it deferred).
         drawn AS (
-            UPDATE outbox_scopes s SET tokens = b.tokens - b.n,
-                   tokens_at = greatest(s.tokens_at, now())
+            UPDATE outbox_scopes s SET tokens = b.tokens - b.n, tokens_at = now()
               FROM bucket b
              WHERE s.kind = s_kind[b.j] AND s.value = s_value[b.j] AND (SELECT f.ok FROM free f)),
         -- What each row drew, by its id: kept with the call (its repeat,
@@ -425,6 +424,15 @@ DECLARE
     back uuid[];
     owed jsonb;
 BEGIN
+    -- A call whose rows drew tokens is refunded below, which locks the
+    -- scopes' rows: first the kill switch's lock, shared, as the claim
+    -- and the mark take it before any effect row, so that a pause (which
+    -- holds it exclusively, then its scope's row, then the rows sending)
+    -- is never waited for the other way round.
+    SELECT c.drawn INTO owed FROM effect_calls c WHERE c.call = p_call;
+    IF owed IS NOT NULL AND owed <> '{}' THEN
+        PERFORM pg_advisory_xact_lock_shared(outbox_kill_switch_lock_key());
+    END IF;
     PERFORM outbox_lock_owned(p_owner, p_ids);      -- lock order: effect_id
     WITH moved AS (
     UPDATE effect_live o
@@ -447,7 +455,6 @@ BEGIN
     -- (after the effect rows, in key order, as every caller locks them),
     -- and struck from the call's record, so that none is refunded twice:
     -- a row given back to be marked pays at its mark, once.
-    SELECT c.drawn INTO owed FROM effect_calls c WHERE c.call = p_call;
     IF cardinality(back) > 0 AND owed IS NOT NULL AND owed <> '{}' THEN
         WITH due AS (
             SELECT split_part(x, ':', 1) AS kind, substr(x, strpos(x, ':') + 1) AS value,

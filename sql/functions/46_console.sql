@@ -181,6 +181,10 @@ SET enable_seqscan = off AS $$
             o.created_at, o.updated_at, o.last_error_class, o.last_error, o.provider_id
        FROM (SELECT DISTINCT h.effect_id FROM effect_history h
               WHERE p_state = 'failed' AND h.state = 'failed'
+                -- The partitions of the window (by the effects' creation,
+                -- which an id's time follows within its transaction).
+                AND h.created_at >= p_from - interval '1 hour'
+                AND h.created_at < p_to + interval '1 hour'
                 AND h.effect_id >= outbox_effect_id_floor(p_from)
                 AND h.effect_id < coalesce(p_before, outbox_effect_id_floor(p_to))
                 AND h.effect_id < outbox_effect_id_floor(p_to)
@@ -230,9 +234,9 @@ LANGUAGE sql STABLE SECURITY DEFINER SET search_path = public, pg_temp AS $$
 $$;
 
 -- The unknown page's evidence beyond the last attempt, for one effect:
--- the phase its last send reached (from the class the worker or the
--- reaper recorded: the request out and no answer, an answer that does not
--- say, the worker gone mid-send) and when that send began (its point of no
+-- the phase its last send reached (from the row the worker or the reaper
+-- wrote: the request out and no answer, an answer that does not say, the
+-- worker gone mid-send, which the reaper records) and when that send began (its point of no
 -- return: the row went `sending` then), the reconcile lookups its history
 -- holds (how many, the last one's answer and when) and the late
 -- acceptances recorded (a provider's answer that came after the worker had
@@ -250,7 +254,7 @@ LANGUAGE sql STABLE SECURITY DEFINER SET search_path = public, pg_temp AS $$
            max(h.started_at) FILTER (WHERE h.source = 'reconcile'),
            count(*) FILTER (WHERE h.resolution = 'late_accepted'),
            (array_agg(CASE
-                WHEN h.outcome_class = 'lease_lost'
+                WHEN h.source = 'reaper' OR h.outcome_class = 'lease_lost'
                     THEN 'sending; worker lost'
                 WHEN coalesce(h.provider_status, 0) > 0
                     THEN 'sent; inconclusive ' || h.provider_status

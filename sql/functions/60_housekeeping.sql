@@ -249,22 +249,28 @@ END $$;
 
 -- The partitions of the history whose part of effect_history_failed_idx
 -- is not attached yet (114_history_failed_index.sql made the index ON ONLY
--- the parent): the partition, the name its part gets, and an index of that
--- name already there (a build or an attach that was cut short), with
--- whether it is valid.  `outboxctl migrate` builds each part CONCURRENTLY
--- after its commit and attaches it (lib/migrate.c); nothing is returned
--- once the parent is whole, or on a schema without the index.
+-- the parent): the partition, an index there that is such a part but not
+-- attached (a build or an attach cut short: found by what it indexes, not
+-- by its name), with whether it is valid, and whether a session is
+-- building an index on it now.  `outboxctl migrate` builds each part
+-- CONCURRENTLY after its commit and attaches it (lib/migrate.c); nothing
+-- is returned once the parent is whole, or on a schema without the index.
+DROP FUNCTION IF EXISTS outbox_history_index_todo();
 CREATE OR REPLACE FUNCTION outbox_history_index_todo()
-RETURNS TABLE (part text, index_name text, leftover text, leftover_valid boolean)
+RETURNS TABLE (part text, leftover text, leftover_valid boolean, busy boolean)
 LANGUAGE sql STABLE SET search_path = public, pg_temp AS $$
-    SELECT p.inhrelid::regclass::text, quote_ident(c.relname || '_effect_id_idx'),
-           l.indexrelid::regclass::text, l.indisvalid
+    SELECT p.inhrelid::regclass::text, l.indexrelid::regclass::text, l.indisvalid,
+           EXISTS (SELECT 1 FROM pg_stat_progress_create_index b WHERE b.relid = p.inhrelid)
       FROM pg_inherits p
       JOIN pg_class c ON c.oid = p.inhrelid
-      LEFT JOIN LATERAL (SELECT i.indexrelid, i.indisvalid FROM pg_index i
-                           JOIN pg_class ic ON ic.oid = i.indexrelid
-                          WHERE i.indrelid = p.inhrelid
-                            AND ic.relname = c.relname || '_effect_id_idx') l ON true
+      LEFT JOIN LATERAL (
+           SELECT i.indexrelid, i.indisvalid FROM pg_index i
+            WHERE i.indrelid = p.inhrelid AND i.indnatts = 1 AND NOT i.indisunique
+              AND i.indkey[0] = (SELECT a.attnum FROM pg_attribute a
+                                  WHERE a.attrelid = p.inhrelid AND a.attname = 'effect_id')
+              AND pg_get_expr(i.indpred, i.indrelid) = '(state = ''failed''::text)'
+              AND NOT EXISTS (SELECT 1 FROM pg_inherits x WHERE x.inhrelid = i.indexrelid)
+            ORDER BY i.indisvalid DESC, i.indexrelid LIMIT 1) l ON true
      WHERE p.inhparent = 'effect_history'::regclass
        AND to_regclass('effect_history_failed_idx') IS NOT NULL
        AND NOT EXISTS (SELECT 1 FROM pg_inherits x JOIN pg_index i ON i.indexrelid = x.inhrelid

@@ -361,10 +361,12 @@ def test_unknown_page_shows_the_phase_each_send_reached_and_its_point_of_no_retu
                 "gen_random_uuid(), 'w1', now() - interval '300 seconds', 'ambiguous', "
                 "'sent, no answer: timeout' FROM effect_outbox WHERE effect_id = %s", (silent,))
     reaped = new_unknown(conn, 1, "lease lost", "w1", None, None)
+    # As the reaper writes it (outbox_reap): ambiguous, its source
+    # the reaper, started when the row went `sending`.
     query(conn, "INSERT INTO effect_history (effect_id, created_at, attempt, lease_owner, worker, "
                 "source, started_at, outcome_class, error_text) SELECT effect_id, created_at, 1, "
                 "gen_random_uuid(), 'reaper:w2', 'reaper', now() - interval '1 hour', "
-                "'lease_lost', 'the worker stopped renewing' FROM effect_outbox "
+                "'ambiguous', 'lease expired while sending' FROM effect_outbox "
                 "WHERE effect_id = %s", (reaped,))
     query(conn, "INSERT INTO effect_history (effect_id, created_at, attempt, worker, source, "
                 "started_at, outcome_class, provider_status) SELECT effect_id, created_at, 1, "

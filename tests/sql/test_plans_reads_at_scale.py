@@ -119,7 +119,7 @@ def test_reads_are_bounded_on_a_long_history(conn):
         if name == "outbox_console_effects (failed)":
             # The history's failing rows, each partition's part of
             # effect_history_failed_idx walked newest first.
-            assert re.search(r"Index Only Scan Backward using effect_history_\d{6}_effect_id_idx",
+            assert re.search(r"Index (Only )?Scan Backward using effect_history_\d{6}_effect_id_idx",
                              plans), plans
         times[name] = min(timed(conn, sql, args) for _ in range(3))
     st = query(conn, "SELECT completed, failed, unknown FROM outbox_read_status()")[0]

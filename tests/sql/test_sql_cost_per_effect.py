@@ -28,13 +28,17 @@ def test_live_rows_have_two_indexes_and_the_history_one(conn):
     and its due order, and the history row's (creation time, effect)
     (its block-range index writes a summary per range, not per row).
     The held-rows index is partial: a new row (held_by NULL) adds no entry
-    to it, and a claim, which leaves held_by alone, stays HOT."""
+    to it, and a claim, which leaves held_by alone, stays HOT.  So is the
+    history's index of failing rows: a completion's row adds no entry."""
     assert indexes(conn, "effect_live") == ["effect_live_due_idx", "effect_live_held_idx",
                                             "effect_live_pkey"]
     assert "WHERE (held_by IS NOT NULL)" in scalar(
         conn, "SELECT pg_get_indexdef('effect_live_held_idx'::regclass)")
     assert indexes(conn, "effect_history") == ["effect_history_effect_idx",
-                                               "effect_history_ended_brin"]
+                                               "effect_history_ended_brin",
+                                               "effect_history_failed_idx"]
+    assert "WHERE (state = 'failed'::text)" in scalar(
+        conn, "SELECT pg_get_indexdef('effect_history_failed_idx'::regclass)")
     assert scalar(conn, "SELECT amname FROM pg_class c JOIN pg_am a ON a.oid = c.relam "
                         "WHERE c.relname = 'effect_history_ended_brin'") == "brin"
 
