@@ -2,12 +2,14 @@
 """Scoped pauses and rate limits as one worker meets them (docs/design.md,
 "Scoped pauses and rate limits"): a host scope matches the host the
 provider connects to, also where the target names no host (the email
-relay); the claim of an http-only worker turns into a lease while a scope
-is set; a limit spaces the sends; the metrics show each scope.  The fleet
+relay); the claim pays for a limit its rows certainly meet and turns into
+a lease otherwise; a limit spaces the sends; the metrics show each scope.  The fleet
 under load is tests/kill_switch/test_scoped_fleet.py.
 """
 import re
 import urllib.request
+
+import pytest
 
 from outbox_test import (FAST, enqueue, free_port, http_cfg, kill_switch, query, scalar, scrape,
                          states, wait_for)
@@ -170,6 +172,12 @@ def test_a_claimed_row_the_database_read_as_unscoped_is_marked_with_the_worker_h
     assert len(sink.received()) == 1
 
 
+# Alone: its figure, the rate within 10 % over every 5 s window at the
+# production poll, is the workers' cycle keeping up with a slot every
+# 50 ms; beside a compile of an old release or a load of 2,000,000 rows
+# on this 2-core machine their cycles stretch and each window falls to
+# about 80 of 100, whatever the schema.
+@pytest.mark.exclusive
 def test_a_limit_delivers_its_rate_over_every_window_of_a_backlog(conn, dispatchers, sink):
     """A backlog of 300 through a host limit of 20/s with a burst of 2, two
     workers at the default poll (a second): every 5 s window of the sends
