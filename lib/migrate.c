@@ -484,21 +484,25 @@ static long long mono_ms(void);
  * PgBouncer's transaction mode as the rest of migrate does: a partition
  * another session is building (pg_stat_progress_create_index) is waited
  * for, and a build that meets another's (the same name taken, a deadlock
- * between two builds, a lock not granted) steps back and looks again;
+ * between two builds, a lock not granted, a catalogue row another drop or
+ * attach changed) steps back and looks again;
  * one still busy after --wait is left to that session (a line says so).
  * The build waits for the transactions older than it (a held snapshot
  * holds it up, not the workers) under the session's own statement and
  * lock timeouts, the server's defaults unless the owner's role sets them;
  * the attach waits at most a second for its lock, so a worker's insert
  * queued behind it waits no longer. */
-static bool steps_back(void)
+static bool steps_back(const char *err)
 {
 	return strcmp(last_state, "42P07") == 0 ||      /* a name another build took */
+	       (strcmp(last_state, "XX000") == 0 &&     /* another's drop or attach */
+	        strstr(err, "tuple concurrently updated") != NULL) ||
 	       strcmp(last_state, "40P01") == 0 ||      /* deadlock with another build */
 	       strcmp(last_state, "55P03") == 0 ||      /* a lock not granted in time */
 	       strcmp(last_state, "55006") == 0 ||      /* the index in use by another */
 	       strcmp(last_state, "42P01") == 0 ||      /* the partition pruned meanwhile */
 	       strcmp(last_state, "42704") == 0 ||      /* the index dropped meanwhile */
+	       strcmp(last_state, "2BP01") == 0 ||      /* attached meanwhile: not ours to drop */
 	       strcmp(last_state, "42809") == 0;        /* no longer a partition of it */
 }
 
@@ -519,11 +523,12 @@ static int build_history_indexes(PGconn *conn, FILE *out, const struct migrate_o
 	have = PQgetvalue(r, 0, 0)[0] == 't';
 	PQclear(r);
 	while (have) {
-		char part[200], leftover[200], sql[640];
+		char part[200], index[100], leftover[200], sql[640];
 		bool leftover_valid, busy, ok;
 
-		r = PQexec(conn, "SELECT part, coalesce(leftover, ''), coalesce(leftover_valid, false), "
-		                 "busy FROM outbox_history_index_todo() ORDER BY busy, part LIMIT 1");
+		r = PQexec(conn, "SELECT part, index_name, coalesce(leftover, ''), "
+		                 "coalesce(leftover_valid, false), busy "
+		                 "FROM outbox_history_index_todo() ORDER BY busy, part LIMIT 1");
 		if (PQresultStatus(r) != PGRES_TUPLES_OK) {
 			snprintf(err, errlen, "history index: %s", PQresultErrorMessage(r));
 			err[strcspn(err, "\n")] = '\0';
@@ -537,17 +542,23 @@ static int build_history_indexes(PGconn *conn, FILE *out, const struct migrate_o
 		/* Names from the catalogue, quoted by the database (regclass);
 		 * the bounds only refuse what cannot be one. */
 		if (PQgetlength(r, 0, 0) >= (int)sizeof(part) ||
-		    PQgetlength(r, 0, 1) >= (int)sizeof(leftover)) {
+		    PQgetlength(r, 0, 1) >= (int)sizeof(index) ||
+		    PQgetlength(r, 0, 2) >= (int)sizeof(leftover)) {
 			snprintf(err, errlen, "history index: a partition name too long: %.100s",
 			         PQgetvalue(r, 0, 0));
 			PQclear(r);
 			return -1;
 		}
 		snprintf(part, sizeof(part), "%s", PQgetvalue(r, 0, 0));
-		snprintf(leftover, sizeof(leftover), "%s", PQgetvalue(r, 0, 1));
-		leftover_valid = PQgetvalue(r, 0, 2)[0] == 't';
-		busy = PQgetvalue(r, 0, 3)[0] == 't';
+		snprintf(index, sizeof(index), "%s", PQgetvalue(r, 0, 1));
+		snprintf(leftover, sizeof(leftover), "%s", PQgetvalue(r, 0, 2));
+		leftover_valid = PQgetvalue(r, 0, 3)[0] == 't';
+		busy = PQgetvalue(r, 0, 4)[0] == 't';
 		PQclear(r);
+		/* A leftover another session dropped after the catalogue was
+		 * read prints as its bare oid: gone, look again. */
+		if (leftover[0] >= '0' && leftover[0] <= '9')
+			busy = true;
 		if (busy) {
 			/* Another session builds on it (another migrate, most
 			 * likely): it finishes there, or the next migrate does. */
@@ -564,10 +575,9 @@ static int build_history_indexes(PGconn *conn, FILE *out, const struct migrate_o
 			snprintf(sql, sizeof(sql), "DROP INDEX CONCURRENTLY IF EXISTS %s", leftover);
 			ok = exec_ok(conn, sql, err, errlen, "dropping an index build cut short");
 		} else if (!leftover[0]) {
-			/* Named by the server, as it names the part of a month made
-			 * later (<partition>_effect_id_idx). */
 			snprintf(sql, sizeof(sql),
-			         "CREATE INDEX CONCURRENTLY ON %s (effect_id) WHERE state = 'failed'", part);
+			         "CREATE INDEX CONCURRENTLY %s ON %s (effect_id) WHERE state = 'failed'",
+			         index, part);
 			ok = exec_ok(conn, sql, err, errlen, "building the history's index of failing rows");
 		} else {
 			snprintf(sql, sizeof(sql), "ALTER INDEX effect_history_failed_idx ATTACH PARTITION %s",
@@ -582,7 +592,7 @@ static int build_history_indexes(PGconn *conn, FILE *out, const struct migrate_o
 		}
 		if (ok)
 			continue;
-		if (!steps_back())
+		if (!steps_back(err))
 			return -1;
 		if (mono_ms() - start >= o->wait_ms) {
 			size_t l = strlen(err);

@@ -3074,11 +3074,15 @@ END $$;
 -- Name: outbox_history_index_todo(); Type: FUNCTION; Schema: public; Owner: -
 --
 
-CREATE FUNCTION public.outbox_history_index_todo() RETURNS TABLE(part text, leftover text, leftover_valid boolean, busy boolean)
+CREATE FUNCTION public.outbox_history_index_todo() RETURNS TABLE(part text, index_name text, leftover text, leftover_valid boolean, busy boolean)
     LANGUAGE sql STABLE
     SET search_path TO 'public', 'pg_temp'
     AS $$
-    SELECT p.inhrelid::regclass::text, l.indexrelid::regclass::text, l.indisvalid,
+    SELECT p.inhrelid::regclass::text,
+           -- The name PostgreSQL gives the part of a month made later, so
+           -- that two builds at once meet on it.
+           quote_ident(left(c.relname, 63 - length('_effect_id_idx')) || '_effect_id_idx'),
+           l.indexrelid::regclass::text, l.indisvalid,
            EXISTS (SELECT 1 FROM pg_stat_progress_create_index b WHERE b.relid = p.inhrelid)
       FROM pg_inherits p
       JOIN pg_class c ON c.oid = p.inhrelid

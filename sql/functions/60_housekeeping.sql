@@ -249,7 +249,8 @@ END $$;
 
 -- The partitions of the history whose part of effect_history_failed_idx
 -- is not attached yet (114_history_failed_index.sql made the index ON ONLY
--- the parent): the partition, an index there that is such a part but not
+-- the parent): the partition, the name its part gets, an index there that
+-- is such a part but not
 -- attached (a build or an attach cut short: found by what it indexes, not
 -- by its name), with whether it is valid, and whether a session is
 -- building an index on it now.  `outboxctl migrate` builds each part
@@ -257,9 +258,14 @@ END $$;
 -- is returned once the parent is whole, or on a schema without the index.
 DROP FUNCTION IF EXISTS outbox_history_index_todo();
 CREATE OR REPLACE FUNCTION outbox_history_index_todo()
-RETURNS TABLE (part text, leftover text, leftover_valid boolean, busy boolean)
+RETURNS TABLE (part text, index_name text, leftover text, leftover_valid boolean,
+               busy boolean)
 LANGUAGE sql STABLE SET search_path = public, pg_temp AS $$
-    SELECT p.inhrelid::regclass::text, l.indexrelid::regclass::text, l.indisvalid,
+    SELECT p.inhrelid::regclass::text,
+           -- The name PostgreSQL gives the part of a month made later, so
+           -- that two builds at once meet on it.
+           quote_ident(left(c.relname, 63 - length('_effect_id_idx')) || '_effect_id_idx'),
+           l.indexrelid::regclass::text, l.indisvalid,
            EXISTS (SELECT 1 FROM pg_stat_progress_create_index b WHERE b.relid = p.inhrelid)
       FROM pg_inherits p
       JOIN pg_class c ON c.oid = p.inhrelid
