@@ -509,7 +509,7 @@ static bool steps_back(const char *err)
 static int build_history_indexes(PGconn *conn, FILE *out, const struct migrate_opts *o,
                                  char *err, size_t errlen)
 {
-	PGresult *r = PQexec(conn, "SELECT to_regprocedure('outbox_history_index_todo()') IS NOT NULL");
+	PGresult *r = PQexec(conn, "SELECT to_regprocedure('outbox_history_index_pending()') IS NOT NULL");
 	long long start = mono_ms();
 	int built = 0;
 	bool have;
@@ -528,7 +528,7 @@ static int build_history_indexes(PGconn *conn, FILE *out, const struct migrate_o
 
 		r = PQexec(conn, "SELECT part, index_name, coalesce(leftover, ''), "
 		                 "coalesce(leftover_valid, false), busy "
-		                 "FROM outbox_history_index_todo() ORDER BY busy, part LIMIT 1");
+		                 "FROM outbox_history_index_pending() ORDER BY busy, part LIMIT 1");
 		if (PQresultStatus(r) != PGRES_TUPLES_OK) {
 			snprintf(err, errlen, "history index: %s", PQresultErrorMessage(r));
 			err[strcspn(err, "\n")] = '\0';

@@ -14,7 +14,7 @@
 -- empty.  The partitions that exist get theirs after the commit, each
 -- built CONCURRENTLY (the fleet goes on writing the history while it is
 -- read) and then attached, by `outboxctl migrate`
--- (outbox_history_index_todo, sql/functions/60_housekeeping.sql); the
+-- (outbox_history_index_pending, sql/functions/60_housekeeping.sql); the
 -- last one attached makes the parent valid.  Until then the console reads
 -- a partition of the window without its part through its (created_at,
 -- effect_id) index.

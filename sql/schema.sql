@@ -3071,10 +3071,10 @@ BEGIN
 END $$;
 
 --
--- Name: outbox_history_index_todo(); Type: FUNCTION; Schema: public; Owner: -
+-- Name: outbox_history_index_pending(); Type: FUNCTION; Schema: public; Owner: -
 --
 
-CREATE FUNCTION public.outbox_history_index_todo() RETURNS TABLE(part text, index_name text, leftover text, leftover_valid boolean, busy boolean)
+CREATE FUNCTION public.outbox_history_index_pending() RETURNS TABLE(part text, index_name text, leftover text, leftover_valid boolean, busy boolean)
     LANGUAGE sql STABLE
     SET search_path TO 'public', 'pg_temp'
     AS $$
@@ -6229,10 +6229,10 @@ GRANT ALL ON FUNCTION public.outbox_fail_unknown_types(p_grace_seconds integer, 
 REVOKE ALL ON FUNCTION public.outbox_fail_unknown_types(p_grace_seconds integer, p_limit integer) FROM PUBLIC;
 
 --
--- Name: FUNCTION outbox_history_index_todo(); Type: ACL; Schema: public; Owner: -
+-- Name: FUNCTION outbox_history_index_pending(); Type: ACL; Schema: public; Owner: -
 --
 
-REVOKE ALL ON FUNCTION public.outbox_history_index_todo() FROM PUBLIC;
+REVOKE ALL ON FUNCTION public.outbox_history_index_pending() FROM PUBLIC;
 
 --
 -- Name: FUNCTION outbox_history_months(p_from timestamp with time zone, p_to timestamp with time zone); Type: ACL; Schema: public; Owner: -

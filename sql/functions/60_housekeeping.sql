@@ -256,8 +256,8 @@ END $$;
 -- building an index on it now.  `outboxctl migrate` builds each part
 -- CONCURRENTLY after its commit and attaches it (lib/migrate.c); nothing
 -- is returned once the parent is whole, or on a schema without the index.
-DROP FUNCTION IF EXISTS outbox_history_index_todo();
-CREATE OR REPLACE FUNCTION outbox_history_index_todo()
+DROP FUNCTION IF EXISTS outbox_history_index_pending();
+CREATE OR REPLACE FUNCTION outbox_history_index_pending()
 RETURNS TABLE (part text, index_name text, leftover text, leftover_valid boolean,
                busy boolean)
 LANGUAGE sql STABLE SET search_path = public, pg_temp AS $$
@@ -288,7 +288,7 @@ $$;
 -- Nobody may call these but the roles named here.
 REVOKE EXECUTE ON FUNCTION
     outbox_history_source_backfill(integer),
-    outbox_history_index_todo(),
+    outbox_history_index_pending(),
     outbox_sweep(text, integer, integer, integer),
     outbox_weekly_figures(text, integer),
     outbox_weekly_stats_since(timestamp without time zone),

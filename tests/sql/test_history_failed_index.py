@@ -72,7 +72,7 @@ def assert_whole(c):
         assert definition.endswith("(effect_id) WHERE (state = 'failed'::text)"), definition
     assert scalar(c, "SELECT indisvalid FROM pg_index "
                      "WHERE indexrelid = 'effect_history_failed_idx'::regclass") is True
-    assert query(c, "SELECT * FROM outbox_history_index_todo()") == []
+    assert query(c, "SELECT * FROM outbox_history_index_pending()") == []
 
 
 def test_upgrade_from_the_last_release_builds_each_part_and_the_failed_filter_reads_it(unmigrated_db):
