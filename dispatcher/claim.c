@@ -288,4 +288,5 @@ const struct take_handlers claim_take = {
 	.answered_as = claim_answered_as,
 	.rows = claim_rows,
 	.refused = claim_refused,
+	.entries_col = COL_CLAIM_DUE_ENTRIES,
 };

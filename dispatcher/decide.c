@@ -134,14 +134,20 @@ bool decide_mark_later(const struct provider_slot *p)
 }
 
 struct head_scan_verdict decide_head_scan(const struct head_scan_view *v, int64_t took,
-                                          int64_t now)
+                                          int64_t passed, int64_t now)
 {
 	struct head_scan_verdict d;
 	int64_t wait = took * HEAD_SCAN_FACTOR;
+	bool slow = v->slow_ms == 0 || took > v->slow_ms || passed > HEAD_PASSED_ENTRIES;
+	bool unseen = !slow && passed == HEAD_PASSED_UNSEEN;
 
-	d.slow_streak = v->slow_ms == 0 || took > v->slow_ms ? v->slow_streak + 1 : 0;
+	d.unseen_streak = unseen ? v->unseen_streak + 1 : 0;
+	if (unseen && !(v->from_position && d.unseen_streak >= HEAD_UNSEEN_EXIT))
+		d.slow_streak = v->slow_streak;     /* says nothing */
+	else
+		d.slow_streak = slow ? v->slow_streak + 1 : 0;
 	d.from_position = v->from_position ? d.slow_streak > 0 : d.slow_streak >= HEAD_SLOW_STREAK;
-	d.warn = d.from_position && took >= HEAD_SLOW_WARN_MS &&
+	d.warn = d.from_position && (took >= HEAD_SLOW_WARN_MS || passed >= HEAD_PASSED_WARN_ENTRIES) &&
 	         now - v->warned_mono > HEAD_SLOW_WARN_EVERY_MS;
 	d.log = d.from_position != v->from_position || d.warn;
 	d.next_scan_mono = now + (wait > HEAD_SCAN_MIN_MS ? wait : HEAD_SCAN_MIN_MS);

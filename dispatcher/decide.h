@@ -127,6 +127,23 @@ bool decide_mark_later(const struct provider_slot *p);
  * lease path at most a tenth of its time. */
 #define HEAD_SCAN_MIN_MS 1000
 #define HEAD_SCAN_FACTOR 10
+/* A scan from the head is slow also when its walk passed over more index
+ * entries than this without taking them (read, not returned: the dead
+ * entries of effects finished while a long transaction holds vacuum back,
+ * sends in flight).  A count, not a time, so that it holds on a fast
+ * machine too: under a held snapshot each scan there took under 10 ms yet
+ * cost the database 1.7 times its CPU per effect. */
+#define HEAD_PASSED_ENTRIES 2000
+/* What a scan from the head says of the entries it passed over, when not a
+ * count: a lease does not count them (its time alone decides); a claim
+ * that returned no row had no row to say it on.  Such a scan that is fast
+ * says nothing, except that HEAD_UNSEEN_EXIT of them in a row in position
+ * mode go back to the head (in position mode most scans from the head find
+ * nothing: were each a fast one, every scan would go back to the head and
+ * the next claims walk the dead entries again). */
+#define HEAD_PASSED_UNKNOWN (-1)
+#define HEAD_PASSED_UNSEEN (-2)
+#define HEAD_UNSEEN_EXIT 10
 /* Slow leases from the head in a row before leasing from the position: one
  * slow answer is more often a busy machine than a head full of dead
  * entries, and a switch makes late-committed rows wait for a head scan. */
@@ -136,6 +153,7 @@ bool decide_mark_later(const struct provider_slot *p);
  * a held-back vacuum the head can be fast and slow by turns).  Between
  * lease_head_slow_ms and this, a busy queue between two autovacuums: info. */
 #define HEAD_SLOW_WARN_MS 100
+#define HEAD_PASSED_WARN_ENTRIES 50000
 #define HEAD_SLOW_WARN_EVERY_MS 60000
 
 /* What a timed scan from the head reads of the lease state. */
@@ -144,6 +162,7 @@ struct head_scan_view {
 	int slow_streak;         /* slow scans from the head in a row before this one */
 	long slow_ms;            /* [dispatcher] lease_head_slow_ms; 0: every scan is slow */
 	int64_t warned_mono;     /* the last warning that the head is slow */
+	int unseen_streak;       /* fast scans that could not count, in a row */
 };
 
 /* What becomes of it. */
@@ -153,13 +172,18 @@ struct head_scan_verdict {
 	bool log;                /* log lease_mode: the mode changed, or warn */
 	bool warn;               /* at warn level (and warned_mono becomes now) */
 	int64_t next_scan_mono;  /* the next scan from the head, not before */
+	int unseen_streak;       /* fast scans that could not count, in a row, this one counted */
 };
 
-/* After a scan from the head that took `took` ms, at `now`: into position
- * mode after HEAD_SLOW_STREAK slow ones in a row, out of it at the first
- * fast one; the next scan from the head HEAD_SCAN_FACTOR times `took`
- * later, HEAD_SCAN_MIN_MS at least. */
+/* After a scan from the head that took `took` ms and passed over `passed`
+ * index entries (or HEAD_PASSED_UNKNOWN, HEAD_PASSED_UNSEEN), at `now`:
+ * slow when over lease_head_slow_ms or HEAD_PASSED_ENTRIES; into position
+ * mode after
+ * HEAD_SLOW_STREAK slow ones in a row, out of it at the first fast one
+ * (an unseen one: HEAD_UNSEEN_EXIT in a row);
+ * the next scan from the head HEAD_SCAN_FACTOR times `took` later,
+ * HEAD_SCAN_MIN_MS at least. */
 struct head_scan_verdict decide_head_scan(const struct head_scan_view *v, int64_t took,
-                                          int64_t now);
+                                          int64_t passed, int64_t now);
 
 #endif

@@ -137,6 +137,7 @@ const struct take_handlers lease_take = {
 	.answered_as = NULL,
 	.rows = lease_rows,
 	.refused = lease_refused,
+	.entries_col = -1,
 };
 
 /* ---- heartbeat: lease renewal ------------------------------------------- */

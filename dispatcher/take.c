@@ -36,55 +36,79 @@ static const struct take_handlers *const take_kinds[TAKE_KINDS] = {
 /* ---- the due-index position ---------------------------------------------- */
 
 /* A change of mode at info; a slow head at warn, also while the mode
- * stays (a snapshot held for an hour is still news). */
-static void log_lease_mode(bool slow, bool warn, int64_t took)
+ * stays (a snapshot held for an hour is still news).  head_entries: the
+ * index entries the scan passed over (negative: not known, decide.h). */
+static void log_lease_mode(bool slow, bool warn, int64_t took, int64_t passed)
 {
 	const char *msg =
 		!slow ? "the due index's head is fast again: leasing from the head"
 		: warn ? "the due index's head is slow (dead entries: is a long transaction "
 		         "holding vacuum back?): leasing from the last position, from the "
 		         "head only now and then"
-		       : "the due index's head is slower than lease_head_slow_ms (dead entries "
-		         "of a busy queue between vacuums): leasing from the last position, "
-		         "from the head only now and then";
+		       : "the due index's head is slower than lease_head_slow_ms or full of "
+		         "entries no lease can take (dead entries of a busy queue between "
+		         "vacuums, sends in flight): leasing from the last position, from the "
+		         "head only now and then";
 
 	log_event(warn ? OLOG_WARN : OLOG_INFO, "lease_mode",
-	          json_pack("{s:s,s:I,s:s}", "mode", slow ? "position" : "head",
-	                    "head_scan_ms", (json_int_t)took, "msg", msg));
+	          json_pack("{s:s,s:I,s:I,s:s}", "mode", slow ? "position" : "head",
+	                    "head_scan_ms", (json_int_t)took, "head_entries", (json_int_t)passed,
+	                    "msg", msg));
 }
 
-/* After a scan from the head that took `took` ms: decide_head_scan() on
- * the lease state, and what it says done (decide.h: the streak, the mode,
- * the next scan from the head, the log line). */
-static void head_scan_timed(struct worker *w, int64_t took, int64_t now)
+/* After a scan from the head that took `took` ms and passed over `passed`
+ * index entries: decide_head_scan() on the lease state, and what it says
+ * done (decide.h: the streak, the mode, the next scan from the head, the
+ * log line). */
+static void head_scan_timed(struct worker *w, int64_t took, int64_t passed, int64_t now)
 {
 	struct worker_lease *l = &w->lease;
 	const struct head_scan_view v = {
 		.from_position = l->from_position, .slow_streak = l->head_slow_streak,
 		.slow_ms = w->s.lease_head_slow_ms, .warned_mono = l->mode_warned_mono,
+		.unseen_streak = l->head_unseen_streak,
 	};
-	const struct head_scan_verdict d = decide_head_scan(&v, took, now);
+	const struct head_scan_verdict d = decide_head_scan(&v, took, passed, now);
 
 	if (d.warn)
 		l->mode_warned_mono = now;
 	if (d.log)
-		log_lease_mode(d.from_position, d.warn, took);
+		log_lease_mode(d.from_position, d.warn, took, passed);
 	l->head_slow_streak = d.slow_streak;
+	l->head_unseen_streak = d.unseen_streak;
 	l->from_position = d.from_position;
 	l->head_scan_due_mono = d.next_scan_mono;
+}
+
+/* The index entries a take's walk passed over without taking them: those
+ * it read (entries_col) less the rows it returned; HEAD_PASSED_UNKNOWN
+ * from a statement that does not count them (a lease), HEAD_PASSED_UNSEEN
+ * from an answer with no row to say it on (or a repeat's). */
+static int64_t take_passed(const PGresult *r, int entries_col)
+{
+	int n = PQntuples(r);
+	long long read;
+
+	if (entries_col < 0 || entries_col >= PQnfields(r))
+		return HEAD_PASSED_UNKNOWN;
+	if (n == 0 || PQgetisnull(r, 0, entries_col))
+		return HEAD_PASSED_UNSEEN;
+	read = strtoll(PQgetvalue(r, 0, entries_col), NULL, 10);
+	return read > n ? (int64_t)(read - n) : 0;
 }
 
 /* Rows come back in due-index order; the position is after the last one.
  * In position mode a scan from the head only picks up what became due
  * behind the position, which stays where it is (ahead).  `took` is the
  * lease's time on the wire and in the server (not its wait in the queue). */
-static void take_cursor_update(struct worker *w, PGresult *r, bool from_head, int64_t took)
+static void take_cursor_update(struct worker *w, PGresult *r, bool from_head, int64_t took,
+                               int entries_col)
 {
 	int n = PQntuples(r);
 	bool was_position = w->lease.from_position;
 
 	if (from_head)
-		head_scan_timed(w, took, now_mono_ms());
+		head_scan_timed(w, took, take_passed(r, entries_col), now_mono_ms());
 	/* While leasing from the head the position follows every lease, so that
 	 * it is current when the head turns slow. */
 	if (n == 0 || (from_head && was_position && w->lease.after_id[0]))
@@ -129,8 +153,10 @@ static struct batch *take_on_wire(struct worker *w, struct db *db, enum take_kin
  * else the burst (more_due), the backlog count, the metric and the
  * due-index position follow it. */
 static bool take_answered(struct worker *w, struct db *db, const struct batch *b, PGresult *r,
-                          const char *what)
+                          const struct take_handlers *k)
 {
+	const char *what = worker_sql[k->stmt].name;
+
 	wire_answered(w, b);
 	if (b->on_rec)
 		w->lease.head_busy = false;
@@ -145,7 +171,7 @@ static bool take_answered(struct worker *w, struct db *db, const struct batch *b
 	if (!b->on_rec)
 		w->lease.full_leases = w->lease.more_due ? w->lease.full_leases + 1 : 0;
 	metrics_inc(M_LEASED, (unsigned long)PQntuples(r));
-	take_cursor_update(w, r, b->from_head, now_mono_ms() - db_head_sent_mono(db));
+	take_cursor_update(w, r, b->from_head, now_mono_ms() - db_head_sent_mono(db), k->entries_col);
 	return true;
 }
 
@@ -156,7 +182,7 @@ static void on_taken(struct db *db, PGresult *r, void *arg)
 	const struct take_handlers *k = take_kinds[b->kind];
 	bool kick = true;
 
-	if (take_answered(w, db, b, r, worker_sql[k->stmt].name))
+	if (take_answered(w, db, b, r, k))
 		take_kinds[k->answered_as ? k->answered_as(r) : b->kind]->rows(w, b, r);
 	else
 		kick = k->refused(w, b, r);

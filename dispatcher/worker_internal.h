@@ -187,6 +187,7 @@ struct worker_lease {
 	char after_at[48], after_id[40];
 	bool from_position;           /* the head is slow: lease from the position */
 	int head_slow_streak;         /* slow leases from the head in a row */
+	int head_unseen_streak;       /* fast ones in a row with no count (decide.h) */
 	int64_t mode_warned_mono;     /* the last "head is slow" warning */
 	int64_t head_scan_due_mono;   /* then, the next lease from the head */
 	uint64_t renew_gen;           /* the last renewal's generation */
@@ -350,6 +351,9 @@ struct take_handlers {
 	enum take_kind (*answered_as)(const PGresult *r);
 	void (*rows)(struct worker *w, const struct batch *b, PGresult *r);
 	bool (*refused)(struct worker *w, const struct batch *b, PGresult *r);
+	/* The column with the due index's entries the walk read (the same on
+	 * every row); -1: the statement does not say. */
+	int entries_col;
 };
 
 /* lease.c */

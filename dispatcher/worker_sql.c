@@ -30,7 +30,7 @@ const struct worker_sql worker_sql[SQL_STATEMENTS] = {
 	[SQL_CLAIM] = { "outbox_claim",
 		"SELECT effect_id, idempotency_key, effect_type, target, payload, payload_hash, "
 		"effect_key, attempts, metadata, approved_by, retry_base, available_at, "
-		"payload_bytes, metadata_bytes, leased_only, check_hosts "
+		"payload_bytes, metadata_bytes, leased_only, check_hosts, due_entries "
 		"FROM outbox_claim($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, "
 		"p_max_payload_bytes => $11, p_lease_if_scoped => $12, p_type_hosts => $13, "
 		"p_repeat => $14)", 14 },

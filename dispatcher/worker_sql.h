@@ -57,6 +57,10 @@ enum effect_row_col {
 	 * NULL: none): a row whose provider connects to one of them is given
 	 * back, to be marked (claim.c) */
 	COL_CLAIM_CHECK_HOSTS,
+	/* SQL_CLAIM only: the due index's entries the call's walk read (the
+	 * same on every row; NULL from a repeat): take.c's measure of a head
+	 * full of entries no claim can take */
+	COL_CLAIM_DUE_ENTRIES,
 	/* SQL_RECONCILE_LEASE only */
 	COL_RECON_ATTEMPT_AGE_MS = COL_ATTEMPTS + 1,
 };

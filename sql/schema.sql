@@ -1568,7 +1568,7 @@ END $$;
 -- Name: outbox_claim(uuid, text, integer, integer, text[], boolean, text[], uuid, timestamp with time zone, uuid, boolean, integer, boolean, text[]); Type: FUNCTION; Schema: public; Owner: -
 --
 
-CREATE FUNCTION public.outbox_claim(p_owner uuid, p_worker text, p_limit integer, p_lease_seconds integer, p_types text[], p_env_enabled boolean, p_idempotent_types text[], p_call uuid, p_after_at timestamp with time zone DEFAULT NULL::timestamp with time zone, p_after_id uuid DEFAULT NULL::uuid, p_repeat boolean DEFAULT false, p_max_payload_bytes integer DEFAULT 67108864, p_lease_if_scoped boolean DEFAULT false, p_type_hosts text[] DEFAULT NULL::text[]) RETURNS TABLE(effect_id uuid, idempotency_key text, effect_type text, target text, payload text, payload_hash text, effect_key text, attempts integer, metadata text, approved_by text, retry_base integer, available_at timestamp with time zone, payload_bytes integer, metadata_bytes integer, leased_only boolean, check_hosts text[])
+CREATE FUNCTION public.outbox_claim(p_owner uuid, p_worker text, p_limit integer, p_lease_seconds integer, p_types text[], p_env_enabled boolean, p_idempotent_types text[], p_call uuid, p_after_at timestamp with time zone DEFAULT NULL::timestamp with time zone, p_after_id uuid DEFAULT NULL::uuid, p_repeat boolean DEFAULT false, p_max_payload_bytes integer DEFAULT 67108864, p_lease_if_scoped boolean DEFAULT false, p_type_hosts text[] DEFAULT NULL::text[]) RETURNS TABLE(effect_id uuid, idempotency_key text, effect_type text, target text, payload text, payload_hash text, effect_key text, attempts integer, metadata text, approved_by text, retry_base integer, available_at timestamp with time zone, payload_bytes integer, metadata_bytes integer, leased_only boolean, check_hosts text[], due_entries bigint)
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'public', 'pg_temp'
     SET plan_cache_mode TO 'force_generic_plan'
@@ -1590,6 +1590,7 @@ DECLARE
     locked text;
     after_at timestamptz := p_after_at;
     after_id uuid := p_after_id;
+    walked bigint;
 BEGIN
     IF p_call IS NULL THEN
         RAISE EXCEPTION 'outbox_claim: a call token is required'
@@ -1604,6 +1605,7 @@ BEGIN
         RETURN;     -- its repeat (or a give-up) came first
     END IF;
     locked := pg_advisory_xact_lock_shared(outbox_kill_switch_lock_key())::text;
+    walked := pg_stat_get_xact_tuples_returned('effect_live_due_idx'::regclass);
     SELECT c.enabled, c.scoped INTO allowed, scoped FROM outbox_control c WHERE c.id = 1;
     allowed := coalesce(allowed, false) AND p_env_enabled;
     -- Scopes this claim's types could meet, in key order (the order every
@@ -1650,7 +1652,8 @@ BEGIN
                CASE WHEN cardinality(hosts) > 0
                     THEN ARRAY(SELECT v FROM unnest(hosts) AS v
                                 WHERE NOT coalesce((m.drawn -> m.effect_id::text)
-                                                   ? outbox_scope_name('host', v), false)) END
+                                                   ? outbox_scope_name('host', v), false)) END,
+               NULL::bigint
           FROM moved m
          CROSS JOIN LATERAL (
                SELECT e.idempotency_key, e.effect_type, e.target,
@@ -1669,7 +1672,9 @@ BEGIN
     -- meet is set, marked later with the host each provider connects to.
     IF scoped AND p_type_hosts IS NULL THEN
         IF p_lease_if_scoped THEN
-            RETURN QUERY SELECT l.*, true, NULL::text[]
+            RETURN QUERY SELECT l.*, true, NULL::text[],
+                                  pg_stat_get_xact_tuples_returned('effect_live_due_idx'::regclass)
+                                      - walked
                            FROM outbox_lease(p_owner, p_worker, p_limit, p_lease_seconds,
                                              p_types, p_env_enabled, p_after_at, p_after_id,
                                              p_max_payload_bytes) l;
@@ -1831,7 +1836,8 @@ BEGIN
                CASE WHEN cardinality(hosts) > 0
                     THEN ARRAY(SELECT v FROM unnest(hosts) AS v
                                 WHERE NOT coalesce(((SELECT p.m FROM paid p) -> c.effect_id::text)
-                                                   ? outbox_scope_name('host', v), false)) END
+                                                   ? outbox_scope_name('host', v), false)) END,
+               pg_stat_get_xact_tuples_returned('effect_live_due_idx'::regclass) - walked
           FROM claimed c
          CROSS JOIN LATERAL (
                SELECT e.idempotency_key, e.effect_type, e.target,
@@ -1843,7 +1849,9 @@ BEGIN
         IF FOUND THEN
             RETURN;
         END IF;
-        RETURN QUERY SELECT l.*, true, NULL::text[]
+        RETURN QUERY SELECT l.*, true, NULL::text[],
+                                  pg_stat_get_xact_tuples_returned('effect_live_due_idx'::regclass)
+                                      - walked
                        FROM outbox_lease(p_owner, p_worker, p_limit, p_lease_seconds, p_types,
                                          p_env_enabled, p_after_at, p_after_id,
                                          p_max_payload_bytes) l;
@@ -1889,7 +1897,8 @@ BEGIN
            CASE WHEN octet_length(b.metadata_text) <= outbox_metadata_max_bytes()
                 THEN b.metadata_text END,
            b.approved_by, c.retry_base, c.available_at,
-           octet_length(b.payload_text), octet_length(b.metadata_text), false, NULL::text[]
+           octet_length(b.payload_text), octet_length(b.metadata_text), false, NULL::text[],
+           pg_stat_get_xact_tuples_returned('effect_live_due_idx'::regclass) - walked
       FROM claimed c
      CROSS JOIN LATERAL (
            SELECT e.idempotency_key, e.effect_type, e.target, e.payload::text AS payload_text,

@@ -49,6 +49,13 @@
 -- the worker gives back (to be marked) a row it would connect to one of
 -- them for.
 
+-- due_entries (the same on every row): the entries of the due index the
+-- call's walk read.  Far more than the rows it returns means the head of
+-- the index is full of entries no claim can take (the dead rows of effects
+-- finished while a long transaction holds vacuum back, sends in flight),
+-- whatever the machine's speed, and the worker then claims from its
+-- position (dispatcher/take.c).  NULL from a repeat.
+--
 -- p_lease_if_scoped: the caller knows leased_only.  A worker built before
 -- scopes existed does not, and would send the leased rows as if marked:
 -- while a scope is set, its claim takes nothing.
@@ -70,6 +77,19 @@ DROP FUNCTION IF EXISTS outbox_claim(uuid, text, integer, integer, text[], boole
 DROP FUNCTION IF EXISTS outbox_claim(uuid, text, integer, integer, text[], boolean, text[], uuid,
                                      timestamp with time zone, uuid, boolean, integer, boolean,
                                      text[]);
+-- The result gained due_entries (a result type cannot be replaced either):
+-- the function of the same parameters without it goes first.
+DO $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM pg_proc p
+                WHERE p.proname = 'outbox_claim' AND p.pronargs = 14
+                  AND p.pronamespace = 'public'::regnamespace
+                  AND NOT 'due_entries' = ANY (p.proargnames)) THEN
+        DROP FUNCTION outbox_claim(uuid, text, integer, integer, text[], boolean, text[], uuid,
+                                   timestamp with time zone, uuid, boolean, integer, boolean,
+                                   text[]);
+    END IF;
+END $$;
 CREATE OR REPLACE FUNCTION outbox_claim(p_owner uuid, p_worker text, p_limit integer,
                                         p_lease_seconds integer, p_types text[],
                                         p_env_enabled boolean, p_idempotent_types text[],
@@ -83,7 +103,7 @@ RETURNS TABLE (effect_id uuid, idempotency_key text, effect_type text, target te
                payload text, payload_hash text, effect_key text, attempts integer,
                metadata text, approved_by text, retry_base integer,
                available_at timestamptz, payload_bytes integer, metadata_bytes integer,
-               leased_only boolean, check_hosts text[])
+               leased_only boolean, check_hosts text[], due_entries bigint)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp
     SET plan_cache_mode = force_generic_plan SET enable_seqscan = off
     SET enable_bitmapscan = off SET enable_sort = off SET enable_hashjoin = off
@@ -99,6 +119,7 @@ DECLARE
     locked text;
     after_at timestamptz := p_after_at;
     after_id uuid := p_after_id;
+    walked bigint;
 BEGIN
     IF p_call IS NULL THEN
         RAISE EXCEPTION 'outbox_claim: a call token is required'
@@ -113,6 +134,7 @@ BEGIN
         RETURN;     -- its repeat (or a give-up) came first
     END IF;
     locked := pg_advisory_xact_lock_shared(outbox_kill_switch_lock_key())::text;
+    walked := pg_stat_get_xact_tuples_returned('effect_live_due_idx'::regclass);
     SELECT c.enabled, c.scoped INTO allowed, scoped FROM outbox_control c WHERE c.id = 1;
     allowed := coalesce(allowed, false) AND p_env_enabled;
     -- Scopes this claim's types could meet, in key order (the order every
@@ -159,7 +181,8 @@ BEGIN
                CASE WHEN cardinality(hosts) > 0
                     THEN ARRAY(SELECT v FROM unnest(hosts) AS v
                                 WHERE NOT coalesce((m.drawn -> m.effect_id::text)
-                                                   ? outbox_scope_name('host', v), false)) END
+                                                   ? outbox_scope_name('host', v), false)) END,
+               NULL::bigint
           FROM moved m
          CROSS JOIN LATERAL (
                SELECT e.idempotency_key, e.effect_type, e.target,
@@ -178,7 +201,9 @@ BEGIN
     -- meet is set, marked later with the host each provider connects to.
     IF scoped AND p_type_hosts IS NULL THEN
         IF p_lease_if_scoped THEN
-            RETURN QUERY SELECT l.*, true, NULL::text[]
+            RETURN QUERY SELECT l.*, true, NULL::text[],
+                                  pg_stat_get_xact_tuples_returned('effect_live_due_idx'::regclass)
+                                      - walked
                            FROM outbox_lease(p_owner, p_worker, p_limit, p_lease_seconds,
                                              p_types, p_env_enabled, p_after_at, p_after_id,
                                              p_max_payload_bytes) l;
@@ -340,7 +365,8 @@ BEGIN
                CASE WHEN cardinality(hosts) > 0
                     THEN ARRAY(SELECT v FROM unnest(hosts) AS v
                                 WHERE NOT coalesce(((SELECT p.m FROM paid p) -> c.effect_id::text)
-                                                   ? outbox_scope_name('host', v), false)) END
+                                                   ? outbox_scope_name('host', v), false)) END,
+               pg_stat_get_xact_tuples_returned('effect_live_due_idx'::regclass) - walked
           FROM claimed c
          CROSS JOIN LATERAL (
                SELECT e.idempotency_key, e.effect_type, e.target,
@@ -352,7 +378,9 @@ BEGIN
         IF FOUND THEN
             RETURN;
         END IF;
-        RETURN QUERY SELECT l.*, true, NULL::text[]
+        RETURN QUERY SELECT l.*, true, NULL::text[],
+                                  pg_stat_get_xact_tuples_returned('effect_live_due_idx'::regclass)
+                                      - walked
                        FROM outbox_lease(p_owner, p_worker, p_limit, p_lease_seconds, p_types,
                                          p_env_enabled, p_after_at, p_after_id,
                                          p_max_payload_bytes) l;
@@ -398,7 +426,8 @@ BEGIN
            CASE WHEN octet_length(b.metadata_text) <= outbox_metadata_max_bytes()
                 THEN b.metadata_text END,
            b.approved_by, c.retry_base, c.available_at,
-           octet_length(b.payload_text), octet_length(b.metadata_text), false, NULL::text[]
+           octet_length(b.payload_text), octet_length(b.metadata_text), false, NULL::text[],
+           pg_stat_get_xact_tuples_returned('effect_live_due_idx'::regclass) - walked
       FROM claimed c
      CROSS JOIN LATERAL (
            SELECT e.idempotency_key, e.effect_type, e.target, e.payload::text AS payload_text,

@@ -11,7 +11,10 @@ hold the row back.
 """
 import uuid
 
-from outbox_test import add_due, effect, enqueue, kill_switch, make_run, query, scalar, wait_for
+import psycopg2
+
+from outbox_test import (add_due, effect, enqueue, finish_as, kill_switch, make_run, query, scalar,
+                         wait_for)
 
 LEASE = ("SELECT effect_id::text, available_at FROM outbox_lease(%s, 'w', %s, 30, '{http}', true, "
          "%s, %s)")
@@ -170,3 +173,74 @@ def test_an_expired_pending_lease_is_leased_again_and_neither_sweep_nor_reaper_t
     assert leased == [(eid,)]
     assert query(conn, "SELECT lease_owner::text, lease_worker, lease_expires_at > now() "
                        "FROM outbox_effects WHERE effect_id = %s", (eid,)) == [(owner, "w2", True)]
+
+
+CLAIM = ("SELECT effect_id::text, due_entries FROM outbox_claim(%s, 'w', %s, 30, '{http}', true, "
+         "'{}', %s)")
+
+
+def hold_snapshot(db):
+    """A REPEATABLE READ transaction that has taken its snapshot (a report,
+    a pg_dump): what it might still read cannot be cleaned up."""
+    holder = psycopg2.connect(db)
+    holder.set_session(isolation_level="REPEATABLE READ")
+    holder.cursor().execute("SELECT count(*) FROM effect_outbox")
+    return holder
+
+
+def test_a_claim_says_how_many_index_entries_its_walk_read(conn, db):
+    """outbox_claim's due_entries: the due index's entries its walk read,
+    the same on every row.  Under a held snapshot the entries of effects
+    finished since stay at the head and each walk from there reads them;
+    once they can be cleaned up a walk reads about what it returns."""
+    kill_switch(conn, True)
+    holder = hold_snapshot(db)
+    finish_as(conn, add_due(conn, 500, "now() - interval '1 hour'"), "completed")
+    add_due(conn, 3)
+    rows = query(conn, CLAIM, (str(uuid.uuid4()), 10, str(uuid.uuid4())))
+    assert len(rows) == 3 and len({r[1] for r in rows}) == 1, rows
+    assert rows[0][1] >= 503, rows
+    holder.rollback()
+    holder.close()
+    query(conn, "VACUUM effect_live")
+    add_due(conn, 3)
+    rows = query(conn, CLAIM, (str(uuid.uuid4()), 10, str(uuid.uuid4())))
+    # The three, and the three claimed above (`sending`, still in the index).
+    assert len(rows) == 3 and 3 <= rows[0][1] <= 6 + 3, rows
+
+
+def test_a_head_full_of_entries_no_claim_can_take_is_left_whatever_the_machine(conn, db,
+                                                                              dispatchers, sink):
+    """However fast the machine (lease_head_slow_ms = 60000: no scan is
+    slow by its time), a claim from the head whose walk passed over more
+    than 2,000 entries it could not take (here the dead ones a held
+    snapshot keeps) counts as slow; after three in a row the worker claims
+    from its position.  Once the snapshot has ended and the entries are
+    cleaned up, the next scan from the head that finds a row finds it
+    quickly, and the worker is back at the head."""
+    kill_switch(conn, True)
+    holder = hold_snapshot(db)
+    finish_as(conn, add_due(conn, 3000, "now() - interval '1 hour'"), "completed")
+    w = dispatchers({"provider.http": {"allow_hosts": "127.0.0.1"},
+                     "dispatcher": {"poll_interval_ms": 100, "lease_head_slow_ms": 60000}})
+
+    def switched():
+        return [e for e in w.events() if e.get("event") == "lease_mode"]
+
+    # One effect at a time, so that each is a claim of its own from the head.
+    for _ in range(3):
+        one = enqueue(conn, "http", sink.url + "/ok", {})
+        wait_for(lambda: effect(conn, one)["state"] == "completed", timeout=20,
+                 what="an effect past the dead entries")
+    wait_for(lambda: switched(), timeout=20, what="claiming from the position")
+    e = switched()[0]
+    assert e["mode"] == "position" and e["head_entries"] > 2000, e
+    assert e["head_scan_ms"] < 60000 and e["level"] == "info", e
+    holder.rollback()
+    holder.close()
+    query(conn, "VACUUM effect_live")
+    # A row behind the position: only a scan from the head finds it.
+    ekey = deliver_first_then_late(conn, sink)
+    assert sink.count(key=ekey) == 1
+    wait_for(lambda: len(switched()) >= 2, timeout=20, what="back at the head")
+    assert switched()[1]["mode"] == "head", switched()

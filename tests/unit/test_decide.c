@@ -413,6 +413,7 @@ struct head_case {
 	struct head_scan_view v;
 	int64_t took;
 	struct head_scan_verdict want;
+	int64_t passed;          /* index entries passed over; 0 unless said */
 };
 
 /* [dispatcher] lease_head_slow_ms = 20, a warning long ago. */
@@ -425,31 +426,56 @@ struct head_case {
 
 static const struct head_case head_cases[] = {
 	{ "from the head, fast: stays, no log", { HEAD(false, 0) }, 5,
-	  { 0, false, false, false, NEXT(5) } },
+	  { 0, false, false, false, NEXT(5), 0 }, 0 },
 	{ "from the head, one slow scan: counted, not yet a switch", { HEAD(false, 0) }, 50,
-	  { 1, false, false, false, NEXT(50) } },
+	  { 1, false, false, false, NEXT(50), 0 }, 0 },
 	{ "from the head, the second slow one in a row", { HEAD(false, 1) }, 50,
-	  { 2, false, false, false, NEXT(50) } },
+	  { 2, false, false, false, NEXT(50), 0 }, 0 },
 	{ "the third slow one in a row: position mode, at info (under 100 ms)",
-	  { HEAD(false, HEAD_SLOW_STREAK - 1) }, 50, { HEAD_SLOW_STREAK, true, true, false, NEXT(50) } },
+	  { HEAD(false, HEAD_SLOW_STREAK - 1) }, 50, { HEAD_SLOW_STREAK, true, true, false, NEXT(50), 0 }, 0 },
 	{ "the third slow one, 100 ms or more: position mode, at warn",
 	  { HEAD(false, HEAD_SLOW_STREAK - 1) }, HEAD_SLOW_WARN_MS,
-	  { HEAD_SLOW_STREAK, true, true, true, NEXT(HEAD_SLOW_WARN_MS) } },
+	  { HEAD_SLOW_STREAK, true, true, true, NEXT(HEAD_SLOW_WARN_MS), 0 }, 0 },
 	{ "a fast one resets the streak before the switch", { HEAD(false, HEAD_SLOW_STREAK - 1) }, 20,
-	  { 0, false, false, false, NEXT(20) } },
+	  { 0, false, false, false, NEXT(20), 0 }, 0 },
 	{ "in position mode, still slow, under 100 ms: stays, no log", { HEAD(true, 5) }, 50,
-	  { 6, true, false, false, NEXT(50) } },
+	  { 6, true, false, false, NEXT(50), 0 }, 0 },
 	{ "in position mode, very slow, last warning a minute ago: warn again", { HEAD(true, 5) }, 500,
-	  { 6, true, true, true, NEXT(500) } },
+	  { 6, true, true, true, NEXT(500), 0 }, 0 },
 	{ "in position mode, very slow, warned within the minute: no log",
 	  { .from_position = true, .slow_streak = 5, .slow_ms = 20,
-	    .warned_mono = NOW - HEAD_SLOW_WARN_EVERY_MS }, 500, { 6, true, false, false, NEXT(500) } },
+	    .warned_mono = NOW - HEAD_SLOW_WARN_EVERY_MS }, 500, { 6, true, false, false, NEXT(500), 0 }, 0 },
 	{ "in position mode, the first fast one: back to the head, at info", { HEAD(true, 5) }, 3,
-	  { 0, false, true, false, NEXT(3) } },
+	  { 0, false, true, false, NEXT(3), 0 }, 0 },
 	{ "lease_head_slow_ms = 0: every scan is slow", { .slow_ms = 0, .warned_mono = NOW }, 0,
-	  { 1, false, false, false, NEXT(0) } },
+	  { 1, false, false, false, NEXT(0), 0 }, 0 },
 	{ "a scan of 150 ms: the next one 1.5 s later", { HEAD(false, 0) }, 150,
-	  { 1, false, false, false, NOW + 1500 } },
+	  { 1, false, false, false, NOW + 1500, 0 }, 0 },
+	/* A fast machine under a held snapshot: each scan quick, its walk long. */
+	{ "fast, but past more entries than HEAD_PASSED_ENTRIES: slow", { HEAD(false, 0) }, 2,
+	  { 1, false, false, false, NEXT(2), 0 }, HEAD_PASSED_ENTRIES + 1 },
+	{ "the third such scan in a row: position mode, at info", { HEAD(false, HEAD_SLOW_STREAK - 1) },
+	  2, { HEAD_SLOW_STREAK, true, true, false, NEXT(2), 0 }, HEAD_PASSED_ENTRIES + 1 },
+	{ "past HEAD_PASSED_WARN_ENTRIES: at warn", { HEAD(false, HEAD_SLOW_STREAK - 1) }, 2,
+	  { HEAD_SLOW_STREAK, true, true, true, NEXT(2), 0 }, HEAD_PASSED_WARN_ENTRIES },
+	{ "exactly HEAD_PASSED_ENTRIES is not slow", { HEAD(true, 5) }, 2,
+	  { 0, false, true, false, NEXT(2), 0 }, HEAD_PASSED_ENTRIES },
+	{ "not counted (a lease), fast: a fast one", { HEAD(false, 1) }, 2,
+	  { 0, false, false, false, NEXT(2), 0 }, HEAD_PASSED_UNKNOWN },
+	{ "unseen (an empty claim), fast, from the head: says nothing", { HEAD(false, 2) }, 2,
+	  { 2, false, false, false, NEXT(2), 1 }, HEAD_PASSED_UNSEEN },
+	{ "unseen, fast, in position mode: stays", { HEAD(true, 5), .unseen_streak = 3 }, 2,
+	  { 5, true, false, false, NEXT(2), 4 }, HEAD_PASSED_UNSEEN },
+	{ "the HEAD_UNSEEN_EXIT-th unseen fast one in position mode: back to the head",
+	  { HEAD(true, 5), .unseen_streak = HEAD_UNSEEN_EXIT - 1 }, 2,
+	  { 0, false, true, false, NEXT(2), HEAD_UNSEEN_EXIT }, HEAD_PASSED_UNSEEN },
+	{ "unseen but slow by its time: slow, the unseen streak reset",
+	  { HEAD(true, 5), .unseen_streak = 3 }, 50, { 6, true, false, false, NEXT(50), 0 },
+	  HEAD_PASSED_UNSEEN },
+	{ "a counted fast one in position mode: back to the head at once",
+	  { HEAD(true, 5), .unseen_streak = 3 }, 2, { 0, false, true, false, NEXT(2), 0 }, 10 },
+	{ "in position mode, past few entries but slow: stays", { HEAD(true, 5) }, 50,
+	  { 6, true, false, false, NEXT(50), 0 }, 10 },
 };
 
 static void test_head_scan(void **state)
@@ -457,16 +483,16 @@ static void test_head_scan(void **state)
 	(void)state;
 	for (size_t i = 0; i < N_OF(head_cases); i++) {
 		const struct head_case *c = &head_cases[i];
-		struct head_scan_verdict d = decide_head_scan(&c->v, c->took, NOW);
+		struct head_scan_verdict d = decide_head_scan(&c->v, c->took, c->passed, NOW);
 
 		if (d.slow_streak != c->want.slow_streak || d.from_position != c->want.from_position ||
 		    d.log != c->want.log || d.warn != c->want.warn ||
-		    d.next_scan_mono != c->want.next_scan_mono)
-			fail_msg("%s: streak %d, position %d, log %d, warn %d, next +%lld; "
-			         "want %d, %d, %d, %d, +%lld", c->why, d.slow_streak, d.from_position,
-			         d.log, d.warn, (long long)(d.next_scan_mono - NOW), c->want.slow_streak,
-			         c->want.from_position, c->want.log, c->want.warn,
-			         (long long)(c->want.next_scan_mono - NOW));
+		    d.next_scan_mono != c->want.next_scan_mono || d.unseen_streak != c->want.unseen_streak)
+			fail_msg("%s: streak %d, position %d, log %d, warn %d, next +%lld, unseen %d; "
+			         "want %d, %d, %d, %d, +%lld, %d", c->why, d.slow_streak, d.from_position,
+			         d.log, d.warn, (long long)(d.next_scan_mono - NOW), d.unseen_streak,
+			         c->want.slow_streak, c->want.from_position, c->want.log, c->want.warn,
+			         (long long)(c->want.next_scan_mono - NOW), c->want.unseen_streak);
 	}
 }
 
