@@ -7,9 +7,7 @@ holding markup, quotes and bidi characters renders inert; the acts change
 the database as the person's own role, recorded under the person's name."""
 import re
 
-import pytest
-
-from console_lib import HOSTILE_KEY, new_effect, new_unknown, populate
+from console_lib import new_effect, new_unknown, populate
 from outbox_test import query, scalar
 
 VIEWS = ["/", "/effects", "/unknown", "/approvals", "/controls", "/runs", "/audit"]
