@@ -146,6 +146,9 @@ struct head_scan_verdict decide_head_scan(const struct head_scan_view *v, int64_
 		d.slow_streak = v->slow_streak;     /* says nothing */
 	else
 		d.slow_streak = slow ? v->slow_streak + 1 : 0;
+	/* A count is not a busy moment of the machine: no streak needed. */
+	if (passed > HEAD_PASSED_ENTRIES && d.slow_streak < HEAD_SLOW_STREAK)
+		d.slow_streak = HEAD_SLOW_STREAK;
 	d.from_position = v->from_position ? d.slow_streak > 0 : d.slow_streak >= HEAD_SLOW_STREAK;
 	d.warn = d.from_position && (took >= HEAD_SLOW_WARN_MS || passed >= HEAD_PASSED_WARN_ENTRIES) &&
 	         now - v->warned_mono > HEAD_SLOW_WARN_EVERY_MS;

@@ -146,7 +146,10 @@ bool decide_mark_later(const struct provider_slot *p);
 #define HEAD_UNSEEN_EXIT 10
 /* Slow leases from the head in a row before leasing from the position: one
  * slow answer is more often a busy machine than a head full of dead
- * entries, and a switch makes late-committed rows wait for a head scan. */
+ * entries, and a switch makes late-committed rows wait for a head scan.
+ * A walk past more than HEAD_PASSED_ENTRIES is a count, not a moment of
+ * the machine: it switches at once (a worker started under a held
+ * snapshot would otherwise walk all of them three times). */
 #define HEAD_SLOW_STREAK 3
 /* A head this slow is worth an operator's look (a long transaction holding
  * vacuum back): lease_mode is logged at warn, once a minute at most (under
